@@ -1,0 +1,1 @@
+"""ROS 2 / WebRTC front-ends and the command line."""

@@ -1,0 +1,1 @@
+"""mstar: the Walk Graph serving runtime (no models, no ROS)."""

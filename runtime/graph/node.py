@@ -1,0 +1,78 @@
+"""Graph components: a GraphNode (wiring) and its NodeSubmodule (the computation)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal, Mapping, Sequence
+
+import torch
+
+EngineKind = Literal["ar", "stateless"]
+
+
+@dataclass(frozen=True)
+class NodeCall:
+    """One request's invocation of a stateless node, as the engine sees it.
+
+    ``index`` counts this request's calls of the node (0, 1, ...) so a node can
+    derive per-call randomness that does not depend on how calls are batched.
+    """
+
+    request_id: str
+    inputs: Mapping[str, torch.Tensor]
+    index: int = 0
+    seed: int = 0
+    meta: Mapping[str, Any] = field(default_factory=dict)
+
+
+class NodeSubmodule(torch.nn.Module):
+    """The computation behind a node: ``prepare_inputs`` builds a batch, ``forward`` is pure tensors.
+
+    Batching, KV caching, transport and device placement are the runtime's job.
+    Stateless nodes use the defaults below (stack each input along a new batch
+    dimension, split outputs along dim 0). AR nodes (``engine = "ar"``) are driven
+    by the AR engine through the :class:`ARModule` protocol instead.
+    """
+
+    engine: ClassVar[EngineKind] = "stateless"
+
+    def prepare_inputs(self, calls: Sequence[NodeCall]) -> dict[str, torch.Tensor]:
+        keys = list(calls[0].inputs)
+        batch: dict[str, torch.Tensor] = {}
+        for key in keys:
+            shapes = {tuple(c.inputs[key].shape) for c in calls}
+            if len(shapes) != 1:
+                raise ValueError(f"{type(self).__name__}: input {key!r} has different shapes in one batch: {sorted(shapes)}")
+            batch[key] = torch.stack([c.inputs[key] for c in calls])
+        return batch
+
+    def split_outputs(self, outputs: Mapping[str, torch.Tensor], calls: Sequence[NodeCall]) -> list[dict[str, torch.Tensor]]:
+        return [{k: v[i] for k, v in outputs.items()} for i in range(len(calls))]
+
+    def batch_key(self, call: NodeCall) -> Any:
+        """Calls with equal keys may share a batch (default: equal input shapes)."""
+        return tuple((k, tuple(v.shape)) for k, v in sorted(call.inputs.items()))
+
+
+@dataclass(frozen=True)
+class GraphNode:
+    """A component of a model graph: a name, named input and output edges, an engine kind.
+
+    ``module`` names the submodule that computes it; several nodes may share one
+    module ("views": same weights, separate KV per node name).
+    """
+
+    name: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    engine: EngineKind = "stateless"
+    module: str | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "inputs", tuple(self.inputs))
+        object.__setattr__(self, "outputs", tuple(self.outputs))
+        if self.engine not in ("ar", "stateless"):
+            raise ValueError(f"node {self.name!r}: engine must be 'ar' or 'stateless', got {self.engine!r}")
+
+    @property
+    def module_name(self) -> str:
+        return self.module or self.name

@@ -1,0 +1,53 @@
+"""mstar_ros: Walk Graph serving runtime (M*) with ROS 2 and WebRTC front-ends.
+
+The three source folders are mapped to import names that do not collide with
+common names: runtime/ -> ``mstar``, graphs/ -> ``mstar_graphs``,
+mstar_ros/ -> ``mstar_ros``.
+"""
+from setuptools import find_packages, setup
+
+PACKAGE_DIRS = {"mstar": "runtime", "mstar_graphs": "graphs", "mstar_ros": "mstar_ros"}
+
+
+def _packages() -> list[str]:
+    found: list[str] = []
+    for name, folder in PACKAGE_DIRS.items():
+        found.append(name)
+        found += [f"{name}.{sub}" for sub in find_packages(folder)]
+    return found
+
+
+setup(
+    name="mstar_ros",
+    version="0.1.0",
+    packages=_packages(),
+    package_dir=PACKAGE_DIRS,
+    data_files=[
+        ("share/ament_index/resource_index/packages", ["resource/mstar_ros"]),
+        ("share/mstar_ros", ["package.xml"]),
+    ],
+    python_requires=">=3.10",
+    install_requires=[
+        "torch==2.13.0",
+        "msgspec>=0.18",
+        "pyyaml>=6",
+        "safetensors>=0.4",
+        "tokenizers>=0.15",
+        "numpy>=1.24",
+        "tqdm>=4.60",
+    ],
+    extras_require={
+        "audio": ["snac==1.2.1"],
+        "ros": [],
+        "webrtc": ["aiortc", "av"],
+        "gpu": ["flashinfer-python==0.6.13", "flashinfer-cubin==0.6.13"],
+        "mooncake": ["mooncake-transfer-engine-non-cuda"],
+        "bench": ["matplotlib>=3.7", "transformers>=5.0,<6", "snac==1.2.1"],
+        "test": ["pytest>=8", "pytest-timeout>=2", "transformers>=5.0,<6", "snac==1.2.1", "matplotlib>=3.7"],
+    },
+    entry_points={"console_scripts": ["mstar-ros = mstar_ros.cli:main"]},
+    zip_safe=True,
+    maintainer="mstar_ros developers",
+    description="Walk Graph serving runtime for composite multimodal models, as ROS 2 nodes",
+    license="Apache-2.0",
+)
