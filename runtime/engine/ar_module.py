@@ -40,3 +40,8 @@ class ARModule(NodeSubmodule):
     def compute_logits(self, hidden: torch.Tensor, token_ids: torch.Tensor | None = None) -> torch.Tensor:
         """hidden [B, H] -> logits [B, V], or [B, K] for only the vocabulary rows ``token_ids`` [K]."""
         raise NotImplementedError
+
+    def allowed_token_ranges(self, num_generated: int) -> list[tuple[int, int]] | None:
+        """Constrained decoding: the [lo, hi) id ranges allowed for the next token of a
+        sequence that has generated ``num_generated`` tokens; None allows all."""
+        return None

@@ -1,0 +1,147 @@
+"""The Orpheus SNAC stage: a stateless graph node turning a window of audio tokens into PCM.
+
+Input edge ``codes``: int64 [7 * F] Orpheus audio token ids (F frames; the
+streaming window is 28 tokens = 4 frames). Output ``audio``: float32 PCM at the
+codec's rate (24 kHz), samples ``[keep_start:keep_end]`` of the decoded window
+(by default the second frame, 2048:4096, as the Orpheus reference decoder keeps).
+
+Noise blocks get per-call noise from a generator seeded with
+``window_noise_seed(call.seed, call.index)``, so audio does not depend on how
+calls are batched, and an offline reference can reproduce it with
+``torch.manual_seed(window_noise_seed(seed, index))`` before ``snac.SNAC.decode``.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from mstar.graph.node import NodeCall, NodeSubmodule
+from mstar_graphs.orpheus.snac_decoder import SnacDecoder
+
+# Orpheus audio token layout: id = AUDIO_TOKEN_BASE + code + slot * SLOT_SIZE, slot = position % 7.
+# (Duplicated from graphs/orpheus/tokens.py's tokens_to_snac_codes until the lead deduplicates.)
+AUDIO_TOKEN_BASE = 128266
+SLOT_SIZE = 4096
+FRAME_TOKENS = 7
+SLOT_LEVEL = (0, 1, 2, 2, 1, 2, 2)  # which SNAC level each slot of a frame feeds
+ORPHEUS_VQ_STRIDES = [4, 2, 1]  # 1 + 2 + 4 codes per frame: the layout above assumes these strides
+
+_MASK64 = (1 << 64) - 1
+
+
+def window_noise_seed(seed: int, index: int) -> int:
+    """Seed for the decoder noise of a request's ``index``-th window: a SplitMix64 mix of both.
+
+    Deterministic, well spread for neighbouring (seed, index) pairs, and in
+    [0, 2**63) so it is valid for ``torch.manual_seed`` and ``Generator.manual_seed``.
+    """
+    x = ((seed & _MASK64) * 0x9E3779B97F4A7C15 + (index & _MASK64) + 1) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    x ^= x >> 31
+    return x & ((1 << 63) - 1)
+
+
+def tokens_to_levels(tokens: torch.Tensor, *, request_id: str = "?", codebook_size: int = SLOT_SIZE) -> list[torch.Tensor]:
+    """int [7F] Orpheus audio token ids -> SNAC codes [F], [2F], [4F] (coarse first).
+
+    Raises ValueError naming the request, position and value of the first token
+    outside its slot's range.
+    """
+    if tokens.dim() != 1 or tokens.numel() == 0 or tokens.numel() % FRAME_TOKENS != 0:
+        raise ValueError(
+            f"request {request_id}: 'codes' must be a 1-D tensor of 7*F audio tokens, got shape {tuple(tokens.shape)}"
+        )
+    if tokens.dtype.is_floating_point or tokens.dtype == torch.bool:
+        raise ValueError(f"request {request_id}: 'codes' must be an integer tensor, got {tokens.dtype}")
+    tokens = tokens.to(torch.int64).cpu()
+    frames = tokens.view(-1, FRAME_TOKENS)
+    slots = torch.arange(FRAME_TOKENS, dtype=torch.int64)
+    codes = frames - AUDIO_TOKEN_BASE - slots * SLOT_SIZE
+    bad = (codes < 0) | (codes >= min(SLOT_SIZE, codebook_size))
+    if bool(bad.any()):
+        pos = int(bad.view(-1).nonzero()[0])
+        slot = pos % FRAME_TOKENS
+        lo = AUDIO_TOKEN_BASE + slot * SLOT_SIZE
+        raise ValueError(
+            f"request {request_id}: audio token at position {pos} has value {int(tokens[pos])}, outside slot {slot}'s "
+            f"range [{lo}, {lo + min(SLOT_SIZE, codebook_size)})"
+        )
+    # Per frame: slot 0 -> level 0; slots 1, 4 -> level 1; slots 2, 3, 5, 6 -> level 2 (in time order).
+    return [codes[:, [0]].reshape(-1), codes[:, [1, 4]].reshape(-1), codes[:, [2, 3, 5, 6]].reshape(-1)]
+
+
+class OrpheusSnacStage(NodeSubmodule):
+    """Stateless node: ``codes`` [7F] audio tokens -> ``audio`` float32 [keep_end - keep_start]."""
+
+    def __init__(self, decoder: SnacDecoder, *, keep_start: int = 2048, keep_end: int = 4096) -> None:
+        super().__init__()
+        if list(decoder.config.vq_strides) != ORPHEUS_VQ_STRIDES:
+            raise ValueError(
+                f"OrpheusSnacStage needs a SNAC with vq_strides {ORPHEUS_VQ_STRIDES} (the 24 kHz model), "
+                f"got {decoder.config.vq_strides}"
+            )
+        if not 0 <= keep_start < keep_end:
+            raise ValueError(f"OrpheusSnacStage: need 0 <= keep_start < keep_end, got [{keep_start}, {keep_end})")
+        self.decoder = decoder
+        self.keep_start, self.keep_end = keep_start, keep_end
+        self.sampling_rate = decoder.config.sampling_rate
+
+    @classmethod
+    def from_pretrained_dir(
+        cls,
+        path: str | Path,
+        *,
+        dtype: torch.dtype = torch.float32,
+        progress: bool = True,
+        keep_start: int = 2048,
+        keep_end: int = 4096,
+    ) -> "OrpheusSnacStage":
+        decoder = SnacDecoder.from_pretrained_dir(path, dtype=dtype, progress=progress)
+        return cls(decoder, keep_start=keep_start, keep_end=keep_end)
+
+    @property
+    def num_levels(self) -> int:
+        return self.decoder.config.n_levels
+
+    @property
+    def num_noise(self) -> int:
+        return len(self.decoder.noise_shapes(1, 1))
+
+    def prepare_inputs(self, calls: Sequence[NodeCall]) -> dict[str, torch.Tensor]:
+        """Tokens -> per-level code batches ``codes_{l}`` [B, T_l]; per-call noise ``noise_{i}`` [B, 1, T_i]."""
+        if not calls:
+            raise ValueError("OrpheusSnacStage.prepare_inputs: empty batch")
+        per_call_codes: list[list[torch.Tensor]] = []
+        per_call_noise: list[list[torch.Tensor]] = []
+        for call in calls:
+            if "codes" not in call.inputs:
+                raise ValueError(f"request {call.request_id}: missing input 'codes' (got {sorted(call.inputs)})")
+            levels = tokens_to_levels(
+                call.inputs["codes"], request_id=call.request_id, codebook_size=self.decoder.config.codebook_size
+            )
+            n_samples = self.decoder.num_samples(levels[-1].numel())
+            if self.keep_end > n_samples:
+                raise ValueError(
+                    f"request {call.request_id}: window of {levels[0].numel()} frames decodes to {n_samples} samples, "
+                    f"fewer than keep_end={self.keep_end}"
+                )
+            per_call_codes.append(levels)
+            gen = torch.Generator().manual_seed(window_noise_seed(call.seed, call.index))
+            per_call_noise.append(self.decoder.make_noise(gen, 1, levels[-1].numel()))
+        shapes = {tuple(c[0].shape) for c in per_call_codes}
+        if len(shapes) != 1:
+            raise ValueError(f"OrpheusSnacStage: windows of different lengths in one batch: {sorted(shapes)}")
+        batch = {f"codes_{l}": torch.stack([c[l] for c in per_call_codes]) for l in range(self.num_levels)}
+        for i in range(len(per_call_noise[0])):
+            batch[f"noise_{i}"] = torch.cat([n[i] for n in per_call_noise])
+        return batch
+
+    @torch.inference_mode()
+    def forward(self, **batch: torch.Tensor) -> dict[str, torch.Tensor]:
+        codes = [batch[f"codes_{l}"] for l in range(self.num_levels)]
+        noise = [batch[f"noise_{i}"] for i in range(self.num_noise)]
+        audio = self.decoder.decode(codes, noise)  # [B, 1, samples]
+        return {"audio": audio[:, 0, self.keep_start : self.keep_end].float()}

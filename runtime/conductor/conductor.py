@@ -1,0 +1,175 @@
+"""The Conductor: tracks each request's Walks, dispatches node calls to Workers, streams outputs.
+
+Embedded default: one Worker in this process, tensors handed over in memory. The
+Conductor speaks to Workers only in messages (ExecuteNode / NodeOutput /
+ReleaseRequest / CloseSession) and tensor handles, so Workers can move to other
+processes without changing this file's logic.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import secrets
+from typing import Callable, Mapping
+
+import torch
+
+from mstar.conductor.request import Request, RequestCancelled, RequestError, RequestStream, UnknownRequest
+from mstar.conductor.state import RequestState
+from mstar.conductor.walk_executor import WalkExecutor
+from mstar.engine.config import EngineConfig
+from mstar.graph.edges import GRAPH_INPUT, GRAPH_OUTPUT
+from mstar.graph.model_graph import ModelGraph
+from mstar.graph.node import NodeSubmodule
+from mstar.transport.inprocess import InProcessTensorStore
+from mstar.worker.messages import CloseSession, ExecuteNode, NodeOutput, ReleaseRequest
+from mstar.worker.worker import Worker
+
+log = logging.getLogger("mstar.conductor")
+
+
+class NodeError(RuntimeError):
+    pass
+
+
+class Conductor:
+    def __init__(self, graph: ModelGraph, modules: Mapping[str, NodeSubmodule], *,
+                 config: EngineConfig | None = None, device: str | torch.device = "cpu") -> None:
+        self.graph = graph
+        self.store = InProcessTensorStore()
+        self.workers = [Worker(graph, modules, self.store, config, device)]
+        self._route = {node: w for w in self.workers for node in w.nodes}
+        missing = [n.name for n in graph.nodes if n.name not in self._route]
+        if missing:
+            raise ValueError(f"nodes {missing} are placed on no worker")
+        self.executor = WalkExecutor(graph, self._dispatch, itertools.count().__next__)
+        self._tasks: dict[str, asyncio.Task] = {}
+        self._states: dict[str, RequestState] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.started = False
+
+    # -- lifecycle -------------------------------------------------------------------
+    async def start(self) -> "Conductor":
+        self._loop = asyncio.get_running_loop()
+        for worker in self.workers:
+            worker.start()
+        self.started = True
+        return self
+
+    async def stop(self) -> None:
+        for request_id in list(self._tasks):
+            await self.cancel(request_id)
+        for worker in self.workers:
+            worker.stop()
+        self.started = False
+
+    async def __aenter__(self) -> "Conductor":
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    # -- requests ----------------------------------------------------------------------
+    def submit(self, request: Request) -> RequestStream:
+        """Starts ``request``; returns an async iterator of its outputs. Bad inputs raise here."""
+        if not self.started:
+            raise RuntimeError("Conductor.submit before start()")
+        if request.request_id in self._tasks:
+            raise ValueError(f"request id {request.request_id!r} is already in flight")
+        expected = set(self.graph.input_names)
+        missing = sorted(expected - set(request.inputs))
+        unknown = sorted(set(request.inputs) - expected)
+        if missing or unknown:
+            raise ValueError(f"request {request.request_id}: graph {self.graph.name!r} takes inputs {sorted(expected)}; "
+                             f"missing {missing}, unknown {unknown}")
+        seed = request.sampling.seed if request.sampling.seed is not None else secrets.randbits(62)
+        stream = RequestStream(request.request_id)
+        rs = RequestState(request, seed, stream, self.store.get)
+        for name, tensor in request.inputs.items():
+            if not isinstance(tensor, torch.Tensor):
+                raise TypeError(f"request {request.request_id}: input {name!r} must be a tensor, got {type(tensor).__name__}")
+            handle = self.store.put(tensor, owner=request.request_id)
+            for edge in self.graph.edges_from(GRAPH_INPUT, name):
+                if edge.target.node == GRAPH_OUTPUT:
+                    continue
+                rs.values[(edge.target.node, edge.target.port)] = handle
+        self._states[request.request_id] = rs
+        self._tasks[request.request_id] = asyncio.ensure_future(self._run(rs))
+        return stream
+
+    async def cancel(self, request_id: str) -> None:
+        """Stops the request and frees everything it held (KV blocks, queued calls, tensors)."""
+        task = self._tasks.get(request_id)
+        if task is None:
+            raise UnknownRequest(request_id)
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            pass
+
+    def close_session(self, session_id: str) -> None:
+        for worker in self.workers:
+            worker.handle(CloseSession(session_id))
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._tasks)
+
+    async def _run(self, rs: RequestState) -> None:
+        rid = rs.request_id
+        try:
+            while (walk := self.graph.next_walk(rs)) is not None:
+                rs.current_walk = walk
+                await self.executor.run(self.graph.walk(walk), rs)
+                rs.walks_done.append(walk)
+            rs.current_walk = None
+            await self.executor.close_streams(rs)
+            rs.stream.end()
+        except asyncio.CancelledError:
+            rs.stream.fail(RequestCancelled(rid, "cancelled"))
+        except RequestError as exc:
+            rs.stream.fail(exc)
+        except Exception as exc:
+            log.warning("request %s failed: %s", rid, exc)
+            rs.stream.fail(RequestError(rid, f"{type(exc).__name__}: {exc}"))
+        finally:
+            for task in list(rs.chunk_tasks):
+                task.cancel()
+            for worker in self.workers:
+                worker.handle(ReleaseRequest(rid))
+            self.store.free_owner(rid)
+            self._tasks.pop(rid, None)
+            self._states.pop(rid, None)
+
+    # -- worker calls -----------------------------------------------------------------
+    async def _dispatch(self, msg: ExecuteNode, on_output: Callable[[NodeOutput], None]) -> None:
+        """Sends one call to the node's worker; feeds each NodeOutput to ``on_output`` until final."""
+        loop = self._loop
+        assert loop is not None
+        queue: asyncio.Queue[NodeOutput] = asyncio.Queue()
+        self._route[msg.node].execute(msg, lambda out: loop.call_soon_threadsafe(queue.put_nowait, out))
+        while True:
+            out = await queue.get()
+            if out.error is not None:
+                raise RequestError(msg.request_id, out.error)
+            on_output(out)
+            if out.final:
+                return
+
+    # -- introspection (tests, /diagnostics) --------------------------------------------
+    def stats(self) -> dict[str, object]:
+        return {"in_flight": self.in_flight, "tensors_held": len(self.store),
+                "workers": [w.stats() for w in self.workers]}
+
+    def kv_blocks_used(self) -> int:
+        return sum(w.kv_blocks_used() for w in self.workers)
+
+    async def wait_idle(self, timeout: float = 5.0) -> None:
+        """Waits until no request is in flight and the engines have processed their releases."""
+        deadline = asyncio.get_running_loop().time() + timeout
+        while self._tasks or self.kv_blocks_used() > 0 or len(self.store) > 0:
+            if asyncio.get_running_loop().time() > deadline:
+                raise TimeoutError(f"not idle after {timeout}s: {self.stats()}")
+            await asyncio.sleep(0.01)

@@ -1,0 +1,60 @@
+"""A request's state while its Walks run: edge values, counters, streams, what next_walk reads."""
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from mstar.conductor.request import Request, RequestStream
+from mstar.graph.chunk_policies import ChunkPolicy
+from mstar.graph.edges import StreamingGraphEdge
+from mstar.worker.messages import TensorHandle, TensorRef
+
+
+@dataclass
+class StreamState:
+    """Items produced on one streaming edge, and how far the chunk policy has consumed them."""
+
+    edge: StreamingGraphEdge
+    policy: ChunkPolicy
+    items: list[TensorHandle] = field(default_factory=list)
+    cursor: int = 0
+    closed: bool = False
+    last_delivery: asyncio.Future | None = None  # chunks deliver their outputs in order
+
+
+@dataclass
+class RequestState:
+    request: Request
+    seed: int
+    stream: RequestStream
+    fetch: Callable[[TensorHandle], torch.Tensor]
+    walks_done: list[str] = field(default_factory=list)
+    current_walk: str | None = None
+    values: dict[tuple[str, str], TensorRef] = field(default_factory=dict)   # latest value at each node input
+    produced: dict[str, TensorHandle] = field(default_factory=dict)          # latest value at each "node.port"
+    call_counts: dict[str, int] = field(default_factory=dict)
+    output_counts: dict[str, int] = field(default_factory=dict)
+    streams: dict[str, StreamState] = field(default_factory=dict)
+    chunk_tasks: set[asyncio.Task] = field(default_factory=set)
+    user: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+    @property
+    def last_walk(self) -> str | None:
+        return self.walks_done[-1] if self.walks_done else None
+
+    def value(self, endpoint: str) -> torch.Tensor | None:
+        """The latest tensor produced at ``"node.port"`` (for next_walk and stop predicates)."""
+        handle = self.produced.get(endpoint)
+        return None if handle is None else self.fetch(handle)
+
+    def next_index(self, node: str) -> int:
+        index = self.call_counts.get(node, 0)
+        self.call_counts[node] = index + 1
+        return index

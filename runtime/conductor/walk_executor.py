@@ -1,0 +1,183 @@
+"""Runs one request's Walk tree: Sequential, Parallel, Loop / DynamicLoop, and streaming edges.
+
+Values move along edges as tensor handles; only stop checks and graph outputs
+look at tensor contents. A Loop whose body is one AR node fed by its own output
+is handed to the engine whole (engine-resident loop); any other Loop is iterated here.
+"""
+from __future__ import annotations
+
+import asyncio
+from typing import Awaitable, Callable
+
+from mstar.conductor.request import RequestError, RequestOutput
+from mstar.conductor.state import RequestState, StreamState
+from mstar.graph.edges import GRAPH_OUTPUT, StreamingGraphEdge
+from mstar.graph.model_graph import ModelGraph
+from mstar.graph.walks import Call, Loop, Parallel, Sequential, StopOnValues, StopWhen, WalkStep
+from mstar.worker.messages import ExecuteNode, LoopSpec, NodeOutput, TensorHandle, TensorRef
+
+Dispatch = Callable[[ExecuteNode, Callable[[NodeOutput], None]], Awaitable[None]]
+
+
+class _StopWatch:
+    def __init__(self, edge: str, values: tuple[int, ...]) -> None:
+        self.edge, self.values, self.fired = edge, set(values), False
+
+
+class WalkExecutor:
+    def __init__(self, graph: ModelGraph, dispatch: Dispatch, new_call_id: Callable[[], int]) -> None:
+        self.graph = graph
+        self.dispatch = dispatch
+        self.new_call_id = new_call_id
+
+    async def run(self, step: WalkStep, rs: RequestState, watches: tuple[_StopWatch, ...] = ()) -> None:
+        if isinstance(step, Call):
+            await self._call(step.node, rs, watches)
+        elif isinstance(step, Sequential):
+            for child in step.steps:
+                await self.run(child, rs, watches)
+        elif isinstance(step, Parallel):
+            await asyncio.gather(*(self.run(b, rs, watches) for b in step.branches))
+        elif isinstance(step, Loop):
+            await self._loop(step, rs, watches)
+        else:
+            raise TypeError(f"unknown walk step {step!r}")
+
+    # -- loops -----------------------------------------------------------------------
+    async def _loop(self, loop: Loop, rs: RequestState, watches: tuple[_StopWatch, ...]) -> None:
+        limit = loop.trip_limit(rs)
+        if limit == 0:
+            return
+        if self.graph.self_feeding(loop) is not None:
+            stop = loop.stop.values if isinstance(loop.stop, StopOnValues) else ()
+            await self._call(loop.body.node, rs, watches, LoopSpec(max_iters=limit, stop_values=tuple(stop)))  # type: ignore[attr-defined]
+            return
+        watch = _StopWatch(loop.stop.edge, loop.stop.values) if isinstance(loop.stop, StopOnValues) else None
+        inner = watches + ((watch,) if watch else ())
+        iteration = 0
+        while limit is None or iteration < limit:
+            await self.run(loop.body, rs, inner)
+            iteration += 1
+            if watch is not None and watch.fired:
+                break
+            if isinstance(loop.stop, StopWhen) and loop.stop.predicate(rs):
+                break
+
+    # -- one node call -----------------------------------------------------------------
+    def _inputs(self, node: str, rs: RequestState) -> dict[str, TensorRef]:
+        inputs = {}
+        for port in self.graph.node(node).inputs:
+            ref = rs.values.get((node, port))
+            if ref is not None:
+                inputs[port] = ref
+        return inputs
+
+    def _message(self, node: str, rs: RequestState, inputs: dict[str, TensorRef], loop: LoopSpec | None = None,
+                 meta: dict[str, int] | None = None) -> ExecuteNode:
+        gnode = self.graph.node(node)
+        req = rs.request
+        return ExecuteNode(
+            call_id=self.new_call_id(), request_id=rs.request_id, node=node, inputs=inputs,
+            index=rs.next_index(node), seed=rs.seed,
+            sampling=req.sampling if gnode.engine == "ar" and "token" in gnode.outputs else None,
+            loop=loop, session_id=req.session_id, meta=meta or {},
+            mask=int(req.meta.get(f"{node}.mask", 0)), mask_arg=int(req.meta.get(f"{node}.mask_arg", 0)),
+            kv_window=req.meta.get(f"{node}.kv_window"))
+
+    async def _call(self, node: str, rs: RequestState, watches: tuple[_StopWatch, ...] = (),
+                    loop: LoopSpec | None = None) -> None:
+        inputs = self._inputs(node, rs)
+        missing = [p for p in self.graph.node(node).inputs if p not in inputs and self._required(node, p)]
+        if missing:
+            raise RequestError(rs.request_id, f"walk {rs.current_walk!r}: node {node!r} has no value for input(s) {missing}")
+        msg = self._message(node, rs, inputs, loop)
+        for port in inputs:  # a value is consumed by the call it feeds
+            rs.values.pop((node, port), None)
+        await self.dispatch(msg, lambda out: self.propagate(rs, node, out.outputs, watches))
+
+    def _required(self, node: str, port: str) -> bool:
+        return not any(isinstance(e, StreamingGraphEdge) for e in self.graph.edges_into(node) if e.target.port == port)
+
+    # -- moving values along edges ------------------------------------------------------
+    def propagate(self, rs: RequestState, node: str, outputs: dict[str, TensorHandle],
+                  watches: tuple[_StopWatch, ...] = ()) -> None:
+        for port, handle in outputs.items():
+            endpoint = f"{node}.{port}"
+            fired = [w for w in watches if w.edge == endpoint and int(rs.fetch(handle).reshape(-1)[0]) in w.values]
+            if fired:
+                for w in fired:
+                    w.fired = True
+                continue  # the stopping value is not passed on
+            rs.produced[endpoint] = handle
+            for edge in self.graph.edges_from(node, port):
+                if isinstance(edge, StreamingGraphEdge):
+                    self._stream_append(rs, edge, handle)
+                elif edge.target.node == GRAPH_OUTPUT:
+                    self._emit(rs, edge.target.port, handle)
+                else:
+                    rs.values[(edge.target.node, edge.target.port)] = handle
+
+    def _emit(self, rs: RequestState, name: str, handle: TensorHandle) -> None:
+        index = rs.output_counts.get(name, 0)
+        rs.output_counts[name] = index + 1
+        rs.stream.put(RequestOutput(rs.request_id, name, rs.fetch(handle), index))
+
+    # -- streaming edges ----------------------------------------------------------------
+    def _stream(self, rs: RequestState, edge: StreamingGraphEdge) -> StreamState:
+        key = str(edge)
+        state = rs.streams.get(key)
+        if state is None:
+            topo = self.graph.topology
+            assert topo is not None  # validated at declaration
+            source = topo.partition_of(edge.source.node)
+            policy = topo.policy(source, edge.target_partition)  # type: ignore[arg-type]
+            state = rs.streams[key] = StreamState(edge, policy)  # type: ignore[arg-type]
+        return state
+
+    def _stream_append(self, rs: RequestState, edge: StreamingGraphEdge, handle: TensorHandle) -> None:
+        state = self._stream(rs, edge)
+        state.items.append(handle)
+        self._pump(rs, state)
+
+    def _pump(self, rs: RequestState, state: StreamState) -> None:
+        for chunk in state.policy.ready(state.cursor, len(state.items), state.closed):
+            state.cursor = chunk.end
+            items = state.items[chunk.start:chunk.end]
+            previous = state.last_delivery
+            state.last_delivery = asyncio.get_running_loop().create_future()
+            task = asyncio.ensure_future(self._deliver_chunk(rs, state, items, chunk.left_context, previous,
+                                                             state.last_delivery))
+            rs.chunk_tasks.add(task)
+            task.add_done_callback(rs.chunk_tasks.discard)
+
+    async def _deliver_chunk(self, rs: RequestState, state: StreamState, items: list[TensorHandle],
+                             left_context: int, previous: asyncio.Future | None, done: asyncio.Future) -> None:
+        edge = state.edge
+        try:
+            if edge.target.node == GRAPH_OUTPUT:
+                if previous is not None:
+                    await previous
+                for handle in items[left_context:]:
+                    self._emit(rs, edge.target.port, handle)
+                return
+            node = edge.target.node
+            inputs = self._inputs(node, rs)
+            inputs[edge.target.port] = list(items)
+            msg = self._message(node, rs, inputs, meta={"left_context": left_context})
+            results: list[NodeOutput] = []
+            await self.dispatch(msg, results.append)
+            if previous is not None:
+                await previous
+            for out in results:
+                self.propagate(rs, node, out.outputs)
+        finally:
+            if not done.done():
+                done.set_result(None)
+
+    async def close_streams(self, rs: RequestState) -> None:
+        """The producers are done: flush what the policies hold back, wait for every chunk."""
+        for state in list(rs.streams.values()):
+            state.closed = True
+            self._pump(rs, state)
+        while rs.chunk_tasks:
+            await asyncio.gather(*list(rs.chunk_tasks))

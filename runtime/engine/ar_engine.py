@@ -1,0 +1,245 @@
+"""The AR engine: paged KV, continuous batching and sampling for one AR module (and its views).
+
+Runs on its own thread. Calls arrive as ExecuteNode messages; replies go out as
+NodeOutput messages through the callback that came with the call. A call with a
+LoopSpec is an engine-resident loop: the sampled token is fed back each iteration
+and the stop check happens here, next to the model, so no round trip to the
+Conductor is on the per-token path.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import queue
+import threading
+import time
+from typing import Callable
+
+import torch
+
+from mstar.engine.ar_module import ARModule
+from mstar.engine.attention.select import select_attention_backend
+from mstar.engine.block_manager import BlockManager, BlockTable
+from mstar.engine.config import EngineConfig
+from mstar.engine.kv_cache import PagedKVCache
+from mstar.engine.model_runner import ModelRunner
+from mstar.engine.sampler import Sampler
+from mstar.engine.scheduler import ScheduledSeq, Scheduler
+from mstar.engine.sequence import ActiveCall, Sequence, SeqStatus
+from mstar.engine.vocab_constraint import mask_rows, union_vocab
+from mstar.transport.inprocess import InProcessTensorStore
+from mstar.worker.messages import ExecuteNode, NodeOutput
+
+log = logging.getLogger("mstar.engine.ar")
+Reply = Callable[[NodeOutput], None]
+
+
+def _dtype(name: str) -> torch.dtype:
+    return getattr(torch, name)
+
+
+def _kv_blocks(module: ARModule, config: EngineConfig, kv_dtype: torch.dtype) -> int:
+    if config.num_kv_blocks is not None:
+        return config.num_kv_blocks
+    per_block = module.kv_spec().bytes_per_token(kv_dtype) * config.block_size
+    return max(1, int(config.kv_cache_mb * 2**20) // per_block)
+
+
+class AREngine:
+    def __init__(self, module: ARModule, views: list[str], store: InProcessTensorStore,
+                 config: EngineConfig | None = None, device: str | torch.device = "cpu", name: str = "ar") -> None:
+        self.config = config or EngineConfig()
+        self.name = name
+        self.views = list(views)
+        self.device = torch.device(device)
+        self.store = store
+        dtype = _dtype(self.config.dtype)
+        kv_dtype = _dtype(self.config.kv_dtype or self.config.dtype)
+        self.module = module.to(device=self.device, dtype=dtype).eval()
+        num_blocks = _kv_blocks(module, self.config, kv_dtype)
+        self.cache = PagedKVCache(module.kv_spec(), num_blocks, self.config.block_size, kv_dtype, self.device)
+        self.blocks = BlockManager(num_blocks, self.config.block_size)
+        self.backend = select_attention_backend(self.cache, self.config.attention_backend)
+        self.scheduler = Scheduler(self.blocks, self.cache, self.config)
+        self.runner = ModelRunner(self.module, self.backend, self.blocks, self.device)
+        self.sampler = Sampler()
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        self.steps = 0
+        self.tokens_computed = 0
+        log.info("%s engine: %d KV blocks x %d tokens (%s), attention backend %s",
+                 name, num_blocks, self.config.block_size, kv_dtype, self.backend.name)
+
+    # -- thread-safe entry points ------------------------------------------------
+    def submit(self, msg: ExecuteNode, reply: Reply) -> None:
+        self._inbox.put(("call", msg, reply))
+
+    def release(self, request_id: str) -> None:
+        self._inbox.put(("release", request_id, None))
+
+    def close_session(self, session_id: str) -> None:
+        self._inbox.put(("close_session", session_id, None))
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name=f"mstar-{self.name}", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopping = True
+        self._inbox.put(("wake", None, None))
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    def stats(self) -> dict[str, int]:
+        return {"kv_blocks_total": self.blocks.num_blocks, "kv_blocks_used": self.blocks.num_used_blocks,
+                "sequences": len(self.scheduler.seqs), "steps": self.steps,
+                "tokens_computed": self.tokens_computed, "preemptions": self.scheduler.num_preemptions}
+
+    # -- engine thread -------------------------------------------------------------
+    def _loop(self) -> None:
+        while not self._stopping:
+            if not self.scheduler.has_work():
+                try:
+                    self._handle(*self._inbox.get(timeout=0.5))
+                except queue.Empty:
+                    continue
+            while True:  # take everything that arrived before this step
+                try:
+                    self._handle(*self._inbox.get_nowait())
+                except queue.Empty:
+                    break
+            if self.scheduler.has_work():
+                self._step()
+
+    def _handle(self, kind: str, arg, reply: Reply | None) -> None:
+        try:
+            if kind == "call":
+                self._on_call(arg, reply)
+            elif kind == "release":
+                self._on_release(arg)
+            elif kind == "close_session":
+                for seq in [s for s in self.scheduler.seqs.values() if s.owner == arg]:
+                    self.scheduler.drop(seq)
+        except Exception as exc:  # a bad message must not stop the engine
+            log.exception("%s engine: %s failed", self.name, kind)
+            if kind == "call" and reply is not None:
+                reply(NodeOutput(arg.call_id, arg.request_id, 0, final=True, error=f"{type(exc).__name__}: {exc}"))
+
+    def _on_call(self, msg: ExecuteNode, reply: Reply) -> None:
+        def fail(text: str) -> None:
+            reply(NodeOutput(msg.call_id, msg.request_id, 0, final=True, error=text))
+
+        if msg.node not in self.views:
+            return fail(f"node {msg.node!r} is not served by engine {self.name!r}")
+        owner = msg.session_id or msg.request_id
+        seq = self.scheduler.seqs.get((owner, msg.node))
+        if seq is not None and seq.call is not None:
+            return fail(f"node {msg.node!r} already has a call in flight for {owner!r}")
+        ref = msg.inputs.get("input_ids")
+        ids = [] if ref is None else self.store.resolve(ref).reshape(-1).tolist()
+        vocab = self.module.vocab_size
+        bad = [t for t in ids if not 0 <= t < vocab]
+        if bad:
+            return fail(f"node {msg.node!r}: token ids {bad[:5]} are outside the vocabulary [0, {vocab})")
+        known = 0 if seq is None else len(seq.token_ids)
+        if known + len(ids) == 0 or (seq is not None and seq.num_pending + len(ids) == 0 and msg.sampling is not None):
+            return fail(f"node {msg.node!r}: call has no input tokens")
+        loop_iters = 1 if msg.loop is None else (msg.loop.max_iters or 0)
+        first = 0 if seq is None else seq.table.first_position
+        need = first + known + len(ids) + loop_iters
+        if msg.kv_window is None and need > self.module.max_positions:
+            return fail(f"node {msg.node!r}: request needs {need} positions ({known + len(ids)} tokens in context "
+                        f"+ {loop_iters} to generate), over the model's context limit of {self.module.max_positions}")
+        window = msg.kv_window if msg.kv_window is not None else known + len(ids) + loop_iters
+        blocks_needed = math.ceil(min(window + self.blocks.block_size, known + len(ids) + loop_iters) / self.blocks.block_size)
+        if blocks_needed > self.blocks.num_blocks:
+            return fail(f"node {msg.node!r}: request needs {blocks_needed} KV blocks, the pool has {self.blocks.num_blocks}")
+        if seq is None:
+            seq = Sequence(owner=owner, node=msg.node, request_id=msg.request_id, table=BlockTable(blocks=[]))
+            seq.generator = torch.Generator(device="cpu").manual_seed((msg.seed * 1_000_003 + hash(msg.node)) % (2**63))
+            self.scheduler.seqs[seq.key] = seq
+        seq.request_id = msg.request_id
+        seq.token_ids.extend(ids)
+        seq.history.extend(ids)
+        seq.mask, seq.mask_arg, seq.kv_window = msg.mask, msg.mask_arg, msg.kv_window
+        seq.call = ActiveCall(msg, reply)
+        seq.status = SeqStatus.RUNNING if seq.table.blocks else SeqStatus.WAITING
+        if msg.session_id is not None:
+            seq.arrival = time.monotonic()  # a session's new message queues behind earlier requests
+
+    def _on_release(self, request_id: str) -> None:
+        for seq in list(self.scheduler.seqs.values()):
+            if seq.request_id != request_id:
+                continue
+            if seq.owner == request_id:
+                self.scheduler.drop(seq)
+            else:  # a session keeps its KV; the abandoned call's uncomputed tokens go
+                seq.call = None
+                del seq.token_ids[seq.num_computed:]
+                seq.status = SeqStatus.IDLE
+
+    def _step(self) -> None:
+        batch = self.scheduler.schedule()
+        if not batch:
+            time.sleep(0.001)  # everything waits for KV; admission checks make this transient
+            return
+        try:
+            with torch.inference_mode():
+                hidden, last_rows = self.runner.run(batch)
+                self.scheduler.complete(batch)
+                self._finish_step(batch, hidden, last_rows)
+        except Exception as exc:
+            log.exception("%s engine step failed", self.name)
+            for item in batch:
+                call = item.seq.call
+                if call is not None:
+                    call.reply(NodeOutput(call.msg.call_id, call.msg.request_id, call.iteration, final=True,
+                                          error=f"engine step failed: {type(exc).__name__}: {exc}"))
+                self.scheduler.drop(item.seq)
+        self.steps += 1
+        self.tokens_computed += sum(item.num_tokens for item in batch)
+
+    def _finish_step(self, batch: list[ScheduledSeq], hidden: torch.Tensor, last_rows: list[int]) -> None:
+        sample_seqs, rows = [], []
+        for item, row in zip(batch, last_rows):
+            seq = item.seq
+            if seq.num_pending > 0 or seq.call is None:
+                continue  # a prefill chunk; more to come
+            if seq.call.wants_token:
+                sample_seqs.append(seq)
+                rows.append(row)
+            else:
+                call, seq.call = seq.call, None
+                seq.status = SeqStatus.IDLE
+                call.reply(NodeOutput(call.msg.call_id, call.msg.request_id, call.iteration, final=True, finish_reason="done"))
+        if not sample_seqs:
+            return
+        ranges = [self.module.allowed_token_ranges(s.num_generated) for s in sample_seqs]
+        vocab = union_vocab(ranges, hidden.device)
+        logits = self.module.compute_logits(hidden[rows], vocab).float()
+        mask_rows(logits, vocab, ranges)
+        tokens = self.sampler.sample(logits, vocab, [s.call.msg.sampling for s in sample_seqs],
+                                     [s.history for s in sample_seqs], [s.generator for s in sample_seqs])
+        for seq, token in zip(sample_seqs, tokens):
+            self._advance(seq, token)
+
+    def _advance(self, seq: Sequence, token: int) -> None:
+        call = seq.call
+        assert call is not None
+        msg, iteration = call.msg, call.iteration
+        call.iteration += 1
+        if msg.loop is not None and token in msg.loop.stop_values:
+            seq.call, seq.status = None, SeqStatus.IDLE
+            call.reply(NodeOutput(msg.call_id, msg.request_id, iteration, final=True, finish_reason="stop"))
+            return
+        seq.num_generated += 1
+        seq.history.append(token)
+        handle = self.store.put(torch.tensor(token, dtype=torch.long), owner=msg.request_id)
+        last = call.iteration >= call.max_iters
+        if last:
+            seq.call, seq.status = None, SeqStatus.IDLE
+        else:
+            seq.token_ids.append(token)  # loop feedback: next iteration's input
+        reason = ("length" if msg.loop is not None else "done") if last else None
+        call.reply(NodeOutput(msg.call_id, msg.request_id, iteration, {"token": handle}, final=last, finish_reason=reason))

@@ -1,0 +1,36 @@
+"""Engine sizing, validated with errors that name the field."""
+from __future__ import annotations
+
+import msgspec
+
+
+class EngineConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """KV pool and batch limits of one AR engine (and the stateless engine's batch size).
+
+    ``num_kv_blocks`` sizes the pool directly; else ``kv_cache_mb`` does.
+    """
+
+    block_size: int = 16
+    num_kv_blocks: int | None = None
+    kv_cache_mb: float = 256.0
+    max_batched_tokens: int = 1024
+    max_num_seqs: int = 64
+    stateless_max_batch: int = 16
+    dtype: str = "float32"
+    kv_dtype: str | None = None
+    attention_backend: str | None = None
+
+    def __post_init__(self) -> None:
+        checks = [
+            ("block_size", self.block_size >= 1),
+            ("num_kv_blocks", self.num_kv_blocks is None or self.num_kv_blocks >= 1),
+            ("kv_cache_mb", self.kv_cache_mb > 0),
+            ("max_batched_tokens", self.max_batched_tokens >= 1),
+            ("max_num_seqs", self.max_num_seqs >= 1),
+            ("stateless_max_batch", self.stateless_max_batch >= 1),
+            ("dtype", self.dtype in ("float32", "bfloat16", "float16")),
+            ("kv_dtype", self.kv_dtype in (None, "float32", "bfloat16", "float16")),
+        ]
+        for name, ok in checks:
+            if not ok:
+                raise ValueError(f"engine config: {name} = {getattr(self, name)!r} is invalid")

@@ -1,0 +1,93 @@
+"""Continuous batching for the AR engine: which sequences compute how many tokens this step.
+
+Oldest first. Every sequence with pending tokens (a decode token or a prefill chunk)
+competes for one token budget, so prefill and decode of different requests share a
+step. When KV blocks run out, the youngest sequences are preempted (their blocks
+freed, their tokens recomputed when they are scheduled again), so the oldest always
+progresses and nothing crashes or answers wrongly.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mstar.engine.block_manager import BlockManager
+from mstar.engine.config import EngineConfig
+from mstar.engine.kv_cache import PagedKVCache
+from mstar.engine.sequence import Sequence, SeqStatus
+
+
+@dataclass
+class ScheduledSeq:
+    seq: Sequence
+    start: int       # index in seq.token_ids of the first token computed this step
+    num_tokens: int
+
+    @property
+    def end(self) -> int:
+        return self.start + self.num_tokens
+
+
+class Scheduler:
+    def __init__(self, blocks: BlockManager, cache: PagedKVCache, config: EngineConfig) -> None:
+        self.blocks = blocks
+        self.cache = cache
+        self.config = config
+        self.seqs: dict[tuple[str, str], Sequence] = {}
+        self.num_preemptions = 0
+
+    def has_work(self) -> bool:
+        return any(s.call is not None and s.num_pending > 0 for s in self.seqs.values())
+
+    def schedule(self) -> list[ScheduledSeq]:
+        ready = sorted((s for s in self.seqs.values() if s.call is not None and s.num_pending > 0),
+                       key=lambda s: s.arrival)
+        budget = self.config.max_batched_tokens
+        batch: list[ScheduledSeq] = []
+        for seq in ready:
+            if budget == 0 or len(batch) >= self.config.max_num_seqs:
+                break
+            n = min(seq.num_pending, budget)
+            if not self._make_room(seq, n, batch):
+                break  # younger sequences wait too: keeps admission first-come first-served
+            self.cache.copy_blocks(self.blocks.append(seq.table, n))
+            seq.status = SeqStatus.RUNNING
+            batch.append(ScheduledSeq(seq, seq.num_computed, n))
+            budget -= n
+        return batch
+
+    def _make_room(self, seq: Sequence, n: int, batch: list[ScheduledSeq]) -> bool:
+        while not self.blocks.can_append(seq.table, n):
+            victim = self._victim(seq, batch)
+            if victim is None:
+                return False
+            self.preempt(victim)
+        return True
+
+    def _victim(self, seq: Sequence, batch: list[ScheduledSeq]) -> Sequence | None:
+        """Idle sequences first, then the youngest running one; never one older than ``seq``."""
+        taken = {id(item.seq) for item in batch} | {id(seq)}
+        holders = [s for s in self.seqs.values() if s.table.blocks and id(s) not in taken and s.arrival >= seq.arrival]
+        if not holders:
+            return None
+        return max(holders, key=lambda s: (s.status == SeqStatus.IDLE, s.arrival))
+
+    def preempt(self, seq: Sequence) -> None:
+        first_position = seq.table.first_position
+        self.blocks.free(seq.table)
+        seq.table.first_position = first_position
+        seq.num_computed = 0
+        seq.status = SeqStatus.WAITING
+        self.num_preemptions += 1
+
+    def complete(self, batch: list[ScheduledSeq]) -> None:
+        for item in batch:
+            seq = item.seq
+            seq.num_computed = item.end
+            if seq.kv_window is not None and seq.num_computed > seq.kv_window:
+                evicted = self.blocks.evict_front(seq.table, seq.kv_window)
+                del seq.token_ids[:evicted]
+                seq.num_computed -= evicted
+
+    def drop(self, seq: Sequence) -> None:
+        self.blocks.free(seq.table)
+        self.seqs.pop(seq.key, None)

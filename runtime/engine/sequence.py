@@ -1,0 +1,67 @@
+"""One AR sequence: a (request or session) x node-view pair, its tokens, KV blocks and current call."""
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from mstar.engine.block_manager import BlockTable
+from mstar.worker.messages import ExecuteNode, NodeOutput
+
+
+class SeqStatus(enum.Enum):
+    WAITING = "waiting"   # has tokens to compute, not admitted (no KV yet, or preempted)
+    RUNNING = "running"   # admitted: holds KV, scheduled every step while it has work
+    IDLE = "idle"         # holds KV, no call in flight (between Walks, or a session between messages)
+
+
+@dataclass
+class ActiveCall:
+    msg: ExecuteNode
+    reply: Callable[[NodeOutput], None]
+    iteration: int = 0
+
+    @property
+    def wants_token(self) -> bool:
+        return self.msg.sampling is not None
+
+    @property
+    def max_iters(self) -> int:
+        loop = self.msg.loop
+        if loop is None:
+            return 1
+        return loop.max_iters if loop.max_iters is not None else 1 << 62
+
+
+@dataclass
+class Sequence:
+    owner: str                     # session id, or request id when there is no session
+    node: str
+    request_id: str
+    table: BlockTable
+    token_ids: list[int] = field(default_factory=list)  # tokens in the KV window (computed or pending)
+    history: list[int] = field(default_factory=list)    # every token ever seen (repetition penalty)
+    num_computed: int = 0
+    num_generated: int = 0
+    status: SeqStatus = SeqStatus.WAITING
+    call: ActiveCall | None = None
+    generator: torch.Generator | None = None
+    arrival: float = field(default_factory=time.monotonic)
+    mask: int = 0
+    mask_arg: int = 0
+    kv_window: int | None = None
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.owner, self.node)
+
+    @property
+    def num_pending(self) -> int:
+        return len(self.token_ids) - self.num_computed
+
+    @property
+    def first_position(self) -> int:
+        return self.table.first_position

@@ -1,0 +1,142 @@
+"""The stateless engine: batches calls of the same node across requests (encoders, decoders, codecs).
+
+First chunks go first: a call that is a request's first (index 0) jumps ahead of
+later chunks of other requests, so time to first output stays low under load.
+A batch that fails is retried call by call, so one bad input fails one request.
+"""
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Mapping
+
+import torch
+
+from mstar.graph.node import NodeCall, NodeSubmodule
+from mstar.transport.inprocess import InProcessTensorStore
+from mstar.worker.messages import ExecuteNode, NodeOutput
+
+log = logging.getLogger("mstar.engine.stateless")
+Reply = Callable[[NodeOutput], None]
+
+
+@dataclass
+class _Pending:
+    msg: ExecuteNode
+    reply: Reply
+    call: NodeCall
+    arrival: float = field(default_factory=time.monotonic)
+
+    @property
+    def priority(self) -> tuple[int, float]:
+        return (0 if self.call.index == 0 else 1, self.arrival)
+
+
+class StatelessEngine:
+    def __init__(self, nodes: Mapping[str, NodeSubmodule], store: InProcessTensorStore,
+                 max_batch: int = 16, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
+                 name: str = "stateless") -> None:
+        self.device = torch.device(device)
+        self.nodes = {n: m.to(device=self.device, dtype=dtype).eval() for n, m in nodes.items()}
+        self.store = store
+        self.max_batch = max_batch
+        self.name = name
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._pending: list[_Pending] = []
+        self._released: set[str] = set()
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        self.batches = 0
+        self.calls = 0
+
+    def submit(self, msg: ExecuteNode, reply: Reply) -> None:
+        self._inbox.put(("call", msg, reply))
+
+    def release(self, request_id: str) -> None:
+        self._inbox.put(("release", request_id, None))
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name=f"mstar-{self.name}", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopping = True
+        self._inbox.put(("wake", None, None))
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    def stats(self) -> dict[str, int]:
+        return {"batches": self.batches, "calls": self.calls, "pending": len(self._pending)}
+
+    def _loop(self) -> None:
+        while not self._stopping:
+            if not self._pending:
+                try:
+                    self._take(*self._inbox.get(timeout=0.5))
+                except queue.Empty:
+                    continue
+            while True:
+                try:
+                    self._take(*self._inbox.get_nowait())
+                except queue.Empty:
+                    break
+            if self._pending:
+                self._run_batch(self._next_batch())
+
+    def _take(self, kind: str, arg, reply: Reply | None) -> None:
+        if kind == "release":
+            self._pending = [p for p in self._pending if p.msg.request_id != arg]
+            return
+        if kind != "call":
+            return
+        msg: ExecuteNode = arg
+        try:
+            if msg.node not in self.nodes:
+                raise KeyError(f"node {msg.node!r} is not served by engine {self.name!r}")
+            inputs = {k: self.store.resolve(ref) for k, ref in msg.inputs.items()}
+        except Exception as exc:
+            reply(NodeOutput(msg.call_id, msg.request_id, 0, final=True, error=f"{type(exc).__name__}: {exc}"))
+            return
+        call = NodeCall(msg.request_id, inputs, index=msg.index, seed=msg.seed, meta=dict(msg.meta))
+        self._pending.append(_Pending(msg, reply, call))
+
+    def _next_batch(self) -> list[_Pending]:
+        head = min(self._pending, key=lambda p: p.priority)
+        module = self.nodes[head.msg.node]
+        key = module.batch_key(head.call)
+        same = sorted((p for p in self._pending if p.msg.node == head.msg.node and module.batch_key(p.call) == key),
+                      key=lambda p: p.priority)[: self.max_batch]
+        chosen = {id(p) for p in same}
+        self._pending = [p for p in self._pending if id(p) not in chosen]
+        return same
+
+    def _run_batch(self, batch: list[_Pending]) -> None:
+        module = self.nodes[batch[0].msg.node]
+        try:
+            results = self._forward(module, batch)
+        except Exception as exc:
+            if len(batch) > 1:  # isolate the failing call; the others still get served
+                for item in batch:
+                    self._run_batch([item])
+                return
+            item = batch[0]
+            log.warning("%s: call of %s for %s failed: %s", self.name, item.msg.node, item.msg.request_id, exc)
+            item.reply(NodeOutput(item.msg.call_id, item.msg.request_id, 0, final=True,
+                                  error=f"node {item.msg.node!r}: {type(exc).__name__}: {exc}"))
+            return
+        self.batches += 1
+        self.calls += len(batch)
+        for item, outputs in zip(batch, results):
+            handles = {k: self.store.put(v, owner=item.msg.request_id) for k, v in outputs.items()}
+            item.reply(NodeOutput(item.msg.call_id, item.msg.request_id, 0, handles, final=True, finish_reason="done"))
+
+    def _forward(self, module: NodeSubmodule, batch: list[_Pending]) -> list[dict[str, torch.Tensor]]:
+        calls = [p.call for p in batch]
+        with torch.inference_mode():
+            kwargs = module.prepare_inputs(calls)
+            kwargs = {k: v.to(self.device) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
+            outputs = module(**kwargs)
+        return [{k: v.detach().cpu() for k, v in out.items()} for out in module.split_outputs(outputs, calls)]

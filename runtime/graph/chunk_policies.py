@@ -1,0 +1,98 @@
+"""Chunk policies: when a streaming connection hands a chunk of accumulated items to its consumer."""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """Items ``[start, end)`` of the stream; the first ``left_context`` of them were
+    already delivered in an earlier chunk and are there as context only."""
+
+    start: int
+    end: int
+    left_context: int = 0
+
+    @property
+    def new_items(self) -> int:
+        return self.end - self.start - self.left_context
+
+
+class ChunkPolicy(ABC):
+    """Pure function of (cursor, available, closed) -> chunks; the conductor keeps the cursor.
+
+    ``cursor`` is the end of the last chunk emitted (0 at first); ``available`` the number
+    of items produced so far; ``closed`` whether the producer has finished.
+    """
+
+    @abstractmethod
+    def ready(self, cursor: int, available: int, closed: bool) -> list[Chunk]: ...
+
+
+@dataclass(frozen=True)
+class FixedChunkPolicy(ChunkPolicy):
+    """Chunks of ``size`` new items; on close, the remainder as a shorter chunk."""
+
+    size: int
+
+    def __post_init__(self) -> None:
+        if self.size < 1:
+            raise ValueError(f"FixedChunkPolicy size must be >= 1, got {self.size}")
+
+    def ready(self, cursor: int, available: int, closed: bool) -> list[Chunk]:
+        chunks = []
+        while available - cursor >= self.size:
+            chunks.append(Chunk(cursor, cursor + self.size))
+            cursor += self.size
+        if closed and available > cursor:
+            chunks.append(Chunk(cursor, available))
+        return chunks
+
+
+@dataclass(frozen=True)
+class LeftContextChunkPolicy(ChunkPolicy):
+    """Chunks of ``chunk`` new items, each preceded by up to ``left_context`` earlier items
+    (Qwen3-Omni Talker -> Code2Wav: 25 frames with 25 frames of left context)."""
+
+    chunk: int
+    left_context: int
+
+    def __post_init__(self) -> None:
+        if self.chunk < 1 or self.left_context < 0:
+            raise ValueError(f"LeftContextChunkPolicy needs chunk >= 1 and left_context >= 0, got {self.chunk}, {self.left_context}")
+
+    def _chunk(self, cursor: int, end: int) -> Chunk:
+        start = max(0, cursor - self.left_context)
+        return Chunk(start, end, cursor - start)
+
+    def ready(self, cursor: int, available: int, closed: bool) -> list[Chunk]:
+        chunks = []
+        while available - cursor >= self.chunk:
+            chunks.append(self._chunk(cursor, cursor + self.chunk))
+            cursor += self.chunk
+        if closed and available > cursor:
+            chunks.append(self._chunk(cursor, available))
+        return chunks
+
+
+@dataclass(frozen=True)
+class SlidingWindowChunkPolicy(ChunkPolicy):
+    """The last ``window`` items, every ``stride`` new items once ``window`` exist
+    (Orpheus: 28-token windows every 7 tokens). Items after the last full stride are
+    not delivered, as in the reference decoders."""
+
+    window: int
+    stride: int
+
+    def __post_init__(self) -> None:
+        if self.stride < 1 or self.window < self.stride:
+            raise ValueError(f"SlidingWindowChunkPolicy needs 1 <= stride <= window, got window={self.window}, stride={self.stride}")
+
+    def ready(self, cursor: int, available: int, closed: bool) -> list[Chunk]:
+        chunks = []
+        end = self.window if cursor < self.window else cursor + self.stride
+        while end <= available:
+            chunks.append(Chunk(end - self.window, end, self.window - self.stride if end > self.window else 0))
+            end += self.stride
+        return chunks

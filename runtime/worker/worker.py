@@ -1,0 +1,98 @@
+"""A Worker hosts graph nodes on one device: one AR engine per AR module (shared by its
+views, each view with its own KV), and one stateless engine for the rest.
+
+The Conductor reaches a Worker only through messages (ExecuteNode, ReleaseRequest,
+CloseSession) and tensor handles, so a Worker can live in another process.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Callable, Mapping
+
+import torch
+
+from mstar.engine.ar_engine import AREngine
+from mstar.engine.ar_module import ARModule
+from mstar.engine.config import EngineConfig
+from mstar.engine.stateless_engine import StatelessEngine
+from mstar.graph.model_graph import ModelGraph
+from mstar.graph.node import NodeSubmodule
+from mstar.transport.inprocess import InProcessTensorStore
+from mstar.worker.messages import CloseSession, ExecuteNode, NodeOutput, ReleaseRequest
+
+log = logging.getLogger("mstar.worker")
+
+
+class Worker:
+    def __init__(self, graph: ModelGraph, modules: Mapping[str, NodeSubmodule], store: InProcessTensorStore,
+                 config: EngineConfig | None = None, device: str | torch.device = "cpu",
+                 nodes: list[str] | None = None, rank: int = 0) -> None:
+        self.rank = rank
+        self.store = store
+        self.config = config or EngineConfig()
+        hosted = list(nodes) if nodes is not None else [n.name for n in graph.nodes]
+        self._engine_of: dict[str, AREngine | StatelessEngine] = {}
+        self.ar_engines: dict[str, AREngine] = {}
+        stateless: dict[str, NodeSubmodule] = {}
+        for module_name, views in graph.modules().items():
+            views = [v for v in views if v in hosted]
+            if not views:
+                continue
+            if module_name not in modules:
+                raise KeyError(f"worker {rank}: no submodule given for module {module_name!r} (nodes {views})")
+            module = modules[module_name]
+            if graph.node(views[0]).engine == "ar":
+                if not isinstance(module, ARModule):
+                    raise TypeError(f"module {module_name!r} backs AR nodes {views} but is not an ARModule")
+                engine = AREngine(module, views, store, self.config, device, name=f"ar:{module_name}")
+                self.ar_engines[module_name] = engine
+                for view in views:
+                    self._engine_of[view] = engine
+            else:
+                for view in views:
+                    stateless[view] = module
+        self.stateless = None
+        if stateless:
+            self.stateless = StatelessEngine(stateless, store, self.config.stateless_max_batch, device,
+                                             dtype=getattr(torch, self.config.dtype), name=f"stateless:{rank}")
+            for view in stateless:
+                self._engine_of[view] = self.stateless
+
+    @property
+    def nodes(self) -> list[str]:
+        return list(self._engine_of)
+
+    def _engines(self) -> list[AREngine | StatelessEngine]:
+        return list(self.ar_engines.values()) + ([self.stateless] if self.stateless else [])
+
+    def start(self) -> None:
+        for engine in self._engines():
+            engine.start()
+
+    def stop(self) -> None:
+        for engine in self._engines():
+            engine.stop()
+
+    def execute(self, msg: ExecuteNode, reply: Callable[[NodeOutput], None]) -> None:
+        engine = self._engine_of.get(msg.node)
+        if engine is None:
+            reply(NodeOutput(msg.call_id, msg.request_id, 0, final=True, error=f"worker {self.rank} does not host node {msg.node!r}"))
+            return
+        engine.submit(msg, reply)
+
+    def handle(self, msg: ReleaseRequest | CloseSession) -> None:
+        if isinstance(msg, ReleaseRequest):
+            for engine in self._engines():
+                engine.release(msg.request_id)
+        elif isinstance(msg, CloseSession):
+            for engine in self.ar_engines.values():
+                engine.close_session(msg.session_id)
+
+    def stats(self) -> dict[str, dict[str, int]]:
+        out = {f"ar:{name}": e.stats() for name, e in self.ar_engines.items()}
+        if self.stateless:
+            out["stateless"] = self.stateless.stats()
+        return out
+
+    def kv_blocks_used(self) -> int:
+        return sum(e.blocks.num_used_blocks for e in self.ar_engines.values())

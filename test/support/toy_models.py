@@ -1,0 +1,101 @@
+"""Small synthetic components and graphs for runtime tests (no real model needed)."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from mstar.engine.ar_module import ARModule
+from mstar.engine.attention.backend import AttentionContext
+from mstar.engine.kv_cache import KVSpec
+from mstar.graph import NodeSubmodule
+
+
+class ToyLM(ARModule):
+    """A 2-layer attention-only LM: enough to exercise paged KV, masks and batching."""
+
+    def __init__(self, vocab: int = 97, hidden: int = 32, heads: int = 4, kv_heads: int = 2, layers: int = 2,
+                 max_positions: int = 512, seed: int = 0) -> None:
+        super().__init__()
+        g = torch.Generator().manual_seed(seed)
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, hidden // heads
+        self._vocab, self._max = vocab, max_positions
+        self.embed = torch.nn.Parameter(torch.randn(vocab, hidden, generator=g))
+        self.pos = torch.nn.Parameter(torch.randn(max_positions, hidden, generator=g) * 0.5)
+        d = self.head_dim
+        self.qkv = torch.nn.ParameterList([torch.nn.Parameter(torch.randn(hidden, (heads + 2 * kv_heads) * d, generator=g) / hidden**0.5) for _ in range(layers)])
+        self.out = torch.nn.ParameterList([torch.nn.Parameter(torch.randn(heads * d, hidden, generator=g) / hidden**0.5) for _ in range(layers)])
+        self.head = torch.nn.Parameter(torch.randn(hidden, vocab, generator=g) * 2.0)
+
+    def kv_spec(self) -> KVSpec:
+        return KVSpec(len(self.qkv), self.kv_heads, self.head_dim)
+
+    @property
+    def vocab_size(self) -> int:
+        return self._vocab
+
+    @property
+    def max_positions(self) -> int:
+        return self._max
+
+    def forward(self, input_ids, positions, attn: AttentionContext):
+        x = self.embed[input_ids] + self.pos[positions]
+        d = self.head_dim
+        for layer, (w, o) in enumerate(zip(self.qkv, self.out)):
+            q, k, v = (x @ w).split([self.heads * d, self.kv_heads * d, self.kv_heads * d], dim=-1)
+            h = attn(layer, q.view(-1, self.heads, d), k.view(-1, self.kv_heads, d), v.view(-1, self.kv_heads, d), d**-0.5)
+            x = x + torch.tanh(h.reshape(-1, self.heads * d) @ o)
+        return x
+
+    def compute_logits(self, hidden, token_ids=None):
+        w = self.head if token_ids is None else self.head[:, token_ids]
+        return hidden @ w
+
+    # -- an independent dense reference (no paging, no batching) ----------------------
+    def reference_logits(self, ids: list[int]) -> torch.Tensor:
+        n = len(ids)
+        x = self.embed[torch.tensor(ids)] + self.pos[torch.arange(n)]
+        d = self.head_dim
+        for w, o in zip(self.qkv, self.out):
+            q, k, v = (x @ w).split([self.heads * d, self.kv_heads * d, self.kv_heads * d], dim=-1)
+            q = q.view(n, self.heads, d).transpose(0, 1)
+            k = k.view(n, self.kv_heads, d).transpose(0, 1).repeat_interleave(self.heads // self.kv_heads, 0)
+            v = v.view(n, self.kv_heads, d).transpose(0, 1).repeat_interleave(self.heads // self.kv_heads, 0)
+            h = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            x = x + torch.tanh(h.transpose(0, 1).reshape(n, -1) @ o)
+        return x @ self.head
+
+    def reference_greedy(self, prompt: list[int], n: int, stop: int | None = None) -> list[int]:
+        ids, out = list(prompt), []
+        with torch.no_grad():
+            for _ in range(n):
+                tok = int(self.reference_logits(ids)[-1].argmax())
+                if tok == stop:
+                    break
+                out.append(tok)
+                ids.append(tok)
+        return out
+
+
+class Scale(NodeSubmodule):
+    """Stateless: multiplies its (stacked) input by a factor."""
+
+    def __init__(self, factor: float = 2.0) -> None:
+        super().__init__()
+        self.factor = factor
+
+    def forward(self, x):
+        return {"y": x.float() * self.factor}
+
+
+class SumChunk(NodeSubmodule):
+    """Stateless: sums a chunk of streamed items (drops the left context)."""
+
+    def prepare_inputs(self, calls):
+        return {"x": torch.stack([c.inputs["x"].float().sum() for c in calls]),
+                "n": torch.tensor([len(c.inputs["x"]) - c.meta.get("left_context", 0) for c in calls])}
+
+    def batch_key(self, call):
+        return "all"
+
+    def forward(self, x, n):
+        return {"y": x, "n": n}
