@@ -156,9 +156,7 @@ class AREngine:
         if blocks_needed > self.blocks.num_blocks:
             return fail(f"node {msg.node!r}: request needs {blocks_needed} KV blocks, the pool has {self.blocks.num_blocks}")
         if seq is None:
-            seq = Sequence(owner=owner, node=msg.node, request_id=msg.request_id, table=BlockTable(blocks=[]))
-            seq.generator = torch.Generator(device="cpu").manual_seed((msg.seed * 1_000_003 + hash(msg.node)) % (2**63))
-            self.scheduler.seqs[seq.key] = seq
+            seq = self._new_sequence(msg, owner)
         seq.request_id = msg.request_id
         seq.token_ids.extend(ids)
         seq.history.extend(ids)
@@ -168,7 +166,24 @@ class AREngine:
         if msg.session_id is not None:
             seq.arrival = time.monotonic()  # a session's new message queues behind earlier requests
 
+    def _new_sequence(self, msg: ExecuteNode, owner: str) -> Sequence:
+        seq = Sequence(owner=owner, node=msg.node, request_id=msg.request_id, table=BlockTable(blocks=[]))
+        source = self.scheduler.seqs.get((owner, msg.kv_from)) if msg.kv_from else None
+        if source is not None and source.table.blocks:
+            # copy-on-write fork: shares every computed block with the source view
+            seq.table = self.blocks.fork(source.table)
+            seq.token_ids = list(source.token_ids[:source.num_computed])
+            seq.num_computed = source.num_computed
+            seq.history = list(source.history)
+            seq.num_generated = source.num_generated
+            seq.arrival = source.arrival
+        node_salt = sum(ord(c) * 31**i for i, c in enumerate(msg.node)) % 1_000_003  # stable across runs
+        seq.generator = torch.Generator(device="cpu").manual_seed((msg.seed * 1_000_003 + node_salt) % (2**63))
+        self.scheduler.seqs[seq.key] = seq
+        return seq
+
     def _on_release(self, request_id: str) -> None:
+        self.store.free_owner(request_id)  # outputs made after the Conductor let go of the request
         for seq in list(self.scheduler.seqs.values()):
             if seq.request_id != request_id:
                 continue

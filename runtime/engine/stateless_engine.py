@@ -88,6 +88,7 @@ class StatelessEngine:
 
     def _take(self, kind: str, arg, reply: Reply | None) -> None:
         if kind == "release":
+            self.store.free_owner(arg)  # outputs made after the Conductor let go of the request
             self._pending = [p for p in self._pending if p.msg.request_id != arg]
             return
         if kind != "call":

@@ -66,6 +66,7 @@ class GraphNode:
     outputs: tuple[str, ...]
     engine: EngineKind = "stateless"
     module: str | None = None
+    kv_from: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "inputs", tuple(self.inputs))

@@ -41,6 +41,7 @@ class ExecuteNode(msgspec.Struct):
     mask: int = 0
     mask_arg: int = 0
     kv_window: int | None = None
+    kv_from: str | None = None
     meta: dict[str, int] = {}
 
 

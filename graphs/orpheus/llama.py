@@ -1,0 +1,220 @@
+"""Orpheus's LLM: a Llama decoder as an :class:`ARModule` the AR engine drives.
+
+Parameter names are exactly the HF checkpoint names, so ``mstar.weights.load_weights``
+maps them 1:1. The engine hands ``forward`` the packed tokens of a whole step (any
+mix of sequences, prefill and decode), so nothing here knows about batches or KV:
+attention goes through the engine's ``attn(layer, q, k, v, scale)``.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mstar.engine.ar_module import ARModule
+from mstar.engine.attention.backend import AttentionContext
+from mstar.engine.kv_cache import KVSpec
+from mstar.weights import load_weights
+from mstar_graphs.orpheus.llama_config import LlamaConfig
+
+
+def rope_inv_freq(cfg: LlamaConfig) -> torch.Tensor:
+    """Inverse RoPE frequencies [head_dim/2] in fp32, with linear or llama3 scaling applied."""
+    dim = cfg.dim_per_head
+    inv_freq = 1.0 / (cfg.rope_base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    scaling = cfg.rope_scaling_params()
+    if scaling is None:
+        return inv_freq
+    factor = scaling["factor"]
+    if cfg.rope_type == "linear":
+        return inv_freq / factor
+    # llama3: long wavelengths (beyond the pretraining context / low_freq_factor) are
+    # slowed down by `factor`, short ones kept, and the band between blended linearly
+    # in 1/wavelength so the spectrum stays continuous.
+    old_len = scaling["original_max_position_embeddings"]
+    low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
+    smooth = (old_len / wavelen - low) / (high - low)
+    blended = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = (wavelen >= old_len / high) & (wavelen <= old_len / low)
+    return torch.where(medium, blended, scaled)
+
+
+def rope_tables(cfg: LlamaConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [max_position_embeddings, head_dim/2] in fp32.
+
+    Half width is enough: rotate-half RoPE uses the same angle for element j and j + D/2.
+    """
+    positions = torch.arange(cfg.max_position_embeddings, dtype=torch.float32)
+    angles = torch.outer(positions, rope_inv_freq(cfg))
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate-half RoPE (HF Llama convention). x [T, H, D]; cos, sin [T, D/2]."""
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    c, s = cos.unsqueeze(1), sin.unsqueeze(1)
+    return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float, *, dtype: torch.dtype, device: torch.device | str | None) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size, dtype=dtype, device=device))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Normalise in fp32 and cast back before the weight, as the checkpoints were trained.
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, cfg: LlamaConfig, layer_idx: int, **factory: object) -> None:
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.num_heads = cfg.num_attention_heads
+        self.num_kv_heads = cfg.kv_heads
+        self.head_dim = cfg.dim_per_head
+        self.scale = self.head_dim ** -0.5
+        h, d = cfg.hidden_size, self.head_dim
+        self.q_proj = nn.Linear(h, self.num_heads * d, bias=False, **factory)
+        self.k_proj = nn.Linear(h, self.num_kv_heads * d, bias=False, **factory)
+        self.v_proj = nn.Linear(h, self.num_kv_heads * d, bias=False, **factory)
+        self.o_proj = nn.Linear(self.num_heads * d, h, bias=False, **factory)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: AttentionContext) -> torch.Tensor:
+        t = x.shape[0]
+        q = apply_rope(self.q_proj(x).view(t, self.num_heads, self.head_dim), cos, sin)
+        k = apply_rope(self.k_proj(x).view(t, self.num_kv_heads, self.head_dim), cos, sin)
+        v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)
+        out = attn(self.layer_idx, q, k, v, self.scale)
+        return self.o_proj(out.reshape(t, self.num_heads * self.head_dim))
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, cfg: LlamaConfig, **factory: object) -> None:
+        super().__init__()
+        h, i = cfg.hidden_size, cfg.intermediate_size
+        self.gate_proj = nn.Linear(h, i, bias=False, **factory)
+        self.up_proj = nn.Linear(h, i, bias=False, **factory)
+        self.down_proj = nn.Linear(i, h, bias=False, **factory)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, cfg: LlamaConfig, layer_idx: int, **factory: object) -> None:
+        super().__init__()
+        self.self_attn = LlamaAttention(cfg, layer_idx, **factory)
+        self.mlp = LlamaMLP(cfg, **factory)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, **factory)  # type: ignore[arg-type]
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, **factory)  # type: ignore[arg-type]
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: AttentionContext) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, attn)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaModel(nn.Module):
+    """The ``model.`` prefix of the HF names: embeddings, decoder layers, final norm."""
+
+    def __init__(self, cfg: LlamaConfig, **factory: object) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size, **factory)  # type: ignore[arg-type]
+        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, i, **factory) for i in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, **factory)  # type: ignore[arg-type]
+
+
+class LlamaForCausalLM(ARModule):
+    """Llama decoder + LM head. ``forward`` returns final-normed hidden states; logits come
+    from :meth:`compute_logits` so the engine computes them only for the rows it samples."""
+
+    def __init__(self, config: LlamaConfig, *, dtype: torch.dtype = torch.float32,
+                 device: torch.device | str | None = None) -> None:
+        super().__init__()
+        self.config = config
+        factory = {"dtype": dtype, "device": device}
+        self.model = LlamaModel(config, **factory)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False, **factory)  # type: ignore[arg-type]
+        self._tie()
+        self._reset_rope(device)
+
+    def _tie(self) -> None:
+        if self.config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def _reset_rope(self, device: torch.device | str | None) -> None:
+        # Non-persistent: derived from the config, never in a checkpoint (the loader's strict
+        # check would otherwise ask for them). Built in fp32 and cast once to the module dtype,
+        # like HF casting cos/sin to the activation dtype.
+        cos, sin = rope_tables(self.config)
+        dtype = self.model.norm.weight.dtype
+        target = device if device is not None and torch.device(device).type != "meta" else "cpu"
+        self.register_buffer("rope_cos", cos.to(device=target, dtype=dtype), persistent=False)
+        self.register_buffer("rope_sin", sin.to(device=target, dtype=dtype), persistent=False)
+
+    # ------------------------------------------------------------------ loading
+
+    @classmethod
+    def from_pretrained_dir(cls, path: str | Path, dtype: torch.dtype = torch.float32,
+                            progress: bool = True) -> LlamaForCausalLM:
+        """Config + module + weights from an HF checkpoint directory, on CPU in ``dtype``."""
+        config = LlamaConfig.from_dir(path)
+        # Build on the meta device and materialise without random init: the 3B model's
+        # default init alone would take longer than reading its weights.
+        module = cls(config, dtype=dtype, device="meta")
+        module.to_empty(device="cpu")
+        module._tie()
+        module._reset_rope("cpu")
+        load_weights(module, path, dtype=dtype, progress=progress, desc=f"LLM {Path(path).name}")
+        return module.eval()
+
+    # ----------------------------------------------------------- ARModule API
+
+    def kv_spec(self) -> KVSpec:
+        c = self.config
+        return KVSpec(num_layers=c.num_hidden_layers, num_kv_heads=c.kv_heads, head_dim=c.dim_per_head)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.config.vocab_size
+
+    @property
+    def max_positions(self) -> int:
+        return self.config.max_position_embeddings
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.norm.weight.dtype
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,  # type: ignore[override]
+                attn: AttentionContext) -> torch.Tensor:
+        """input_ids, positions: [T] int64 (packed step tokens) -> final-normed hidden [T, H]."""
+        if input_ids.dim() != 1 or positions.shape != input_ids.shape:
+            raise ValueError(f"input_ids and positions must both be [T]; got {tuple(input_ids.shape)} "
+                             f"and {tuple(positions.shape)}")
+        cos = self.rope_cos.index_select(0, positions)
+        sin = self.rope_sin.index_select(0, positions)
+        h = self.model.embed_tokens(input_ids)
+        for layer in self.model.layers:
+            h = layer(h, cos, sin, attn)
+        return self.model.norm(h)
+
+    def compute_logits(self, hidden: torch.Tensor, token_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """hidden [B, H] -> logits [B, V], or [B, K] over just the vocabulary rows ``token_ids`` [K].
+
+        Restricting first is what makes constrained decoding cheap: the real head is
+        156940 x 3072, while one Orpheus slot allows only 4096 (+1) tokens.
+        """
+        weight = self.lm_head.weight
+        if token_ids is not None:
+            weight = weight.index_select(0, token_ids.to(weight.device))
+        return F.linear(hidden.to(weight.dtype), weight)

@@ -1,0 +1,86 @@
+"""Orpheus TTS as a servable model: its graph, its two submodules, its tokenizer and request builder."""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from mstar.conductor import Request
+from mstar.engine.sampling_params import SamplingParams
+from mstar_graphs.orpheus.checkpoints import OrpheusPaths, resolve_paths
+from mstar_graphs.orpheus.graph import orpheus_graph
+from mstar_graphs.orpheus.llama import LlamaForCausalLM
+from mstar_graphs.orpheus.prompt import build_prompt_ids, load_tokenizer
+from mstar_graphs.orpheus.snac_stage import OrpheusSnacStage
+from mstar_graphs.orpheus.tokens import allowed_token_ranges
+
+log = logging.getLogger("mstar_graphs.orpheus")
+SAMPLE_RATE = 24_000
+# The reference engine's defaults (orpheus-tts): nucleus sampling with a repetition penalty.
+DEFAULT_SAMPLING = SamplingParams(temperature=0.6, top_p=0.8, repetition_penalty=1.3, max_tokens=1200)
+
+
+class OrpheusLLM(LlamaForCausalLM):
+    """The Orpheus Llama with optional audio-token constrained decoding.
+
+    With ``constrain`` on, each step may only emit the SNAC slot's 4096 codes (or
+    end-of-speech on a frame boundary, after at least one frame), so every window is
+    decodable and the LM head computes ~1/5 of its rows.
+    """
+
+    constrain: bool = True
+
+    def allowed_token_ranges(self, num_generated: int) -> list[tuple[int, int]] | None:
+        if not self.constrain:
+            return None
+        ranges = allowed_token_ranges(num_generated)
+        return ranges[:1] if num_generated == 0 else ranges  # no empty speech
+
+
+@dataclass
+class OrpheusTTS:
+    paths: OrpheusPaths
+    llm: OrpheusLLM
+    snac: OrpheusSnacStage
+    voice: str | None = "tara"
+
+    @classmethod
+    def load(cls, weights: str | Path | None = None, snac_weights: str | Path | None = None, *,
+             preset: str = "tiny", constrain: bool = True, progress: bool = True, voice: str | None = "tara") -> "OrpheusTTS":
+        """Real weights from ``weights`` (and ``snac_weights``), else the generated tiny checkpoint."""
+        paths = resolve_paths(weights, snac_weights, preset)
+        if paths.random_weights:
+            log.warning("Orpheus weights in %s are RANDOM (generated for tests): the audio is noise", paths.llm.parent)
+        llm = OrpheusLLM.from_pretrained_dir(paths.llm, progress=progress)
+        llm.constrain = constrain
+        snac = OrpheusSnacStage.from_pretrained_dir(paths.snac, progress=progress)
+        model = cls(paths, llm, snac, voice)
+        model.tokenizer = load_tokenizer(paths.llm)
+        return model
+
+    @property
+    def random_weights(self) -> bool:
+        return self.paths.random_weights
+
+    def graph(self):
+        return orpheus_graph()
+
+    def modules(self) -> dict[str, torch.nn.Module]:
+        return {"llm": self.llm, "snac": self.snac}
+
+    def prompt_ids(self, text: str, voice: str | None = None) -> list[int]:
+        return build_prompt_ids(self.tokenizer, text, voice if voice is not None else self.voice)
+
+    def request(self, text: str, *, voice: str | None = None, sampling: SamplingParams | None = None,
+                request_id: str | None = None) -> Request:
+        """A request to speak ``text``; raises ValueError for empty text or text over the context limit."""
+        sampling = sampling or DEFAULT_SAMPLING
+        ids = self.prompt_ids(text, voice)
+        limit = self.llm.max_positions
+        if len(ids) + sampling.max_tokens > limit:
+            raise ValueError(f"text is {len(ids)} prompt tokens; with max_tokens={sampling.max_tokens} that is over "
+                             f"the model's context limit of {limit} tokens")
+        kwargs = {} if request_id is None else {"request_id": request_id}
+        return Request({"prompt_ids": torch.tensor(ids, dtype=torch.long)}, sampling, **kwargs)

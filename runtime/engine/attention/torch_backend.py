@@ -1,0 +1,182 @@
+"""Paged attention with plain torch SDPA: the CPU backend, also correct (if slower) on CUDA."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from mstar.engine.attention.backend import AttentionBackend
+from mstar.engine.attention.metadata import AttentionMetadata, MaskKind, SeqAttention
+from mstar.engine.kv_cache import PagedKVCache
+
+
+def key_slots(seq: SeqAttention, block_size: int, length: int | None = None) -> torch.Tensor:
+    """Flat cache slots of the sequence's cached tokens ``[0, context_len)`` (int64, CPU).
+
+    With ``length`` > context_len the tail repeats the last slot (padding that is masked out
+    but still reads finite, real values).
+    """
+    n = seq.context_len if length is None else length
+    j = torch.arange(n, dtype=torch.int64).clamp_(max=seq.context_len - 1)
+    blocks = torch.tensor(seq.block_table, dtype=torch.int64)
+    return blocks[j // block_size] * block_size + j % block_size
+
+
+def build_mask(seq: SeqAttention) -> torch.Tensor:
+    """[query_len, context_len] bool, True where the query may attend (absolute positions)."""
+    first = seq.first_position
+    q_pos = first + seq.context_len - seq.query_len + torch.arange(seq.query_len)
+    k_pos = first + torch.arange(seq.context_len)
+    qp, kp = q_pos[:, None], k_pos[None, :]
+    if seq.mask == MaskKind.CAUSAL:
+        return kp <= qp
+    if seq.mask == MaskKind.PREFIX_BIDIRECTIONAL:
+        a = seq.mask_arg
+        return (kp <= qp) | ((kp < a) & (qp < a))
+    if seq.mask == MaskKind.BLOCK_CAUSAL:
+        a = seq.mask_arg
+        return (kp // a) <= (qp // a)
+    raise ValueError(f"unknown mask kind {seq.mask!r}")
+
+
+def validate_seq(seq: SeqAttention, block_size: int) -> None:
+    if seq.query_len < 0 or seq.context_len < seq.query_len:
+        raise ValueError(f"sequence needs 0 <= query_len <= context_len, got {seq.query_len}, {seq.context_len}")
+    if seq.context_len > len(seq.block_table) * block_size:
+        raise ValueError(f"context_len {seq.context_len} exceeds the {len(seq.block_table)} blocks "
+                         f"x {block_size} slots of its block table")
+    if seq.mask == MaskKind.BLOCK_CAUSAL and seq.mask_arg <= 0:
+        raise ValueError(f"BLOCK_CAUSAL needs mask_arg (frame size) > 0, got {seq.mask_arg}")
+
+
+@dataclass
+class _DecodePlan:
+    """All query_len == 1 sequences, batched into one padded SDPA call."""
+
+    rows: torch.Tensor | None   # [B] packed rows of the queries; None when they are rows [r0, r0 + B)
+    row0: int
+    batch: int
+    max_len: int
+    slots: torch.Tensor         # [B * max_len] flat key slots (padding repeats a real slot)
+    key_mask: torch.Tensor | None  # [B, 1, 1, max_len] bool, None when every sequence has max_len keys
+
+
+@dataclass
+class _PrefillPlan:
+    """One sequence with query_len > 1: its own SDPA with an explicit mask."""
+
+    start: int
+    length: int
+    slots: torch.Tensor         # [context_len]
+    mask: torch.Tensor | None   # [query_len, context_len] bool; None with is_causal or no masking
+    is_causal: bool
+
+
+class TorchAttentionBackend(AttentionBackend):
+    """Gathers each sequence's keys from the paged cache and runs torch SDPA.
+
+    A single query that is the newest token sees every cached key under all three mask
+    kinds, so decode sequences share one padded call whatever their masks.
+    """
+
+    name = "torch"
+
+    def __init__(self, cache: PagedKVCache) -> None:
+        super().__init__(cache)
+        # bf16 SDPA is ~9x slower than fp32 on CPU; on CUDA the cache dtype is fast.
+        self.compute_dtype = torch.float32 if cache.device.type == "cpu" else None
+        self._meta: AttentionMetadata | None = None
+        self._decode: _DecodePlan | None = None
+        self._prefills: list[_PrefillPlan] = []
+        self._all_decode_in_order = False
+
+    def plan(self, meta: AttentionMetadata) -> None:
+        bs, dev = self.cache.block_size, self.cache.device
+        total = 0
+        decode: list[SeqAttention] = []
+        prefills: list[_PrefillPlan] = []
+        for s in meta.seqs:
+            validate_seq(s, bs)
+            total += s.query_len
+            if s.query_len == 0:
+                continue
+            if s.query_len == 1:
+                decode.append(s)
+                continue
+            mask: torch.Tensor | None = build_mask(s)
+            causal = False
+            if bool(mask.all()):
+                mask = None
+            elif s.mask == MaskKind.CAUSAL and s.query_len == s.context_len:
+                mask, causal = None, True  # SDPA's top-left causal equals ours when Lq == Lk
+            prefills.append(_PrefillPlan(s.query_start, s.query_len, key_slots(s, bs).to(dev),
+                                         None if mask is None else mask.to(dev), causal))
+        if total != meta.num_tokens:
+            raise ValueError(f"sequences cover {total} query tokens but slot_mapping has {meta.num_tokens}")
+
+        self._decode = None
+        if decode:
+            lens = [s.context_len for s in decode]
+            max_len = max(lens)
+            slots = torch.cat([key_slots(s, bs, max_len) for s in decode]).to(dev)
+            key_mask = None
+            if min(lens) != max_len:
+                key_mask = (torch.arange(max_len)[None, :] < torch.tensor(lens)[:, None]).view(len(decode), 1, 1, max_len).to(dev)
+            starts = [s.query_start for s in decode]
+            in_order = starts == list(range(starts[0], starts[0] + len(starts)))
+            rows = None if in_order else torch.tensor(starts, dtype=torch.int64, device=dev)
+            self._decode = _DecodePlan(rows, starts[0], len(decode), max_len, slots, key_mask)
+        self._prefills = prefills
+        self._all_decode_in_order = (not prefills and self._decode is not None and self._decode.rows is None
+                                     and self._decode.row0 == 0 and self._decode.batch == meta.num_tokens)
+        self._meta = meta
+
+    def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+        meta = self._meta
+        if meta is None:
+            raise RuntimeError("TorchAttentionBackend.forward called before plan()")
+        T, Hq, D = q.shape
+        if T != meta.num_tokens:
+            raise ValueError(f"forward got {T} query tokens, plan() was for {meta.num_tokens}")
+        Hkv = self.cache.spec.num_kv_heads
+        if Hq % Hkv:
+            raise ValueError(f"{Hq} query heads is not a multiple of {Hkv} KV heads")
+        self.cache.write(layer, meta.slot_mapping, k, v)
+        kc = self.cache.k[layer].view(-1, Hkv, D)
+        vc = self.cache.v[layer].view(-1, Hkv, D)
+        cdt = self.compute_dtype or q.dtype
+
+        dec = self._decode
+        if self._all_decode_in_order:
+            assert dec is not None
+            return self._decode_attn(dec, q, kc, vc, scale, cdt)
+        out = torch.empty_like(q)
+        if dec is not None:
+            qd = q[dec.row0:dec.row0 + dec.batch] if dec.rows is None else q.index_select(0, dec.rows)
+            od = self._decode_attn(dec, qd, kc, vc, scale, cdt)
+            if dec.rows is None:
+                out[dec.row0:dec.row0 + dec.batch] = od
+            else:
+                out.index_copy_(0, dec.rows, od)
+        G = Hq // Hkv
+        for p in self._prefills:
+            qs = q[p.start:p.start + p.length].to(cdt).transpose(0, 1)           # [Hq, ql, D]
+            ks = kc.index_select(0, p.slots).to(cdt).transpose(0, 1)              # [Hkv, ctx, D]
+            vs = vc.index_select(0, p.slots).to(cdt).transpose(0, 1)
+            o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=p.mask, is_causal=p.is_causal,
+                                               scale=scale, enable_gqa=G > 1)
+            out[p.start:p.start + p.length] = o.transpose(0, 1)
+        return out
+
+    @staticmethod
+    def _decode_attn(dec: _DecodePlan, q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor,
+                     scale: float, cdt: torch.dtype) -> torch.Tensor:
+        B, Hq, D = q.shape
+        Hkv = kc.shape[1]
+        # GQA without repeating K/V: the G query heads of a KV head are G "rows" of one query.
+        qd = q.to(cdt).reshape(B, Hkv, Hq // Hkv, D)
+        ks = kc.index_select(0, dec.slots).to(cdt).view(B, dec.max_len, Hkv, D).transpose(1, 2)
+        vs = vc.index_select(0, dec.slots).to(cdt).view(B, dec.max_len, Hkv, D).transpose(1, 2)
+        o = F.scaled_dot_product_attention(qd, ks, vs, attn_mask=dec.key_mask, scale=scale)
+        return o.reshape(B, Hq, D).to(q.dtype)

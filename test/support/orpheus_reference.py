@@ -1,0 +1,74 @@
+"""The offline Orpheus pipeline a CPU user would write: transformers generate() + the snac package.
+
+Used as the numerical reference in tests and as the baseline in the benchmark.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from mstar.weights import iter_checkpoint_tensors
+from mstar_graphs.orpheus.graph import STRIDE_TOKENS, WINDOW_TOKENS
+from mstar_graphs.orpheus.snac_stage import window_noise_seed
+from mstar_graphs.orpheus.tokens import END_OF_SPEECH, allowed_token_ids, tokens_to_snac_codes
+
+
+def load_hf_llm(path: Path, dtype: torch.dtype = torch.float32):
+    from transformers import LlamaForCausalLM
+    return LlamaForCausalLM.from_pretrained(path, local_files_only=True, dtype=dtype).eval()
+
+
+def load_reference_snac(path: Path):
+    import snac
+    config = json.loads((path / "config.json").read_text())
+    kwargs = {k: v for k, v in config.items() if k in snac.SNAC.__init__.__code__.co_varnames}
+    model = snac.SNAC(**kwargs)
+    model.load_state_dict(dict(iter_checkpoint_tensors(path)))
+    return model.eval()
+
+
+def allowed_fn(prompt_len: int):
+    """The same constrained-decoding rule as OrpheusLLM, as HF's prefix_allowed_tokens_fn."""
+    def fn(batch_id: int, input_ids: torch.Tensor) -> list[int]:
+        n = input_ids.shape[-1] - prompt_len
+        ids = allowed_token_ids(n).tolist()
+        return [t for t in ids if t != END_OF_SPEECH] if n == 0 else ids
+    return fn
+
+
+def hf_generate(model, prompts: list[list[int]], max_new_tokens: int, **sampling) -> list[list[int]]:
+    """Static batch (left-padded) generate; returns each row's tokens up to end-of-speech."""
+    width = max(len(p) for p in prompts)
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=mask, max_new_tokens=max_new_tokens, eos_token_id=END_OF_SPEECH,
+                             pad_token_id=END_OF_SPEECH, prefix_allowed_tokens_fn=allowed_fn(width), **sampling)
+    rows = []
+    for row in out[:, width:].tolist():
+        rows.append(row[:row.index(END_OF_SPEECH)] if END_OF_SPEECH in row else row)
+    return rows
+
+
+def snac_windows(snac_model, tokens: list[int], seed: int) -> list[torch.Tensor]:
+    """Audio of each 28-token window every 7 tokens, keeping samples 2048:4096, noise seeded per window."""
+    chunks = []
+    for index, end in enumerate(range(WINDOW_TOKENS, len(tokens) + 1, STRIDE_TOKENS)):
+        codes = tokens_to_snac_codes(torch.tensor(tokens[end - WINDOW_TOKENS:end]))
+        torch.manual_seed(window_noise_seed(seed, index))
+        with torch.no_grad():
+            audio = snac_model.decode([c.unsqueeze(0) for c in codes])
+        chunks.append(audio[0, 0, 2048:4096])
+    return chunks
+
+
+def snac_whole(snac_model, tokens: list[int]) -> torch.Tensor:
+    """One decode of the whole utterance (what a non-streaming user does)."""
+    usable = len(tokens) // 7 * 7
+    if usable == 0:
+        return torch.zeros(0)
+    codes = tokens_to_snac_codes(torch.tensor(tokens[:usable]))
+    with torch.no_grad():
+        return snac_model.decode([c.unsqueeze(0) for c in codes])[0, 0]
