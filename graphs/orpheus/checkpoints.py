@@ -15,6 +15,15 @@ from mstar_graphs.orpheus.tiny_snac import write_tiny_snac
 log = logging.getLogger("mstar_graphs.orpheus")
 TINY_VERSION = 1  # bump when the generators change, so stale caches are not reused
 
+# preset -> (LLM preset, SNAC preset, SNAC overrides). "bench" keeps the real model's balance:
+# in Orpheus 3B the LLM does ~93% of the FLOPs (46 GFLOP per 7-token frame vs 3.3 GFLOP per
+# SNAC window), so the small bench LLM gets a SNAC decoder scaled down to match (~87%).
+PRESETS = {
+    "tiny": ("tiny", "tiny", None),
+    "bench": ("bench", "bench", {"decoder_dim": 256}),
+    "bench-full-snac": ("bench", "bench", None),
+}
+
 
 @dataclass(frozen=True)
 class OrpheusPaths:
@@ -33,13 +42,16 @@ def cache_root() -> Path:
 
 def ensure_tiny_orpheus(preset: str = "tiny") -> OrpheusPaths:
     """The generated checkpoint for ``preset`` ("tiny" for tests, "bench"), made on first use."""
+    if preset not in PRESETS:
+        raise ValueError(f"unknown Orpheus preset {preset!r} (known: {sorted(PRESETS)})")
+    llm_preset, snac_preset, snac_overrides = PRESETS[preset]
     root = cache_root() / f"orpheus-{preset}-v{TINY_VERSION}"
     if not (root / "done").exists():
         log.info("generating the %s Orpheus checkpoint (random weights) in %s", preset, root)
         root.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(dir=root.parent, prefix=f".{root.name}-"))
-        write_tiny_llm(tmp / "llm", preset)
-        write_tiny_snac(tmp / "snac", preset)
+        write_tiny_llm(tmp / "llm", llm_preset)
+        write_tiny_snac(tmp / "snac", snac_preset, overrides=snac_overrides)
         (tmp / "done").write_text("ok\n")
         try:
             tmp.rename(root)

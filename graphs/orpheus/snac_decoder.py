@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from mstar_graphs.orpheus.snac_config import SnacConfig
+from mstar_graphs.orpheus.snac_crop import CropPlan, CropUnsupported, plan_crop, run_crop
 from mstar_graphs.orpheus.snac_layers import DecoderBlock, LocalMHA, Snake1d, WNConv
 
 
@@ -117,6 +118,8 @@ class SnacDecoder(nn.Module):
         self.config = config
         self.quantizer = QuantizerDecode(config)
         self.decoder = Decoder(config)
+        # (latent_len, start, end) -> CropPlan, or None where cropping is unsupported.
+        self._crop_plans: dict[tuple[int, int, int], CropPlan | None] = {}
 
     # ---- shapes -------------------------------------------------------------------------
 
@@ -166,19 +169,54 @@ class SnacDecoder(nn.Module):
 
     # ---- inference ----------------------------------------------------------------------
 
+    def _check_inputs(self, codes: Sequence[torch.Tensor], noise: Sequence[torch.Tensor] | None, what: str) -> int:
+        if len(codes) != self.config.n_levels:
+            raise ValueError(f"SnacDecoder.{what}: expected {self.config.n_levels} code levels, got {len(codes)}")
+        n_blocks = len(self.config.decoder_rates) if self.config.noise else 0
+        if n_blocks and (noise is None or len(noise) != n_blocks):
+            got = "none" if noise is None else len(noise)
+            raise ValueError(f"SnacDecoder.{what}: expected {n_blocks} noise tensors (one per decoder block), got {got}")
+        return n_blocks
+
     def decode(self, codes: Sequence[torch.Tensor], noise: Sequence[torch.Tensor] | None = None) -> torch.Tensor:
         """codes: one int tensor [B, T_l] per level (coarse first) -> audio [B, 1, samples] in [-1, 1].
 
         ``noise`` must be given (see :meth:`make_noise`) when the config has noise blocks.
         """
-        if len(codes) != self.config.n_levels:
-            raise ValueError(f"SnacDecoder.decode: expected {self.config.n_levels} code levels, got {len(codes)}")
-        n_blocks = len(self.config.decoder_rates) if self.config.noise else 0
-        if n_blocks and (noise is None or len(noise) != n_blocks):
-            got = "none" if noise is None else len(noise)
-            raise ValueError(f"SnacDecoder.decode: expected {n_blocks} noise tensors (one per decoder block), got {got}")
+        n_blocks = self._check_inputs(codes, noise, "decode")
         z = self.quantizer(codes)
         return self.decoder(z, noise if n_blocks else None)
+
+    def crop_plan(self, latent_len: int, start: int, end: int) -> CropPlan | None:
+        """The (cached) receptive-field plan for samples [start, end); None if this config cannot be cropped."""
+        key = (latent_len, start, end)
+        if key not in self._crop_plans:
+            try:
+                plan: CropPlan | None = plan_crop(self.decoder.model, latent_len, start, end)
+            except CropUnsupported:
+                plan = None
+            self._crop_plans[key] = plan
+        return self._crop_plans[key]
+
+    def decode_range(
+        self, codes: Sequence[torch.Tensor], noise: Sequence[torch.Tensor] | None, start: int, end: int
+    ) -> torch.Tensor:
+        """``decode(codes, noise)[..., start:end]``, computing only what those samples depend on.
+
+        Every activation is cropped to the receptive field of the kept samples (see
+        :mod:`snac_crop`); ``noise`` is the full-length noise of :meth:`make_noise`,
+        sliced internally. Equal to the full decode up to float reassociation. Falls
+        back to the full decode where a layer cannot be cropped exactly.
+        """
+        n_blocks = self._check_inputs(codes, noise, "decode_range")
+        z = self.quantizer(codes)
+        total = z.shape[-1] * math.prod(self.config.decoder_rates)
+        if not 0 <= start < end <= total:
+            raise ValueError(f"SnacDecoder.decode_range: [{start}, {end}) is outside the {total} decoded samples")
+        plan = self.crop_plan(z.shape[-1], start, end)
+        if plan is None:
+            return self.decoder(z, noise if n_blocks else None)[..., start:end]
+        return run_crop(plan, z, noise if n_blocks else None)
 
     def forward(self, codes: Sequence[torch.Tensor], noise: Sequence[torch.Tensor] | None = None) -> torch.Tensor:
         return self.decode(codes, noise)

@@ -75,8 +75,12 @@ class WNConv(nn.Module):
         del self.weight  # the None placeholder attribute
         self.weight = nn.Parameter(weight, requires_grad=False)
 
+    def resolved_weight(self) -> torch.Tensor:
+        """The conv weight in use: the folded one, or g * v / ||v|| computed on the fly."""
+        return self.weight if self.folded else self.parametrizations["weight"].weight()
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        weight = self.weight if self.folded else self.parametrizations["weight"].weight()
+        weight = self.resolved_weight()
         if self.transposed:
             return F.conv_transpose1d(
                 x, weight, self.bias, self.stride, self.padding, self.output_padding, self.groups, self.dilation

@@ -9,6 +9,10 @@ Noise blocks get per-call noise from a generator seeded with
 ``window_noise_seed(call.seed, call.index)``, so audio does not depend on how
 calls are batched, and an offline reference can reproduce it with
 ``torch.manual_seed(window_noise_seed(seed, index))`` before ``snac.SNAC.decode``.
+
+With ``crop=True`` (the default) the decoder computes only the receptive field of
+the kept samples (:meth:`SnacDecoder.decode_range`), equal to decoding the whole
+window and slicing up to float reassociation; ``crop=False`` keeps the full path.
 """
 from __future__ import annotations
 
@@ -76,7 +80,9 @@ def tokens_to_levels(tokens: torch.Tensor, *, request_id: str = "?", codebook_si
 class OrpheusSnacStage(NodeSubmodule):
     """Stateless node: ``codes`` [7F] audio tokens -> ``audio`` float32 [keep_end - keep_start]."""
 
-    def __init__(self, decoder: SnacDecoder, *, keep_start: int = 2048, keep_end: int = 4096) -> None:
+    def __init__(
+        self, decoder: SnacDecoder, *, keep_start: int = 2048, keep_end: int = 4096, crop: bool = True
+    ) -> None:
         super().__init__()
         if list(decoder.config.vq_strides) != ORPHEUS_VQ_STRIDES:
             raise ValueError(
@@ -87,6 +93,7 @@ class OrpheusSnacStage(NodeSubmodule):
             raise ValueError(f"OrpheusSnacStage: need 0 <= keep_start < keep_end, got [{keep_start}, {keep_end})")
         self.decoder = decoder
         self.keep_start, self.keep_end = keep_start, keep_end
+        self.crop = crop
         self.sampling_rate = decoder.config.sampling_rate
 
     @classmethod
@@ -98,9 +105,10 @@ class OrpheusSnacStage(NodeSubmodule):
         progress: bool = True,
         keep_start: int = 2048,
         keep_end: int = 4096,
+        crop: bool = True,
     ) -> "OrpheusSnacStage":
         decoder = SnacDecoder.from_pretrained_dir(path, dtype=dtype, progress=progress)
-        return cls(decoder, keep_start=keep_start, keep_end=keep_end)
+        return cls(decoder, keep_start=keep_start, keep_end=keep_end, crop=crop)
 
     @property
     def num_levels(self) -> int:
@@ -143,5 +151,8 @@ class OrpheusSnacStage(NodeSubmodule):
     def forward(self, **batch: torch.Tensor) -> dict[str, torch.Tensor]:
         codes = [batch[f"codes_{l}"] for l in range(self.num_levels)]
         noise = [batch[f"noise_{i}"] for i in range(self.num_noise)]
+        if self.crop:
+            audio = self.decoder.decode_range(codes, noise, self.keep_start, self.keep_end)  # [B, 1, kept]
+            return {"audio": audio[:, 0].float()}
         audio = self.decoder.decode(codes, noise)  # [B, 1, samples]
         return {"audio": audio[:, 0, self.keep_start : self.keep_end].float()}

@@ -95,7 +95,9 @@ class Conductor:
                     continue
                 rs.values[(edge.target.node, edge.target.port)] = handle
         self._states[request.request_id] = rs
-        self._tasks[request.request_id] = asyncio.ensure_future(self._run(rs))
+        task = asyncio.ensure_future(self._run(rs))
+        task.add_done_callback(lambda _: self._cleanup(rs))  # also runs if cancelled before it started
+        self._tasks[request.request_id] = task
         return stream
 
     async def cancel(self, request_id: str) -> None:
@@ -134,14 +136,19 @@ class Conductor:
         except Exception as exc:
             log.warning("request %s failed: %s", rid, exc)
             rs.stream.fail(RequestError(rid, f"{type(exc).__name__}: {exc}"))
-        finally:
-            for task in list(rs.chunk_tasks):
-                task.cancel()
-            for worker in self.workers:
-                worker.handle(ReleaseRequest(rid))
-            self.store.free_owner(rid)
-            self._tasks.pop(rid, None)
-            self._states.pop(rid, None)
+
+    def _cleanup(self, rs: RequestState) -> None:
+        rid = rs.request_id
+        if self._states.pop(rid, None) is None:
+            return
+        if not rs.stream.finished:
+            rs.stream.fail(RequestCancelled(rid, "cancelled"))
+        for task in list(rs.chunk_tasks):
+            task.cancel()
+        for worker in self.workers:
+            worker.handle(ReleaseRequest(rid))
+        self.store.free_owner(rid)
+        self._tasks.pop(rid, None)
 
     # -- worker calls -----------------------------------------------------------------
     async def _dispatch(self, msg: ExecuteNode, on_output: Callable[[NodeOutput], None]) -> None:

@@ -59,16 +59,21 @@ class RequestStream:
     def __init__(self, request_id: str) -> None:
         self.request_id = request_id
         self._queue: asyncio.Queue = asyncio.Queue()
-        self.finish_reason: str | None = None
+        self.finished = False
 
     def put(self, output: RequestOutput) -> None:
-        self._queue.put_nowait(output)
+        if not self.finished:
+            self._queue.put_nowait(output)
 
     def end(self) -> None:
-        self._queue.put_nowait(_END)
+        if not self.finished:
+            self.finished = True
+            self._queue.put_nowait(_END)
 
     def fail(self, error: RequestError) -> None:
-        self._queue.put_nowait(error)
+        if not self.finished:
+            self.finished = True
+            self._queue.put_nowait(error)
 
     def __aiter__(self) -> "RequestStream":
         return self

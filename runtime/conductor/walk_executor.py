@@ -31,6 +31,8 @@ class WalkExecutor:
         self.new_call_id = new_call_id
 
     async def run(self, step: WalkStep, rs: RequestState, watches: tuple[_StopWatch, ...] = ()) -> None:
+        if any(w.fired for w in watches):
+            return  # an enclosing loop's stop value appeared: the rest of its body does not run
         if isinstance(step, Call):
             await self._call(step.node, rs, watches)
         elif isinstance(step, Sequential):
@@ -58,7 +60,7 @@ class WalkExecutor:
         while limit is None or iteration < limit:
             await self.run(loop.body, rs, inner)
             iteration += 1
-            if watch is not None and watch.fired:
+            if any(w.fired for w in inner):
                 break
             if isinstance(loop.stop, StopWhen) and loop.stop.predicate(rs):
                 break

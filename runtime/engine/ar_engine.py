@@ -68,6 +68,7 @@ class AREngine:
         self._stopping = False
         self.steps = 0
         self.tokens_computed = 0
+        self.busy_seconds = 0.0  # time inside model steps (to tell compute from overhead)
         log.info("%s engine: %d KV blocks x %d tokens (%s), attention backend %s",
                  name, num_blocks, self.config.block_size, kv_dtype, self.backend.name)
 
@@ -94,7 +95,8 @@ class AREngine:
     def stats(self) -> dict[str, int]:
         return {"kv_blocks_total": self.blocks.num_blocks, "kv_blocks_used": self.blocks.num_used_blocks,
                 "sequences": len(self.scheduler.seqs), "steps": self.steps,
-                "tokens_computed": self.tokens_computed, "preemptions": self.scheduler.num_preemptions}
+                "tokens_computed": self.tokens_computed, "preemptions": self.scheduler.num_preemptions,
+                "busy_ms": int(self.busy_seconds * 1000), "forward_ms": int(self.runner.forward_seconds * 1000)}
 
     # -- engine thread -------------------------------------------------------------
     def _loop(self) -> None:
@@ -158,10 +160,11 @@ class AREngine:
         if seq is None:
             seq = self._new_sequence(msg, owner)
         seq.request_id = msg.request_id
+        context_before = len(seq.token_ids)
         seq.token_ids.extend(ids)
         seq.history.extend(ids)
         seq.mask, seq.mask_arg, seq.kv_window = msg.mask, msg.mask_arg, msg.kv_window
-        seq.call = ActiveCall(msg, reply)
+        seq.call = ActiveCall(msg, reply, context_before=context_before)
         seq.status = SeqStatus.RUNNING if seq.table.blocks else SeqStatus.WAITING
         if msg.session_id is not None:
             seq.arrival = time.monotonic()  # a session's new message queues behind earlier requests
@@ -169,6 +172,9 @@ class AREngine:
     def _new_sequence(self, msg: ExecuteNode, owner: str) -> Sequence:
         seq = Sequence(owner=owner, node=msg.node, request_id=msg.request_id, table=BlockTable(blocks=[]))
         source = self.scheduler.seqs.get((owner, msg.kv_from)) if msg.kv_from else None
+        if msg.kv_from and (source is None or source.call is not None):
+            state = "has no KV yet" if source is None else "is still running"
+            raise ValueError(f"node {msg.node!r} forks its KV from {msg.kv_from!r}, which {state} for {owner!r}")
         if source is not None and source.table.blocks:
             # copy-on-write fork: shares every computed block with the source view
             seq.table = self.blocks.fork(source.table)
@@ -189,9 +195,10 @@ class AREngine:
                 continue
             if seq.owner == request_id:
                 self.scheduler.drop(seq)
-            else:  # a session keeps its KV; the abandoned call's uncomputed tokens go
+            else:  # a session keeps its history; the abandoned call's uncomputed tokens go
+                keep = max(seq.num_computed, seq.call.context_before if seq.call else len(seq.token_ids))
                 seq.call = None
-                del seq.token_ids[seq.num_computed:]
+                del seq.token_ids[keep:]
                 seq.status = SeqStatus.IDLE
 
     def _step(self) -> None:
@@ -199,6 +206,7 @@ class AREngine:
         if not batch:
             time.sleep(0.001)  # everything waits for KV; admission checks make this transient
             return
+        started = time.perf_counter()
         try:
             with torch.inference_mode():
                 hidden, last_rows = self.runner.run(batch)
@@ -212,6 +220,7 @@ class AREngine:
                     call.reply(NodeOutput(call.msg.call_id, call.msg.request_id, call.iteration, final=True,
                                           error=f"engine step failed: {type(exc).__name__}: {exc}"))
                 self.scheduler.drop(item.seq)
+        self.busy_seconds += time.perf_counter() - started
         self.steps += 1
         self.tokens_computed += sum(item.num_tokens for item in batch)
 

@@ -1,6 +1,8 @@
 """Packs one step's scheduled tokens into tensors, plans attention once, runs the AR module."""
 from __future__ import annotations
 
+import time
+
 import torch
 
 from mstar.engine.ar_module import ARModule
@@ -17,6 +19,7 @@ class ModelRunner:
         self.blocks = blocks
         self.device = device
         self._attn = AttentionContext(backend)
+        self.forward_seconds = 0.0  # inside the module's forward only (the rest is runtime overhead)
 
     def run(self, batch: list[ScheduledSeq]) -> tuple[torch.Tensor, list[int]]:
         """Returns hidden states [T, H] of every packed token and, per scheduled
@@ -41,5 +44,7 @@ class ModelRunner:
         self.backend.plan(meta)
         input_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
         pos = torch.tensor(positions, dtype=torch.long, device=self.device)
+        started = time.perf_counter()
         hidden = self.module(input_ids, pos, self._attn)
+        self.forward_seconds += time.perf_counter() - started
         return hidden, last_rows

@@ -64,9 +64,11 @@ class Scheduler:
         return True
 
     def _victim(self, seq: Sequence, batch: list[ScheduledSeq]) -> Sequence | None:
-        """Idle sequences first, then the youngest running one; never one older than ``seq``."""
+        """Idle sequences first (any age: a session between messages must not starve others),
+        then the youngest running one; never a running sequence older than ``seq``."""
         taken = {id(item.seq) for item in batch} | {id(seq)}
-        holders = [s for s in self.seqs.values() if s.table.blocks and id(s) not in taken and s.arrival >= seq.arrival]
+        holders = [s for s in self.seqs.values() if s.table.blocks and id(s) not in taken
+                   and (s.status == SeqStatus.IDLE or s.arrival >= seq.arrival)]
         if not holders:
             return None
         return max(holders, key=lambda s: (s.status == SeqStatus.IDLE, s.arrival))

@@ -23,6 +23,7 @@ class ActiveCall:
     msg: ExecuteNode
     reply: Callable[[NodeOutput], None]
     iteration: int = 0
+    context_before: int = 0  # len(token_ids) before this call's inputs (to undo a cancelled call)
 
     @property
     def wants_token(self) -> bool:

@@ -51,6 +51,7 @@ class StatelessEngine:
         self._stopping = False
         self.batches = 0
         self.calls = 0
+        self.busy_seconds = 0.0
 
     def submit(self, msg: ExecuteNode, reply: Reply) -> None:
         self._inbox.put(("call", msg, reply))
@@ -69,7 +70,8 @@ class StatelessEngine:
             self._thread.join(timeout=10)
 
     def stats(self) -> dict[str, int]:
-        return {"batches": self.batches, "calls": self.calls, "pending": len(self._pending)}
+        return {"batches": self.batches, "calls": self.calls, "pending": len(self._pending),
+                "busy_ms": int(self.busy_seconds * 1000)}
 
     def _loop(self) -> None:
         while not self._stopping:
@@ -116,6 +118,7 @@ class StatelessEngine:
 
     def _run_batch(self, batch: list[_Pending]) -> None:
         module = self.nodes[batch[0].msg.node]
+        started = time.perf_counter()
         try:
             results = self._forward(module, batch)
         except Exception as exc:
@@ -128,6 +131,7 @@ class StatelessEngine:
             item.reply(NodeOutput(item.msg.call_id, item.msg.request_id, 0, final=True,
                                   error=f"node {item.msg.node!r}: {type(exc).__name__}: {exc}"))
             return
+        self.busy_seconds += time.perf_counter() - started
         self.batches += 1
         self.calls += len(batch)
         for item, outputs in zip(batch, results):

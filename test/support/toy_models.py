@@ -88,7 +88,7 @@ class Scale(NodeSubmodule):
 
 
 class SumChunk(NodeSubmodule):
-    """Stateless: sums a chunk of streamed items (drops the left context)."""
+    """Stateless: sums a chunk of streamed items (context included) and counts its new items."""
 
     def prepare_inputs(self, calls):
         return {"x": torch.stack([c.inputs["x"].float().sum() for c in calls]),
@@ -99,3 +99,66 @@ class SumChunk(NodeSubmodule):
 
     def forward(self, x, n):
         return {"y": x, "n": n}
+
+
+# -- added for the Walk Graph tests (test/runtime/graph) ---------------------------------
+class CountingScale(Scale):
+    """Scale that counts the calls (rows) it computed, so a test can see which nodes ran."""
+
+    def __init__(self, factor: float = 2.0) -> None:
+        super().__init__(factor)
+        self.calls = 0
+
+    def forward(self, x):
+        self.calls += int(x.shape[0])
+        return super().forward(x)
+
+
+class AddOne(NodeSubmodule):
+    """Stateless: y = x + 1, keeping the dtype (integer values for StopOnValues)."""
+
+    def forward(self, x):
+        return {"y": x + 1}
+
+
+class Add(NodeSubmodule):
+    """Stateless: y = a + b (a join of two branches)."""
+
+    def forward(self, a, b):
+        return {"y": a.float() + b.float()}
+
+
+class ChunkProbe(NodeSubmodule):
+    """Stateless: describes each streamed chunk it gets.
+
+    Outputs per call: ``total`` (sum of every item, left context included), ``new``
+    (sum of the new items only), ``n`` (number of new items), ``ctx`` (left context)
+    and ``first`` (the chunk's first item, context included).
+    """
+
+    def prepare_inputs(self, calls):
+        rows = []
+        for c in calls:
+            x = c.inputs["x"].reshape(-1).double()
+            ctx = int(c.meta.get("left_context", 0))
+            rows.append([x.sum(), x[ctx:].sum(), len(x) - ctx, ctx, x[0]])
+        return {"stats": torch.tensor(rows, dtype=torch.float64)}
+
+    def batch_key(self, call):
+        return "all"
+
+    def forward(self, stats):
+        return {"total": stats[:, 0], "new": stats[:, 1], "n": stats[:, 2].long(), "ctx": stats[:, 3].long(),
+                "first": stats[:, 4]}
+
+
+class RangeConstrainedLM(ToyLM):
+    """ToyLM with constrained decoding: generated token ``i`` must lie in ``ranges[i % len(ranges)]``
+    (each entry a list of [lo, hi) spans, or None for the whole vocabulary)."""
+
+    def __init__(self, ranges=(((0, 10),), ((50, 60),)), **kw) -> None:
+        super().__init__(**kw)
+        self.ranges = [None if r is None else [tuple(span) for span in r] for r in ranges]
+
+    def allowed_token_ranges(self, num_generated: int):
+        return self.ranges[num_generated % len(self.ranges)]

@@ -10,7 +10,7 @@ from mstar.conductor import Conductor, RequestError
 from mstar.engine.config import EngineConfig
 from mstar.engine.sampling_params import SamplingParams
 from mstar_graphs.orpheus.model import OrpheusTTS
-from support.orpheus_reference import hf_generate, load_hf_llm, load_reference_snac, snac_windows
+from mstar_graphs.orpheus.reference import hf_generate, load_hf_llm, load_reference_snac, snac_windows
 
 GREEDY = SamplingParams(max_tokens=64, seed=1234)
 TEXTS = ["Hello there.", "The quick brown fox jumps over the lazy dog, twice.", "Hi", "One two three four five six seven",

@@ -1,6 +1,7 @@
 """The offline Orpheus pipeline a CPU user would write: transformers generate() + the snac package.
 
-Used as the numerical reference in tests and as the baseline in the benchmark.
+The numerical reference in tests and the baseline in ``mstar-ros bench orpheus``.
+Needs the ``bench`` / ``test`` extras (transformers, snac).
 """
 from __future__ import annotations
 
@@ -29,13 +30,25 @@ def load_reference_snac(path: Path):
     return model.eval()
 
 
-def allowed_fn(prompt_len: int):
-    """The same constrained-decoding rule as OrpheusLLM, as HF's prefix_allowed_tokens_fn."""
-    def fn(batch_id: int, input_ids: torch.Tensor) -> list[int]:
-        n = input_ids.shape[-1] - prompt_len
-        ids = allowed_token_ids(n).tolist()
-        return [t for t in ids if t != END_OF_SPEECH] if n == 0 else ids
-    return fn
+class AudioSlotLogitsProcessor:
+    """The same constrained-decoding rule as OrpheusLLM, as a vectorized HF logits processor
+    (what a careful user would write; prefix_allowed_tokens_fn builds Python lists per row)."""
+
+    def __init__(self, prompt_len: int, vocab_size: int) -> None:
+        self.prompt_len = prompt_len
+        self.masks = []
+        for n in range(8):  # slots 0..6, plus "first token" (n == 0 forbids end-of-speech)
+            allowed = torch.zeros(vocab_size, dtype=torch.bool)
+            ids = allowed_token_ids(0 if n == 7 else n)
+            allowed[ids] = True
+            if n == 0:
+                allowed[END_OF_SPEECH] = False
+            self.masks.append(allowed)
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        n = input_ids.shape[-1] - self.prompt_len
+        mask = self.masks[0] if n == 0 else self.masks[7 if n % 7 == 0 else n % 7]
+        return scores.masked_fill(~mask.to(scores.device), float("-inf"))
 
 
 def hf_generate(model, prompts: list[list[int]], max_new_tokens: int, **sampling) -> list[list[int]]:
@@ -43,9 +56,11 @@ def hf_generate(model, prompts: list[list[int]], max_new_tokens: int, **sampling
     width = max(len(p) for p in prompts)
     ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    from transformers import LogitsProcessorList
+    processor = AudioSlotLogitsProcessor(width, model.config.vocab_size)
     with torch.no_grad():
         out = model.generate(ids, attention_mask=mask, max_new_tokens=max_new_tokens, eos_token_id=END_OF_SPEECH,
-                             pad_token_id=END_OF_SPEECH, prefix_allowed_tokens_fn=allowed_fn(width), **sampling)
+                             pad_token_id=END_OF_SPEECH, logits_processor=LogitsProcessorList([processor]), **sampling)
     rows = []
     for row in out[:, width:].tolist():
         rows.append(row[:row.index(END_OF_SPEECH)] if END_OF_SPEECH in row else row)

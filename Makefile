@@ -1,0 +1,40 @@
+# The two commands: `make demo` and `make test` do all set-up on a fresh machine.
+PYTHON ?= python3
+VENV ?= .venv
+PIP := $(VENV)/bin/pip
+ARGS ?=
+PYTEST_ARGS ?=
+# Loopback-only network namespace when we can make one (root): nothing leaves 127.0.0.1.
+NETNS := $(shell [ "$$(id -u)" = 0 ] && unshare -n true 2>/dev/null && echo yes)
+
+.PHONY: demo test install install-test clean
+
+$(VENV)/.installed: setup.py
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	# torch first and pinned: the CPU wheel; an unpinned torch would pull a multi-GB CUDA build
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e ".[audio]"
+	touch $@
+
+$(VENV)/.installed-test: $(VENV)/.installed
+	$(PIP) install -q -e ".[audio,bench,test]"
+	touch $@
+
+install: $(VENV)/.installed
+install-test: $(VENV)/.installed-test
+
+demo: $(VENV)/.installed
+	$(VENV)/bin/mstar-ros tts --text "Hello from m star ross, streaming speech on the walk graph runtime." \
+		--out out/demo.wav --seed 0 --max-tokens 420 $(ARGS)
+
+test: $(VENV)/.installed-test
+ifeq ($(NETNS),yes)
+	unshare -n sh -c 'ip link set lo up && $(VENV)/bin/python -m pytest -q $(PYTEST_ARGS)'
+else
+	@echo "note: not root or no unshare: running tests without a loopback-only namespace"
+	$(VENV)/bin/python -m pytest -q $(PYTEST_ARGS)
+endif
+
+clean:
+	rm -rf $(VENV) out build *.egg-info

@@ -1,0 +1,160 @@
+"""``mstar-ros bench orpheus``: our Orpheus serving vs transformers generate() + snac, same run.
+
+Workload: texts of 2-10 words (audio length grows with the text), Poisson arrivals,
+at most C requests in flight (C = concurrency). The baselines see the same arrivals:
+"sequential" serves one request at a time; "static" takes up to C waiting requests as
+one left-padded generate() batch, then decodes each with snac — audio only once the
+whole batch is done. Ours streams audio as it is decoded.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import platform
+import time
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from mstar.conductor import Conductor
+from mstar.engine.config import EngineConfig
+from mstar.engine.sampling_params import SamplingParams
+from mstar_ros.bench.workload import JobResult, TTSJob, summarize, tts_workload
+
+log = logging.getLogger("mstar_ros.bench")
+SAMPLE_RATE = 24_000
+OURS_DTYPE = "bfloat16"  # bf16 matmuls are ~4x fp32 on these CPUs; attention still runs in fp32
+
+
+async def _ours(tts, jobs: list[TTSJob], concurrency: int, config: EngineConfig) -> tuple[list[JobResult], dict]:
+    async with Conductor(tts.graph(), tts.modules(), config=config) as conductor:
+        warm = conductor.submit(tts.request("Warm up.", sampling=SamplingParams(max_tokens=35, seed=0)))
+        await warm.collect()
+        gate = asyncio.Semaphore(concurrency)
+        t0 = time.perf_counter()
+        results: list[JobResult] = []
+        bar = tqdm(total=len(jobs), desc=f"ours   c={concurrency:<2}", unit="req", leave=False)
+
+        async def one(job: TTSJob) -> None:
+            await asyncio.sleep(max(0.0, job.arrival - (time.perf_counter() - t0)))
+            async with gate:
+                started = time.perf_counter() - t0
+                first, samples = None, 0
+                request = tts.request(job.text, sampling=SamplingParams(max_tokens=job.max_tokens, seed=job.index))
+                async for out in conductor.submit(request):
+                    if out.name == "audio":
+                        first = first if first is not None else time.perf_counter() - t0
+                        samples += out.data.numel()
+                results.append(JobResult(job.arrival, started, first, time.perf_counter() - t0, samples / SAMPLE_RATE))
+                bar.update()
+
+        await asyncio.gather(*(one(j) for j in jobs))
+        bar.close()
+        stats = conductor.stats()
+    return results, stats
+
+
+def _baseline(hf, snac_model, tts, jobs: list[TTSJob], batch: int, label: str) -> list[JobResult]:
+    from mstar_graphs.orpheus.reference import hf_generate, snac_whole
+
+    results: list[JobResult] = []
+    pending = list(jobs)
+    bar = tqdm(total=len(jobs), desc=f"{label:<7}", unit="req", leave=False)
+    t0 = time.perf_counter()
+    while pending:
+        now = time.perf_counter() - t0
+        if pending[0].arrival > now:
+            time.sleep(pending[0].arrival - now)
+            now = time.perf_counter() - t0
+        group = [j for j in pending if j.arrival <= now][:batch]
+        pending = [j for j in pending if j not in group]
+        started = now
+        prompts = [tts.prompt_ids(j.text) for j in group]
+        outs = hf_generate(hf, prompts, max_new_tokens=max(j.max_tokens for j in group), do_sample=False)
+        audio = []
+        for job, tokens in zip(group, outs):
+            audio.append(snac_whole(snac_model, tokens[:job.max_tokens]))
+        done = time.perf_counter() - t0
+        for job, wav in zip(group, audio):
+            results.append(JobResult(job.arrival, started, done, done, wav.numel() / SAMPLE_RATE))
+        bar.update(len(group))
+    bar.close()
+    return results
+
+
+def _pick_baseline_dtype(tts, paths) -> tuple[torch.dtype, dict[str, float]]:
+    """A CPU user would try fp32 and bf16; the faster one is the baseline (measured now)."""
+    from mstar_graphs.orpheus.reference import hf_generate, load_hf_llm
+    timings = {}
+    prompt = [tts.prompt_ids("Calibrate the baseline please.")] * 4
+    for dtype in (torch.float32, torch.bfloat16):
+        model = load_hf_llm(paths.llm, dtype)
+        hf_generate(model, prompt, max_new_tokens=4, do_sample=False)
+        start = time.perf_counter()
+        hf_generate(model, prompt, max_new_tokens=24, do_sample=False)
+        timings[str(dtype).removeprefix("torch.")] = round(time.perf_counter() - start, 3)
+    best = min(timings, key=timings.get)
+    return getattr(torch, best), timings
+
+
+def run_orpheus_bench(args: argparse.Namespace) -> int:
+    from mstar_graphs.orpheus.model import OrpheusTTS
+    from mstar_graphs.orpheus.reference import load_hf_llm, load_reference_snac
+
+    levels = [int(c) for c in args.concurrency.split(",") if c.strip()]
+    n = 4 if args.quick else args.requests
+    rate = args.rate or 2.0
+    tts = OrpheusTTS.load(args.weights, args.snac_weights, preset=args.preset, progress=True)
+    paths = tts.paths
+    base_dtype, calibration = _pick_baseline_dtype(tts, paths)
+    hf = load_hf_llm(paths.llm, base_dtype)
+    snac_model = load_reference_snac(paths.snac).to(base_dtype)
+    config = EngineConfig(dtype=OURS_DTYPE, kv_cache_mb=256)
+    report: dict = {
+        "model": {"preset": args.preset if args.weights is None else None, "weights": str(paths.llm),
+                  "random_weights": paths.random_weights,
+                  "llm_params_m": round(sum(p.numel() for p in tts.llm.parameters()) / 1e6, 1),
+                  "snac_params_m": round(sum(p.numel() for p in tts.snac.parameters()) / 1e6, 2)},
+        "workload": {"requests_per_level": n, "arrival": f"Poisson, {rate} req/s", "texts": "2-10 words",
+                     "audio_tokens": "7 * (4 + 3 * words)", "sampling": "greedy", "seed": args.seed},
+        "ours": {"dtype": OURS_DTYPE, "config": {"block_size": config.block_size, "max_batched_tokens": config.max_batched_tokens}},
+        "baseline": {"dtype": str(base_dtype).removeprefix("torch."), "calibration_s_24_tokens_b4": calibration},
+        "machine": {"cpu_threads": torch.get_num_threads(), "python": platform.python_version(), "torch": torch.__version__},
+        "levels": {},
+    }
+    for c in levels:
+        jobs = tts_workload(n, rate, args.seed + c)
+        ours, stats = asyncio.run(_ours(tts, jobs, c, config))
+        seq = _baseline(hf, snac_model, tts, jobs, 1, f"seq c={c}")
+        static = _baseline(hf, snac_model, tts, jobs, c, f"static c={c}")
+        worker = stats["workers"][0]
+        level = {"ours": summarize(ours), "baseline_sequential": summarize(seq), "baseline_static": summarize(static),
+                 "engine": worker}
+        best_tp = max(level["baseline_sequential"]["throughput_audio_s_per_s"], level["baseline_static"]["throughput_audio_s_per_s"])
+        best_ttfa = min(level["baseline_sequential"]["ttfa_p50_ms"], level["baseline_static"]["ttfa_p50_ms"])
+        level["throughput_ratio"] = round(level["ours"]["throughput_audio_s_per_s"] / best_tp, 3)
+        level["ttfa_ratio"] = round(level["ours"]["ttfa_p50_ms"] / best_ttfa, 4)
+        report["levels"][str(c)] = level
+        _print_level(c, level)
+    if "8" in report["levels"]:
+        report["throughput_ratio_c8"] = report["levels"]["8"]["throughput_ratio"]
+        report["ttfa_ratio_c8"] = report["levels"]["8"]["ttfa_ratio"]
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(report, indent=2) + "\n")
+    from mstar_ros.bench.plot import plot_orpheus
+    plot_orpheus(report, args.plot)
+    print(f"wrote {args.json} and {args.plot}")
+    if paths.random_weights:
+        print("NOTE: random weights (generated checkpoint): timings are real, the audio is noise.")
+    return 0
+
+
+def _print_level(c: int, level: dict) -> None:
+    print(f"\nconcurrency {c}: throughput ratio {level['throughput_ratio']:.2f}x, TTFA ratio {level['ttfa_ratio']:.3f}")
+    print(f"  {'system':<20}{'audio s/s':>10}{'TTFA p50 ms':>13}{'TTFA p95 ms':>13}{'RTF':>8}")
+    for name in ("ours", "baseline_sequential", "baseline_static"):
+        s = level[name]
+        print(f"  {name:<20}{s['throughput_audio_s_per_s']:>10.3f}{s['ttfa_p50_ms']:>13.0f}{s['ttfa_p95_ms']:>13.0f}{s['rtf_mean']:>8.3f}")

@@ -1,0 +1,31 @@
+"""``mstar-ros bench``: benchmarks that measure us against a baseline in the same run."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("bench", help="benchmarks (ratios against a baseline measured in the same run)")
+    which = p.add_subparsers(dest="bench", required=True, metavar="BENCH")
+    o = which.add_parser("orpheus", help="Orpheus TTS serving vs transformers generate() + snac",
+                         description="Orpheus TTS at several concurrencies against the CPU baseline "
+                                     "(transformers generate() + snac decode; sequential and statically batched), "
+                                     "same checkpoint and workload. Writes every figure to JSON and a PNG plot.")
+    o.add_argument("--json", type=Path, default=Path("bench-orpheus.json"), help="where to write the figures")
+    o.add_argument("--plot", type=Path, default=Path("bench-orpheus.png"), help="where to write the plot")
+    o.add_argument("--concurrency", default="1,4,8,16", help="comma-separated concurrency levels (default 1,4,8,16)")
+    o.add_argument("--requests", type=int, default=16, help="requests per level (default 16)")
+    o.add_argument("--preset", default="bench", help="generated checkpoint preset (default bench)")
+    o.add_argument("--weights", type=Path, help="real Orpheus checkpoint instead of the generated one")
+    o.add_argument("--snac-weights", type=Path, help="SNAC checkpoint dir (default WEIGHTS/snac)")
+    o.add_argument("--rate", type=float, default=None,
+                   help="Poisson arrival rate in requests/s (default: chosen so that each level stays busy)")
+    o.add_argument("--seed", type=int, default=0, help="workload seed")
+    o.add_argument("--quick", action="store_true", help="a small run for smoke tests")
+    o.set_defaults(run=_run_orpheus)
+
+
+def _run_orpheus(args: argparse.Namespace) -> int:
+    from mstar_ros.bench.orpheus import run_orpheus_bench
+    return run_orpheus_bench(args)

@@ -1,0 +1,46 @@
+"""``mstar-ros``: the command line of mstar_ros."""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+DESCRIPTION = """\
+mstar_ros serves composite multimodal models (Orpheus TTS, pi0.5, ...) on the
+Walk Graph runtime: a Conductor plus Workers running each model's graph of
+components with continuous batching and a paged KV cache.
+
+Without --weights, every command uses a small generated checkpoint with RANDOM
+weights (made once, cached under $MSTAR_CACHE or ~/.cache/mstar_ros): it shows the
+system working end to end, not real speech."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from mstar_ros import bench_command, tts_command
+
+    parser = argparse.ArgumentParser(prog="mstar-ros", description=DESCRIPTION,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("-v", "--verbose", action="store_true", help="log at debug level")
+    parser.add_argument("-q", "--quiet", action="store_true", help="log warnings and errors only")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    tts_command.add_parser(sub)
+    bench_command.add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    level = logging.DEBUG if args.verbose else logging.WARNING if args.quiet else logging.INFO
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    try:
+        return int(args.run(args) or 0)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"mstar-ros {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,228 @@
+"""Sampler and vocabulary-constraint unit tests (no engine)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mstar.engine.sampler import Sampler, apply_repetition_penalty, filter_top_k_top_p, history_columns
+from mstar.engine.sampling_params import SamplingParams
+from mstar.engine.vocab_constraint import mask_rows, union_vocab
+
+
+def kept(row: torch.Tensor) -> set[int]:
+    return set(torch.nonzero(torch.isfinite(row)).reshape(-1).tolist())
+
+
+def nucleus_reference(logits: torch.Tensor, p: float) -> set[int]:
+    """Smallest set of most likely tokens whose probability reaches p (independent of the sampler)."""
+    probs = torch.softmax(logits.double(), -1).tolist()
+    order = sorted(range(len(probs)), key=lambda i: -probs[i])
+    out, total = set(), 0.0
+    for i in order:
+        out.add(i)
+        total += probs[i]
+        if total >= p:
+            break
+    return out
+
+
+# ---- repetition penalty -------------------------------------------------------------
+
+def test_repetition_penalty_divides_positive_and_multiplies_negative_logits():
+    row = torch.tensor([2.0, -2.0, 3.0, -1.0, 0.5])
+    apply_repetition_penalty(row, torch.tensor([0, 1, 4]), 2.0)
+    assert row.tolist() == [1.0, -4.0, 3.0, -1.0, 0.25]  # cols 2, 3 untouched
+
+
+def test_repetition_penalty_below_one_boosts_seen_tokens():
+    row = torch.tensor([2.0, -2.0])
+    apply_repetition_penalty(row, torch.tensor([0, 1]), 0.5)
+    assert row.tolist() == [4.0, -1.0]
+
+
+def test_repetition_penalty_one_or_no_history_is_a_no_op():
+    row = torch.tensor([2.0, -2.0])
+    apply_repetition_penalty(row, torch.tensor([0, 1]), 1.0)
+    apply_repetition_penalty(row, torch.tensor([], dtype=torch.long), 3.0)
+    assert row.tolist() == [2.0, -2.0]
+
+
+def test_history_columns_full_and_restricted_vocab():
+    assert history_columns([5, 3, 5, 9], None, torch.device("cpu")).tolist() == [3, 5, 9]
+    vocab = torch.tensor([3, 4, 9, 20])
+    # 3 -> column 0, 9 -> column 2; 5 and 25 are outside the restricted vocabulary
+    assert history_columns([5, 3, 9, 25], vocab, torch.device("cpu")).tolist() == [0, 2]
+    assert history_columns([], vocab, torch.device("cpu")).tolist() == []
+
+
+# ---- top-k / top-p --------------------------------------------------------------------
+
+@pytest.mark.parametrize("k", [1, 2, 5, 17, 49])
+def test_top_k_keeps_exactly_the_k_largest(k):
+    g = torch.Generator().manual_seed(k)
+    row = torch.randn(50, generator=g)
+    out = filter_top_k_top_p(row, k, 1.0)
+    assert kept(out) == set(torch.topk(row, k).indices.tolist())
+    assert torch.equal(out[torch.isfinite(out)], row[torch.isfinite(out)])  # survivors unchanged
+
+
+def test_top_k_zero_or_at_least_vocab_is_a_no_op():
+    row = torch.randn(10)
+    assert torch.equal(filter_top_k_top_p(row, 0, 1.0), row)
+    assert torch.equal(filter_top_k_top_p(row, 10, 1.0), row)
+    assert torch.equal(filter_top_k_top_p(row, 99, 1.0), row)
+
+
+def test_top_p_keeps_the_nucleus():
+    row = torch.log(torch.tensor([0.5, 0.05, 0.3, 0.15], dtype=torch.float64))
+    assert kept(filter_top_k_top_p(row, 0, 0.75)) == {0, 2}
+    assert kept(filter_top_k_top_p(row, 0, 0.85)) == {0, 2, 3}
+    assert kept(filter_top_k_top_p(row, 0, 0.4)) == {0}
+    assert kept(filter_top_k_top_p(row, 0, 0.99)) == {0, 1, 2, 3}
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_top_p_matches_an_independent_nucleus(seed):
+    g = torch.Generator().manual_seed(seed)
+    row = torch.randn(40, generator=g, dtype=torch.float64) * 2
+    for p in (0.05, 0.2, 0.5, 0.7, 0.9, 0.97):
+        assert kept(filter_top_k_top_p(row, 0, p)) == nucleus_reference(row, p), p
+
+
+def test_top_p_always_keeps_the_most_likely_token():
+    row = torch.tensor([0.0, 5.0, 1.0])
+    assert kept(filter_top_k_top_p(row, 0, 1e-6)) == {1}
+
+
+def test_top_p_applies_to_the_top_k_renormalized_distribution():
+    probs = torch.tensor([0.4, 0.3, 0.2, 0.1], dtype=torch.float64)
+    row = torch.log(probs)
+    # without top-k, p = 0.75 needs 3 tokens (0.4 + 0.3 < 0.75)
+    assert kept(filter_top_k_top_p(row, 0, 0.75)) == {0, 1, 2}
+    # after top-3 the distribution is (4/9, 3/9, 2/9): 4/9 + 3/9 = 0.78 reaches 0.75 with 2
+    assert kept(filter_top_k_top_p(row, 3, 0.75)) == {0, 1}
+    # after top-2 it is (4/7, 3/7): p = 0.6 needs both
+    assert kept(filter_top_k_top_p(row, 2, 0.6)) == {0, 1}
+
+
+# ---- Sampler -------------------------------------------------------------------------
+
+def gens(n, seed=0):
+    return [torch.Generator().manual_seed(seed + i) for i in range(n)]
+
+
+def test_greedy_is_argmax_and_maps_restricted_columns_to_ids():
+    s = Sampler()
+    logits = torch.tensor([[0.1, 3.0, 2.0], [5.0, 1.0, 0.0]])
+    p = SamplingParams()
+    assert s.sample(logits, None, [p, p], [[], []], [None, None]) == [1, 0]
+    vocab = torch.tensor([10, 40, 77])
+    assert s.sample(logits, vocab, [p, p], [[], []], [None, None]) == [40, 10]
+
+
+def test_greedy_with_repetition_penalty_avoids_seen_token():
+    s = Sampler()
+    logits = torch.tensor([[3.0, 2.0, -1.0]])
+    p = SamplingParams(repetition_penalty=2.0)
+    assert s.sample(logits.clone(), None, [p], [[0]], [None]) == [1]  # 3/2 = 1.5 < 2
+    assert s.sample(logits.clone(), None, [p], [[2]], [None]) == [0]
+    # restricted vocab: history id 7 is column 0
+    assert s.sample(logits.clone(), torch.tensor([7, 8, 9]), [p], [[7]], [None]) == [8]
+
+
+def test_sampler_does_not_modify_the_callers_logits():
+    s = Sampler()
+    logits = torch.tensor([[3.0, 2.0, -1.0]])
+    before = logits.clone()
+    s.sample(logits, None, [SamplingParams(temperature=1.0, top_k=2, repetition_penalty=3.0)], [[0, 2]], gens(1))
+    assert torch.equal(logits, before)
+
+
+def test_seeded_sampling_is_reproducible_and_seed_dependent():
+    s = Sampler()
+    logits = torch.randn(1, 60, generator=torch.Generator().manual_seed(1))
+    p = SamplingParams(temperature=1.5)
+
+    def draw(seed):
+        g = torch.Generator().manual_seed(seed)
+        return [s.sample(logits, None, [p], [[]], [g])[0] for _ in range(40)]
+
+    assert draw(7) == draw(7)
+    assert draw(7) != draw(8)
+
+
+def test_sampled_tokens_stay_inside_top_k_and_nucleus():
+    s = Sampler()
+    logits = torch.randn(1, 50, generator=torch.Generator().manual_seed(3)) * 3
+    topk = set(torch.topk(logits[0], 5).indices.tolist())
+    nucleus = nucleus_reference(logits[0], 0.6)
+    g = torch.Generator().manual_seed(0)
+    seen_k, seen_p = set(), set()
+    for _ in range(300):
+        seen_k.add(s.sample(logits, None, [SamplingParams(temperature=1.0, top_k=5)], [[]], [g])[0])
+        seen_p.add(s.sample(logits, None, [SamplingParams(temperature=1.0, top_p=0.6)], [[]], [g])[0])
+    assert seen_k <= topk and len(seen_k) > 1
+    assert seen_p <= nucleus
+
+
+def test_sampling_frequencies_follow_softmax_of_scaled_logits():
+    s = Sampler()
+    logits = torch.tensor([[1.0, 0.0, -1.0, 2.0]])
+    t = 2.0
+    p = SamplingParams(temperature=t)
+    g = torch.Generator().manual_seed(0)
+    n = 4000
+    counts = torch.zeros(4)
+    for _ in range(n):
+        counts[s.sample(logits, None, [p], [[]], [g])[0]] += 1
+    expected = torch.softmax(logits[0] / t, -1)
+    assert torch.allclose(counts / n, expected, atol=0.03), (counts / n, expected)
+
+
+def test_tiny_temperature_is_effectively_greedy():
+    s = Sampler()
+    logits = torch.randn(4, 30, generator=torch.Generator().manual_seed(5))
+    p = SamplingParams(temperature=1e-4)
+    assert s.sample(logits, None, [p] * 4, [[]] * 4, gens(4)) == logits.argmax(-1).tolist()
+
+
+def test_mixed_batch_greedy_rows_stay_greedy():
+    s = Sampler()
+    logits = torch.randn(3, 30, generator=torch.Generator().manual_seed(6))
+    params = [SamplingParams(), SamplingParams(temperature=1.0, top_k=1), SamplingParams()]
+    out = s.sample(logits, None, params, [[]] * 3, gens(3))
+    assert out == logits.argmax(-1).tolist()  # top_k=1 sampling is argmax too
+
+
+# ---- SamplingParams ------------------------------------------------------------------
+
+@pytest.mark.parametrize("field,value", [("temperature", -0.1), ("top_k", -1), ("top_p", 0.0), ("top_p", 1.5),
+                                         ("repetition_penalty", 0.0), ("max_tokens", 0)])
+def test_sampling_params_errors_name_the_field(field, value):
+    with pytest.raises(ValueError, match=f"sampling.{field}"):
+        SamplingParams(**{field: value})
+
+
+def test_sampling_params_from_dict_rejects_unknown_fields():
+    assert SamplingParams.from_dict({"temperature": 0.5, "seed": 3}).seed == 3
+    with pytest.raises(ValueError, match="sampling"):
+        SamplingParams.from_dict({"temprature": 0.5})
+
+
+# ---- vocabulary constraints ---------------------------------------------------------
+
+def test_union_vocab_and_mask_rows():
+    ranges = [[(0, 3)], [(5, 7), (1, 2)]]
+    vocab = union_vocab(ranges, torch.device("cpu"))
+    assert vocab.tolist() == [0, 1, 2, 5, 6]
+    logits = torch.zeros(2, 5)
+    mask_rows(logits, vocab, ranges)
+    assert torch.isfinite(logits).tolist() == [[True, True, True, False, False],
+                                               [False, True, False, True, True]]
+
+
+def test_union_vocab_none_when_any_row_is_unconstrained():
+    assert union_vocab([[(0, 3)], None], torch.device("cpu")) is None
+    logits = torch.zeros(2, 8)
+    mask_rows(logits, None, [[(2, 4)], None])
+    assert torch.isfinite(logits).tolist() == [[False, False, True, True, False, False, False, False], [True] * 8]

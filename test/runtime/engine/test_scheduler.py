@@ -1,0 +1,179 @@
+"""Scheduler unit tests: token budget, oldest-first order, chunked prefill, preemption, eviction."""
+from __future__ import annotations
+
+import itertools
+
+from mstar.engine.block_manager import BlockManager, BlockTable
+from mstar.engine.config import EngineConfig
+from mstar.engine.kv_cache import KVSpec, PagedKVCache
+from mstar.engine.scheduler import Scheduler
+from mstar.engine.sequence import ActiveCall, Sequence, SeqStatus
+from mstar.engine.sampling_params import SamplingParams
+from mstar.worker.messages import ExecuteNode
+
+_clock = itertools.count()
+
+
+def make_scheduler(num_blocks=16, block_size=4, **cfg) -> Scheduler:
+    config = EngineConfig(num_kv_blocks=num_blocks, block_size=block_size, **cfg)
+    blocks = BlockManager(num_blocks, block_size)
+    cache = PagedKVCache(KVSpec(1, 1, 2), num_blocks, block_size)
+    return Scheduler(blocks, cache, config)
+
+
+def add_seq(sched: Scheduler, name: str, num_tokens: int, *, with_call: bool = True, kv_window=None) -> Sequence:
+    """A sequence with ``num_tokens`` pending tokens; arrival order = creation order."""
+    seq = Sequence(owner=name, node="llm", request_id=name, table=BlockTable(blocks=[]),
+                   token_ids=list(range(1, num_tokens + 1)), arrival=float(next(_clock)), kv_window=kv_window)
+    if with_call:
+        msg = ExecuteNode(call_id=0, request_id=name, node="llm", inputs={}, sampling=SamplingParams())
+        seq.call = ActiveCall(msg, lambda out: None)
+    sched.seqs[seq.key] = seq
+    return seq
+
+
+def run_step(sched: Scheduler):
+    batch = sched.schedule()
+    sched.complete(batch)
+    return [(item.seq.owner, item.start, item.num_tokens) for item in batch]
+
+
+def test_budget_is_shared_oldest_first_and_prefill_is_chunked():
+    s = make_scheduler(num_blocks=32, max_batched_tokens=8)
+    a = add_seq(s, "a", 5)
+    b = add_seq(s, "b", 7)
+    c = add_seq(s, "c", 3)
+    assert s.has_work()
+    # a (oldest) takes 5, b gets the remaining 3 of the budget, c waits
+    assert run_step(s) == [("a", 0, 5), ("b", 0, 3)]
+    assert a.num_computed == 5 and b.num_computed == 3 and c.num_computed == 0
+    assert a.num_pending == 0
+    # a has nothing pending now: b continues its prefill from token 3, c gets the rest
+    assert run_step(s) == [("b", 3, 4), ("c", 0, 3)]
+    assert not s.has_work()
+    # every scheduled token got a KV slot
+    for seq in (a, b, c):
+        assert seq.table.num_tokens == len(seq.token_ids)
+        assert len(seq.table.blocks) == -(-len(seq.token_ids) // 4)
+
+
+def test_decode_and_prefill_share_a_step():
+    s = make_scheduler(num_blocks=32, max_batched_tokens=6)
+    a = add_seq(s, "a", 4)
+    run_step(s)
+    a.token_ids.append(50)  # a decode token
+    add_seq(s, "b", 20)
+    assert run_step(s) == [("a", 4, 1), ("b", 0, 5)]
+    a.token_ids.append(51)
+    assert run_step(s) == [("a", 5, 1), ("b", 5, 5)]
+
+
+def test_max_num_seqs_caps_the_batch():
+    s = make_scheduler(num_blocks=32, max_num_seqs=2)
+    for name in "abcd":
+        add_seq(s, name, 2)
+    assert [o for o, _, _ in run_step(s)] == ["a", "b"]
+    assert [o for o, _, _ in run_step(s)] == ["c", "d"]
+
+
+def test_sequences_without_a_call_are_not_scheduled():
+    s = make_scheduler()
+    add_seq(s, "a", 4, with_call=False)
+    assert not s.has_work()
+    assert s.schedule() == []
+
+
+def test_youngest_running_sequence_is_preempted_and_recomputed():
+    s = make_scheduler(num_blocks=4, block_size=4)
+    a = add_seq(s, "a", 4)   # 1 block
+    b = add_seq(s, "b", 8)   # 2 blocks
+    c = add_seq(s, "c", 4)   # 1 block
+    run_step(s)
+    assert s.blocks.num_free_blocks == 0 and s.num_preemptions == 0
+    a.token_ids.append(9)    # a needs a new block: the youngest holder (c) goes
+    assert run_step(s) == [("a", 4, 1)]
+    assert s.num_preemptions == 1
+    assert c.table.blocks == [] and c.num_computed == 0 and c.status == SeqStatus.WAITING
+    assert c.num_pending == 4  # its tokens are kept for recompute
+    assert b.num_computed == 8 and len(b.table.blocks) == 2
+    s.blocks.free(a.table)  # make room again: c is recomputed from its first token
+    a.call = None
+    assert run_step(s) == [("c", 0, 4)]
+
+
+def test_idle_sequences_are_preempted_before_running_ones():
+    s = make_scheduler(num_blocks=4, block_size=4)
+    a = add_seq(s, "a", 4)
+    b = add_seq(s, "b", 4)
+    c = add_seq(s, "c", 4)
+    d = add_seq(s, "d", 4)
+    run_step(s)
+    b.call, b.status = None, SeqStatus.IDLE  # b finished a call and holds its KV
+    a.token_ids.append(1)
+    run_step(s)
+    assert b.table.blocks == [] and s.num_preemptions == 1
+    assert c.table.blocks and d.table.blocks  # d is younger, but idle b went first
+
+
+def test_an_older_running_sequence_is_never_preempted_for_a_younger_one():
+    s = make_scheduler(num_blocks=3, block_size=4)
+    a = add_seq(s, "a", 8)
+    run_step(s)
+    b = add_seq(s, "b", 8)  # needs 2 blocks, 1 free; a is older and must not be preempted
+    assert run_step(s) == []
+    assert s.num_preemptions == 0 and a.num_computed == 8 and b.table.blocks == []
+    assert b.num_pending == 8
+
+
+def test_first_come_first_served_when_the_oldest_waits():
+    s = make_scheduler(num_blocks=3, block_size=4)
+    a = add_seq(s, "a", 8)
+    run_step(s)
+    big = add_seq(s, "big", 8)    # does not fit next to a
+    small = add_seq(s, "small", 2)  # would fit, but queues behind big
+    assert run_step(s) == []
+    assert small.table.blocks == [] and big.table.blocks == []
+    a.call = None
+    s.drop(a)
+    assert [o for o, _, _ in run_step(s)] == ["big", "small"]
+
+
+def test_older_idle_sequence_can_be_preempted_for_a_newer_request():
+    """An idle sequence (a session between messages, or a request between Walks) holds KV but
+    has no call; a newer request that needs the blocks must be able to take them, else it
+    waits forever although the admission check accepted it (see the session starvation test
+    in test_conductor.py)."""
+    s = make_scheduler(num_blocks=4, block_size=4)
+    idle = add_seq(s, "session", 12)
+    run_step(s)
+    idle.call, idle.status = None, SeqStatus.IDLE
+    new = add_seq(s, "new", 8)  # arrives later; needs 2 blocks, 1 free
+    assert run_step(s) == [("new", 0, 8)]
+    assert idle.table.blocks == [] and idle.num_pending == 12  # recomputed on its next message
+
+
+def test_complete_with_window_evicts_whole_front_blocks():
+    s = make_scheduler(num_blocks=16, block_size=4)
+    a = add_seq(s, "a", 10, kv_window=6)
+    run_step(s)
+    # 10 tokens, window 6: one block (4 tokens) evicted leaves 6 >= window
+    assert a.table.first_position == 4
+    assert a.table.num_tokens == 6 and len(a.table.blocks) == 2
+    assert a.num_computed == 6 and a.token_ids == [5, 6, 7, 8, 9, 10]
+    for t in range(30):
+        a.token_ids.append(t)
+        run_step(s)
+        assert 6 <= a.table.num_tokens < 6 + 4
+        assert len(a.table.blocks) <= 3
+    assert a.table.first_position + a.table.num_tokens == 40
+    assert s.blocks.num_used_blocks == len(a.table.blocks)
+
+
+def test_drop_frees_blocks():
+    s = make_scheduler(num_blocks=8)
+    a = add_seq(s, "a", 9)
+    run_step(s)
+    assert s.blocks.num_used_blocks == 3
+    s.drop(a)
+    assert s.blocks.num_used_blocks == 0 and a.key not in s.seqs
+    s.blocks.assert_all_free()
