@@ -7,11 +7,12 @@ import time
 import wave
 from pathlib import Path
 
+import msgspec
 import torch
 from tqdm import tqdm
 
 from mstar.conductor import Conductor
-from mstar.engine.config import EngineConfig
+from mstar.engine.config import EngineConfig, load_engine_config
 from mstar.engine.sampling_params import SamplingParams
 
 
@@ -31,7 +32,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--repetition-penalty", type=float, default=1.3, help="(default 1.3)")
     p.add_argument("--max-tokens", type=int, default=1200, help="most audio tokens to generate, 7 per 85 ms frame (default 1200)")
     p.add_argument("--seed", type=int, help="fixes sampling and SNAC noise, for reproducible audio")
-    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="compute dtype (default float32)")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], help="compute dtype (default: from --engine-config, else float32)")
+    p.add_argument("--engine-config", type=Path, help="engine settings YAML (see config/engine.yaml)")
     p.add_argument("--no-constrain", action="store_true",
                    help="let the LLM emit any token (default: only the valid SNAC slot's codes at each step)")
     p.set_defaults(run=run)
@@ -44,7 +46,9 @@ def run(args: argparse.Namespace) -> int:
                               repetition_penalty=args.repetition_penalty, max_tokens=args.max_tokens, seed=args.seed)
     tts = OrpheusTTS.load(args.weights, args.snac_weights, constrain=not args.no_constrain, voice=args.voice or None)
     request = tts.request(args.text, sampling=sampling)
-    config = EngineConfig(dtype=args.dtype)
+    config = load_engine_config(args.engine_config) if args.engine_config else EngineConfig()
+    if args.dtype:
+        config = msgspec.structs.replace(config, dtype=args.dtype)
     chunks, summary = asyncio.run(_speak(tts, request, config))
     audio = torch.cat(chunks) if chunks else torch.zeros(0)
     _write_wav(args.out, audio, SAMPLE_RATE)

@@ -13,7 +13,7 @@ from mstar_graphs.orpheus.tiny_llm import write_tiny_llm
 from mstar_graphs.orpheus.tiny_snac import write_tiny_snac
 
 log = logging.getLogger("mstar_graphs.orpheus")
-TINY_VERSION = 1  # bump when the generators change, so stale caches are not reused
+TINY_VERSION = 2  # bump when the generators change, so stale caches are not reused
 
 # preset -> (LLM preset, SNAC preset, SNAC overrides). "bench" keeps the real model's balance:
 # in Orpheus 3B the LLM does ~93% of the FLOPs (46 GFLOP per 7-token frame vs 3.3 GFLOP per

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mstar.engine.ar_module import ARModule
+from mstar.engine.vocab_constraint import contiguous_runs
 from mstar.engine.attention.backend import AttentionContext
 from mstar.engine.kv_cache import KVSpec
 from mstar.weights import load_weights
@@ -215,6 +216,10 @@ class LlamaForCausalLM(ARModule):
         156940 x 3072, while one Orpheus slot allows only 4096 (+1) tokens.
         """
         weight = self.lm_head.weight
-        if token_ids is not None:
-            weight = weight.index_select(0, token_ids.to(weight.device))
-        return F.linear(hidden.to(weight.dtype), weight)
+        hidden = hidden.to(weight.dtype)
+        if token_ids is None:
+            return F.linear(hidden, weight)
+        runs = contiguous_runs(token_ids)
+        if runs is None:  # scattered ids: gather the rows
+            return F.linear(hidden, weight.index_select(0, token_ids.to(weight.device)))
+        return torch.cat([F.linear(hidden, weight[lo:hi]) for lo, hi in runs], dim=-1)

@@ -42,7 +42,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     # Orpheus-shaped (GQA 2:1, head_dim 64, llama3 rope, tied head as in Llama 3.2 3B) but small
     # enough for a 2-core CPU, big enough that compute dominates Python overhead.
     "bench": dict(hidden_size=512, intermediate_size=1536, num_hidden_layers=8, num_attention_heads=8,
-                  num_key_value_heads=4, head_dim=64, max_position_embeddings=8192, tie_word_embeddings=True,
+                  num_key_value_heads=4, head_dim=64, max_position_embeddings=16384, tie_word_embeddings=True,
                   rope_theta=500000.0,
                   rope_scaling={"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
                                 "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},

@@ -21,6 +21,7 @@ from mstar.engine.ar_module import ARModule
 from mstar.engine.attention.select import select_attention_backend
 from mstar.engine.block_manager import BlockManager, BlockTable
 from mstar.engine.config import EngineConfig
+from mstar.engine.device_loop import DeviceLoop
 from mstar.engine.kv_cache import PagedKVCache
 from mstar.engine.model_runner import ModelRunner
 from mstar.engine.sampler import Sampler
@@ -64,8 +65,8 @@ class AREngine:
         self.runner = ModelRunner(self.module, self.backend, self.blocks, self.device)
         self.sampler = Sampler()
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
-        self._stopping = False
+        self.wake = threading.Event()  # replaced by the device loop's shared event
+        self._own_loop: DeviceLoop | None = None
         self.steps = 0
         self.tokens_computed = 0
         self.busy_seconds = 0.0  # time inside model steps (to tell compute from overhead)
@@ -75,22 +76,24 @@ class AREngine:
     # -- thread-safe entry points ------------------------------------------------
     def submit(self, msg: ExecuteNode, reply: Reply) -> None:
         self._inbox.put(("call", msg, reply))
+        self.wake.set()
 
     def release(self, request_id: str) -> None:
         self._inbox.put(("release", request_id, None))
+        self.wake.set()
 
     def close_session(self, session_id: str) -> None:
         self._inbox.put(("close_session", session_id, None))
+        self.wake.set()
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._loop, name=f"mstar-{self.name}", daemon=True)
-        self._thread.start()
+        """Run on a thread of its own (a Worker instead shares one DeviceLoop among its engines)."""
+        self._own_loop = DeviceLoop([self], self.name)
+        self._own_loop.start()
 
     def stop(self) -> None:
-        self._stopping = True
-        self._inbox.put(("wake", None, None))
-        if self._thread is not None:
-            self._thread.join(timeout=10)
+        if self._own_loop is not None:
+            self._own_loop.stop()
 
     def stats(self) -> dict[str, int]:
         return {"kv_blocks_total": self.blocks.num_blocks, "kv_blocks_used": self.blocks.num_used_blocks,
@@ -98,21 +101,19 @@ class AREngine:
                 "tokens_computed": self.tokens_computed, "preemptions": self.scheduler.num_preemptions,
                 "busy_ms": int(self.busy_seconds * 1000), "forward_ms": int(self.runner.forward_seconds * 1000)}
 
-    # -- engine thread -------------------------------------------------------------
-    def _loop(self) -> None:
-        while not self._stopping:
-            if not self.scheduler.has_work():
-                try:
-                    self._handle(*self._inbox.get(timeout=0.5))
-                except queue.Empty:
-                    continue
-            while True:  # take everything that arrived before this step
-                try:
-                    self._handle(*self._inbox.get_nowait())
-                except queue.Empty:
-                    break
-            if self.scheduler.has_work():
-                self._step()
+    # -- device thread (DeviceLoop) -------------------------------------------------
+    def poll(self) -> None:
+        while True:
+            try:
+                self._handle(*self._inbox.get_nowait())
+            except queue.Empty:
+                return
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_work()
+
+    def step(self) -> None:
+        self._step()
 
     def _handle(self, kind: str, arg, reply: Reply | None) -> None:
         try:

@@ -1,7 +1,10 @@
 """Engine sizing, validated with errors that name the field."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import msgspec
+import yaml
 
 
 class EngineConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -34,3 +37,20 @@ class EngineConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
         for name, ok in checks:
             if not ok:
                 raise ValueError(f"engine config: {name} = {getattr(self, name)!r} is invalid")
+
+
+def load_engine_config(path: str | Path) -> EngineConfig:
+    """EngineConfig from a YAML file; errors name the file and the bad field."""
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{path}: not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a mapping of engine settings, got {type(data).__name__}")
+    try:
+        return msgspec.convert(data, EngineConfig)
+    except msgspec.ValidationError as exc:
+        raise ValueError(f"{path}: {exc}") from None
+    except ValueError as exc:
+        raise ValueError(f"{path}: {exc}") from None

@@ -15,6 +15,7 @@ from typing import Callable, Mapping
 
 import torch
 
+from mstar.engine.device_loop import DeviceLoop
 from mstar.graph.node import NodeCall, NodeSubmodule
 from mstar.transport.inprocess import InProcessTensorStore
 from mstar.worker.messages import ExecuteNode, NodeOutput
@@ -46,47 +47,46 @@ class StatelessEngine:
         self.name = name
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._pending: list[_Pending] = []
-        self._released: set[str] = set()
-        self._thread: threading.Thread | None = None
-        self._stopping = False
+        self.wake = threading.Event()  # replaced by the device loop's shared event
+        self._own_loop: DeviceLoop | None = None
         self.batches = 0
         self.calls = 0
         self.busy_seconds = 0.0
 
     def submit(self, msg: ExecuteNode, reply: Reply) -> None:
         self._inbox.put(("call", msg, reply))
+        self.wake.set()
 
     def release(self, request_id: str) -> None:
         self._inbox.put(("release", request_id, None))
+        self.wake.set()
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._loop, name=f"mstar-{self.name}", daemon=True)
-        self._thread.start()
+        """Run on a thread of its own (a Worker instead shares one DeviceLoop among its engines)."""
+        self._own_loop = DeviceLoop([self], self.name)
+        self._own_loop.start()
 
     def stop(self) -> None:
-        self._stopping = True
-        self._inbox.put(("wake", None, None))
-        if self._thread is not None:
-            self._thread.join(timeout=10)
+        if self._own_loop is not None:
+            self._own_loop.stop()
 
     def stats(self) -> dict[str, int]:
         return {"batches": self.batches, "calls": self.calls, "pending": len(self._pending),
                 "busy_ms": int(self.busy_seconds * 1000)}
 
-    def _loop(self) -> None:
-        while not self._stopping:
-            if not self._pending:
-                try:
-                    self._take(*self._inbox.get(timeout=0.5))
-                except queue.Empty:
-                    continue
-            while True:
-                try:
-                    self._take(*self._inbox.get_nowait())
-                except queue.Empty:
-                    break
-            if self._pending:
-                self._run_batch(self._next_batch())
+    # -- device thread (DeviceLoop) -------------------------------------------------
+    def poll(self) -> None:
+        while True:
+            try:
+                self._take(*self._inbox.get_nowait())
+            except queue.Empty:
+                return
+
+    def has_work(self) -> bool:
+        return bool(self._pending)
+
+    def step(self) -> None:
+        self._run_batch(self._next_batch())
 
     def _take(self, kind: str, arg, reply: Reply | None) -> None:
         if kind == "release":

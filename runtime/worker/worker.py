@@ -14,6 +14,7 @@ import torch
 from mstar.engine.ar_engine import AREngine
 from mstar.engine.ar_module import ARModule
 from mstar.engine.config import EngineConfig
+from mstar.engine.device_loop import DeviceLoop
 from mstar.engine.stateless_engine import StatelessEngine
 from mstar.graph.model_graph import ModelGraph
 from mstar.graph.node import NodeSubmodule
@@ -51,6 +52,7 @@ class Worker:
             else:
                 for view in views:
                     stateless[view] = module
+        self._loop: DeviceLoop | None = None
         self.stateless = None
         if stateless:
             self.stateless = StatelessEngine(stateless, store, self.config.stateless_max_batch, device,
@@ -66,12 +68,12 @@ class Worker:
         return list(self.ar_engines.values()) + ([self.stateless] if self.stateless else [])
 
     def start(self) -> None:
-        for engine in self._engines():
-            engine.start()
+        self._loop = DeviceLoop(self._engines(), name=f"worker{self.rank}")
+        self._loop.start()
 
     def stop(self) -> None:
-        for engine in self._engines():
-            engine.stop()
+        if self._loop is not None:
+            self._loop.stop()
 
     def execute(self, msg: ExecuteNode, reply: Callable[[NodeOutput], None]) -> None:
         engine = self._engine_of.get(msg.node)

@@ -1,0 +1,32 @@
+from __future__ import annotations
+
+import pytest
+
+from mstar.engine.config import EngineConfig, load_engine_config
+
+
+def test_shipped_engine_yaml_loads():
+    from pathlib import Path
+    cfg = load_engine_config(Path(__file__).parents[3] / "config" / "engine.yaml")
+    assert cfg.block_size == 16 and cfg.dtype == "float32"
+
+
+@pytest.mark.parametrize("text, needle", [
+    ("block_size: abc\n", "block_size"),
+    ("blok_size: 3\n", "blok_size"),
+    ("block_size: -3\n", "block_size"),
+    ("dtype: float8\n", "dtype"),
+    ("- 1\n- 2\n", "mapping"),
+    ("block_size: [1,\n", "not valid YAML"),
+])
+def test_bad_engine_yaml_names_the_field(tmp_path, text, needle):
+    path = tmp_path / "engine.yaml"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=needle) as err:
+        load_engine_config(path)
+    assert str(path) in str(err.value)
+
+
+def test_engine_config_rejects_bad_values_directly():
+    with pytest.raises(ValueError, match="max_num_seqs"):
+        EngineConfig(max_num_seqs=0)
