@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 
 from mstar.conductor import Request
+from mstar.engine.device_loop import run_on_device
 from mstar.engine.sampling_params import SamplingParams
 from mstar_graphs.orpheus.checkpoints import OrpheusPaths, resolve_paths
 from mstar_graphs.orpheus.graph import orpheus_graph
@@ -53,9 +54,10 @@ class OrpheusTTS:
         paths = resolve_paths(weights, snac_weights, preset)
         if paths.random_weights:
             log.warning("Orpheus weights in %s are RANDOM (generated for tests): the audio is noise", paths.llm.parent)
-        llm = OrpheusLLM.from_pretrained_dir(paths.llm, progress=progress)
+        # on the engines' thread: one thread runs parallel torch work (see mstar.engine.device_loop)
+        llm = run_on_device(OrpheusLLM.from_pretrained_dir, paths.llm, progress=progress)
         llm.constrain = constrain
-        snac = OrpheusSnacStage.from_pretrained_dir(paths.snac, progress=progress)
+        snac = run_on_device(OrpheusSnacStage.from_pretrained_dir, paths.snac, progress=progress)
         model = cls(paths, llm, snac, voice)
         model.tokenizer = load_tokenizer(paths.llm)
         return model

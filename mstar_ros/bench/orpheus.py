@@ -21,6 +21,7 @@ from tqdm import tqdm
 
 from mstar.conductor import Conductor
 from mstar.engine.config import EngineConfig
+from mstar.engine.device_loop import run_on_device
 from mstar.engine.sampling_params import SamplingParams
 from mstar_ros.bench.workload import JobResult, TTSJob, summarize, tts_workload
 
@@ -73,10 +74,12 @@ def _baseline(hf, snac_model, tts, jobs: list[TTSJob], batch: int, label: str) -
         pending = [j for j in pending if j not in group]
         started = now
         prompts = [tts.prompt_ids(j.text) for j in group]
-        outs = hf_generate(hf, prompts, max_new_tokens=max(j.max_tokens for j in group), do_sample=False)
-        audio = []
-        for job, tokens in zip(group, outs):
-            audio.append(snac_whole(snac_model, tokens[:job.max_tokens]))
+
+        def serve() -> list[torch.Tensor]:
+            outs = hf_generate(hf, prompts, max_new_tokens=max(j.max_tokens for j in group), do_sample=False)
+            return [snac_whole(snac_model, tokens[:job.max_tokens]) for job, tokens in zip(group, outs)]
+
+        audio = run_on_device(serve)  # same thread (one OpenMP team) as our engines: a fair fight
         done = time.perf_counter() - t0
         for job, wav in zip(group, audio):
             results.append(JobResult(job.arrival, started, done, done, wav.numel() / SAMPLE_RATE))
@@ -91,10 +94,10 @@ def _pick_baseline_dtype(tts, paths) -> tuple[torch.dtype, dict[str, float]]:
     timings = {}
     prompt = [tts.prompt_ids("Calibrate the baseline please.")] * 4
     for dtype in (torch.float32, torch.bfloat16):
-        model = load_hf_llm(paths.llm, dtype)
-        hf_generate(model, prompt, max_new_tokens=4, do_sample=False)
+        model = run_on_device(load_hf_llm, paths.llm, dtype)
+        run_on_device(hf_generate, model, prompt, max_new_tokens=4, do_sample=False)
         start = time.perf_counter()
-        hf_generate(model, prompt, max_new_tokens=24, do_sample=False)
+        run_on_device(hf_generate, model, prompt, max_new_tokens=24, do_sample=False)
         timings[str(dtype).removeprefix("torch.")] = round(time.perf_counter() - start, 3)
     best = min(timings, key=timings.get)
     return getattr(torch, best), timings
@@ -110,8 +113,8 @@ def run_orpheus_bench(args: argparse.Namespace) -> int:
     tts = OrpheusTTS.load(args.weights, args.snac_weights, preset=args.preset, progress=True)
     paths = tts.paths
     base_dtype, calibration = _pick_baseline_dtype(tts, paths)
-    hf = load_hf_llm(paths.llm, base_dtype)
-    snac_model = load_reference_snac(paths.snac).to(base_dtype)
+    hf = run_on_device(load_hf_llm, paths.llm, base_dtype)
+    snac_model = run_on_device(lambda: load_reference_snac(paths.snac).to(base_dtype))
     config = EngineConfig(dtype=OURS_DTYPE, kv_cache_mb=256)
     report: dict = {
         "model": {"preset": args.preset if args.weights is None else None, "weights": str(paths.llm),

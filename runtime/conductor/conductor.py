@@ -15,10 +15,12 @@ from typing import Callable, Mapping
 
 import torch
 
+from mstar.conductor.replies import ReplyInbox
 from mstar.conductor.request import Request, RequestCancelled, RequestError, RequestStream, UnknownRequest
 from mstar.conductor.state import RequestState
 from mstar.conductor.walk_executor import WalkExecutor
 from mstar.engine.config import EngineConfig
+from mstar.engine.device_loop import run_on_device
 from mstar.graph.edges import GRAPH_INPUT, GRAPH_OUTPUT
 from mstar.graph.model_graph import ModelGraph
 from mstar.graph.node import NodeSubmodule
@@ -38,7 +40,8 @@ class Conductor:
                  config: EngineConfig | None = None, device: str | torch.device = "cpu") -> None:
         self.graph = graph
         self.store = InProcessTensorStore()
-        self.workers = [Worker(graph, modules, self.store, config, device)]
+        # built on the device thread: dtype casts and KV allocation are heavy torch work
+        self.workers = [run_on_device(Worker, graph, modules, self.store, config, device)]
         self._route = {node: w for w in self.workers for node in w.nodes}
         missing = [n.name for n in graph.nodes if n.name not in self._route]
         if missing:
@@ -52,6 +55,7 @@ class Conductor:
     # -- lifecycle -------------------------------------------------------------------
     async def start(self) -> "Conductor":
         self._loop = asyncio.get_running_loop()
+        self._replies = ReplyInbox(self._loop)
         for worker in self.workers:
             worker.start()
         self.started = True
@@ -153,10 +157,9 @@ class Conductor:
     # -- worker calls -----------------------------------------------------------------
     async def _dispatch(self, msg: ExecuteNode, on_output: Callable[[NodeOutput], None]) -> None:
         """Sends one call to the node's worker; feeds each NodeOutput to ``on_output`` until final."""
-        loop = self._loop
-        assert loop is not None
         queue: asyncio.Queue[NodeOutput] = asyncio.Queue()
-        self._route[msg.node].execute(msg, lambda out: loop.call_soon_threadsafe(queue.put_nowait, out))
+        replies = self._replies
+        self._route[msg.node].execute(msg, lambda out: replies.push(queue, out))
         while True:
             out = await queue.get()
             if out.error is not None:

@@ -1,17 +1,23 @@
-"""One thread per device runs the steps of every engine on it, in turn.
+"""The device thread: one thread per process runs every engine step and all heavy torch work.
 
 A device (a CPU socket, a GPU) does one thing at a time: engines on separate
-threads only fight over its cores (measured here: a decode layer went from 0.5 ms
-to 3-24 ms when an encoder ran beside it). Taking turns also bounds how long a
-vocoder window waits behind LLM steps: at most one step.
+threads only fight over its cores (measured on 2 cores: a decode layer went from
+0.5 ms to 3-24 ms when an encoder ran beside it). And on CPU two threads that both
+run parallel torch ops keep two OpenMP teams, which slows both (a decode step:
+7 ms on one thread, 10.5-14 ms once another thread had run parallel ops). So
+engines take turns on one thread, and loading weights or running a reference model
+goes through ``run_on_device`` to the same thread.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import logging
+import queue
 import threading
-from typing import Protocol, Sequence
+from typing import Callable, Protocol, Sequence, TypeVar
 
 log = logging.getLogger("mstar.engine")
+T = TypeVar("T")
 
 
 class Steppable(Protocol):
@@ -26,39 +32,97 @@ class Steppable(Protocol):
         """One unit of work: an AR step, or one stateless batch."""
 
 
+class DeviceThread:
+    def __init__(self) -> None:
+        self.wake = threading.Event()
+        self._calls: queue.SimpleQueue = queue.SimpleQueue()
+        self._loops: list["DeviceLoop"] = []
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, name="mstar-device", daemon=True)
+        self._thread.start()
+
+    def call(self, fn: Callable[..., T], *args, **kwargs) -> T:
+        """Runs ``fn`` on the device thread and returns its result (inline if already on it)."""
+        if threading.current_thread() is self._thread:
+            return fn(*args, **kwargs)
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        self._calls.put((future, fn, args, kwargs))
+        self.wake.set()
+        return future.result()
+
+    def attach(self, loop: "DeviceLoop") -> None:
+        with self._lock:
+            self._loops = self._loops + [loop]
+        self.wake.set()
+
+    def detach(self, loop: "DeviceLoop") -> None:
+        with self._lock:
+            self._loops = [l for l in self._loops if l is not loop]
+        self.call(lambda: None)  # returns once the thread is past any step of that loop
+
+    def _run(self) -> None:
+        while True:
+            self.wake.clear()
+            self._run_calls()
+            busy = False
+            for loop in self._loops:
+                busy |= loop.step_once()
+            if not busy:
+                self.wake.wait(timeout=0.5)
+
+    def _run_calls(self) -> None:
+        while True:
+            try:
+                future, fn, args, kwargs = self._calls.get_nowait()
+            except queue.Empty:
+                return
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(fn(*args, **kwargs))
+                except BaseException as exc:
+                    future.set_exception(exc)
+
+
+_device_thread: DeviceThread | None = None
+_create_lock = threading.Lock()
+
+
+def device_thread() -> DeviceThread:
+    global _device_thread
+    with _create_lock:
+        if _device_thread is None:
+            _device_thread = DeviceThread()
+        return _device_thread
+
+
+def run_on_device(fn: Callable[..., T], *args, **kwargs) -> T:
+    """Heavy torch work (loading, reference models) on the same thread as the engines."""
+    return device_thread().call(fn, *args, **kwargs)
+
+
 class DeviceLoop:
+    """A Worker's engines, stepped in turn on the device thread."""
+
     def __init__(self, engines: Sequence[Steppable], name: str) -> None:
         self.engines = list(engines)
         self.name = name
-        self.wake = threading.Event()
+        self._thread = device_thread()
         for engine in self.engines:
-            engine.wake = self.wake  # any submit wakes the shared loop
-        self._stopping = False
-        self._thread: threading.Thread | None = None
+            engine.wake = self._thread.wake  # any submit wakes the device thread
 
     def start(self) -> None:
-        self._stopping = False
-        self._thread = threading.Thread(target=self._run, name=f"mstar-{self.name}", daemon=True)
-        self._thread.start()
+        self._thread.attach(self)
 
     def stop(self) -> None:
-        self._stopping = True
-        self.wake.set()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
-            self._thread = None
+        self._thread.detach(self)
 
-    def _run(self) -> None:
-        while not self._stopping:
-            self.wake.clear()
-            for engine in self.engines:
-                engine.poll()
-            busy = [e for e in self.engines if e.has_work()]
-            if not busy:
-                self.wake.wait(timeout=0.5)
-                continue
-            for engine in busy:
-                try:
-                    engine.step()
-                except Exception:  # engines report their own failures; the loop must survive
-                    log.exception("%s: engine step raised", self.name)
+    def step_once(self) -> bool:
+        for engine in self.engines:
+            engine.poll()
+        busy = [e for e in self.engines if e.has_work()]
+        for engine in busy:
+            try:
+                engine.step()
+            except Exception:  # engines report their own failures; the loop must survive
+                log.exception("%s: engine step raised", self.name)
+        return bool(busy)
