@@ -23,13 +23,8 @@ import torch
 
 from mstar.graph.node import NodeCall, NodeSubmodule
 from mstar_graphs.orpheus.snac_decoder import SnacDecoder
+from mstar_graphs.orpheus.tokens import FRAME_TOKENS, tokens_to_snac_codes
 
-# Orpheus audio token layout: id = AUDIO_TOKEN_BASE + code + slot * SLOT_SIZE, slot = position % 7.
-# (Duplicated from graphs/orpheus/tokens.py's tokens_to_snac_codes until the lead deduplicates.)
-AUDIO_TOKEN_BASE = 128266
-SLOT_SIZE = 4096
-FRAME_TOKENS = 7
-SLOT_LEVEL = (0, 1, 2, 2, 1, 2, 2)  # which SNAC level each slot of a frame feeds
 ORPHEUS_VQ_STRIDES = [4, 2, 1]  # 1 + 2 + 4 codes per frame: the layout above assumes these strides
 
 _MASK64 = (1 << 64) - 1
@@ -48,33 +43,20 @@ def window_noise_seed(seed: int, index: int) -> int:
     return x & ((1 << 63) - 1)
 
 
-def tokens_to_levels(tokens: torch.Tensor, *, request_id: str = "?", codebook_size: int = SLOT_SIZE) -> list[torch.Tensor]:
+def tokens_to_levels(tokens: torch.Tensor, *, request_id: str = "?") -> list[torch.Tensor]:
     """int [7F] Orpheus audio token ids -> SNAC codes [F], [2F], [4F] (coarse first).
 
-    Raises ValueError naming the request, position and value of the first token
-    outside its slot's range.
+    Raises ValueError naming the request, and the position and value of the first
+    token outside its slot's range.
     """
     if tokens.dim() != 1 or tokens.numel() == 0 or tokens.numel() % FRAME_TOKENS != 0:
         raise ValueError(
             f"request {request_id}: 'codes' must be a 1-D tensor of 7*F audio tokens, got shape {tuple(tokens.shape)}"
         )
-    if tokens.dtype.is_floating_point or tokens.dtype == torch.bool:
-        raise ValueError(f"request {request_id}: 'codes' must be an integer tensor, got {tokens.dtype}")
-    tokens = tokens.to(torch.int64).cpu()
-    frames = tokens.view(-1, FRAME_TOKENS)
-    slots = torch.arange(FRAME_TOKENS, dtype=torch.int64)
-    codes = frames - AUDIO_TOKEN_BASE - slots * SLOT_SIZE
-    bad = (codes < 0) | (codes >= min(SLOT_SIZE, codebook_size))
-    if bool(bad.any()):
-        pos = int(bad.view(-1).nonzero()[0])
-        slot = pos % FRAME_TOKENS
-        lo = AUDIO_TOKEN_BASE + slot * SLOT_SIZE
-        raise ValueError(
-            f"request {request_id}: audio token at position {pos} has value {int(tokens[pos])}, outside slot {slot}'s "
-            f"range [{lo}, {lo + min(SLOT_SIZE, codebook_size)})"
-        )
-    # Per frame: slot 0 -> level 0; slots 1, 4 -> level 1; slots 2, 3, 5, 6 -> level 2 (in time order).
-    return [codes[:, [0]].reshape(-1), codes[:, [1, 4]].reshape(-1), codes[:, [2, 3, 5, 6]].reshape(-1)]
+    try:
+        return list(tokens_to_snac_codes(tokens.cpu()))
+    except ValueError as exc:
+        raise ValueError(f"request {request_id}: {exc}") from None
 
 
 class OrpheusSnacStage(NodeSubmodule):
@@ -127,9 +109,7 @@ class OrpheusSnacStage(NodeSubmodule):
         for call in calls:
             if "codes" not in call.inputs:
                 raise ValueError(f"request {call.request_id}: missing input 'codes' (got {sorted(call.inputs)})")
-            levels = tokens_to_levels(
-                call.inputs["codes"], request_id=call.request_id, codebook_size=self.decoder.config.codebook_size
-            )
+            levels = tokens_to_levels(call.inputs["codes"], request_id=call.request_id)
             n_samples = self.decoder.num_samples(levels[-1].numel())
             if self.keep_end > n_samples:
                 raise ValueError(

@@ -109,7 +109,7 @@ def run_orpheus_bench(args: argparse.Namespace) -> int:
 
     levels = [int(c) for c in args.concurrency.split(",") if c.strip()]
     n = 4 if args.quick else args.requests
-    rate = args.rate or 2.0
+    rate = args.rate or 10.0
     tts = OrpheusTTS.load(args.weights, args.snac_weights, preset=args.preset, progress=True)
     paths = tts.paths
     base_dtype, calibration = _pick_baseline_dtype(tts, paths)

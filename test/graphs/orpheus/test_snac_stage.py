@@ -98,7 +98,7 @@ def test_invalid_token_names_request_and_position(stage: OrpheusSnacStage, posit
     tokens = _random_window(torch.Generator().manual_seed(3))
     tokens[position] = 128266 + ((position + 1) % 7) * 4096  # valid id, wrong slot
     ok = NodeCall("good", {"codes": _random_window(torch.Generator().manual_seed(4))})
-    with pytest.raises(ValueError, match=rf"request bad: .*position {position}\b.*value {int(tokens[position])}"):
+    with pytest.raises(ValueError, match=rf"request bad: .*position {position}\b.*holds {int(tokens[position])}"):
         stage.prepare_inputs([ok, NodeCall("bad", {"codes": tokens})])
 
 
