@@ -112,6 +112,8 @@ class AREngine:
     def has_work(self) -> bool:
         return self.scheduler.has_work()
 
+    has_pending = has_work
+
     def step(self) -> None:
         self._step()
 

@@ -19,6 +19,7 @@ class EngineConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     max_batched_tokens: int = 1024
     max_num_seqs: int = 64
     stateless_max_batch: int = 16
+    stateless_max_wait_ms: float = 40.0  # later chunks may wait this long to share a batch
     dtype: str = "float32"
     kv_dtype: str | None = None
     attention_backend: str | None = None
@@ -31,6 +32,7 @@ class EngineConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
             ("max_batched_tokens", self.max_batched_tokens >= 1),
             ("max_num_seqs", self.max_num_seqs >= 1),
             ("stateless_max_batch", self.stateless_max_batch >= 1),
+            ("stateless_max_wait_ms", self.stateless_max_wait_ms >= 0),
             ("dtype", self.dtype in ("float32", "bfloat16", "float16")),
             ("kv_dtype", self.kv_dtype in (None, "float32", "bfloat16", "float16")),
         ]

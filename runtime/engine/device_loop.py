@@ -26,7 +26,11 @@ class Steppable(Protocol):
     def poll(self) -> None:
         """Take the messages that arrived (never blocks)."""
 
-    def has_work(self) -> bool: ...
+    def has_work(self) -> bool:
+        """Work that is due now."""
+
+    def has_pending(self) -> bool:
+        """Any work queued (it may be waiting to be batched)."""
 
     def step(self) -> None:
         """One unit of work: an AR step, or one stateless batch."""
@@ -120,6 +124,8 @@ class DeviceLoop:
         for engine in self.engines:
             engine.poll()
         busy = [e for e in self.engines if e.has_work()]
+        if not busy:  # nothing is due: don't idle while something waits to be batched
+            busy = [e for e in self.engines if e.has_pending()][:1]
         for engine in busy:
             try:
                 engine.step()

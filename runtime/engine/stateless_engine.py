@@ -2,6 +2,7 @@
 
 First chunks go first: a call that is a request's first (index 0) jumps ahead of
 later chunks of other requests, so time to first output stays low under load.
+Later chunks may wait up to ``max_wait_s`` to be batched with others.
 A batch that fails is retried call by call, so one bad input fails one request.
 """
 from __future__ import annotations
@@ -39,11 +40,12 @@ class _Pending:
 class StatelessEngine:
     def __init__(self, nodes: Mapping[str, NodeSubmodule], store: InProcessTensorStore,
                  max_batch: int = 16, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
-                 name: str = "stateless") -> None:
+                 name: str = "stateless", max_wait_s: float = 0.0) -> None:
         self.device = torch.device(device)
         self.nodes = {n: m.to(device=self.device, dtype=dtype).eval() for n, m in nodes.items()}
         self.store = store
         self.max_batch = max_batch
+        self.max_wait_s = max_wait_s
         self.name = name
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._pending: list[_Pending] = []
@@ -83,6 +85,16 @@ class StatelessEngine:
                 return
 
     def has_work(self) -> bool:
+        """A batch is due: a first chunk waits (time to first output), a full batch is ready,
+        or the oldest call has waited ``max_wait_s``. Otherwise waiting a little gathers a
+        bigger batch, which costs less per call; the device loop still runs us when idle."""
+        if not self._pending:
+            return False
+        if len(self._pending) >= self.max_batch or any(p.call.index == 0 for p in self._pending):
+            return True
+        return time.monotonic() - min(p.arrival for p in self._pending) >= self.max_wait_s
+
+    def has_pending(self) -> bool:
         return bool(self._pending)
 
     def step(self) -> None:
