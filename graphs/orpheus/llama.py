@@ -90,11 +90,20 @@ class LlamaAttention(nn.Module):
         self.v_proj = nn.Linear(h, self.num_kv_heads * d, bias=False, **factory)
         self.o_proj = nn.Linear(self.num_heads * d, h, bias=False, **factory)
 
+    def fuse(self) -> None:
+        """One q|k|v matmul instead of three (after loading; the checkpoint names are gone)."""
+        self.qkv_proj = _fused_linear([self.q_proj, self.k_proj, self.v_proj])
+        del self.q_proj, self.k_proj, self.v_proj
+
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: AttentionContext) -> torch.Tensor:
-        t = x.shape[0]
-        q = apply_rope(self.q_proj(x).view(t, self.num_heads, self.head_dim), cos, sin)
-        k = apply_rope(self.k_proj(x).view(t, self.num_kv_heads, self.head_dim), cos, sin)
-        v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)
+        t, d = x.shape[0], self.head_dim
+        if hasattr(self, "qkv_proj"):
+            q, k, v = self.qkv_proj(x).split([self.num_heads * d, self.num_kv_heads * d, self.num_kv_heads * d], dim=-1)
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q = apply_rope(q.reshape(t, self.num_heads, d), cos, sin)
+        k = apply_rope(k.reshape(t, self.num_kv_heads, d), cos, sin)
+        v = v.reshape(t, self.num_kv_heads, d)
         out = attn(self.layer_idx, q, k, v, self.scale)
         return self.o_proj(out.reshape(t, self.num_heads * self.head_dim))
 
@@ -107,8 +116,25 @@ class LlamaMLP(nn.Module):
         self.up_proj = nn.Linear(h, i, bias=False, **factory)
         self.down_proj = nn.Linear(i, h, bias=False, **factory)
 
+    def fuse(self) -> None:
+        """One gate|up matmul instead of two (after loading)."""
+        self.gate_up_proj = _fused_linear([self.gate_proj, self.up_proj])
+        del self.gate_proj, self.up_proj
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        if hasattr(self, "gate_up_proj"):
+            gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        else:
+            gate, up = self.gate_proj(x), self.up_proj(x)
+        return self.down_proj(F.silu(gate) * up)
+
+
+def _fused_linear(parts: list[nn.Linear]) -> nn.Linear:
+    weight = torch.cat([p.weight.detach() for p in parts], dim=0)
+    fused = nn.Linear(weight.shape[1], weight.shape[0], bias=False, device=weight.device, dtype=weight.dtype)
+    with torch.no_grad():
+        fused.weight.copy_(weight)
+    return fused
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -177,6 +203,14 @@ class LlamaForCausalLM(ARModule):
         module._reset_rope("cpu")
         load_weights(module, path, dtype=dtype, progress=progress, desc=f"LLM {Path(path).name}")
         return module.eval()
+
+    def fuse_projections(self) -> "LlamaForCausalLM":
+        """For serving: fewer, wider matmuls per layer (q|k|v and gate|up). Loading by
+        checkpoint names must happen before this."""
+        for layer in self.model.layers:
+            layer.self_attn.fuse()
+            layer.mlp.fuse()
+        return self
 
     # ----------------------------------------------------------- ARModule API
 

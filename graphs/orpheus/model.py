@@ -56,6 +56,7 @@ class OrpheusTTS:
             log.warning("Orpheus weights in %s are RANDOM (generated for tests): the audio is noise", paths.llm.parent)
         # on the engines' thread: one thread runs parallel torch work (see mstar.engine.device_loop)
         llm = run_on_device(OrpheusLLM.from_pretrained_dir, paths.llm, progress=progress)
+        run_on_device(llm.fuse_projections)
         llm.constrain = constrain
         snac = run_on_device(OrpheusSnacStage.from_pretrained_dir, paths.snac, progress=progress)
         model = cls(paths, llm, snac, voice)

@@ -14,7 +14,6 @@ import json
 import logging
 import platform
 import time
-from pathlib import Path
 
 import torch
 from tqdm import tqdm

@@ -10,10 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
-import queue
-import threading
 import time
-from typing import Callable
 
 import torch
 
@@ -21,7 +18,7 @@ from mstar.engine.ar_module import ARModule
 from mstar.engine.attention.select import select_attention_backend
 from mstar.engine.block_manager import BlockManager, BlockTable
 from mstar.engine.config import EngineConfig
-from mstar.engine.device_loop import DeviceLoop
+from mstar.engine.engine_inbox import EngineInbox, Reply
 from mstar.engine.kv_cache import PagedKVCache
 from mstar.engine.model_runner import ModelRunner
 from mstar.engine.sampler import Sampler
@@ -32,7 +29,6 @@ from mstar.transport.inprocess import InProcessTensorStore
 from mstar.worker.messages import ExecuteNode, NodeOutput
 
 log = logging.getLogger("mstar.engine.ar")
-Reply = Callable[[NodeOutput], None]
 
 
 def _dtype(name: str) -> torch.dtype:
@@ -46,9 +42,10 @@ def _kv_blocks(module: ARModule, config: EngineConfig, kv_dtype: torch.dtype) ->
     return max(1, int(config.kv_cache_mb * 2**20) // per_block)
 
 
-class AREngine:
+class AREngine(EngineInbox):
     def __init__(self, module: ARModule, views: list[str], store: InProcessTensorStore,
                  config: EngineConfig | None = None, device: str | torch.device = "cpu", name: str = "ar") -> None:
+        super().__init__()
         self.config = config or EngineConfig()
         self.name = name
         self.views = list(views)
@@ -64,36 +61,14 @@ class AREngine:
         self.scheduler = Scheduler(self.blocks, self.cache, self.config)
         self.runner = ModelRunner(self.module, self.backend, self.blocks, self.device)
         self.sampler = Sampler()
-        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
-        self.wake = threading.Event()  # replaced by the device loop's shared event
-        self._own_loop: DeviceLoop | None = None
         self.steps = 0
         self.tokens_computed = 0
         self.busy_seconds = 0.0  # time inside model steps (to tell compute from overhead)
         log.info("%s engine: %d KV blocks x %d tokens (%s), attention backend %s",
                  name, num_blocks, self.config.block_size, kv_dtype, self.backend.name)
 
-    # -- thread-safe entry points ------------------------------------------------
-    def submit(self, msg: ExecuteNode, reply: Reply) -> None:
-        self._inbox.put(("call", msg, reply))
-        self.wake.set()
-
-    def release(self, request_id: str) -> None:
-        self._inbox.put(("release", request_id, None))
-        self.wake.set()
-
     def close_session(self, session_id: str) -> None:
-        self._inbox.put(("close_session", session_id, None))
-        self.wake.set()
-
-    def start(self) -> None:
-        """Run on a thread of its own (a Worker instead shares one DeviceLoop among its engines)."""
-        self._own_loop = DeviceLoop([self], self.name)
-        self._own_loop.start()
-
-    def stop(self) -> None:
-        if self._own_loop is not None:
-            self._own_loop.stop()
+        self._post("close_session", session_id)
 
     def stats(self) -> dict[str, int]:
         return {"kv_blocks_total": self.blocks.num_blocks, "kv_blocks_used": self.blocks.num_used_blocks,
@@ -102,13 +77,6 @@ class AREngine:
                 "busy_ms": int(self.busy_seconds * 1000), "forward_ms": int(self.runner.forward_seconds * 1000)}
 
     # -- device thread (DeviceLoop) -------------------------------------------------
-    def poll(self) -> None:
-        while True:
-            try:
-                self._handle(*self._inbox.get_nowait())
-            except queue.Empty:
-                return
-
     def has_work(self) -> bool:
         return self.scheduler.has_work()
 

@@ -8,21 +8,18 @@ A batch that fails is retried call by call, so one bad input fails one request.
 from __future__ import annotations
 
 import logging
-import queue
-import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Mapping
+from typing import Mapping
 
 import torch
 
-from mstar.engine.device_loop import DeviceLoop
+from mstar.engine.engine_inbox import EngineInbox, Reply
 from mstar.graph.node import NodeCall, NodeSubmodule
 from mstar.transport.inprocess import InProcessTensorStore
 from mstar.worker.messages import ExecuteNode, NodeOutput
 
 log = logging.getLogger("mstar.engine.stateless")
-Reply = Callable[[NodeOutput], None]
 
 
 @dataclass
@@ -37,53 +34,27 @@ class _Pending:
         return (0 if self.call.index == 0 else 1, self.arrival)
 
 
-class StatelessEngine:
+class StatelessEngine(EngineInbox):
     def __init__(self, nodes: Mapping[str, NodeSubmodule], store: InProcessTensorStore,
                  max_batch: int = 16, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
                  name: str = "stateless", max_wait_s: float = 0.0) -> None:
+        super().__init__()
         self.device = torch.device(device)
         self.nodes = {n: m.to(device=self.device, dtype=dtype).eval() for n, m in nodes.items()}
         self.store = store
         self.max_batch = max_batch
         self.max_wait_s = max_wait_s
         self.name = name
-        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._pending: list[_Pending] = []
-        self.wake = threading.Event()  # replaced by the device loop's shared event
-        self._own_loop: DeviceLoop | None = None
         self.batches = 0
         self.calls = 0
         self.busy_seconds = 0.0
-
-    def submit(self, msg: ExecuteNode, reply: Reply) -> None:
-        self._inbox.put(("call", msg, reply))
-        self.wake.set()
-
-    def release(self, request_id: str) -> None:
-        self._inbox.put(("release", request_id, None))
-        self.wake.set()
-
-    def start(self) -> None:
-        """Run on a thread of its own (a Worker instead shares one DeviceLoop among its engines)."""
-        self._own_loop = DeviceLoop([self], self.name)
-        self._own_loop.start()
-
-    def stop(self) -> None:
-        if self._own_loop is not None:
-            self._own_loop.stop()
 
     def stats(self) -> dict[str, int]:
         return {"batches": self.batches, "calls": self.calls, "pending": len(self._pending),
                 "busy_ms": int(self.busy_seconds * 1000)}
 
     # -- device thread (DeviceLoop) -------------------------------------------------
-    def poll(self) -> None:
-        while True:
-            try:
-                self._take(*self._inbox.get_nowait())
-            except queue.Empty:
-                return
-
     def has_work(self) -> bool:
         """A batch is due: a first chunk waits (time to first output), a full batch is ready,
         or the oldest call has waited ``max_wait_s``. Otherwise waiting a little gathers a
@@ -100,7 +71,7 @@ class StatelessEngine:
     def step(self) -> None:
         self._run_batch(self._next_batch())
 
-    def _take(self, kind: str, arg, reply: Reply | None) -> None:
+    def _handle(self, kind: str, arg, reply: Reply | None) -> None:
         if kind == "release":
             self.store.free_owner(arg)  # outputs made after the Conductor let go of the request
             self._pending = [p for p in self._pending if p.msg.request_id != arg]

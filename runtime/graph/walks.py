@@ -1,7 +1,7 @@
 """The four Walk primitives: Sequential, Parallel, Loop / DynamicLoop (streaming edges live in edges.py)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Iterator, Union
 
 if TYPE_CHECKING:

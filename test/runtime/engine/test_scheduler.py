@@ -147,7 +147,7 @@ def test_older_idle_sequence_can_be_preempted_for_a_newer_request():
     idle = add_seq(s, "session", 12)
     run_step(s)
     idle.call, idle.status = None, SeqStatus.IDLE
-    new = add_seq(s, "new", 8)  # arrives later; needs 2 blocks, 1 free
+    add_seq(s, "new", 8)  # arrives later; needs 2 blocks, 1 free
     assert run_step(s) == [("new", 0, 8)]
     assert idle.table.blocks == [] and idle.num_pending == 12  # recomputed on its next message
 

@@ -1,0 +1,51 @@
+"""Message intake shared by the engines: any thread posts, the device thread drains."""
+from __future__ import annotations
+
+import queue
+import threading
+from typing import Any, Callable
+
+from mstar.engine.device_loop import DeviceLoop
+from mstar.worker.messages import ExecuteNode, NodeOutput
+
+Reply = Callable[[NodeOutput], None]
+
+
+class EngineInbox:
+    name: str
+
+    def __init__(self) -> None:
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self.wake = threading.Event()  # replaced by the device loop's shared event
+        self._own_loop: DeviceLoop | None = None
+
+    def _post(self, kind: str, arg: Any, reply: Reply | None = None) -> None:
+        self._inbox.put((kind, arg, reply))
+        self.wake.set()
+
+    def submit(self, msg: ExecuteNode, reply: Reply) -> None:
+        self._post("call", msg, reply)
+
+    def release(self, request_id: str) -> None:
+        self._post("release", request_id)
+
+    def start(self) -> None:
+        """Step on the device thread alone (a Worker instead runs its engines in one DeviceLoop)."""
+        self._own_loop = DeviceLoop([self], self.name)  # type: ignore[list-item]
+        self._own_loop.start()
+
+    def stop(self) -> None:
+        if self._own_loop is not None:
+            self._own_loop.stop()
+
+    def poll(self) -> None:
+        """Handles every message posted so far (device thread only)."""
+        while True:
+            try:
+                kind, arg, reply = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            self._handle(kind, arg, reply)
+
+    def _handle(self, kind: str, arg: Any, reply: Reply | None) -> None:
+        raise NotImplementedError
