@@ -77,8 +77,9 @@ class OrpheusTTS:
         return build_prompt_ids(self.tokenizer, text, voice if voice is not None else self.voice)
 
     def request(self, text: str, *, voice: str | None = None, sampling: SamplingParams | None = None,
-                request_id: str | None = None) -> Request:
-        """A request to speak ``text``; raises ValueError for empty text or text over the context limit."""
+                request_id: str | None = None, outputs: frozenset[str] | None = None) -> Request:
+        """A request to speak ``text``; raises ValueError for empty text or text over the context limit.
+        ``outputs``: which of "audio" and "tokens" to stream (default both)."""
         sampling = sampling or DEFAULT_SAMPLING
         ids = self.prompt_ids(text, voice)
         limit = self.llm.max_positions
@@ -86,4 +87,4 @@ class OrpheusTTS:
             raise ValueError(f"text is {len(ids)} prompt tokens; with max_tokens={sampling.max_tokens} that is over "
                              f"the model's context limit of {limit} tokens")
         kwargs = {} if request_id is None else {"request_id": request_id}
-        return Request({"prompt_ids": torch.tensor(ids, dtype=torch.long)}, sampling, **kwargs)
+        return Request({"prompt_ids": torch.tensor(ids, dtype=torch.long)}, sampling, outputs=outputs, **kwargs)

@@ -87,6 +87,9 @@ class Conductor:
         if missing or unknown:
             raise ValueError(f"request {request.request_id}: graph {self.graph.name!r} takes inputs {sorted(expected)}; "
                              f"missing {missing}, unknown {unknown}")
+        if request.outputs is not None and not set(request.outputs) <= set(self.graph.output_names):
+            raise ValueError(f"request {request.request_id}: graph {self.graph.name!r} has outputs "
+                             f"{self.graph.output_names}, not {sorted(set(request.outputs) - set(self.graph.output_names))}")
         seed = request.sampling.seed if request.sampling.seed is not None else secrets.randbits(62)
         stream = RequestStream(request.request_id)
         rs = RequestState(request, seed, stream, self.store.get)

@@ -13,13 +13,15 @@ from mstar.engine.sampling_params import SamplingParams
 
 @dataclass
 class Request:
-    """``inputs`` feed the graph's ``input.<name>`` edges; ``meta`` is read by the model's ``next_walk``."""
+    """``inputs`` feed the graph's ``input.<name>`` edges; ``meta`` is read by the model's ``next_walk``.
+    ``outputs`` names the graph outputs the caller wants streamed (None: all of them)."""
 
     inputs: dict[str, torch.Tensor]
     sampling: SamplingParams = field(default_factory=SamplingParams)
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     session_id: str | None = None
     meta: dict[str, Any] = field(default_factory=dict)
+    outputs: frozenset[str] | None = None
 
 
 @dataclass

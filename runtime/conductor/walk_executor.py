@@ -120,6 +120,9 @@ class WalkExecutor:
                     rs.values[(edge.target.node, edge.target.port)] = handle
 
     def _emit(self, rs: RequestState, name: str, handle: TensorHandle) -> None:
+        wanted = rs.request.outputs
+        if wanted is not None and name not in wanted:
+            return
         index = rs.output_counts.get(name, 0)
         rs.output_counts[name] = index + 1
         rs.stream.put(RequestOutput(rs.request_id, name, rs.fetch(handle), index))

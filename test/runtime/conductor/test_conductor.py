@@ -584,3 +584,31 @@ def test_constrained_sampling_only_emits_allowed_tokens():
         for i, t in enumerate(got):
             assert in_ranges(t, lm.allowed_token_ranges(i)), (i, t)
     assert len({t for o in outs for t in o[::2]}) > 1  # really sampled
+
+
+def test_request_outputs_selects_what_is_streamed():
+    """Request.outputs limits the streamed graph outputs; an unknown name is refused at submit."""
+    from mstar.graph import GraphEdge, GraphNode, ModelGraph, Sequential
+    from support.toy_models import Scale
+
+    graph = ModelGraph(
+        name="two_outputs",
+        nodes=[GraphNode("a", inputs=["x"], outputs=["y"]), GraphNode("b", inputs=["x"], outputs=["y"])],
+        edges=[GraphEdge("input.x", "a.x"), GraphEdge("a.y", "b.x"), GraphEdge("a.y", "output.first"),
+               GraphEdge("b.y", "output.second")],
+        walks={"main": Sequential("a", "b")},
+        next_walk=lambda s: None if s.last_walk else "main",
+    )
+
+    async def scenario():
+        async with Conductor(graph, {"a": Scale(2.0), "b": Scale(3.0)}) as c:
+            both = await c.submit(Request({"x": torch.ones(2)})).collect()
+            only = await c.submit(Request({"x": torch.ones(2)}, outputs=frozenset({"second"}))).collect()
+            with pytest.raises(ValueError, match="third"):
+                c.submit(Request({"x": torch.ones(2)}, outputs=frozenset({"third"})))
+            await c.wait_idle()
+        return both, only
+
+    both, only = asyncio.run(scenario())
+    assert sorted(both) == ["first", "second"] and torch.equal(both["second"][0], torch.full((2,), 6.0))
+    assert sorted(only) == ["second"] and torch.equal(only["second"][0], torch.full((2,), 6.0))
