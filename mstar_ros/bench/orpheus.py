@@ -104,7 +104,7 @@ def _pick_baseline_dtype(tts, paths) -> tuple[torch.dtype, dict[str, float]]:
 
 def run_orpheus_bench(args: argparse.Namespace) -> int:
     from mstar_graphs.orpheus.model import OrpheusTTS
-    from mstar_graphs.orpheus.reference import load_hf_llm, load_reference_snac
+    from mstar_graphs.orpheus.reference import hf_generate, load_hf_llm, load_reference_snac, snac_whole
 
     levels = [int(c) for c in args.concurrency.split(",") if c.strip()]
     n = 4 if args.quick else args.requests
@@ -114,6 +114,8 @@ def run_orpheus_bench(args: argparse.Namespace) -> int:
     base_dtype, calibration = _pick_baseline_dtype(tts, paths)
     hf = run_on_device(load_hf_llm, paths.llm, base_dtype)
     snac_model = run_on_device(lambda: load_reference_snac(paths.snac).to(base_dtype))
+    warm = [tts.prompt_ids("Warm up.")]  # first calls are slow for everyone; ours is warmed too
+    run_on_device(lambda: snac_whole(snac_model, hf_generate(hf, warm, max_new_tokens=35, do_sample=False)[0]))
     config = EngineConfig(dtype=OURS_DTYPE, kv_cache_mb=256)
     report: dict = {
         "model": {"preset": args.preset if args.weights is None else None, "weights": str(paths.llm),

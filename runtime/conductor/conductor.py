@@ -48,6 +48,7 @@ class Conductor:
             raise ValueError(f"nodes {missing} are placed on no worker")
         self.executor = WalkExecutor(graph, self._dispatch, itertools.count().__next__)
         self._tasks: dict[str, asyncio.Task] = {}
+        self._submissions = itertools.count()
         self._states: dict[str, RequestState] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self.started = False
@@ -62,11 +63,14 @@ class Conductor:
         return self
 
     async def stop(self) -> None:
-        for request_id in list(self._tasks):
-            await self.cancel(request_id)
-        for worker in self.workers:
-            worker.stop()
-        self.started = False
+        try:
+            for request_id in list(self._tasks):
+                if request_id in self._tasks:  # it may have ended while we cancelled another
+                    await self.cancel(request_id)
+        finally:
+            for worker in self.workers:
+                worker.stop()
+            self.started = False
 
     async def __aenter__(self) -> "Conductor":
         return await self.start()
@@ -92,17 +96,17 @@ class Conductor:
                              f"{self.graph.output_names}, not {sorted(set(request.outputs) - set(self.graph.output_names))}")
         seed = request.sampling.seed if request.sampling.seed is not None else secrets.randbits(62)
         stream = RequestStream(request.request_id)
-        rs = RequestState(request, seed, stream, self.store.get)
+        rs = RequestState(request, seed, stream, self.store.get, wire_id=f"{request.request_id}#{next(self._submissions)}")
         for name, tensor in request.inputs.items():
             if not isinstance(tensor, torch.Tensor):
                 raise TypeError(f"request {request.request_id}: input {name!r} must be a tensor, got {type(tensor).__name__}")
-            handle = self.store.put(tensor, owner=request.request_id)
+            handle = self.store.put(tensor, owner=rs.wire_id)
             for edge in self.graph.edges_from(GRAPH_INPUT, name):
                 if edge.target.node == GRAPH_OUTPUT:
                     continue
                 rs.values[(edge.target.node, edge.target.port)] = handle
         self._states[request.request_id] = rs
-        task = asyncio.ensure_future(self._run(rs))
+        task = rs.main_task = asyncio.ensure_future(self._run(rs))
         task.add_done_callback(lambda _: self._cleanup(rs))  # also runs if cancelled before it started
         self._tasks[request.request_id] = task
         return stream
@@ -112,13 +116,21 @@ class Conductor:
         task = self._tasks.get(request_id)
         if task is None:
             raise UnknownRequest(request_id)
+        rs = self._states.get(request_id)
         task.cancel()
         try:
             await task
         except asyncio.CancelledError:
             pass
+        if rs is not None:
+            self._cleanup(rs)  # now, not a callback later (idempotent)
 
     def close_session(self, session_id: str) -> None:
+        """Frees the session's KV; a request of the session still running fails with a clear error."""
+        for rs in list(self._states.values()):
+            if rs.request.session_id == session_id and rs.main_task is not None and rs.failure is None:
+                rs.failure = RequestError(rs.request_id, f"session {session_id!r} was closed")
+                rs.main_task.cancel()
         for worker in self.workers:
             worker.handle(CloseSession(session_id))
 
@@ -137,7 +149,11 @@ class Conductor:
             await self.executor.close_streams(rs)
             rs.stream.end()
         except asyncio.CancelledError:
-            rs.stream.fail(RequestCancelled(rid, "cancelled"))
+            if rs.failure is not None:  # a streamed chunk failed
+                failure = rs.failure
+                rs.stream.fail(failure if isinstance(failure, RequestError) else RequestError(rid, str(failure)))
+            else:
+                rs.stream.fail(RequestCancelled(rid, "cancelled"))
         except RequestError as exc:
             rs.stream.fail(exc)
         except Exception as exc:
@@ -153,8 +169,8 @@ class Conductor:
         for task in list(rs.chunk_tasks):
             task.cancel()
         for worker in self.workers:
-            worker.handle(ReleaseRequest(rid))
-        self.store.free_owner(rid)
+            worker.handle(ReleaseRequest(rs.wire_id))
+        self.store.free_owner(rs.wire_id)
         self._tasks.pop(rid, None)
 
     # -- worker calls -----------------------------------------------------------------
@@ -166,7 +182,7 @@ class Conductor:
         while True:
             out = await queue.get()
             if out.error is not None:
-                raise RequestError(msg.request_id, out.error)
+                raise RequestError(msg.request_id.partition("#")[0], out.error)
             on_output(out)
             if out.final:
                 return

@@ -31,6 +31,9 @@ class RequestState:
     seed: int
     stream: RequestStream
     fetch: Callable[[TensorHandle], torch.Tensor]
+    wire_id: str = ""  # this submission's id on the wire and in the store (a reused request id never collides)
+    failure: BaseException | None = None  # a streamed chunk failed: the request fails with it
+    main_task: asyncio.Task | None = None
     walks_done: list[str] = field(default_factory=list)
     current_walk: str | None = None
     values: dict[tuple[str, str], TensorRef] = field(default_factory=dict)   # latest value at each node input

@@ -79,7 +79,7 @@ class WalkExecutor:
         gnode = self.graph.node(node)
         req = rs.request
         return ExecuteNode(
-            call_id=self.new_call_id(), request_id=rs.request_id, node=node, inputs=inputs,
+            call_id=self.new_call_id(), request_id=rs.wire_id, node=node, inputs=inputs,
             index=rs.next_index(node), seed=rs.seed,
             sampling=req.sampling if gnode.engine == "ar" and "token" in gnode.outputs else None,
             loop=loop, session_id=req.session_id, meta=meta or {},
@@ -153,7 +153,17 @@ class WalkExecutor:
             task = asyncio.ensure_future(self._deliver_chunk(rs, state, items, chunk.left_context, previous,
                                                              state.last_delivery))
             rs.chunk_tasks.add(task)
-            task.add_done_callback(rs.chunk_tasks.discard)
+            task.add_done_callback(lambda t: self._chunk_done(rs, t))
+
+    @staticmethod
+    def _chunk_done(rs: RequestState, task: asyncio.Task) -> None:
+        """A failed chunk fails its request: a hole in the audio must not pass silently."""
+        rs.chunk_tasks.discard(task)
+        if task.cancelled() or task.exception() is None or rs.failure is not None:
+            return
+        rs.failure = task.exception()
+        if rs.main_task is not None:
+            rs.main_task.cancel()
 
     async def _deliver_chunk(self, rs: RequestState, state: StreamState, items: list[TensorHandle],
                              left_context: int, previous: asyncio.Future | None, done: asyncio.Future) -> None:

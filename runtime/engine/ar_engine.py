@@ -93,6 +93,7 @@ class AREngine(EngineInbox):
                 self._on_release(arg)
             elif kind == "close_session":
                 for seq in [s for s in self.scheduler.seqs.values() if s.owner == arg]:
+                    self._fail_call(seq, f"session {arg!r} was closed")
                     self.scheduler.drop(seq)
         except Exception as exc:  # a bad message must not stop the engine
             log.exception("%s engine: %s failed", self.name, kind)
@@ -146,11 +147,14 @@ class AREngine(EngineInbox):
         if msg.kv_from and (source is None or source.call is not None):
             state = "has no KV yet" if source is None else "is still running"
             raise ValueError(f"node {msg.node!r} forks its KV from {msg.kv_from!r}, which {state} for {owner!r}")
-        if source is not None and source.table.blocks:
-            # copy-on-write fork: shares every computed block with the source view
-            seq.table = self.blocks.fork(source.table)
-            seq.token_ids = list(source.token_ids[:source.num_computed])
-            seq.num_computed = source.num_computed
+        if source is not None:
+            if source.table.blocks:  # copy-on-write fork: shares every computed block with the source view
+                seq.table = self.blocks.fork(source.table)
+                seq.num_computed = source.num_computed
+                seq.token_ids = list(source.token_ids[:source.num_computed])
+            else:  # the source was preempted: same tokens, recomputed
+                seq.table.first_position = source.table.first_position
+                seq.token_ids = list(source.token_ids)
             seq.history = list(source.history)
             seq.num_generated = source.num_generated
             seq.arrival = source.arrival
@@ -172,10 +176,19 @@ class AREngine(EngineInbox):
                 del seq.token_ids[keep:]
                 seq.status = SeqStatus.IDLE
 
+    def _fail_call(self, seq: Sequence, error: str) -> None:
+        call, seq.call = seq.call, None
+        if call is not None:
+            call.reply(NodeOutput(call.msg.call_id, call.msg.request_id, call.iteration, final=True, error=error))
+
     def _step(self) -> None:
         batch = self.scheduler.schedule()
+        for seq in self.scheduler.take_stuck():  # can never fit, even with everything else preempted
+            self._fail_call(seq, f"node {seq.node!r}: the KV pool ({self.blocks.num_blocks} blocks of "
+                                 f"{self.blocks.block_size}) cannot hold this sequence ({len(seq.token_ids)} tokens)")
+            self.scheduler.drop(seq)
         if not batch:
-            time.sleep(0.001)  # everything waits for KV; admission checks make this transient
+            time.sleep(0.001)  # everything waits for KV held by running sequences
             return
         started = time.perf_counter()
         try:
@@ -185,12 +198,14 @@ class AREngine(EngineInbox):
                 self._finish_step(batch, hidden, last_rows)
         except Exception as exc:
             log.exception("%s engine step failed", self.name)
-            for item in batch:
-                call = item.seq.call
-                if call is not None:
-                    call.reply(NodeOutput(call.msg.call_id, call.msg.request_id, call.iteration, final=True,
-                                          error=f"engine step failed: {type(exc).__name__}: {exc}"))
-                self.scheduler.drop(item.seq)
+            for item in batch:  # calls in flight fail; every sequence keeps its tokens and is recomputed
+                seq = item.seq
+                if seq.call is not None:
+                    del seq.token_ids[seq.call.context_before:]
+                    self._fail_call(seq, f"engine step failed: {type(exc).__name__}: {exc}")
+                seq.status = SeqStatus.IDLE
+                self.scheduler.preempt(seq)
+                seq.status = SeqStatus.IDLE
         self.busy_seconds += time.perf_counter() - started
         self.steps += 1
         self.tokens_computed += sum(item.num_tokens for item in batch)
@@ -231,7 +246,8 @@ class AREngine(EngineInbox):
         seq.num_generated += 1
         seq.history.append(token)
         handle = self.store.put(torch.tensor(token, dtype=torch.long), owner=msg.request_id)
-        last = call.iteration >= call.max_iters
+        at_limit = seq.table.first_position + len(seq.token_ids) + 1 >= self.module.max_positions and seq.kv_window is None
+        last = call.iteration >= call.max_iters or at_limit
         if last:
             seq.call, seq.status = None, SeqStatus.IDLE
         else:

@@ -70,7 +70,10 @@ class DeviceThread:
             self._run_calls()
             busy = False
             for loop in self._loops:
-                busy |= loop.step_once()
+                try:
+                    busy |= loop.step_once()
+                except Exception:  # the device thread must never die: every caller would hang
+                    log.exception("%s: device loop failed", loop.name)
             if not busy:
                 self.wake.wait(timeout=0.5)
 

@@ -34,6 +34,7 @@ class Scheduler:
         self.config = config
         self.seqs: dict[tuple[str, str], Sequence] = {}
         self.num_preemptions = 0
+        self._stuck: list[Sequence] = []
 
     def has_work(self) -> bool:
         return any(s.call is not None and s.num_pending > 0 for s in self.seqs.values())
@@ -48,6 +49,9 @@ class Scheduler:
                 break
             n = min(seq.num_pending, budget)
             if not self._make_room(seq, n, batch):
+                if not batch and not any(s.table.blocks for s in self.seqs.values() if s is not seq):
+                    self._stuck.append(seq)  # alone with the whole pool and still no room
+                    continue
                 break  # younger sequences wait too: keeps admission first-come first-served
             self.cache.copy_blocks(self.blocks.append(seq.table, n))
             seq.status = SeqStatus.RUNNING
@@ -72,6 +76,10 @@ class Scheduler:
         if not holders:
             return None
         return max(holders, key=lambda s: (s.status == SeqStatus.IDLE, s.arrival))
+
+    def take_stuck(self) -> list[Sequence]:
+        stuck, self._stuck = self._stuck, []
+        return stuck
 
     def preempt(self, seq: Sequence) -> None:
         first_position = seq.table.first_position

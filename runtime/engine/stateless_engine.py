@@ -69,7 +69,9 @@ class StatelessEngine(EngineInbox):
         return bool(self._pending)
 
     def step(self) -> None:
-        self._run_batch(self._next_batch())
+        batch = self._next_batch()
+        if batch:
+            self._run_batch(batch)
 
     def _handle(self, kind: str, arg, reply: Reply | None) -> None:
         if kind == "release":
@@ -89,11 +91,21 @@ class StatelessEngine(EngineInbox):
         call = NodeCall(msg.request_id, inputs, index=msg.index, seed=msg.seed, meta=dict(msg.meta))
         self._pending.append(_Pending(msg, reply, call))
 
+    def _key(self, item: _Pending):
+        try:
+            return self.nodes[item.msg.node].batch_key(item.call)
+        except Exception as exc:  # a call whose inputs a node cannot even look at: fail it alone
+            return exc
+
     def _next_batch(self) -> list[_Pending]:
         head = min(self._pending, key=lambda p: p.priority)
-        module = self.nodes[head.msg.node]
-        key = module.batch_key(head.call)
-        same = sorted((p for p in self._pending if p.msg.node == head.msg.node and module.batch_key(p.call) == key),
+        key = self._key(head)
+        if isinstance(key, Exception):
+            self._pending.remove(head)
+            head.reply(NodeOutput(head.msg.call_id, head.msg.request_id, 0, final=True,
+                                  error=f"node {head.msg.node!r}: {type(key).__name__}: {key}"))
+            return []
+        same = sorted((p for p in self._pending if p.msg.node == head.msg.node and self._key(p) == key),
                       key=lambda p: p.priority)[: self.max_batch]
         chosen = {id(p) for p in same}
         self._pending = [p for p in self._pending if id(p) not in chosen]
