@@ -140,6 +140,7 @@ class Conductor:
 
     async def _run(self, rs: RequestState) -> None:
         rid = rs.request_id
+        outcome: RequestError | None = None
         try:
             while (walk := self.graph.next_walk(rs)) is not None:
                 rs.current_walk = walk
@@ -147,24 +148,29 @@ class Conductor:
                 rs.walks_done.append(walk)
             rs.current_walk = None
             await self.executor.close_streams(rs)
-            rs.stream.end()
         except asyncio.CancelledError:
-            if rs.failure is not None:  # a streamed chunk failed
-                failure = rs.failure
-                rs.stream.fail(failure if isinstance(failure, RequestError) else RequestError(rid, str(failure)))
+            failure = rs.failure  # a streamed chunk failed, or the session was closed
+            if failure is None:
+                outcome = RequestCancelled(rid, "cancelled")
             else:
-                rs.stream.fail(RequestCancelled(rid, "cancelled"))
+                outcome = failure if isinstance(failure, RequestError) else RequestError(rid, str(failure))
         except RequestError as exc:
-            rs.stream.fail(exc)
+            outcome = exc
         except Exception as exc:
             log.warning("request %s failed: %s", rid, exc)
-            rs.stream.fail(RequestError(rid, f"{type(exc).__name__}: {exc}"))
+            outcome = RequestError(rid, f"{type(exc).__name__}: {exc}")
+        self._cleanup(rs, notify=False)  # free everything before the caller hears the end
+        if outcome is None:
+            rs.stream.end()
+        else:
+            rs.stream.fail(outcome)
 
-    def _cleanup(self, rs: RequestState) -> None:
+    def _cleanup(self, rs: RequestState, notify: bool = True) -> None:
         rid = rs.request_id
-        if self._states.pop(rid, None) is None:
+        if self._states.get(rid) is not rs:
             return
-        if not rs.stream.finished:
+        del self._states[rid]
+        if notify and not rs.stream.finished:  # cancelled before its task ever ran
             rs.stream.fail(RequestCancelled(rid, "cancelled"))
         for task in list(rs.chunk_tasks):
             task.cancel()
