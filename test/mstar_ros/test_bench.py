@@ -1,0 +1,24 @@
+"""The benchmark command runs end to end (a smoke run: the figures themselves are not asserted)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+
+def test_bench_orpheus_quick_writes_json_and_plot(tmp_path):
+    out_json, out_png = tmp_path / "b.json", tmp_path / "b.png"
+    run = subprocess.run([sys.executable, "-m", "mstar_ros.cli", "-q", "bench", "orpheus", "--quick", "--preset", "tiny",
+                          "--concurrency", "1,8", "--json", str(out_json), "--plot", str(out_png)],
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    report = json.loads(out_json.read_text())
+    for key in ("throughput_ratio_c8", "ttfa_ratio_c8"):
+        assert report[key] > 0
+    for level in ("1", "8"):
+        for system in ("ours", "baseline_sequential", "baseline_static"):
+            figures = report["levels"][level][system]
+            assert figures["requests"] == 4 and figures["audio_seconds"] > 0 and figures["ttfa_p50_ms"] > 0
+    assert report["model"]["random_weights"] is True
+    assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "concurrency 8" in run.stdout
