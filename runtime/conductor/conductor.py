@@ -181,17 +181,30 @@ class Conductor:
 
     # -- worker calls -----------------------------------------------------------------
     async def _dispatch(self, msg: ExecuteNode, on_output: Callable[[NodeOutput], None]) -> None:
-        """Sends one call to the node's worker; feeds each NodeOutput to ``on_output`` until final."""
-        queue: asyncio.Queue[NodeOutput] = asyncio.Queue()
-        replies = self._replies
-        self._route[msg.node].execute(msg, lambda out: replies.push(queue, out))
-        while True:
-            out = await queue.get()
-            if out.error is not None:
-                raise RequestError(msg.request_id.partition("#")[0], out.error)
-            on_output(out)
-            if out.final:
+        """Sends one call to the node's worker; feeds each NodeOutput to ``on_output`` until final.
+
+        Outputs are handled in the event loop's reply drain itself (no queue, no coroutine
+        switch per token); this coroutine only waits for the end of the call."""
+        assert self._loop is not None
+        done: asyncio.Future = self._loop.create_future()
+
+        def deliver(out: NodeOutput) -> None:
+            if done.done():  # the request was cancelled or already failed
                 return
+            if out.error is not None:
+                done.set_exception(RequestError(msg.request_id.partition("#")[0], out.error))
+                return
+            try:
+                on_output(out)
+            except Exception as exc:
+                done.set_exception(exc)
+                return
+            if out.final:
+                done.set_result(None)
+
+        replies = self._replies
+        self._route[msg.node].execute(msg, lambda out: replies.push(deliver, out))
+        await done
 
     # -- introspection (tests, /diagnostics) --------------------------------------------
     def stats(self) -> dict[str, object]:

@@ -2,23 +2,29 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from collections import deque
+from typing import Callable
 
 from mstar.worker.messages import NodeOutput
+
+log = logging.getLogger("mstar.conductor")
+Deliver = Callable[[NodeOutput], None]
 
 
 class ReplyInbox:
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
-        self._items: deque[tuple[asyncio.Queue, NodeOutput]] = deque()
+        self._items: deque[tuple[Deliver, NodeOutput]] = deque()
         self._lock = threading.Lock()
         self._scheduled = False
 
-    def push(self, queue: asyncio.Queue, out: NodeOutput) -> None:
-        """Thread-safe. A decode step of B sequences wakes the loop once, not B times."""
+    def push(self, deliver: Deliver, out: NodeOutput) -> None:
+        """Thread-safe. A decode step of B sequences wakes the loop once, not B times;
+        ``deliver(out)`` then runs on the event loop."""
         with self._lock:
-            self._items.append((queue, out))
+            self._items.append((deliver, out))
             if self._scheduled:
                 return
             self._scheduled = True
@@ -29,5 +35,8 @@ class ReplyInbox:
             items = list(self._items)
             self._items.clear()
             self._scheduled = False
-        for queue, out in items:
-            queue.put_nowait(out)
+        for deliver, out in items:
+            try:
+                deliver(out)
+            except Exception:  # one request's bug must not drop the others' outputs
+                log.exception("delivering an output failed")
