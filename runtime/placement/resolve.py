@@ -1,0 +1,69 @@
+"""Checks a placement against a model graph and answers "which ranks run node N in Walk W"."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mstar.graph.model_graph import ModelGraph
+from mstar.placement.schema import NodeGroup, PlacementFile
+
+
+@dataclass(frozen=True)
+class NodePlacement:
+    ranks: tuple[int, ...]
+    tp_size: int
+    group: int  # index of the node group that placed it
+
+
+class ResolvedPlacement:
+    def __init__(self, graph: ModelGraph, file: PlacementFile) -> None:
+        self.graph = graph
+        self.file = file
+        self.world_size = file.placement.world_size
+        # (node, walk) -> placement; walk None holds the groups without a walk list
+        self._table: dict[tuple[str, str | None], NodePlacement] = {}
+        for i, group in enumerate(file.placement.node_groups):
+            self._add(i, group)
+        self._check_every_used_node_is_placed()
+
+    def _add(self, i: int, group: NodeGroup) -> None:
+        for j, node in enumerate(group.nodes):
+            if node not in self.graph.node_by_name:
+                raise self.file.error(("node_groups", i, "nodes", j),
+                                      f"unknown node {node!r} (graph {self.graph.name!r} has {sorted(self.graph.node_by_name)})")
+        for j, walk in enumerate(group.walks or []):
+            if walk not in self.graph.walks:
+                raise self.file.error(("node_groups", i, "walks", j),
+                                      f"graph {self.graph.name!r} has no walk {walk!r} (walks: {sorted(self.graph.walks)})")
+        for node in group.nodes:
+            for walk in group.walks or [None]:
+                key = (node, walk)
+                if key in self._table:
+                    scope = f"walk {walk!r}" if walk else "every walk"
+                    raise self.file.error(("node_groups", i, "nodes"),
+                                          f"node {node!r} is already placed for {scope} by node_groups[{self._table[key].group}]")
+                self._table[key] = NodePlacement(tuple(group.ranks), group.tp_size, i)
+
+    def _check_every_used_node_is_placed(self) -> None:
+        for walk_name, walk in self.graph.walks.items():
+            for node in dict.fromkeys(walk.node_names()):
+                if self.lookup(node, walk_name) is None:
+                    raise self.file.error(("node_groups",), f"node {node!r} is placed nowhere for walk {walk_name!r}, which uses it")
+        for edge in self.graph.streaming_edges():  # streamed chunks run outside any walk
+            node = edge.target.node
+            if node in self.graph.node_by_name and self.lookup(node, None) is None and not any(
+                    self.lookup(node, w) for w in self.graph.walks):
+                raise self.file.error(("node_groups",), f"node {node!r} (fed by streaming edge {edge}) is placed nowhere")
+
+    def lookup(self, node: str, walk: str | None) -> NodePlacement | None:
+        """Where ``node`` runs during ``walk`` (a walk-scoped group wins over an unscoped one)."""
+        return self._table.get((node, walk)) or self._table.get((node, None))
+
+    def ranks_used(self) -> list[int]:
+        return sorted({r for p in self._table.values() for r in p.ranks})
+
+    def device_of(self, rank: int) -> str:
+        return self.file.placement.device_of(rank)
+
+
+def load_placement(path: str, graph: ModelGraph) -> ResolvedPlacement:
+    return ResolvedPlacement(graph, PlacementFile.load(path))

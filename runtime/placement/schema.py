@@ -1,0 +1,155 @@
+"""The placement file: which ranks and devices run which nodes (optionally per Walk).
+
+    world_size: 2
+    devices: {0: cpu, 1: cpu}        # optional; default cpu for every rank
+    node_groups:
+      - nodes: [llm]
+        ranks: [0]
+        walks: [prefill]             # optional: only for these Walks (default: every Walk)
+      - nodes: [llm]
+        ranks: [1]
+        walks: [decode]
+      - nodes: [snac]
+        ranks: [1]
+        tp_size: 1                   # optional; ranks must number tp_size
+
+Parsed with a msgspec schema; every error names the field and the line of the file.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import yaml
+
+DEVICE = re.compile(r"^(cpu|cuda:\d+)$")
+
+
+class PlacementError(ValueError):
+    """A placement file that cannot be used; the message names the field and the line."""
+
+
+class NodeGroup(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    nodes: list[str]
+    ranks: list[int]
+    walks: list[str] | None = None
+    tp_size: int = 1
+
+
+class Placement(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    world_size: int
+    node_groups: list[NodeGroup]
+    devices: dict[int, str] = {}
+
+    def device_of(self, rank: int) -> str:
+        return self.devices.get(rank, "cpu")
+
+
+class _Lines:
+    """Line numbers of the YAML nodes, by path (("node_groups", 1, "ranks") -> 12)."""
+
+    def __init__(self, text: str) -> None:
+        self.lines: dict[tuple, int] = {}
+        root = yaml.compose(text)
+        if root is not None:
+            self._walk(root, ())
+
+    def _walk(self, node: yaml.Node, path: tuple) -> None:
+        self.lines.setdefault(path, node.start_mark.line + 1)  # a mapping key keeps its own line
+        if isinstance(node, yaml.MappingNode):
+            for key, value in node.value:
+                name = key.value
+                try:
+                    name = int(name)
+                except (TypeError, ValueError):
+                    pass
+                self.lines[path + (name,)] = key.start_mark.line + 1
+                self._walk(value, path + (name,))
+        elif isinstance(node, yaml.SequenceNode):
+            for i, item in enumerate(node.value):
+                self._walk(item, path + (i,))
+
+    def at(self, path: tuple) -> int | None:
+        while path and path not in self.lines:
+            path = path[:-1]
+        return self.lines.get(path)
+
+
+def _field(path: tuple) -> str:
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "(top level)"
+
+
+def _msgspec_path(message: str) -> tuple:
+    """'... - at `$.node_groups[1].ranks`' -> ("node_groups", 1, "ranks")."""
+    match = re.search(r"at `\$(.*)`", message)
+    if not match:
+        return ()
+    parts: list[str | int] = []
+    for name, index in re.findall(r"\.(\w+)|\[(\d+)\]", match.group(1)):
+        parts.append(name if name else int(index))
+    return tuple(parts)
+
+
+class PlacementFile:
+    """A parsed placement plus where each part came from, for errors that point at a line."""
+
+    def __init__(self, placement: Placement, source: str, lines: _Lines) -> None:
+        self.placement = placement
+        self.source = source
+        self._lines = lines
+
+    def error(self, path: tuple, message: str) -> PlacementError:
+        line = self._lines.at(path)
+        where = f"{self.source}:{line}" if line else self.source
+        return PlacementError(f"{where}: {_field(path)}: {message}")
+
+    @classmethod
+    def parse(cls, text: str, source: str = "<placement>") -> "PlacementFile":
+        try:
+            lines = _Lines(text)
+            data: Any = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise PlacementError(f"{source}: not valid YAML: {exc}") from None
+        if not isinstance(data, dict):
+            raise PlacementError(f"{source}: expected a mapping with world_size and node_groups")
+        try:
+            placement = msgspec.convert(data, Placement)
+        except msgspec.ValidationError as exc:
+            path = _msgspec_path(str(exc))
+            line = lines.at(path)
+            where = f"{source}:{line}" if line else source
+            raise PlacementError(f"{where}: {exc}") from None
+        parsed = cls(placement, source, lines)
+        parsed._check_shape()
+        return parsed
+
+    @classmethod
+    def load(cls, path: str | Path) -> "PlacementFile":
+        path = Path(path)
+        return cls.parse(path.read_text(), str(path))
+
+    def _check_shape(self) -> None:
+        p = self.placement
+        if p.world_size < 1:
+            raise self.error(("world_size",), f"must be >= 1, got {p.world_size}")
+        for rank, device in p.devices.items():
+            if not 0 <= rank < p.world_size:
+                raise self.error(("devices", rank), f"rank {rank} is out of range (world_size {p.world_size})")
+            if not DEVICE.match(device):
+                raise self.error(("devices", rank), f"device {device!r} is not 'cpu' or 'cuda:N'")
+        for i, group in enumerate(p.node_groups):
+            if not group.nodes:
+                raise self.error(("node_groups", i, "nodes"), "names no node")
+            if not group.ranks:
+                raise self.error(("node_groups", i, "ranks"), "names no rank")
+            for j, rank in enumerate(group.ranks):
+                if not 0 <= rank < p.world_size:
+                    raise self.error(("node_groups", i, "ranks", j), f"rank {rank} is out of range (world_size {p.world_size})")
+            if group.tp_size < 1 or len(group.ranks) != group.tp_size:
+                raise self.error(("node_groups", i, "tp_size"),
+                                 f"tp_size {group.tp_size} needs exactly that many ranks, got {group.ranks}")

@@ -1,0 +1,63 @@
+"""Placement files: parsing, resolution per Walk, and errors that name the field and the line."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from mstar.placement import PlacementError, PlacementFile, ResolvedPlacement, load_placement
+from mstar_graphs.orpheus.graph import orpheus_graph
+
+CONFIG = Path(__file__).parents[3] / "config" / "placement"
+
+
+def resolve(text: str) -> ResolvedPlacement:
+    return ResolvedPlacement(orpheus_graph(), PlacementFile.parse(text, "p.yaml"))
+
+
+def test_shipped_examples_resolve():
+    two = load_placement(str(CONFIG / "orpheus-two-ranks.yaml"), orpheus_graph())
+    assert two.lookup("llm", "decode").ranks == (0,) and two.lookup("snac", None).ranks == (1,)
+    assert two.device_of(1) == "cpu" and two.ranks_used() == [0, 1]
+    pd = load_placement(str(CONFIG / "orpheus-pd-disaggregated.yaml"), orpheus_graph())
+    assert pd.lookup("llm", "prefill").ranks == (0,) and pd.lookup("llm", "decode").ranks == (1,)
+
+
+def test_walk_scoped_group_wins_over_unscoped():
+    p = resolve("world_size: 2\nnode_groups:\n  - {nodes: [llm, snac], ranks: [0]}\n"
+                "  - {nodes: [llm], ranks: [1], walks: [decode]}\n")
+    assert p.lookup("llm", "prefill").ranks == (0,) and p.lookup("llm", "decode").ranks == (1,)
+
+
+def test_tensor_parallel_group():
+    p = resolve("world_size: 2\nnode_groups:\n  - {nodes: [llm], ranks: [0, 1], tp_size: 2}\n"
+                "  - {nodes: [snac], ranks: [1]}\n")
+    assert p.lookup("llm", "decode").tp_size == 2 and p.lookup("llm", "decode").ranks == (0, 1)
+
+
+@pytest.mark.parametrize("text, needle, line", [
+    ("world_size: 2\nnode_groups:\n  - nodes: [llm, vocoder]\n    ranks: [0]\n  - {nodes: [snac], ranks: [1]}\n",
+     "node_groups[0].nodes[1]: unknown node 'vocoder'", 3),
+    ("world_size: 2\nnode_groups:\n  - nodes: [llm]\n    ranks: [0]\n  - nodes: [snac]\n    ranks: [2]\n",
+     "node_groups[1].ranks[0]: rank 2 is out of range (world_size 2)", 6),
+    ("world_size: 2\nnode_groups:\n  - nodes: [llm]\n    ranks: [0]\n    walks: [prefill, generate]\n"
+     "  - {nodes: [snac], ranks: [1]}\n", "node_groups[0].walks[1]: graph 'orpheus' has no walk 'generate'", 5),
+    ("world_size: 2\nnode_groups:\n  - nodes: [llm]\n    ranks: [0]\n    walks: [prefill]\n"
+     "  - {nodes: [snac], ranks: [1]}\n", "node 'llm' is placed nowhere for walk 'decode'", 2),
+    ("world_size: 1\nnode_groups:\n  - nodes: [llm]\n    ranks: [0]\n", "node 'snac'", 2),
+    ("world_size: 2\nnode_groups:\n  - nodes: [llm]\n    ranks: [0]\n    tp_size: 2\n", "tp_size 2 needs exactly", 5),
+    ("world_size: 2\nnode_groups:\n  - nodes: [llm, snac]\n    ranks: [0]\n  - nodes: [llm]\n    ranks: [1]\n",
+     "node 'llm' is already placed for every walk by node_groups[0]", 5),
+    ("world_size: two\nnode_groups: []\n", "world_size", 1),
+    ("world_size: 2\nnode_groups:\n  - nodes: [llm]\n    rank: [0]\n", "rank", 3),
+    ("world_size: 2\ndevices: {0: cpu, 1: gpu0}\nnode_groups:\n  - {nodes: [llm, snac], ranks: [0]}\n",
+     "devices[1]: device 'gpu0' is not 'cpu' or 'cuda:N'", 2),
+    ("world_size: 2\nnode_groups:\n  - nodes: [llm\n", "not valid YAML", None),
+])
+def test_errors_name_the_field_and_line(text, needle, line):
+    with pytest.raises(PlacementError) as err:
+        resolve(text)
+    message = str(err.value)
+    assert needle in message, message
+    if line is not None:
+        assert message.startswith(f"p.yaml:{line}:"), message
