@@ -6,6 +6,8 @@ ARGS ?=
 PYTEST_ARGS ?=
 # Loopback-only network namespace when we can make one (root): nothing leaves 127.0.0.1.
 NETNS := $(shell [ "$$(id -u)" = 0 ] && unshare -n true 2>/dev/null && echo yes)
+# ROS 2 DDS discovery stays on this host unless a user widens it explicitly.
+export ROS_AUTOMATIC_DISCOVERY_RANGE ?= LOCALHOST
 
 .PHONY: demo test install install-test clean
 
