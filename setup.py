@@ -41,7 +41,8 @@ setup(
         "ros": [],
         "webrtc": ["aiortc", "av"],
         "gpu": ["flashinfer-python==0.6.13", "flashinfer-cubin==0.6.13"],
-        "mooncake": ["mooncake-transfer-engine-non-cuda"],
+        # optional cross-host tensor transport (CPU build; needs Debian libibverbs1)
+        "mooncake": ["mooncake-transfer-engine-non-cuda==0.3.13.post1"],
         "bench": ["matplotlib>=3.7", "transformers>=5.0,<6", "snac==1.2.1"],
         "test": ["pytest>=8", "pytest-timeout>=2", "transformers>=5.0,<6", "snac==1.2.1", "matplotlib>=3.7"],
     },

@@ -16,7 +16,7 @@ system working end to end, not real speech."""
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from mstar_ros import bench_command, tts_command
+    from mstar_ros import bench_command, bench_transport_command, tts_command
 
     parser = argparse.ArgumentParser(prog="mstar-ros", description=DESCRIPTION,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -25,6 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     tts_command.add_parser(sub)
     bench_command.add_parser(sub)
+    bench_transport_command.add_parser(sub)  # `bench transport`, under bench
     return parser
 
 

@@ -1,0 +1,42 @@
+"""``mstar-ros bench transport``: tensor transports between two processes vs in-process memcpy."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def _bench_subparsers(sub: argparse._SubParsersAction) -> argparse._SubParsersAction:
+    # `bench` and its sub-commands are built in bench_command.py; we add ours to them.
+    bench = sub.choices["bench"]
+    return next(a for a in bench._actions if isinstance(a, argparse._SubParsersAction))
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """Adds ``transport`` under the ``bench`` command (call after bench_command.add_parser)."""
+    t = _bench_subparsers(sub).add_parser(
+        "transport", help="tensor transports (shm, tcp, mooncake, inline) between two processes vs memcpy",
+        description="Latency and bandwidth of moving a tensor between two real processes with each "
+                    "transport, against in-process memcpy measured in the same run. A peer process echoes "
+                    "tensors; handles travel over a plain TCP control socket on 127.0.0.1; one-way time is "
+                    "the round trip / 2 and includes the producer's export and the consumer's read. "
+                    "Writes every figure to JSON (under the top-level key \"transport\") and a PNG plot.")
+    t.add_argument("--json", type=Path, default=Path("bench-transport.json"), help="where to write the figures")
+    t.add_argument("--plot", type=Path, default=Path("bench-transport.png"), help="where to write the plot")
+    t.add_argument("--sizes", default="4K,16K,64K,256K,1M,4M,16M,64M",
+                   help="comma-separated tensor sizes, with K/M suffixes (binary; default 4K,16K,...,64M)")
+    t.add_argument("--transports", default="inline,shm,tcp,mooncake",
+                   help="comma-separated transports (default all; mooncake is skipped with a note when not installed)")
+    t.add_argument("--repeats", type=int, default=50, help="timed round trips per transport and size (default 50)")
+    t.add_argument("--orpheus-requests", type=int, default=16,
+                   help="also serve this many Orpheus requests at concurrency 8 in one process and with LLM and "
+                        "SNAC in two Worker processes (key orpheus_split); 0 skips it (default 16)")
+    t.add_argument("--orpheus-preset", default="bench", choices=["tiny", "bench"],
+                   help="Orpheus checkpoint for that comparison (default bench)")
+    t.set_defaults(run=_run_transport)
+
+
+def _run_transport(args: argparse.Namespace) -> int:
+    if args.repeats < 1:
+        raise ValueError("--repeats must be at least 1")
+    from mstar_ros.bench.transport import run_transport_bench
+    return run_transport_bench(args)
