@@ -15,9 +15,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from mstar.engine.ar_module import ARModule
-from mstar.engine.vocab_constraint import contiguous_runs
 from mstar.engine.attention.backend import AttentionContext
 from mstar.engine.kv_cache import KVSpec
+from mstar.parallel.group import TPGroup
+from mstar.parallel.layers import (ParallelLMHead, RowParallelLinear, VocabParallelEmbedding, check_divisible,
+                                   column_parallel, restricted_logits, vocab_slice)
 from mstar.weights import load_weights
 from mstar_graphs.orpheus.llama_config import LlamaConfig
 
@@ -162,12 +164,22 @@ class LlamaModel(nn.Module):
 
 class LlamaForCausalLM(ARModule):
     """Llama decoder + LM head. ``forward`` returns final-normed hidden states; logits come
-    from :meth:`compute_logits` so the engine computes them only for the rows it samples."""
+    from :meth:`compute_logits` so the engine computes them only for the rows it samples.
+
+    With ``tp`` (size > 1) the module is built and loaded whole, then :meth:`shard_for_tp`
+    (``from_pretrained_dir`` calls it) keeps this rank's heads, MLP features and vocabulary
+    slice; every rank then runs the same forward, with collectives inside.
+    """
 
     def __init__(self, config: LlamaConfig, *, dtype: torch.dtype = torch.float32,
-                 device: torch.device | str | None = None) -> None:
+                 device: torch.device | str | None = None, tp: TPGroup | None = None) -> None:
         super().__init__()
         self.config = config
+        self.tp = tp or TPGroup.single()
+        self.sharded = self.tp.size == 1
+        check_divisible(self.tp, num_attention_heads=config.num_attention_heads,
+                        num_key_value_heads=config.kv_heads, intermediate_size=config.intermediate_size,
+                        vocab_size=config.vocab_size)
         factory = {"dtype": dtype, "device": device}
         self.model = LlamaModel(config, **factory)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False, **factory)  # type: ignore[arg-type]
@@ -192,17 +204,41 @@ class LlamaForCausalLM(ARModule):
 
     @classmethod
     def from_pretrained_dir(cls, path: str | Path, dtype: torch.dtype = torch.float32,
-                            progress: bool = True) -> LlamaForCausalLM:
-        """Config + module + weights from an HF checkpoint directory, on CPU in ``dtype``."""
+                            progress: bool = True, tp: TPGroup | None = None) -> LlamaForCausalLM:
+        """Config + module + weights from an HF checkpoint directory, on CPU in ``dtype``;
+        with ``tp``, this rank's shard (the whole checkpoint is read, then sliced)."""
         config = LlamaConfig.from_dir(path)
         # Build on the meta device and materialise without random init: the 3B model's
         # default init alone would take longer than reading its weights.
-        module = cls(config, dtype=dtype, device="meta")
+        module = cls(config, dtype=dtype, device="meta", tp=tp)
         module.to_empty(device="cpu")
         module._tie()
         module._reset_rope("cpu")
         load_weights(module, path, dtype=dtype, progress=progress, desc=f"LLM {Path(path).name}")
-        return module.eval()
+        return module.shard_for_tp().eval()
+
+    def shard_for_tp(self) -> "LlamaForCausalLM":
+        """Slice the loaded full weights down to this rank's shard (once; before fusing)."""
+        if self.sharded:
+            return self
+        tp = self.tp
+        for layer in self.model.layers:  # heads and MLP features: column- then row-parallel
+            attn, mlp = layer.self_attn, layer.mlp
+            if hasattr(attn, "qkv_proj") or hasattr(mlp, "gate_up_proj"):
+                raise RuntimeError("shard_for_tp must run before fuse_projections")
+            attn.q_proj, attn.k_proj, attn.v_proj = (column_parallel(p, tp)
+                                                     for p in (attn.q_proj, attn.k_proj, attn.v_proj))
+            attn.o_proj = RowParallelLinear(attn.o_proj, tp)
+            attn.num_heads, attn.num_kv_heads = attn.num_heads // tp.size, attn.num_kv_heads // tp.size
+            mlp.gate_proj, mlp.up_proj = column_parallel(mlp.gate_proj, tp), column_parallel(mlp.up_proj, tp)
+            mlp.down_proj = RowParallelLinear(mlp.down_proj, tp)
+        size = self.config.vocab_size
+        embed, start = vocab_slice(self.model.embed_tokens.weight, tp)
+        self.model.embed_tokens = VocabParallelEmbedding(embed, start, size, tp)
+        head = embed if self.config.tie_word_embeddings else vocab_slice(self.lm_head.weight, tp)[0]
+        self.lm_head = ParallelLMHead(head, start, size, tp)
+        self.sharded = True
+        return self
 
     def fuse_projections(self) -> "LlamaForCausalLM":
         """For serving: fewer, wider matmuls per layer (q|k|v and gate|up). Loading by
@@ -216,7 +252,8 @@ class LlamaForCausalLM(ARModule):
 
     def kv_spec(self) -> KVSpec:
         c = self.config
-        return KVSpec(num_layers=c.num_hidden_layers, num_kv_heads=c.kv_heads, head_dim=c.dim_per_head)
+        kv_heads = c.kv_heads // self.tp.size  # this rank's heads: its paged KV holds only those
+        return KVSpec(num_layers=c.num_hidden_layers, num_kv_heads=kv_heads, head_dim=c.dim_per_head)
 
     @property
     def vocab_size(self) -> int:
@@ -247,13 +284,9 @@ class LlamaForCausalLM(ARModule):
         """hidden [B, H] -> logits [B, V], or [B, K] over just the vocabulary rows ``token_ids`` [K].
 
         Restricting first is what makes constrained decoding cheap: the real head is
-        156940 x 3072, while one Orpheus slot allows only 4096 (+1) tokens.
+        156940 x 3072, while one Orpheus slot allows only 4096 (+1) tokens. Under TP every
+        rank must call this with the same arguments (the head is vocabulary-parallel).
         """
-        weight = self.lm_head.weight
-        hidden = hidden.to(weight.dtype)
-        if token_ids is None:
-            return F.linear(hidden, weight)
-        runs = contiguous_runs(token_ids)
-        if runs is None:  # scattered ids: gather the rows
-            return F.linear(hidden, weight.index_select(0, token_ids.to(weight.device)))
-        return torch.cat([F.linear(hidden, weight[lo:hi]) for lo, hi in runs], dim=-1)
+        if isinstance(self.lm_head, ParallelLMHead):
+            return self.lm_head(hidden, token_ids)
+        return restricted_logits(hidden, self.lm_head.weight, token_ids)

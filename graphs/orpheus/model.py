@@ -10,6 +10,7 @@ import torch
 from mstar.conductor import Request
 from mstar.engine.device_loop import run_on_device
 from mstar.engine.sampling_params import SamplingParams
+from mstar.parallel.group import TPGroup
 from mstar_graphs.orpheus.checkpoints import OrpheusPaths, resolve_paths
 from mstar_graphs.orpheus.graph import orpheus_graph
 from mstar_graphs.orpheus.llama import LlamaForCausalLM
@@ -49,13 +50,15 @@ class OrpheusTTS:
 
     @classmethod
     def load(cls, weights: str | Path | None = None, snac_weights: str | Path | None = None, *,
-             preset: str = "tiny", constrain: bool = True, progress: bool = True, voice: str | None = "tara") -> "OrpheusTTS":
-        """Real weights from ``weights`` (and ``snac_weights``), else the generated tiny checkpoint."""
+             preset: str = "tiny", constrain: bool = True, progress: bool = True, voice: str | None = "tara",
+             tp: TPGroup | None = None) -> "OrpheusTTS":
+        """Real weights from ``weights`` (and ``snac_weights``), else the generated tiny checkpoint.
+        ``tp``: the LLM is this rank's tensor-parallel shard (rank 0 serves it with ``AREngine(tp=...)``)."""
         paths = resolve_paths(weights, snac_weights, preset)
         if paths.random_weights:
             log.warning("Orpheus weights in %s are RANDOM (generated for tests): the audio is noise", paths.llm.parent)
         # on the engines' thread: one thread runs parallel torch work (see mstar.engine.device_loop)
-        llm = run_on_device(OrpheusLLM.from_pretrained_dir, paths.llm, progress=progress)
+        llm = run_on_device(OrpheusLLM.from_pretrained_dir, paths.llm, progress=progress, tp=tp)
         run_on_device(llm.fuse_projections)
         llm.constrain = constrain
         snac = run_on_device(OrpheusSnacStage.from_pretrained_dir, paths.snac, progress=progress)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import time
+from typing import Callable
 
 import torch
 
@@ -11,10 +12,15 @@ from mstar.engine.attention.metadata import AttentionMetadata, MaskKind, SeqAtte
 from mstar.engine.block_manager import BlockManager
 from mstar.engine.scheduler import ScheduledSeq
 
+# (ids, positions, per-sequence attention, slot mapping on CPU) of a step, before its forward
+PlanHook = Callable[[list[int], list[int], list[SeqAttention], torch.Tensor], None]
+
 
 class ModelRunner:
-    def __init__(self, module: ARModule, backend: AttentionBackend, blocks: BlockManager, device: torch.device) -> None:
+    def __init__(self, module: ARModule, backend: AttentionBackend, blocks: BlockManager, device: torch.device,
+                 plan_hook: PlanHook | None = None) -> None:
         self.module = module
+        self.plan_hook = plan_hook  # tensor parallel: rank 0 sends the step to its followers
         self.backend = backend
         self.blocks = blocks
         self.device = device
@@ -40,7 +46,10 @@ class ModelRunner:
             positions.extend(range(first + item.start, first + item.end))
             slots.append(self.blocks.slot_mapping(seq.table, item.start, item.end))
             last_rows.append(len(ids) - 1)
-        meta = AttentionMetadata(seqs=seqs, slot_mapping=torch.cat(slots).to(self.device))
+        slot_mapping = torch.cat(slots)
+        if self.plan_hook is not None:
+            self.plan_hook(ids, positions, seqs, slot_mapping)
+        meta = AttentionMetadata(seqs=seqs, slot_mapping=slot_mapping.to(self.device))
         self.backend.plan(meta)
         input_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
         pos = torch.tensor(positions, dtype=torch.long, device=self.device)

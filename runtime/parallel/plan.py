@@ -1,0 +1,122 @@
+"""What the TP leader (rank 0's AREngine) tells its followers, and the leader side that sends it.
+
+Rank 0 alone schedules, manages blocks and samples. Before each collective-bearing call
+it broadcasts a plan so every follower makes the same call on its own shard:
+
+- ``Hello`` once, when the engine is built: KV pool size, dtypes, attention backend.
+- FORWARD per step: the KV block copies the scheduler made (copy-on-write), the packed
+  ids / positions, the attention metadata (per sequence + slot mapping).
+- LOGITS when the step samples: which hidden rows and which vocabulary subset.
+- SHUTDOWN when the engine closes: followers return from their loop.
+"""
+from __future__ import annotations
+
+import logging
+from enum import IntEnum
+
+import msgspec
+import torch
+
+from mstar.engine.attention.metadata import AttentionMetadata, MaskKind, SeqAttention
+from mstar.engine.vocab_constraint import contiguous_runs
+from mstar.parallel.group import TPGroup
+
+log = logging.getLogger("mstar.parallel")
+
+
+class PlanKind(IntEnum):
+    FORWARD = 1
+    LOGITS = 2
+    SHUTDOWN = 3
+
+
+class Hello(msgspec.Struct, array_like=True):
+    num_blocks: int
+    block_size: int
+    dtype: str
+    kv_dtype: str
+    attention_backend: str
+
+
+class SeqPlan(msgspec.Struct, array_like=True):
+    query_start: int
+    query_len: int
+    context_len: int
+    block_table: list[int]
+    first_position: int
+    mask: int
+    mask_arg: int
+
+
+class StepPlan(msgspec.Struct, array_like=True):
+    kind: int
+    copies: list[tuple[int, int]] = []
+    ids: list[int] = []
+    positions: list[int] = []
+    seqs: list[SeqPlan] = []
+    slots: list[int] = []
+    rows: list[int] = []
+    vocab: list[tuple[int, int]] | None = None  # [lo, hi) runs of the vocabulary subset; None: all
+
+
+def plan_metadata(plan: StepPlan, device: torch.device) -> AttentionMetadata:
+    seqs = [SeqAttention(s.query_start, s.query_len, s.context_len, s.block_table, s.first_position,
+                         MaskKind(s.mask), s.mask_arg) for s in plan.seqs]
+    return AttentionMetadata(seqs=seqs, slot_mapping=torch.tensor(plan.slots, dtype=torch.long, device=device))
+
+
+class _CopyRecorder:
+    """Stands in for the leader's PagedKVCache in the scheduler: applies block copies
+    and remembers them for the next FORWARD plan."""
+
+    def __init__(self, cache, pending: list[tuple[int, int]]) -> None:
+        self._cache, self._pending = cache, pending
+
+    def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
+        self._pending.extend(pairs)
+        self._cache.copy_blocks(pairs)
+
+    def __getattr__(self, name: str):
+        return getattr(self._cache, name)
+
+
+class TPLeader:
+    """Rank 0's side of the plan protocol (AREngine owns one when ``tp.size > 1``)."""
+
+    def __init__(self, tp: TPGroup) -> None:
+        if not tp.is_leader:
+            raise ValueError(f"the AR engine runs on tensor-parallel rank 0; rank {tp.rank} runs a TPFollower")
+        self.tp = tp
+        self.closed = False
+        self._copies: list[tuple[int, int]] = []
+
+    def track_copies(self, cache):
+        return _CopyRecorder(cache, self._copies)
+
+    def hello(self, hello: Hello) -> None:
+        self.tp.broadcast(hello, Hello)
+
+    def _send(self, plan: StepPlan) -> None:
+        if self.closed:
+            raise RuntimeError("the tensor-parallel group was shut down (engine closed)")
+        self.tp.broadcast(plan, StepPlan)
+
+    def forward_plan(self, ids: list[int], positions: list[int], seqs: list[SeqAttention],
+                     slot_mapping: torch.Tensor) -> None:
+        copies, self._copies[:] = list(self._copies), []
+        self._send(StepPlan(PlanKind.FORWARD, copies, ids, positions, [
+            SeqPlan(s.query_start, s.query_len, s.context_len, s.block_table, s.first_position, int(s.mask), s.mask_arg)
+            for s in seqs], slot_mapping.tolist()))
+
+    def logits_plan(self, rows: list[int], vocab: torch.Tensor | None) -> None:
+        runs = None if vocab is None else contiguous_runs(vocab, max_runs=max(1, vocab.numel()))
+        self._send(StepPlan(PlanKind.LOGITS, rows=list(rows), vocab=runs))
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        try:
+            self._send(StepPlan(PlanKind.SHUTDOWN))
+        except Exception:  # followers already gone: nothing left to tell them
+            log.warning("tensor parallel: could not send the shutdown plan", exc_info=True)
+        self.closed = True
