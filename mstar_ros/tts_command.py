@@ -34,6 +34,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, help="fixes sampling and SNAC noise, for reproducible audio")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], help="compute dtype (default: from --engine-config, else float32)")
     p.add_argument("--engine-config", type=Path, help="engine settings YAML (see config/engine.yaml)")
+    p.add_argument("--placement", type=Path,
+                   help="placement YAML (see config/placement/): run the nodes in Worker processes per rank "
+                        "instead of in this process")
     p.add_argument("--no-constrain", action="store_true",
                    help="let the LLM emit any token (default: only the valid SNAC slot's codes at each step)")
     p.set_defaults(run=run)
@@ -49,7 +52,13 @@ def run(args: argparse.Namespace) -> int:
     config = load_engine_config(args.engine_config) if args.engine_config else EngineConfig()
     if args.dtype:
         config = msgspec.structs.replace(config, dtype=args.dtype)
-    chunks, summary = asyncio.run(_speak(tts, request, config))
+    if args.placement:
+        from mstar_graphs.orpheus.components import orpheus_spec
+        spec = orpheus_spec(args.weights, args.snac_weights, preset="tiny", constrain=not args.no_constrain)
+        conductor = Conductor.distributed(spec, args.placement, config=config)
+    else:
+        conductor = Conductor(tts.graph(), tts.modules(), config=config)
+    chunks, summary = asyncio.run(_speak(conductor, request))
     audio = torch.cat(chunks) if chunks else torch.zeros(0)
     _write_wav(args.out, audio, SAMPLE_RATE)
     seconds = audio.numel() / SAMPLE_RATE
@@ -62,11 +71,11 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _speak(tts, request, config: EngineConfig) -> tuple[list[torch.Tensor], dict]:
+async def _speak(conductor: Conductor, request) -> tuple[list[torch.Tensor], dict]:
     chunks: list[torch.Tensor] = []
     tokens = 0
     ttfa = None
-    async with Conductor(tts.graph(), tts.modules(), config=config) as conductor:
+    async with conductor:
         start = time.perf_counter()
         with tqdm(desc="audio", unit="s", unit_scale=False, bar_format="{desc}: {n:.2f} s [{elapsed}]") as bar:
             async for out in conductor.submit(request):

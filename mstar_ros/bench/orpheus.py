@@ -29,14 +29,17 @@ SAMPLE_RATE = 24_000
 OURS_DTYPE = "bfloat16"  # bf16 matmuls are ~4x fp32 on these CPUs; attention still runs in fp32
 
 
-async def _ours(tts, jobs: list[TTSJob], concurrency: int, config: EngineConfig) -> tuple[list[JobResult], dict]:
-    async with Conductor(tts.graph(), tts.modules(), config=config) as conductor:
+async def _ours(tts, jobs: list[TTSJob], concurrency: int, config: EngineConfig,
+                conductor: Conductor | None = None, label: str = "ours") -> tuple[list[JobResult], dict]:
+    """Serves ``jobs`` through ``conductor`` (default: embedded, one process)."""
+    conductor = conductor or Conductor(tts.graph(), tts.modules(), config=config)
+    async with conductor:
         warm = conductor.submit(tts.request("Warm up.", sampling=SamplingParams(max_tokens=35, seed=0)))
         await warm.collect()
         gate = asyncio.Semaphore(concurrency)
         t0 = time.perf_counter()
         results: list[JobResult] = []
-        bar = tqdm(total=len(jobs), desc=f"ours   c={concurrency:<2}", unit="req", leave=False)
+        bar = tqdm(total=len(jobs), desc=f"{label:<6} c={concurrency:<2}", unit="req", leave=False)
 
         async def one(job: TTSJob) -> None:
             await asyncio.sleep(max(0.0, job.arrival - (time.perf_counter() - t0)))
@@ -53,6 +56,7 @@ async def _ours(tts, jobs: list[TTSJob], concurrency: int, config: EngineConfig)
 
         await asyncio.gather(*(one(j) for j in jobs))
         bar.close()
+        await conductor.refresh()
         stats = conductor.stats()
     return results, stats
 

@@ -11,6 +11,7 @@ import asyncio
 import itertools
 import logging
 import secrets
+from pathlib import Path
 from typing import Callable, Mapping
 
 import torch
@@ -25,7 +26,12 @@ from mstar.graph.edges import GRAPH_INPUT, GRAPH_OUTPUT
 from mstar.graph.model_graph import ModelGraph
 from mstar.graph.node import NodeSubmodule
 from mstar.transport.inprocess import InProcessTensorStore
-from mstar.worker.messages import CloseSession, ExecuteNode, NodeOutput, ReleaseRequest
+from mstar.conductor.routing import Router
+from mstar.conductor.worker_pool import WorkerPool
+from mstar.placement.resolve import ResolvedPlacement, load_placement
+from mstar.worker.messages import CloseSession, ExecuteNode, ExportKV, KVExported, NodeOutput, ReleaseRequest
+from mstar.worker.model_spec import build_model
+from mstar.worker.protocol import ModelSpec
 from mstar.worker.worker import Worker
 
 log = logging.getLogger("mstar.conductor")
@@ -36,28 +42,76 @@ class NodeError(RuntimeError):
 
 
 class Conductor:
-    def __init__(self, graph: ModelGraph, modules: Mapping[str, NodeSubmodule], *,
-                 config: EngineConfig | None = None, device: str | torch.device = "cpu") -> None:
+    """Embedded (``Conductor(graph, modules)``: one in-process Worker) or distributed
+    (``Conductor.distributed(spec, placement)``: one Worker process per rank)."""
+
+    def __init__(self, graph: ModelGraph, modules: Mapping[str, NodeSubmodule] | None = None, *,
+                 config: EngineConfig | None = None, device: str | torch.device = "cpu",
+                 pool: WorkerPool | None = None) -> None:
         self.graph = graph
-        self.store = InProcessTensorStore()
-        # built on the device thread: dtype casts and KV allocation are heavy torch work
-        self.workers = [run_on_device(Worker, graph, modules, self.store, config, device)]
-        self._route = {node: w for w in self.workers for node in w.nodes}
-        missing = [n.name for n in graph.nodes if n.name not in self._route]
-        if missing:
-            raise ValueError(f"nodes {missing} are placed on no worker")
+        self.pool = pool
+        if pool is None:
+            if modules is None:
+                raise ValueError("an embedded Conductor needs the graph's modules")
+            self.store = InProcessTensorStore()
+            # built on the device thread: dtype casts and KV allocation are heavy torch work
+            worker = run_on_device(Worker, graph, modules, self.store, config, device)
+            self._local: dict[int, Worker] = {0: worker}
+            missing = [n.name for n in graph.nodes if n.name not in worker.nodes]
+            if missing:
+                raise ValueError(f"nodes {missing} are placed on no worker")
+            self.router = Router(graph, None)
+        else:
+            from mstar.transport.exchange import TensorExchange
+            self.store = TensorExchange("conductor")  # reads the inline values Workers send back
+            self._local = {}
+            self.router = Router(graph, pool.placement, hosts=self)
         self.executor = WalkExecutor(graph, self._dispatch, itertools.count().__next__)
+        self._call_ids = itertools.count(1 << 40)  # KV hand-over calls, apart from the executor's ids
+        self._kv_home: dict[tuple[str, str], int] = {}  # (KV owner, node) -> rank that holds its KV
         self._tasks: dict[str, asyncio.Task] = {}
         self._submissions = itertools.count()
         self._states: dict[str, RequestState] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self.started = False
 
+    @classmethod
+    def distributed(cls, spec: ModelSpec, placement: str | Path | ResolvedPlacement, *,
+                    config: EngineConfig | None = None, **pool_options) -> "Conductor":
+        """Workers in their own processes per the placement file (started here unless ``launch=False``)."""
+        graph, _ = build_model(spec, set())
+        resolved = placement if isinstance(placement, ResolvedPlacement) else load_placement(str(placement), graph)
+        pool = WorkerPool(spec, resolved, config or EngineConfig(), **pool_options)
+        return cls(graph, config=config, pool=pool)
+
+    @property
+    def workers(self) -> list:
+        return list(self._local.values()) if self.pool is None else list(self.pool.workers.values())
+
+    def host_of(self, rank: int) -> str:
+        assert self.pool is not None
+        worker = self.pool.workers.get(rank)
+        return worker.host if worker is not None else "localhost"
+
+    async def _worker(self, rank: int):
+        if self.pool is None:
+            return self._local[rank]
+        worker = self.pool.workers.get(rank)
+        if worker is not None and worker.alive:
+            return worker
+        return await self.pool.wait_ready(rank, self.pool.setup_timeout)  # it is being restarted
+
     # -- lifecycle -------------------------------------------------------------------
     async def start(self) -> "Conductor":
         self._loop = asyncio.get_running_loop()
         self._replies = ReplyInbox(self._loop)
-        for worker in self.workers:
+        if self.pool is not None:
+            try:
+                await self.pool.start()
+            except BaseException:
+                await self.pool.stop()  # no Worker outlives a failed start
+                raise
+        for worker in self._local.values():
             worker.start()
         self.started = True
         return self
@@ -68,8 +122,12 @@ class Conductor:
                 if request_id in self._tasks:  # it may have ended while we cancelled another
                     await self.cancel(request_id)
         finally:
-            for worker in self.workers:
+            for worker in self._local.values():
                 worker.stop()
+            if self.pool is not None:
+                await self.pool.stop()
+            if hasattr(self.store, "close"):
+                self.store.close()
             self.started = False
 
     async def __aenter__(self) -> "Conductor":
@@ -101,6 +159,8 @@ class Conductor:
             if not isinstance(tensor, torch.Tensor):
                 raise TypeError(f"request {request.request_id}: input {name!r} must be a tensor, got {type(tensor).__name__}")
             handle = self.store.put(tensor, owner=rs.wire_id)
+            if self.pool is not None:  # Workers in other processes read it from the message itself
+                handle = self.store.export(handle, "inline")
             for edge in self.graph.edges_from(GRAPH_INPUT, name):
                 if edge.target.node == GRAPH_OUTPUT:
                     continue
@@ -133,6 +193,8 @@ class Conductor:
                 rs.main_task.cancel()
         for worker in self.workers:
             worker.handle(CloseSession(session_id))
+        for key in [k for k in self._kv_home if k[0] == session_id]:
+            del self._kv_home[key]
 
     @property
     def in_flight(self) -> int:
@@ -176,6 +238,8 @@ class Conductor:
             task.cancel()
         for worker in self.workers:
             worker.handle(ReleaseRequest(rs.wire_id))
+        for key in [k for k in self._kv_home if k[0] == rs.wire_id]:
+            del self._kv_home[key]
         self.store.free_owner(rs.wire_id)
         self._tasks.pop(rid, None)
 
@@ -186,13 +250,21 @@ class Conductor:
         Outputs are handled in the event loop's reply drain itself (no queue, no coroutine
         switch per token); this coroutine only waits for the end of the call."""
         assert self._loop is not None
+        rs = self._states.get(msg.request_id.rpartition("#")[0])
+        walk = rs.current_walk if rs is not None else None
+        rank = self.router.rank_for(msg.node, walk)
+        worker = await self._worker(rank)
+        if self.router.distributed:
+            msg.exports = self.router.exports(msg.node, rank, rs.request.outputs if rs is not None else None)
+            if self.graph.node(msg.node).engine == "ar":
+                await self._move_kv(msg, rank)
         done: asyncio.Future = self._loop.create_future()
 
         def deliver(out: NodeOutput) -> None:
             if done.done():  # the request was cancelled or already failed
                 return
             if out.error is not None:
-                done.set_exception(RequestError(msg.request_id.partition("#")[0], out.error))
+                done.set_exception(RequestError(msg.request_id.rpartition("#")[0], out.error))
                 return
             try:
                 on_output(out)
@@ -203,21 +275,51 @@ class Conductor:
                 done.set_result(None)
 
         replies = self._replies
-        self._route[msg.node].execute(msg, lambda out: replies.push(deliver, out))
+        worker.execute(msg, lambda out: replies.push(deliver, out))
         await done
+
+    async def _move_kv(self, msg: ExecuteNode, rank: int) -> None:
+        """The node's KV for this request lives on another rank (prefill there, decode here): move it."""
+        owner = msg.session_id or msg.request_id
+        home = self._kv_home.get((owner, msg.node))
+        self._kv_home[(owner, msg.node)] = rank
+        if home is None or home == rank:
+            return
+        source = await self._worker(home)
+        assert self._loop is not None
+        moved: asyncio.Future = self._loop.create_future()
+        export = ExportKV(next(self._call_ids), msg.request_id, owner, msg.node, self.router.kv_transport(home, rank))
+        source.export_kv(export, lambda out: self._loop.call_soon_threadsafe(  # type: ignore[union-attr]
+            lambda: moved.done() or moved.set_result(out)))
+        result: KVExported = await moved
+        if result.error is not None or result.state is None:
+            raise RequestError(msg.request_id.rpartition("#")[0],
+                               f"moving the KV of node {msg.node!r} from rank {home} to rank {rank} failed: {result.error}")
+        msg.kv_import = result.state
 
     # -- introspection (tests, /diagnostics) --------------------------------------------
     def stats(self) -> dict[str, object]:
-        return {"in_flight": self.in_flight, "tensors_held": len(self.store),
+        return {"in_flight": self.in_flight, "tensors_held": self._tensors_held(),
                 "workers": [w.stats() for w in self.workers]}
+
+    def _tensors_held(self) -> int:
+        return len(self.store) + sum(w.tensors_held() for w in self.workers if hasattr(w, "tensors_held"))
 
     def kv_blocks_used(self) -> int:
         return sum(w.kv_blocks_used() for w in self.workers)
 
+    async def refresh(self) -> None:
+        """Fetches the Worker processes' counters (stats(), kv_blocks_used() read the last ones)."""
+        if self.pool is not None:
+            await asyncio.gather(*(w.refresh_stats() for w in self.workers if w.death is None))
+
     async def wait_idle(self, timeout: float = 5.0) -> None:
         """Waits until no request is in flight and the engines have processed their releases."""
         deadline = asyncio.get_running_loop().time() + timeout
-        while self._tasks or self.kv_blocks_used() > 0 or len(self.store) > 0:
+        while True:
+            await self.refresh()
+            if not self._tasks and self.kv_blocks_used() == 0 and self._tensors_held() == 0:
+                return
             if asyncio.get_running_loop().time() > deadline:
                 raise TimeoutError(f"not idle after {timeout}s: {self.stats()}")
             await asyncio.sleep(0.01)

@@ -18,15 +18,19 @@ from mstar.engine.ar_module import ARModule
 from mstar.engine.attention.select import select_attention_backend
 from mstar.engine.block_manager import BlockManager, BlockTable
 from mstar.engine.config import EngineConfig
+from mstar.engine.device_loop import run_on_device
 from mstar.engine.engine_inbox import EngineInbox, Reply
 from mstar.engine.kv_cache import PagedKVCache
+from mstar.engine.kv_migration import gather_kv, restore_sequence, sequence_state
 from mstar.engine.model_runner import ModelRunner
 from mstar.engine.sampler import Sampler
 from mstar.engine.scheduler import ScheduledSeq, Scheduler
 from mstar.engine.sequence import ActiveCall, Sequence, SeqStatus
 from mstar.engine.vocab_constraint import mask_rows, union_vocab
+from mstar.parallel.group import TPGroup
+from mstar.parallel.plan import Hello, TPLeader
 from mstar.transport.inprocess import InProcessTensorStore
-from mstar.worker.messages import ExecuteNode, NodeOutput
+from mstar.worker.messages import ExecuteNode, ExportKV, KVExported, NodeOutput
 
 log = logging.getLogger("mstar.engine.ar")
 
@@ -44,7 +48,10 @@ def _kv_blocks(module: ARModule, config: EngineConfig, kv_dtype: torch.dtype) ->
 
 class AREngine(EngineInbox):
     def __init__(self, module: ARModule, views: list[str], store: InProcessTensorStore,
-                 config: EngineConfig | None = None, device: str | torch.device = "cpu", name: str = "ar") -> None:
+                 config: EngineConfig | None = None, device: str | torch.device = "cpu", name: str = "ar",
+                 tp: TPGroup | None = None) -> None:
+        """``tp``: this engine is rank 0 of a tensor-parallel group whose other ranks run
+        ``mstar.parallel.TPFollower``; ``module`` is rank 0's shard. Blocks until they follow."""
         super().__init__()
         self.config = config or EngineConfig()
         self.name = name
@@ -58,9 +65,16 @@ class AREngine(EngineInbox):
         self.cache = PagedKVCache(module.kv_spec(), num_blocks, self.config.block_size, kv_dtype, self.device)
         self.blocks = BlockManager(num_blocks, self.config.block_size)
         self.backend = select_attention_backend(self.cache, self.config.attention_backend)
-        self.scheduler = Scheduler(self.blocks, self.cache, self.config)
-        self.runner = ModelRunner(self.module, self.backend, self.blocks, self.device)
+        self.tp_leader = TPLeader(tp) if tp is not None and tp.size > 1 else None
+        leader = self.tp_leader
+        self.scheduler = Scheduler(self.blocks, leader.track_copies(self.cache) if leader else self.cache, self.config)
+        self.runner = ModelRunner(self.module, self.backend, self.blocks, self.device,
+                                  plan_hook=leader.forward_plan if leader else None)
+        if leader is not None:  # followers size their KV pools and pick dtypes from this
+            leader.hello(Hello(num_blocks, self.config.block_size, str(dtype).removeprefix("torch."),
+                               str(kv_dtype).removeprefix("torch."), self.backend.name))
         self.sampler = Sampler()
+        self.on_fatal = None  # called when the engine cannot go on (a tensor-parallel group broke)
         self.steps = 0
         self.tokens_computed = 0
         self.busy_seconds = 0.0  # time inside model steps (to tell compute from overhead)
@@ -69,6 +83,20 @@ class AREngine(EngineInbox):
 
     def close_session(self, session_id: str) -> None:
         self._post("close_session", session_id)
+
+    def close(self) -> None:
+        """Ends the engine's tensor-parallel followers (no-op without TP); the engine cannot
+        step afterwards. Call once its device loop stopped (``stop()`` does)."""
+        if self.tp_leader is not None and not self.tp_leader.closed:
+            run_on_device(self.tp_leader.close)
+
+    def stop(self) -> None:
+        super().stop()
+        self.close()
+
+    def export_kv(self, msg: ExportKV, reply) -> None:
+        """Hands a sequence to another Worker: replies KVExported and forgets the sequence."""
+        self._post("export_kv", msg, reply)
 
     def stats(self) -> dict[str, int]:
         return {"kv_blocks_total": self.blocks.num_blocks, "kv_blocks_used": self.blocks.num_used_blocks,
@@ -91,6 +119,8 @@ class AREngine(EngineInbox):
                 self._on_call(arg, reply)
             elif kind == "release":
                 self._on_release(arg)
+            elif kind == "export_kv":
+                self._on_export_kv(arg, reply)
             elif kind == "close_session":
                 for seq in [s for s in self.scheduler.seqs.values() if s.owner == arg]:
                     self._fail_call(seq, f"session {arg!r} was closed")
@@ -99,6 +129,8 @@ class AREngine(EngineInbox):
             log.exception("%s engine: %s failed", self.name, kind)
             if kind == "call" and reply is not None:
                 reply(NodeOutput(arg.call_id, arg.request_id, 0, final=True, error=f"{type(exc).__name__}: {exc}"))
+            elif kind == "export_kv" and reply is not None:
+                reply(KVExported(arg.call_id, arg.request_id, error=f"{type(exc).__name__}: {exc}"))
 
     def _on_call(self, msg: ExecuteNode, reply: Reply) -> None:
         def fail(text: str) -> None:
@@ -110,6 +142,8 @@ class AREngine(EngineInbox):
         seq = self.scheduler.seqs.get((owner, msg.node))
         if seq is not None and seq.call is not None:
             return fail(f"node {msg.node!r} already has a call in flight for {owner!r}")
+        if seq is None and msg.kv_import is not None:
+            seq = self._import_sequence(msg)
         ref = msg.inputs.get("input_ids")
         ids = [] if ref is None else self.store.resolve(ref).reshape(-1).tolist()
         vocab = self.module.vocab_size
@@ -163,6 +197,34 @@ class AREngine(EngineInbox):
         self.scheduler.seqs[seq.key] = seq
         return seq
 
+    def _import_sequence(self, msg: ExecuteNode) -> Sequence:
+        state = msg.kv_import
+        assert state is not None
+        kv = self.store.get(state.kv) if state.kv is not None else None
+        seq = restore_sequence(state, kv, msg.request_id, self.blocks, self.cache)
+        self.scheduler.seqs[seq.key] = seq
+        return seq
+
+    def _on_export_kv(self, msg: ExportKV, reply) -> None:
+        seq = self.scheduler.seqs.get((msg.owner, msg.node))
+        if seq is None:
+            return reply(KVExported(msg.call_id, msg.request_id, error=f"engine {self.name!r} holds no sequence "
+                                                                      f"of node {msg.node!r} for {msg.owner!r}"))
+        if seq.call is not None:
+            return reply(KVExported(msg.call_id, msg.request_id, error=f"node {msg.node!r} of {msg.owner!r} is still running"))
+        if self.tp_leader is not None:  # the other ranks' KV heads would stay behind
+            return reply(KVExported(msg.call_id, msg.request_id, error=f"node {msg.node!r} is tensor-parallel: "
+                                                                      f"moving its KV between Workers is not supported"))
+        kv = gather_kv(seq, self.blocks, self.cache)
+        handle = None
+        if kv is not None:
+            handle = self.store.put(kv, owner=msg.request_id)
+            if msg.transport != "inproc":
+                handle = self.store.export(handle, msg.transport)  # type: ignore[attr-defined]
+        state = sequence_state(seq, handle)
+        self.scheduler.drop(seq)
+        reply(KVExported(msg.call_id, msg.request_id, state=state))
+
     def _on_release(self, request_id: str) -> None:
         self.store.free_owner(request_id)  # outputs made after the Conductor let go of the request
         for seq in list(self.scheduler.seqs.values()):
@@ -198,14 +260,20 @@ class AREngine(EngineInbox):
                 self._finish_step(batch, hidden, last_rows)
         except Exception as exc:
             log.exception("%s engine step failed", self.name)
+            text = f"engine step failed: {type(exc).__name__}: {exc}"
+            if self.tp_leader is not None:  # the ranks are out of step now: the group must restart
+                text = (f"tensor-parallel step failed (a rank of the group is gone or failed): "
+                        f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}")
             for item in batch:  # calls in flight fail; every sequence keeps its tokens and is recomputed
                 seq = item.seq
                 if seq.call is not None:
                     del seq.token_ids[seq.call.context_before:]
-                    self._fail_call(seq, f"engine step failed: {type(exc).__name__}: {exc}")
+                    self._fail_call(seq, text)
                 seq.status = SeqStatus.IDLE
                 self.scheduler.preempt(seq)
                 seq.status = SeqStatus.IDLE
+            if self.tp_leader is not None and self.on_fatal is not None:
+                self.on_fatal(text)
         self.busy_seconds += time.perf_counter() - started
         self.steps += 1
         self.tokens_computed += sum(item.num_tokens for item in batch)
@@ -227,6 +295,8 @@ class AREngine(EngineInbox):
             return
         ranges = [self.module.allowed_token_ranges(s.num_generated) for s in sample_seqs]
         vocab = union_vocab(ranges, hidden.device)
+        if self.tp_leader is not None:  # followers take part in the sharded LM head
+            self.tp_leader.logits_plan(rows, vocab)
         logits = self.module.compute_logits(hidden[rows], vocab).float()
         mask_rows(logits, vocab, ranges)
         tokens = self.sampler.sample(logits, vocab, [s.call.msg.sampling for s in sample_seqs],

@@ -24,6 +24,7 @@ class ResolvedPlacement:
         for i, group in enumerate(file.placement.node_groups):
             self._add(i, group)
         self._check_every_used_node_is_placed()
+        self._check_transport_edges()
 
     def _add(self, i: int, group: NodeGroup) -> None:
         for j, node in enumerate(group.nodes):
@@ -54,9 +55,30 @@ class ResolvedPlacement:
                     self.lookup(node, w) for w in self.graph.walks):
                 raise self.file.error(("node_groups",), f"node {node!r} (fed by streaming edge {edge}) is placed nowhere")
 
+    def _check_transport_edges(self) -> None:
+        for endpoint in self.file.placement.transport.edges:
+            node, _, port = endpoint.partition(".")
+            gnode = self.graph.node_by_name.get(node)
+            if gnode is None or port not in gnode.outputs:
+                raise self.file.error(("transport", "edges", endpoint),
+                                      f"{endpoint!r} is not an output of a node of graph {self.graph.name!r}")
+
+    def transport_for(self, endpoint: str) -> str:
+        """The transport the file asks for values of ``endpoint`` ("auto" when it does not say)."""
+        choice = self.file.placement.transport
+        return choice.edges.get(endpoint, choice.default)
+
     def lookup(self, node: str, walk: str | None) -> NodePlacement | None:
         """Where ``node`` runs during ``walk`` (a walk-scoped group wins over an unscoped one)."""
         return self._table.get((node, walk)) or self._table.get((node, None))
+
+    def items(self) -> list[tuple[tuple[str, str | None], NodePlacement]]:
+        """((node, walk or None), placement) for every placed pair."""
+        return list(self._table.items())
+
+    def placements_of(self, node: str) -> list[NodePlacement]:
+        """Every placement of ``node`` (over all Walks): where its KV or outputs may be needed."""
+        return [p for (n, _), p in self._table.items() if n == node]
 
     def ranks_used(self) -> list[int]:
         return sorted({r for p in self._table.values() for r in p.ranks})

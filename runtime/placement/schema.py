@@ -12,6 +12,9 @@
       - nodes: [snac]
         ranks: [1]
         tp_size: 1                   # optional; ranks must number tp_size
+    transport:                       # optional; how tensors cross between Workers
+      default: auto                  # auto: shm on one host, tcp across hosts
+      edges: {llm.token: tcp}        # per producing endpoint
 
 Parsed with a msgspec schema; every error names the field and the line of the file.
 """
@@ -25,6 +28,7 @@ import msgspec
 import yaml
 
 DEVICE = re.compile(r"^(cpu|cuda:\d+)$")
+TRANSPORTS = ("auto", "shm", "tcp", "mooncake")
 
 
 class PlacementError(ValueError):
@@ -38,10 +42,16 @@ class NodeGroup(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     tp_size: int = 1
 
 
+class TransportChoice(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    default: str = "auto"
+    edges: dict[str, str] = {}  # "node.port" -> transport, for the values that endpoint produces
+
+
 class Placement(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     world_size: int
     node_groups: list[NodeGroup]
     devices: dict[int, str] = {}
+    transport: TransportChoice = TransportChoice()
 
     def device_of(self, rank: int) -> str:
         return self.devices.get(rank, "cpu")
@@ -150,6 +160,13 @@ class PlacementFile:
             for j, rank in enumerate(group.ranks):
                 if not 0 <= rank < p.world_size:
                     raise self.error(("node_groups", i, "ranks", j), f"rank {rank} is out of range (world_size {p.world_size})")
+            if len(set(group.ranks)) != len(group.ranks):
+                raise self.error(("node_groups", i, "ranks"), f"names a rank twice: {group.ranks}")
             if group.tp_size < 1 or len(group.ranks) != group.tp_size:
                 raise self.error(("node_groups", i, "tp_size"),
                                  f"tp_size {group.tp_size} needs exactly that many ranks, got {group.ranks}")
+        if p.transport.default not in TRANSPORTS:
+            raise self.error(("transport", "default"), f"unknown transport {p.transport.default!r} (one of {list(TRANSPORTS)})")
+        for endpoint, kind in p.transport.edges.items():
+            if kind not in TRANSPORTS:
+                raise self.error(("transport", "edges", endpoint), f"unknown transport {kind!r} (one of {list(TRANSPORTS)})")

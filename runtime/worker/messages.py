@@ -9,12 +9,22 @@ from mstar.engine.sampling_params import SamplingParams
 
 
 class TensorHandle(msgspec.Struct, frozen=True):
-    """Names a tensor held by a transport; ``location`` says which (``inproc`` for the embedded store)."""
+    """Names a tensor and says where a reader finds its bytes.
+
+    ``location``: ``inproc`` (the store of the process that made it; ``key`` is unique
+    across processes), ``shm:<segment>`` (bytes at ``offset`` in a shared-memory segment),
+    ``tcp:<host>:<port>`` (ask that tensor server for ``key``), ``mooncake:<session>``
+    (bytes at ``offset`` in that transfer engine's registered buffer). A handle with
+    ``data`` carries its bytes inline (small tensors the Conductor reads).
+    """
 
     key: str
     shape: tuple[int, ...]
     dtype: str
     location: str = "inproc"
+    offset: int = 0
+    nbytes: int = 0
+    data: bytes | None = None
 
 
 # A node input: one tensor, or a list of stream items stacked on the consumer side.
@@ -28,7 +38,32 @@ class LoopSpec(msgspec.Struct, frozen=True):
     stop_values: tuple[int, ...] = ()
 
 
-class ExecuteNode(msgspec.Struct):
+class KVState(msgspec.Struct, frozen=True):
+    """One AR sequence moved between Workers (prefill on one rank, decode on another).
+
+    ``kv`` holds the computed tokens' K and V, [layers, 2, num_computed, kv_heads, head_dim];
+    without it (the sequence had been preempted) the receiver recomputes the tokens.
+    """
+
+    owner: str
+    node: str
+    token_ids: list[int]
+    history: list[int]
+    num_computed: int
+    num_generated: int
+    first_position: int
+    generator_state: bytes
+    kv: TensorHandle | None = None
+    mask: int = 0
+    mask_arg: int = 0
+    kv_window: int | None = None
+
+
+class ExecuteNode(msgspec.Struct, tag=True):
+    """Run ``node`` for a request. ``exports`` names, per output port, how to make the
+    value readable elsewhere (``inline`` for the Conductor, ``shm``/``tcp``/``mooncake``
+    for another Worker); ``kv_import`` seeds the node's KV moved from another Worker."""
+
     call_id: int
     request_id: str
     node: str
@@ -43,9 +78,11 @@ class ExecuteNode(msgspec.Struct):
     kv_window: int | None = None
     kv_from: str | None = None
     meta: dict[str, int] = {}
+    exports: dict[str, str] = {}
+    kv_import: KVState | None = None
 
 
-class NodeOutput(msgspec.Struct):
+class NodeOutput(msgspec.Struct, tag=True):
     """One iteration's outputs of a call; the call's last message has ``final=True``."""
 
     call_id: int
@@ -57,9 +94,26 @@ class NodeOutput(msgspec.Struct):
     error: str | None = None
 
 
-class ReleaseRequest(msgspec.Struct):
+class ReleaseRequest(msgspec.Struct, tag=True):
     request_id: str
 
 
-class CloseSession(msgspec.Struct):
+class CloseSession(msgspec.Struct, tag=True):
     session_id: str
+
+
+class ExportKV(msgspec.Struct, tag=True):
+    """Hand the (owner, node) sequence's KV to another Worker: reply KVExported, then forget it."""
+
+    call_id: int
+    request_id: str
+    owner: str
+    node: str
+    transport: str = "inproc"
+
+
+class KVExported(msgspec.Struct, tag=True):
+    call_id: int
+    request_id: str
+    state: KVState | None = None
+    error: str | None = None

@@ -19,7 +19,7 @@ from mstar.engine.stateless_engine import StatelessEngine
 from mstar.graph.model_graph import ModelGraph
 from mstar.graph.node import NodeSubmodule
 from mstar.transport.inprocess import InProcessTensorStore
-from mstar.worker.messages import CloseSession, ExecuteNode, NodeOutput, ReleaseRequest
+from mstar.worker.messages import CloseSession, ExecuteNode, ExportKV, KVExported, NodeOutput, ReleaseRequest
 
 log = logging.getLogger("mstar.worker")
 
@@ -27,7 +27,8 @@ log = logging.getLogger("mstar.worker")
 class Worker:
     def __init__(self, graph: ModelGraph, modules: Mapping[str, NodeSubmodule], store: InProcessTensorStore,
                  config: EngineConfig | None = None, device: str | torch.device = "cpu",
-                 nodes: list[str] | None = None, rank: int = 0) -> None:
+                 nodes: list[str] | None = None, rank: int = 0, tp=None) -> None:
+        """``tp``: a TPGroup whose rank 0 this Worker is; its AR engines shard over it."""
         self.rank = rank
         self.store = store
         self.config = config or EngineConfig()
@@ -45,7 +46,7 @@ class Worker:
             if graph.node(views[0]).engine == "ar":
                 if not isinstance(module, ARModule):
                     raise TypeError(f"module {module_name!r} backs AR nodes {views} but is not an ARModule")
-                engine = AREngine(module, views, store, self.config, device, name=f"ar:{module_name}")
+                engine = AREngine(module, views, store, self.config, device, name=f"ar:{module_name}", tp=tp)
                 self.ar_engines[module_name] = engine
                 for view in views:
                     self._engine_of[view] = engine
@@ -75,13 +76,39 @@ class Worker:
     def stop(self) -> None:
         if self._loop is not None:
             self._loop.stop()
+        for engine in self.ar_engines.values():
+            engine.close()  # ends tensor-parallel followers (no-op otherwise)
 
     def execute(self, msg: ExecuteNode, reply: Callable[[NodeOutput], None]) -> None:
         engine = self._engine_of.get(msg.node)
         if engine is None:
             reply(NodeOutput(msg.call_id, msg.request_id, 0, final=True, error=f"worker {self.rank} does not host node {msg.node!r}"))
             return
+        if msg.exports:
+            reply = self._exporting(msg.exports, reply)
         engine.submit(msg, reply)
+
+    def _exporting(self, exports: dict[str, str], reply: Callable[[NodeOutput], None]) -> Callable[[NodeOutput], None]:
+        """Makes the call's outputs readable where they go (inline for the Conductor, a
+        transport for another Worker) before the reply leaves this process."""
+        def send(out: NodeOutput) -> None:
+            if out.outputs:
+                try:
+                    out.outputs = {port: self.store.export(h, exports[port]) if port in exports else h  # type: ignore[attr-defined]
+                                   for port, h in out.outputs.items()}
+                except Exception as exc:  # a full arena or a dead peer must not lose the call silently
+                    log.exception("worker %d: export failed", self.rank)
+                    out = NodeOutput(out.call_id, out.request_id, out.iteration, final=True,
+                                     error=f"worker {self.rank}: exporting outputs failed: {type(exc).__name__}: {exc}")
+            reply(out)
+        return send
+
+    def export_kv(self, msg: ExportKV, reply: Callable[[KVExported], None]) -> None:
+        engine = self._engine_of.get(msg.node)
+        if not isinstance(engine, AREngine):
+            reply(KVExported(msg.call_id, msg.request_id, error=f"worker {self.rank} has no AR engine for node {msg.node!r}"))
+            return
+        engine.export_kv(msg, reply)
 
     def handle(self, msg: ReleaseRequest | CloseSession) -> None:
         if isinstance(msg, ReleaseRequest):

@@ -53,6 +53,14 @@ def test_tensor_parallel_group():
     ("world_size: 2\ndevices: {0: cpu, 1: gpu0}\nnode_groups:\n  - {nodes: [llm, snac], ranks: [0]}\n",
      "devices[1]: device 'gpu0' is not 'cpu' or 'cuda:N'", 2),
     ("world_size: 2\nnode_groups:\n  - nodes: [llm\n", "not valid YAML", None),
+    ("world_size: 2\nnode_groups:\n  - {nodes: [llm, snac], ranks: [0]}\ntransport:\n  default: udp\n",
+     "transport.default: unknown transport 'udp'", 5),
+    ("world_size: 2\nnode_groups:\n  - {nodes: [llm, snac], ranks: [0]}\ntransport:\n  edges:\n    llm.audio: tcp\n",
+     "transport.edges.llm.audio: 'llm.audio' is not an output of a node", 6),
+    ("world_size: 2\nnode_groups:\n  - {nodes: [llm, snac], ranks: [0]}\ntransport:\n  edges:\n    llm.token: rdma\n",
+     "unknown transport 'rdma'", 6),
+    ("world_size: 2\nnode_groups:\n  - {nodes: [llm], ranks: [0, 0], tp_size: 2}\n  - {nodes: [snac], ranks: [1]}\n",
+     "names a rank twice", 3),
 ])
 def test_errors_name_the_field_and_line(text, needle, line):
     with pytest.raises(PlacementError) as err:

@@ -1,0 +1,147 @@
+"""The Conductor <-> Worker-process wire: msgspec structs, msgpack, length-prefixed frames.
+
+A Worker process connects to the Conductor's control address and says Hello; the
+Conductor answers Setup (what to build); the Worker answers Ready (what it serves)
+or SetupFailed. After that the node messages of ``mstar.worker.messages`` flow.
+Never pickle: every frame decodes into one of the structs of ``Message``.
+"""
+from __future__ import annotations
+
+import socket
+import struct
+import threading
+from typing import Any, Union
+
+import msgspec
+
+from mstar.engine.config import EngineConfig
+from mstar.worker.messages import (CloseSession, ExecuteNode, ExportKV, KVExported, NodeOutput,
+                                   ReleaseRequest)
+
+MAX_FRAME = 1 << 30  # a corrupt length must not make us allocate the world
+
+
+class ModelSpec(msgspec.Struct, frozen=True):
+    """How a Worker process builds a model: ``factory`` is "module:function", called as
+    ``function(nodes=set_of_hosted_nodes, tp=TPGroup_or_None, **kwargs)`` and returning
+    ``(ModelGraph, {module name: NodeSubmodule})`` for the hosted nodes only."""
+
+    factory: str
+    kwargs: dict[str, Any] = {}
+
+
+class TensorParallel(msgspec.Struct, frozen=True):
+    rank: int
+    size: int
+    init_method: str  # tcp://host:port of the group's rendezvous
+
+
+class Hello(msgspec.Struct, tag=True):
+    rank: int
+    pid: int
+    host: str
+    token: str
+
+
+class Setup(msgspec.Struct, tag=True):
+    spec: ModelSpec
+    nodes: list[str]
+    config: EngineConfig
+    device: str = "cpu"
+    threads: int = 0            # torch threads; 0 leaves torch's default
+    transports: list[str] = []  # which of shm / tcp / mooncake this Worker serves
+    host: str = "127.0.0.1"     # address its tensor servers listen on
+    tp: TensorParallel | None = None
+
+
+class Ready(msgspec.Struct, tag=True):
+    endpoints: dict[str, str]
+    segment_prefix: str  # shared-memory segments this process creates start with it
+
+
+class SetupFailed(msgspec.Struct, tag=True):
+    error: str
+
+
+class StatsRequest(msgspec.Struct, tag=True):
+    seq: int
+
+
+class WorkerStats(msgspec.Struct, tag=True):
+    seq: int
+    engines: dict[str, dict[str, int]]
+    kv_blocks_used: int
+    tensors_held: int
+
+
+class Shutdown(msgspec.Struct, tag=True):
+    pass
+
+
+Message = Union[Hello, Setup, Ready, SetupFailed, StatsRequest, WorkerStats, Shutdown,
+                ExecuteNode, NodeOutput, ReleaseRequest, CloseSession, ExportKV, KVExported]
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(Message)
+_HEADER = struct.Struct("!I")
+
+
+def encode_frame(msg: Message) -> bytes:
+    body = _encoder.encode(msg)
+    return _HEADER.pack(len(body)) + body
+
+
+def decode_body(body: bytes) -> Message:
+    return _decoder.decode(body)
+
+
+def frame_length(header: bytes) -> int:
+    (n,) = _HEADER.unpack(header)
+    if n > MAX_FRAME:
+        raise ValueError(f"control frame of {n} bytes is over the {MAX_FRAME} limit (corrupt stream?)")
+    return n
+
+
+HEADER_SIZE = _HEADER.size
+
+
+class BlockingChannel:
+    """The Worker side: a blocking socket; any thread may send (a lock keeps frames whole)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.sock = sock
+        self._send_lock = threading.Lock()
+
+    def send(self, msg: Message) -> None:
+        data = encode_frame(msg)
+        with self._send_lock:
+            self.sock.sendall(data)
+
+    def recv(self) -> Message | None:
+        """The next message, or None when the peer closed the connection."""
+        header = self._recv_exact(HEADER_SIZE)
+        if header is None:
+            return None
+        body = self._recv_exact(frame_length(header))
+        if body is None:
+            return None
+        return decode_body(body)
+
+    def _recv_exact(self, n: int) -> bytes | None:
+        buf = bytearray(n)
+        view = memoryview(buf)
+        got = 0
+        while got < n:
+            k = self.sock.recv_into(view[got:])
+            if k == 0:
+                return None
+            got += k
+        return bytes(buf)
+
+    def close(self) -> None:
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.sock.close()

@@ -1,0 +1,185 @@
+"""Workers in their own processes: same outputs as one process, over every transport; clean shutdown."""
+from __future__ import annotations
+
+import asyncio
+import os
+
+import pytest
+
+from mstar.conductor import Conductor, RequestError
+from mstar.placement import PlacementError
+from mstar.transport.shm import segments_with_prefix
+from support.conductor_helpers import config, make_prompts, req, run
+from support.toy_factory import toy_spec, toy_streaming
+
+SPLIT = """
+world_size: 2
+node_groups:
+  - {nodes: [llm], ranks: [0]}
+  - {nodes: [sum], ranks: [1]}
+transport: {default: TRANSPORT}
+"""
+
+PD = """
+world_size: 2
+node_groups:
+  - {nodes: [llm], ranks: [0], walks: [prefill]}
+  - {nodes: [llm], ranks: [1], walks: [decode]}
+  - {nodes: [sum], ranks: [1]}
+transport: {default: TRANSPORT}
+"""
+
+
+def placement(tmp_path, text: str, transport: str = "auto"):
+    path = tmp_path / "placement.yaml"
+    path.write_text(text.replace("TRANSPORT", transport))
+    return path
+
+
+async def collect(conductor: Conductor, request) -> dict[str, list]:
+    out: dict[str, list] = {}
+    async for item in conductor.submit(request):
+        out.setdefault(item.name, []).append(item.data.tolist())
+    return out
+
+
+async def serve_all(conductor: Conductor, prompts, max_tokens: int = 12, outputs=None) -> list[dict]:
+    return await asyncio.gather(*(collect(conductor, req(p, max_tokens, request_id=f"r{i}", outputs=outputs))
+                                  for i, p in enumerate(prompts)))
+
+
+PROMPTS = make_prompts([3, 9, 5, 14], seed=3)
+
+
+def embedded_outputs(outputs=None) -> list[dict]:
+    async def go():
+        graph, modules = toy_streaming({"llm", "sum"})
+        async with Conductor(graph, modules, config=config()) as c:
+            return await serve_all(c, PROMPTS, outputs=outputs)
+    return run(go())
+
+
+def assert_no_leftovers(conductor: Conductor) -> None:
+    pool = conductor.pool
+    for proc in pool._processes.values():
+        assert proc.poll() is not None, f"worker pid {proc.pid} still running"
+    for worker in pool.workers.values():
+        assert segments_with_prefix(worker.segment_prefix) == []
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_two_processes_stream_what_one_process_streams(tmp_path, transport):
+    expected = embedded_outputs(outputs=frozenset({"y", "n"}))
+
+    async def go():
+        c = Conductor.distributed(toy_spec(), placement(tmp_path, SPLIT, transport), config=config())
+        async with c:
+            got = await serve_all(c, PROMPTS, outputs=frozenset({"y", "n"}))
+            await c.wait_idle(timeout=10)
+            exports = c.router.exports("llm", 0, frozenset({"y", "n"}))
+        return c, got, exports
+
+    c, got, exports = run(go())
+    assert exports == {"token": transport}  # tokens really crossed by that transport
+    assert got == expected
+    assert_no_leftovers(c)
+
+
+def test_prefill_and_decode_on_different_ranks_match_one_rank(tmp_path):
+    expected = embedded_outputs()
+
+    async def go():
+        c = Conductor.distributed(toy_spec(), placement(tmp_path, PD), config=config())
+        async with c:
+            got = await serve_all(c, PROMPTS)
+            await c.wait_idle(timeout=10)
+            stats = c.stats()["workers"]
+        return c, got, stats
+
+    c, got, stats = run(go())
+    assert got == expected
+    by_rank = {w.rank: w for w in c.pool.workers.values()}
+    assert set(by_rank) == {0, 1}
+    assert_no_leftovers(c)
+
+
+def test_killed_worker_fails_its_request_fast_and_is_replaced(tmp_path):
+    spec = toy_spec(delay=0.05)
+
+    async def go():
+        c = Conductor.distributed(spec, placement(tmp_path, SPLIT), config=config())
+        async with c:
+            victim = c.pool.workers[1]
+            stream = c.submit(req(PROMPTS[1], 200, request_id="doomed", outputs=frozenset({"y"})))
+            first = await stream.__anext__()
+            assert first.name == "y"
+            killed_at = asyncio.get_running_loop().time()
+            os.kill(victim.pid, 9)
+            with pytest.raises(RequestError) as info:
+                async for _ in stream:
+                    pass
+            noticed = asyncio.get_running_loop().time() - killed_at
+            after = await collect(c, req(PROMPTS[0], 8, request_id="next"))
+            await c.wait_idle(timeout=10)
+            assert c.pool.workers[1].pid != victim.pid
+        return c, str(info.value), noticed, after, victim
+
+    c, error, noticed, after, victim = run(go())
+    assert noticed < 1.0, f"the failure took {noticed:.2f}s to reach the caller"
+    assert "worker rank 1" in error and "SIGKILL" in error and "'sum'" in error, error
+    assert len(after["token"]) == 8
+    assert segments_with_prefix(victim.segment_prefix) == []
+    assert_no_leftovers(c)
+
+
+def test_worker_that_cannot_build_its_model_fails_start_clearly(tmp_path):
+    from mstar.worker.protocol import ModelSpec
+
+    async def go():
+        graph, _ = toy_streaming(set())
+        from mstar.conductor.worker_pool import WorkerPool
+        from mstar.placement import load_placement
+        resolved = load_placement(str(placement(tmp_path, SPLIT)), graph)
+        pool = WorkerPool(ModelSpec("support.toy_factory:no_such_factory"), resolved, config(), setup_timeout=60)
+        c = Conductor(graph, config=config(), pool=pool)
+        with pytest.raises(RuntimeError, match="no_such_factory"):
+            await c.start()
+        await pool.stop()
+        return pool
+
+    pool = run(go())
+    assert all(p.poll() is not None for p in pool._processes.values())
+
+
+def test_placement_naming_an_unknown_node_is_refused_before_any_process_starts(tmp_path):
+    bad = placement(tmp_path, SPLIT.replace("[sum]", "[summ]"))
+    with pytest.raises(PlacementError, match=r"placement.yaml:5: node_groups\[1\].nodes\[0\]: unknown node 'summ'"):
+        Conductor.distributed(toy_spec(), bad, config=config())
+
+
+def test_workers_started_by_hand_connect_to_the_conductor_address(tmp_path):
+    """As on another host: the Conductor does not launch Workers; they connect to its address."""
+    import subprocess
+    import sys
+
+    expected = embedded_outputs()
+
+    async def go():
+        c = Conductor.distributed(toy_spec(), placement(tmp_path, SPLIT), config=config(), launch=False)
+        starting = asyncio.ensure_future(c.start())
+        while c.pool.port == 0:
+            await asyncio.sleep(0.01)
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+        procs = [subprocess.Popen([sys.executable, "-m", "mstar.worker.process_main", "--conductor", c.pool.address,
+                                   "--rank", str(rank), "--token", c.pool.token], env=env) for rank in (1, 0)]
+        await starting
+        try:
+            got = await serve_all(c, PROMPTS)
+        finally:
+            await c.stop()
+        codes = [await asyncio.get_running_loop().run_in_executor(None, p.wait, 10) for p in procs]
+        return got, codes
+
+    got, codes = run(go())
+    assert got == expected
+    assert codes == [0, 0]  # Shutdown ends them cleanly
