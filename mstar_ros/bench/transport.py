@@ -28,7 +28,7 @@ from tqdm import tqdm
 
 from mstar.transport.codec import memcpy
 from mstar.transport.exchange import TensorExchange
-from mstar_ros.bench.transport_peer import Channel, Ping, Ready, Setup, Stop, bench_tensor, peer_main
+from mstar_ros.bench.transport_peer import Channel, Ping, Ready, Setup, Stop, bench_tensor, peer_main, read_reply
 
 DEFAULT_SIZES = "4K,16K,64K,256K,1M,4M,16M,64M"
 TRANSPORTS = ("inline", "shm", "tcp", "mooncake")
@@ -104,12 +104,12 @@ def _ping_pong_times(exchange: TensorExchange, channel: Channel, kind: str, nbyt
         t0 = time.perf_counter()
         channel.send(Ping(exchange.export(exchange.put(src, owner), kind)))
         reply = channel.recv()
-        exchange.get(reply.handle, out=out)
+        got = read_reply(exchange, reply.handle, kind, out)
         elapsed = time.perf_counter() - t0
         exchange.free_owner(owner)  # after the peer's reply: it has read ours
         if i >= WARMUP:
             times.append(elapsed / 2)
-    if not torch.equal(out, bench_tensor(nbytes, 1)):  # the peer's tensor arrived intact
+    if not torch.equal(got, bench_tensor(nbytes, 1)):  # the peer's tensor arrived intact
         raise RuntimeError(f"{kind} transport corrupted a {size_label(nbytes)} tensor")
     return times
 

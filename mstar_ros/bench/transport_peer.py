@@ -72,6 +72,12 @@ def bench_tensor(nbytes: int, seed: int) -> torch.Tensor:
     return torch.randn(nbytes // 4, generator=torch.Generator().manual_seed(seed))
 
 
+def read_reply(exchange: TensorExchange, handle, kind: str, out: torch.Tensor) -> torch.Tensor:
+    """Reads a peer's tensor as the runtime does for shared memory (a large one is a view of
+    the producer's arena, a small one a fresh copy); the others land in a reused tensor."""
+    return exchange.get(handle) if kind == "shm" else exchange.get(handle, out=out)
+
+
 def peer_main(port: int, tag: str, mooncake: bool, arena_mb: int, threads: int) -> None:
     torch.set_num_threads(threads)
     exchange = TensorExchange(tag, shm=True, tcp_host="127.0.0.1",
@@ -85,7 +91,7 @@ def peer_main(port: int, tag: str, mooncake: bool, arena_mb: int, threads: int) 
                 kind, out, reply = msg.kind, torch.empty(msg.nbytes // 4), bench_tensor(msg.nbytes, 1)
                 channel.send(Ready(exchange.endpoints()))
             elif isinstance(msg, Ping):
-                exchange.get(msg.handle, out=out)
+                read_reply(exchange, msg.handle, kind, out)
                 exchange.free_owner(f"echo{n}")  # the previous reply: the driver has read it by now
                 n += 1
                 channel.send(Ping(exchange.export(exchange.put(reply, f"echo{n}"), kind)))

@@ -22,8 +22,8 @@ import msgspec
 import torch
 
 from mstar.transport.arena import SlotAllocator
-from mstar.transport.codec import (contiguous_cpu, decode_inline, destination, dtype_name, encode_inline,
-                                   flat_bytes, memcpy, nbytes)
+from mstar.transport.codec import (contiguous_cpu, decode_inline, destination, dtype_from_name, dtype_name,
+                                   encode_inline, flat_bytes, memcpy, nbytes)
 from mstar.transport.inprocess import InProcessTensorStore
 from mstar.transport.shm import PeerSegments, ShmSegment, check_tag, segment_prefix, unlink_segments
 from mstar.transport.tcp import TensorClient, TensorServer
@@ -36,6 +36,12 @@ def _unlink_owned(names: set[str]) -> None:
     # Run by close(), or by the finalizer at exit when a process forgot close(): no /dev/shm leak.
     unlink_segments(sorted(names))
     names.clear()
+
+
+# Below this a copy into a fresh tensor is cheaper than building a view (measured across
+# processes: 17 vs 25 us at 4 KB); above it page faults of the fresh tensor dominate
+# (64 MB: 34 ms into a fresh tensor, 6 ms into a reused one).
+SHM_VIEW_MIN_BYTES = 256 << 10
 
 
 class TensorExchange(InProcessTensorStore):
@@ -97,8 +103,11 @@ class TensorExchange(InProcessTensorStore):
         return len(keys)
 
     def get(self, handle: TensorHandle, out: torch.Tensor | None = None) -> torch.Tensor:
-        """The handle's tensor. A local key gives the stored tensor itself (no copy, as in-process);
-        anything read from elsewhere is a new tensor the caller owns (or ``out``, filled in place)."""
+        """The handle's tensor. A local key gives the stored tensor itself (no copy, as in-process).
+        A shared-memory handle of SHM_VIEW_MIN_BYTES or more gives a view of the producer's
+        arena (no copy: valid, and not to be written, until the producer frees the request;
+        a fresh tensor of a few MB costs more in page faults than the copy itself). Anything
+        else is a new tensor the caller owns; ``out`` is filled in place instead."""
         if handle.data is not None:
             return decode_inline(handle, out)
         local = self._tensors.get(handle.key)
@@ -111,6 +120,8 @@ class TensorExchange(InProcessTensorStore):
                              f"(known: inproc, shm:<segment>, tcp:<host>:<port>, mooncake:<session>)")
         if scheme == "inproc":
             self._read_inproc(handle)  # raises: nothing to allocate for
+        if scheme == "shm" and out is None and handle.nbytes >= SHM_VIEW_MIN_BYTES:
+            return self._view_shm(handle, where)
         out = destination(handle, out)
         if handle.nbytes != nbytes(out):
             raise ValueError(f"tensor {handle.key}: handle says {handle.nbytes} bytes, shape "
@@ -188,6 +199,16 @@ class TensorExchange(InProcessTensorStore):
     def _read_inproc(self, handle: TensorHandle, *_: object) -> None:
         raise KeyError(f"tensor {handle.key} is not (or no longer) in this process's store; an inproc handle "
                        f"is readable only in the process that made it (the producer must export it)")
+
+    def _view_shm(self, handle: TensorHandle, name: str) -> torch.Tensor:
+        dtype, shape = dtype_from_name(handle.dtype), tuple(handle.shape)
+        expected = torch.Size(shape).numel() * dtype.itemsize
+        if handle.nbytes != expected:
+            raise ValueError(f"tensor {handle.key}: handle says {handle.nbytes} bytes, shape {shape} "
+                             f"{handle.dtype} is {expected}")
+        if expected == 0:
+            return torch.empty(shape, dtype=dtype)
+        return self._peer_segments.view(name, handle.offset, handle.nbytes, handle.key).view(dtype).view(shape)
 
     def _read_shm(self, handle: TensorHandle, name: str, out: torch.Tensor) -> None:
         self._peer_segments.read(name, handle.offset, out.data_ptr(), handle.nbytes, handle.key)

@@ -90,14 +90,13 @@ class ShmSegment:
         self.addr = self.buf.data_ptr()  # valid while ``buf`` (which pins the mapping) is alive
 
     def close(self) -> None:
-        """Unmap; the creator also unlinks, so the memory goes once every reader unmapped."""
+        """Drop our mapping; the creator also unlinks, so the memory goes once every reader unmapped.
+
+        Never ``mmap.close()``: tensors made by ``torch.frombuffer`` keep a reference to the
+        mmap but no buffer export, so closing it would leave views of it dangling. Dropping
+        our references unmaps it as soon as the last view is gone."""
         self.buf = torch.empty(0, dtype=torch.uint8)
-        if self._mmap is not None:
-            try:
-                self._mmap.close()
-            except BufferError:
-                pass  # a view of it is still alive somewhere: the mapping goes with it (GC)
-            self._mmap = None
+        self._mmap = None
         if self.created:
             self.created = False
             unlink_segments([self.name])
@@ -138,6 +137,28 @@ class PeerSegments:
             pin = seg.buf  # our own reference: the mapping outlives a concurrent close() during the copy
         memcpy(dst, self._address(seg, offset, count, key), count)
         del pin
+
+    def view(self, name: str, offset: int, count: int, key: str) -> torch.Tensor:
+        """A uint8 tensor over ``count`` bytes at ``offset`` of segment ``name``: no copy.
+
+        The tensor pins the mapping (an arena replaced by a restarted peer, or an overflow
+        segment its producer unlinked, stays mapped while the view lives); its bytes are
+        the producer's until the producer frees the owner."""
+        if not name.endswith(".arena"):
+            seg = ShmSegment(name, create=False)
+            self._address(seg, offset, count, key)
+            out = seg.buf[offset:offset + count]
+            seg.close()  # unmapped once ``out`` goes
+            return out
+        with self._lock:
+            seg = self._arenas.get(name)
+            if seg is not None and not seg.is_current():
+                seg.close()
+                seg = None
+            if seg is None:
+                seg = self._arenas[name] = ShmSegment(name, create=False)
+            self._address(seg, offset, count, key)
+            return seg.buf[offset:offset + count]
 
     @staticmethod
     def _address(seg: ShmSegment, offset: int, count: int, key: str) -> int:

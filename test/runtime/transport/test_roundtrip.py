@@ -49,15 +49,22 @@ def test_resolve_stacks_a_list_of_remote_handles(exchange, peer, tx):
     peer.call("free", "stream")
 
 
-def test_remote_reads_return_tensors_the_caller_owns(exchange, peer, tx):
-    original = torch.arange(1000, dtype=torch.float32)
+def test_shared_memory_reads_are_views_and_out_gives_a_copy(exchange, peer, tx):
+    from mstar.transport.exchange import SHM_VIEW_MIN_BYTES
+    n = SHM_VIEW_MIN_BYTES // 4
+    small = peer.put_export(torch.arange(10.0), "owned", "shm")
+    assert exchange.get(small).data_ptr() != exchange.get(small).data_ptr()  # small: a copy each time
+    original = torch.arange(n, dtype=torch.float32)
     handle = peer.put_export(original, "owned", "shm")
-    first = exchange.get(handle)
-    first.zero_()  # scribbling on our copy must not reach the shared slot
-    tx.assert_same(exchange.get(handle), original, "second read after mutating the first")
+    first, second = exchange.get(handle), exchange.get(handle)
+    assert first.data_ptr() == second.data_ptr()  # both look at the producer's slot: no copy
+    tx.assert_same(first, original, "view of the producer's arena")
+    owned = exchange.get(handle, out=torch.empty(n))
+    owned.zero_()  # scribbling on a copy must not reach the shared slot
+    tx.assert_same(exchange.get(handle), original, "slot after mutating a copy")
     peer.call("free", "owned")
-    peer.put_export(torch.ones(1000), "reuser", "shm")  # likely lands in the freed slot
-    assert float(first.sum()) == 0.0  # our copy is independent of the slot's later contents
+    peer.put_export(torch.ones(n), "reuser", "shm")  # likely lands in the freed slot
+    assert float(owned.sum()) == 0.0  # the copy is independent of the slot's later contents
     peer.call("free", "reuser")
 
 
