@@ -84,7 +84,7 @@ class WalkExecutor:
             sampling=req.sampling if gnode.engine == "ar" and "token" in gnode.outputs else None,
             loop=loop, session_id=req.session_id, meta=meta or {},
             mask=int(req.meta.get(f"{node}.mask", 0)), mask_arg=int(req.meta.get(f"{node}.mask_arg", 0)),
-            kv_window=req.meta.get(f"{node}.kv_window"), kv_from=gnode.kv_from)
+            kv_window=req.meta.get(f"{node}.kv_window"), kv_from=gnode.kv_from, flow=gnode.flow)
 
     async def _call(self, node: str, rs: RequestState, watches: tuple[_StopWatch, ...] = (),
                     loop: LoopSpec | None = None) -> None:

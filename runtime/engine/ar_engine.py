@@ -20,6 +20,7 @@ from mstar.engine.block_manager import BlockManager, BlockTable
 from mstar.engine.config import EngineConfig
 from mstar.engine.device_loop import run_on_device
 from mstar.engine.engine_inbox import EngineInbox, Reply
+from mstar.engine.flow_loop import FlowLoops
 from mstar.engine.kv_cache import PagedKVCache
 from mstar.engine.kv_migration import gather_kv, restore_sequence, sequence_state
 from mstar.engine.model_runner import ModelRunner
@@ -74,6 +75,7 @@ class AREngine(EngineInbox):
             leader.hello(Hello(num_blocks, self.config.block_size, str(dtype).removeprefix("torch."),
                                str(kv_dtype).removeprefix("torch."), self.backend.name))
         self.sampler = Sampler()
+        self.flows = FlowLoops(self)
         self.on_fatal = None  # called when the engine cannot go on (a tensor-parallel group broke)
         self.steps = 0
         self.tokens_computed = 0
@@ -106,7 +108,7 @@ class AREngine(EngineInbox):
 
     # -- device thread (DeviceLoop) -------------------------------------------------
     def has_work(self) -> bool:
-        return self.scheduler.has_work()
+        return self.scheduler.has_work() or self.flows.has_work()
 
     has_pending = has_work
 
@@ -142,6 +144,10 @@ class AREngine(EngineInbox):
         seq = self.scheduler.seqs.get((owner, msg.node))
         if seq is not None and seq.call is not None:
             return fail(f"node {msg.node!r} already has a call in flight for {owner!r}")
+        if msg.flow:
+            if self.tp_leader is not None:
+                return fail(f"flow node {msg.node!r}: flow Loops are not supported with tensor parallelism yet")
+            return self.flows.start(msg, reply)
         if seq is None and msg.kv_import is not None:
             seq = self._import_sequence(msg)
         ref = msg.inputs.get("input_ids")
@@ -167,6 +173,8 @@ class AREngine(EngineInbox):
             seq = self._new_sequence(msg, owner)
         seq.request_id = msg.request_id
         context_before = len(seq.token_ids)
+        if "embeds" in msg.inputs:
+            self._append_embeds(seq, msg, len(ids), context_before)
         seq.token_ids.extend(ids)
         seq.history.extend(ids)
         seq.mask, seq.mask_arg, seq.kv_window = msg.mask, msg.mask_arg, msg.kv_window
@@ -190,12 +198,37 @@ class AREngine(EngineInbox):
                 seq.table.first_position = source.table.first_position
                 seq.token_ids = list(source.token_ids)
             seq.history = list(source.history)
+            seq.mask, seq.mask_arg = source.mask, source.mask_arg  # a recompute must see what the source saw
+            if source.embeds is not None:
+                n = len(seq.token_ids)
+                seq.embeds, seq.embed_mask = source.embeds[:n], source.embed_mask[:n]
             seq.num_generated = source.num_generated
             seq.arrival = source.arrival
         node_salt = sum(ord(c) * 31**i for i, c in enumerate(msg.node)) % 1_000_003  # stable across runs
         seq.generator = torch.Generator(device="cpu").manual_seed((msg.seed * 1_000_003 + node_salt) % (2**63))
         self.scheduler.seqs[seq.key] = seq
         return seq
+
+    def _append_embeds(self, seq: Sequence, msg: ExecuteNode, count: int, before: int) -> None:
+        """Rows of this call that enter as embeddings: ``embed_mask`` [count] marks them,
+        ``embeds`` holds one row per marked token, in order."""
+        if "embed_mask" not in msg.inputs:
+            raise ValueError(f"node {msg.node!r}: input 'embeds' needs 'embed_mask' (which tokens they replace)")
+        rows = self.store.resolve(msg.inputs["embeds"])
+        mask = self.store.resolve(msg.inputs["embed_mask"]).reshape(-1).bool()
+        rows = rows.reshape(-1, rows.shape[-1]) if rows.dim() > 2 else rows
+        if mask.numel() != count or rows.dim() != 2 or rows.shape[0] != int(mask.sum()):
+            raise ValueError(f"node {msg.node!r}: embed_mask marks {int(mask.sum())} of {mask.numel()} tokens "
+                             f"({count} given) but embeds has shape {tuple(rows.shape)}")
+        if not torch.isfinite(rows).all():
+            raise ValueError(f"node {msg.node!r}: embeds contain NaN or infinite values")
+        dense = torch.zeros(count, rows.shape[1], dtype=torch.float32)
+        dense[mask] = rows.float()
+        if seq.embeds is None:
+            seq.embeds = torch.zeros(before, rows.shape[1])
+            seq.embed_mask = torch.zeros(before, dtype=torch.bool)
+        seq.embeds = torch.cat([seq.embeds[:before], dense])
+        seq.embed_mask = torch.cat([seq.embed_mask[:before], mask])
 
     def _import_sequence(self, msg: ExecuteNode) -> Sequence:
         state = msg.kv_import
@@ -238,19 +271,35 @@ class AREngine(EngineInbox):
                 del seq.token_ids[keep:]
                 seq.status = SeqStatus.IDLE
 
+    def _flow_step(self) -> int:
+        started = time.perf_counter()
+        done = 0
+        try:
+            done = self.flows.step()
+        except Exception as exc:
+            log.exception("%s flow step failed", self.name)
+            for seq in [s for s in self.scheduler.seqs.values() if s.flow is not None and s.call is not None]:
+                self._fail_call(seq, f"flow step failed: {type(exc).__name__}: {exc}")
+                self.scheduler.drop(seq)
+        self.busy_seconds += time.perf_counter() - started
+        return done
+
     def _fail_call(self, seq: Sequence, error: str) -> None:
         call, seq.call = seq.call, None
         if call is not None:
             call.reply(NodeOutput(call.msg.call_id, call.msg.request_id, call.iteration, final=True, error=error))
 
     def _step(self) -> None:
+        # flows first: reserving their suffix may preempt sequences the token batch would hold
+        flowed = self._flow_step() if self.flows.has_work() else 0
         batch = self.scheduler.schedule()
         for seq in self.scheduler.take_stuck():  # can never fit, even with everything else preempted
             self._fail_call(seq, f"node {seq.node!r}: the KV pool ({self.blocks.num_blocks} blocks of "
                                  f"{self.blocks.block_size}) cannot hold this sequence ({len(seq.token_ids)} tokens)")
             self.scheduler.drop(seq)
         if not batch:
-            time.sleep(0.001)  # everything waits for KV held by running sequences
+            if not flowed:
+                time.sleep(0.001)  # everything waits for KV held by running sequences
             return
         started = time.perf_counter()
         try:
@@ -282,7 +331,7 @@ class AREngine(EngineInbox):
         sample_seqs, rows = [], []
         for item, row in zip(batch, last_rows):
             seq = item.seq
-            if seq.num_pending > 0 or seq.call is None:
+            if seq.num_pending > 0 or seq.call is None or seq.flow is not None:
                 continue  # a prefill chunk; more to come
             if seq.call.wants_token:
                 sample_seqs.append(seq)

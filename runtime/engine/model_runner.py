@@ -46,6 +46,7 @@ class ModelRunner:
             positions.extend(range(first + item.start, first + item.end))
             slots.append(self.blocks.slot_mapping(seq.table, item.start, item.end))
             last_rows.append(len(ids) - 1)
+        embeds, embed_mask = self._embeds(batch)
         slot_mapping = torch.cat(slots)
         if self.plan_hook is not None:
             self.plan_hook(ids, positions, seqs, slot_mapping)
@@ -54,6 +55,27 @@ class ModelRunner:
         input_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
         pos = torch.tensor(positions, dtype=torch.long, device=self.device)
         started = time.perf_counter()
-        hidden = self.module(input_ids, pos, self._attn)
+        if embeds is None:
+            hidden = self.module(input_ids, pos, self._attn)
+        else:
+            hidden = self.module(input_ids, pos, self._attn, embeds=embeds, embed_mask=embed_mask)
         self.forward_seconds += time.perf_counter() - started
         return hidden, last_rows
+
+    def _embeds(self, batch: list[ScheduledSeq]) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """Rows that enter as embeddings (image tokens), packed like the ids; None when no row does."""
+        if all(item.seq.embeds is None for item in batch):
+            return None, None
+        if self.plan_hook is not None:
+            raise ValueError("embedding inputs are not supported with tensor parallelism yet")
+        width = next(item.seq.embeds.shape[1] for item in batch if item.seq.embeds is not None)
+        rows, masks = [], []
+        for item in batch:
+            seq = item.seq
+            if seq.embeds is None:
+                rows.append(torch.zeros(item.num_tokens, width))
+                masks.append(torch.zeros(item.num_tokens, dtype=torch.bool))
+            else:
+                rows.append(seq.embeds[item.start:item.end])
+                masks.append(seq.embed_mask[item.start:item.end])
+        return torch.cat(rows).to(self.device), torch.cat(masks).to(self.device)

@@ -48,7 +48,7 @@ class Scheduler:
             if budget == 0 or len(batch) >= self.config.max_num_seqs:
                 break
             n = min(seq.num_pending, budget)
-            if not self._make_room(seq, n, batch):
+            if not self.make_room(seq, n, batch):
                 if not batch and not any(s.table.blocks for s in self.seqs.values() if s is not seq):
                     self._stuck.append(seq)  # alone with the whole pool and still no room
                     continue
@@ -59,7 +59,8 @@ class Scheduler:
             budget -= n
         return batch
 
-    def _make_room(self, seq: Sequence, n: int, batch: list[ScheduledSeq]) -> bool:
+    def make_room(self, seq: Sequence, n: int, batch: list[ScheduledSeq]) -> bool:
+        """Preempts idle or younger sequences until ``seq`` can take ``n`` more tokens."""
         while not self.blocks.can_append(seq.table, n):
             victim = self._victim(seq, batch)
             if victim is None:
@@ -72,6 +73,7 @@ class Scheduler:
         then the youngest running one; never a running sequence older than ``seq``."""
         taken = {id(item.seq) for item in batch} | {id(seq)}
         holders = [s for s in self.seqs.values() if s.table.blocks and id(s) not in taken
+                   and (s.flow is None or not s.flow.reserved)  # a stepping flow keeps its KV to the end
                    and (s.status == SeqStatus.IDLE or s.arrival >= seq.arrival)]
         if not holders:
             return None
@@ -96,6 +98,8 @@ class Scheduler:
             if seq.kv_window is not None and seq.num_computed > seq.kv_window:
                 evicted = self.blocks.evict_front(seq.table, seq.kv_window)
                 del seq.token_ids[:evicted]
+                if seq.embeds is not None:
+                    seq.embeds, seq.embed_mask = seq.embeds[evicted:], seq.embed_mask[evicted:]
                 seq.num_computed -= evicted
 
     def drop(self, seq: Sequence) -> None:

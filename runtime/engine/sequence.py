@@ -4,11 +4,14 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
 from mstar.engine.block_manager import BlockTable
+
+if TYPE_CHECKING:
+    from mstar.engine.flow_loop import FlowState
 from mstar.worker.messages import ExecuteNode, NodeOutput
 
 
@@ -54,6 +57,10 @@ class Sequence:
     mask: int = 0
     mask_arg: int = 0
     kv_window: int | None = None
+    # rows of token_ids that enter as embeddings (images), aligned with token_ids
+    embeds: torch.Tensor | None = None       # [len(token_ids), H]
+    embed_mask: torch.Tensor | None = None   # [len(token_ids)] bool
+    flow: "FlowState | None" = None          # an active flow Loop (mstar.engine.flow_loop)
 
     @property
     def key(self) -> tuple[str, str]:

@@ -67,12 +67,17 @@ class GraphNode:
     engine: EngineKind = "stateless"
     module: str | None = None
     kv_from: str | None = None
+    flow: bool = False  # AR flow node: its Loop integrates input/output "x" over the KV of ``kv_from``
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "inputs", tuple(self.inputs))
         object.__setattr__(self, "outputs", tuple(self.outputs))
         if self.engine not in ("ar", "stateless"):
             raise ValueError(f"node {self.name!r}: engine must be 'ar' or 'stateless', got {self.engine!r}")
+        if self.flow and (self.engine != "ar" or self.kv_from is None or "x" not in self.inputs
+                          or "x" not in self.outputs):
+            raise ValueError(f"node {self.name!r}: a flow node is an AR view with kv_from set and a port 'x' "
+                             f"among both its inputs and outputs")
 
     @property
     def module_name(self) -> str:

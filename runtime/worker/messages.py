@@ -80,6 +80,7 @@ class ExecuteNode(msgspec.Struct, tag=True):
     meta: dict[str, int] = {}
     exports: dict[str, str] = {}
     kv_import: KVState | None = None
+    flow: bool = False  # a flow node: its Loop takes Euler steps of input "x" (mstar.engine.flow_loop)
 
 
 class NodeOutput(msgspec.Struct, tag=True):

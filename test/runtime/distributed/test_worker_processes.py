@@ -183,3 +183,45 @@ def test_workers_started_by_hand_connect_to_the_conductor_address(tmp_path):
     got, codes = run(go())
     assert got == expected
     assert codes == [0, 0]  # Shutdown ends them cleanly
+
+
+def test_workers_exit_when_their_conductor_is_killed(tmp_path):
+    """A Conductor that dies without stopping (SIGKILL) leaves no Worker and no segment behind."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    script = tmp_path / "conductor.py"
+    script.write_text(f"""
+import asyncio, sys
+sys.path[:0] = {[p for p in sys.path if p]!r}
+from mstar.conductor import Conductor
+from support.conductor_helpers import config
+from support.toy_factory import toy_spec
+
+async def main():
+    c = Conductor.distributed(toy_spec(), {str(placement(tmp_path, SPLIT))!r}, config=config())
+    await c.start()
+    print(" ".join(f"{{w.pid}}:{{w.segment_prefix}}" for w in c.pool.workers.values()), flush=True)
+    await asyncio.sleep(600)
+
+asyncio.run(main())
+""")
+    conductor = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        workers = [item.split(":") for item in conductor.stdout.readline().split()]
+        assert len(workers) == 2, workers
+        conductor.send_signal(signal.SIGKILL)
+        conductor.wait(10)
+        deadline = time.monotonic() + 10
+        alive = [pid for pid, _ in workers]
+        while alive and time.monotonic() < deadline:
+            alive = [pid for pid in alive if os.path.exists(f"/proc/{pid}") and
+                     "Z" not in open(f"/proc/{pid}/stat").read().split(")")[1].split()[0]]
+            time.sleep(0.05)
+        assert alive == [], f"workers {alive} outlived their conductor"
+        for _, prefix in workers:
+            assert segments_with_prefix(prefix) == []
+    finally:
+        conductor.kill()
