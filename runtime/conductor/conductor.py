@@ -282,8 +282,8 @@ class Conductor:
         """The node's KV for this request lives on another rank (prefill there, decode here): move it."""
         owner = msg.session_id or msg.request_id
         home = self._kv_home.get((owner, msg.node))
-        self._kv_home[(owner, msg.node)] = rank
         if home is None or home == rank:
+            self._kv_home[(owner, msg.node)] = rank
             return
         source = await self._worker(home)
         assert self._loop is not None
@@ -296,6 +296,7 @@ class Conductor:
             raise RequestError(msg.request_id.rpartition("#")[0],
                                f"moving the KV of node {msg.node!r} from rank {home} to rank {rank} failed: {result.error}")
         msg.kv_import = result.state
+        self._kv_home[(owner, msg.node)] = rank  # only now: a failed hand-over leaves the KV where it was
 
     # -- introspection (tests, /diagnostics) --------------------------------------------
     def stats(self) -> dict[str, object]:
@@ -310,8 +311,8 @@ class Conductor:
 
     async def refresh(self) -> None:
         """Fetches the Worker processes' counters (stats(), kv_blocks_used() read the last ones)."""
-        if self.pool is not None:
-            await asyncio.gather(*(w.refresh_stats() for w in self.workers if w.death is None))
+        if self.pool is not None:  # a Worker that does not answer keeps its last counters (the pool's heartbeat acts)
+            await asyncio.gather(*(w.refresh_stats() for w in self.workers if w.alive), return_exceptions=True)
 
     async def wait_idle(self, timeout: float = 5.0) -> None:
         """Waits until no request is in flight and the engines have processed their releases."""

@@ -159,16 +159,20 @@ class RemoteWorker:
             reply(KVExported(msg.call_id, msg.request_id, error=f"{self!r} {self.death or 'is gone'}"))
 
     async def refresh_stats(self, timeout: float = 5.0) -> WorkerStats:
-        if self.death is not None:
+        """The Worker's counters; raises asyncio.TimeoutError when it does not answer in time."""
+        if not self.alive:
             return self._last_stats
         self._stats_seq += 1
+        seq = self._stats_seq
         waiter = asyncio.get_running_loop().create_future()
-        self._stats_waiters[self._stats_seq] = waiter
-        self._send(StatsRequest(self._stats_seq))
+        self._stats_waiters[seq] = waiter
+        self._send(StatsRequest(seq))
         try:
             return await asyncio.wait_for(waiter, timeout)
         except WorkerDied:
             return self._last_stats
+        finally:
+            self._stats_waiters.pop(seq, None)
 
     def stats(self) -> dict[str, dict[str, int]]:
         return dict(self._last_stats.engines)

@@ -14,7 +14,7 @@ from typing import Protocol
 
 from mstar.graph.edges import GRAPH_OUTPUT
 from mstar.graph.model_graph import ModelGraph
-from mstar.graph.walks import Loop, StopOnValues
+from mstar.graph.walks import Loop, StopOnValues, StopWhen
 from mstar.placement.resolve import ResolvedPlacement
 
 
@@ -23,12 +23,18 @@ class HostLookup(Protocol):
 
 
 def conductor_read_endpoints(graph: ModelGraph) -> set[str]:
-    """Stop edges of the Loops the Conductor iterates itself (engine-resident loops stop in the engine)."""
+    """What the Conductor reads itself: stop edges of the Loops it iterates (engine-resident
+    loops stop in the engine), and every output of a Loop body whose StopWhen predicate may
+    read any value."""
     out = set()
     for walk in graph.walks.values():
         for step in walk.iter_steps():
-            if isinstance(step, Loop) and isinstance(step.stop, StopOnValues) and graph.self_feeding(step) is None:
+            if not isinstance(step, Loop) or graph.self_feeding(step) is not None:
+                continue
+            if isinstance(step.stop, StopOnValues):
                 out.add(step.stop.edge)
+            elif isinstance(step.stop, StopWhen):
+                out.update(f"{n}.{p}" for n in step.body.node_names() for p in graph.node(n).outputs)
     return out
 
 

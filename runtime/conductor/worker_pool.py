@@ -4,8 +4,10 @@ The Conductor listens on a control address; each Worker (started here as
 ``python -m mstar.worker.process_main``, or by hand on another host with the same
 arguments) connects, says Hello with its rank, gets its Setup and answers Ready.
 A Worker that dies is noticed when its connection drops (immediately for a killed
-process), its calls fail with the exit status, its shared memory is unlinked, and a
-fresh process takes its rank. ``stop()`` leaves no process and no segment behind.
+process) or when it stops answering heartbeats; its calls fail with the reason, its
+shared memory is unlinked, and a fresh process takes its rank (a process that dies
+while setting up is retried a few times). Launched Workers die with the Conductor's
+process (PR_SET_PDEATHSIG); ``stop()`` leaves no process and no segment behind.
 """
 from __future__ import annotations
 
@@ -23,9 +25,9 @@ import msgspec
 from mstar.conductor.remote_worker import RemoteWorker
 from mstar.engine.config import EngineConfig
 from mstar.placement.resolve import ResolvedPlacement
-from mstar.transport.shm import segments_with_prefix, unlink_segments
-from mstar.worker.protocol import (HEADER_SIZE, Hello, ModelSpec, Ready, Setup, SetupFailed, Shutdown,
-                                   TensorParallel, decode_body, encode_frame, frame_length)
+from mstar.transport.shm import segment_prefix, segments_with_prefix, unlink_segments
+from mstar.worker.protocol import (HEADER_SIZE, MAX_HELLO, TOKEN_ENV, Hello, ModelSpec, Ready, Setup, SetupFailed,
+                                   Shutdown, TensorParallel, decode_body, encode_frame, frame_length, worker_tag)
 
 log = logging.getLogger("mstar.conductor.workers")
 
@@ -34,6 +36,16 @@ def _free_port(host: str) -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM when the Conductor's process goes, even mid-setup
+    (the Worker exits on it and unlinks its shared memory)."""
+    try:
+        import ctypes
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+    except OSError:
+        pass  # not Linux: the Worker still exits when its connection drops
 
 
 def describe_exit(code: int | None) -> str:
@@ -51,28 +63,33 @@ class WorkerPool:
     def __init__(self, spec: ModelSpec, placement: ResolvedPlacement, config: EngineConfig, *,
                  launch: bool = True, host: str = "127.0.0.1", port: int = 0, threads: int | None = None,
                  transports: tuple[str, ...] = ("shm", "tcp"), setup_timeout: float = 180.0,
-                 restart: bool = True) -> None:
+                 restart: bool = True, heartbeat_s: float = 1.0, heartbeat_timeout_s: float = 5.0,
+                 setup_retries: int = 3) -> None:
         self.spec, self.placement, self.config = spec, placement, config
         self.launch, self.host, self.port = launch, host, port
         self.world_size = placement.world_size
-        local = max(1, self.world_size)
-        self.threads = threads if threads is not None else max(1, (os.cpu_count() or 1) // local)
+        self.threads = threads if threads is not None else max(1, (os.cpu_count() or 1) // max(1, self.world_size))
         asked = placement.file.placement.transport
         if "mooncake" in {asked.default, *asked.edges.values()} and "mooncake" not in transports:
             transports = (*transports, "mooncake")  # only then: its engine is heavy to start
         self.transports = tuple(transports)
         self.setup_timeout = setup_timeout
         self.restart = restart
-        self.token = os.environ.get("MSTAR_WORKER_TOKEN") or secrets.token_hex(4)
+        self.heartbeat_s, self.heartbeat_timeout_s = heartbeat_s, heartbeat_timeout_s
+        self.setup_retries = setup_retries
+        self.token = os.environ.get(TOKEN_ENV) or secrets.token_hex(16)
         self.workers: dict[int, RemoteWorker] = {}
         self._ready: dict[int, asyncio.Event] = {r: asyncio.Event() for r in range(self.world_size)}
         self._setup_errors: dict[int, str] = {}
+        self._setup_crashes: dict[int, int] = {}
         self._processes: dict[int, subprocess.Popen] = {}
+        self._ready_pids: set[int] = set()
         self._tp = self._tensor_parallel_groups()
         self._stopping = False
         self._started = False
         self._restarting: set[int] = set()
         self._server: asyncio.base_events.Server | None = None
+        self._tasks: set[asyncio.Task] = set()
         self.restarts = 0
 
     def _tensor_parallel_groups(self) -> dict[int, TensorParallel]:
@@ -88,25 +105,36 @@ class WorkerPool:
     def address(self) -> str:
         return f"{self.host}:{self.port}"
 
+    def _task(self, coro) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
     # -- start -------------------------------------------------------------------------
     async def start(self) -> None:
         self._server = await asyncio.start_server(self._on_connect, self.host, self.port)
         self.port = self._server.sockets[0].getsockname()[1]
         log.info("conductor control address %s; %d worker(s)%s", self.address, self.world_size,
-                 "" if self.launch else " expected to connect")
+                 "" if self.launch else f" expected to connect (with {TOKEN_ENV} set to this pool's token)")
         if self.launch:
             for rank in range(self.world_size):
                 self._spawn(rank)
         await asyncio.gather(*(self.wait_ready(r, self.setup_timeout) for r in range(self.world_size)))
         self._started = True
+        if self.heartbeat_s > 0:
+            self._task(self._heartbeat())
 
     def _spawn(self, rank: int) -> None:
-        cmd = [sys.executable, "-m", "mstar.worker.process_main", "--conductor", self.address,
-               "--rank", str(rank), "--token", self.token]
-        env = dict(os.environ)  # a local Worker imports what this process can import
-        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
-        self._processes[rank] = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, env=env)
-        log.info("started worker rank %d (pid %d)", rank, self._processes[rank].pid)
+        if self._stopping:
+            return
+        cmd = [sys.executable, "-m", "mstar.worker.process_main", "--conductor", self.address, "--rank", str(rank)]
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)  # a local Worker imports what we can
+        env[TOKEN_ENV] = self.token
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, env=env, preexec_fn=_die_with_parent)
+        self._processes[rank] = proc
+        self._task(self._reap(rank, proc))
+        log.info("started worker rank %d (pid %d)", rank, proc.pid)
 
     async def wait_ready(self, rank: int, timeout: float) -> RemoteWorker:
         """The rank's live Worker; waits while it starts (or is being restarted)."""
@@ -118,11 +146,10 @@ class WorkerPool:
                 return worker
             if rank in self._setup_errors:
                 raise RuntimeError(f"worker rank {rank} failed to start: {self._setup_errors[rank]}")
-            proc = self._processes.get(rank)
-            if not self._started and proc is not None and proc.poll() is not None:
-                raise RuntimeError(f"worker rank {rank} (pid {proc.pid}) {describe_exit(proc.returncode)} before it was ready")
             if self._stopping:
                 raise RuntimeError(f"worker rank {rank} is stopped")
+            if self._started and not (self.restart and self.launch) and worker is not None and not worker.alive:
+                raise RuntimeError(f"{worker!r} {worker.death or 'is gone'} and is not restarted")
             if loop.time() > deadline:
                 raise TimeoutError(f"worker rank {rank} did not get ready within {timeout:.0f}s "
                                    f"(control address {self.address})")
@@ -133,35 +160,41 @@ class WorkerPool:
         return Setup(spec=self.spec, nodes=nodes, config=self.config, device=self.placement.device_of(rank),
                      threads=self.threads, transports=list(self.transports), host=self.host, tp=self._tp.get(rank))
 
+    async def _handshake(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+        hello = decode_body(await reader.readexactly(frame_length(await reader.readexactly(HEADER_SIZE), MAX_HELLO)))
+        if not isinstance(hello, Hello) or not secrets.compare_digest(hello.token, self.token):
+            raise ValueError(f"not a worker of this conductor ({type(hello).__name__} with a wrong token)")
+        rank = hello.rank
+        if not 0 <= rank < self.world_size or (rank in self.workers and self.workers[rank].alive):
+            raise ValueError(f"rank {rank} is out of range or already connected")
+        setup = self._setup_for(rank)
+        writer.write(encode_frame(setup))
+        reply = decode_body(await reader.readexactly(frame_length(await reader.readexactly(HEADER_SIZE))))
+        return hello, setup, reply
+
     async def _on_connect(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        rank = None
         try:
-            hello = decode_body(await reader.readexactly(frame_length(await asyncio.wait_for(reader.readexactly(HEADER_SIZE), 10))))
-            if not isinstance(hello, Hello) or hello.token != self.token:
-                raise ValueError(f"not a worker of this conductor: {type(hello).__name__}")
-            rank = hello.rank
-            if not 0 <= rank < self.world_size or (rank in self.workers and self.workers[rank].alive):
-                raise ValueError(f"rank {rank} is out of range or already connected")
-            setup = self._setup_for(rank)
-            writer.write(encode_frame(setup))
-            reply = decode_body(await reader.readexactly(frame_length(
-                await asyncio.wait_for(reader.readexactly(HEADER_SIZE), self.setup_timeout))))
+            if self._stopping:
+                raise ValueError("the pool is stopping")
+            hello, setup, reply = await asyncio.wait_for(self._handshake(reader, writer), self.setup_timeout)
+            if isinstance(reply, SetupFailed):
+                self._setup_errors[hello.rank] = reply.error
+                raise ValueError(f"rank {hello.rank} failed to set up: {reply.error}")
+            if not isinstance(reply, Ready):
+                raise ValueError(f"expected Ready, got {type(reply).__name__}")
         except Exception as exc:
-            log.warning("rejected a worker connection%s: %s", f" (rank {rank})" if rank is not None else "", exc)
+            log.warning("rejected a worker connection: %s", exc)
             writer.close()
             return
-        if isinstance(reply, SetupFailed):
-            self._setup_errors[rank] = reply.error
-            log.error("worker rank %d failed to set up: %s", rank, reply.error)
-            writer.close()
-            return
-        assert isinstance(reply, Ready)
+        rank = hello.rank
         worker = RemoteWorker(rank, setup.nodes, reader, writer, hello.pid, hello.host, reply, self._processes.get(rank))
         worker.explain_death = lambda w=worker: self._explain(w)
         worker.on_lost = self._on_lost
         self.workers[rank] = worker
+        self._ready_pids.add(hello.pid)
+        self._setup_crashes.pop(rank, None)
         worker.start()
-        asyncio.ensure_future(self._watch(worker))
+        self._task(self._watch(worker))
         self._ready[rank].set()
         log.info("worker rank %d ready (pid %d on %s): nodes %s, serves %s", rank, hello.pid, hello.host,
                  setup.nodes, sorted(reply.endpoints))
@@ -177,6 +210,44 @@ class WorkerPool:
             await asyncio.sleep(0.01)
         return None
 
+    async def _reap(self, rank: int, proc: subprocess.Popen) -> None:
+        """Every launched process ends here: its segments go; one that died before Ready is retried."""
+        code = await asyncio.get_running_loop().run_in_executor(None, proc.wait)
+        unlink_segments(segments_with_prefix(segment_prefix(worker_tag(self.token, rank, proc.pid))))
+        if self._stopping or proc.pid in self._ready_pids or self._processes.get(rank) is not proc:
+            return  # a ready Worker's death is handled by _watch
+        if rank in self._setup_errors or not self.restart:
+            self._setup_errors.setdefault(rank, f"the process {describe_exit(code)} during setup")
+            return
+        crashes = self._setup_crashes[rank] = self._setup_crashes.get(rank, 0) + 1
+        if crashes > self.setup_retries:
+            self._setup_errors[rank] = f"the process {describe_exit(code)} during setup, {crashes} times"
+            return
+        log.error("worker rank %d (pid %d) %s during setup; retrying (%d of %d)", rank, proc.pid,
+                  describe_exit(code), crashes, self.setup_retries)
+        await asyncio.sleep(0.5 * crashes)
+        self._spawn(rank)
+
+    async def _heartbeat(self) -> None:
+        """A Worker that is alive but does not answer (stopped, wedged) is treated as dead."""
+        while not self._stopping:
+            await asyncio.sleep(self.heartbeat_s)
+            for worker in [w for w in self.workers.values() if w.alive]:
+                self._task(self._probe(worker))
+
+    async def _probe(self, worker: RemoteWorker) -> None:
+        try:
+            await worker.refresh_stats(self.heartbeat_timeout_s)
+        except asyncio.TimeoutError:
+            if worker.alive and not self._stopping:
+                self._take_down(worker, f"stopped answering (no heartbeat reply within {self.heartbeat_timeout_s:g}s)")
+
+    def _take_down(self, worker: RemoteWorker, reason: str) -> None:
+        worker.mark_dead(reason)
+        proc = worker.process
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+
     def _tp_group_of(self, rank: int) -> list[int]:
         for group in self.placement.file.placement.node_groups:
             if group.tp_size > 1 and rank in group.ranks:
@@ -184,11 +255,11 @@ class WorkerPool:
         return [rank]
 
     def _on_lost(self, worker: RemoteWorker) -> None:
-        """A tensor-parallel rank is gone: its group cannot step any more, so no new call may go to it."""
+        """A tensor-parallel rank is gone: its group cannot step any more, so the others go too."""
         for r in self._tp_group_of(worker.rank):
             other = self.workers.get(r)
-            if other is not None and other is not worker:
-                other.lost = True
+            if other is not None and other is not worker and other.alive:
+                self._take_down(other, f"was taken down with its tensor-parallel group (rank {worker.rank} was lost)")
 
     async def _watch(self, worker: RemoteWorker) -> None:
         await worker.dead.wait()
@@ -215,7 +286,7 @@ class WorkerPool:
             if proc is not None and proc.poll() is None:
                 proc.kill()  # a worker that dropped its connection (or lost its group) is not trusted
                 await asyncio.get_running_loop().run_in_executor(None, proc.wait)
-        if not (self.restart and self.launch):
+        if not (self.restart and self.launch) or self._stopping:
             return
         self.restarts += 1
         if len(group) > 1:  # a fresh rendezvous: the old one died with its leader
@@ -242,6 +313,10 @@ class WorkerPool:
         for worker in list(self.workers.values()):
             worker.stop()
             unlink_segments(segments_with_prefix(worker.segment_prefix))
+        for rank, proc in self._processes.items():  # also those that never got ready
+            unlink_segments(segments_with_prefix(segment_prefix(worker_tag(self.token, rank, proc.pid))))
+        for task in list(self._tasks):
+            task.cancel()
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()

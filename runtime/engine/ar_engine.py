@@ -245,6 +245,9 @@ class AREngine(EngineInbox):
                                                                       f"of node {msg.node!r} for {msg.owner!r}"))
         if seq.call is not None:
             return reply(KVExported(msg.call_id, msg.request_id, error=f"node {msg.node!r} of {msg.owner!r} is still running"))
+        if seq.embeds is not None:  # its embedding rows would be needed for any recompute there
+            return reply(KVExported(msg.call_id, msg.request_id, error=f"node {msg.node!r}: a sequence with "
+                                                                      f"embedding inputs cannot move between Workers yet"))
         if self.tp_leader is not None:  # the other ranks' KV heads would stay behind
             return reply(KVExported(msg.call_id, msg.request_id, error=f"node {msg.node!r} is tensor-parallel: "
                                                                       f"moving its KV between Workers is not supported"))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from mstar.engine.attention.metadata import MaskKind
 from mstar.engine.block_manager import BlockManager
 from mstar.engine.config import EngineConfig
 from mstar.engine.kv_cache import PagedKVCache
@@ -48,6 +49,11 @@ class Scheduler:
             if budget == 0 or len(batch) >= self.config.max_num_seqs:
                 break
             n = min(seq.num_pending, budget)
+            whole = self._bidirectional_rest(seq)
+            if n < whole:  # a bidirectional prefix cannot be split over steps: its tokens see each other
+                if batch:
+                    break
+                n = whole  # alone in this step, over the token budget
             if not self.make_room(seq, n, batch):
                 if not batch and not any(s.table.blocks for s in self.seqs.values() if s is not seq):
                     self._stuck.append(seq)  # alone with the whole pool and still no room
@@ -58,6 +64,14 @@ class Scheduler:
             batch.append(ScheduledSeq(seq, seq.num_computed, n))
             budget -= n
         return batch
+
+    @staticmethod
+    def _bidirectional_rest(seq: Sequence) -> int:
+        """Pending tokens of a prefix-bidirectional span, which must be computed in one step."""
+        if seq.mask != MaskKind.PREFIX_BIDIRECTIONAL:
+            return 0
+        span_end = min(seq.mask_arg - seq.table.first_position, len(seq.token_ids))
+        return max(0, span_end - seq.num_computed)
 
     def make_room(self, seq: Sequence, n: int, batch: list[ScheduledSeq]) -> bool:
         """Preempts idle or younger sequences until ``seq`` can take ``n`` more tokens."""

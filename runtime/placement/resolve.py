@@ -25,6 +25,7 @@ class ResolvedPlacement:
             self._add(i, group)
         self._check_every_used_node_is_placed()
         self._check_transport_edges()
+        self._check_kv_views_stay_together()
 
     def _add(self, i: int, group: NodeGroup) -> None:
         for j, node in enumerate(group.nodes):
@@ -54,6 +55,19 @@ class ResolvedPlacement:
             if node in self.graph.node_by_name and self.lookup(node, None) is None and not any(
                     self.lookup(node, w) for w in self.graph.walks):
                 raise self.file.error(("node_groups",), f"node {node!r} (fed by streaming edge {edge}) is placed nowhere")
+
+    def _check_kv_views_stay_together(self) -> None:
+        """A view that forks its KV from another reads that KV in place: same ranks, every Walk."""
+        for node in self.graph.nodes:
+            if node.kv_from is None:
+                continue
+            mine = {p.ranks for p in self.placements_of(node.name)}
+            source = {p.ranks for p in self.placements_of(node.kv_from)}
+            if mine and source and mine != source:
+                group = min(p.group for p in self.placements_of(node.name))
+                raise self.file.error(("node_groups", group, "nodes"),
+                                      f"node {node.name!r} forks its KV from {node.kv_from!r}: place both on the "
+                                      f"same ranks (got {sorted(mine)} and {sorted(source)})")
 
     def _check_transport_edges(self) -> None:
         for endpoint in self.file.placement.transport.edges:

@@ -133,6 +133,7 @@ class PeerSegments:
                 seg.close()
                 seg = None
             if seg is None:
+                self._drop_stale()
                 seg = self._arenas[name] = ShmSegment(name, create=False)
             pin = seg.buf  # our own reference: the mapping outlives a concurrent close() during the copy
         memcpy(dst, self._address(seg, offset, count, key), count)
@@ -156,9 +157,16 @@ class PeerSegments:
                 seg.close()
                 seg = None
             if seg is None:
+                self._drop_stale()
                 seg = self._arenas[name] = ShmSegment(name, create=False)
             self._address(seg, offset, count, key)
             return seg.buf[offset:offset + count]
+
+    def _drop_stale(self) -> None:
+        """Forget arenas of peers that are gone (a restarted peer has a new name): holding
+        them would pin their memory for good. Called with the lock held, on a new mapping."""
+        for name in [n for n, seg in self._arenas.items() if not seg.is_current()]:
+            self._arenas.pop(name).close()
 
     @staticmethod
     def _address(seg: ShmSegment, offset: int, count: int, key: str) -> int:

@@ -7,6 +7,7 @@ Never pickle: every frame decodes into one of the structs of ``Message``.
 """
 from __future__ import annotations
 
+import hashlib
 import socket
 import struct
 import threading
@@ -19,6 +20,17 @@ from mstar.worker.messages import (CloseSession, ExecuteNode, ExportKV, KVExport
                                    ReleaseRequest)
 
 MAX_FRAME = 1 << 30  # a corrupt length must not make us allocate the world
+MAX_HELLO = 64 << 10  # before a peer has shown the token, it may send only this much
+TOKEN_ENV = "MSTAR_WORKER_TOKEN"  # the token travels in the environment, not in argv (ps shows argv)
+
+
+class FrameTooLarge(ValueError):
+    pass
+
+
+def worker_tag(token: str, rank: int, pid: int) -> str:
+    """Names a Worker process's shared-memory segments without revealing the token."""
+    return f"{hashlib.sha256(token.encode()).hexdigest()[:10]}r{rank}p{pid}"
 
 
 class ModelSpec(msgspec.Struct, frozen=True):
@@ -88,6 +100,9 @@ _HEADER = struct.Struct("!I")
 
 def encode_frame(msg: Message) -> bytes:
     body = _encoder.encode(msg)
+    if len(body) > MAX_FRAME:
+        raise FrameTooLarge(f"a {type(msg).__name__} of {len(body)} bytes is over the {MAX_FRAME}-byte frame limit "
+                            f"(inline values are for small tensors)")
     return _HEADER.pack(len(body)) + body
 
 
@@ -95,10 +110,10 @@ def decode_body(body: bytes) -> Message:
     return _decoder.decode(body)
 
 
-def frame_length(header: bytes) -> int:
+def frame_length(header: bytes, limit: int = MAX_FRAME) -> int:
     (n,) = _HEADER.unpack(header)
-    if n > MAX_FRAME:
-        raise ValueError(f"control frame of {n} bytes is over the {MAX_FRAME} limit (corrupt stream?)")
+    if n > limit:
+        raise ValueError(f"control frame of {n} bytes is over the {limit} limit (corrupt stream?)")
     return n
 
 

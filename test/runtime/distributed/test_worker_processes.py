@@ -169,9 +169,9 @@ def test_workers_started_by_hand_connect_to_the_conductor_address(tmp_path):
         starting = asyncio.ensure_future(c.start())
         while c.pool.port == 0:
             await asyncio.sleep(0.01)
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p), MSTAR_WORKER_TOKEN=c.pool.token)
         procs = [subprocess.Popen([sys.executable, "-m", "mstar.worker.process_main", "--conductor", c.pool.address,
-                                   "--rank", str(rank), "--token", c.pool.token], env=env) for rank in (1, 0)]
+                                   "--rank", str(rank), "--listen", "127.0.0.1"], env=env) for rank in (1, 0)]
         await starting
         try:
             got = await serve_all(c, PROMPTS)
@@ -225,3 +225,29 @@ asyncio.run(main())
             assert segments_with_prefix(prefix) == []
     finally:
         conductor.kill()
+
+
+def test_a_worker_that_stops_answering_is_taken_down_and_replaced(tmp_path):
+    import signal
+    import time
+
+    async def go():
+        c = Conductor.distributed(toy_spec(delay=0.05), placement(tmp_path, SPLIT), config=config(),
+                                  heartbeat_s=0.2, heartbeat_timeout_s=1.0)
+        async with c:
+            victim = c.pool.workers[1]
+            stream = c.submit(req(PROMPTS[1], 200, request_id="stuck", outputs=frozenset({"y"})))
+            await stream.__anext__()
+            os.kill(victim.pid, signal.SIGSTOP)  # alive, but silent
+            stopped = time.monotonic()
+            with pytest.raises(RequestError) as info:
+                async for _ in stream:
+                    pass
+            noticed = time.monotonic() - stopped
+            after = await collect(c, req(PROMPTS[0], 8, request_id="next"))
+        return str(info.value), noticed, after
+
+    error, noticed, after = run(go())
+    assert "stopped answering" in error, error
+    assert noticed < 3.0, noticed
+    assert len(after["token"]) == 8

@@ -117,3 +117,11 @@ def test_bad_flow_inputs_fail_clearly_and_the_next_request_is_served(bad, messag
 
     out = run(go())
     assert torch.allclose(out["actions"][0], reference(lm, good), atol=1e-5)
+
+
+def test_a_bidirectional_prefix_is_never_split_over_steps():
+    lm = ToyFlowLM()
+    observations = [observation(n, seed) for seed, n in enumerate([17, 13, 9])]
+    got, _ = run(serve(lm, observations, max_batched_tokens=8))  # less than each prefix
+    for actions, obs in zip(got, observations):
+        assert torch.allclose(actions, reference(lm, obs), atol=1e-5)

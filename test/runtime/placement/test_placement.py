@@ -69,3 +69,10 @@ def test_errors_name_the_field_and_line(text, needle, line):
     assert needle in message, message
     if line is not None:
         assert message.startswith(f"p.yaml:{line}:"), message
+
+
+def test_a_kv_view_must_sit_with_the_view_it_forks_from():
+    from support.toy_flow import flow_graph
+    text = "world_size: 2\nnode_groups:\n  - {nodes: [prefix], ranks: [0]}\n  - {nodes: [act], ranks: [1]}\n"
+    with pytest.raises(PlacementError, match=r"p.yaml:5: node_groups\[1\].nodes: node 'act' forks its KV from 'prefix'"):
+        ResolvedPlacement(flow_graph(), PlacementFile.parse(text, "p.yaml"))
