@@ -74,5 +74,5 @@ def test_errors_name_the_field_and_line(text, needle, line):
 def test_a_kv_view_must_sit_with_the_view_it_forks_from():
     from support.toy_flow import flow_graph
     text = "world_size: 2\nnode_groups:\n  - {nodes: [prefix], ranks: [0]}\n  - {nodes: [act], ranks: [1]}\n"
-    with pytest.raises(PlacementError, match=r"p.yaml:5: node_groups\[1\].nodes: node 'act' forks its KV from 'prefix'"):
+    with pytest.raises(PlacementError, match=r"p.yaml:4: node_groups\[1\].nodes: node 'act' forks its KV from 'prefix'"):
         ResolvedPlacement(flow_graph(), PlacementFile.parse(text, "p.yaml"))
