@@ -22,6 +22,7 @@ from mstar.parallel.layers import (ParallelLMHead, RowParallelLinear, VocabParal
                                    column_parallel, restricted_logits, vocab_slice)
 from mstar.weights import load_weights
 from mstar_graphs.orpheus.llama_config import LlamaConfig
+from mstar_graphs.common.rope import apply_rope
 
 
 def rope_inv_freq(cfg: LlamaConfig) -> torch.Tensor:
@@ -55,14 +56,6 @@ def rope_tables(cfg: LlamaConfig) -> tuple[torch.Tensor, torch.Tensor]:
     positions = torch.arange(cfg.max_position_embeddings, dtype=torch.float32)
     angles = torch.outer(positions, rope_inv_freq(cfg))
     return angles.cos(), angles.sin()
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate-half RoPE (HF Llama convention). x [T, H, D]; cos, sin [T, D/2]."""
-    half = x.shape[-1] // 2
-    x1, x2 = x[..., :half], x[..., half:]
-    c, s = cos.unsqueeze(1), sin.unsqueeze(1)
-    return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1)
 
 
 class RMSNorm(nn.Module):

@@ -1,0 +1,152 @@
+"""pi0.5's prefix LM + action expert as one AR module: the prefix fills the paged KV once,
+each flow step's expert rows attend to it through the same ``attn``.
+
+Engine contract (see ``mstar.engine.ar_module`` and ``mstar.engine.flow_loop``):
+
+- ``forward(input_ids, positions, attn, embeds=None, embed_mask=None)``: the prefix
+  LM over packed rows (the engine sets the prefix-bidirectional mask); rows where
+  ``embed_mask`` is True take ``embeds`` (image embeddings) instead of the token's.
+- ``flow_velocity(x [B, H, A], time [B], positions [B*H], attn) -> v [B, H, A]``:
+  one evaluation of the expert; rows are sequence-major, each sequence's H rows see
+  its prefix and each other. Their K/V go through ``attn`` like any row's, into the
+  slots the engine reserved after the prefix (overwritten every step).
+- Flow convention (openpi): x at t = 1 is noise; ``euler_step`` with dt = -1/steps
+  down to t = 0.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mstar.engine.ar_module import ARModule
+from mstar.engine.attention.backend import AttentionContext
+from mstar.engine.kv_cache import KVSpec
+from mstar.parallel.layers import restricted_logits
+from mstar_graphs.pi05.config import Pi05Config
+from mstar_graphs.pi05.expert import ActionExpert
+from mstar_graphs.pi05.gemma import GemmaPrefixLM, rope_tables
+from mstar_graphs.pi05.prompt import build_prefix
+
+
+def flow_times(steps: int) -> list[float]:
+    """The times the velocity is evaluated at: 1, 1 - 1/steps, ..., 1/steps."""
+    if steps <= 0:
+        raise ValueError(f"steps must be > 0, got {steps}")
+    return [1.0 - k / steps for k in range(steps)]
+
+
+def euler_step(x: torch.Tensor, v: torch.Tensor, dt: float) -> torch.Tensor:
+    """One Euler step of the flow: x + dt * v (dt = -1/steps: from noise toward actions)."""
+    return x + dt * v.to(x.dtype)
+
+
+class Pi05Model(ARModule):
+    """``llm``: PaliGemma's Gemma prefix LM; ``expert``: the action expert (+ its projections).
+
+    The SigLIP tower is a separate stateless node (:class:`Pi05ImageEncoder`); its output
+    rows enter ``forward`` as ``embeds``.
+    """
+
+    def __init__(self, config: Pi05Config, *, dtype: torch.dtype = torch.float32,
+                 device: torch.device | str | None = None) -> None:
+        super().__init__()
+        self.config = config.validated()
+        factory = {"dtype": dtype, "device": device}
+        self.llm = GemmaPrefixLM(config, **factory)
+        self.expert = ActionExpert(config, **factory)
+        self._reset_rope(device)
+
+    def _reset_rope(self, device: torch.device | str | None) -> None:
+        # Non-persistent (derived from the config, never in a checkpoint); built in fp32 and
+        # cast once to the module dtype, as transformers casts cos/sin to the activations'.
+        c = self.config
+        cos, sin = rope_tables(c.prefix.head_dim, c.rope_theta, c.max_positions)
+        dtype = self.llm.norm.weight.dtype
+        target = device if device is not None and torch.device(device).type != "meta" else "cpu"
+        self.register_buffer("rope_cos", cos.to(device=target, dtype=dtype), persistent=False)
+        self.register_buffer("rope_sin", sin.to(device=target, dtype=dtype), persistent=False)
+
+    @classmethod
+    def from_pretrained_dir(cls, path: str | Path, dtype: torch.dtype = torch.float32,
+                            progress: bool = True) -> Pi05Model:
+        """Config + prefix LM + expert weights from a pi0.5 checkpoint directory, on CPU in ``dtype``."""
+        from mstar_graphs.pi05.checkpoints import load_part  # checkpoints imports this module
+
+        module = cls(Pi05Config.from_dir(path), dtype=dtype, device="meta")
+        module.to_empty(device="cpu")
+        module._reset_rope("cpu")
+        load_part(module, path, "model", dtype=dtype, progress=progress)
+        return module.eval()
+
+    # ----------------------------------------------------------- ARModule API
+
+    def kv_spec(self) -> KVSpec:
+        p = self.config.prefix  # the expert's depth, kv heads and head_dim are the same (validated)
+        return KVSpec(num_layers=p.depth, num_kv_heads=p.num_kv_heads, head_dim=p.head_dim)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.config.vocab_size
+
+    @property
+    def max_positions(self) -> int:
+        return self.config.max_positions
+
+    @property
+    def action_horizon(self) -> int:
+        return self.config.action_horizon
+
+    @property
+    def action_dim(self) -> int:
+        return self.config.action_dim
+
+    @property
+    def num_steps(self) -> int:
+        return self.config.num_steps
+
+    @property
+    def tokens_per_image(self) -> int:
+        return self.config.vision.num_patches
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.llm.norm.weight.dtype
+
+    def build_prefix(self, tokenizer: Any, images_count: int, prompt: str,
+                     state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(input_ids [N], embed_mask [N]) of an observation, with this checkpoint's settings
+        (image tokens per camera, <bos>, max_token_len, LeRobot's state padding)."""
+        c = self.config
+        return build_prefix(tokenizer, images_count, prompt, state, tokens_per_image=self.tokens_per_image,
+                            bos_id=c.bos_token_id, max_token_len=c.max_token_len, state_pad_to=c.state_pad_to)
+
+    def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # No bounds check here (it would sync the device every step): the engine keeps
+        # positions below max_positions, and index_select fails loudly past the tables.
+        return self.rope_cos.index_select(0, positions), self.rope_sin.index_select(0, positions)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,  # type: ignore[override]
+                attn: AttentionContext, embeds: torch.Tensor | None = None,
+                embed_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """input_ids, positions [T] int64; embeds [T or marked, width], embed_mask [T] bool
+        -> final-normed hidden [T, prefix_width]."""
+        if input_ids.dim() != 1 or positions.shape != input_ids.shape:
+            raise ValueError(f"input_ids and positions must both be [T]; got {tuple(input_ids.shape)} "
+                             f"and {tuple(positions.shape)}")
+        cos, sin = self._rope(positions)
+        return self.llm(self.llm.embed(input_ids, embeds, embed_mask), cos, sin, attn)
+
+    def flow_velocity(self, x: torch.Tensor, time: torch.Tensor, positions: torch.Tensor,
+                      attn: AttentionContext) -> torch.Tensor:
+        """x [B, H, A], time [B], positions [B*H] (sequence-major) -> velocity [B, H, A] fp32."""
+        if x.dim() != 3 or positions.shape != (x.shape[0] * x.shape[1],):
+            raise ValueError(f"flow_velocity needs x [B, H, A] and positions [B*H]; got {tuple(x.shape)} "
+                             f"and {tuple(positions.shape)}")
+        cos, sin = self._rope(positions)
+        return self.expert(x, time, cos, sin, attn)
+
+    def compute_logits(self, hidden: torch.Tensor, token_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """PaliGemma's LM head is tied to the token embeddings."""
+        return restricted_logits(hidden, self.llm.embed_tokens.weight, token_ids)
