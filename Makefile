@@ -23,7 +23,8 @@ $(VENV)/.installed-test: $(VENV)/.installed
 	# Mooncake (the mooncake extra; its tests run, never skip) needs Debian's libibverbs1
 	@if [ "$$(id -u)" = 0 ] && ! ldconfig -p | grep -q 'libibverbs\.so\.1 '; then \
 		apt-get install -y -q libibverbs1 || { apt-get update -q && apt-get install -y -q libibverbs1; }; fi
-	$(PIP) install -q -e ".[audio,bench,test,mooncake]"
+	# the ros extra too: the ROS 2 tests (real rclpy over DDS, bag playback) run, never skip
+	$(PIP) install -q -e ".[audio,bench,test,mooncake,ros]"
 	touch $@
 
 install: $(VENV)/.installed

@@ -38,7 +38,11 @@ setup(
     ],
     extras_require={
         "audio": ["snac==1.2.1"],
-        "ros": [],
+        # ROS 2 Kilted from PyPI (no /opt/ros): rclpy needs its [fastrtps] extra to import; pinned,
+        # never mixed with ros-jazzy-*. rosbags reads/writes rosbag2 (MCAP, sqlite3) in pure Python.
+        "ros": ["ros-kilted-rclpy[fastrtps]==9.1.2", "ros-kilted-sensor-msgs==5.5.1", "ros-kilted-std-msgs==5.5.1",
+                "ros-kilted-geometry-msgs==5.5.1", "ros-kilted-trajectory-msgs==5.5.1",
+                "ros-kilted-diagnostic-msgs==5.5.1", "rosbags==0.11.9"],
         "webrtc": ["aiortc", "av"],
         "gpu": ["flashinfer-python==0.6.13", "flashinfer-cubin==0.6.13"],
         # optional cross-host tensor transport (CPU build; needs Debian libibverbs1)

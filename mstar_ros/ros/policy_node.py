@@ -1,0 +1,196 @@
+"""One robot's pi0.5 policy as a ROS 2 node: cameras + joint states in, JointTrajectory chunks out.
+
+Subscribes (in its namespace, sensor-data QoS) to ``camera topics`` (sensor_msgs/Image,
+rgb8 / bgr8 / mono8) and ``joint_states``; takes the task from the ``prompt``
+parameter and the ``prompt`` topic (std_msgs/String). At the control rate it checks
+its action queue (mstar_ros.policy.chunking) and, when the queue runs low, submits
+the latest observation to the runtime; the chunk comes back as
+trajectory_msgs/JointTrajectory on ``action_chunk`` (one point per control tick).
+Several robots' requests are batched by the runtime, not here. A bad message is
+reported on /diagnostics with what is wrong, dropped, and nothing else stops.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import threading
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from mstar.conductor import Conductor
+from mstar_ros.policy.chunking import ActionChunker
+from mstar_ros.ros.convert import (ObservationError, denormalize_actions, image_to_tensor, joint_state_to_tensor,
+                                   normalize_state, trajectory_msg)
+
+log = logging.getLogger("mstar_ros.policy")
+
+PARAMETERS = {  # name: (default, description)
+    "cameras": (["camera/exterior/image_raw", "camera/wrist/image_raw"], "camera topics, in the model's camera order"),
+    "joint_states_topic": ("joint_states", "sensor_msgs/JointState topic"),
+    "joint_names": ([f"panda_joint{i}" for i in range(1, 8)] + ["robotiq_85_left_knuckle_joint"],
+                    "joints the policy reads and commands, in the action order"),
+    "joint_lower": ([-2.9, -1.8, -2.9, -3.1, -2.9, -0.1, -2.9, 0.0], "lower joint limits (state/action scaling)"),
+    "joint_upper": ([2.9, 1.8, 2.9, 0.0, 2.9, 3.8, 2.9, 0.8], "upper joint limits (state/action scaling)"),
+    "prompt": ("pick up the object", "the task, in words (also settable on the 'prompt' topic)"),
+    "control_rate_hz": (15.0, "actions per second the robot executes (JointTrajectory point spacing)"),
+    "refill_at": (0, "request the next chunk when this many actions are left (0: half the horizon)"),
+    "smooth": (True, "real-time chunking: inpaint the actions that run while a chunk is computed"),
+    "image_height": (224, "expected camera image height (other sizes are reported and dropped)"),
+    "image_width": (224, "expected camera image width"),
+    "max_observation_age_s": (0.5, "do not act on camera or joint data older than this (a sensor stopped)"),
+}
+
+
+@dataclass
+class RobotStats:
+    chunks: int = 0
+    dropped: int = 0
+    latencies_s: list[float] = field(default_factory=list)  # oldest sensor frame used -> chunk published
+    last_error: str = ""
+
+
+def make_policy_node(policy, conductor: Conductor, loop: asyncio.AbstractEventLoop, namespace: str,
+                     overrides: dict | None = None):
+    """Builds the node (rclpy must be initialised); ``overrides`` replace parameter defaults."""
+    from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
+    from rclpy.node import Node
+    from rclpy.qos import qos_profile_sensor_data
+    from sensor_msgs.msg import Image, JointState
+    from std_msgs.msg import String
+    from trajectory_msgs.msg import JointTrajectory
+
+    class PolicyNode(Node):
+        def __init__(self) -> None:
+            super().__init__("pi05_policy", namespace=namespace)
+            defaults = dict(PARAMETERS)
+            for key, value in (overrides or {}).items():
+                defaults[key] = (value, defaults[key][1])
+            for name, (default, _) in defaults.items():
+                self.declare_parameter(name, default)
+            p = {name: self.get_parameter(name).value for name in PARAMETERS}
+            self.joint_names = list(p["joint_names"])
+            self.lower, self.upper = list(p["joint_lower"]), list(p["joint_upper"])
+            if not len(self.joint_names) == len(self.lower) == len(self.upper):
+                raise ValueError(f"{namespace}: joint_names, joint_lower and joint_upper differ in length")
+            if len(self.joint_names) > policy.action_dim:
+                raise ValueError(f"{namespace}: {len(self.joint_names)} joints but the model acts in {policy.action_dim} dims")
+            self.prompt = str(p["prompt"])
+            self.rate = float(p["control_rate_hz"])
+            self.image_hw = (int(p["image_height"]), int(p["image_width"]))
+            self.cameras = list(p["cameras"])
+            self.max_age = float(p["max_observation_age_s"])
+            self._stale_reported = False
+            self.chunker = ActionChunker(policy.action_horizon, policy.action_dim, self.rate,
+                                         refill_at=int(p["refill_at"]) or None, smooth=bool(p["smooth"]))
+            self.stats = RobotStats()
+            self._lock = threading.Lock()
+            self._frames: dict[str, tuple[torch.Tensor, float]] = {}
+            self._state: tuple[torch.Tensor, float] | None = None
+            self._busy = False
+            self._n = 0
+            for topic in self.cameras:
+                self.create_subscription(Image, topic, lambda m, t=topic: self._on_image(t, m), qos_profile_sensor_data)
+            self.create_subscription(JointState, str(p["joint_states_topic"]), self._on_joints, qos_profile_sensor_data)
+            self.create_subscription(String, "prompt", self._on_prompt, 10)
+            self.actions_pub = self.create_publisher(JointTrajectory, "action_chunk", 10)
+            self.diag_pub = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
+            self.create_timer(1.0 / self.rate, self._tick)
+
+        # -- inputs --------------------------------------------------------------------
+        def _full(self, topic: str) -> str:
+            return topic if topic.startswith("/") else f"{self.get_namespace().rstrip('/')}/{topic}"
+
+        def _on_image(self, topic: str, msg) -> None:
+            try:
+                frame = image_to_tensor(msg, topic=self._full(topic), expect_hw=self.image_hw)
+            except ObservationError as exc:
+                return self._report(str(exc))
+            with self._lock:
+                self._frames[topic] = (frame, time.monotonic())
+
+        def _on_joints(self, msg) -> None:
+            try:
+                state = joint_state_to_tensor(msg, self.joint_names, topic=self._full("joint_states"))
+            except ObservationError as exc:
+                return self._report(str(exc))
+            with self._lock:
+                self._state = (normalize_state(state, self.lower, self.upper), time.monotonic())
+
+        def _on_prompt(self, msg) -> None:
+            if not msg.data.strip():
+                return self._report(f"{self._full('prompt')}: empty prompt ignored (keeping {self.prompt!r})")
+            self.prompt = msg.data
+
+        # -- the control loop ------------------------------------------------------------
+        def _tick(self) -> None:
+            now = time.monotonic()
+            with self._lock:
+                if self._busy or not self.chunker.needs_request(now):
+                    return
+                if self._state is None or any(t not in self._frames for t in self.cameras):
+                    return  # waiting for every camera and the joint state
+                oldest = min([self._frames[t][1] for t in self.cameras] + [self._state[1]])
+                if now - oldest > self.max_age:  # a sensor went quiet: acting on old data is worse than waiting
+                    if not self._stale_reported:
+                        self._stale_reported = True
+                        self._report(f"{self.get_namespace()}: sensor data is {now - oldest:.1f} s old; waiting")
+                    return
+                self._stale_reported = False
+                images = torch.stack([self._frames[t][0] for t in self.cameras])
+                state = self._state[0]
+                try:
+                    guide, weights = self.chunker.begin_request(now)
+                    self._n += 1
+                    request = policy.request(images, state, self.prompt, seed=self._n, guide=guide,
+                                             guide_weights=weights,
+                                             request_id=f"{self.get_namespace().strip('/') or 'robot'}-{self._n}")
+                except ValueError as exc:
+                    self.chunker.pending = None
+                    return self._report(f"{self.get_namespace()}: observation refused: {exc}")
+                self._busy = True
+            future = asyncio.run_coroutine_threadsafe(_serve(conductor, request), loop)
+            future.add_done_callback(lambda f: self._on_chunk(f, oldest))
+
+        def _on_chunk(self, future, oldest: float) -> None:
+            now = time.monotonic()
+            try:
+                (chunk,) = future.result()["actions"]
+            except Exception as exc:
+                with self._lock:
+                    self._busy, self.chunker.pending = False, None
+                return self._report(f"{self.get_namespace()}: chunk failed: {exc}")
+            with self._lock:
+                start_tick, actions = self.chunker.accept(chunk, now)
+                self._busy = False
+                start_in = self.chunker.time_of(start_tick) - now
+            stamp = (self.get_clock().now() + _duration(max(0.0, start_in))).to_msg()
+            positions = denormalize_actions(actions, self.lower, self.upper)
+            self.actions_pub.publish(trajectory_msg(self.joint_names, positions, self.rate, stamp))
+            self.stats.chunks += 1
+            self.stats.latencies_s.append(time.monotonic() - oldest)
+
+        def _report(self, text: str) -> None:
+            self.stats.dropped += 1
+            self.stats.last_error = text
+            self.get_logger().warning(text)
+            status = DiagnosticStatus(level=DiagnosticStatus.ERROR, name=f"mstar: {self.get_fully_qualified_name()}",
+                                      message=text, hardware_id=self.get_namespace())
+            status.values = [KeyValue(key="dropped", value=str(self.stats.dropped))]
+            array = DiagnosticArray(status=[status])
+            array.header.stamp = self.get_clock().now().to_msg()
+            self.diag_pub.publish(array)
+
+    return PolicyNode()
+
+
+async def _serve(conductor: Conductor, request) -> dict:
+    """On the Conductor's loop: submit() starts tasks, so it must run there, not on an rclpy thread."""
+    return await conductor.submit(request).collect()
+
+
+def _duration(seconds: float):
+    from rclpy.duration import Duration
+    return Duration(seconds=math.floor(seconds), nanoseconds=int((seconds - math.floor(seconds)) * 1e9))
