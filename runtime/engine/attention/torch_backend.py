@@ -73,6 +73,28 @@ class _PrefillPlan:
     is_causal: bool
 
 
+@dataclass
+class _GroupPlan:
+    """Several sequences with the same query_len > 1 (e.g. the flow suffixes of many robots),
+    batched into one padded SDPA call with a per-sequence mask."""
+
+    starts: torch.Tensor        # [B] first packed row of each sequence
+    length: int                 # query_len of each
+    max_len: int
+    slots: torch.Tensor         # [B * max_len]
+    mask: torch.Tensor          # [B, 1, length, max_len] bool
+
+
+def _group(plans: list[_PrefillPlan], seqs: list[SeqAttention], bs: int, dev: torch.device) -> _GroupPlan:
+    max_len = max(s.context_len for s in seqs)
+    mask = torch.zeros(len(seqs), 1, seqs[0].query_len, max_len, dtype=torch.bool)
+    for i, s in enumerate(seqs):
+        mask[i, 0, :, : s.context_len] = build_mask(s)
+    slots = torch.cat([key_slots(s, bs, max_len) for s in seqs]).to(dev)
+    starts = torch.tensor([p.start for p in plans], dtype=torch.int64)
+    return _GroupPlan(starts, seqs[0].query_len, max_len, slots, mask.to(dev))
+
+
 class TorchAttentionBackend(AttentionBackend):
     """Gathers each sequence's keys from the paged cache and runs torch SDPA.
 
@@ -89,6 +111,7 @@ class TorchAttentionBackend(AttentionBackend):
         self._meta: AttentionMetadata | None = None
         self._decode: _DecodePlan | None = None
         self._prefills: list[_PrefillPlan] = []
+        self._groups: list[_GroupPlan] = []
         self._all_decode_in_order = False
 
     def plan(self, meta: AttentionMetadata) -> None:
@@ -96,6 +119,7 @@ class TorchAttentionBackend(AttentionBackend):
         total = 0
         decode: list[SeqAttention] = []
         prefills: list[_PrefillPlan] = []
+        by_len: dict[int, list[tuple[_PrefillPlan, SeqAttention]]] = {}
         for s in meta.seqs:
             validate_seq(s, bs)
             total += s.query_len
@@ -110,8 +134,10 @@ class TorchAttentionBackend(AttentionBackend):
                 mask = None
             elif s.mask == MaskKind.CAUSAL and s.query_len == s.context_len:
                 mask, causal = None, True  # SDPA's top-left causal equals ours when Lq == Lk
-            prefills.append(_PrefillPlan(s.query_start, s.query_len, key_slots(s, bs).to(dev),
-                                         None if mask is None else mask.to(dev), causal))
+            plan = _PrefillPlan(s.query_start, s.query_len, key_slots(s, bs).to(dev),
+                                None if mask is None else mask.to(dev), causal)
+            prefills.append(plan)
+            by_len.setdefault(s.query_len, []).append((plan, s))
         if total != meta.num_tokens:
             raise ValueError(f"sequences cover {total} query tokens but slot_mapping has {meta.num_tokens}")
 
@@ -127,6 +153,12 @@ class TorchAttentionBackend(AttentionBackend):
             in_order = starts == list(range(starts[0], starts[0] + len(starts)))
             rows = None if in_order else torch.tensor(starts, dtype=torch.int64, device=dev)
             self._decode = _DecodePlan(rows, starts[0], len(decode), max_len, slots, key_mask)
+        self._groups = []
+        for members in by_len.values():
+            if len(members) > 1:  # one call for all of them instead of one per sequence
+                self._groups.append(_group([m[0] for m in members], [m[1] for m in members], bs, dev))
+                grouped = {id(m[0]) for m in members}
+                prefills = [p for p in prefills if id(p) not in grouped]
         self._prefills = prefills
         self._all_decode_in_order = (not prefills and self._decode is not None and self._decode.rows is None
                                      and self._decode.row0 == 0 and self._decode.batch == meta.num_tokens)
@@ -160,6 +192,14 @@ class TorchAttentionBackend(AttentionBackend):
             else:
                 out.index_copy_(0, dec.rows, od)
         G = Hq // Hkv
+        for g in self._groups:
+            B = g.starts.numel()
+            rows = (g.starts[:, None] + torch.arange(g.length)[None, :]).reshape(-1).to(q.device)
+            qs = q.index_select(0, rows).to(cdt).view(B, g.length, Hq, D).transpose(1, 2)   # [B, Hq, ql, D]
+            ks = kc.index_select(0, g.slots).to(cdt).view(B, g.max_len, Hkv, D).transpose(1, 2)
+            vs = vc.index_select(0, g.slots).to(cdt).view(B, g.max_len, Hkv, D).transpose(1, 2)
+            o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=g.mask, scale=scale, enable_gqa=G > 1)
+            out.index_copy_(0, rows, o.transpose(1, 2).reshape(B * g.length, Hq, D).to(out.dtype))
         for p in self._prefills:
             qs = q[p.start:p.start + p.length].to(cdt).transpose(0, 1)           # [Hq, ql, D]
             ks = kc.index_select(0, p.slots).to(cdt).transpose(0, 1)              # [Hkv, ctx, D]
