@@ -27,7 +27,7 @@ from mstar.engine.model_runner import ModelRunner
 from mstar.engine.sampler import Sampler
 from mstar.engine.scheduler import ScheduledSeq, Scheduler
 from mstar.engine.sequence import ActiveCall, Sequence, SeqStatus
-from mstar.engine.vocab_constraint import mask_rows, union_vocab
+from mstar.engine.vocab_constraint import union_vocab
 from mstar.parallel.group import TPGroup
 from mstar.parallel.plan import Hello, TPLeader
 from mstar.transport.inprocess import InProcessTensorStore
@@ -345,14 +345,26 @@ class AREngine(EngineInbox):
                 call.reply(NodeOutput(call.msg.call_id, call.msg.request_id, call.iteration, final=True, finish_reason="done"))
         if not sample_seqs:
             return
+        # Rows that allow the same token ranges share one restricted LM head: a union over the
+        # batch (Orpheus: up to 7 slots x 4096) would compute and mask ~7x the logits needed.
+        groups: dict[object, list[int]] = {}
         ranges = [self.module.allowed_token_ranges(s.num_generated) for s in sample_seqs]
-        vocab = union_vocab(ranges, hidden.device)
-        if self.tp_leader is not None:  # followers take part in the sharded LM head
-            self.tp_leader.logits_plan(rows, vocab)
-        logits = self.module.compute_logits(hidden[rows], vocab).float()
-        mask_rows(logits, vocab, ranges)
-        tokens = self.sampler.sample(logits, vocab, [s.call.msg.sampling for s in sample_seqs],
-                                     [s.history for s in sample_seqs], [s.generator for s in sample_seqs])
+        for i, r in enumerate(ranges):
+            groups.setdefault(None if r is None else tuple(r), []).append(i)
+        tokens: list[int] = [0] * len(sample_seqs)
+        for members in groups.values():
+            seqs = [sample_seqs[i] for i in members]
+            group_rows = [rows[i] for i in members]
+            group_ranges = [ranges[i] for i in members]
+            vocab = union_vocab(group_ranges, hidden.device)
+            if self.tp_leader is not None:  # followers take part in the sharded LM head
+                self.tp_leader.logits_plan(group_rows, vocab)
+            # every row of the group allows exactly ``vocab``: nothing to mask
+            logits = self.module.compute_logits(hidden[group_rows], vocab).float()
+            picked = self.sampler.sample(logits, vocab, [s.call.msg.sampling for s in seqs],
+                                         [s.history for s in seqs], [s.generator for s in seqs])
+            for i, token in zip(members, picked):
+                tokens[i] = token
         for seq, token in zip(sample_seqs, tokens):
             self._advance(seq, token)
 

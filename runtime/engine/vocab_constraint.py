@@ -1,8 +1,9 @@
 """Constrained decoding over a restricted vocabulary.
 
 A model may allow only some token ranges at each step (Orpheus: one SNAC slot's
-4096 codes). The engine then computes logits for the union of the batch's allowed
-ids only (a fraction of the LM head) and masks each row to its own ranges.
+4096 codes). The engine groups the batch's rows by their allowed ranges and
+computes each group's logits for exactly those ids (a fraction of the LM head),
+so no row ever sees a token it may not emit.
 """
 from __future__ import annotations
 
@@ -26,25 +27,6 @@ def _union(spans: tuple[tuple[int, int], ...], device: str) -> torch.Tensor:
     # cached: a constrained model cycles through a few span sets (Orpheus: 7 slots)
     ids = torch.cat([torch.arange(lo, hi) for lo, hi in spans])
     return torch.unique(ids).to(device)
-
-
-def mask_rows(logits: torch.Tensor, vocab: torch.Tensor | None, per_row: list[TokenRanges | None]) -> torch.Tensor:
-    """Sets disallowed columns of each row to -inf (in place) and returns logits."""
-    if all(r is None for r in per_row):
-        return logits
-    allowed = torch.zeros_like(logits, dtype=torch.bool)
-    for i, ranges in enumerate(per_row):
-        if ranges is None:
-            allowed[i] = True
-            continue
-        for lo, hi in ranges:
-            if vocab is None:
-                allowed[i, lo:hi] = True
-            else:
-                a = int(torch.searchsorted(vocab, lo))
-                b = int(torch.searchsorted(vocab, hi))
-                allowed[i, a:b] = True
-    return logits.masked_fill_(~allowed, float("-inf"))
 
 
 def contiguous_runs(ids: torch.Tensor, max_runs: int = 8) -> list[tuple[int, int]] | None:
