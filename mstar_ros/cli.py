@@ -16,7 +16,7 @@ system working end to end, not real speech."""
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from mstar_ros import bag_command, bench_command, bench_transport_command, tts_command
+    from mstar_ros import bag_command, bench_command, bench_pi05_command, bench_transport_command, tts_command
 
     parser = argparse.ArgumentParser(prog="mstar-ros", description=DESCRIPTION,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -26,6 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     tts_command.add_parser(sub)
     bench_command.add_parser(sub)
     bench_transport_command.add_parser(sub)  # `bench transport`, under bench
+    bench_pi05_command.add_parser(sub)  # `bench pi05`, under bench
     bag_command.add_parser(sub)
     return parser
 

@@ -1,0 +1,256 @@
+"""``mstar-ros bench pi05``: N robots served by one Conductor vs today's one-call-per-observation servers.
+
+Same checkpoint, same dtype, same observations (from the synthetic DROID-like bag, see
+``pi05_workload``) and the same flow noise for both systems, measured in one run:
+
+- ours: one embedded Conductor (in process; no ROS transport in the timed path) serving
+  every robot; requests of different robots share engine steps (SigLIP batches, prefixes
+  packed, one batched flow evaluation per Euler step).
+- baseline: ``graphs/pi05/direct.py`` - the model called directly, one observation per
+  call, robots served one after another (round robin), no batching.
+
+Two loads per robot count: closed loop (each robot offers its next observation as soon
+as its previous chunk returned: aggregate chunks/s at saturation) and open loop (each
+robot's sensors give an observation at ``hz``; latency = offer -> chunk). A robot acts
+on its newest observation: a frame superseded before the server takes it is dropped
+(keep-last, like a sensor-data subscription), so when a system is overloaded the
+latency stays bounded and ``dropped_fraction`` / ``served_hz`` show the shortfall.
+Serving starts only inside the window (frames left at its end count as dropped). Each
+load is measured in ABBA slices (ours, baseline, baseline, ours) against drifting load.
+Both systems run their torch work on the one device thread (one OpenMP team).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import bisect
+import copy
+import json
+import platform
+import time
+
+import torch
+from tqdm import tqdm
+
+from mstar.conductor import Conductor
+from mstar.engine.config import EngineConfig
+from mstar.engine.device_loop import run_on_device
+from mstar_ros.bench.pi05_workload import (PROMPT, Observation, Run, bag_observations, closed_summary, engine_delta,
+                                           open_summary)
+from mstar_ros.bench.pi05_plot import plot_pi05, print_level
+from mstar_ros.bench.workload import percentile
+
+clock = time.perf_counter
+
+
+def _request(policy, o: Observation):
+    return policy.request(o.images, o.state, PROMPT, seed=o.seed)
+
+
+def _direct(policy, o: Observation) -> float:
+    """One baseline call (tokenising included); returns the bare forward's seconds."""
+    from mstar_graphs.pi05.direct import sample_actions_direct
+    i = _request(policy, o).inputs
+    start = clock()
+    run_on_device(sample_actions_direct, policy.model, policy.encoder, i["images"], i["input_ids"],
+                  i["embed_mask"], i["noise"])
+    return clock() - start
+
+
+def _offers(robots: list[list[Observation]], seconds: float) -> tuple[list[list[Observation]], list[list[float]]]:
+    base = min(obs[0].offset_s for obs in robots)
+    kept = [[o for o in obs if o.offset_s - base < seconds] for obs in robots]
+    return kept, [[o.offset_s - base for o in obs] for obs in kept]
+
+
+async def ours_closed(policy, conductor: Conductor, robots: list[list[Observation]], seconds: float, bar) -> Run:
+    run = Run()
+    t0 = clock()
+
+    async def robot(obs: list[Observation]) -> None:
+        i = 0
+        while clock() - t0 < seconds:
+            start = clock()
+            await conductor.submit(_request(policy, obs[i % len(obs)])).collect()
+            run.latencies.append(clock() - start)
+            run.elapsed = max(run.elapsed, clock() - t0)
+            bar.update()
+            i += 1
+
+    await asyncio.gather(*(robot(obs) for obs in robots))
+    return run
+
+
+def direct_closed(policy, robots: list[list[Observation]], seconds: float, bar) -> Run:
+    run = Run()
+    t0, i = clock(), 0
+    while clock() - t0 < seconds:
+        obs = robots[i % len(robots)]
+        start = clock()
+        run.forward.append(_direct(policy, obs[(i // len(robots)) % len(obs)]))
+        run.latencies.append(clock() - start)
+        bar.update()
+        i += 1
+    run.elapsed = clock() - t0
+    return run
+
+
+async def ours_open(policy, conductor: Conductor, robots: list[list[Observation]], seconds: float, bar) -> Run:
+    robots, times = _offers(robots, seconds)
+    run = Run(offered=sum(map(len, robots)))
+    t0 = clock()
+
+    async def robot(obs: list[Observation], at: list[float]) -> None:
+        last = -1
+        while (now := clock() - t0) < seconds:  # serving starts inside the window; the rest is dropped
+            k = bisect.bisect_right(at, now) - 1  # the newest observation offered by now
+            if k <= last:
+                if last + 1 == len(at):
+                    return
+                await asyncio.sleep(at[last + 1] - now)
+                continue
+            await conductor.submit(_request(policy, obs[k])).collect()
+            run.latencies.append(clock() - t0 - at[k])
+            bar.update()
+            last = k
+
+    await asyncio.gather(*(robot(obs, at) for obs, at in zip(robots, times)))
+    run.elapsed = max(seconds, clock() - t0)
+    return run
+
+
+def direct_open(policy, robots: list[list[Observation]], seconds: float, bar) -> Run:
+    robots, times = _offers(robots, seconds)
+    run = Run(offered=sum(map(len, robots)))
+    last, served_at = [-1] * len(robots), [0.0] * len(robots)
+    t0 = clock()
+    while (now := clock() - t0) < seconds:
+        newest = [bisect.bisect_right(at, now) - 1 for at in times]
+        pending = [r for r in range(len(robots)) if newest[r] > last[r]]
+        if not pending:
+            upcoming = [at[l + 1] for at, l in zip(times, last) if l + 1 < len(at)]
+            if not upcoming:
+                break
+            time.sleep(max(0.0, min(upcoming) - now))
+            continue
+        r = min(pending, key=lambda r: served_at[r])  # one after another: the longest-waiting robot next
+        k = last[r] = newest[r]
+        run.forward.append(_direct(policy, robots[r][k]))
+        served_at[r] = clock() - t0
+        run.latencies.append(served_at[r] - times[r][k])
+        bar.update()
+    run.elapsed = max(seconds, clock() - t0)
+    return run
+
+
+def pick_dtype(policy, o: Observation) -> tuple[torch.dtype, dict[str, float], object]:
+    """A CPU user would try fp32 and bf16: the faster one (measured now) is used by both systems."""
+    timings, models = {}, {}
+    for dtype in (torch.float32, torch.bfloat16):
+        cand = policy if dtype == torch.float32 else run_on_device(
+            lambda: type(policy)(policy.path, copy.deepcopy(policy.model).to(dtype),
+                                 copy.deepcopy(policy.encoder).to(dtype), policy.tokenizer))
+        _direct(cand, o)  # warm
+        timings[str(dtype).removeprefix("torch.")] = round(min(_direct(cand, o) for _ in range(2)), 4)
+        models[dtype] = cand
+    best = torch.float32 if timings["float32"] <= timings["bfloat16"] else torch.bfloat16
+    return best, timings, models[best]
+
+
+async def _measure(policy, conductor: Conductor, robots, args, bar) -> tuple[dict[str, Run], dict[str, Run]]:
+    """Closed then open loop, each in ABBA slices of seconds / 2 (ours, baseline, baseline, ours), so a
+    change in the machine's load (other tenants) weighs on both systems alike."""
+    half = args.seconds / 2
+    closed, open_ = {"ours": Run(), "baseline": Run()}, {"ours": Run(), "baseline": Run()}
+    for who in ("ours", "baseline", "baseline", "ours"):
+        if who == "ours":
+            closed["ours"] += await ours_closed(policy, conductor, robots, half, bar)
+        else:
+            closed["baseline"] += await asyncio.to_thread(direct_closed, policy, robots, half, bar)
+    for who in ("ours", "baseline", "baseline", "ours"):
+        if who == "ours":
+            open_["ours"] += await ours_open(policy, conductor, robots, half, bar)
+        else:
+            open_["baseline"] += await asyncio.to_thread(direct_open, policy, robots, half, bar)
+    return closed, open_
+
+
+async def _run_levels(policy, config: EngineConfig, observations, levels: list[int], args) -> dict:
+    out: dict[str, dict] = {}
+    async with Conductor(policy.graph(), policy.modules(), config=config) as conductor:
+        for o in (observations[0][0], observations[0][1]):  # warm: first calls are slow for everyone
+            await conductor.submit(_request(policy, o)).collect()
+            await asyncio.to_thread(_direct, policy, o)
+        for n in levels:
+            bar = tqdm(desc=f"robots={n:<2}", unit="chunk", leave=False)
+            before = conductor.stats()["workers"][0]
+            closed, open_ = await _measure(policy, conductor, observations[:n], args, bar)
+            await conductor.wait_idle(timeout=30)
+            bar.close()
+            level = {who: {"closed_loop": closed_summary(closed[who]),
+                           "open_loop": open_summary(open_[who], n, args.hz)} for who in ("ours", "baseline")}
+            forward = closed["baseline"].forward + open_["baseline"].forward
+            level["baseline"]["bare_forward_p50_ms"] = round(percentile(forward, 50) * 1000, 1)
+            (oc, oo), (bc, bo) = ((level[w]["closed_loop"], level[w]["open_loop"]) for w in ("ours", "baseline"))
+            level["throughput_ratio"] = round(oc["chunks_per_s"] / bc["chunks_per_s"], 3)
+            level["latency_p50_ratio"] = round(oo["latency_p50_ms"] / bo["latency_p50_ms"], 3)
+            level["engine"] = engine_delta(before, conductor.stats()["workers"][0])
+            out[str(n)] = level
+            print_level(n, level)
+    return out
+
+
+def run_pi05_bench(args: argparse.Namespace) -> int:
+    from mstar_graphs.pi05.policy import Pi05Policy
+
+    levels = sorted({int(c) for c in args.robots.split(",") if c.strip()})
+    if not levels or min(levels) < 1:
+        raise ValueError(f"--robots must be positive robot counts, got {args.robots!r}")
+    policy = Pi05Policy.load(args.weights, preset=args.preset, progress=True)
+    observations = bag_observations(max(levels), args.seconds + 1.0, args.hz, args.seed)
+    dtype, calibration, policy = pick_dtype(policy, observations[0][0])
+    config = EngineConfig(dtype=str(dtype).removeprefix("torch."), kv_cache_mb=256)
+    prefix_tokens = _request(policy, observations[0][0]).inputs["input_ids"].numel()
+    report = _header(args, policy, config, calibration, prefix_tokens)
+    report["levels"] = asyncio.run(_run_levels(policy, config, observations, levels, args))
+    top, one = report["levels"][str(max(levels))], report["levels"][str(min(levels))]
+    bare = one["baseline"]["bare_forward_p50_ms"]
+    report[f"throughput_ratio_{max(levels)}_robots"] = top["throughput_ratio"]
+    report[f"overhead_ratio_{min(levels)}_robot"] = round(one["ours"]["open_loop"]["latency_p50_ms"] / bare, 3)
+    report["overhead_ratio_closed_loop"] = round(one["ours"]["closed_loop"]["chunk_latency_p50_ms"] / bare, 3)
+    report["notes"] = {
+        "overhead_ratio": f"ours, {min(levels)} robot(s), open-loop latency p50 / the bare direct forward p50; when "
+                          "the model is slower than the observation period the newest frame has waited for the "
+                          "previous chunk, and that wait is in the numerator",
+        "overhead_ratio_closed_loop": "ours, observation submitted -> chunk (no frame waiting), p50 / bare forward p50"}
+    report["goals"] = {"throughput_ratio_8_robots": ">= 3", "overhead_ratio_1_robot": "<= 1.15"}
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(report, indent=2) + "\n")
+    plot_pi05(report, args.plot)
+    print(f"wrote {args.json} and {args.plot}")
+    if policy.random_weights:
+        print("NOTE: random weights (generated checkpoint): timings are real, the actions are noise.")
+    return 0
+
+
+def _header(args: argparse.Namespace, policy, config: EngineConfig, calibration: dict, prefix_tokens: int) -> dict:
+    modules = (policy.model, policy.encoder)
+    return {
+        "model": {"preset": args.preset if args.weights is None else None, "weights": str(policy.path),
+                  "random_weights": policy.random_weights, "dtype": config.dtype,
+                  "params_m": round(sum(p.numel() for m in modules for p in m.parameters()) / 1e6, 1),
+                  "action_horizon": policy.action_horizon, "action_dim": policy.action_dim,
+                  "flow_steps": policy.model.num_steps, "prefix_tokens": int(prefix_tokens)},
+        "workload": {"source": "synthetic DROID-like bag (2 cameras 224x224 rgb8 at 15 Hz, 8 joints at 30 Hz)",
+                     "observation_hz": args.hz, "seconds_per_measurement": args.seconds, "prompt": PROMPT,
+                     "closed_loop": "each robot offers its next observation when its previous chunk returned",
+                     "open_loop": "observations at observation_hz per robot; a robot acts on its newest one, "
+                                  "superseded ones are dropped (dropped_fraction); latency = offer -> chunk"},
+        "ours": {"serving": "one embedded Conductor, in process (no ROS transport in the timed path)",
+                 "config": {"dtype": config.dtype, "block_size": config.block_size,
+                            "max_batched_tokens": config.max_batched_tokens}},
+        "baseline": {"serving": "graphs/pi05/direct.py: the model called directly, batch 1, dense prefix K/V, "
+                                "robots one after another", "dtype_calibration_s": calibration},
+        "machine": {"cpu_threads": torch.get_num_threads(), "python": platform.python_version(),
+                    "torch": torch.__version__},
+    }

@@ -1,0 +1,28 @@
+"""``mstar-ros bench pi05`` runs end to end (a smoke run on the tiny checkpoint: figures are not asserted)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+
+def test_bench_pi05_writes_json_and_plot(tmp_path):
+    out_json, out_png = tmp_path / "p.json", tmp_path / "p.png"
+    run = subprocess.run([sys.executable, "-m", "mstar_ros.cli", "-q", "bench", "pi05", "--preset", "tiny",
+                          "--robots", "1,2", "--seconds", "0.6", "--json", str(out_json), "--plot", str(out_png)],
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    report = json.loads(out_json.read_text())
+    for key in ("throughput_ratio_2_robots", "overhead_ratio_1_robot", "overhead_ratio_closed_loop"):
+        assert report[key] > 0, key
+    assert report["model"]["random_weights"] is True and report["model"]["dtype"] in ("float32", "bfloat16")
+    for n in ("1", "2"):
+        level = report["levels"][n]
+        for system in ("ours", "baseline"):
+            closed, open_ = level[system]["closed_loop"], level[system]["open_loop"]
+            assert closed["chunks"] >= int(n) and closed["chunks_per_s"] > 0
+            assert open_["served"] >= 1 and open_["offered"] == open_["served"] + open_["dropped"]
+            assert 0 < open_["latency_p50_ms"] <= open_["latency_p95_ms"]
+        assert level["baseline"]["bare_forward_p50_ms"] > 0 and level["throughput_ratio"] > 0
+    assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "2 robot(s)" in run.stdout
