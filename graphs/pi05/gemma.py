@@ -127,7 +127,14 @@ class GemmaPrefixLM(nn.Module):
         h[embed_mask] = rows
         return h
 
-    def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: AttentionContext) -> torch.Tensor:
-        for layer in self.layers:
+    def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: AttentionContext,
+                kv_only: bool = False) -> torch.Tensor:
+        """Final-normed hidden states; with ``kv_only`` only each layer's K/V matter (written
+        through ``attn``), so the last layer stops after its attention and nothing is normed."""
+        last = len(self.layers) - 1
+        for i, layer in enumerate(self.layers):
+            if kv_only and i == last:
+                layer.self_attn(layer.input_layernorm(h), cos, sin, attn)
+                return h
             h = layer(h, cos, sin, attn)
         return self.norm(h)

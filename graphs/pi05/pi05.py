@@ -49,6 +49,8 @@ class Pi05Model(ARModule):
     rows enter ``forward`` as ``embeds``.
     """
 
+    accepts_need_hidden = True  # the engine may ask for the KV only (see forward)
+
     def __init__(self, config: Pi05Config, *, dtype: torch.dtype = torch.float32,
                  device: torch.device | str | None = None) -> None:
         super().__init__()
@@ -129,14 +131,15 @@ class Pi05Model(ARModule):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,  # type: ignore[override]
                 attn: AttentionContext, embeds: torch.Tensor | None = None,
-                embed_mask: torch.Tensor | None = None) -> torch.Tensor:
+                embed_mask: torch.Tensor | None = None, need_hidden: bool = True) -> torch.Tensor:
         """input_ids, positions [T] int64; embeds [T or marked, width], embed_mask [T] bool
-        -> final-normed hidden [T, prefix_width]."""
+        -> final-normed hidden [T, prefix_width]; with ``need_hidden=False`` (the engine samples
+        nothing from this step: a pi0.5 prefix) only the KV is computed and the result is unused."""
         if input_ids.dim() != 1 or positions.shape != input_ids.shape:
             raise ValueError(f"input_ids and positions must both be [T]; got {tuple(input_ids.shape)} "
                              f"and {tuple(positions.shape)}")
         cos, sin = self._rope(positions)
-        return self.llm(self.llm.embed(input_ids, embeds, embed_mask), cos, sin, attn)
+        return self.llm(self.llm.embed(input_ids, embeds, embed_mask), cos, sin, attn, kv_only=not need_hidden)
 
     def flow_velocity(self, x: torch.Tensor, time: torch.Tensor, positions: torch.Tensor,
                       attn: AttentionContext) -> torch.Tensor:

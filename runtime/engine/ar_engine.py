@@ -307,7 +307,9 @@ class AREngine(EngineInbox):
         started = time.perf_counter()
         try:
             with torch.inference_mode():
-                hidden, last_rows = self.runner.run(batch)
+                samples = any(item.seq.call is not None and item.seq.call.wants_token
+                              and item.end == len(item.seq.token_ids) for item in batch)
+                hidden, last_rows = self.runner.run(batch, need_hidden=samples)
                 self.scheduler.complete(batch)
                 self._finish_step(batch, hidden, last_rows)
         except Exception as exc:

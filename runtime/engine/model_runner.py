@@ -27,9 +27,10 @@ class ModelRunner:
         self._attn = AttentionContext(backend)
         self.forward_seconds = 0.0  # inside the module's forward only (the rest is runtime overhead)
 
-    def run(self, batch: list[ScheduledSeq]) -> tuple[torch.Tensor, list[int]]:
+    def run(self, batch: list[ScheduledSeq], need_hidden: bool = True) -> tuple[torch.Tensor, list[int]]:
         """Returns hidden states [T, H] of every packed token and, per scheduled
-        sequence, the row of its last token."""
+        sequence, the row of its last token. ``need_hidden=False``: nothing will be sampled
+        from this step, and a module that says ``accepts_need_hidden`` may compute only its KV."""
         ids: list[int] = []
         positions: list[int] = []
         slots: list[torch.Tensor] = []
@@ -55,10 +56,10 @@ class ModelRunner:
         input_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
         pos = torch.tensor(positions, dtype=torch.long, device=self.device)
         started = time.perf_counter()
-        if embeds is None:
-            hidden = self.module(input_ids, pos, self._attn)
-        else:
-            hidden = self.module(input_ids, pos, self._attn, embeds=embeds, embed_mask=embed_mask)
+        extra: dict = {} if embeds is None else {"embeds": embeds, "embed_mask": embed_mask}
+        if not need_hidden and getattr(self.module, "accepts_need_hidden", False):
+            extra["need_hidden"] = False
+        hidden = self.module(input_ids, pos, self._attn, **extra)
         self.forward_seconds += time.perf_counter() - started
         return hidden, last_rows
 
