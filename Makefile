@@ -16,7 +16,8 @@ $(VENV)/.installed: setup.py
 	$(PIP) install -q --upgrade pip
 	# torch first and pinned: the CPU wheel; an unpinned torch would pull a multi-GB CUDA build
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e ".[audio]"
+	# the ros extra: ROS 2 from PyPI (rclpy, messages, rosbags) for the pi0.5 node set of `make demo`
+	$(PIP) install -q -e ".[audio,ros]"
 	touch $@
 
 $(VENV)/.installed-test: $(VENV)/.installed
@@ -30,9 +31,10 @@ $(VENV)/.installed-test: $(VENV)/.installed
 install: $(VENV)/.installed
 install-test: $(VENV)/.installed-test
 
+# the pi0.5 node set serving two robots from the bundled synthetic bag for ~20 s, localhost only;
+# `make demo ARGS=--forever` serves until Ctrl-C
 demo: $(VENV)/.installed
-	$(VENV)/bin/mstar-ros tts --text "Hello from m star ross, streaming speech on the walk graph runtime." \
-		--out out/demo.wav --seed 0 --max-tokens 420 $(ARGS)
+	$(VENV)/bin/mstar-ros demo $(ARGS)
 
 test: $(VENV)/.installed-test
 ifeq ($(NETNS),yes)

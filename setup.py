@@ -4,6 +4,8 @@ The three source folders are mapped to import names that do not collide with
 common names: runtime/ -> ``mstar``, graphs/ -> ``mstar_graphs``,
 mstar_ros/ -> ``mstar_ros``.
 """
+from glob import glob
+
 from setuptools import find_packages, setup
 
 PACKAGE_DIRS = {"mstar": "runtime", "mstar_graphs": "graphs", "mstar_ros": "mstar_ros"}
@@ -22,9 +24,14 @@ setup(
     version="0.1.0",
     packages=_packages(),
     package_dir=PACKAGE_DIRS,
+    # ament_python layout: `ros2 launch mstar_ros pi05.launch.py` finds launch files and
+    # config under <prefix>/share/mstar_ros, the package through the ament resource index
     data_files=[
         ("share/ament_index/resource_index/packages", ["resource/mstar_ros"]),
         ("share/mstar_ros", ["package.xml"]),
+        ("share/mstar_ros/launch", sorted(glob("launch/*.launch.py"))),
+        ("share/mstar_ros/config", sorted(glob("config/*.yaml") + glob("config/*.xml"))),
+        ("share/mstar_ros/config/placement", sorted(glob("config/placement/*.yaml"))),
     ],
     python_requires=">=3.10",
     install_requires=[
@@ -50,7 +57,10 @@ setup(
         "bench": ["matplotlib>=3.7", "transformers>=5.0,<6", "snac==1.2.1"],
         "test": ["pytest>=8", "pytest-timeout>=2", "transformers>=5.0,<6", "snac==1.2.1", "matplotlib>=3.7"],
     },
-    entry_points={"console_scripts": ["mstar-ros = mstar_ros.cli:main"]},
+    # console scripts land in bin/ with pip and in lib/mstar_ros/ with colcon (setup.cfg), where
+    # launch_ros.actions.Node(package="mstar_ros", executable=...) looks for them
+    entry_points={"console_scripts": ["mstar-ros = mstar_ros.cli:main",
+                                      "mstar_pi05_node_set = mstar_ros.ros.node_set:main"]},
     zip_safe=True,
     maintainer="mstar_ros developers",
     description="Walk Graph serving runtime for composite multimodal models, as ROS 2 nodes",

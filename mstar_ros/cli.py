@@ -28,6 +28,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench_transport_command.add_parser(sub)  # `bench transport`, under bench
     bench_pi05_command.add_parser(sub)  # `bench pi05`, under bench
     bag_command.add_parser(sub)
+    from mstar_ros import demo_command, launch_command  # the pi0.5 node set: `launch pi05`, `demo`
+    launch_command.add_parser(sub)
+    demo_command.add_parser(sub)
     return parser
 
 

@@ -17,8 +17,9 @@ class ObservationError(ValueError):
     pass
 
 
-def image_to_tensor(msg, *, topic: str, expect_hw: tuple[int, int] | None = None) -> torch.Tensor:
-    """sensor_msgs/Image (rgb8, bgr8, mono8) -> uint8 [H, W, 3] RGB."""
+def check_image(msg, *, topic: str, expect_hw: tuple[int, int] | None = None) -> None:
+    """Raises ObservationError unless ``msg`` is an image we can read: cheap (no pixel is touched),
+    so it runs on every message; the pixels are converted only for the frames a request uses."""
     enc = msg.encoding
     if enc not in CHANNELS:
         raise ObservationError(f"{topic}: image encoding {enc!r} is not supported (use one of {sorted(CHANNELS)})")
@@ -29,20 +30,33 @@ def image_to_tensor(msg, *, topic: str, expect_hw: tuple[int, int] | None = None
         raise ObservationError(f"{topic}: image is {w}x{h}, this camera is configured for {expect_hw[1]}x{expect_hw[0]}")
     if int(msg.step) < w * c:
         raise ObservationError(f"{topic}: step {msg.step} is less than width x channels = {w * c} for {enc}")
-    data = msg.data
-    buf = np.frombuffer(bytes(data) if not isinstance(data, (bytes, bytearray, memoryview)) else data, dtype=np.uint8)
-    if buf.size != int(msg.step) * h:
-        raise ObservationError(f"{topic}: {buf.size} bytes of data, expected step x height = {int(msg.step) * h}")
-    rows = buf.reshape(h, int(msg.step))[:, : w * c].reshape(h, w, c)
-    if enc == "bgr8":
+    if len(msg.data) != int(msg.step) * h:
+        raise ObservationError(f"{topic}: {len(msg.data)} bytes of data, expected step x height = {int(msg.step) * h}")
+
+
+def image_to_array(msg) -> np.ndarray:
+    """A checked sensor_msgs/Image (rgb8, bgr8, mono8) -> uint8 [H, W, 3] RGB numpy array (a copy).
+
+    numpy, not torch: this runs on ROS threads, and torch ops there would compete with the
+    device thread's OpenMP team (see mstar.engine.device_loop)."""
+    h, w, c, step = int(msg.height), int(msg.width), CHANNELS[msg.encoding], int(msg.step)
+    buf = np.frombuffer(memoryview(msg.data).cast("B"), dtype=np.uint8)  # array.array, bytes or numpy: no copy
+    rows = buf.reshape(h, step)[:, : w * c].reshape(h, w, c)
+    if msg.encoding == "bgr8":
         rows = rows[..., ::-1]
-    elif enc == "mono8":
+    elif msg.encoding == "mono8":
         rows = np.repeat(rows, 3, axis=2)
-    return torch.from_numpy(rows.copy())  # owns its bytes: the message buffer is read-only and reused
+    return rows.copy()  # owns its bytes: the message's buffer is reused
 
 
-def joint_state_to_tensor(msg, joint_names: Sequence[str], *, topic: str) -> torch.Tensor:
-    """sensor_msgs/JointState -> positions [len(joint_names)] in the configured order."""
+def image_to_tensor(msg, *, topic: str, expect_hw: tuple[int, int] | None = None) -> torch.Tensor:
+    """sensor_msgs/Image (rgb8, bgr8, mono8) -> uint8 [H, W, 3] RGB."""
+    check_image(msg, topic=topic, expect_hw=expect_hw)
+    return torch.from_numpy(image_to_array(msg))
+
+
+def joint_positions(msg, joint_names: Sequence[str], *, topic: str) -> np.ndarray:
+    """sensor_msgs/JointState -> float32 positions [len(joint_names)] in the configured order."""
     names, positions = list(msg.name), list(msg.position)
     if len(positions) != len(names) and names:
         raise ObservationError(f"{topic}: {len(names)} joint names but {len(positions)} positions")
@@ -56,16 +70,22 @@ def joint_state_to_tensor(msg, joint_names: Sequence[str], *, topic: str) -> tor
         if len(positions) != len(joint_names):
             raise ObservationError(f"{topic}: {len(positions)} positions without names, expected {len(joint_names)}")
         values = positions
-    state = torch.tensor(values, dtype=torch.float32)
-    if not torch.isfinite(state).all():
-        bad = [n for n, v in zip(joint_names, values) if not np.isfinite(v)]
+    state = np.asarray(values, dtype=np.float32)
+    if not np.isfinite(state).all():
+        bad = [n for n, v in zip(joint_names, state) if not np.isfinite(v)]
         raise ObservationError(f"{topic}: joint state has NaN or infinite positions for {bad}")
     return state
+
+
+def joint_state_to_tensor(msg, joint_names: Sequence[str], *, topic: str) -> torch.Tensor:
+    """sensor_msgs/JointState -> positions [len(joint_names)] in the configured order."""
+    return torch.from_numpy(joint_positions(msg, joint_names, topic=topic))
 
 
 def normalize_state(state: torch.Tensor, low: Sequence[float], high: Sequence[float]) -> torch.Tensor:
     """Joint positions -> [-1, 1] by the configured joint limits (what pi0.5 discretises)."""
     lo, hi = torch.tensor(low, dtype=torch.float32), torch.tensor(high, dtype=torch.float32)
+    state = torch.as_tensor(state, dtype=torch.float32)
     return ((state - lo) / (hi - lo) * 2 - 1).clamp(-1, 1)
 
 

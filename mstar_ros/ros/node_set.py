@@ -1,8 +1,10 @@
 """The pi0.5 node set in one process: the Conductor's node plus one policy node per robot.
 
-    python -m mstar_ros.ros.node_set --robots /robot1 /robot2 [--weights DIR] [--placement FILE]
-                                     [--duration S] [--ros-args -r ... -p ... --params-file F]
+    mstar_pi05_node_set --robots /robot1 /robot2 [--weights DIR] [--placement FILE]
+                        [--duration S] [--ros-args -r ... -p ... --params-file F]
 
+(also ``python -m mstar_ros.ros.node_set``; ``mstar-ros launch pi05`` and
+``ros2 launch mstar_ros pi05.launch.py`` start it from mstar_ros.launch_spec.)
 The Conductor (its Workers in this process, or in Worker processes per --placement)
 serves every robot's requests, batched together. ``/mstar/conductor`` publishes the
 runtime's state on /diagnostics once a second. rclpy runs in its own thread; the
@@ -16,6 +18,7 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import signal
 import sys
 import threading
@@ -23,37 +26,58 @@ import time
 
 log = logging.getLogger("mstar_ros.node_set")
 
+#: OpenMP threads that spin only briefly at barriers before sleeping (libgomp, torch's CPU
+#: OpenMP). Spinning teams (the default 300k spins) collapse when another busy process
+#: shares the cores: a two-robot forward went from 0.05 s to 4-5 s next to a torch load on
+#: 2 cores; with 10k spins it stayed at 0.05 s alone and 0.2 s next to that load
+#: (OMP_WAIT_POLICY=PASSIVE: 0.09 s alone). Set before torch is imported; Worker processes
+#: inherit it. Not applied when you set OMP_WAIT_POLICY or GOMP_SPINCOUNT yourself.
+OMP_SPIN = ("GOMP_SPINCOUNT", "10000")
+
 
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     ros_args: list[str] = []
     if "--ros-args" in argv:
         cut = argv.index("--ros-args")
         argv, ros_args = argv[:cut], argv[cut:]
-    parser = argparse.ArgumentParser(prog="mstar_ros.ros.node_set", description=__doc__,
+    parser = argparse.ArgumentParser(prog="mstar_pi05_node_set", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--robots", nargs="+", default=["/robot1"], help="robot namespaces (default /robot1)")
     parser.add_argument("--weights", help="pi0.5 PyTorch checkpoint dir (default: generated tiny, RANDOM weights)")
     parser.add_argument("--preset", default="tiny", help="generated checkpoint preset when --weights is not given")
     parser.add_argument("--placement", help="placement YAML: Workers in their own processes")
-    parser.add_argument("--rate", type=float, help="control rate in Hz for every robot (overrides the parameter)")
-    parser.add_argument("--prompt", help="task prompt for every robot (overrides the parameter)")
+    parser.add_argument("--rate", type=float, help="control rate in Hz for every robot (wins over the params file)")
+    parser.add_argument("--prompt", help="task prompt for every robot (wins over the params file)")
     parser.add_argument("--duration", type=float, default=0.0, help="exit after this many seconds (0: until stopped)")
     parser.add_argument("--summary-json", help="also write the summary as JSON to this file")
-    return parser.parse_args(argv), ros_args
+    parser.add_argument("--status-every", type=float, default=0.0, metavar="S",
+                        help="print a status line (chunks, latency per robot) every S seconds (0: never)")
+    args = parser.parse_args(argv)
+    # as ROS parameters after everything else: a params file would win over a declared default
+    if args.rate is not None:
+        ros_args += ["--ros-args", "-p", f"control_rate_hz:={float(args.rate)!r}"]
+    if args.prompt is not None:
+        ros_args += ["--ros-args", "-p", f"prompt:={json.dumps(args.prompt)}"]  # quoted: 'yes' stays a string
+    return args, ros_args
 
 
 def summarize(nodes, elapsed: float) -> dict:
+    """Per robot: chunks per second since its first request (when its data started flowing)."""
     out = {"seconds": round(elapsed, 2), "robots": {}}
+    end = time.monotonic()
     for node in nodes:
-        lat = sorted(node.stats.latencies_s)
+        s = node.stats
+        lat = sorted(s.latencies_s)
         pct = (lambda q: round(1000 * lat[min(len(lat) - 1, int(q * len(lat)))], 1)) if lat else (lambda q: None)
+        served = end - s.first_request if s.first_request is not None else 0.0
         out["robots"][node.get_namespace()] = {
-            "chunks": node.stats.chunks, "chunks_per_s": round(node.stats.chunks / elapsed, 2) if elapsed else 0.0,
-            "latency_p50_ms": pct(0.5), "latency_p95_ms": pct(0.95), "dropped_frames": node.stats.dropped,
-            "last_error": node.stats.last_error, "joint_names": node.joint_names,
-            "horizon": node.chunker.horizon, "rate_hz": node.rate}
-    total = sum(r["chunks"] for r in out["robots"].values())
-    out["chunks_per_s"] = round(total / elapsed, 2) if elapsed else 0.0
+            "chunks": s.chunks, "serving_s": round(served, 2),
+            "chunks_per_s": round(s.chunks / served, 2) if served > 0 else 0.0,
+            "latency_p50_ms": pct(0.5), "latency_p95_ms": pct(0.95), "dropped_frames": s.dropped,
+            "last_error": s.last_error, "joint_names": node.joint_names,
+            "horizon": node.chunker.horizon, "refill_at": node.chunker.refill_at, "rate_hz": node.rate,
+            "prompt": node.prompt}
+    out["chunks_per_s"] = round(sum(r["chunks_per_s"] for r in out["robots"].values()), 2)
     return out
 
 
@@ -85,62 +109,94 @@ def conductor_node(conductor):
 
 async def serve(args: argparse.Namespace, ros_args: list[str]) -> dict:
     import rclpy
-    from rclpy.executors import MultiThreadedExecutor
+    from rclpy.executors import SingleThreadedExecutor
 
     from mstar.conductor import Conductor
     from mstar_graphs.pi05.policy import Pi05Policy
     from mstar_ros.ros.policy_node import make_policy_node
 
-    policy = Pi05Policy.load(args.weights, preset=args.preset)
+    policy = Pi05Policy.load(args.weights, preset=args.preset)  # requests are built here (tokenizer, shapes)
     if args.placement:
-        raise SystemExit("--placement for pi0.5 needs its Worker-process factory (not yet available)")
-    conductor = Conductor(policy.graph(), policy.modules())
-    rclpy.init(args=["mstar_pi05"] + ros_args)
+        from mstar_graphs.pi05.components import pi05_spec
+        conductor = Conductor.distributed(pi05_spec(args.weights, preset=args.preset), args.placement)
+    else:
+        conductor = Conductor(policy.graph(), policy.modules())
+    rclpy.init(args=["mstar_pi05_node_set"] + ros_args)
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    async with conductor:
-        overrides = {k: v for k, v in (("control_rate_hz", args.rate), ("prompt", args.prompt)) if v is not None}
-        nodes = [make_policy_node(policy, conductor, loop, ns, overrides) for ns in args.robots]
-        executor = MultiThreadedExecutor(num_threads=2)
-        for node in nodes + [conductor_node(conductor)]:
-            executor.add_node(node)
-        spinner = threading.Thread(target=executor.spin, name="rclpy", daemon=True)
-        spinner.start()
-        names = ", ".join(n.get_fully_qualified_name() for n in nodes)
-        print(f"serving pi0.5 ({'RANDOM tiny weights' if policy.random_weights else policy.path}) for {names}",
-              flush=True)
-        started = time.monotonic()
-        try:
-            await asyncio.wait_for(stop.wait(), args.duration) if args.duration else await stop.wait()
-        except asyncio.TimeoutError:
-            pass
-        summary = summarize(nodes, time.monotonic() - started)
+    nodes: list = []
+    executor = SingleThreadedExecutor()  # one thread: ROS callbacks take as little CPU from the model as they can
+    try:
+        async with conductor:
+            nodes = [make_policy_node(policy, conductor, loop, ns) for ns in args.robots]
+            for node in nodes + [conductor_node(conductor)]:
+                executor.add_node(node)
+            spinner = threading.Thread(target=executor.spin, name="rclpy", daemon=True)
+            spinner.start()
+            names = ", ".join(n.get_fully_qualified_name() for n in nodes)
+            print(f"serving pi0.5 ({'RANDOM tiny weights' if policy.random_weights else policy.path}) for {names}",
+                  flush=True)
+            started = time.monotonic()
+            await _run_until_stopped(stop, nodes, started, args.duration, args.status_every)
+            summary = summarize(nodes, time.monotonic() - started)
+            for node in nodes:
+                node.closing = True  # chunks still in flight are cancelled quietly
+    finally:
         executor.shutdown()
         for node in executor.get_nodes():
             node.destroy_node()
-    rclpy.try_shutdown()
+        rclpy.try_shutdown()
     return summary
 
 
+async def _run_until_stopped(stop: asyncio.Event, nodes, started: float, duration: float, status_every: float):
+    while not stop.is_set():
+        left = duration - (time.monotonic() - started) if duration else float("inf")
+        if left <= 0:
+            return
+        try:
+            await asyncio.wait_for(stop.wait(), min(left, status_every or left, 3600.0))
+        except asyncio.TimeoutError:
+            if status_every and not (duration and time.monotonic() - started >= duration):
+                s = summarize(nodes, time.monotonic() - started)
+                print(f"status after {s['seconds']:.0f} s: " + "; ".join(
+                    f"{ns} {r['chunks']} chunks ({r['chunks_per_s']}/s, p50 {r['latency_p50_ms']} ms)"
+                    for ns, r in s["robots"].items()), flush=True)
+
+
 def print_summary(summary: dict) -> None:
-    print(f"served {summary['chunks_per_s']} chunks/s over {summary['seconds']} s")
+    print(f"served {summary['chunks_per_s']} chunks/s in all over {summary['seconds']} s")
     for ns, r in summary["robots"].items():
         print(f"  {ns}: {r['chunks']} chunks ({r['chunks_per_s']}/s), sensor-to-action p50 {r['latency_p50_ms']} ms, "
               f"p95 {r['latency_p95_ms']} ms, {r['horizon']} actions @ {r['rate_hz']} Hz, "
               f"{r['dropped_frames']} frames dropped; joints {', '.join(r['joint_names'])}")
         if r["last_error"]:
             print(f"    last problem: {r['last_error']}")
+    sys.stdout.flush()
 
 
 def main(argv: list[str] | None = None) -> int:
     from mstar_ros.bag.ros_env import apply_localhost_defaults
 
     apply_localhost_defaults()
+    if not (os.environ.get("OMP_WAIT_POLICY") or os.environ.get(OMP_SPIN[0])):
+        os.environ[OMP_SPIN[0]] = OMP_SPIN[1]
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     args, ros_args = parse_args(sys.argv[1:] if argv is None else argv)
-    summary = asyncio.run(serve(args, ros_args))
+    try:
+        summary = asyncio.run(serve(args, ros_args))
+    except KeyboardInterrupt:  # stopped while starting, before the signal handlers were installed
+        return 130
+    except Exception as exc:  # bad parameters, --ros-args, weights or placement: say so, no traceback
+        from rclpy._rclpy_pybind11 import RCLError
+        from rclpy.exceptions import ParameterException
+
+        if not isinstance(exc, (ValueError, FileNotFoundError, ParameterException, RCLError)):
+            raise
+        print(f"mstar_pi05_node_set: error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 2
     print_summary(summary)
     if args.summary_json:
         with open(args.summary_json, "w") as f:

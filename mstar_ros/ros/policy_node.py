@@ -8,6 +8,11 @@ the latest observation to the runtime; the chunk comes back as
 trajectory_msgs/JointTrajectory on ``action_chunk`` (one point per control tick).
 Several robots' requests are batched by the runtime, not here. A bad message is
 reported on /diagnostics with what is wrong, dropped, and nothing else stops.
+
+Callbacks only check a message's header and keep it; its pixels are converted (with
+numpy) when a request uses it, so the ROS side costs the model as little CPU and GIL
+time as it can (they share a process). Each chunk skips the actions whose time passed
+while it was computed: its points start at ``header.stamp``, spaced 1 / rate.
 """
 from __future__ import annotations
 
@@ -18,12 +23,14 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from mstar.conductor import Conductor
+from mstar.conductor.request import RequestCancelled
 from mstar_ros.policy.chunking import ActionChunker
-from mstar_ros.ros.convert import (ObservationError, denormalize_actions, image_to_tensor, joint_state_to_tensor,
-                                   normalize_state, trajectory_msg)
+from mstar_ros.ros.convert import (ObservationError, check_image, denormalize_actions, image_to_array,
+                                   joint_positions, normalize_state, trajectory_msg)
 
 log = logging.getLogger("mstar_ros.policy")
 
@@ -50,12 +57,15 @@ class RobotStats:
     dropped: int = 0
     latencies_s: list[float] = field(default_factory=list)  # oldest sensor frame used -> chunk published
     last_error: str = ""
+    first_request: float | None = None  # time.monotonic() of the first request (data started flowing)
 
 
 def make_policy_node(policy, conductor: Conductor, loop: asyncio.AbstractEventLoop, namespace: str,
                      overrides: dict | None = None):
-    """Builds the node (rclpy must be initialised); ``overrides`` replace parameter defaults."""
+    """Builds the node (rclpy must be initialised). ``overrides`` replace parameter defaults
+    (a params file or ``-p`` still wins, as for any declared parameter)."""
     from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
+    from rcl_interfaces.msg import SetParametersResult
     from rclpy.node import Node
     from rclpy.qos import qos_profile_sensor_data
     from sensor_msgs.msg import Image, JointState
@@ -71,64 +81,79 @@ def make_policy_node(policy, conductor: Conductor, loop: asyncio.AbstractEventLo
             for name, (default, _) in defaults.items():
                 self.declare_parameter(name, default)
             p = {name: self.get_parameter(name).value for name in PARAMETERS}
+            where = self.get_fully_qualified_name()
             self.joint_names = list(p["joint_names"])
             self.lower, self.upper = list(p["joint_lower"]), list(p["joint_upper"])
             if not len(self.joint_names) == len(self.lower) == len(self.upper):
-                raise ValueError(f"{namespace}: joint_names, joint_lower and joint_upper differ in length")
+                raise ValueError(f"{where}: joint_names, joint_lower and joint_upper differ in length")
             if len(self.joint_names) > policy.action_dim:
-                raise ValueError(f"{namespace}: {len(self.joint_names)} joints but the model acts in {policy.action_dim} dims")
-            self.prompt = str(p["prompt"])
+                raise ValueError(f"{where}: {len(self.joint_names)} joints but the model acts in {policy.action_dim} dims")
+            self.prompt = str(p["prompt"]).strip()
+            if not self.prompt:
+                raise ValueError(f"{where}: parameter 'prompt' is empty")
             self.rate = float(p["control_rate_hz"])
+            if not self.rate > 0:
+                raise ValueError(f"{where}: control_rate_hz must be > 0, got {self.rate}")
             self.image_hw = (int(p["image_height"]), int(p["image_width"]))
             self.cameras = list(p["cameras"])
             self.max_age = float(p["max_observation_age_s"])
-            self._stale_reported = False
             self.chunker = ActionChunker(policy.action_horizon, policy.action_dim, self.rate,
                                          refill_at=int(p["refill_at"]) or None, smooth=bool(p["smooth"]))
             self.stats = RobotStats()
+            self.closing = False  # set before the node is destroyed: late chunks are dropped quietly
+            self._stale_reported = False
             self._lock = threading.Lock()
-            self._frames: dict[str, tuple[torch.Tensor, float]] = {}
-            self._state: tuple[torch.Tensor, float] | None = None
+            self._frames: dict[str, tuple[object, float]] = {}  # camera topic -> (checked Image, arrival)
+            self._state: tuple[np.ndarray, float] | None = None
             self._busy = False
             self._n = 0
             for topic in self.cameras:
                 self.create_subscription(Image, topic, lambda m, t=topic: self._on_image(t, m), qos_profile_sensor_data)
             self.create_subscription(JointState, str(p["joint_states_topic"]), self._on_joints, qos_profile_sensor_data)
             self.create_subscription(String, "prompt", self._on_prompt, 10)
+            self.add_on_set_parameters_callback(self._on_set_parameters)
             self.actions_pub = self.create_publisher(JointTrajectory, "action_chunk", 10)
             self.diag_pub = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
             self.create_timer(1.0 / self.rate, self._tick)
 
         # -- inputs --------------------------------------------------------------------
         def _full(self, topic: str) -> str:
-            return topic if topic.startswith("/") else f"{self.get_namespace().rstrip('/')}/{topic}"
+            return self.resolve_topic_name(topic)
 
         def _on_image(self, topic: str, msg) -> None:
             try:
-                frame = image_to_tensor(msg, topic=self._full(topic), expect_hw=self.image_hw)
+                check_image(msg, topic=self._full(topic), expect_hw=self.image_hw)
             except ObservationError as exc:
                 return self._report(str(exc))
             with self._lock:
-                self._frames[topic] = (frame, time.monotonic())
+                self._frames[topic] = (msg, time.monotonic())
 
         def _on_joints(self, msg) -> None:
             try:
-                state = joint_state_to_tensor(msg, self.joint_names, topic=self._full("joint_states"))
+                state = joint_positions(msg, self.joint_names, topic=self._full("joint_states"))
             except ObservationError as exc:
                 return self._report(str(exc))
             with self._lock:
-                self._state = (normalize_state(state, self.lower, self.upper), time.monotonic())
+                self._state = (state, time.monotonic())
 
         def _on_prompt(self, msg) -> None:
             if not msg.data.strip():
                 return self._report(f"{self._full('prompt')}: empty prompt ignored (keeping {self.prompt!r})")
-            self.prompt = msg.data
+            self.prompt = msg.data.strip()
+
+        def _on_set_parameters(self, params) -> SetParametersResult:
+            for param in params:
+                if param.name == "prompt":
+                    if not str(param.value).strip():
+                        return SetParametersResult(successful=False, reason="the prompt must not be empty")
+                    self.prompt = str(param.value).strip()
+            return SetParametersResult(successful=True)
 
         # -- the control loop ------------------------------------------------------------
         def _tick(self) -> None:
             now = time.monotonic()
             with self._lock:
-                if self._busy or not self.chunker.needs_request(now):
+                if self.closing or self._busy or not self.chunker.needs_request(now):
                     return
                 if self._state is None or any(t not in self._frames for t in self.cameras):
                     return  # waiting for every camera and the joint state
@@ -136,11 +161,12 @@ def make_policy_node(policy, conductor: Conductor, loop: asyncio.AbstractEventLo
                 if now - oldest > self.max_age:  # a sensor went quiet: acting on old data is worse than waiting
                     if not self._stale_reported:
                         self._stale_reported = True
-                        self._report(f"{self.get_namespace()}: sensor data is {now - oldest:.1f} s old; waiting")
+                        self._report(f"{self.get_namespace()}: sensor data is {now - oldest:.1f} s old; waiting",
+                                     dropped=False)
                     return
                 self._stale_reported = False
-                images = torch.stack([self._frames[t][0] for t in self.cameras])
-                state = self._state[0]
+                images = torch.from_numpy(np.stack([image_to_array(self._frames[t][0]) for t in self.cameras]))
+                state = normalize_state(torch.from_numpy(self._state[0]), self.lower, self.upper)
                 try:
                     guide, weights = self.chunker.begin_request(now)
                     self._n += 1
@@ -151,34 +177,45 @@ def make_policy_node(policy, conductor: Conductor, loop: asyncio.AbstractEventLo
                     self.chunker.pending = None
                     return self._report(f"{self.get_namespace()}: observation refused: {exc}")
                 self._busy = True
+                if self.stats.first_request is None:
+                    self.stats.first_request = now
             future = asyncio.run_coroutine_threadsafe(_serve(conductor, request), loop)
             future.add_done_callback(lambda f: self._on_chunk(f, oldest))
 
         def _on_chunk(self, future, oldest: float) -> None:
+            """On the Conductor's loop thread (rclpy publishers are thread-safe)."""
             now = time.monotonic()
             try:
                 (chunk,) = future.result()["actions"]
             except Exception as exc:
                 with self._lock:
                     self._busy, self.chunker.pending = False, None
-                return self._report(f"{self.get_namespace()}: chunk failed: {exc}")
+                if not self.closing and not isinstance(exc, (RequestCancelled, asyncio.CancelledError)):
+                    self._report(f"{self.get_namespace()}: chunk failed: {exc}")
+                return
             with self._lock:
                 start_tick, actions = self.chunker.accept(chunk, now)
                 self._busy = False
                 start_in = self.chunker.time_of(start_tick) - now
-            stamp = (self.get_clock().now() + _duration(max(0.0, start_in))).to_msg()
-            positions = denormalize_actions(actions, self.lower, self.upper)
-            self.actions_pub.publish(trajectory_msg(self.joint_names, positions, self.rate, stamp))
-            self.stats.chunks += 1
-            self.stats.latencies_s.append(time.monotonic() - oldest)
+                if self.closing:
+                    return
+                stamp = (self.get_clock().now() + _duration(max(0.0, start_in))).to_msg()
+                positions = denormalize_actions(actions, self.lower, self.upper)
+                self.actions_pub.publish(trajectory_msg(self.joint_names, positions, self.rate, stamp))
+                self.stats.chunks += 1
+                self.stats.latencies_s.append(time.monotonic() - oldest)
 
-        def _report(self, text: str) -> None:
-            self.stats.dropped += 1
+        def _report(self, text: str, *, dropped: bool = True) -> None:
+            if self.closing:
+                return
+            self.stats.dropped += int(dropped)
             self.stats.last_error = text
             self.get_logger().warning(text)
-            status = DiagnosticStatus(level=DiagnosticStatus.ERROR, name=f"mstar: {self.get_fully_qualified_name()}",
-                                      message=text, hardware_id=self.get_namespace())
-            status.values = [KeyValue(key="dropped", value=str(self.stats.dropped))]
+            status = DiagnosticStatus(level=DiagnosticStatus.ERROR if dropped else DiagnosticStatus.WARN,
+                                      name=f"mstar: {self.get_fully_qualified_name()}", message=text,
+                                      hardware_id=self.get_namespace())
+            status.values = [KeyValue(key="dropped", value=str(self.stats.dropped)),
+                             KeyValue(key="chunks", value=str(self.stats.chunks))]
             array = DiagnosticArray(status=[status])
             array.header.stamp = self.get_clock().now().to_msg()
             self.diag_pub.publish(array)

@@ -103,6 +103,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ConnectionError, OSError) as exc:
         log.warning("conductor connection lost: %s", exc)
     finally:
+        # SIGTERM and EOF often come together (the Conductor died): a second SIGTERM must not
+        # cut the cleanup short and leave shared memory behind
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         host.close()
         channel.close()
     return 0

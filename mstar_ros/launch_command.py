@@ -1,0 +1,151 @@
+"""``mstar-ros launch pi05``: the pi0.5 node set where the ROS 2 launch tools are not installed.
+
+Starts the processes of mstar_ros.launch_spec (what ``ros2 launch mstar_ros pi05.launch.py``
+starts) as subprocesses and supervises them: Ctrl-C or SIGTERM stops them all (SIGINT,
+then SIGTERM, then SIGKILL), and when one exits the others are stopped too.
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import Callable, Sequence, TextIO
+
+from mstar_ros.launch_spec import LAUNCH_ARGUMENTS, ProcessSpec, pi05_processes
+
+_HELP = {a.name: a.description for a in LAUNCH_ARGUMENTS}
+
+DESCRIPTION = """\
+Start the pi0.5 node set: one process hosting the Conductor, /mstar/conductor (runtime
+state on /diagnostics) and one pi05_policy node per robot namespace, which subscribes
+to NS/camera/*/image_raw and NS/joint_states and publishes NS/action_chunk
+(trajectory_msgs/JointTrajectory). The same processes as
+`ros2 launch mstar_ros pi05.launch.py robots:='/robot1 /robot2'` (mstar_ros.launch_spec).
+
+Parameters come from --params-file (default config/pi05.yaml). Everything after
+--ros-args goes to the node set after its own ROS arguments, so it wins:
+
+  mstar-ros launch pi05 --robots /robot1 /robot2 \\
+      --ros-args -r /robot1/action_chunk:=/arm_left/trajectory -p control_rate_hz:=10.0
+
+DDS discovery stays on this host unless ROS_AUTOMATIC_DISCOVERY_RANGE is set."""
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    launch = sub.add_parser("launch", help="start a node set (pi05) without the ROS 2 launch tools",
+                            description="Start a node set described in mstar_ros.launch_spec.")
+    targets = launch.add_subparsers(dest="launch_target", required=True, metavar="NODE_SET")
+    p = targets.add_parser("pi05", help="the pi0.5 policy node set", description=DESCRIPTION,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--robots", nargs="+", default=["/robot1"], help=_HELP["robots"] + " (default /robot1)")
+    p.add_argument("--weights", default="", help=_HELP["weights"])
+    p.add_argument("--placement", default="", help=_HELP["placement"])
+    p.add_argument("--rate", default="", help=_HELP["rate"])
+    p.add_argument("--params-file", default="", help=_HELP["params_file"])
+    p.add_argument("--duration", type=float, help="stop after this many seconds (default: run until Ctrl-C)")
+    p.add_argument("--summary-json", help="the node set writes its summary here as JSON when it stops")
+    p.add_argument("--print-commands", action="store_true", help="print the commands and exit")
+    p.add_argument("--ros-args", dest="ros_args", nargs=argparse.REMAINDER, default=[], metavar="ARG",
+                   help="ROS arguments for the node set (-r FROM:=TO, -p NAME:=VALUE, --params-file F, ...)")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    extra = []
+    if args.duration:
+        extra += ["--duration", repr(float(args.duration))]
+    if args.summary_json:
+        extra += ["--summary-json", args.summary_json]
+    specs = pi05_processes(args.robots, args.weights, args.placement, args.rate, args.params_file,
+                           extra_arguments=extra, ros_arguments=args.ros_args)
+    if args.print_commands:
+        for spec in specs:
+            print(" ".join(spec.command()))
+        return 0
+    from mstar_ros.bag.ros_env import apply_localhost_defaults
+
+    apply_localhost_defaults()  # inherited by the processes
+    return run_processes(specs)
+
+
+def _child_setup() -> None:
+    """In the child, before exec: Ctrl-C handled normally even if we were started with SIGINT
+    ignored (a shell's background job), and SIGTERM when the launcher dies, however it dies."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+class ProcessGroup:
+    """Subprocesses started from ProcessSpecs, each in its own session (a terminal's Ctrl-C
+    reaches only us; we forward it once), dying with us."""
+
+    def __init__(self, out: Callable[[str], None] = lambda s: print(s, flush=True)) -> None:
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.out = out
+
+    def start(self, spec: ProcessSpec, *, stdout: TextIO | int | None = None,
+              on_line: Callable[[str], None] | None = None) -> subprocess.Popen:
+        """``on_line``: the process's output goes through it line by line (a reader thread)."""
+        cmd = spec.command(python=sys.executable)
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE if on_line else stdout,
+                                stderr=subprocess.STDOUT if (on_line or stdout is not None) else None,
+                                text=True, bufsize=1, start_new_session=True, preexec_fn=_child_setup)
+        if on_line:
+            threading.Thread(target=lambda: [on_line(line.rstrip("\n")) for line in proc.stdout],
+                             name=f"{spec.name}-output", daemon=True).start()
+        self.procs[spec.name] = proc
+        self.out(f"[launch] {spec.name} started (pid {proc.pid}): {' '.join(cmd)}")
+        return proc
+
+    def exited(self) -> dict[str, int]:
+        return {name: p.returncode for name, p in self.procs.items() if p.poll() is not None}
+
+    def stop(self, grace_s: float = 15.0) -> dict[str, int]:
+        """SIGINT, then SIGTERM after ``grace_s``, then SIGKILL; returns the exit codes."""
+        for sig, wait_s in ((signal.SIGINT, grace_s), (signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+            alive = [p for p in self.procs.values() if p.poll() is None]
+            if not alive:
+                break
+            for p in alive:
+                p.send_signal(sig)
+            deadline = time.monotonic() + wait_s
+            while time.monotonic() < deadline and any(p.poll() is None for p in alive):
+                time.sleep(0.05)
+        return {name: p.wait() for name, p in self.procs.items()}
+
+
+def wait_for_stop(group: ProcessGroup, names: Sequence[str] | None = None) -> str:
+    """Blocks until SIGINT/SIGTERM ('signal') or until one of ``names`` (any, if None) exits (its name)."""
+    stop = threading.Event()
+    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        while not stop.wait(0.1):
+            done = [n for n in group.exited() if names is None or n in names]
+            if done:
+                return done[0]
+        return "signal"
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def run_processes(specs: Sequence[ProcessSpec]) -> int:
+    group = ProcessGroup()
+    try:
+        for spec in specs:
+            group.start(spec)
+        why = wait_for_stop(group)
+    finally:
+        codes = group.stop()
+    for name, code in codes.items():
+        group.out(f"[launch] {name} exited with status {code}")
+    if why != "signal" and codes[why] != 0:
+        return codes[why]
+    return 0 if all(c in (0, -signal.SIGINT, 130) for c in codes.values()) else 1

@@ -1,0 +1,133 @@
+"""One source of truth for the pi0.5 node set: its processes, from the launch arguments.
+
+``launch/pi05.launch.py`` (``ros2 launch mstar_ros pi05.launch.py robots:='/robot1 /robot2'``)
+turns each :class:`ProcessSpec` into a ``launch_ros.actions.Node``; ``mstar-ros launch pi05``
+(where the ROS 2 launch tools are not installed: they are not on PyPI) starts the same
+commands as subprocesses. Today the node set is one process: the ``mstar_pi05_node_set``
+executable hosting the Conductor, ``/mstar/conductor`` and one ``pi05_policy`` node per robot.
+
+The command line is laid out as launch_ros lays out a Node's::
+
+    EXECUTABLE ARGUMENTS... --ros-args --params-file PARAMS_FILE [-r FROM:=TO ...] [USER ROS ARGS]
+
+so ``ProcessSpec.command()`` is what ``ros2 launch`` runs, and arguments a user adds after
+``--ros-args`` come last and win (rcl applies parameters and remappings in order).
+"""
+from __future__ import annotations
+
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+PACKAGE = "mstar_ros"
+PARAMS_FILE = "pi05.yaml"
+
+
+@dataclass(frozen=True)
+class LaunchArgument:
+    name: str
+    default: str
+    description: str
+
+
+#: ``ros2 launch mstar_ros pi05.launch.py NAME:=VALUE`` / ``mstar-ros launch pi05 --NAME VALUE``
+LAUNCH_ARGUMENTS = (
+    LaunchArgument("robots", "/robot1", "robot namespaces, separated by spaces or commas"),
+    LaunchArgument("weights", "", "pi0.5 PyTorch checkpoint directory (empty: a generated tiny checkpoint with "
+                                  "RANDOM weights)"),
+    LaunchArgument("placement", "", "placement YAML: the model's nodes in Worker processes (empty: all in the "
+                                    "node set's process)"),
+    LaunchArgument("rate", "", "control rate in Hz for every robot, over the params file (empty: "
+                               "control_rate_hz from the params file)"),
+    LaunchArgument("params_file", "", f"ROS params file for the policy nodes (empty: config/{PARAMS_FILE} "
+                                      "as installed)"),
+)
+
+
+@dataclass(frozen=True)
+class ProcessSpec:
+    name: str                                    # label for output and errors
+    executable: str                              # console script (bin/ with pip, lib/mstar_ros/ with colcon)
+    module: str                                  # the same program as ``python -m MODULE``
+    arguments: tuple[str, ...] = ()
+    params_files: tuple[str, ...] = ()
+    remappings: tuple[tuple[str, str], ...] = ()
+    ros_arguments: tuple[str, ...] = ()          # a user's own, after everything else
+
+    def ros_args(self) -> list[str]:
+        out = []
+        for path in self.params_files:
+            out += ["--params-file", path]
+        for src, dst in self.remappings:
+            out += ["-r", f"{src}:={dst}"]
+        out += self.ros_arguments
+        return ["--ros-args", *out] if out else []  # none for a process that is no ROS node
+
+    def command(self, python: str | None = None) -> list[str]:
+        """The command line; with ``python``, run as ``python -m MODULE`` (no PATH lookup)."""
+        head = [python, "-m", self.module] if python else [self.executable]
+        return head + list(self.arguments) + self.ros_args()
+
+
+def parse_robots(text: str | Sequence[str]) -> list[str]:
+    """'/robot1 /robot2', 'robot1,robot2' or a list -> ['/robot1', '/robot2'] (checked ROS namespaces)."""
+    items = re.split(r"[\s,]+", text) if isinstance(text, str) else [r for t in text for r in re.split(r"[\s,]+", t)]
+    robots = ["/" + r.strip("/") for r in items if r.strip("/")]
+    if not robots:
+        raise ValueError("robots: give at least one robot namespace, e.g. /robot1")
+    for ns in robots:
+        if not re.fullmatch(r"(/[A-Za-z][A-Za-z0-9_]*)+", ns):
+            raise ValueError(f"robots: {ns!r} is not a valid ROS namespace (letters, digits, _; parts start "
+                             "with a letter)")
+    if len(set(robots)) != len(robots):
+        raise ValueError(f"robots: {robots} names a namespace twice")
+    return robots
+
+
+def default_params_file() -> Path:
+    """config/pi05.yaml: the source tree's, else the installed share/mstar_ros/config/ one."""
+    candidates = [Path(__file__).resolve().parents[1] / "config" / PARAMS_FILE]
+    try:  # a ROS install (colcon, or AMENT_PREFIX_PATH naming the venv)
+        from ament_index_python.packages import get_package_share_directory
+        candidates.append(Path(get_package_share_directory(PACKAGE)) / "config" / PARAMS_FILE)
+    except Exception:  # not installed, not indexed, AMENT_PREFIX_PATH unset
+        pass
+    candidates.append(Path(sys.prefix) / "share" / PACKAGE / "config" / PARAMS_FILE)
+    found = next((p for p in candidates if p.is_file()), None)
+    if found is None:
+        raise FileNotFoundError(f"{PARAMS_FILE} not found (looked at {', '.join(map(str, candidates))}); "
+                                "give params_file")
+    return found
+
+
+def pi05_processes(robots: str | Sequence[str] = "/robot1", weights: str = "", placement: str = "",
+                   rate: str | float = "", params_file: str = "", *, extra_arguments: Sequence[str] = (),
+                   remappings: Sequence[tuple[str, str]] = (),
+                   ros_arguments: Sequence[str] = ()) -> list[ProcessSpec]:
+    """The pi0.5 node set's processes. Launch arguments come as strings (empty = default);
+    ``extra_arguments`` go to the node set (e.g. ``--duration 20``), ``ros_arguments`` after
+    its ROS arguments."""
+    args = ["--robots", *parse_robots(robots)]
+    if weights:
+        args += ["--weights", str(weights)]
+    if placement:
+        if not Path(placement).is_file():
+            raise FileNotFoundError(f"placement: no file {placement}")
+        args += ["--placement", str(placement)]
+    if rate not in ("", None):
+        try:
+            hz = float(rate)
+        except ValueError:
+            raise ValueError(f"rate: expected Hz, got {rate!r}") from None
+        if not hz > 0:
+            raise ValueError(f"rate: must be > 0, got {rate!r}")
+        args += ["--rate", repr(hz)]
+    params = Path(params_file) if params_file else default_params_file()
+    if not params.is_file():
+        raise FileNotFoundError(f"params_file: no file {params}")
+    return [ProcessSpec(name="pi05_node_set", executable="mstar_pi05_node_set", module="mstar_ros.ros.node_set",
+                        arguments=tuple(args) + tuple(extra_arguments), params_files=(str(params),),
+                        remappings=tuple((str(a), str(b)) for a, b in remappings),
+                        ros_arguments=tuple(ros_arguments))]
