@@ -118,7 +118,9 @@ async def serve(args: argparse.Namespace, ros_args: list[str]) -> dict:
     policy = Pi05Policy.load(args.weights, preset=args.preset)  # requests are built here (tokenizer, shapes)
     if args.placement:
         from mstar_graphs.pi05.components import pi05_spec
-        conductor = Conductor.distributed(pi05_spec(args.weights, preset=args.preset), args.placement)
+        from mstar_ros.ros.worker_diagnostics import PLUGIN
+        conductor = Conductor.distributed(pi05_spec(args.weights, preset=args.preset), args.placement,
+                                          plugins=(PLUGIN,))  # each Worker process reports on /diagnostics
     else:
         conductor = Conductor(policy.graph(), policy.modules())
     rclpy.init(args=["mstar_pi05_node_set"] + ros_args)

@@ -64,7 +64,7 @@ class WorkerPool:
                  launch: bool = True, host: str = "127.0.0.1", port: int = 0, threads: int | None = None,
                  transports: tuple[str, ...] = ("shm", "tcp"), setup_timeout: float = 180.0,
                  restart: bool = True, heartbeat_s: float = 1.0, heartbeat_timeout_s: float = 5.0,
-                 setup_retries: int = 3) -> None:
+                 setup_retries: int = 3, plugins: tuple[str, ...] = ()) -> None:
         self.spec, self.placement, self.config = spec, placement, config
         self.launch, self.host, self.port = launch, host, port
         self.world_size = placement.world_size
@@ -77,6 +77,7 @@ class WorkerPool:
         self.restart = restart
         self.heartbeat_s, self.heartbeat_timeout_s = heartbeat_s, heartbeat_timeout_s
         self.setup_retries = setup_retries
+        self.plugins = tuple(plugins)
         self.token = os.environ.get(TOKEN_ENV) or secrets.token_hex(16)
         self.workers: dict[int, RemoteWorker] = {}
         self._ready: dict[int, asyncio.Event] = {r: asyncio.Event() for r in range(self.world_size)}
@@ -158,7 +159,8 @@ class WorkerPool:
     def _setup_for(self, rank: int) -> Setup:
         nodes = sorted({n for (n, _), p in self.placement.items() if rank in p.ranks})
         return Setup(spec=self.spec, nodes=nodes, config=self.config, device=self.placement.device_of(rank),
-                     threads=self.threads, transports=list(self.transports), host=self.host, tp=self._tp.get(rank))
+                     threads=self.threads, transports=list(self.transports), host=self.host, tp=self._tp.get(rank),
+                     plugins=list(self.plugins))
 
     async def _handshake(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
         hello = decode_body(await reader.readexactly(frame_length(await reader.readexactly(HEADER_SIZE), MAX_HELLO)))

@@ -15,8 +15,8 @@ import torch
 from mstar.engine.ar_module import ARModule
 from mstar.engine.device_loop import run_on_device
 from mstar.transport.exchange import TensorExchange
-from mstar.worker.model_spec import build_model
-from mstar.worker.protocol import Setup
+from mstar.worker.model_spec import build_model, load_factory
+from mstar.worker.protocol import ModelSpec, Setup
 from mstar.worker.worker import Worker
 
 log = logging.getLogger("mstar.worker")
@@ -48,6 +48,7 @@ class WorkerHost:
         for engine in self.worker.ar_engines.values():
             engine.on_fatal = self._fatal
         self.worker.start()
+        self._plugins = [load_factory(ModelSpec(name))(self) for name in setup.plugins]
         log.info("rank %d serves nodes %s on %s%s", rank, self.worker.nodes, setup.device,
                  f" (tensor-parallel rank {self.tp.rank} of {self.tp.size})" if self.tp is not None else "")
 
@@ -80,7 +81,18 @@ class WorkerHost:
         return self.exchange.prefix
 
     def close(self) -> None:
-        self.worker.stop()
+        try:
+            for plugin in self._plugins:
+                if plugin is not None and hasattr(plugin, "close"):
+                    try:
+                        plugin.close()
+                    except Exception:  # a plugin must not keep the shared memory alive
+                        log.exception("closing a worker plugin failed")
+            self.worker.stop()
+        finally:
+            self._close_rest()
+
+    def _close_rest(self) -> None:
         if self.follower_thread is not None:
             self.follower_thread.join(timeout=10)
         if self.tp is not None:

@@ -72,8 +72,10 @@ def serve(channel: BlockingChannel, host) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    # SIGTERM (also sent when the Conductor's process dies) unwinds through the cleanup below
+    # SIGTERM (also sent when the Conductor's process dies) unwinds through the cleanup below;
+    # Ctrl-C in a terminal reaches the whole process group: the Conductor decides when Workers stop
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     if not args.token:
         print(f"no worker token: set {TOKEN_ENV} (or --token)", file=sys.stderr)
         return 2

@@ -64,6 +64,9 @@ class Setup(msgspec.Struct, tag=True):
     transports: list[str] = []  # which of shm / tcp / mooncake this Worker serves
     host: str = "127.0.0.1"     # address its tensor servers listen on
     tp: TensorParallel | None = None
+    # "module:function" called with the WorkerHost once it serves (e.g. a ROS status node);
+    # the runtime itself knows nothing of what they do
+    plugins: list[str] = []
 
 
 class Ready(msgspec.Struct, tag=True):

@@ -152,3 +152,30 @@ def test_bad_input_is_reported_and_dropped_while_the_other_robot_is_served(procs
     summary = json.loads(summary_path.read_text())
     assert summary["robots"]["/robot2"]["chunks"] == 0 and summary["robots"]["/robot2"]["dropped_frames"] >= len(bad)
     assert summary["robots"]["/robot1"]["chunks"] >= 3 and summary["robots"]["/robot1"]["dropped_frames"] == 0
+
+
+@pytest.mark.timeout(150)
+def test_with_a_placement_every_worker_process_reports_on_diagnostics(procs, start_player, short_bag,
+                                                                      ros_client, tmp_path):
+    from diagnostic_msgs.msg import DiagnosticArray
+    from pathlib import Path
+
+    from trajectory_msgs.msg import JointTrajectory
+
+    placement = Path(__file__).parents[3] / "config" / "placement" / "pi05-two-ranks.yaml"
+    ros_client.subscribe(DiagnosticArray, "/diagnostics")
+    ros_client.subscribe(JointTrajectory, "/robot1/action_chunk")
+    (spec,) = pi05_processes("/robot1", placement=str(placement), extra_arguments=["--duration", "120"])
+    node_set = procs(*spec.command(python=sys.executable))
+    player = start_player(short_bag, "--topics", "/robot1")
+
+    def names() -> set[str]:
+        return {s.name for g in ros_client.got("/diagnostics") for s in g.msg.status}
+
+    ros_client.wait_for(lambda: {"mstar: worker 0", "mstar: worker 1", "mstar: conductor"} <= names()
+                        and len(ros_client.got("/robot1/action_chunk")) >= 2, 120,
+                        "diagnostics from both Worker processes and the Conductor, and chunks", [node_set, player])
+    status = next(s for g in ros_client.got("/diagnostics") for s in g.msg.status if s.name == "mstar: worker 0")
+    assert {v.key for v in status.values} >= {"nodes", "kv_blocks_used"}
+    assert node_set.interrupt() == 0, node_set.output
+    player.interrupt()

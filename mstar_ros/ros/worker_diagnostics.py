@@ -1,0 +1,57 @@
+"""A Worker process's ROS 2 node: ``/mstar/worker_<rank>`` reports its engines on /diagnostics.
+
+Loaded into each Worker process as a plugin (``WorkerPool(plugins=[PLUGIN])``), so
+``ros2 topic echo /diagnostics`` shows every process of the node set, not only the
+Conductor's. It runs its own rclpy context and thread: the Worker's device thread
+never waits for ROS.
+"""
+from __future__ import annotations
+
+import threading
+
+PLUGIN = "mstar_ros.ros.worker_diagnostics:attach"
+
+
+class WorkerDiagnostics:
+    def __init__(self, host) -> None:
+        import rclpy
+        from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
+        from rclpy.executors import SingleThreadedExecutor
+
+        from mstar_ros.bag.ros_env import apply_localhost_defaults
+
+        apply_localhost_defaults()
+        self.context = rclpy.Context()
+        from rclpy.signals import SignalHandlerOptions
+        # no rclpy signal handlers: the Worker's shutdown is its Conductor's call, not Ctrl-C's
+        rclpy.init(args=[], context=self.context, signal_handler_options=SignalHandlerOptions.NO)
+        self.node = rclpy.create_node(f"worker_{host.rank}", namespace="/mstar", context=self.context)
+        pub = self.node.create_publisher(DiagnosticArray, "/diagnostics", 10)
+
+        def publish() -> None:
+            worker = host.worker
+            values = [KeyValue(key="nodes", value=",".join(worker.nodes)),
+                      KeyValue(key="kv_blocks_used", value=str(worker.kv_blocks_used())),
+                      KeyValue(key="tensors_held", value=str(len(host.exchange)))]
+            for engine, counters in worker.stats().items():
+                values += [KeyValue(key=f"{engine}.{k}", value=str(v)) for k, v in counters.items()]
+            status = DiagnosticStatus(level=DiagnosticStatus.OK, name=f"mstar: worker {host.rank}",
+                                      message="serving", hardware_id=f"rank{host.rank}", values=values)
+            array = DiagnosticArray(status=[status])
+            array.header.stamp = self.node.get_clock().now().to_msg()
+            pub.publish(array)
+
+        self.node.create_timer(1.0, publish)
+        self.executor = SingleThreadedExecutor(context=self.context)
+        self.executor.add_node(self.node)
+        self.thread = threading.Thread(target=self.executor.spin, name="rclpy-worker", daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.executor.shutdown()
+        self.node.destroy_node()
+        self.context.try_shutdown()
+
+
+def attach(host) -> WorkerDiagnostics:
+    return WorkerDiagnostics(host)
