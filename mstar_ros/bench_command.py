@@ -29,3 +29,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def _run_orpheus(args: argparse.Namespace) -> int:
     from mstar_ros.bench.orpheus import run_orpheus_bench
     return run_orpheus_bench(args)
+
+
+def bench_subparsers(sub: argparse._SubParsersAction) -> argparse._SubParsersAction:
+    """The sub-commands of ``bench`` (after ``add_parser``), for other benchmarks to join."""
+    bench = sub.choices["bench"]
+    return next(a for a in bench._actions if isinstance(a, argparse._SubParsersAction))

@@ -4,16 +4,12 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-
-def _bench_subparsers(sub: argparse._SubParsersAction) -> argparse._SubParsersAction:
-    # `bench` and its sub-commands are built in bench_command.py; we add ours to them.
-    bench = sub.choices["bench"]
-    return next(a for a in bench._actions if isinstance(a, argparse._SubParsersAction))
+from mstar_ros.bench_command import bench_subparsers
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """Adds ``transport`` under the ``bench`` command (call after bench_command.add_parser)."""
-    t = _bench_subparsers(sub).add_parser(
+    t = bench_subparsers(sub).add_parser(
         "transport", help="tensor transports (shm, tcp, mooncake, inline) between two processes vs memcpy",
         description="Latency and bandwidth of moving a tensor between two real processes with each "
                     "transport, against in-process memcpy measured in the same run. A peer process echoes "

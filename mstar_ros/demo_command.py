@@ -42,7 +42,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def bundled_bag() -> Path:
-    from mstar_graphs.pi05.checkpoints import cache_root
+    from mstar_graphs.common.cache import cache_root
     from mstar_ros.bag.synthetic import SyntheticBagSpec, ensure_synthetic_bag
 
     spec = SyntheticBagSpec(robots=2, seconds=BAG_SECONDS, seed=0)

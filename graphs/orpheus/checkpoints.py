@@ -3,12 +3,10 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from mstar_graphs.common.cache import cached_dir
 from mstar_graphs.orpheus.tiny_llm import write_tiny_llm
 from mstar_graphs.orpheus.tiny_snac import write_tiny_snac
 
@@ -36,27 +34,17 @@ class OrpheusPaths:
                    for p in (self.llm, self.snac))
 
 
-def cache_root() -> Path:
-    return Path(os.environ.get("MSTAR_CACHE", Path.home() / ".cache" / "mstar_ros"))
-
-
 def ensure_tiny_orpheus(preset: str = "tiny") -> OrpheusPaths:
     """The generated checkpoint for ``preset`` ("tiny" for tests, "bench"), made on first use."""
     if preset not in PRESETS:
         raise ValueError(f"unknown Orpheus preset {preset!r} (known: {sorted(PRESETS)})")
     llm_preset, snac_preset, snac_overrides = PRESETS[preset]
-    root = cache_root() / f"orpheus-{preset}-v{TINY_VERSION}"
-    if not (root / "done").exists():
-        log.info("generating the %s Orpheus checkpoint (random weights) in %s", preset, root)
-        root.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(dir=root.parent, prefix=f".{root.name}-"))
+
+    def make(tmp: Path) -> None:
         write_tiny_llm(tmp / "llm", llm_preset)
         write_tiny_snac(tmp / "snac", snac_preset, overrides=snac_overrides)
-        (tmp / "done").write_text("ok\n")
-        try:
-            tmp.rename(root)
-        except OSError:  # another process made it first
-            shutil.rmtree(tmp, ignore_errors=True)
+
+    root = cached_dir(f"orpheus-{preset}-v{TINY_VERSION}", make, f"the {preset} Orpheus checkpoint (random weights)")
     return OrpheusPaths(root / "llm", root / "snac")
 
 

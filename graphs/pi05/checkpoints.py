@@ -19,15 +19,13 @@ multi_modal_projector}``. Both are accepted. Anything else is reported by the lo
 from __future__ import annotations
 
 import logging
-import os
 import re
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Callable, Literal
 
 import torch
 
+from mstar_graphs.common.cache import cached_dir
 from mstar.weights import LoadReport, WeightsError, load_weights
 from mstar_graphs.pi05.config import Pi05Config
 from mstar_graphs.pi05.tiny import PRESETS, write_tiny_pi05
@@ -100,25 +98,12 @@ def load_part(module: torch.nn.Module, path: str | Path, part: Part, *, dtype: t
         raise WeightsError("\n".join(lines)) from None
 
 
-def cache_root() -> Path:
-    return Path(os.environ.get("MSTAR_CACHE", Path.home() / ".cache" / "mstar_ros"))
-
-
 def ensure_tiny_pi05(preset: str = "tiny") -> Path:
     """The generated checkpoint directory for ``preset``, made on first use (RANDOM weights)."""
     if preset not in PRESETS:
         raise ValueError(f"unknown pi0.5 preset {preset!r} (known: {sorted(PRESETS)})")
-    root = cache_root() / f"pi05-{preset}-v{TINY_VERSION}"
-    if not (root / "done").exists():
-        log.info("generating the %s pi0.5 checkpoint (RANDOM weights) in %s", preset, root)
-        root.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(dir=root.parent, prefix=f".{root.name}-"))
-        write_tiny_pi05(tmp / "ckpt", preset)
-        (tmp / "done").write_text("ok\n")
-        try:
-            tmp.rename(root)
-        except OSError:  # another process made it first
-            shutil.rmtree(tmp, ignore_errors=True)
+    root = cached_dir(f"pi05-{preset}-v{TINY_VERSION}", lambda tmp: write_tiny_pi05(tmp / "ckpt", preset),
+                      f"the {preset} pi0.5 checkpoint (RANDOM weights)")
     return root / "ckpt"
 
 
