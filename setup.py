@@ -60,7 +60,8 @@ setup(
     # console scripts land in bin/ with pip and in lib/mstar_ros/ with colcon (setup.cfg), where
     # launch_ros.actions.Node(package="mstar_ros", executable=...) looks for them
     entry_points={"console_scripts": ["mstar-ros = mstar_ros.cli:main",
-                                      "mstar_pi05_node_set = mstar_ros.ros.node_set:main"]},
+                                      "mstar_pi05_node_set = mstar_ros.ros.node_set:main",
+                                      "mstar_orpheus_node = mstar_ros.ros.orpheus_node:main"]},
     zip_safe=True,
     maintainer="mstar_ros developers",
     description="Walk Graph serving runtime for composite multimodal models, as ROS 2 nodes",

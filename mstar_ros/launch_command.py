@@ -15,7 +15,7 @@ import threading
 import time
 from typing import Callable, Sequence, TextIO
 
-from mstar_ros.launch_spec import LAUNCH_ARGUMENTS, ProcessSpec, pi05_processes
+from mstar_ros.launch_spec import LAUNCH_ARGUMENTS, ORPHEUS_LAUNCH_ARGUMENTS, ProcessSpec, orpheus_processes, pi05_processes
 
 _HELP = {a.name: a.description for a in LAUNCH_ARGUMENTS}
 
@@ -36,7 +36,7 @@ DDS discovery stays on this host unless ROS_AUTOMATIC_DISCOVERY_RANGE is set."""
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    launch = sub.add_parser("launch", help="start a node set (pi05) without the ROS 2 launch tools",
+    launch = sub.add_parser("launch", help="start a node set (pi05, orpheus) without the ROS 2 launch tools",
                             description="Start a node set described in mstar_ros.launch_spec.")
     targets = launch.add_subparsers(dest="launch_target", required=True, metavar="NODE_SET")
     p = targets.add_parser("pi05", help="the pi0.5 policy node set", description=DESCRIPTION,
@@ -52,6 +52,44 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--ros-args", dest="ros_args", nargs=argparse.REMAINDER, default=[], metavar="ARG",
                    help="ROS arguments for the node set (-r FROM:=TO, -p NAME:=VALUE, --params-file F, ...)")
     p.set_defaults(run=run)
+    _add_orpheus(targets)
+
+
+ORPHEUS_DESCRIPTION = """\
+Start Orpheus TTS as ROS 2 nodes. Split (the default), its two partitions run as two
+nodes in two processes joined by a topic: NS/orpheus_talker takes text on NS/text
+(std_msgs/String: the text, or JSON {"text", "id", "seed", "max_tokens", "temperature"})
+and publishes audio tokens on NS/llm_token as they are sampled; NS/orpheus_vocoder
+decodes them (28-token windows every 7) and publishes 24 kHz PCM on NS/audio
+(std_msgs/Float32MultiArray, one message per chunk, the stream header in
+layout.dim[0].label). --no-split: one node. The same processes as
+`ros2 launch mstar_ros orpheus.launch.py split:=true namespace:=/tts`.
+
+  mstar-ros launch orpheus &
+  ros2 topic pub --once /tts/text std_msgs/msg/String '{data: Hello there.}'
+  ros2 topic echo /tts/llm_token"""
+
+
+def _add_orpheus(targets: argparse._SubParsersAction) -> None:
+    helps = {a.name: a.description for a in ORPHEUS_LAUNCH_ARGUMENTS}
+    p = targets.add_parser("orpheus", help="Orpheus TTS, one node per partition", description=ORPHEUS_DESCRIPTION,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--no-split", dest="split", action="store_false", help="the whole graph in one node")
+    p.add_argument("--namespace", default="/tts", help=helps["namespace"] + " (default /tts)")
+    p.add_argument("--weights", default="", help=helps["weights"])
+    p.add_argument("--snac-weights", default="", help=helps["snac_weights"])
+    p.add_argument("--duration", type=float, help="stop after this many seconds (default: run until Ctrl-C)")
+    p.add_argument("--print-commands", action="store_true", help="print the commands and exit")
+    p.add_argument("--ros-args", dest="ros_args", nargs=argparse.REMAINDER, default=[], metavar="ARG",
+                   help="ROS arguments for every node (-r FROM:=TO, -p NAME:=VALUE, ...)")
+    p.set_defaults(run=run_orpheus)
+
+
+def run_orpheus(args: argparse.Namespace) -> int:
+    extra = ["--duration", repr(float(args.duration))] if args.duration else []
+    specs = orpheus_processes(args.split, args.namespace, args.weights, args.snac_weights, extra_arguments=extra,
+                              ros_arguments=args.ros_args)
+    return _start(specs, args.print_commands)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -62,7 +100,11 @@ def run(args: argparse.Namespace) -> int:
         extra += ["--summary-json", args.summary_json]
     specs = pi05_processes(args.robots, args.weights, args.placement, args.rate, args.params_file,
                            extra_arguments=extra, ros_arguments=args.ros_args)
-    if args.print_commands:
+    return _start(specs, args.print_commands)
+
+
+def _start(specs: Sequence[ProcessSpec], print_commands: bool) -> int:
+    if print_commands:
         for spec in specs:
             print(" ".join(spec.command()))
         return 0

@@ -1,4 +1,4 @@
-"""One source of truth for the pi0.5 node set: its processes, from the launch arguments.
+"""One source of truth for the node sets (pi0.5; Orpheus TTS): their processes, from the launch arguments.
 
 ``launch/pi05.launch.py`` (``ros2 launch mstar_ros pi05.launch.py robots:='/robot1 /robot2'``)
 turns each :class:`ProcessSpec` into a ``launch_ros.actions.Node``; ``mstar-ros launch pi05``
@@ -131,3 +131,41 @@ def pi05_processes(robots: str | Sequence[str] = "/robot1", weights: str = "", p
                         arguments=tuple(args) + tuple(extra_arguments), params_files=(str(params),),
                         remappings=tuple((str(a), str(b)) for a, b in remappings),
                         ros_arguments=tuple(ros_arguments))]
+
+
+#: ``ros2 launch mstar_ros orpheus.launch.py NAME:=VALUE`` / ``mstar-ros launch orpheus --NAME VALUE``
+ORPHEUS_LAUNCH_ARGUMENTS = (
+    LaunchArgument("split", "true", "true: the talker (LLM) and vocoder (SNAC) partitions as two nodes in two "
+                                    "processes, joined by the llm_token topic; false: one node"),
+    LaunchArgument("namespace", "/tts", "ROS namespace of the nodes and their topics"),
+    LaunchArgument("weights", "", "Orpheus checkpoint directory (empty: a generated tiny checkpoint with RANDOM "
+                                  "weights)"),
+    LaunchArgument("snac_weights", "", "SNAC 24 kHz checkpoint directory (empty: WEIGHTS/snac)"),
+)
+
+
+def _flag(name: str, text: str | bool) -> bool:
+    value = str(text).strip().lower()
+    if value not in ("true", "false", "1", "0", "yes", "no"):
+        raise ValueError(f"{name}: expected true or false, got {text!r}")
+    return value in ("true", "1", "yes")
+
+
+def orpheus_processes(split: str | bool = "true", namespace: str = "/tts", weights: str = "", snac_weights: str = "",
+                      *, extra_arguments: Sequence[str] = (), ros_arguments: Sequence[str] = ()) -> list[ProcessSpec]:
+    """Orpheus TTS as ROS nodes (mstar_ros.ros.orpheus_node): one per partition when ``split``."""
+    try:
+        (ns,) = parse_robots(namespace)  # the same rules as any namespace
+    except ValueError as exc:
+        raise ValueError(str(exc).replace("robots:", "namespace:", 1)) from None
+    args = ["--namespace", ns]
+    for flag, path in (("--weights", weights), ("--snac-weights", snac_weights)):
+        if path:
+            if not Path(path).is_dir():
+                raise FileNotFoundError(f"{flag.lstrip('-').replace('-', '_')}: no directory {path}")
+            args += [flag, str(path)]
+    partitions = ["talker", "vocoder"] if _flag("split", split) else ["all"]
+    return [ProcessSpec(name="orpheus" if part == "all" else f"orpheus_{part}", executable="mstar_orpheus_node",
+                        module="mstar_ros.ros.orpheus_node",
+                        arguments=("--partition", part, *args, *extra_arguments), ros_arguments=tuple(ros_arguments))
+            for part in partitions]

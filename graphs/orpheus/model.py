@@ -83,11 +83,19 @@ class OrpheusTTS:
                 request_id: str | None = None, outputs: frozenset[str] | None = None) -> Request:
         """A request to speak ``text``; raises ValueError for empty text or text over the context limit.
         ``outputs``: which of "audio" and "tokens" to stream (default both)."""
-        sampling = sampling or DEFAULT_SAMPLING
-        ids = self.prompt_ids(text, voice)
-        limit = self.llm.max_positions
-        if len(ids) + sampling.max_tokens > limit:
-            raise ValueError(f"text is {len(ids)} prompt tokens; with max_tokens={sampling.max_tokens} that is over "
-                             f"the model's context limit of {limit} tokens")
-        kwargs = {} if request_id is None else {"request_id": request_id}
-        return Request({"prompt_ids": torch.tensor(ids, dtype=torch.long)}, sampling, outputs=outputs, **kwargs)
+        return speech_request(self.tokenizer, self.llm.max_positions, text,
+                              voice=voice if voice is not None else self.voice, sampling=sampling,
+                              request_id=request_id, outputs=outputs)
+
+
+def speech_request(tokenizer, max_positions: int, text: str, *, voice: str | None = "tara",
+                   sampling: SamplingParams | None = None, request_id: str | None = None,
+                   outputs: frozenset[str] | None = None) -> Request:
+    """The request for speaking ``text`` (what OrpheusTTS.request builds, for a process holding only the LLM)."""
+    sampling = sampling or DEFAULT_SAMPLING
+    ids = build_prompt_ids(tokenizer, text, voice)
+    if len(ids) + sampling.max_tokens > max_positions:
+        raise ValueError(f"text is {len(ids)} prompt tokens; with max_tokens={sampling.max_tokens} that is over "
+                         f"the model's context limit of {max_positions} tokens")
+    kwargs = {} if request_id is None else {"request_id": request_id}
+    return Request({"prompt_ids": torch.tensor(ids, dtype=torch.long)}, sampling, outputs=outputs, **kwargs)

@@ -19,9 +19,7 @@ import asyncio
 import json
 import logging
 import os
-import signal
 import sys
-import threading
 import time
 
 log = logging.getLogger("mstar_ros.node_set")
@@ -81,39 +79,12 @@ def summarize(nodes, elapsed: float) -> dict:
     return out
 
 
-def conductor_node(conductor):
-    from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
-    from rclpy.node import Node
-
-    class ConductorNode(Node):
-        def __init__(self) -> None:
-            super().__init__("conductor", namespace="/mstar")
-            self.pub = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
-            self.create_timer(1.0, self._publish)
-
-        def _publish(self) -> None:
-            stats = conductor.stats()
-            values = [KeyValue(key="in_flight", value=str(stats["in_flight"])),
-                      KeyValue(key="kv_blocks_used", value=str(conductor.kv_blocks_used()))]
-            for i, worker in enumerate(stats["workers"]):
-                for engine, counters in worker.items():
-                    values += [KeyValue(key=f"worker{i}.{engine}.{k}", value=str(v)) for k, v in counters.items()]
-            status = DiagnosticStatus(level=DiagnosticStatus.OK, name="mstar: conductor", message="serving",
-                                      hardware_id="mstar", values=values)
-            array = DiagnosticArray(status=[status])
-            array.header.stamp = self.get_clock().now().to_msg()
-            self.pub.publish(array)
-
-    return ConductorNode()
-
-
 async def serve(args: argparse.Namespace, ros_args: list[str]) -> dict:
-    import rclpy
-    from rclpy.executors import SingleThreadedExecutor
-
     from mstar.conductor import Conductor
     from mstar_graphs.pi05.policy import Pi05Policy
+    from mstar_ros.ros.conductor_node import conductor_node
     from mstar_ros.ros.policy_node import make_policy_node
+    from mstar_ros.ros.ros_process import RosProcess
 
     policy = Pi05Policy.load(args.weights, preset=args.preset)  # requests are built here (tokenizer, shapes)
     if args.placement:
@@ -123,33 +94,19 @@ async def serve(args: argparse.Namespace, ros_args: list[str]) -> dict:
                                           plugins=(PLUGIN,))  # each Worker process reports on /diagnostics
     else:
         conductor = Conductor(policy.graph(), policy.modules())
-    rclpy.init(args=["mstar_pi05_node_set"] + ros_args)
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    nodes: list = []
-    executor = SingleThreadedExecutor()  # one thread: ROS callbacks take as little CPU from the model as they can
-    try:
+    async with RosProcess("mstar_pi05_node_set", ros_args) as ros:
         async with conductor:
-            nodes = [make_policy_node(policy, conductor, loop, ns) for ns in args.robots]
-            for node in nodes + [conductor_node(conductor)]:
-                executor.add_node(node)
-            spinner = threading.Thread(target=executor.spin, name="rclpy", daemon=True)
-            spinner.start()
+            nodes = [make_policy_node(policy, conductor, asyncio.get_running_loop(), ns) for ns in args.robots]
+            ros.add(*nodes, conductor_node(conductor))
+            ros.spin()
             names = ", ".join(n.get_fully_qualified_name() for n in nodes)
             print(f"serving pi0.5 ({'RANDOM tiny weights' if policy.random_weights else policy.path}) for {names}",
                   flush=True)
             started = time.monotonic()
-            await _run_until_stopped(stop, nodes, started, args.duration, args.status_every)
+            await _run_until_stopped(ros.stop, nodes, started, args.duration, args.status_every)
             summary = summarize(nodes, time.monotonic() - started)
             for node in nodes:
                 node.closing = True  # chunks still in flight are cancelled quietly
-    finally:
-        executor.shutdown()
-        for node in executor.get_nodes():
-            node.destroy_node()
-        rclpy.try_shutdown()
     return summary
 
 

@@ -19,6 +19,7 @@ import torch
 from mstar.conductor.replies import ReplyInbox
 from mstar.conductor.request import Request, RequestCancelled, RequestError, RequestStream, UnknownRequest
 from mstar.conductor.state import RequestState
+from mstar.conductor.stream_input import StreamInput, StreamInputError
 from mstar.conductor.walk_executor import WalkExecutor
 from mstar.engine.config import EngineConfig
 from mstar.engine.device_loop import run_on_device
@@ -155,7 +156,13 @@ class Conductor:
         seed = request.sampling.seed if request.sampling.seed is not None else secrets.randbits(62)
         stream = RequestStream(request.request_id)
         rs = RequestState(request, seed, stream, self.store.get, wire_id=f"{request.request_id}#{next(self._submissions)}")
+        streamed = set(self.graph.stream_input_names)
         for name, tensor in request.inputs.items():
+            if (name in streamed) != isinstance(tensor, StreamInput):
+                kind = "a StreamInput (it arrives over time)" if name in streamed else "a tensor"
+                raise TypeError(f"request {request.request_id}: input {name!r} must be {kind}, got {type(tensor).__name__}")
+            if name in streamed:
+                continue
             if not isinstance(tensor, torch.Tensor):
                 raise TypeError(f"request {request.request_id}: input {name!r} must be a tensor, got {type(tensor).__name__}")
             handle = self.store.put(tensor, owner=rs.wire_id)
@@ -203,12 +210,16 @@ class Conductor:
     async def _run(self, rs: RequestState) -> None:
         rid = rs.request_id
         outcome: RequestError | None = None
+        feeds = [asyncio.ensure_future(self._feed(rs, name, value)) for name, value in rs.request.inputs.items()
+                 if isinstance(value, StreamInput)]
         try:
             while (walk := self.graph.next_walk(rs)) is not None:
                 rs.current_walk = walk
                 await self.executor.run(self.graph.walk(walk), rs)
                 rs.walks_done.append(walk)
             rs.current_walk = None
+            if feeds:
+                await asyncio.gather(*feeds)
             await self.executor.close_streams(rs)
         except asyncio.CancelledError:
             failure = rs.failure  # a streamed chunk failed, or the session was closed
@@ -218,14 +229,28 @@ class Conductor:
                 outcome = failure if isinstance(failure, RequestError) else RequestError(rid, str(failure))
         except RequestError as exc:
             outcome = exc
+        except StreamInputError as exc:
+            outcome = RequestError(rid, f"input stream failed: {exc}")
         except Exception as exc:
             log.warning("request %s failed: %s", rid, exc)
             outcome = RequestError(rid, f"{type(exc).__name__}: {exc}")
+        finally:
+            for feed in feeds:
+                feed.cancel()
         self._cleanup(rs, notify=False)  # free everything before the caller hears the end
         if outcome is None:
             rs.stream.end()
         else:
             rs.stream.fail(outcome)
+
+    async def _feed(self, rs: RequestState, name: str, source: StreamInput) -> None:
+        """Items of a streamed input join its streaming edges as they arrive (the policy cuts chunks)."""
+        async for tensor in source.items():
+            handle = self.store.put(tensor, owner=rs.wire_id)
+            if self.pool is not None:
+                handle = self.store.export(handle, "inline")
+            for edge in self.graph.edges_from(GRAPH_INPUT, name):
+                self.executor.stream_append(rs, edge, handle)  # type: ignore[arg-type]
 
     def _cleanup(self, rs: RequestState, notify: bool = True) -> None:
         rid = rs.request_id

@@ -113,7 +113,7 @@ class WalkExecutor:
             rs.produced[endpoint] = handle
             for edge in self.graph.edges_from(node, port):
                 if isinstance(edge, StreamingGraphEdge):
-                    self._stream_append(rs, edge, handle)
+                    self.stream_append(rs, edge, handle)
                 elif edge.target.node == GRAPH_OUTPUT:
                     self._emit(rs, edge.target.port, handle)
                 else:
@@ -139,7 +139,7 @@ class WalkExecutor:
             state = rs.streams[key] = StreamState(edge, policy)  # type: ignore[arg-type]
         return state
 
-    def _stream_append(self, rs: RequestState, edge: StreamingGraphEdge, handle: TensorHandle) -> None:
+    def stream_append(self, rs: RequestState, edge: StreamingGraphEdge, handle: TensorHandle) -> None:
         state = self._stream(rs, edge)
         state.items.append(handle)
         self._pump(rs, state)

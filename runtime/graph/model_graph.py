@@ -65,6 +65,12 @@ class ModelGraph:
         return sorted({e.source.port for e in self.edges if e.source.node == GRAPH_INPUT})
 
     @property
+    def stream_input_names(self) -> list[str]:
+        """Inputs that arrive over time (streaming edges from the graph input): a StreamInput each."""
+        return sorted({e.source.port for e in self.edges
+                       if e.source.node == GRAPH_INPUT and isinstance(e, StreamingGraphEdge)})
+
+    @property
     def output_names(self) -> list[str]:
         return sorted({e.target.port for e in self.edges if e.target.node == GRAPH_OUTPUT})
 

@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
 from mstar.graph.chunk_policies import ChunkPolicy
+from mstar.graph.edges import GRAPH_INPUT
 
 
 @dataclass(frozen=True)
@@ -22,6 +23,9 @@ class PartitionTopology:
     connections: Sequence[PartitionConnection] = field(default_factory=tuple)
 
     def partition_of(self, node: str) -> str | None:
+        """The partition holding ``node``; ``"input"`` for the graph input (streams fed from outside)."""
+        if node == GRAPH_INPUT:
+            return GRAPH_INPUT
         for name, nodes in self.partitions.items():
             if node in nodes:
                 return name

@@ -56,7 +56,8 @@ def _check_inputs_fed(graph: "ModelGraph") -> None:
 
 
 def _check_walks(graph: "ModelGraph") -> None:
-    if not graph.walks:
+    stream_fed = any(isinstance(e, StreamingGraphEdge) and e.source.node == GRAPH_INPUT for e in graph.edges)
+    if not graph.walks and not stream_fed:  # a partition cut out of a graph may run on its input streams alone
         raise GraphError(f"graph {graph.name!r} declares no walks")
     for walk_name, walk in graph.walks.items():
         for step in walk.iter_steps():
@@ -89,7 +90,7 @@ def _check_topology(graph: "ModelGraph") -> None:
             seen[node] = part
     for conn in topo.connections:
         for part in (conn.source, conn.target):
-            if part not in topo.partitions:
+            if part not in topo.partitions and not (part == GRAPH_INPUT and part == conn.source):
                 raise GraphError(f"graph {graph.name!r}: connection {conn.source!r} -> {conn.target!r} names missing partition {part!r}")
     for edge in streaming:
         target = edge.target_partition

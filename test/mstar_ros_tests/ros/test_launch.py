@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 import yaml
 
-from mstar_ros.launch_spec import LAUNCH_ARGUMENTS, default_params_file, parse_robots, pi05_processes
+from mstar_ros.launch_spec import (LAUNCH_ARGUMENTS, ORPHEUS_LAUNCH_ARGUMENTS, default_params_file, orpheus_processes,
+                                   parse_robots, pi05_processes)
 from mstar_ros.ros.policy_node import PARAMETERS
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -79,7 +80,7 @@ def _launch_ros_command(node: _Recorder) -> list[str]:
 
 
 @pytest.fixture
-def launch_file(monkeypatch):
+def load_launch_file(monkeypatch):
     mods = {name: types.ModuleType(name) for name in
             ("launch", "launch.actions", "launch.substitutions", "launch_ros", "launch_ros.actions")}
     mods["launch"].LaunchDescription = type("LaunchDescription", (_Recorder,), {})
@@ -89,10 +90,18 @@ def launch_file(monkeypatch):
     mods["launch_ros.actions"].Node = type("Node", (_Recorder,), {})
     for name, mod in mods.items():
         monkeypatch.setitem(sys.modules, name, mod)
-    spec = importlib.util.spec_from_file_location("pi05_launch", ROOT / "launch" / "pi05.launch.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+
+    def load(name: str):
+        spec = importlib.util.spec_from_file_location(name.replace(".", "_"), ROOT / "launch" / name)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    return load
+
+
+@pytest.fixture
+def launch_file(load_launch_file):
+    return load_launch_file("pi05.launch.py")
 
 
 @pytest.mark.parametrize("given", [{}, {"robots": "/robot1 /robot2", "rate": "10", "weights": "/models/pi05"}])
@@ -110,11 +119,32 @@ def test_the_launch_file_builds_the_commands_of_the_spec(launch_file, given):
     assert [_launch_ros_command(n) for n in nodes] == [s.command() for s in specs]
 
 
+@pytest.mark.parametrize("given", [{}, {"split": "false", "namespace": "/speech"}])
+def test_the_orpheus_launch_file_builds_the_commands_of_the_spec(load_launch_file, given):
+    (description,) = load_launch_file("orpheus.launch.py").generate_launch_description().args
+    declared = [a for a in description if type(a).__name__ == "DeclareLaunchArgument"]
+    (opaque,) = [a for a in description if type(a).__name__ == "OpaqueFunction"]
+    assert [(d.args[0], d.kwargs["default_value"]) for d in declared] == \
+        [(a.name, a.default) for a in ORPHEUS_LAUNCH_ARGUMENTS]
+    context = types.SimpleNamespace(launch_configurations={a.name: given.get(a.name, a.default)
+                                                           for a in ORPHEUS_LAUNCH_ARGUMENTS})
+    nodes = opaque.kwargs["function"](context)
+    specs = orpheus_processes(**context.launch_configurations)
+    assert [_launch_ros_command(n)[:-1] for n in nodes] == [s.command() for s in specs]  # [:-1]: --ros-args
+    parts = [s.arguments[1] for s in specs]
+    assert parts == (["all"] if given else ["talker", "vocoder"])
+    for bad, says in [(dict(split="maybe"), "expected true or false"), (dict(namespace="/9"), "not a valid ROS"),
+                      (dict(weights="/nope"), "weights: no directory")]:
+        with pytest.raises((ValueError, FileNotFoundError), match=says):
+            orpheus_processes(**bad)
+
+
 def test_setup_installs_the_launch_file_config_and_executable_where_ros2_launch_looks():
     text = (ROOT / "setup.py").read_text()
     for needed in ('"share/mstar_ros/launch", sorted(glob("launch/*.launch.py"))', '"share/mstar_ros/config"',
                    '"share/ament_index/resource_index/packages", ["resource/mstar_ros"]',
-                   '"mstar_pi05_node_set = mstar_ros.ros.node_set:main"'):
+                   '"mstar_pi05_node_set = mstar_ros.ros.node_set:main"',
+                   '"mstar_orpheus_node = mstar_ros.ros.orpheus_node:main"'):
         assert needed in text
     assert "install_scripts=$base/lib/mstar_ros" in (ROOT / "setup.cfg").read_text()  # colcon: lib/<package>/
 

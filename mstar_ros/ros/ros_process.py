@@ -1,0 +1,62 @@
+"""rclpy next to the Conductor in one process: the ROS context, one executor thread, signals, shutdown.
+
+    async with RosProcess("mstar_orpheus_node", ros_args) as ros:
+        ros.add(node, other_node)
+        ros.spin()                  # callbacks run on one thread; the Conductor keeps this loop
+        await ros.stopped(duration) # Ctrl-C, SIGTERM, or after ``duration`` seconds
+
+One executor thread: ROS callbacks take as little CPU from the model as they can. At exit the
+executor stops and its thread is joined before rclpy shuts down: a thread still inside rcl
+at interpreter exit aborts the process ("terminate called without an active exception").
+"""
+from __future__ import annotations
+
+import asyncio
+import signal
+import threading
+from typing import Sequence
+
+
+class RosProcess:
+    def __init__(self, program: str, ros_args: Sequence[str]) -> None:
+        self.program, self.ros_args = program, list(ros_args)
+        self.stop = asyncio.Event()
+        self.executor = None
+        self._spinner: threading.Thread | None = None
+
+    async def __aenter__(self) -> "RosProcess":
+        import rclpy
+        from rclpy.executors import SingleThreadedExecutor
+
+        rclpy.init(args=[self.program] + self.ros_args)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, self.stop.set)
+        self.executor = SingleThreadedExecutor()
+        return self
+
+    def add(self, *nodes) -> None:
+        for node in nodes:
+            self.executor.add_node(node)
+
+    def spin(self) -> None:
+        self._spinner = threading.Thread(target=self.executor.spin, name="rclpy", daemon=True)
+        self._spinner.start()
+
+    async def stopped(self, duration: float = 0.0) -> None:
+        """Returns at SIGINT/SIGTERM, or after ``duration`` seconds (0: no limit)."""
+        try:
+            await asyncio.wait_for(self.stop.wait(), duration or None)
+        except asyncio.TimeoutError:
+            pass
+
+    async def __aexit__(self, *exc: object) -> None:
+        import rclpy
+
+        if self.executor is not None:
+            self.executor.shutdown()
+            if self._spinner is not None and self._spinner.is_alive():
+                self._spinner.join(timeout=5)
+            for node in self.executor.get_nodes():
+                node.destroy_node()
+        rclpy.try_shutdown()

@@ -1,0 +1,130 @@
+"""Orpheus split at its streaming edge: the talker and the vocoder partitions as two ROS node processes
+joined by the /tts/llm_token topic, against the same graph served in one process."""
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+
+import pytest
+import torch
+
+from mstar_ros.launch_spec import orpheus_processes
+from mstar_ros.ros.stream_msgs import StreamHeader, StreamMessageError, item_message, read_message
+
+TEXT = "Hello there."
+SAMPLING = {"temperature": 0.0, "top_p": 1.0, "repetition_penalty": 1.0, "max_tokens": 64}
+
+
+def start_partitions(procs, tmp_path):
+    """The processes `mstar-ros launch orpheus` / orpheus.launch.py start (mstar_ros.launch_spec)."""
+    started = []
+    for spec in orpheus_processes(split="true", namespace="/tts", extra_arguments=["--duration", "150"]):
+        summary = tmp_path / f"{spec.name}.json"
+        started.append((procs(*spec.command(python=sys.executable), "--summary-json", str(summary)), summary))
+    return started
+
+
+def one_process_audio(seed: int) -> tuple[list[int], torch.Tensor]:
+    from mstar.conductor import Conductor
+    from mstar.engine.sampling_params import SamplingParams
+    from mstar_graphs.orpheus.model import OrpheusTTS
+
+    tts = OrpheusTTS.load(progress=False)
+
+    async def go():
+        async with Conductor(tts.graph(), tts.modules()) as c:
+            return await c.submit(tts.request(TEXT, sampling=SamplingParams(**SAMPLING, seed=seed))).collect()
+
+    out = asyncio.run(go())
+    return [int(t) for t in out["tokens"]], torch.cat(out["audio"])
+
+
+def stream(client, topic: str, dtype, stream_id: str):
+    """(items, ended, failed) of one stream as received on ``topic``."""
+    items, ended, failed = [], False, False
+    for got in client.got(topic):
+        try:
+            header, item = read_message(got.msg, dtype)
+        except StreamMessageError:
+            continue  # the malformed messages this test sends itself
+        if header.stream_id != stream_id:
+            continue
+        assert header.seq == len(items), f"{topic}: item {header.seq} out of order"
+        if header.end:
+            ended, failed = True, header.failed
+        else:
+            items.append(item)
+    return items, ended, failed
+
+
+@pytest.mark.timeout(240)
+def test_talker_and_vocoder_nodes_speak_what_one_process_speaks(procs, ros_client, tmp_path):
+    from diagnostic_msgs.msg import DiagnosticArray
+    from std_msgs.msg import Float32MultiArray, Int64MultiArray, String
+
+    for topic, kind in [("/tts/audio", Float32MultiArray), ("/tts/llm_token", Int64MultiArray),
+                        ("/tts/tokens", Int64MultiArray), ("/diagnostics", DiagnosticArray)]:
+        ros_client.subscribe(kind, topic, depth=1000)
+    (talker, talker_summary), (vocoder, vocoder_summary) = start_partitions(procs, tmp_path)
+    node = ros_client.node
+    text_pub = ros_client.publisher(String, "/tts/text")
+    token_pub = ros_client.publisher(Int64MultiArray, "/tts/llm_token")
+    # the talker reads text and sees two readers of its tokens (the vocoder and this test)
+    def talker_token_readers() -> int:
+        values = [{kv.key: kv.value for kv in s.values} for g in ros_client.got("/diagnostics") for s in g.msg.status
+                  if s.name == "mstar: /tts/orpheus_talker"]
+        return int(values[-1].get("llm_token.subscribers", 0)) if values else 0
+
+    ros_client.wait_for(lambda: text_pub.get_subscription_count() >= 1 and token_pub.get_subscription_count() >= 1
+                        and talker_token_readers() >= 2, 90, "both partition nodes", [talker, vocoder])
+
+    # the cut edge is an ordinary topic, visible to ROS tools
+    types = dict(node.get_topic_names_and_types())
+    assert types["/tts/llm_token"] == ["std_msgs/msg/Int64MultiArray"]
+    assert types["/tts/audio"] == ["std_msgs/msg/Float32MultiArray"]
+
+    text_pub.publish(String(data=json.dumps({"text": TEXT, "id": "hello", "seed": 7, **SAMPLING})))
+    ros_client.wait_for(lambda: stream(ros_client, "/tts/audio", torch.float32, "hello")[1], 120,
+                        "the end of stream 'hello' on /tts/audio", [talker, vocoder])
+
+    tokens_ref, audio_ref = one_process_audio(seed=7)
+    tokens, ended, failed = stream(ros_client, "/tts/llm_token", torch.int64, "hello")
+    assert ended and not failed
+    assert [int(t) for t in tokens] == tokens_ref
+    chunks, ended, failed = stream(ros_client, "/tts/audio", torch.float32, "hello")
+    assert ended and not failed and len(chunks) >= 2
+    audio = torch.cat(chunks)
+    assert audio.shape == audio_ref.shape
+    assert torch.allclose(audio, audio_ref, atol=1e-5, rtol=0), float((audio - audio_ref).abs().max())
+
+    # bad input: each reported on /diagnostics, nothing else stops
+    def diagnostics() -> str:
+        return "\n".join(s.message for g in ros_client.got("/diagnostics") for s in g.msg.status)
+
+    text_pub.publish(String(data="   "))
+    text_pub.publish(String(data=json.dumps({"text": "hi", "colour": "blue"})))
+    text_pub.publish(String(data="{not json"))
+    token_pub.publish(Int64MultiArray(data=[1, 2, 3]))  # no stream header
+    token_pub.publish(item_message(torch.tensor([5]), StreamHeader("late", 5, 1)))  # joins mid-stream
+    gap = [item_message(torch.tensor([128266 + i]), StreamHeader("gappy", i, 1)) for i in (0, 1, 3)]
+    for msg in gap:
+        token_pub.publish(msg)
+    expected = ["text request dropped: text is empty", "unknown request field(s) ['colour']", "is not JSON",
+                "message dropped: no layout.dim", "stream late joined at item 5",
+                "request gappy: input stream failed: llm_token item 2 never arrived (got item 3)"]
+    ros_client.wait_for(lambda: all(e in diagnostics() for e in expected), 30,
+                        f"each of {expected} on /diagnostics", [talker, vocoder])
+    assert stream(ros_client, "/tts/audio", torch.float32, "gappy")[1:] == (True, True)  # ended as failed
+
+    # and both still serve
+    text_pub.publish(String(data=json.dumps({"text": "Again.", "id": "again", "seed": 1, **SAMPLING})))
+    ros_client.wait_for(lambda: stream(ros_client, "/tts/audio", torch.float32, "again")[1], 120,
+                        "stream 'again' on /tts/audio", [talker, vocoder])
+    assert stream(ros_client, "/tts/audio", torch.float32, "again")[1:] == (True, False)
+
+    assert talker.interrupt() == 0, talker.output
+    assert vocoder.interrupt() == 0, vocoder.output
+    t, v = json.loads(talker_summary.read_text()), json.loads(vocoder_summary.read_text())
+    assert (t["finished"], t["published"]["llm_token"]) == (2, len(tokens) + len(stream(ros_client, "/tts/llm_token", torch.int64, "again")[0]))
+    assert v["finished"] == 2 and v["failed"] >= 2  # 'late' never started; 'gappy' failed
