@@ -31,9 +31,18 @@ class Pi05Policy:
     _ids: Any = field(default_factory=itertools.count)
 
     @classmethod
-    def load(cls, weights: str | Path | None = None, *, preset: str = "tiny", progress: bool = True) -> "Pi05Policy":
-        """Real weights from ``weights`` (a pi0.5 PyTorch checkpoint dir), else the generated tiny one."""
+    def load(cls, weights: str | Path | None = None, *, preset: str = "tiny", progress: bool = True,
+             load_weights: bool = True) -> "Pi05Policy":
+        """Real weights from ``weights`` (a pi0.5 PyTorch checkpoint dir), else the generated tiny one.
+        ``load_weights=False``: config and tokenizer only (the modules stay on the meta device), for a
+        process that builds requests while Worker processes hold the model."""
         path = resolve_path(weights, preset)
+        if not load_weights:
+            from mstar_graphs.pi05.config import Pi05Config
+
+            config = Pi05Config.from_dir(path)
+            model = Pi05Model(config, device="meta")
+            return cls(path, model, Pi05ImageEncoder(config, device="meta"), load_tokenizer(path))
         # on the engines' thread: one thread runs parallel torch work (see mstar.engine.device_loop)
         model = run_on_device(Pi05Model.from_pretrained_dir, path, progress=progress)
         encoder = run_on_device(Pi05ImageEncoder.from_pretrained_dir, path, progress=progress)

@@ -86,7 +86,8 @@ async def serve(args: argparse.Namespace, ros_args: list[str]) -> dict:
     from mstar_ros.ros.policy_node import make_policy_node
     from mstar_ros.ros.ros_process import RosProcess
 
-    policy = Pi05Policy.load(args.weights, preset=args.preset)  # requests are built here (tokenizer, shapes)
+    # requests are built here (tokenizer, shapes); with a placement the weights live in the Workers only
+    policy = Pi05Policy.load(args.weights, preset=args.preset, load_weights=not args.placement)
     if args.placement:
         from mstar_graphs.pi05.components import pi05_spec
         from mstar_ros.ros.worker_diagnostics import PLUGIN

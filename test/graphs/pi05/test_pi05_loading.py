@@ -130,3 +130,19 @@ def test_generated_checkpoint_is_cached_and_logged_as_random(tmp_path, monkeypat
         resolve_path(tmp_path / "nothing")
     with pytest.raises(ValueError, match="unknown pi0.5 preset"):
         ensure_tiny_pi05("huge")
+
+
+def test_a_policy_without_weights_builds_the_same_requests():
+    """The node set with a placement builds requests only: config and tokenizer, no tensor materialised."""
+    from mstar_graphs.pi05.policy import Pi05Policy
+
+    light = Pi05Policy.load(load_weights=False)
+    full = Pi05Policy.load(progress=False)
+    assert all(p.is_meta for p in list(light.model.parameters()) + list(light.encoder.parameters()))
+    assert (light.action_horizon, light.action_dim, light.random_weights) == \
+        (full.action_horizon, full.action_dim, full.random_weights)
+    images, state = torch.randint(0, 255, (2, 224, 224, 3), dtype=torch.uint8), torch.linspace(-1, 1, 8)
+    a = light.request(images, state, "stack the blocks", seed=3)
+    b = full.request(images, state, "stack the blocks", seed=3)
+    assert a.inputs.keys() == b.inputs.keys()
+    assert all(torch.equal(a.inputs[k], b.inputs[k]) for k in a.inputs)
