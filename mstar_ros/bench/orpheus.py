@@ -133,18 +133,30 @@ def run_orpheus_bench(args: argparse.Namespace) -> int:
         "machine": {"cpu_threads": torch.get_num_threads(), "python": platform.python_version(), "torch": torch.__version__},
         "levels": {},
     }
+    placement = getattr(args, "placement", None)
+    if placement:
+        report["ours"]["placement"] = {"file": str(placement), "text": placement.read_text()}
     for c in levels:
         jobs = tts_workload(n, rate, args.seed + c)
         ours, stats = asyncio.run(_ours(tts, jobs, c, config))
-        seq = _baseline(hf, snac_model, tts, jobs, 1, f"seq c={c}")
-        static = _baseline(hf, snac_model, tts, jobs, c, f"static c={c}")
-        worker = stats["workers"][0]
-        level = {"ours": summarize(ours), "baseline_sequential": summarize(seq), "baseline_static": summarize(static),
-                 "engine": worker}
+        level = {"ours": summarize(ours), "engine": stats["workers"]}
+        if placement:
+            from mstar_graphs.orpheus.components import orpheus_spec
+            spec = orpheus_spec(args.weights, args.snac_weights, preset=args.preset)
+            placed, stats = asyncio.run(_ours(tts, jobs, c, config, Conductor.distributed(spec, placement, config=config),
+                                              label="placed"))
+            level["ours_placement"], level["engine_placement"] = summarize(placed), stats["workers"]
+        level["baseline_sequential"] = summarize(_baseline(hf, snac_model, tts, jobs, 1, f"seq c={c}"))
+        level["baseline_static"] = summarize(_baseline(hf, snac_model, tts, jobs, c, f"static c={c}"))
         best_tp = max(level["baseline_sequential"]["throughput_audio_s_per_s"], level["baseline_static"]["throughput_audio_s_per_s"])
         best_ttfa = min(level["baseline_sequential"]["ttfa_p50_ms"], level["baseline_static"]["ttfa_p50_ms"])
-        level["throughput_ratio"] = round(level["ours"]["throughput_audio_s_per_s"] / best_tp, 3)
-        level["ttfa_ratio"] = round(level["ours"]["ttfa_p50_ms"] / best_ttfa, 4)
+        for row, suffix in (("ours", "_one_process"), ("ours_placement", "_placement")):
+            if row in level:
+                level["throughput_ratio" + suffix] = round(level[row]["throughput_audio_s_per_s"] / best_tp, 3)
+                level["ttfa_ratio" + suffix] = round(level[row]["ttfa_p50_ms"] / best_ttfa, 4)
+        headline = "_placement" if placement else "_one_process"  # the configuration under test
+        level["throughput_ratio"] = level["throughput_ratio" + headline]
+        level["ttfa_ratio"] = level["ttfa_ratio" + headline]
         report["levels"][str(c)] = level
         _print_level(c, level)
     if "8" in report["levels"]:
@@ -163,6 +175,8 @@ def run_orpheus_bench(args: argparse.Namespace) -> int:
 def _print_level(c: int, level: dict) -> None:
     print(f"\nconcurrency {c}: throughput ratio {level['throughput_ratio']:.2f}x, TTFA ratio {level['ttfa_ratio']:.3f}")
     print(f"  {'system':<20}{'audio s/s':>10}{'TTFA p50 ms':>13}{'TTFA p95 ms':>13}{'RTF':>8}")
-    for name in ("ours", "baseline_sequential", "baseline_static"):
+    for name in ("ours", "ours_placement", "baseline_sequential", "baseline_static"):
+        if name not in level:
+            continue
         s = level[name]
         print(f"  {name:<20}{s['throughput_audio_s_per_s']:>10.3f}{s['ttfa_p50_ms']:>13.0f}{s['ttfa_p95_ms']:>13.0f}{s['rtf_mean']:>8.3f}")

@@ -7,6 +7,7 @@ import threading
 from collections import deque
 from typing import Callable
 
+from mstar.engine.device_loop import device_thread
 from mstar.worker.messages import NodeOutput
 
 log = logging.getLogger("mstar.conductor")
@@ -28,6 +29,9 @@ class ReplyInbox:
             if self._scheduled:
                 return
             self._scheduled = True
+        device_thread().after_step(self._wake)  # from an engine step: once, when the step ends
+
+    def _wake(self) -> None:
         self._loop.call_soon_threadsafe(self._drain)
 
     def _drain(self) -> None:

@@ -42,6 +42,8 @@ class DeviceThread:
         self._calls: queue.SimpleQueue = queue.SimpleQueue()
         self._loops: list["DeviceLoop"] = []
         self._lock = threading.Lock()
+        self._deferred: list[Callable[[], None]] = []
+        self._in_call = False  # inside run_on_device work: nothing to coalesce
         self._thread = threading.Thread(target=self._run, name="mstar-device", daemon=True)
         self._thread.start()
 
@@ -74,8 +76,27 @@ class DeviceThread:
                     busy |= loop.step_once()
                 except Exception:  # the device thread must never die: every caller would hang
                     log.exception("%s: device loop failed", loop.name)
+                finally:
+                    self._flush_after_step()
             if not busy:
                 self.wake.wait(timeout=0.5)
+
+    def after_step(self, fn: Callable[[], None]) -> None:
+        """Runs ``fn`` when the current step ends (now, off the device thread or between steps).
+        A step's outputs then wake their consumer once: every wake-up of an event loop from here
+        is a GIL hand-over that stalls the step (measured: 6 per decode step, 68 us each)."""
+        if threading.current_thread() is not self._thread or self._in_call:
+            fn()
+        elif fn not in self._deferred:
+            self._deferred.append(fn)
+
+    def _flush_after_step(self) -> None:
+        deferred, self._deferred = self._deferred, []
+        for fn in deferred:
+            try:
+                fn()
+            except Exception:
+                log.exception("after-step callback failed")
 
     def _run_calls(self) -> None:
         while True:
@@ -84,10 +105,13 @@ class DeviceThread:
             except queue.Empty:
                 return
             if future.set_running_or_notify_cancel():
+                self._in_call = True
                 try:
                     future.set_result(fn(*args, **kwargs))
                 except BaseException as exc:
                     future.set_exception(exc)
+                finally:
+                    self._in_call = False
 
 
 _device_thread: DeviceThread | None = None
