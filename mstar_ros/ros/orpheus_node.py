@@ -55,6 +55,8 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--top-p", type=float, default=0.8, help="default nucleus sampling mass")
     parser.add_argument("--repetition-penalty", type=float, default=1.3, help="default repetition penalty")
     parser.add_argument("--max-tokens", type=int, default=1200, help="default most audio tokens per request")
+    parser.add_argument("--stream-timeout", type=float, default=30.0,
+                        help="a stream with no new item for this many seconds fails (its producer is gone; default 30)")
     parser.add_argument("--duration", type=float, default=0.0, help="exit after this many seconds (0: until stopped)")
     parser.add_argument("--summary-json", help="write what was served as JSON to this file at exit")
     return parser.parse_args(argv), ros_args
@@ -116,7 +118,8 @@ async def serve(args: argparse.Namespace, ros_args: list[str]) -> dict:
     name = "orpheus" if args.partition == "all" else f"orpheus_{args.partition}"
     async with RosProcess("mstar_orpheus_node", ros_args) as ros, conductor:
         node = make_partition_node(conductor, graph, asyncio.get_running_loop(), node_name=name,
-                                   namespace=args.namespace, dtypes=DTYPES, request_factory=factory)
+                                   namespace=args.namespace, dtypes=DTYPES, request_factory=factory,
+                                   stream_timeout_s=args.stream_timeout)
         ros.add(node, conductor_node(conductor, name=f"{name}_conductor"))
         ros.spin()
         ins = [node.resolve_topic_name(n) for n in graph.stream_input_names] + \

@@ -24,6 +24,7 @@ import json
 import logging
 import secrets
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
@@ -41,7 +42,7 @@ log = logging.getLogger("mstar_ros.partition")
 #: text, request id, seed, the JSON's other fields -> Request (ValueError for bad input)
 RequestFactory = Callable[[str, str, int, Mapping[str, object]], Request]
 
-#: reliable and deep: a stream item is never dropped by the middleware for being early
+#: reliable, keep-all: the middleware never drops a stream item (depth: the resource hint)
 STREAM_QOS_DEPTH = 1000
 MAX_TEXT_BYTES = 64 * 1024
 
@@ -59,12 +60,14 @@ class PartitionStats:
 class _Incoming:
     feeds: dict[str, StreamInput]
     next_seq: dict[str, int]
+    last_seen: float
 
 
 def make_partition_node(conductor: Conductor, graph: ModelGraph, loop: asyncio.AbstractEventLoop, *,
                         node_name: str, namespace: str, dtypes: Mapping[str, torch.dtype],
-                        request_factory: RequestFactory | None = None):
-    """``dtypes``: the tensor dtype of each streamed input and output (fixes its message type)."""
+                        request_factory: RequestFactory | None = None, stream_timeout_s: float = 30.0):
+    """``dtypes``: the tensor dtype of each streamed input and output (fixes its message type).
+    ``stream_timeout_s``: a stream with no new item for this long fails (its producer is gone)."""
     from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
     from rclpy.node import Node
     from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy
@@ -75,28 +78,42 @@ def make_partition_node(conductor: Conductor, graph: ModelGraph, loop: asyncio.A
     missing = [n for n in stream_inputs + graph.output_names if n not in dtypes]
     if missing:
         raise ValueError(f"{node_name}: no dtype given for {missing} (their message types)")
+    if plain_inputs and stream_inputs:
+        raise ValueError(f"{node_name}: graph {graph.name!r} takes both streams {stream_inputs} and values "
+                         f"{plain_inputs}: a node cannot start its requests from either alone")
     if plain_inputs and request_factory is None:
         raise ValueError(f"{node_name}: graph {graph.name!r} takes {plain_inputs}: it needs a request factory")
-    qos = QoSProfile(depth=STREAM_QOS_DEPTH, reliability=ReliabilityPolicy.RELIABLE, history=HistoryPolicy.KEEP_LAST)
+    qos = QoSProfile(depth=STREAM_QOS_DEPTH, reliability=ReliabilityPolicy.RELIABLE, history=HistoryPolicy.KEEP_ALL)
 
     class PartitionNode(Node):
         def __init__(self) -> None:
             super().__init__(node_name, namespace=namespace)
             self.stats = PartitionStats(published={name: 0 for name in graph.output_names})
             self.closing = False
-            self._lock = threading.Lock()
+            self._lock = threading.Lock()  # the rclpy thread and the Conductor's loop both come here
             self._incoming: dict[str, _Incoming] = {}
             self._dropped: dict[str, None] = {}  # stream ids whose later messages are ignored (bounded)
+            self._active: set[str] = set()       # request ids in flight
             self._counter = 0
+            self._id_prefix = f"{node_name}-{secrets.token_hex(3)}"  # a restarted node never reuses an id
             self.diag_pub = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
             self.pubs = {name: self.create_publisher(message_type(dtypes[name]), name, qos)
                          for name in graph.output_names}
             for name in stream_inputs:
                 self.create_subscription(message_type(dtypes[name]), name,
-                                         lambda msg, name=name: self._on_item(name, msg), qos)
+                                         lambda msg, name=name: self._guarded(self._on_item, name, msg), qos)
             if plain_inputs:
-                self.create_subscription(String, "text", self._on_text, 10)
+                self.create_subscription(String, "text", lambda msg: self._guarded(self._on_text, msg), 10)
             self.create_timer(1.0, self._publish_status)
+            if stream_inputs:
+                self.create_timer(1.0, self._expire_idle_streams)
+
+        def _guarded(self, callback, *args) -> None:
+            """No message, however malformed, may take the executor thread down with it."""
+            try:
+                callback(*args)
+            except Exception as exc:  # noqa: BLE001 - reported, and the node keeps serving
+                self.report(f"message dropped: {type(exc).__name__}: {exc}")
 
         # -- requests from text -----------------------------------------------------
         def _on_text(self, msg) -> None:
@@ -114,20 +131,25 @@ def make_partition_node(conductor: Conductor, graph: ModelGraph, loop: asyncio.A
             if data.lstrip().startswith("{"):
                 try:
                     fields = json.loads(data)
-                except json.JSONDecodeError as exc:
+                except (json.JSONDecodeError, RecursionError) as exc:
                     raise ValueError(f"text starts with '{{' but is not JSON: {exc}") from None
                 if not isinstance(fields, dict) or not isinstance(fields.get("text"), str):
                     raise ValueError("a JSON request is an object with a string 'text'")
             with self._lock:
                 self._counter += 1
-                default_id = f"{node_name}-{self._counter}"
+                default_id = f"{self._id_prefix}-{self._counter}"
             request_id = check_stream_id(str(fields.pop("id", default_id)))
             seed = fields.pop("seed", None)
             if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**62):
                 raise ValueError(f"seed must be an integer in [0, 2**62), got {seed!r}")
             text = str(fields.pop("text"))
             # the seed is fixed here, not by the Conductor: the next partition must draw the same noise
-            return request_factory(text, request_id, secrets.randbits(62) if seed is None else seed, fields)
+            request = request_factory(text, request_id, secrets.randbits(62) if seed is None else seed, fields)
+            with self._lock:
+                if request_id in self._active:
+                    raise ValueError(f"request id {request_id!r} is already in flight")
+                self._active.add(request_id)
+            return request
 
         # -- requests from streams --------------------------------------------------
         def _on_item(self, name: str, msg) -> None:
@@ -141,43 +163,66 @@ def make_partition_node(conductor: Conductor, graph: ModelGraph, loop: asyncio.A
                 if sid in self._dropped:
                     return
                 incoming = self._incoming.get(sid)
-                if incoming is None:
-                    if header.seq != 0 or header.end:
-                        self._drop(sid)
-                        problem = f"stream {sid} joined at item {header.seq} on {name}: items 0..{header.seq - 1} " \
-                                  "were lost (a partition started late?)" if header.seq else f"stream {sid} is empty"
-                        self._later(problem, failed_request=bool(header.seq))
-                        return
+                problem = None
+                if incoming is None and (header.seq != 0 or header.end or sid in self._active):
+                    self._drop(sid)  # nothing will run: every output still gets the end of the stream
+                    if header.seq:
+                        problem = (f"stream {sid} joined at item {header.seq} on {name}: items 0..{header.seq - 1} "
+                                   "were lost (a partition started late?)")
+                    elif not header.end:
+                        problem = f"stream {sid} started again while its request is in flight"
+                    elif header.failed:
+                        problem = f"stream {sid} ended before its first item: its producer failed"
+                    self.stats.failed += problem is not None
+                elif incoming is None:
                     incoming = self._incoming[sid] = _Incoming({n: StreamInput() for n in stream_inputs},
-                                                               {n: 0 for n in stream_inputs})
+                                                               {n: 0 for n in stream_inputs}, time.monotonic())
+                    self._active.add(sid)
                     request = Request(dict(incoming.feeds), SamplingParams(seed=header.seed), request_id=sid)
                     asyncio.run_coroutine_threadsafe(self._serve(request), loop)
-                expected = incoming.next_seq[name]
-                feed = incoming.feeds[name]
-                if header.seq != expected:
-                    self._drop(sid)
-                    feed.fail(f"{name} item {expected} never arrived (got item {header.seq})")
+                if incoming is not None:
+                    self._feed(sid, incoming, name, header, item)
                     return
-                incoming.next_seq[name] = expected + 1
-                if item is not None:
-                    feed.put(item)
-                elif header.failed:
-                    feed.fail(f"the partition producing {name} failed this request")
-                else:
-                    feed.close()
-                if all(f.closed for f in incoming.feeds.values()):
-                    del self._incoming[sid]
+            self._publish_ends(sid, {n: 0 for n in graph.output_names}, failed=problem is not None)
+            if problem:
+                self.report(problem)
+
+        def _feed(self, sid: str, incoming: _Incoming, name: str, header: StreamHeader, item) -> None:
+            """Under the lock: the item (or end) joins its request's StreamInput, in sequence."""
+            incoming.last_seen = time.monotonic()
+            expected = incoming.next_seq[name]
+            feed = incoming.feeds[name]
+            if header.seq != expected:
+                self._drop(sid)
+                feed.fail(f"{name} item {expected} never arrived (got item {header.seq})")
+                return
+            incoming.next_seq[name] = expected + 1
+            if item is not None:
+                feed.put(item)
+            elif header.failed:
+                feed.fail(f"the partition producing {name} failed this request")
+            else:
+                feed.close()
+            if all(f.closed for f in incoming.feeds.values()):
+                del self._incoming[sid]
+
+        def _expire_idle_streams(self) -> None:
+            now = time.monotonic()
+            with self._lock:
+                idle = [(sid, inc) for sid, inc in self._incoming.items() if now - inc.last_seen > stream_timeout_s]
+                for sid, incoming in idle:
+                    self._drop(sid)
+                    for name, feed in incoming.feeds.items():
+                        if not feed.closed:
+                            feed.fail(f"no {name} item for {stream_timeout_s:g} s after item "
+                                      f"{incoming.next_seq[name] - 1} (the producing partition stopped?)")
 
         def _drop(self, sid: str) -> None:
+            """Under the lock: later messages of ``sid`` are ignored."""
             self._incoming.pop(sid, None)
             self._dropped[sid] = None
             while len(self._dropped) > 4096:
                 self._dropped.pop(next(iter(self._dropped)))
-
-        def _later(self, text: str, failed_request: bool) -> None:
-            self.report(text)
-            if failed_request:
-                self.stats.failed += 1
 
         # -- serving ----------------------------------------------------------------
         async def _serve(self, request: Request) -> None:
@@ -186,19 +231,29 @@ def make_partition_node(conductor: Conductor, graph: ModelGraph, loop: asyncio.A
             seed = request.sampling.seed or 0
             seqs = {name: 0 for name in graph.output_names}
             failed = False
-            self.stats.requests += 1
+            with self._lock:
+                self._active.add(sid)
+                self.stats.requests += 1
             try:
                 async for out in conductor.submit(request):
                     self.pubs[out.name].publish(item_message(out.data, StreamHeader(sid, seqs[out.name], seed)))
                     seqs[out.name] += 1
-                self.stats.finished += 1
             except Exception as exc:  # a bad request or a failed node: this request only
                 failed = True
-                self.stats.failed += 1
                 if not self.closing:
                     self.report(str(exc) if isinstance(exc, RequestError) else f"request {sid} failed: {exc}")
+            with self._lock:
+                self._active.discard(sid)
+                if sid in self._incoming:  # it failed before its streams ended: ignore the rest of them
+                    self._drop(sid)
+                self.stats.failed += failed
+                self.stats.finished += not failed
+                for name, seq in seqs.items():
+                    self.stats.published[name] += seq
+            self._publish_ends(sid, seqs, failed)
+
+        def _publish_ends(self, sid: str, seqs: Mapping[str, int], failed: bool) -> None:
             for name, seq in seqs.items():
-                self.stats.published[name] += seq
                 self.pubs[name].publish(end_message(dtypes[name], sid, seq, failed=failed))
 
         def _publish_status(self) -> None:
@@ -214,7 +269,8 @@ def make_partition_node(conductor: Conductor, graph: ModelGraph, loop: asyncio.A
             self.diag_pub.publish(array)
 
         def report(self, text: str) -> None:
-            self.stats.errors = (self.stats.errors + [text])[-20:]
+            with self._lock:
+                self.stats.errors = (self.stats.errors + [text])[-20:]
             self.get_logger().warning(text)
             status = DiagnosticStatus(level=DiagnosticStatus.ERROR, name=f"mstar: {self.get_fully_qualified_name()}",
                                       message=text, hardware_id=graph.name)

@@ -112,9 +112,11 @@ def read_message(msg, dtype: torch.dtype) -> tuple[StreamHeader, torch.Tensor | 
     for size in shape:
         numel *= size
     data = msg.data
+    wired = wire_dtype(dtype)
+    if numel == 0 and len(data) == 0:
+        return header, torch.empty(shape, dtype=dtype)
     if len(data) != numel:
         raise StreamMessageError(f"stream {header.stream_id} item {header.seq}: {len(data)} values for shape {shape}")
-    wired = wire_dtype(dtype)
     values = torch.frombuffer(bytearray(memoryview(data).cast("B")) if isinstance(data, array.array)
                               else bytearray(array.array(_TYPES[wired][1], data).tobytes()), dtype=wired)
     if wired.is_floating_point and not bool(torch.isfinite(values).all()):

@@ -212,6 +212,8 @@ class Conductor:
         outcome: RequestError | None = None
         feeds = [asyncio.ensure_future(self._feed(rs, name, value)) for name, value in rs.request.inputs.items()
                  if isinstance(value, StreamInput)]
+        for feed in feeds:
+            feed.add_done_callback(lambda task: self._feed_done(rs, task))
         try:
             while (walk := self.graph.next_walk(rs)) is not None:
                 rs.current_walk = walk
@@ -251,6 +253,15 @@ class Conductor:
                 handle = self.store.export(handle, "inline")
             for edge in self.graph.edges_from(GRAPH_INPUT, name):
                 self.executor.stream_append(rs, edge, handle)  # type: ignore[arg-type]
+
+    @staticmethod
+    def _feed_done(rs: RequestState, task: asyncio.Task) -> None:
+        """A failed input stream fails its request now, not after the request's walks."""
+        if task.cancelled() or task.exception() is None or rs.failure is not None:
+            return
+        rs.failure = RequestError(rs.request_id, f"input stream failed: {task.exception()}")
+        if rs.main_task is not None:
+            rs.main_task.cancel()
 
     def _cleanup(self, rs: RequestState, notify: bool = True) -> None:
         rid = rs.request_id

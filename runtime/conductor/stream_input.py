@@ -61,16 +61,14 @@ class StreamInput:
         """Yields the tensors in order; returns at close; raises StreamInputError on fail."""
         with self._lock:
             self._loop, self._wakeup = asyncio.get_running_loop(), asyncio.Event()
-        position = 0
         while True:
             with self._lock:
-                pending = self._items[position:]
+                pending, self._items = self._items, []  # consumed items are not kept
                 if not pending:
                     self._wakeup.clear()
             if not pending:
                 await self._wakeup.wait()
                 continue
-            position += len(pending)
             for item in pending:
                 if item is _END:
                     return

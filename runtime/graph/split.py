@@ -48,11 +48,15 @@ def split_partition(graph: ModelGraph, partition: str) -> ModelGraph:
 
     edges: list[GraphEdge] = []
     connections: list[PartitionConnection] = []
+    crossing: dict[str, str] = {}  # name -> the source endpoint it stands for
     for edge in graph.edges:
         src, dst = side(edge.source.node), side(edge.target.node)
         if src != "in" and dst != "in":
             continue  # entirely elsewhere
         name = crossing_name(edge)
+        if src != dst and "io" not in (src, dst) and crossing.setdefault(name, edge.src) != edge.src:
+            raise GraphError(f"graph {graph.name!r}: cut edges from {crossing[name]} and {edge.src} would both be "
+                             f"named {name!r}; rename a port")
         if src == "in" and dst == "out":
             edges.append(GraphEdge(edge.src, f"{GRAPH_OUTPUT}.{name}"))
         elif src == "out" and dst == "in":
@@ -60,7 +64,7 @@ def split_partition(graph: ModelGraph, partition: str) -> ModelGraph:
                 upstream = topo.partition_of(edge.source.node)
                 policy = topo.policy(upstream, edge.target_partition)  # type: ignore[arg-type]
                 edges.append(StreamingGraphEdge(f"{GRAPH_INPUT}.{name}", edge.dst, target_partition=partition))
-                if topo.policy(GRAPH_INPUT, partition) not in (None, policy):
+                if connections and connections[0].policy != policy:
                     raise GraphError(f"graph {graph.name!r}: partition {partition!r} takes streams under two "
                                      "different chunk policies; it cannot be cut out on its own")
                 if not connections:
@@ -70,7 +74,21 @@ def split_partition(graph: ModelGraph, partition: str) -> ModelGraph:
         else:
             edges.append(edge)
     edges = list(dict.fromkeys(edges))  # one output per crossing source, however many readers it had
-    walks = {name: step for name, step in graph.walks.items() if set(step.node_names()) <= inside}
+    own = {e.source.port for e in graph.edges if e.source.node == GRAPH_INPUT} | \
+          {e.target.port for e in graph.edges if e.target.node == GRAPH_OUTPUT}
+    for name, source in crossing.items():
+        if name in own:
+            raise GraphError(f"graph {graph.name!r}: the cut edge from {source} would be named {name!r}, which is "
+                             "already one of the graph's own inputs or outputs; rename a port")
+    walks = {}
+    for name, step in graph.walks.items():
+        called = set(step.node_names())
+        if called & inside and called - inside:
+            raise GraphError(f"graph {graph.name!r}: walk {name!r} calls nodes inside partition {partition!r} "
+                             f"({sorted(called & inside)}) and outside it ({sorted(called - inside)}): a partition "
+                             "run on its own needs walks of its own nodes only")
+        if called <= inside:
+            walks[name] = step
     connections += [c for c in topo.connections if c.source == c.target == partition]
     return ModelGraph(
         name=f"{graph.name}.{partition}",

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from mstar_ros.launch_spec import orpheus_processes
-from mstar_ros.ros.stream_msgs import StreamHeader, StreamMessageError, item_message, read_message
+from mstar_ros.ros.stream_msgs import StreamHeader, StreamMessageError, end_message, item_message, read_message
 
 TEXT = "Hello there."
 SAMPLING = {"temperature": 0.0, "top_p": 1.0, "repetition_penalty": 1.0, "max_tokens": 64}
@@ -19,7 +19,7 @@ SAMPLING = {"temperature": 0.0, "top_p": 1.0, "repetition_penalty": 1.0, "max_to
 def start_partitions(procs, tmp_path):
     """The processes `mstar-ros launch orpheus` / orpheus.launch.py start (mstar_ros.launch_spec)."""
     started = []
-    for spec in orpheus_processes(split="true", namespace="/tts", extra_arguments=["--duration", "150"]):
+    for spec in orpheus_processes(split="true", namespace="/tts", extra_arguments=["--duration", "150", "--stream-timeout", "3"]):
         summary = tmp_path / f"{spec.name}.json"
         started.append((procs(*spec.command(python=sys.executable), "--summary-json", str(summary)), summary))
     return started
@@ -108,14 +108,19 @@ def test_talker_and_vocoder_nodes_speak_what_one_process_speaks(procs, ros_clien
     token_pub.publish(Int64MultiArray(data=[1, 2, 3]))  # no stream header
     token_pub.publish(item_message(torch.tensor([5]), StreamHeader("late", 5, 1)))  # joins mid-stream
     gap = [item_message(torch.tensor([128266 + i]), StreamHeader("gappy", i, 1)) for i in (0, 1, 3)]
-    for msg in gap:
+    stalled = [item_message(torch.tensor([128266 + i]), StreamHeader("stalled", i, 1)) for i in (0, 1)]
+    for msg in gap + stalled + [end_message(torch.int64, "doomed", 0, failed=True)]:
         token_pub.publish(msg)
+    text_pub.publish(String(data=json.dumps({"text": "x", "id": "a/b"})))
     expected = ["text request dropped: text is empty", "unknown request field(s) ['colour']", "is not JSON",
                 "message dropped: no layout.dim", "stream late joined at item 5",
-                "request gappy: input stream failed: llm_token item 2 never arrived (got item 3)"]
+                "request gappy: input stream failed: llm_token item 2 never arrived (got item 3)",
+                "stream doomed ended before its first item: its producer failed", "stream id 'a/b' must be",
+                "request stalled: input stream failed: no llm_token item for 3 s after item 1"]
     ros_client.wait_for(lambda: all(e in diagnostics() for e in expected), 30,
                         f"each of {expected} on /diagnostics", [talker, vocoder])
-    assert stream(ros_client, "/tts/audio", torch.float32, "gappy")[1:] == (True, True)  # ended as failed
+    for sid in ("gappy", "late", "doomed", "stalled"):  # every stream the vocoder took on ends, as failed
+        assert stream(ros_client, "/tts/audio", torch.float32, sid)[1:] == (True, True), sid
 
     # and both still serve
     text_pub.publish(String(data=json.dumps({"text": "Again.", "id": "again", "seed": 1, **SAMPLING})))
@@ -127,4 +132,4 @@ def test_talker_and_vocoder_nodes_speak_what_one_process_speaks(procs, ros_clien
     assert vocoder.interrupt() == 0, vocoder.output
     t, v = json.loads(talker_summary.read_text()), json.loads(vocoder_summary.read_text())
     assert (t["finished"], t["published"]["llm_token"]) == (2, len(tokens) + len(stream(ros_client, "/tts/llm_token", torch.int64, "again")[0]))
-    assert v["finished"] == 2 and v["failed"] >= 2  # 'late' never started; 'gappy' failed
+    assert (v["finished"], v["failed"]) == (2, 4)  # 'late', 'doomed' never started; 'gappy', 'stalled' failed

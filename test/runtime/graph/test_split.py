@@ -111,3 +111,25 @@ def test_a_view_reading_kv_across_the_cut_cannot_be_split():
                    topology=PartitionTopology({"p": ["a"], "q": ["b"]}))
     with pytest.raises(GraphError, match="'b' in partition 'q' reads the KV of 'a'"):
         split_partition(g, "q")
+
+
+def _two_partition_graph(walk, edges_extra=(), out_port="y"):
+    from mstar.graph import Call, GraphEdge, GraphNode, ModelGraph, PartitionTopology, Sequential
+
+    return ModelGraph(name="g", nodes=[GraphNode("a", inputs=["x"], outputs=[out_port]),
+                                       GraphNode("b", inputs=["x"], outputs=["y"])],
+                      edges=[GraphEdge("input.x", "a.x"), GraphEdge(f"a.{out_port}", "b.x"),
+                             GraphEdge("b.y", "output.y"), *edges_extra],
+                      walks={"w": walk}, next_walk=lambda s: None,
+                      topology=PartitionTopology({"p": ["a"], "q": ["b"]}))
+
+
+def test_a_walk_across_the_cut_and_colliding_names_are_refused():
+    from mstar.graph import Call, GraphEdge, Sequential
+
+    g = _two_partition_graph(Sequential(Call("a"), Call("b")))
+    with pytest.raises(GraphError, match=r"walk 'w' calls nodes inside partition 'p' \(\['a'\]\) and outside it \(\['b'\]\)"):
+        split_partition(g, "p")
+    g = _two_partition_graph(Call("a"), out_port="y", edges_extra=[GraphEdge("a.y", "output.a_y")])
+    with pytest.raises(GraphError, match="the cut edge from a.y would be named 'a_y', which is already"):
+        split_partition(g, "p")
