@@ -25,6 +25,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     o.add_argument("--placement", type=Path,
                    help="also serve ours with this placement (e.g. config/placement/orpheus-two-ranks.yaml: LLM and "
                         "SNAC in two Worker processes); the headline ratios are then this configuration's")
+    o.add_argument("--device", default="cpu", help="torch device for both systems (default cpu; cuda: the GPU paths, FlashInfer when installed)")
     o.add_argument("--quick", action="store_true", help="a small run for smoke tests")
     o.set_defaults(run=_run_orpheus)
 

@@ -29,6 +29,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seconds", type=float, default=15.0, help="seconds per measurement (default 15)")
     p.add_argument("--hz", type=float, default=10.0, help="observations per second per robot in the open loop (default 10)")
     p.add_argument("--seed", type=int, default=0, help="synthetic bag seed")
+    p.add_argument("--device", default="cpu", help="torch device for both systems (default cpu; cuda: the GPU paths, FlashInfer when installed)")
     p.set_defaults(run=_run_pi05)
 
 

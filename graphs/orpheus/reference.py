@@ -47,15 +47,17 @@ class AudioSlotLogitsProcessor:
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         n = input_ids.shape[-1] - self.prompt_len
+        if self.masks[0].device != scores.device:  # once, on the model's device
+            self.masks = [m.to(scores.device) for m in self.masks]
         mask = self.masks[0] if n == 0 else self.masks[7 if n % 7 == 0 else n % 7]
-        return scores.masked_fill(~mask.to(scores.device), float("-inf"))
+        return scores.masked_fill(~mask, float("-inf"))
 
 
 def hf_generate(model, prompts: list[list[int]], max_new_tokens: int, **sampling) -> list[list[int]]:
     """Static batch (left-padded) generate; returns each row's tokens up to end-of-speech."""
     width = max(len(p) for p in prompts)
-    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts], device=model.device)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=model.device)
     from transformers import LogitsProcessorList
     processor = AudioSlotLogitsProcessor(width, model.config.vocab_size)
     with torch.no_grad():
@@ -85,5 +87,6 @@ def snac_whole(snac_model, tokens: list[int]) -> torch.Tensor:
     if usable == 0:
         return torch.zeros(0)
     codes = tokens_to_snac_codes(torch.tensor(tokens[:usable]))
+    device = next(snac_model.parameters()).device
     with torch.no_grad():
-        return snac_model.decode([c.unsqueeze(0) for c in codes])[0, 0]
+        return snac_model.decode([c.unsqueeze(0).to(device) for c in codes])[0, 0]

@@ -60,14 +60,16 @@ def sample_actions_direct(model: Pi05Model, encoder: Pi05ImageEncoder, images: t
     ``images`` uint8 [C, H, W, 3]; ``input_ids`` / ``embed_mask`` [P] the prefix (as
     ``Pi05Model.build_prefix`` makes it); ``noise`` [H, A], the flow's start at t = 1."""
     steps = steps or model.num_steps
+    device = next(model.parameters()).device  # inputs come from the CPU; the model may be on a GPU
+    images, input_ids, embed_mask, noise = (t.to(device) for t in (images, input_ids, embed_mask, noise))
     embeds = encode_images(encoder, images)
-    kv = DenseKV()
+    kv = DenseKV(torch.float32 if device.type == "cpu" else None)  # on CUDA the model dtype is fast
     p, h = input_ids.shape[0], model.action_horizon
-    model(input_ids, torch.arange(p), kv, embeds=embeds, embed_mask=embed_mask.to(torch.bool))  # prefix, once
-    kv.recording = False
-    positions = torch.arange(p, p + h)
+    model(input_ids, torch.arange(p, device=device), kv, embeds=embeds, embed_mask=embed_mask.to(torch.bool))
+    kv.recording = False  # the prefix ran once; the flow steps only read its K/V
+    positions = torch.arange(p, p + h, device=device)
     x = noise.float().reshape(1, h, model.action_dim)
     for t in flow_times(steps):
-        v = model.flow_velocity(x, torch.tensor([t], dtype=torch.float32), positions, kv)
+        v = model.flow_velocity(x, torch.tensor([t], dtype=torch.float32, device=device), positions, kv)
         x = euler_step(x, v, -1.0 / steps)
     return x[0]

@@ -83,6 +83,8 @@ def _baseline(hf, snac_model, tts, jobs: list[TTSJob], batch: int, label: str) -
             return [snac_whole(snac_model, tokens[:job.max_tokens]) for job, tokens in zip(group, outs)]
 
         audio = run_on_device(serve)  # same thread (one OpenMP team) as our engines: a fair fight
+        if audio and audio[0].is_cuda:
+            torch.cuda.synchronize(audio[0].device)
         done = time.perf_counter() - t0
         for job, wav in zip(group, audio):
             results.append(JobResult(job.arrival, started, done, done, wav.numel() / SAMPLE_RATE))
@@ -91,13 +93,13 @@ def _baseline(hf, snac_model, tts, jobs: list[TTSJob], batch: int, label: str) -
     return results
 
 
-def _pick_baseline_dtype(tts, paths) -> tuple[torch.dtype, dict[str, float]]:
+def _pick_baseline_dtype(tts, paths, device: str = "cpu") -> tuple[torch.dtype, dict[str, float]]:
     """A CPU user would try fp32 and bf16; the faster one is the baseline (measured now)."""
     from mstar_graphs.orpheus.reference import hf_generate, load_hf_llm
     timings = {}
     prompt = [tts.prompt_ids("Calibrate the baseline please.")] * 4
     for dtype in (torch.float32, torch.bfloat16):
-        model = run_on_device(load_hf_llm, paths.llm, dtype)
+        model = run_on_device(lambda: load_hf_llm(paths.llm, dtype).to(device))
         run_on_device(hf_generate, model, prompt, max_new_tokens=4, do_sample=False)
         start = time.perf_counter()
         run_on_device(hf_generate, model, prompt, max_new_tokens=24, do_sample=False)
@@ -115,9 +117,10 @@ def run_orpheus_bench(args: argparse.Namespace) -> int:
     rate = args.rate or 10.0
     tts = OrpheusTTS.load(args.weights, args.snac_weights, preset=args.preset, progress=True)
     paths = tts.paths
-    base_dtype, calibration = _pick_baseline_dtype(tts, paths)
-    hf = run_on_device(load_hf_llm, paths.llm, base_dtype)
-    snac_model = run_on_device(lambda: load_reference_snac(paths.snac).to(base_dtype))
+    device = getattr(args, "device", "cpu")
+    base_dtype, calibration = _pick_baseline_dtype(tts, paths, device)
+    hf = run_on_device(lambda: load_hf_llm(paths.llm, base_dtype).to(device))
+    snac_model = run_on_device(lambda: load_reference_snac(paths.snac).to(device, base_dtype))
     warm = [tts.prompt_ids("Warm up.")]  # first calls are slow for everyone; ours is warmed too
     run_on_device(lambda: snac_whole(snac_model, hf_generate(hf, warm, max_new_tokens=35, do_sample=False)[0]))
     config = EngineConfig(dtype=OURS_DTYPE, kv_cache_mb=256)
@@ -130,7 +133,8 @@ def run_orpheus_bench(args: argparse.Namespace) -> int:
                      "audio_tokens": "7 * (4 + 3 * words)", "sampling": "greedy", "seed": args.seed},
         "ours": {"dtype": OURS_DTYPE, "config": {"block_size": config.block_size, "max_batched_tokens": config.max_batched_tokens}},
         "baseline": {"dtype": str(base_dtype).removeprefix("torch."), "calibration_s_24_tokens_b4": calibration},
-        "machine": {"cpu_threads": torch.get_num_threads(), "python": platform.python_version(), "torch": torch.__version__},
+        "machine": {"device": device if device == "cpu" else f"{device} ({torch.cuda.get_device_name(device)})",
+                    "cpu_threads": torch.get_num_threads(), "python": platform.python_version(), "torch": torch.__version__},
         "levels": {},
     }
     placement = getattr(args, "placement", None)
@@ -138,7 +142,8 @@ def run_orpheus_bench(args: argparse.Namespace) -> int:
         report["ours"]["placement"] = {"file": str(placement), "text": placement.read_text()}
     for c in levels:
         jobs = tts_workload(n, rate, args.seed + c)
-        ours, stats = asyncio.run(_ours(tts, jobs, c, config))
+        ours, stats = asyncio.run(_ours(tts, jobs, c, config, Conductor(tts.graph(), tts.modules(), config=config,
+                                                                         device=device)))
         level = {"ours": summarize(ours), "engine": stats["workers"]}
         if placement:
             from mstar_graphs.orpheus.components import orpheus_spec

@@ -52,9 +52,17 @@ def _direct(policy, o: Observation) -> float:
     from mstar_graphs.pi05.direct import sample_actions_direct
     i = _request(policy, o).inputs
     start = clock()
-    run_on_device(sample_actions_direct, policy.model, policy.encoder, i["images"], i["input_ids"],
+    run_on_device(_synchronized, sample_actions_direct, policy.model, policy.encoder, i["images"], i["input_ids"],
                   i["embed_mask"], i["noise"])
     return clock() - start
+
+
+def _synchronized(fn, *args):
+    """``fn(*args)``, returning once a GPU has finished it too (kernels run asynchronously)."""
+    out = fn(*args)
+    if isinstance(out, torch.Tensor) and out.is_cuda:
+        torch.cuda.synchronize(out.device)
+    return out
 
 
 def _offers(robots: list[list[Observation]], seconds: float) -> tuple[list[list[Observation]], list[list[float]]]:
@@ -177,7 +185,7 @@ async def _measure(policy, conductor: Conductor, robots, args, bar) -> tuple[dic
 
 async def _run_levels(policy, config: EngineConfig, observations, levels: list[int], args) -> dict:
     out: dict[str, dict] = {}
-    async with Conductor(policy.graph(), policy.modules(), config=config) as conductor:
+    async with Conductor(policy.graph(), policy.modules(), config=config, device=args.device) as conductor:
         for o in (observations[0][0], observations[0][1]):  # warm: first calls are slow for everyone
             await conductor.submit(_request(policy, o)).collect()
             await asyncio.to_thread(_direct, policy, o)
@@ -207,6 +215,9 @@ def run_pi05_bench(args: argparse.Namespace) -> int:
     if not levels or min(levels) < 1:
         raise ValueError(f"--robots must be positive robot counts, got {args.robots!r}")
     policy = Pi05Policy.load(args.weights, preset=args.preset, progress=True)
+    device = getattr(args, "device", "cpu")
+    if device != "cpu":  # the direct baseline runs where ours does
+        policy.model, policy.encoder = run_on_device(lambda: (policy.model.to(device), policy.encoder.to(device)))
     observations = bag_observations(max(levels), args.seconds + 1.0, args.hz, args.seed)
     dtype, calibration, policy = pick_dtype(policy, observations[0][0])
     config = EngineConfig(dtype=str(dtype).removeprefix("torch."), kv_cache_mb=256)
