@@ -119,7 +119,8 @@ async def serve(args: argparse.Namespace, ros_args: list[str]) -> dict:
     async with RosProcess("mstar_orpheus_node", ros_args) as ros, conductor:
         node = make_partition_node(conductor, graph, asyncio.get_running_loop(), node_name=name,
                                    namespace=args.namespace, dtypes=DTYPES, request_factory=factory,
-                                   stream_timeout_s=args.stream_timeout)
+                                   stream_timeout_s=args.stream_timeout,
+                                   wait_for_readers=["llm_token"] if args.partition == "talker" else [])
         ros.add(node, conductor_node(conductor, name=f"{name}_conductor"))
         ros.spin()
         ins = [node.resolve_topic_name(n) for n in graph.stream_input_names] + \

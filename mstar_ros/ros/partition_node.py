@@ -26,7 +26,7 @@ import secrets
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Mapping
+from typing import Callable, Mapping, Sequence
 
 import torch
 
@@ -65,9 +65,13 @@ class _Incoming:
 
 def make_partition_node(conductor: Conductor, graph: ModelGraph, loop: asyncio.AbstractEventLoop, *,
                         node_name: str, namespace: str, dtypes: Mapping[str, torch.dtype],
-                        request_factory: RequestFactory | None = None, stream_timeout_s: float = 30.0):
+                        request_factory: RequestFactory | None = None, stream_timeout_s: float = 30.0,
+                        wait_for_readers: Sequence[str] = (), reader_wait_s: float = 5.0):
     """``dtypes``: the tensor dtype of each streamed input and output (fixes its message type).
-    ``stream_timeout_s``: a stream with no new item for this long fails (its producer is gone)."""
+    ``stream_timeout_s``: a stream with no new item for this long fails (its producer is gone).
+    ``wait_for_readers``: outputs that feed another partition; a request starts once each has a
+    reader (at most ``reader_wait_s``), so the first items of a stream are not published to nobody
+    while DDS discovery is still matching the nodes."""
     from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
     from rclpy.node import Node
     from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy
@@ -95,6 +99,7 @@ def make_partition_node(conductor: Conductor, graph: ModelGraph, loop: asyncio.A
             self._dropped: dict[str, None] = {}  # stream ids whose later messages are ignored (bounded)
             self._active: set[str] = set()       # request ids in flight
             self._counter = 0
+            self._warned_no_readers = False
             self._id_prefix = f"{node_name}-{secrets.token_hex(3)}"  # a restarted node never reuses an id
             self.diag_pub = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
             self.pubs = {name: self.create_publisher(message_type(dtypes[name]), name, qos)
@@ -234,6 +239,7 @@ def make_partition_node(conductor: Conductor, graph: ModelGraph, loop: asyncio.A
             with self._lock:
                 self._active.add(sid)
                 self.stats.requests += 1
+            await self._readers_ready()
             try:
                 async for out in conductor.submit(request):
                     self.pubs[out.name].publish(item_message(out.data, StreamHeader(sid, seqs[out.name], seed)))
@@ -252,6 +258,17 @@ def make_partition_node(conductor: Conductor, graph: ModelGraph, loop: asyncio.A
                     self.stats.published[name] += seq
             self._publish_ends(sid, seqs, failed)
 
+        async def _readers_ready(self) -> None:
+            waiting = [n for n in wait_for_readers if self.pubs[n].get_subscription_count() == 0]
+            deadline = time.monotonic() + reader_wait_s
+            while waiting and time.monotonic() < deadline:
+                await asyncio.sleep(0.02)
+                waiting = [n for n in waiting if self.pubs[n].get_subscription_count() == 0]
+            if waiting and not self._warned_no_readers:
+                self._warned_no_readers = True  # once: a partition may well run alone on purpose
+                self.report(f"no reader on {', '.join(self.pubs[n].topic_name for n in waiting)} after "
+                            f"{reader_wait_s:g} s: serving anyway (is the next partition running?)", level="WARN")
+
         def _publish_ends(self, sid: str, seqs: Mapping[str, int], failed: bool) -> None:
             for name, seq in seqs.items():
                 self.pubs[name].publish(end_message(dtypes[name], sid, seq, failed=failed))
@@ -268,11 +285,11 @@ def make_partition_node(conductor: Conductor, graph: ModelGraph, loop: asyncio.A
             array.header.stamp = self.get_clock().now().to_msg()
             self.diag_pub.publish(array)
 
-        def report(self, text: str) -> None:
+        def report(self, text: str, level: str = "ERROR") -> None:
             with self._lock:
                 self.stats.errors = (self.stats.errors + [text])[-20:]
             self.get_logger().warning(text)
-            status = DiagnosticStatus(level=DiagnosticStatus.ERROR, name=f"mstar: {self.get_fully_qualified_name()}",
+            status = DiagnosticStatus(level=getattr(DiagnosticStatus, level), name=f"mstar: {self.get_fully_qualified_name()}",
                                       message=text, hardware_id=graph.name)
             status.values = [KeyValue(key="requests", value=str(self.stats.requests)),
                              KeyValue(key="failed", value=str(self.stats.failed))]
