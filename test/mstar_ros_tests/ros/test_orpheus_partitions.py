@@ -133,3 +133,26 @@ def test_talker_and_vocoder_nodes_speak_what_one_process_speaks(procs, ros_clien
     t, v = json.loads(talker_summary.read_text()), json.loads(vocoder_summary.read_text())
     assert (t["finished"], t["published"]["llm_token"]) == (2, len(tokens) + len(stream(ros_client, "/tts/llm_token", torch.int64, "again")[0]))
     assert (v["finished"], v["failed"]) == (2, 4)  # 'late', 'doomed' never started; 'gappy', 'stalled' failed
+
+
+@pytest.mark.timeout(180)
+def test_the_whole_graph_as_one_node_streams_its_audio_output_on_a_topic(procs, ros_client, tmp_path):
+    """split:=false: one node; the graph's own streamed output `audio` is the topic."""
+    from std_msgs.msg import Float32MultiArray, String
+
+    ros_client.subscribe(Float32MultiArray, "/speech/audio", depth=1000)
+    (spec,) = orpheus_processes(split="false", namespace="/speech", extra_arguments=["--duration", "120"])
+    node = procs(*spec.command(python=sys.executable))
+    text_pub = ros_client.publisher(String, "/speech/text")
+    ros_client.wait_for(lambda: text_pub.get_subscription_count() >= 1 and
+                        ros_client.node.count_publishers("/speech/audio") >= 1, 90, "the orpheus node", [node])
+    types = dict(ros_client.node.get_topic_names_and_types())
+    assert "/speech/llm_token" not in types  # the edge stays inside the graph
+    text_pub.publish(String(data=json.dumps({"text": TEXT, "id": "whole", "seed": 7, **SAMPLING})))
+    ros_client.wait_for(lambda: stream(ros_client, "/speech/audio", torch.float32, "whole")[1], 120,
+                        "the end of stream 'whole' on /speech/audio", [node])
+    chunks, ended, failed = stream(ros_client, "/speech/audio", torch.float32, "whole")
+    _, audio_ref = one_process_audio(seed=7)
+    assert ended and not failed
+    assert torch.allclose(torch.cat(chunks), audio_ref, atol=1e-5, rtol=0)
+    assert node.interrupt() == 0, node.output
