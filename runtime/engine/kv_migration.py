@@ -29,7 +29,7 @@ def gather_kv(seq: Sequence, blocks: BlockManager, cache: PagedKVCache) -> torch
     spec = cache.spec
     k = cache.k.view(spec.num_layers, -1, spec.num_kv_heads, spec.head_dim).index_select(1, slots)
     v = cache.v.view(spec.num_layers, -1, spec.num_kv_heads, spec.head_dim).index_select(1, slots)
-    return torch.stack([k, v], dim=1)
+    return torch.stack([k, v], dim=1).cpu()  # exported over the wire: transports read host memory
 
 
 def sequence_state(seq: Sequence, kv: TensorHandle | None) -> KVState:

@@ -56,7 +56,9 @@ class Sampler:
                     cols[i] = row.argmax()
                     continue
                 row = filter_top_k_top_p(row / p.temperature, p.top_k, p.top_p)
-                probs = torch.softmax(row, dim=-1)
+                # drawn on the CPU: the per-request generator lives there (and a seed gives the same
+                # tokens whatever device computed the logits)
+                probs = torch.softmax(row, dim=-1).cpu()
                 cols[i] = torch.multinomial(probs, 1, generator=generators[i])[0]
         tokens = cols if vocab is None else vocab[cols]
         return tokens.tolist()

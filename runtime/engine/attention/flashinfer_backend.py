@@ -26,6 +26,7 @@ from mstar.engine.attention.torch_backend import build_mask, validate_seq
 from mstar.engine.kv_cache import PagedKVCache
 
 _SUPPORTED_KV_DTYPES = (torch.float16, torch.bfloat16)
+_SUPPORTED_HEAD_DIMS = (64, 128, 256)  # other sizes are not validated by the FA2 kernels (illegal accesses)
 
 
 @dataclass
@@ -52,7 +53,10 @@ class FlashInferAttentionBackend(AttentionBackend):
 
         # One float workspace serves both wrappers: a step runs only one of them.
         self._workspace = torch.zeros(workspace_bytes, dtype=torch.uint8, device=cache.device)
-        self._prefill = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self._workspace, kv_layout="NHD")
+        # fa2, not "auto": auto fixes its kernel family at the first plan() (fa3 on Hopper for a causal
+        # step), and the fa3 paged kernel ignores custom masks that later steps need
+        self._prefill = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self._workspace, kv_layout="NHD",
+                                                                       backend="fa2")
         self._decode = flashinfer.BatchDecodeWithPagedKVCacheWrapper(self._workspace, kv_layout="NHD",
                                                                      use_tensor_cores=True)
         self._meta: AttentionMetadata | None = None

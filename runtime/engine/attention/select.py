@@ -21,9 +21,11 @@ def _flashinfer_unusable(cache: PagedKVCache) -> str | None:
         import flashinfer  # noqa: F401
     except ImportError as e:
         return f"flashinfer cannot be imported ({e}); install flashinfer-python"
-    from mstar.engine.attention.flashinfer_backend import _SUPPORTED_KV_DTYPES
+    from mstar.engine.attention.flashinfer_backend import _SUPPORTED_HEAD_DIMS, _SUPPORTED_KV_DTYPES
     if cache.dtype not in _SUPPORTED_KV_DTYPES:
         return f"the KV cache dtype is {cache.dtype}, FlashInfer needs float16 or bfloat16"
+    if cache.spec.head_dim not in _SUPPORTED_HEAD_DIMS:
+        return f"head_dim is {cache.spec.head_dim}; FlashInfer serves {_SUPPORTED_HEAD_DIMS}"
     return None
 
 
