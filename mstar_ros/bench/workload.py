@@ -45,6 +45,7 @@ class JobResult:
     first_audio: float
     finished: float
     audio_seconds: float
+    tokens: int = 0       # audio tokens generated (7 per 85 ms frame)
 
 
 def summarize(results: list[JobResult]) -> dict[str, float]:
@@ -57,6 +58,7 @@ def summarize(results: list[JobResult]) -> dict[str, float]:
         "audio_seconds": round(audio, 3),
         "makespan_s": round(makespan, 3),
         "throughput_audio_s_per_s": round(audio / makespan, 4),
+        "audio_tokens_per_s": round(sum(r.tokens for r in results) / makespan, 1),
         "ttfa_p50_ms": round(percentile(ttfa, 50) * 1000, 1),
         "ttfa_p95_ms": round(percentile(ttfa, 95) * 1000, 1),
         "rtf_mean": round(sum(rtf) / len(rtf), 4) if rtf else float("nan"),

@@ -4,7 +4,7 @@
     mstar_orpheus_node --partition talker              # /tts/text in; /tts/llm_token, /tts/tokens out
     mstar_orpheus_node --partition vocoder             # /tts/llm_token in; /tts/audio out
 
-(``mstar-ros launch orpheus [--split]`` starts them.) The Orpheus graph streams the LLM's
+(``mstar-ros launch orpheus [--no-split]`` starts them.) The Orpheus graph streams the LLM's
 audio tokens into the SNAC decoder over a streaming edge between its two partitions,
 ``talker`` and ``vocoder``. Split, that edge is the topic ``llm_token``: the talker
 publishes each token as it is sampled, the vocoder cuts them into 28-token windows
