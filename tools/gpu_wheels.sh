@@ -1,7 +1,8 @@
 #!/bin/sh
 # Wheels tools/gpu_check.sh installs on the GPU machine (Python 3.12, no network; it already has
 # torch, transformers, safetensors, tokenizers, numpy, einops, ninja, nvidia-ml-py, matplotlib):
-# FlashInfer (JIT: its kernels compile there with nvcc), its tvm-ffi, msgspec and snac. ~18 MB.
+# FlashInfer (JIT: its FA2 kernels compile there with nvcc), its tvm-ffi, msgspec and snac. ~18 MB.
+# flashinfer-cubin (precompiled kernels, 458 MB for 0.6.13) is over the 64 MiB a call may carry.
 set -e
 cd "$(dirname "$0")/.."
 mkdir -p .git/info .whl
