@@ -18,6 +18,7 @@ import json
 import multiprocessing
 import os
 import platform
+import secrets
 import socket
 import statistics
 import time
@@ -28,6 +29,7 @@ from tqdm import tqdm
 
 from mstar.transport.codec import memcpy
 from mstar.transport.exchange import TensorExchange
+from mstar.transport.tcp import SECRET_ENV
 from mstar_ros.bench.transport_peer import Channel, Ping, Ready, Setup, Stop, bench_tensor, peer_main, read_reply
 
 DEFAULT_SIZES = "4K,16K,64K,256K,1M,4M,16M,64M"
@@ -142,6 +144,7 @@ def _measure_size(exchange: TensorExchange, channel: Channel, kinds: list[str], 
 def _start_peer(mooncake: bool, arena_mb: int) -> tuple[multiprocessing.Process, Channel]:
     server = socket.create_server(("127.0.0.1", 0))
     server.settimeout(120)  # the peer imports torch (and Mooncake) first
+    os.environ.setdefault(SECRET_ENV, secrets.token_hex(16))  # the peer inherits it: both TCP ends share it
     ctx = multiprocessing.get_context("spawn")
     peer = ctx.Process(target=peer_main, name="transport-bench-peer", daemon=True,
                        args=(server.getsockname()[1], f"benchpeer{os.getpid()}", mooncake, arena_mb,

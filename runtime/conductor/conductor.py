@@ -64,7 +64,8 @@ class Conductor:
             self.router = Router(graph, None)
         else:
             from mstar.transport.exchange import TensorExchange
-            self.store = TensorExchange("conductor")  # reads the inline values Workers send back
+            # reads the inline values Workers send back (and, as any reader of the pool, holds its token)
+            self.store = TensorExchange("conductor", secret=pool.token.encode())
             self._local = {}
             self.router = Router(graph, pool.placement, hosts=self)
         self.executor = WalkExecutor(graph, self._dispatch, itertools.count().__next__)

@@ -15,6 +15,7 @@ copying is a caller bug (the slot could be reused under the copy).
 from __future__ import annotations
 
 import itertools
+import os
 import weakref
 from typing import Callable
 
@@ -26,7 +27,7 @@ from mstar.transport.codec import (contiguous_cpu, decode_inline, destination, d
                                    encode_inline, flat_bytes, memcpy, nbytes)
 from mstar.transport.inprocess import InProcessTensorStore
 from mstar.transport.shm import PeerSegments, ShmSegment, check_tag, segment_prefix, unlink_segments
-from mstar.transport.tcp import TensorClient, TensorServer
+from mstar.transport.tcp import SECRET_ENV, TensorClient, TensorServer
 from mstar.worker.messages import TensorHandle
 
 EXPORT_KINDS = ("inline", "shm", "tcp", "mooncake")
@@ -48,8 +49,12 @@ class TensorExchange(InProcessTensorStore):
     """Thread-safe: put/export/get/resolve/free_owner may run on several threads at once."""
 
     def __init__(self, process_tag: str, *, shm: bool = False, tcp_host: str | None = None,
-                 mooncake_host: str | None = None, shm_arena_mb: int = 64) -> None:
+                 mooncake_host: str | None = None, shm_arena_mb: int = 64, secret: bytes | None = None) -> None:
+        """``secret``: what TCP peers must share to read from each other (the Worker pool's token);
+        default ``$MSTAR_WORKER_TOKEN``, else one of this process's own (then no peer can read)."""
         super().__init__()
+        if secret is None:
+            secret = (os.environ.get(SECRET_ENV) or "").encode() or os.urandom(32)
         self.process_tag = check_tag(process_tag)
         self.prefix = segment_prefix(process_tag)
         arena_bytes = int(shm_arena_mb) << 20
@@ -60,7 +65,7 @@ class TensorExchange(InProcessTensorStore):
         self._finalizer = weakref.finalize(self, _unlink_owned, self._owned)
         self._overflow_ids = itertools.count()
         self._peer_segments = PeerSegments()
-        self._client = TensorClient()
+        self._client = TensorClient(secret)
         self._arena: ShmSegment | None = None
         self._server: TensorServer | None = None
         self._mooncake = None
@@ -70,7 +75,7 @@ class TensorExchange(InProcessTensorStore):
                 self._arena.buf.zero_()  # touch every page now, not inside the first copy
             self._arena_slots = SlotAllocator(arena_bytes if shm else 0)
             if tcp_host is not None:
-                self._server = TensorServer(tcp_host, self._tensors.get, name=process_tag)
+                self._server = TensorServer(tcp_host, self._tensors.get, secret, name=process_tag)
             if mooncake_host is not None:
                 from mstar.transport.mooncake import MooncakeEndpoint  # optional dependency: import lazily
                 self._mooncake = MooncakeEndpoint(mooncake_host, arena_bytes)

@@ -23,14 +23,14 @@ log = logging.getLogger("mstar.worker")
 
 
 class WorkerHost:
-    def __init__(self, setup: Setup, rank: int, tag: str) -> None:
+    def __init__(self, setup: Setup, rank: int, tag: str, secret: bytes | None = None) -> None:
         if setup.threads:
             torch.set_num_threads(setup.threads)  # Workers sharing a host split its cores
         self.rank = rank
         self.exchange = TensorExchange(
             tag, shm="shm" in setup.transports,
             tcp_host=setup.host if "tcp" in setup.transports else None,
-            mooncake_host=setup.host if "mooncake" in setup.transports else None)
+            mooncake_host=setup.host if "mooncake" in setup.transports else None, secret=secret)
         self.tp = None
         self.follower_thread: threading.Thread | None = None
         self.follower_error: BaseException | None = None

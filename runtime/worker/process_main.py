@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         from mstar.worker.host import WorkerHost
         if args.listen:
             setup = msgspec.structs.replace(setup, host=args.listen)
-        host = WorkerHost(setup, args.rank, worker_tag(args.token, args.rank, os.getpid()))
+        host = WorkerHost(setup, args.rank, worker_tag(args.token, args.rank, os.getpid()), secret=args.token.encode())
     except Exception as exc:
         log.exception("setup failed")
         channel.send(SetupFailed(f"{type(exc).__name__}: {exc}"))

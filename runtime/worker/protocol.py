@@ -16,12 +16,13 @@ from typing import Any, Union
 import msgspec
 
 from mstar.engine.config import EngineConfig
+from mstar.transport.tcp import SECRET_ENV
 from mstar.worker.messages import (CloseSession, ExecuteNode, ExportKV, KVExported, NodeOutput,
                                    ReleaseRequest)
 
 MAX_FRAME = 1 << 30  # a corrupt length must not make us allocate the world
 MAX_HELLO = 64 << 10  # before a peer has shown the token, it may send only this much
-TOKEN_ENV = "MSTAR_WORKER_TOKEN"  # the token travels in the environment, not in argv (ps shows argv)
+TOKEN_ENV = SECRET_ENV  # the token travels in the environment, not in argv (ps shows argv)
 
 
 class FrameTooLarge(ValueError):

@@ -21,6 +21,7 @@ import pytest
 import torch
 
 from mstar.transport.exchange import TensorExchange
+from mstar.transport.tcp import SECRET_ENV
 from mstar.transport.shm import segment_prefix, segments_with_prefix, unlink_segments
 from mstar.worker.messages import TensorHandle
 
@@ -30,6 +31,10 @@ wire = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(wire)  # to_wire / from_wire, shared with the peer
 HAVE_MOONCAKE = importlib.util.find_spec("mooncake") is not None
 _tags = itertools.count()
+
+
+# this process and the peers it starts (they inherit the environment) share one tensor-server secret
+os.environ.setdefault(SECRET_ENV, secrets.token_hex(16))
 
 
 def new_tag(name: str) -> str:
