@@ -21,11 +21,14 @@ import asyncio
 import json
 import logging
 import sys
+from dataclasses import dataclass
 import time
 from typing import Mapping
 
 import msgspec
 import torch
+
+from mstar.engine.sampling_params import SamplingParams
 
 log = logging.getLogger("mstar_ros.orpheus_node")
 
@@ -50,11 +53,15 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--weights", help="Orpheus checkpoint dir (default: generated tiny, RANDOM weights)")
     parser.add_argument("--snac-weights", help="SNAC 24 kHz checkpoint dir (default: WEIGHTS/snac)")
     parser.add_argument("--preset", default="tiny", help="generated checkpoint preset when --weights is not given")
-    parser.add_argument("--voice", default="tara", help="voice put before each text ('' for none)")
-    parser.add_argument("--temperature", type=float, default=0.6, help="default sampling temperature (0: greedy)")
-    parser.add_argument("--top-p", type=float, default=0.8, help="default nucleus sampling mass")
-    parser.add_argument("--repetition-penalty", type=float, default=1.3, help="default repetition penalty")
-    parser.add_argument("--max-tokens", type=int, default=1200, help="default most audio tokens per request")
+    # the talker's defaults; also its ROS parameters (-p NAME:=VALUE after --ros-args wins, ros2 param set)
+    parser.add_argument("--voice", default="tara", help="voice put before each text ('' for none; parameter voice)")
+    parser.add_argument("--temperature", type=float, default=0.6,
+                        help="default sampling temperature, 0: greedy (parameter temperature)")
+    parser.add_argument("--top-p", type=float, default=0.8, help="default nucleus sampling mass (parameter top_p)")
+    parser.add_argument("--repetition-penalty", type=float, default=1.3,
+                        help="default repetition penalty (parameter repetition_penalty)")
+    parser.add_argument("--max-tokens", type=int, default=1200,
+                        help="default most audio tokens per request (parameter max_tokens)")
     parser.add_argument("--stream-timeout", type=float, default=30.0,
                         help="a stream with no new item for this many seconds fails (its producer is gone; default 30)")
     parser.add_argument("--duration", type=float, default=0.0, help="exit after this many seconds (0: until stopped)")
@@ -62,7 +69,44 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     return parser.parse_args(argv), ros_args
 
 
-def request_factory(tokenizer, max_positions: int, voice: str | None, defaults):
+@dataclass
+class SpeechDefaults:
+    """What a text request gets unless its JSON says otherwise (the talker's ROS parameters)."""
+
+    voice: str | None
+    sampling: SamplingParams
+
+
+def bind_parameters(node, defaults: SpeechDefaults) -> None:
+    """The defaults as ROS parameters of ``node``: ``--ros-args -p temperature:=0.3`` at start,
+    ``ros2 param set /tts/orpheus_talker temperature 0.3`` while it runs (checked, or refused with why)."""
+    from rcl_interfaces.msg import SetParametersResult
+
+    s = defaults.sampling
+    initial = {"voice": defaults.voice or "", "temperature": s.temperature, "top_p": s.top_p,
+               "repetition_penalty": s.repetition_penalty, "max_tokens": s.max_tokens}
+
+    def apply(values: Mapping[str, object]) -> None:
+        sampling = {k: v for k, v in values.items() if k != "voice"}
+        updated = SamplingParams(**{**msgspec.structs.asdict(defaults.sampling), **sampling})  # validates
+        defaults.sampling = updated
+        if "voice" in values:
+            defaults.voice = str(values["voice"]) or None
+
+    def on_set(params) -> SetParametersResult:
+        try:
+            apply({p.name: p.value for p in params if p.name in initial})
+        except (ValueError, TypeError) as exc:
+            return SetParametersResult(successful=False, reason=str(exc))
+        return SetParametersResult(successful=True)
+
+    for name, value in initial.items():
+        node.declare_parameter(name, value)
+    apply({name: node.get_parameter(name).value for name in initial})  # a params file or -p may have set them
+    node.add_on_set_parameters_callback(on_set)
+
+
+def request_factory(tokenizer, max_positions: int, defaults: SpeechDefaults):
     from mstar_graphs.orpheus.model import speech_request
 
     def build(text: str, request_id: str, seed: int, fields: Mapping[str, object]):
@@ -75,8 +119,9 @@ def request_factory(tokenizer, max_positions: int, voice: str | None, defaults):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and not isinstance(value, int)):
                 raise ValueError(f"{key} must be {kind.__name__}, got {value!r}")
             overrides[key] = kind(value)
+        voice, base = defaults.voice, defaults.sampling
         try:
-            sampling = type(defaults)(**{**msgspec.structs.asdict(defaults), **overrides, "seed": seed})
+            sampling = SamplingParams(**{**msgspec.structs.asdict(base), **overrides, "seed": seed})
         except (ValueError, TypeError) as exc:
             raise ValueError(f"sampling: {exc}") from None
         return speech_request(tokenizer, max_positions, text, voice=voice, sampling=sampling, request_id=request_id)
@@ -85,9 +130,9 @@ def request_factory(tokenizer, max_positions: int, voice: str | None, defaults):
 
 
 def load_partition(args: argparse.Namespace):
-    """(graph, modules, request factory or None, random weights?) for the partition this process runs."""
+    """(graph, modules, request factory or None, its defaults or None, random weights?) for the partition
+    this process runs."""
     from mstar.engine.device_loop import run_on_device
-    from mstar.engine.sampling_params import SamplingParams
     from mstar.graph.split import split_partition
     from mstar_graphs.orpheus.checkpoints import resolve_paths
     from mstar_graphs.orpheus.components import orpheus_components
@@ -99,12 +144,13 @@ def load_partition(args: argparse.Namespace):
     if args.partition != "all":
         graph = split_partition(graph, args.partition)
     paths = resolve_paths(args.weights, args.snac_weights, args.preset)
-    factory = None
+    factory = defaults = None
     if "llm" in modules:
-        defaults = SamplingParams(temperature=args.temperature, top_p=args.top_p,
-                                  repetition_penalty=args.repetition_penalty, max_tokens=args.max_tokens)
-        factory = request_factory(load_tokenizer(paths.llm), modules["llm"].max_positions, args.voice or None, defaults)
-    return graph, modules, factory, paths.random_weights
+        defaults = SpeechDefaults(args.voice or None, SamplingParams(
+            temperature=args.temperature, top_p=args.top_p, repetition_penalty=args.repetition_penalty,
+            max_tokens=args.max_tokens))
+        factory = request_factory(load_tokenizer(paths.llm), modules["llm"].max_positions, defaults)
+    return graph, modules, factory, defaults, paths.random_weights
 
 
 async def serve(args: argparse.Namespace, ros_args: list[str]) -> dict:
@@ -113,7 +159,7 @@ async def serve(args: argparse.Namespace, ros_args: list[str]) -> dict:
     from mstar_ros.ros.partition_node import make_partition_node
     from mstar_ros.ros.ros_process import RosProcess
 
-    graph, modules, factory, random_weights = load_partition(args)
+    graph, modules, factory, defaults, random_weights = load_partition(args)
     conductor = Conductor(graph, modules)
     name = "orpheus" if args.partition == "all" else f"orpheus_{args.partition}"
     async with RosProcess("mstar_orpheus_node", ros_args) as ros, conductor:
@@ -121,6 +167,8 @@ async def serve(args: argparse.Namespace, ros_args: list[str]) -> dict:
                                    namespace=args.namespace, dtypes=DTYPES, request_factory=factory,
                                    stream_timeout_s=args.stream_timeout,
                                    wait_for_readers=["llm_token"] if args.partition == "talker" else [])
+        if defaults is not None:
+            bind_parameters(node, defaults)
         ros.add(node, conductor_node(conductor, name=f"{name}_conductor"))
         ros.spin()
         ins = [node.resolve_topic_name(n) for n in graph.stream_input_names] + \
@@ -148,7 +196,12 @@ def main(argv: list[str] | None = None) -> int:
         summary = asyncio.run(serve(args, ros_args))
     except KeyboardInterrupt:
         return 130
-    except (ValueError, FileNotFoundError) as exc:
+    except Exception as exc:  # bad weights, --ros-args or parameters: say so, no traceback
+        from rclpy._rclpy_pybind11 import RCLError
+        from rclpy.exceptions import ParameterException
+
+        if not isinstance(exc, (ValueError, FileNotFoundError, ParameterException, RCLError)):
+            raise
         print(f"mstar_orpheus_node: error: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
     print(f"{summary['node']}: {summary['finished']} requests served, {summary['failed']} failed; published "

@@ -137,22 +137,41 @@ def test_talker_and_vocoder_nodes_speak_what_one_process_speaks(procs, ros_clien
 
 @pytest.mark.timeout(180)
 def test_the_whole_graph_as_one_node_streams_its_audio_output_on_a_topic(procs, ros_client, tmp_path):
-    """split:=false: one node; the graph's own streamed output `audio` is the topic."""
+    """split:=false: one node; the graph's own streamed output `audio` is the topic. Its sampling
+    defaults are ROS parameters: -p at start, checked set_parameters while it runs."""
+    from rcl_interfaces.msg import Parameter, ParameterType, ParameterValue
+    from rcl_interfaces.srv import SetParameters
     from std_msgs.msg import Float32MultiArray, String
 
     ros_client.subscribe(Float32MultiArray, "/speech/audio", depth=1000)
-    (spec,) = orpheus_processes(split="false", namespace="/speech", extra_arguments=["--duration", "120"])
+    params = [a for k, v in SAMPLING.items() for a in ("-p", f"{k}:={v!r}")]
+    (spec,) = orpheus_processes(split="false", namespace="/speech", extra_arguments=["--duration", "120"],
+                                ros_arguments=params)
     node = procs(*spec.command(python=sys.executable))
     text_pub = ros_client.publisher(String, "/speech/text")
     ros_client.wait_for(lambda: text_pub.get_subscription_count() >= 1 and
                         ros_client.node.count_publishers("/speech/audio") >= 1, 90, "the orpheus node", [node])
     types = dict(ros_client.node.get_topic_names_and_types())
     assert "/speech/llm_token" not in types  # the edge stays inside the graph
-    text_pub.publish(String(data=json.dumps({"text": TEXT, "id": "whole", "seed": 7, **SAMPLING})))
+    text_pub.publish(String(data=json.dumps({"text": TEXT, "id": "whole", "seed": 7})))  # sampling from -p
     ros_client.wait_for(lambda: stream(ros_client, "/speech/audio", torch.float32, "whole")[1], 120,
                         "the end of stream 'whole' on /speech/audio", [node])
     chunks, ended, failed = stream(ros_client, "/speech/audio", torch.float32, "whole")
     _, audio_ref = one_process_audio(seed=7)
     assert ended and not failed
     assert torch.allclose(torch.cat(chunks), audio_ref, atol=1e-5, rtol=0)
+
+    setter = ros_client.node.create_client(SetParameters, "/speech/orpheus/set_parameters")
+    assert setter.wait_for_service(timeout_sec=30)
+
+    def set_param(name, value):
+        kind = ParameterType.PARAMETER_DOUBLE
+        future = setter.call_async(SetParameters.Request(parameters=[
+            Parameter(name=name, value=ParameterValue(type=kind, double_value=value))]))
+        ros_client.wait_for(future.done, 30, f"set {name}", [node])
+        return future.result().results[0]
+
+    refused = set_param("temperature", -1.0)
+    assert not refused.successful and "sampling.temperature = -1.0 must be >= 0" in refused.reason
+    assert set_param("temperature", 0.7).successful
     assert node.interrupt() == 0, node.output
