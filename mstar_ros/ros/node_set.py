@@ -145,23 +145,12 @@ def main(argv: list[str] | None = None) -> int:
         os.environ[OMP_SPIN[0]] = OMP_SPIN[1]
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     args, ros_args = parse_args(sys.argv[1:] if argv is None else argv)
-    try:
-        summary = asyncio.run(serve(args, ros_args))
-    except KeyboardInterrupt:  # stopped while starting, before the signal handlers were installed
-        return 130
-    except Exception as exc:  # bad parameters, --ros-args, weights or placement: say so, no traceback
-        from rclpy._rclpy_pybind11 import RCLError
-        from rclpy.exceptions import ParameterException
+    from mstar_ros.ros.ros_process import run_serving
 
-        if not isinstance(exc, (ValueError, FileNotFoundError, ParameterException, RCLError)):
-            raise
-        print(f"mstar_pi05_node_set: error: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 2
-    print_summary(summary)
-    if args.summary_json:
-        with open(args.summary_json, "w") as f:
-            json.dump(summary, f, indent=2)
-    return 0
+    status, summary = run_serving("mstar_pi05_node_set", serve(args, ros_args), args.summary_json)
+    if summary is not None:
+        print_summary(summary)
+    return status
 
 
 if __name__ == "__main__":

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
 import sys
 from dataclasses import dataclass
@@ -192,24 +191,13 @@ def main(argv: list[str] | None = None) -> int:
     apply_localhost_defaults()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     args, ros_args = parse_args(sys.argv[1:] if argv is None else argv)
-    try:
-        summary = asyncio.run(serve(args, ros_args))
-    except KeyboardInterrupt:
-        return 130
-    except Exception as exc:  # bad weights, --ros-args or parameters: say so, no traceback
-        from rclpy._rclpy_pybind11 import RCLError
-        from rclpy.exceptions import ParameterException
+    from mstar_ros.ros.ros_process import run_serving
 
-        if not isinstance(exc, (ValueError, FileNotFoundError, ParameterException, RCLError)):
-            raise
-        print(f"mstar_orpheus_node: error: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 2
-    print(f"{summary['node']}: {summary['finished']} requests served, {summary['failed']} failed; published "
-          + ", ".join(f"{n} {c} items" for n, c in summary["published"].items()), flush=True)
-    if args.summary_json:
-        with open(args.summary_json, "w") as f:
-            json.dump(summary, f, indent=2)
-    return 0
+    status, summary = run_serving("mstar_orpheus_node", serve(args, ros_args), args.summary_json)
+    if summary is not None:
+        print(f"{summary['node']}: {summary['finished']} requests served, {summary['failed']} failed; published "
+              + ", ".join(f"{n} {c} items" for n, c in summary["published"].items()), flush=True)
+    return status
 
 
 if __name__ == "__main__":

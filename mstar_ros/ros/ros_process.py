@@ -12,9 +12,11 @@ at interpreter exit aborts the process ("terminate called without an active exce
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
+import sys
 import threading
-from typing import Sequence
+from typing import Any, Coroutine, Sequence
 
 
 class RosProcess:
@@ -60,3 +62,25 @@ class RosProcess:
             for node in self.executor.get_nodes():
                 node.destroy_node()
         rclpy.try_shutdown()
+
+
+def run_serving(program: str, serving: Coroutine[Any, Any, dict], summary_json: str | None = None) -> tuple[int, dict | None]:
+    """Runs a node process's ``serving`` coroutine: (exit status, its summary). Bad parameters, --ros-args,
+    weights or placement are said in one line, no traceback (status 2); Ctrl-C while starting is 130.
+    The summary is also written as JSON to ``summary_json``."""
+    try:
+        summary = asyncio.run(serving)
+    except KeyboardInterrupt:  # stopped while starting, before the signal handlers were installed
+        return 130, None
+    except Exception as exc:
+        from rclpy._rclpy_pybind11 import RCLError
+        from rclpy.exceptions import ParameterException
+
+        if not isinstance(exc, (ValueError, FileNotFoundError, ParameterException, RCLError)):
+            raise
+        print(f"{program}: error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 2, None
+    if summary_json:
+        with open(summary_json, "w") as f:
+            json.dump(summary, f, indent=2)
+    return 0, summary
