@@ -164,6 +164,8 @@ class LlamaForCausalLM(ARModule):
     slice; every rank then runs the same forward, with collectives inside.
     """
 
+    plain_linears = ("lm_head",)  # compute_logits reads row ranges of its weight
+
     def __init__(self, config: LlamaConfig, *, dtype: torch.dtype = torch.float32,
                  device: torch.device | str | None = None, tp: TPGroup | None = None) -> None:
         super().__init__()

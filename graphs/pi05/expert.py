@@ -102,7 +102,7 @@ class ActionExpert(nn.Module):
         """Flow time [B] -> adaRMS condition [B, width]."""
         c = self.config
         emb = time_embedding(time, c.expert.width, c.min_period, c.max_period)
-        emb = emb.to(device=self.time_mlp_in.weight.device, dtype=self.time_mlp_in.weight.dtype)
+        emb = emb.to(device=self.time_mlp_in.bias.device, dtype=self.time_mlp_in.bias.dtype)
         return F.silu(self.time_mlp_out(F.silu(self.time_mlp_in(emb))))
 
     def forward(self, x: torch.Tensor, time: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
@@ -112,10 +112,10 @@ class ActionExpert(nn.Module):
         if a != self.config.action_dim or time.shape != (b,):
             raise ValueError(f"flow_velocity needs x [B, H, {self.config.action_dim}] and time [B]; "
                              f"got {tuple(x.shape)} and {tuple(time.shape)}")
-        weight = self.action_in_proj.weight
+        like = self.action_in_proj.bias  # the module's device and dtype (the weight may be packed)
         cond = self.condition(time)
-        rows = torch.arange(b, device=weight.device).repeat_interleave(h)  # row -> its sequence
-        hidden = self.action_in_proj(x.reshape(b * h, a).to(device=weight.device, dtype=weight.dtype))
+        rows = torch.arange(b, device=like.device).repeat_interleave(h)  # row -> its sequence
+        hidden = self.action_in_proj(x.reshape(b * h, a).to(device=like.device, dtype=like.dtype))
         for layer in self.model.layers:
             hidden = layer(hidden, cond, rows, cos, sin, attn)
         hidden, _ = self.model.norm(hidden, self.model.norm.modulation(cond)[rows])  # the final gate is unused

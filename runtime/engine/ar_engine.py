@@ -23,6 +23,7 @@ from mstar.engine.engine_inbox import EngineInbox, Reply
 from mstar.engine.flow_loop import FlowLoops
 from mstar.engine.kv_cache import PagedKVCache
 from mstar.engine.kv_migration import gather_kv, restore_sequence, sequence_state
+from mstar.engine.linear_packing import pack_linears
 from mstar.engine.model_runner import ModelRunner
 from mstar.engine.sampler import Sampler
 from mstar.engine.scheduler import ScheduledSeq, Scheduler
@@ -62,6 +63,7 @@ class AREngine(EngineInbox):
         dtype = _dtype(self.config.dtype)
         kv_dtype = _dtype(self.config.kv_dtype or self.config.dtype)
         self.module = module.to(device=self.device, dtype=dtype).eval()
+        packed = pack_linears(self.module, module.plain_linears) if self.config.pack_linears else 0
         num_blocks = _kv_blocks(module, self.config, kv_dtype)
         self.cache = PagedKVCache(module.kv_spec(), num_blocks, self.config.block_size, kv_dtype, self.device)
         self.blocks = BlockManager(num_blocks, self.config.block_size)
@@ -80,8 +82,8 @@ class AREngine(EngineInbox):
         self.steps = 0
         self.tokens_computed = 0
         self.busy_seconds = 0.0  # time inside model steps (to tell compute from overhead)
-        log.info("%s engine: %d KV blocks x %d tokens (%s), attention backend %s",
-                 name, num_blocks, self.config.block_size, kv_dtype, self.backend.name)
+        log.info("%s engine: %d KV blocks x %d tokens (%s), attention backend %s, %d linears packed",
+                 name, num_blocks, self.config.block_size, kv_dtype, self.backend.name, packed)
 
     def close_session(self, session_id: str) -> None:
         self._post("close_session", session_id)

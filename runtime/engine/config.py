@@ -23,6 +23,7 @@ class EngineConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     dtype: str = "float32"
     kv_dtype: str | None = None
     attention_backend: str | None = None
+    pack_linears: bool = True  # bf16 on CPU: weights reordered once for oneDNN (same results, faster)
 
     def __post_init__(self) -> None:
         checks = [

@@ -15,6 +15,7 @@ from typing import Mapping
 import torch
 
 from mstar.engine.engine_inbox import EngineInbox, Reply
+from mstar.engine.linear_packing import pack_linears
 from mstar.graph.node import NodeCall, NodeSubmodule
 from mstar.transport.inprocess import InProcessTensorStore
 from mstar.worker.messages import ExecuteNode, NodeOutput
@@ -37,10 +38,14 @@ class _Pending:
 class StatelessEngine(EngineInbox):
     def __init__(self, nodes: Mapping[str, NodeSubmodule], store: InProcessTensorStore,
                  max_batch: int = 16, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
-                 name: str = "stateless", max_wait_s: float = 0.0) -> None:
+                 name: str = "stateless", max_wait_s: float = 0.0, pack: bool = True) -> None:
+        """``pack``: bf16 linears on CPU get prepacked weights (mstar.engine.linear_packing)."""
         super().__init__()
         self.device = torch.device(device)
         self.nodes = {n: m.to(device=self.device, dtype=dtype).eval() for n, m in nodes.items()}
+        if pack:
+            for module in self.nodes.values():
+                pack_linears(module, module.plain_linears)
         self.store = store
         self.max_batch = max_batch
         self.max_wait_s = max_wait_s

@@ -34,6 +34,9 @@ class NodeSubmodule(torch.nn.Module):
     """
 
     engine: ClassVar[EngineKind] = "stateless"
+    # Linear submodules whose ``.weight`` the module reads itself: the engine keeps them
+    # plain when it packs the others (see mstar.engine.linear_packing).
+    plain_linears: ClassVar[tuple[str, ...]] = ()
 
     def prepare_inputs(self, calls: Sequence[NodeCall]) -> dict[str, torch.Tensor]:
         keys = list(calls[0].inputs)

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mstar.engine.linear_packing import linear_rows
 from mstar.engine.vocab_constraint import contiguous_runs
 from mstar.parallel.group import TPGroup
 
@@ -101,7 +102,7 @@ def restricted_logits(hidden: torch.Tensor, weight: torch.Tensor, token_ids: tor
         return F.linear(hidden, weight.index_select(0, token_ids.to(weight.device)))
     if not runs:
         return hidden.new_zeros(hidden.shape[0], 0)
-    return torch.cat([F.linear(hidden, weight[lo:hi]) for lo, hi in runs], dim=-1)
+    return torch.cat([linear_rows(hidden, weight, lo, hi) for lo, hi in runs], dim=-1)
 
 
 class ParallelLMHead(nn.Module):

@@ -58,7 +58,8 @@ class Worker:
         if stateless:
             self.stateless = StatelessEngine(stateless, store, self.config.stateless_max_batch, device,
                                              dtype=getattr(torch, self.config.dtype), name=f"stateless:{rank}",
-                                             max_wait_s=self.config.stateless_max_wait_ms / 1000)
+                                             max_wait_s=self.config.stateless_max_wait_ms / 1000,
+                                             pack=self.config.pack_linears)
             for view in stateless:
                 self._engine_of[view] = self.stateless
 
