@@ -1,7 +1,7 @@
 """The Orpheus TTS Walk Graph: a Llama LLM streaming SNAC codes into the SNAC 24 kHz decoder.
 
     input.prompt_ids -> llm ---token---> llm (decode Loop feedback)
-                         \\--token--~> snac [vocoder, SlidingWindow(28, 7)] --audio--> output.audio
+                         \\--token--~> snac [vocoder, SlidingWindow(28, 7, edges)] --audio--> output.audio
                           \\--token--> output.tokens
 
 Walks: ``prefill`` (the prompt, first token) then ``decode`` (an engine-resident
@@ -14,6 +14,7 @@ from mstar.graph import (Call, DynamicLoop, GraphEdge, GraphNode, ModelGraph, Pa
 from mstar_graphs.orpheus.tokens import END_OF_SPEECH, FRAME_TOKENS
 
 WINDOW_TOKENS = 4 * FRAME_TOKENS  # 28: the reference decodes 4 frames and keeps the 2nd
+# (edges=True: we also keep the first frame of the first window and the last two of the last)
 STRIDE_TOKENS = FRAME_TOKENS      # a new window every frame
 
 
@@ -42,7 +43,7 @@ def orpheus_graph() -> ModelGraph:
         },
         topology=PartitionTopology(
             partitions={"talker": ["llm"], "vocoder": ["snac"]},
-            connections=[PartitionConnection("talker", "vocoder", SlidingWindowChunkPolicy(WINDOW_TOKENS, STRIDE_TOKENS))],
+            connections=[PartitionConnection("talker", "vocoder", SlidingWindowChunkPolicy(WINDOW_TOKENS, STRIDE_TOKENS, edges=True))],
         ),
         next_walk=next_walk,
     )

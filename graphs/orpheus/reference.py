@@ -69,15 +69,26 @@ def hf_generate(model, prompts: list[list[int]], max_new_tokens: int, **sampling
     return rows
 
 
-def snac_windows(snac_model, tokens: list[int], seed: int) -> list[torch.Tensor]:
-    """Audio of each 28-token window every 7 tokens, keeping samples 2048:4096, noise seeded per window."""
-    chunks = []
-    for index, end in enumerate(range(WINDOW_TOKENS, len(tokens) + 1, STRIDE_TOKENS)):
-        codes = tokens_to_snac_codes(torch.tensor(tokens[end - WINDOW_TOKENS:end]))
+def snac_windows(snac_model, tokens: list[int], seed: int, edges: bool = True) -> list[torch.Tensor]:
+    """Audio of each 28-token window every 7 tokens, keeping samples 2048:4096, noise seeded per window.
+
+    ``edges=False`` is the Orpheus reference decoder exactly. ``edges=True`` (what our graph
+    streams) also keeps the first window's first frame and, as one more chunk, the last window's
+    last two frames (same noise as that window); a stream shorter than a window is decoded whole.
+    """
+    def decode(window: list[int], index: int) -> torch.Tensor:
+        codes = tokens_to_snac_codes(torch.tensor(window))
         torch.manual_seed(window_noise_seed(seed, index))
         with torch.no_grad():
-            audio = snac_model.decode([c.unsqueeze(0) for c in codes])
-        chunks.append(audio[0, 0, 2048:4096])
+            return snac_model.decode([c.unsqueeze(0) for c in codes])[0, 0]
+
+    ends = list(range(WINDOW_TOKENS, len(tokens) + 1, STRIDE_TOKENS))
+    chunks = [decode(tokens[end - WINDOW_TOKENS:end], index)[0 if edges and index == 0 else 2048:4096]
+              for index, end in enumerate(ends)]
+    if edges and ends:
+        chunks.append(decode(tokens[ends[-1] - WINDOW_TOKENS:ends[-1]], len(ends) - 1)[4096:])
+    elif edges and len(tokens) >= STRIDE_TOKENS:
+        chunks.append(decode(tokens[:len(tokens) // STRIDE_TOKENS * STRIDE_TOKENS], 0))
     return chunks
 
 

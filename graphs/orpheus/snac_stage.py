@@ -5,6 +5,12 @@ streaming window is 28 tokens = 4 frames). Output ``audio``: float32 PCM at the
 codec's rate (24 kHz), samples ``[keep_start:keep_end]`` of the decoded window
 (by default the second frame, 2048:4096, as the Orpheus reference decoder keeps).
 
+At the edges of a stream (chunk meta ``first`` / ``final``, sent by a
+``SlidingWindowChunkPolicy(edges=True)``) the crop widens so no audio is lost:
+the first window keeps ``[0, keep_end)``; the final chunk, the last window again,
+keeps ``[keep_end, end)`` with that window's noise; a stream shorter than a
+window comes as one final chunk and is kept whole.
+
 Noise blocks get per-call noise from a generator seeded with
 ``window_noise_seed(call.seed, call.index)``, so audio does not depend on how
 calls are batched, and an offline reference can reproduce it with
@@ -100,39 +106,63 @@ class OrpheusSnacStage(NodeSubmodule):
     def num_noise(self) -> int:
         return len(self.decoder.noise_shapes(1, 1))
 
+    def keep(self, call: NodeCall, n_samples: int) -> tuple[int, int, int]:
+        """(first kept sample, end, noise index) of ``call``'s window of ``n_samples`` samples."""
+        first, final = bool(call.meta.get("first")), bool(call.meta.get("final"))
+        if final and first:  # a stream shorter than a window: all of it
+            return 0, n_samples, call.index
+        if final:  # the last window again: what its own call did not keep, with its noise
+            return self.keep_end, n_samples, call.index - 1
+        if self.keep_end > n_samples:
+            raise ValueError(
+                f"request {call.request_id}: window of {n_samples // self.frame_samples} frames decodes to "
+                f"{n_samples} samples, fewer than keep_end={self.keep_end}"
+            )
+        return (0 if first else self.keep_start), self.keep_end, call.index
+
+    @property
+    def frame_samples(self) -> int:
+        return self.decoder.num_samples(ORPHEUS_VQ_STRIDES[0])
+
+    def batch_key(self, call: NodeCall) -> object:
+        """Windows share a batch when they have the same length and keep the same samples."""
+        codes = call.inputs.get("codes")
+        return (None if codes is None else codes.numel(), bool(call.meta.get("first")), bool(call.meta.get("final")))
+
     def prepare_inputs(self, calls: Sequence[NodeCall]) -> dict[str, torch.Tensor]:
-        """Tokens -> per-level code batches ``codes_{l}`` [B, T_l]; per-call noise ``noise_{i}`` [B, 1, T_i]."""
+        """Tokens -> per-level code batches ``codes_{l}`` [B, T_l]; per-call noise ``noise_{i}`` [B, 1, T_i];
+        ``keep`` [2]: the samples every call of the batch keeps."""
         if not calls:
             raise ValueError("OrpheusSnacStage.prepare_inputs: empty batch")
         per_call_codes: list[list[torch.Tensor]] = []
         per_call_noise: list[list[torch.Tensor]] = []
+        keeps: set[tuple[int, int]] = set()
         for call in calls:
             if "codes" not in call.inputs:
                 raise ValueError(f"request {call.request_id}: missing input 'codes' (got {sorted(call.inputs)})")
             levels = tokens_to_levels(call.inputs["codes"], request_id=call.request_id)
-            n_samples = self.decoder.num_samples(levels[-1].numel())
-            if self.keep_end > n_samples:
-                raise ValueError(
-                    f"request {call.request_id}: window of {levels[0].numel()} frames decodes to {n_samples} samples, "
-                    f"fewer than keep_end={self.keep_end}"
-                )
+            start, end, noise_index = self.keep(call, self.decoder.num_samples(levels[-1].numel()))
+            keeps.add((start, end))
             per_call_codes.append(levels)
-            gen = torch.Generator().manual_seed(window_noise_seed(call.seed, call.index))
+            gen = torch.Generator().manual_seed(window_noise_seed(call.seed, noise_index))
             per_call_noise.append(self.decoder.make_noise(gen, 1, levels[-1].numel()))
         shapes = {tuple(c[0].shape) for c in per_call_codes}
-        if len(shapes) != 1:
-            raise ValueError(f"OrpheusSnacStage: windows of different lengths in one batch: {sorted(shapes)}")
+        if len(shapes) != 1 or len(keeps) != 1:
+            raise ValueError(f"OrpheusSnacStage: windows of different lengths or crops in one batch: "
+                             f"{sorted(shapes)}, {sorted(keeps)}")
         batch = {f"codes_{l}": torch.stack([c[l] for c in per_call_codes]) for l in range(self.num_levels)}
         for i in range(len(per_call_noise[0])):
             batch[f"noise_{i}"] = torch.cat([n[i] for n in per_call_noise])
+        batch["keep"] = torch.tensor(keeps.pop())
         return batch
 
     @torch.inference_mode()
     def forward(self, **batch: torch.Tensor) -> dict[str, torch.Tensor]:
         codes = [batch[f"codes_{l}"] for l in range(self.num_levels)]
         noise = [batch[f"noise_{i}"] for i in range(self.num_noise)]
+        start, end = (int(v) for v in batch["keep"]) if "keep" in batch else (self.keep_start, self.keep_end)
         if self.crop:
-            audio = self.decoder.decode_range(codes, noise, self.keep_start, self.keep_end)  # [B, 1, kept]
+            audio = self.decoder.decode_range(codes, noise, start, end)  # [B, 1, kept]
             return {"audio": audio[:, 0].float()}
         audio = self.decoder.decode(codes, noise)  # [B, 1, samples]
-        return {"audio": audio[:, 0, self.keep_start : self.keep_end].float()}
+        return {"audio": audio[:, 0, start:end].float()}

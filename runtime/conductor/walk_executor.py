@@ -11,6 +11,7 @@ from typing import Awaitable, Callable
 
 from mstar.conductor.request import RequestError, RequestOutput
 from mstar.conductor.state import RequestState, StreamState
+from mstar.graph.chunk_policies import Chunk
 from mstar.graph.edges import GRAPH_OUTPUT, StreamingGraphEdge
 from mstar.graph.model_graph import ModelGraph
 from mstar.graph.walks import Call, Loop, Parallel, Sequential, StopOnValues, StopWhen, WalkStep
@@ -147,13 +148,14 @@ class WalkExecutor:
     def _pump(self, rs: RequestState, state: StreamState) -> None:
         for chunk in state.policy.ready(state.cursor, len(state.items), state.closed):
             state.cursor = chunk.end
-            items = state.items[chunk.start:chunk.end]
-            previous = state.last_delivery
-            state.last_delivery = asyncio.get_running_loop().create_future()
-            task = asyncio.ensure_future(self._deliver_chunk(rs, state, items, chunk.left_context, previous,
-                                                             state.last_delivery))
-            rs.chunk_tasks.add(task)
-            task.add_done_callback(lambda t: self._chunk_done(rs, t))
+            self._send(rs, state, chunk)
+
+    def _send(self, rs: RequestState, state: StreamState, chunk: Chunk) -> None:
+        previous = state.last_delivery
+        state.last_delivery = asyncio.get_running_loop().create_future()
+        task = asyncio.ensure_future(self._deliver_chunk(rs, state, chunk, previous, state.last_delivery))
+        rs.chunk_tasks.add(task)
+        task.add_done_callback(lambda t: self._chunk_done(rs, t))
 
     @staticmethod
     def _chunk_done(rs: RequestState, task: asyncio.Task) -> None:
@@ -165,9 +167,10 @@ class WalkExecutor:
         if rs.main_task is not None:
             rs.main_task.cancel()
 
-    async def _deliver_chunk(self, rs: RequestState, state: StreamState, items: list[TensorHandle],
-                             left_context: int, previous: asyncio.Future | None, done: asyncio.Future) -> None:
+    async def _deliver_chunk(self, rs: RequestState, state: StreamState, chunk: Chunk,
+                             previous: asyncio.Future | None, done: asyncio.Future) -> None:
         edge = state.edge
+        items, left_context = state.items[chunk.start:chunk.end], chunk.left_context
         try:
             if edge.target.node == GRAPH_OUTPUT:
                 if previous is not None:
@@ -178,7 +181,8 @@ class WalkExecutor:
             node = edge.target.node
             inputs = self._inputs(node, rs)
             inputs[edge.target.port] = list(items)
-            msg = self._message(node, rs, inputs, meta={"left_context": left_context})
+            msg = self._message(node, rs, inputs, meta={"left_context": left_context, "first": int(chunk.first),
+                                                        "final": int(chunk.final)})
             results: list[NodeOutput] = []
             await self.dispatch(msg, results.append)
             if previous is not None:
@@ -194,5 +198,8 @@ class WalkExecutor:
         for state in list(rs.streams.values()):
             state.closed = True
             self._pump(rs, state)
+            last = state.policy.final(state.cursor, len(state.items))
+            if last is not None:
+                self._send(rs, state, last)
         while rs.chunk_tasks:
             await asyncio.gather(*list(rs.chunk_tasks))

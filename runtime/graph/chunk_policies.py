@@ -8,11 +8,17 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class Chunk:
     """Items ``[start, end)`` of the stream; the first ``left_context`` of them were
-    already delivered in an earlier chunk and are there as context only."""
+    already delivered in an earlier chunk and are there as context only.
+
+    ``first`` / ``final`` mark the stream's first chunk and the one a policy sends when the
+    stream closes, for consumers whose crop differs at the edges (the consumer sees them as
+    ``meta["first"]`` / ``meta["final"]``)."""
 
     start: int
     end: int
     left_context: int = 0
+    first: bool = False
+    final: bool = False
 
     @property
     def new_items(self) -> int:
@@ -28,6 +34,10 @@ class ChunkPolicy(ABC):
 
     @abstractmethod
     def ready(self, cursor: int, available: int, closed: bool) -> list[Chunk]: ...
+
+    def final(self, cursor: int, available: int) -> Chunk | None:
+        """Called once when the stream closes, after ``ready``: one last chunk, or None."""
+        return None
 
 
 @dataclass(frozen=True)
@@ -80,10 +90,17 @@ class LeftContextChunkPolicy(ChunkPolicy):
 class SlidingWindowChunkPolicy(ChunkPolicy):
     """The last ``window`` items, every ``stride`` new items once ``window`` exist
     (Orpheus: 28-token windows every 7 tokens). Items after the last full stride are
-    not delivered, as in the reference decoders."""
+    not delivered, as in the reference decoders.
+
+    ``edges``: the first window is marked ``first``, and when the stream closes one more
+    chunk marked ``final`` comes: the last window again (or, for a stream shorter than a
+    window, all its whole strides), so the consumer can deliver what its per-window crop
+    leaves out at both ends (the Orpheus reference decoder drops the first frame and the
+    last two: the end of the last word)."""
 
     window: int
     stride: int
+    edges: bool = False
 
     def __post_init__(self) -> None:
         if self.stride < 1 or self.window < self.stride:
@@ -93,6 +110,16 @@ class SlidingWindowChunkPolicy(ChunkPolicy):
         chunks = []
         end = self.window if cursor < self.window else cursor + self.stride
         while end <= available:
-            chunks.append(Chunk(end - self.window, end, self.window - self.stride if end > self.window else 0))
+            first = end == self.window
+            chunks.append(Chunk(end - self.window, end, 0 if first else self.window - self.stride,
+                                first=first and self.edges))
             end += self.stride
         return chunks
+
+    def final(self, cursor: int, available: int) -> Chunk | None:
+        if not self.edges:
+            return None
+        if cursor >= self.window:  # windows went out: the last one again, nothing new in it
+            return Chunk(cursor - self.window, cursor, self.window, final=True)
+        whole = available // self.stride * self.stride
+        return Chunk(0, whole, 0, first=True, final=True) if whole else None

@@ -29,8 +29,8 @@ def test_tts_writes_a_wav_and_reports(tmp_path):
     assert "RANDOM" in out.stdout
     with wave.open(str(wav)) as f:
         assert f.getframerate() == 24000 and f.getnchannels() == 1 and f.getsampwidth() == 2
-        # 63 tokens -> windows end at 28, 35, ..., 63: 6 chunks of 2048 samples
-        assert f.getnframes() == 6 * 2048
+        # 63 tokens = 9 frames of 2048 samples, all delivered (the edge frames too)
+        assert f.getnframes() == 9 * 2048
 
 
 def test_tts_bad_input_exits_with_a_clear_error(tmp_path):

@@ -37,11 +37,25 @@ def test_greedy_tokens_and_streamed_audio_match_offline_pipeline(tts):
     expected = hf_generate(load_hf_llm(tts.paths.llm), [prompt], max_new_tokens=64, do_sample=False)[0]
     assert len(tokens) >= 28, "too few tokens to make a window"
     assert tokens == expected
-    reference = snac_windows(load_reference_snac(tts.paths.snac), tokens, GREEDY.seed)
-    assert len(audio) == len(reference) == (len(tokens) - 28) // 7 + 1
+    snac = load_reference_snac(tts.paths.snac)
+    reference = snac_windows(snac, tokens, GREEDY.seed)
+    frames = len(tokens) // 7
+    assert len(audio) == len(reference) == (frames - 4 + 1) + 1, "a window per frame from the 4th, then the tail"
     ours, ref = torch.cat(audio), torch.cat(reference)
-    assert ours.shape == ref.shape
+    assert ours.shape == ref.shape == (frames * 2048,), "every frame is delivered, the edges included"
     assert torch.allclose(ours, ref, atol=1e-4, rtol=0), float((ours - ref).abs().max())
+    # Between the edges it is the Orpheus reference decoder's own output (which drops the edges).
+    inner = torch.cat(snac_windows(snac, tokens, GREEDY.seed, edges=False))
+    assert torch.allclose(ours[2048:(frames - 2) * 2048], inner, atol=1e-4, rtol=0)
+
+
+def test_a_stream_shorter_than_a_window_is_decoded_whole(tts):
+    short = SamplingParams(max_tokens=23, seed=5)  # 3 whole frames and 2 tokens of a 4th
+    (tokens, audio), = asyncio.run(_run(tts, [TEXTS[0]], short))[0]
+    assert len(tokens) == 23 and len(audio) == 1
+    reference = snac_windows(load_reference_snac(tts.paths.snac), tokens, short.seed)
+    assert audio[0].shape == reference[0].shape == (3 * 2048,)
+    assert torch.allclose(audio[0], reference[0], atol=1e-4, rtol=0)
 
 
 def test_sixteen_concurrent_requests_equal_each_alone(tts):

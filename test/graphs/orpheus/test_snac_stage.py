@@ -125,3 +125,23 @@ def test_window_noise_seed() -> None:
     assert window_noise_seed(5, 9) == window_noise_seed(5, 9)
     assert 0 <= window_noise_seed(-1, 0) < 2**63
     torch.manual_seed(window_noise_seed(2**64 - 1, 2**40))  # valid for torch
+
+
+def test_edge_chunks_keep_what_the_middle_crop_drops(stage: OrpheusSnacStage) -> None:
+    wide = OrpheusSnacStage(stage.decoder, keep_start=0, keep_end=8192)
+    tokens = _random_window(torch.Generator().manual_seed(6))
+    whole = {i: _run(wide, [NodeCall("r", {"codes": tokens}, index=i, seed=2)])[0]["audio"] for i in (0, 4)}
+    first = _run(stage, [NodeCall("r", {"codes": tokens}, index=0, seed=2, meta={"first": 1})])[0]["audio"]
+    torch.testing.assert_close(first, whole[0][:4096], atol=1e-5, rtol=0)
+    # The final chunk repeats window 4 (call index 5) and keeps its last two frames, with its noise.
+    final = _run(stage, [NodeCall("r", {"codes": tokens}, index=5, seed=2, meta={"final": 1})])[0]["audio"]
+    torch.testing.assert_close(final, whole[4][4096:], atol=1e-5, rtol=0)
+    short = _random_window(torch.Generator().manual_seed(7), frames=2)
+    alone = _run(stage, [NodeCall("r", {"codes": short}, index=0, seed=2, meta={"first": 1, "final": 1})])[0]
+    assert alone["audio"].shape == (2 * 2048,), "a stream shorter than a window is kept whole"
+    # Calls that keep different samples never share a batch.
+    middle = NodeCall("r", {"codes": tokens}, index=1, seed=2)
+    edge = NodeCall("r", {"codes": tokens}, index=0, seed=2, meta={"first": 1})
+    assert stage.batch_key(middle) != stage.batch_key(edge)
+    with pytest.raises(ValueError, match="crops in one batch"):
+        stage.prepare_inputs([middle, edge])

@@ -117,6 +117,18 @@ def test_sliding_window_incremental_equals_one_call(seed):
     assert [c.end for c in incremental] == list(range(28, 101, 7))
 
 
+def test_sliding_window_edges_mark_the_first_window_and_send_a_final_one():
+    p = SlidingWindowChunkPolicy(28, 7, edges=True)
+    chunks = p.ready(0, 48, False)
+    assert [c.first for c in chunks] == [True, False, False] and not any(c.final for c in chunks)
+    assert p.final(42, 48) == Chunk(14, 42, 28, final=True), "the last window again, all of it context"
+    assert p.final(42, 48).new_items == 0
+    assert p.final(0, 23) == Chunk(0, 21, 0, first=True, final=True), "short stream: its whole strides"
+    assert p.final(0, 6) is None, "not one whole stride: nothing"
+    assert SlidingWindowChunkPolicy(28, 7).final(42, 48) is None, "without edges: the reference behaviour"
+    assert FixedChunkPolicy(4).final(8, 9) is None
+
+
 def test_window_equal_to_stride_has_no_context():
     p = SlidingWindowChunkPolicy(4, 4)
     assert p.ready(0, 13, True) == [Chunk(0, 4, 0), Chunk(4, 8, 0), Chunk(8, 12, 0)]
