@@ -52,6 +52,18 @@ def encode_images(encoder: Pi05ImageEncoder, images: torch.Tensor) -> torch.Tens
 
 
 @torch.inference_mode()
+def prefix_direct(model: Pi05Model, embeds: torch.Tensor, input_ids: torch.Tensor,
+                  embed_mask: torch.Tensor) -> DenseKV:
+    """The prefix through the Gemma LM once (``embeds`` from :func:`encode_images`): its K/V."""
+    device = input_ids.device
+    kv = DenseKV(torch.float32 if device.type == "cpu" else None)  # on CUDA the model dtype is fast
+    model(input_ids, torch.arange(input_ids.shape[0], device=device), kv, embeds=embeds,
+          embed_mask=embed_mask.to(torch.bool))
+    kv.recording = False  # the prefix ran once; the flow steps only read its K/V
+    return kv
+
+
+@torch.inference_mode()
 def sample_actions_direct(model: Pi05Model, encoder: Pi05ImageEncoder, images: torch.Tensor,
                           input_ids: torch.Tensor, embed_mask: torch.Tensor, noise: torch.Tensor,
                           steps: int | None = None) -> torch.Tensor:
@@ -62,11 +74,8 @@ def sample_actions_direct(model: Pi05Model, encoder: Pi05ImageEncoder, images: t
     steps = steps or model.num_steps
     device = next(model.parameters()).device  # inputs come from the CPU; the model may be on a GPU
     images, input_ids, embed_mask, noise = (t.to(device) for t in (images, input_ids, embed_mask, noise))
-    embeds = encode_images(encoder, images)
-    kv = DenseKV(torch.float32 if device.type == "cpu" else None)  # on CUDA the model dtype is fast
+    kv = prefix_direct(model, encode_images(encoder, images), input_ids, embed_mask)
     p, h = input_ids.shape[0], model.action_horizon
-    model(input_ids, torch.arange(p, device=device), kv, embeds=embeds, embed_mask=embed_mask.to(torch.bool))
-    kv.recording = False  # the prefix ran once; the flow steps only read its K/V
     positions = torch.arange(p, p + h, device=device)
     x = noise.float().reshape(1, h, model.action_dim)
     for t in flow_times(steps):

@@ -23,7 +23,7 @@ from mstar.engine.engine_inbox import EngineInbox, Reply
 from mstar.engine.flow_loop import FlowLoops
 from mstar.engine.kv_cache import PagedKVCache
 from mstar.engine.kv_migration import gather_kv, restore_sequence, sequence_state
-from mstar.engine.linear_packing import pack_linears
+from mstar.engine.linear_packing import pack_linears, packed_count
 from mstar.engine.model_runner import ModelRunner
 from mstar.engine.sampler import Sampler
 from mstar.engine.scheduler import ScheduledSeq, Scheduler
@@ -63,7 +63,9 @@ class AREngine(EngineInbox):
         dtype = _dtype(self.config.dtype)
         kv_dtype = _dtype(self.config.kv_dtype or self.config.dtype)
         self.module = module.to(device=self.device, dtype=dtype).eval()
-        packed = pack_linears(self.module, module.plain_linears) if self.config.pack_linears else 0
+        if self.config.pack_linears:
+            pack_linears(self.module, module.plain_linears)
+        packed = packed_count(self.module)
         num_blocks = _kv_blocks(module, self.config, kv_dtype)
         self.cache = PagedKVCache(module.kv_spec(), num_blocks, self.config.block_size, kv_dtype, self.device)
         self.blocks = BlockManager(num_blocks, self.config.block_size)

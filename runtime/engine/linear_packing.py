@@ -58,6 +58,13 @@ class PackedLinear(nn.Module):
             self.packed, self.dense = None, weight
 
     def _apply(self, fn, recurse: bool = True):  # type: ignore[override]
+        if self.packed is not None:
+            probe = fn(torch.empty(0, dtype=torch.bfloat16))
+            if probe.dtype == torch.bfloat16 and probe.device.type == "cpu":  # stays as it is (an engine's .to())
+                packed, self.packed = self.packed, None
+                super()._apply(fn, recurse)
+                self.packed = packed
+                return self
         weight = fn(self.packed.to_dense() if self.packed is not None else self.dense)
         self.packed = None  # mkldnn tensors cannot go through the generic conversion
         super()._apply(fn, recurse)
@@ -103,6 +110,11 @@ def pack_linears(module: nn.Module, keep_plain: tuple[str, ...] = ()) -> int:
         parent = module.get_submodule(parent_name) if parent_name else module
         setattr(parent, attr, PackedLinear(linear, name))
     return len(targets)
+
+
+def packed_count(module: nn.Module) -> int:
+    """How many linears under ``module`` hold packed weights now."""
+    return sum(isinstance(m, PackedLinear) and m.packed is not None for m in module.modules())
 
 
 def _shared_weights(module: nn.Module) -> set[int]:

@@ -24,5 +24,8 @@ def test_bench_pi05_writes_json_and_plot(tmp_path):
             assert open_["served"] >= 1 and open_["offered"] == open_["served"] + open_["dropped"]
             assert 0 < open_["latency_p50_ms"] <= open_["latency_p95_ms"]
         assert level["baseline"]["bare_forward_p50_ms"] > 0 and level["throughput_ratio"] > 0
+    bound = report["batching_bound"]  # a direct call is the prefix pass plus vision and the flow steps
+    assert 0 < bound["prefix_pass_ms"] < bound["direct_forward_ms"] and bound["throughput_ratio_bound"] > 1
+    assert "no batching can beat" in run.stdout
     assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "2 robot(s)" in run.stdout

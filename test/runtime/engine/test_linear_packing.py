@@ -71,6 +71,9 @@ def test_weight_read_unpacks_and_to_round_trips():
     expected = m.up(x)
     m.up = PackedLinear(m.up, "up") if PACKS else m.up
     assert torch.equal(m.up.weight, original)
+    packed = getattr(m.up, "packed", None)
+    m.to(device="cpu", dtype=torch.bfloat16)  # what every engine does: nothing to convert, nothing repacked
+    assert getattr(m.up, "packed", None) is packed and torch.equal(m.up(x), expected)
     m.to(torch.float32)  # leaves the packed layout behind: a dense fp32 weight
     assert getattr(m.up, "packed", None) is None and m.up.weight.dtype == torch.float32
     assert torch.allclose(m.up(x.float()), expected.float(), atol=0.1)
