@@ -40,7 +40,9 @@ class DenseKV:
         else:
             k, v = torch.cat([self.k[layer], k], dim=1), torch.cat([self.v[layer], v], dim=1)
         qs = q.to(cdt).transpose(0, 1)
-        out = F.scaled_dot_product_attention(qs, k, v, scale=scale, enable_gqa=qs.shape[0] != k.shape[0])
+        # 4-D (batch of one): 3-D inputs send CPU SDPA down its slower math path
+        out = F.scaled_dot_product_attention(qs[None], k[None], v[None], scale=scale,
+                                             enable_gqa=qs.shape[0] != k.shape[0])[0]
         return out.transpose(0, 1).to(q.dtype)
 
 

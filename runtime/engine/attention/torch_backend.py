@@ -201,12 +201,14 @@ class TorchAttentionBackend(AttentionBackend):
             o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=g.mask, scale=scale, enable_gqa=G > 1)
             out.index_copy_(0, rows, o.transpose(1, 2).reshape(B * g.length, Hq, D).to(out.dtype))
         for p in self._prefills:
-            qs = q[p.start:p.start + p.length].to(cdt).transpose(0, 1)           # [Hq, ql, D]
-            ks = kc.index_select(0, p.slots).to(cdt).transpose(0, 1)              # [Hkv, ctx, D]
-            vs = vc.index_select(0, p.slots).to(cdt).transpose(0, 1)
+            # 4-D (batch of one): with 3-D inputs SDPA on CPU falls back to its math path (bmm +
+            # softmax, K/V repeated for GQA), measured 2-3x slower than the flash kernel at 547 rows.
+            qs = q[p.start:p.start + p.length].to(cdt).transpose(0, 1)[None]     # [1, Hq, ql, D]
+            ks = kc.index_select(0, p.slots).to(cdt).transpose(0, 1)[None]        # [1, Hkv, ctx, D]
+            vs = vc.index_select(0, p.slots).to(cdt).transpose(0, 1)[None]
             o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=p.mask, is_causal=p.is_causal,
                                                scale=scale, enable_gqa=G > 1)
-            out[p.start:p.start + p.length] = o.transpose(0, 1)
+            out[p.start:p.start + p.length] = o[0].transpose(0, 1)
         return out
 
     @staticmethod
