@@ -73,8 +73,9 @@ def snac_windows(snac_model, tokens: list[int], seed: int, edges: bool = True) -
     """Audio of each 28-token window every 7 tokens, keeping samples 2048:4096, noise seeded per window.
 
     ``edges=False`` is the Orpheus reference decoder exactly. ``edges=True`` (what our graph
-    streams) also keeps the first window's first frame and, as one more chunk, the last window's
-    last two frames (same noise as that window); a stream shorter than a window is decoded whole.
+    streams) also keeps the first window's first frame and the last window's last two frames
+    (one more chunk, same noise, when tokens after the last whole frame sent it early); a
+    stream shorter than a window is decoded whole. The chunks are the ones our graph streams.
     """
     def decode(window: list[int], index: int) -> torch.Tensor:
         codes = tokens_to_snac_codes(torch.tensor(window))
@@ -83,11 +84,14 @@ def snac_windows(snac_model, tokens: list[int], seed: int, edges: bool = True) -
             return snac_model.decode([c.unsqueeze(0) for c in codes])[0, 0]
 
     ends = list(range(WINDOW_TOKENS, len(tokens) + 1, STRIDE_TOKENS))
-    chunks = [decode(tokens[end - WINDOW_TOKENS:end], index)[0 if edges and index == 0 else 2048:4096]
-              for index, end in enumerate(ends)]
-    if edges and ends:
+    chunks = []
+    for index, end in enumerate(ends):
+        start = 0 if edges and index == 0 else 2048
+        stop = None if edges and end == len(tokens) else 4096  # the last window, held to the close: all its tail
+        chunks.append(decode(tokens[end - WINDOW_TOKENS:end], index)[start:stop])
+    if edges and ends and ends[-1] < len(tokens):
         chunks.append(decode(tokens[ends[-1] - WINDOW_TOKENS:ends[-1]], len(ends) - 1)[4096:])
-    elif edges and len(tokens) >= STRIDE_TOKENS:
+    elif edges and not ends and len(tokens) >= STRIDE_TOKENS:
         chunks.append(decode(tokens[:len(tokens) // STRIDE_TOKENS * STRIDE_TOKENS], 0))
     return chunks
 

@@ -7,9 +7,10 @@ codec's rate (24 kHz), samples ``[keep_start:keep_end]`` of the decoded window
 
 At the edges of a stream (chunk meta ``first`` / ``final``, sent by a
 ``SlidingWindowChunkPolicy(edges=True)``) the crop widens so no audio is lost:
-the first window keeps ``[0, keep_end)``; the final chunk, the last window again,
-keeps ``[keep_end, end)`` with that window's noise; a stream shorter than a
-window comes as one final chunk and is kept whole.
+the first window keeps ``[0, keep_end)``, the last ``[keep_start, end)``, one that
+is both (or a stream shorter than a window) all of it. A final chunk that repeats
+an already sent window (all of it context) keeps ``[keep_end, end)`` with that
+window's noise.
 
 Noise blocks get per-call noise from a generator seeded with
 ``window_noise_seed(call.seed, call.index)``, so audio does not depend on how
@@ -109,10 +110,11 @@ class OrpheusSnacStage(NodeSubmodule):
     def keep(self, call: NodeCall, n_samples: int) -> tuple[int, int, int]:
         """(first kept sample, end, noise index) of ``call``'s window of ``n_samples`` samples."""
         first, final = bool(call.meta.get("first")), bool(call.meta.get("final"))
-        if final and first:  # a stream shorter than a window: all of it
-            return 0, n_samples, call.index
-        if final:  # the last window again: what its own call did not keep, with its noise
+        codes = call.inputs["codes"]
+        if final and call.meta.get("left_context") == codes.numel():  # a sent window again: the rest of it
             return self.keep_end, n_samples, call.index - 1
+        if final:  # the last window (the only one too, or a stream shorter than a window)
+            return (0 if first else self.keep_start), n_samples, call.index
         if self.keep_end > n_samples:
             raise ValueError(
                 f"request {call.request_id}: window of {n_samples // self.frame_samples} frames decodes to "
@@ -127,7 +129,8 @@ class OrpheusSnacStage(NodeSubmodule):
     def batch_key(self, call: NodeCall) -> object:
         """Windows share a batch when they have the same length and keep the same samples."""
         codes = call.inputs.get("codes")
-        return (None if codes is None else codes.numel(), bool(call.meta.get("first")), bool(call.meta.get("final")))
+        n = None if codes is None else codes.numel()
+        return (n, bool(call.meta.get("first")), bool(call.meta.get("final")), call.meta.get("left_context") == n)
 
     def prepare_inputs(self, calls: Sequence[NodeCall]) -> dict[str, torch.Tensor]:
         """Tokens -> per-level code batches ``codes_{l}`` [B, T_l]; per-call noise ``noise_{i}`` [B, 1, T_i];

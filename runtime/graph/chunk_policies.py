@@ -92,11 +92,14 @@ class SlidingWindowChunkPolicy(ChunkPolicy):
     (Orpheus: 28-token windows every 7 tokens). Items after the last full stride are
     not delivered, as in the reference decoders.
 
-    ``edges``: the first window is marked ``first``, and when the stream closes one more
-    chunk marked ``final`` comes: the last window again (or, for a stream shorter than a
-    window, all its whole strides), so the consumer can deliver what its per-window crop
-    leaves out at both ends (the Orpheus reference decoder drops the first frame and the
-    last two: the end of the last word)."""
+    ``edges``: so the consumer can deliver what its per-window crop leaves out at both ends
+    (the Orpheus reference decoder drops the first frame and the last two: the end of the
+    last word), the first window is marked ``first`` and the last one ``final``. To know a
+    window is the last, each is held back until one more item arrives or the stream closes
+    (one item of latency). A stream that closes with items after its last full stride had
+    its last window sent already: it gets that window again as a ``final`` chunk that is
+    all context (``left_context == window``). A stream shorter than a window comes whole,
+    ``first`` and ``final``."""
 
     window: int
     stride: int
@@ -109,17 +112,18 @@ class SlidingWindowChunkPolicy(ChunkPolicy):
     def ready(self, cursor: int, available: int, closed: bool) -> list[Chunk]:
         chunks = []
         end = self.window if cursor < self.window else cursor + self.stride
-        while end <= available:
+        while end <= available and (not self.edges or closed or available > end):
             first = end == self.window
+            last = self.edges and closed and end + self.stride > available
             chunks.append(Chunk(end - self.window, end, 0 if first else self.window - self.stride,
-                                first=first and self.edges))
+                                first=first and self.edges, final=last))
             end += self.stride
         return chunks
 
     def final(self, cursor: int, available: int) -> Chunk | None:
         if not self.edges:
             return None
-        if cursor >= self.window:  # windows went out: the last one again, nothing new in it
-            return Chunk(cursor - self.window, cursor, self.window, final=True)
+        if cursor >= self.window:  # the last window went out before the close: again, as context only
+            return Chunk(cursor - self.window, cursor, self.window, final=True) if available > cursor else None
         whole = available // self.stride * self.stride
         return Chunk(0, whole, 0, first=True, final=True) if whole else None

@@ -40,13 +40,24 @@ def test_greedy_tokens_and_streamed_audio_match_offline_pipeline(tts):
     snac = load_reference_snac(tts.paths.snac)
     reference = snac_windows(snac, tokens, GREEDY.seed)
     frames = len(tokens) // 7
-    assert len(audio) == len(reference) == (frames - 4 + 1) + 1, "a window per frame from the 4th, then the tail"
+    # a window per frame from the 4th; 64 tokens end with one past the last frame, so the last
+    # window went out before the close and comes again for its tail
+    assert len(audio) == len(reference) == (frames - 4 + 1) + 1
     ours, ref = torch.cat(audio), torch.cat(reference)
     assert ours.shape == ref.shape == (frames * 2048,), "every frame is delivered, the edges included"
     assert torch.allclose(ours, ref, atol=1e-4, rtol=0), float((ours - ref).abs().max())
     # Between the edges it is the Orpheus reference decoder's own output (which drops the edges).
     inner = torch.cat(snac_windows(snac, tokens, GREEDY.seed, edges=False))
     assert torch.allclose(ours[2048:(frames - 2) * 2048], inner, atol=1e-4, rtol=0)
+
+
+def test_a_stream_of_whole_frames_ends_with_its_last_window_in_full(tts):
+    whole = SamplingParams(max_tokens=63, seed=9)
+    (tokens, audio), = asyncio.run(_run(tts, [TEXTS[3]], whole))[0]
+    assert len(tokens) == 63 and len(audio) == 9 - 4 + 1, "no repeated window"
+    assert audio[0].shape == (2 * 2048,) and audio[-1].shape == (3 * 2048,)
+    reference = snac_windows(load_reference_snac(tts.paths.snac), tokens, whole.seed)
+    assert torch.allclose(torch.cat(audio), torch.cat(reference), atol=1e-4, rtol=0)
 
 
 def test_a_stream_shorter_than_a_window_is_decoded_whole(tts):

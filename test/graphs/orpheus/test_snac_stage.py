@@ -133,9 +133,14 @@ def test_edge_chunks_keep_what_the_middle_crop_drops(stage: OrpheusSnacStage) ->
     whole = {i: _run(wide, [NodeCall("r", {"codes": tokens}, index=i, seed=2)])[0]["audio"] for i in (0, 4)}
     first = _run(stage, [NodeCall("r", {"codes": tokens}, index=0, seed=2, meta={"first": 1})])[0]["audio"]
     torch.testing.assert_close(first, whole[0][:4096], atol=1e-5, rtol=0)
-    # The final chunk repeats window 4 (call index 5) and keeps its last two frames, with its noise.
-    final = _run(stage, [NodeCall("r", {"codes": tokens}, index=5, seed=2, meta={"final": 1})])[0]["audio"]
-    torch.testing.assert_close(final, whole[4][4096:], atol=1e-5, rtol=0)
+    last = _run(stage, [NodeCall("r", {"codes": tokens}, index=4, seed=2, meta={"final": 1})])[0]["audio"]
+    torch.testing.assert_close(last, whole[4][2048:], atol=1e-5, rtol=0)
+    # A final chunk that repeats window 4 (call index 5, all context) keeps its last two frames, its noise.
+    again = _run(stage, [NodeCall("r", {"codes": tokens}, index=5, seed=2,
+                                  meta={"final": 1, "left_context": 28})])[0]["audio"]
+    torch.testing.assert_close(again, whole[4][4096:], atol=1e-5, rtol=0)
+    only = _run(stage, [NodeCall("r", {"codes": tokens}, index=0, seed=2, meta={"first": 1, "final": 1})])[0]
+    torch.testing.assert_close(only["audio"], whole[0], atol=1e-5, rtol=0)
     short = _random_window(torch.Generator().manual_seed(7), frames=2)
     alone = _run(stage, [NodeCall("r", {"codes": short}, index=0, seed=2, meta={"first": 1, "final": 1})])[0]
     assert alone["audio"].shape == (2 * 2048,), "a stream shorter than a window is kept whole"

@@ -117,12 +117,18 @@ def test_sliding_window_incremental_equals_one_call(seed):
     assert [c.end for c in incremental] == list(range(28, 101, 7))
 
 
-def test_sliding_window_edges_mark_the_first_window_and_send_a_final_one():
+def test_sliding_window_edges_mark_the_first_and_the_last_window():
     p = SlidingWindowChunkPolicy(28, 7, edges=True)
-    chunks = p.ready(0, 48, False)
-    assert [c.first for c in chunks] == [True, False, False] and not any(c.final for c in chunks)
-    assert p.final(42, 48) == Chunk(14, 42, 28, final=True), "the last window again, all of it context"
-    assert p.final(42, 48).new_items == 0
+    assert p.ready(0, 28, False) == [], "held back until one more item shows it is not the last"
+    assert p.ready(0, 29, False) == [Chunk(0, 28, 0, first=True)]
+    chunks = p.ready(0, 42, False)
+    assert [c.end for c in chunks] == [28, 35] and [c.first for c in chunks] == [True, False]
+    assert p.ready(35, 42, True) == [Chunk(14, 42, 21, final=True)], "at the close: the last window, final"
+    assert p.final(42, 42) is None, "nothing left to send"
+    assert p.ready(0, 28, True) == [Chunk(0, 28, 0, first=True, final=True)], "the only window is both"
+    # Items after the last whole stride sent the last window early: it comes again, all context.
+    assert p.ready(35, 45, False) == [Chunk(14, 42, 21)]
+    assert p.ready(42, 45, True) == [] and p.final(42, 45) == Chunk(14, 42, 28, final=True)
     assert p.final(0, 23) == Chunk(0, 21, 0, first=True, final=True), "short stream: its whole strides"
     assert p.final(0, 6) is None, "not one whole stride: nothing"
     assert SlidingWindowChunkPolicy(28, 7).final(42, 48) is None, "without edges: the reference behaviour"
