@@ -52,10 +52,23 @@ class PackedLinear(nn.Module):
         self._warned = False
 
     def _hold(self, weight: torch.Tensor) -> None:
-        if weight.dtype == torch.bfloat16 and weight.device.type == "cpu":
+        if weight.dtype == torch.bfloat16 and weight.device.type == "cpu" and packing_available():
             self.packed, self.dense = torch.ops.mkldnn._reorder_linear_weight(weight, None), None
         else:
             self.packed, self.dense = None, weight
+
+    def __getstate__(self) -> dict:
+        """deepcopy / pickle: the packed tensor is opaque (no storage), so it travels dense."""
+        state = self.__dict__.copy()
+        if self.packed is not None:
+            state["_buffers"] = {**self._buffers, "packed": None}
+            state["dense"] = self.packed.to_dense()
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        super().__setstate__(state)
+        if self.dense is not None:
+            self._hold(self.dense)
 
     def _apply(self, fn, recurse: bool = True):  # type: ignore[override]
         if self.packed is not None:

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import asyncio
+import copy
+import io
 
 import pytest
 import torch
@@ -80,6 +82,20 @@ def test_weight_read_unpacks_and_to_round_trips():
     m.to(torch.bfloat16)  # and packs again
     assert (getattr(m.up, "packed", None) is not None) == PACKS
     assert torch.equal(m.up(x), expected)
+
+
+def test_deepcopy_and_pickle_carry_the_weight():
+    m = _mlp()
+    x = torch.randn(4, 48).bfloat16()
+    expected = m.up(x)
+    m.up = PackedLinear(m.up, "up") if PACKS else m.up
+    copied = copy.deepcopy(m)  # a packed tensor has no storage: it must travel dense and pack again
+    assert torch.equal(copied.up(x), expected)
+    assert (getattr(copied.up, "packed", None) is not None) == PACKS
+    buffer = io.BytesIO()
+    torch.save(m.up, buffer)
+    buffer.seek(0)
+    assert torch.equal(torch.load(buffer, weights_only=False)(x), expected)
 
 
 def test_fp32_and_unavailable_leave_modules_alone(monkeypatch):
