@@ -139,25 +139,27 @@ def _shared_weights(module: nn.Module) -> set[int]:
 
 
 # Row ranges of an LM head (constrained decoding reads e.g. one 4096-row slot per step):
-# packed copies, cached per weight. Only small ranges, so the copies stay a fraction of the head.
-_MAX_PACKED_ROWS = 65536
-_MAX_RANGES_PER_WEIGHT = 32
-_row_packs: dict[int, dict[tuple[int, int, int], torch.Tensor]] = {}  # by id(weight), dropped with it
+# packed copies, cached per weight, together at most a quarter of the weight's rows
+# (oldest dropped first), so the copies stay a fraction of the head.
+_row_packs: dict[int, dict[tuple[int, ...], torch.Tensor]] = {}  # by id(weight), dropped with it
 
 
 def linear_rows(x: torch.Tensor, weight: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
     """``x @ weight[lo:hi].T`` ([M, hi - lo]); on bf16 CPU through a cached packed copy of the rows."""
-    if (hi - lo > _MAX_PACKED_ROWS or weight.dtype != torch.bfloat16 or x.dtype != torch.bfloat16
+    budget = weight.shape[0] // 4
+    if (hi - lo > budget or weight.dtype != torch.bfloat16 or x.dtype != torch.bfloat16
             or weight.device.type != "cpu" or x.device.type != "cpu" or not packing_available()):
         return F.linear(x, weight[lo:hi])
     packs = _row_packs.get(id(weight))
     if packs is None:  # keyed by id: tensors compare elementwise, so they cannot be dict keys
         packs = _row_packs[id(weight)] = {}
         weakref.finalize(weight, _row_packs.pop, id(weight), None)
-    key = (lo, hi, weight._version)  # an in-place update of the weight makes old copies stale
+    # New storage (``.data = ...``, as the loader does) or an in-place update makes old copies stale.
+    version = 0 if weight.is_inference() else weight._version
+    key = (lo, hi, weight.data_ptr(), version)
     packed = packs.get(key)
     if packed is None:
-        if len(packs) >= _MAX_RANGES_PER_WEIGHT:
+        while packs and sum(k[1] - k[0] for k in packs) + hi - lo > budget:
             packs.pop(next(iter(packs)))
         packed = packs[key] = torch.ops.mkldnn._reorder_linear_weight(weight[lo:hi].detach().contiguous(), None)
     return torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")

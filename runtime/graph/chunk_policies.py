@@ -114,7 +114,7 @@ class SlidingWindowChunkPolicy(ChunkPolicy):
         end = self.window if cursor < self.window else cursor + self.stride
         while end <= available and (not self.edges or closed or available > end):
             first = end == self.window
-            last = self.edges and closed and end + self.stride > available
+            last = self.edges and closed and end == available  # items after it: final() sends it again
             chunks.append(Chunk(end - self.window, end, 0 if first else self.window - self.stride,
                                 first=first and self.edges, final=last))
             end += self.stride

@@ -116,6 +116,12 @@ def test_linear_rows_packs_ranges_once_and_sees_updates():
     assert len(linear_packing._row_packs.get(id(w), {})) == (1 if PACKS else 0), "one cached pack per range"
     w[100:164].zero_()  # an in-place update (weight reloaded) must not serve stale rows
     assert torch.equal(linear_rows(x, w, 100, 164), torch.zeros(4, 64, dtype=torch.bfloat16))
+    fresh = torch.randn(300, 48).bfloat16()
+    w.data = fresh  # new storage, as the weight loader assigns it
+    assert torch.equal(linear_rows(x, w, 100, 164), torch.nn.functional.linear(x, fresh[100:164]))
+    linear_rows(x, w, 0, 60)
+    assert sum(k[1] - k[0] for k in linear_packing._row_packs.get(id(w), {})) <= 300 // 4, "a quarter at most"
+    assert torch.equal(linear_rows(x, w, 0, 200), torch.nn.functional.linear(x, fresh[:200])), "too big: plain"
     key = id(w)
     del w
     assert key not in linear_packing._row_packs, "dropped with its weight"

@@ -135,6 +135,29 @@ def test_sliding_window_edges_mark_the_first_and_the_last_window():
     assert FixedChunkPolicy(4).final(8, 9) is None
 
 
+@pytest.mark.parametrize("n", range(0, 60))
+def test_sliding_window_edges_incremental_equals_one_call(n):
+    p = SlidingWindowChunkPolicy(28, 7, edges=True)
+
+    def closed_stream(steps: list[int]) -> list[Chunk]:
+        cursor, available, chunks = 0, 0, []
+        for step in steps:
+            available += step
+            for c in p.ready(cursor, available, False):
+                chunks.append(c)
+                cursor = c.end
+        for c in p.ready(cursor, available, True):
+            chunks.append(c)
+            cursor = c.end
+        last = p.final(cursor, available)
+        return chunks + ([last] if last else [])
+
+    one_by_one = closed_stream([1] * n)
+    assert one_by_one == closed_stream([n]) if n else closed_stream([]) == []
+    assert sum(c.final for c in one_by_one) == (1 if n >= 7 else 0), "exactly one final chunk"
+    assert sum(c.first for c in one_by_one) == (1 if n >= 7 else 0)
+
+
 def test_window_equal_to_stride_has_no_context():
     p = SlidingWindowChunkPolicy(4, 4)
     assert p.ready(0, 13, True) == [Chunk(0, 4, 0), Chunk(4, 8, 0), Chunk(8, 12, 0)]
