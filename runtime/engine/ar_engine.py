@@ -77,7 +77,8 @@ class AREngine(EngineInbox):
                                   plan_hook=leader.forward_plan if leader else None)
         if leader is not None:  # followers size their KV pools and pick dtypes from this
             leader.hello(Hello(num_blocks, self.config.block_size, str(dtype).removeprefix("torch."),
-                               str(kv_dtype).removeprefix("torch."), self.backend.name))
+                               str(kv_dtype).removeprefix("torch."), self.backend.name,
+                               pack_linears=self.config.pack_linears))
         self.sampler = Sampler()
         self.flows = FlowLoops(self)
         self.on_fatal = None  # called when the engine cannot go on (a tensor-parallel group broke)

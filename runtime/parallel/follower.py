@@ -15,6 +15,7 @@ from mstar.engine.ar_module import ARModule
 from mstar.engine.attention.backend import AttentionContext
 from mstar.engine.attention.select import select_attention_backend
 from mstar.engine.kv_cache import PagedKVCache
+from mstar.engine.linear_packing import pack_linears
 from mstar.parallel.group import TPGroup
 from mstar.parallel.plan import Hello, PlanKind, StepPlan, plan_metadata
 
@@ -46,6 +47,8 @@ class TPFollower:
         except Exception as exc:
             raise RuntimeError(f"TP rank {self.tp.rank}: no hello from the leader: {exc}") from exc
         self.module = self.module.to(device=self.device, dtype=getattr(torch, hello.dtype)).eval()
+        if hello.pack_linears:  # the same kernels as the leader: a TP step waits for its slowest rank
+            pack_linears(self.module, self.module.plain_linears)
         self.cache = PagedKVCache(self.module.kv_spec(), hello.num_blocks, hello.block_size,
                                   getattr(torch, hello.kv_dtype), self.device)
         backend = select_attention_backend(self.cache, hello.attention_backend)

@@ -36,6 +36,7 @@ class Hello(msgspec.Struct, array_like=True):
     dtype: str
     kv_dtype: str
     attention_backend: str
+    pack_linears: bool = True  # followers pack their bf16 CPU linears as the leader does
 
 
 class SeqPlan(msgspec.Struct, array_like=True):
