@@ -21,6 +21,7 @@ from tqdm import tqdm
 from mstar.conductor import Conductor
 from mstar.engine.config import EngineConfig
 from mstar.engine.device_loop import run_on_device
+from mstar.engine.linear_packing import parameter_count
 from mstar.engine.sampling_params import SamplingParams
 from mstar_ros.bench.workload import JobResult, TTSJob, summarize, tts_workload
 
@@ -133,8 +134,8 @@ def run_orpheus_bench(args: argparse.Namespace) -> int:
     report: dict = {
         "model": {"preset": args.preset if args.weights is None else None, "weights": str(paths.llm),
                   "random_weights": paths.random_weights,
-                  "llm_params_m": round(sum(p.numel() for p in tts.llm.parameters()) / 1e6, 1),
-                  "snac_params_m": round(sum(p.numel() for p in tts.snac.parameters()) / 1e6, 2)},
+                  "llm_params_m": round(parameter_count(tts.llm) / 1e6, 1),
+                  "snac_params_m": round(parameter_count(tts.snac) / 1e6, 2)},
         "workload": {"requests_per_level": n, "arrival": f"Poisson, {rate} req/s", "texts": "2-10 words",
                      "audio_tokens": "7 * (4 + 3 * words)", "sampling": "greedy", "seed": args.seed},
         "ours": {"dtype": OURS_DTYPE, "config": {"block_size": config.block_size, "max_batched_tokens": config.max_batched_tokens,

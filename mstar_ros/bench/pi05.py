@@ -35,6 +35,7 @@ from tqdm import tqdm
 from mstar.conductor import Conductor
 from mstar.engine.config import EngineConfig
 from mstar.engine.device_loop import run_on_device
+from mstar.engine.linear_packing import pack_linears, parameter_count
 from mstar_ros.bench.pi05_workload import (PROMPT, Observation, Run, bag_observations, closed_summary, engine_delta,
                                            open_summary)
 from mstar_ros.bench.pi05_plot import plot_pi05, print_level
@@ -174,13 +175,19 @@ def direct_open(policy, robots: list[list[Observation]], seconds: float, bar) ->
     return run
 
 
+def _packed(module: torch.nn.Module) -> torch.nn.Module:
+    """As the engines will run it (both systems share these modules): bf16 CPU linears prepacked."""
+    pack_linears(module, module.plain_linears)
+    return module
+
+
 def pick_dtype(policy, o: Observation) -> tuple[torch.dtype, dict[str, float], object]:
     """A CPU user would try fp32 and bf16: the faster one (measured now) is used by both systems."""
     timings, models = {}, {}
     for dtype in (torch.float32, torch.bfloat16):
         cand = policy if dtype == torch.float32 else run_on_device(
-            lambda: type(policy)(policy.path, copy.deepcopy(policy.model).to(dtype),
-                                 copy.deepcopy(policy.encoder).to(dtype), policy.tokenizer))
+            lambda: type(policy)(policy.path, _packed(copy.deepcopy(policy.model).to(dtype)),
+                                 _packed(copy.deepcopy(policy.encoder).to(dtype)), policy.tokenizer))
         _direct(cand, o)  # warm
         timings[str(dtype).removeprefix("torch.")] = round(min(_direct(cand, o) for _ in range(2)), 4)
         models[dtype] = cand
@@ -278,7 +285,7 @@ def _header(args: argparse.Namespace, policy, config: EngineConfig, calibration:
     return {
         "model": {"preset": args.preset if args.weights is None else None, "weights": str(policy.path),
                   "random_weights": policy.random_weights, "dtype": config.dtype,
-                  "params_m": round(sum(p.numel() for m in modules for p in m.parameters()) / 1e6, 1),
+                  "params_m": round(sum(parameter_count(m) for m in modules) / 1e6, 1),
                   "action_horizon": policy.action_horizon, "action_dim": policy.action_dim,
                   "flow_steps": policy.model.num_steps, "prefix_tokens": int(prefix_tokens)},
         "workload": {"source": "synthetic DROID-like bag (2 cameras 224x224 rgb8 at 15 Hz, 8 joints at 30 Hz)",

@@ -125,6 +125,13 @@ def pack_linears(module: nn.Module, keep_plain: tuple[str, ...] = ()) -> int:
     return len(targets)
 
 
+def parameter_count(module: nn.Module) -> int:
+    """Parameters of ``module``, the weights of packed linears included (they are buffers then)."""
+    packed = sum(m.in_features * m.out_features for m in module.modules()
+                 if isinstance(m, PackedLinear) and m.packed is not None)
+    return packed + sum(p.numel() for p in module.parameters())
+
+
 def packed_count(module: nn.Module) -> int:
     """How many linears under ``module`` hold packed weights now."""
     return sum(isinstance(m, PackedLinear) and m.packed is not None for m in module.modules())

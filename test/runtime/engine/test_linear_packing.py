@@ -12,7 +12,8 @@ from torch import nn
 from mstar.conductor import Conductor
 from mstar.engine import linear_packing
 from mstar.engine.config import EngineConfig
-from mstar.engine.linear_packing import PackedLinear, linear_rows, pack_linears, packing_available
+from mstar.engine.linear_packing import (PackedLinear, linear_rows, pack_linears, packing_available,
+                                         parameter_count)
 from mstar.engine.sampling_params import SamplingParams
 from mstar_graphs.orpheus.model import OrpheusTTS
 
@@ -63,6 +64,7 @@ def test_packed_outputs_equal_plain_bitwise(rows):
     assert type(m.head) is nn.Linear, "its weight is tied to the embedding"
     assert torch.equal(_run(m, x), expected)
     assert torch.equal(m.up(x.view(1, rows, 48)), m.up(x).view(1, rows, 96)), "batched (3-D) input"
+    assert parameter_count(m) == sum(p.numel() for p in _mlp().parameters()), "packed weights still count"
     assert pack_linears(m) == (1 if PACKS else 0), "idempotent: only the one left plain by keep_plain is packed now"
 
 
