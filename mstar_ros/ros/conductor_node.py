@@ -3,8 +3,10 @@ from __future__ import annotations
 
 
 def conductor_node(conductor, name: str = "conductor", namespace: str = "/mstar"):
-    from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
+    from diagnostic_msgs.msg import DiagnosticArray
     from rclpy.node import Node
+
+    from mstar_ros.ros.diagnostics import publish_status
 
     class ConductorNode(Node):
         def __init__(self) -> None:
@@ -14,16 +16,11 @@ def conductor_node(conductor, name: str = "conductor", namespace: str = "/mstar"
 
         def _publish(self) -> None:
             stats = conductor.stats()
-            values = [KeyValue(key="graph", value=conductor.graph.name),
-                      KeyValue(key="in_flight", value=str(stats["in_flight"])),
-                      KeyValue(key="kv_blocks_used", value=str(conductor.kv_blocks_used()))]
+            values = {"graph": conductor.graph.name, "in_flight": stats["in_flight"],
+                      "kv_blocks_used": conductor.kv_blocks_used()}
             for i, worker in enumerate(stats["workers"]):
                 for engine, counters in worker.items():
-                    values += [KeyValue(key=f"worker{i}.{engine}.{k}", value=str(v)) for k, v in counters.items()]
-            status = DiagnosticStatus(level=DiagnosticStatus.OK, name=f"mstar: {name}",
-                                      message="serving", hardware_id="mstar", values=values)
-            array = DiagnosticArray(status=[status])
-            array.header.stamp = self.get_clock().now().to_msg()
-            self.pub.publish(array)
+                    values.update({f"worker{i}.{engine}.{k}": v for k, v in counters.items()})
+            publish_status(self, self.pub, f"mstar: {name}", "serving", "mstar", values)
 
     return ConductorNode()

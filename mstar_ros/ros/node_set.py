@@ -22,6 +22,8 @@ import os
 import sys
 import time
 
+from mstar_ros.ros.ros_process import split_ros_args  # stdlib only: torch is not imported yet
+
 log = logging.getLogger("mstar_ros.node_set")
 
 #: OpenMP threads that spin only briefly at barriers before sleeping (libgomp, torch's CPU
@@ -34,10 +36,7 @@ OMP_SPIN = ("GOMP_SPINCOUNT", "10000")
 
 
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
-    ros_args: list[str] = []
-    if "--ros-args" in argv:
-        cut = argv.index("--ros-args")
-        argv, ros_args = argv[:cut], argv[cut:]
+    argv, ros_args = split_ros_args(argv)
     parser = argparse.ArgumentParser(prog="mstar_pi05_node_set", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--robots", nargs="+", default=["/robot1"], help="robot namespaces (default /robot1)")

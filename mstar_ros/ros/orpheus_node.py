@@ -28,6 +28,7 @@ import msgspec
 import torch
 
 from mstar.engine.sampling_params import SamplingParams
+from mstar_ros.ros.ros_process import split_ros_args
 
 log = logging.getLogger("mstar_ros.orpheus_node")
 
@@ -40,10 +41,7 @@ SAMPLING_FIELDS = {"max_tokens": int, "temperature": float, "top_p": float, "top
 
 
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
-    ros_args: list[str] = []
-    if "--ros-args" in argv:
-        cut = argv.index("--ros-args")
-        argv, ros_args = argv[:cut], argv[cut:]
+    argv, ros_args = split_ros_args(argv)
     parser = argparse.ArgumentParser(prog="mstar_orpheus_node", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--partition", choices=PARTITIONS, default="all",

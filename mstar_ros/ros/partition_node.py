@@ -34,6 +34,7 @@ from mstar.conductor import Conductor, Request, RequestError
 from mstar.conductor.stream_input import StreamInput
 from mstar.engine.sampling_params import SamplingParams
 from mstar.graph.model_graph import ModelGraph
+from mstar_ros.ros.diagnostics import publish_status
 from mstar_ros.ros.stream_msgs import (StreamHeader, StreamMessageError, check_stream_id, end_message, item_message,
                                        message_type, read_message)
 
@@ -72,7 +73,7 @@ def make_partition_node(conductor: Conductor, graph: ModelGraph, loop: asyncio.A
     ``wait_for_readers``: outputs that feed another partition; a request starts once each has a
     reader (at most ``reader_wait_s``), so the first items of a stream are not published to nobody
     while DDS discovery is still matching the nodes."""
-    from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
+    from diagnostic_msgs.msg import DiagnosticArray
     from rclpy.node import Node
     from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy
     from std_msgs.msg import String
@@ -275,26 +276,18 @@ def make_partition_node(conductor: Conductor, graph: ModelGraph, loop: asyncio.A
 
         def _publish_status(self) -> None:
             """Once a second: counters, and how many readers each output topic has (0: items go nowhere)."""
-            status = DiagnosticStatus(level=DiagnosticStatus.OK, name=f"mstar: {self.get_fully_qualified_name()}",
-                                      message="serving", hardware_id=graph.name)
-            status.values = [KeyValue(key=k, value=str(getattr(self.stats, k))) for k in ("requests", "finished", "failed")]
+            values: dict[str, object] = {k: getattr(self.stats, k) for k in ("requests", "finished", "failed")}
             for name, pub in self.pubs.items():
-                status.values += [KeyValue(key=f"{name}.subscribers", value=str(pub.get_subscription_count())),
-                                  KeyValue(key=f"{name}.published", value=str(self.stats.published[name]))]
-            array = DiagnosticArray(status=[status])
-            array.header.stamp = self.get_clock().now().to_msg()
-            self.diag_pub.publish(array)
+                values[f"{name}.subscribers"] = pub.get_subscription_count()
+                values[f"{name}.published"] = self.stats.published[name]
+            publish_status(self, self.diag_pub, f"mstar: {self.get_fully_qualified_name()}", "serving", graph.name,
+                           values)
 
         def report(self, text: str, level: str = "ERROR") -> None:
             with self._lock:
                 self.stats.errors = (self.stats.errors + [text])[-20:]
             self.get_logger().warning(text)
-            status = DiagnosticStatus(level=getattr(DiagnosticStatus, level), name=f"mstar: {self.get_fully_qualified_name()}",
-                                      message=text, hardware_id=graph.name)
-            status.values = [KeyValue(key="requests", value=str(self.stats.requests)),
-                             KeyValue(key="failed", value=str(self.stats.failed))]
-            array = DiagnosticArray(status=[status])
-            array.header.stamp = self.get_clock().now().to_msg()
-            self.diag_pub.publish(array)
+            publish_status(self, self.diag_pub, f"mstar: {self.get_fully_qualified_name()}", text, graph.name,
+                           {"requests": self.stats.requests, "failed": self.stats.failed}, level=level)
 
     return PartitionNode()

@@ -31,6 +31,7 @@ from mstar.conductor.request import RequestCancelled
 from mstar_ros.policy.chunking import ActionChunker
 from mstar_ros.ros.convert import (ObservationError, check_image, denormalize_actions, image_to_array,
                                    joint_positions, normalize_state, trajectory_msg)
+from mstar_ros.ros.diagnostics import publish_status
 
 log = logging.getLogger("mstar_ros.policy")
 
@@ -64,7 +65,7 @@ def make_policy_node(policy, conductor: Conductor, loop: asyncio.AbstractEventLo
                      overrides: dict | None = None):
     """Builds the node (rclpy must be initialised). ``overrides`` replace parameter defaults
     (a params file or ``-p`` still wins, as for any declared parameter)."""
-    from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
+    from diagnostic_msgs.msg import DiagnosticArray
     from rcl_interfaces.msg import SetParametersResult
     from rclpy.node import Node
     from rclpy.qos import qos_profile_sensor_data
@@ -211,14 +212,9 @@ def make_policy_node(policy, conductor: Conductor, loop: asyncio.AbstractEventLo
             self.stats.dropped += int(dropped)
             self.stats.last_error = text
             self.get_logger().warning(text)
-            status = DiagnosticStatus(level=DiagnosticStatus.ERROR if dropped else DiagnosticStatus.WARN,
-                                      name=f"mstar: {self.get_fully_qualified_name()}", message=text,
-                                      hardware_id=self.get_namespace())
-            status.values = [KeyValue(key="dropped", value=str(self.stats.dropped)),
-                             KeyValue(key="chunks", value=str(self.stats.chunks))]
-            array = DiagnosticArray(status=[status])
-            array.header.stamp = self.get_clock().now().to_msg()
-            self.diag_pub.publish(array)
+            publish_status(self, self.diag_pub, f"mstar: {self.get_fully_qualified_name()}", text,
+                           self.get_namespace(), {"dropped": self.stats.dropped, "chunks": self.stats.chunks},
+                           level="ERROR" if dropped else "WARN")
 
     return PolicyNode()
 

@@ -19,6 +19,15 @@ import threading
 from typing import Any, Coroutine, Sequence
 
 
+def split_ros_args(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """(our arguments, the ``--ros-args ...`` tail that rclpy takes) of a node's command line."""
+    argv = list(argv)
+    if "--ros-args" not in argv:
+        return argv, []
+    cut = argv.index("--ros-args")
+    return argv[:cut], argv[cut:]
+
+
 class RosProcess:
     def __init__(self, program: str, ros_args: Sequence[str]) -> None:
         self.program, self.ros_args = program, list(ros_args)

@@ -15,10 +15,11 @@ PLUGIN = "mstar_ros.ros.worker_diagnostics:attach"
 class WorkerDiagnostics:
     def __init__(self, host) -> None:
         import rclpy
-        from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
+        from diagnostic_msgs.msg import DiagnosticArray
         from rclpy.executors import SingleThreadedExecutor
 
         from mstar_ros.bag.ros_env import apply_localhost_defaults
+        from mstar_ros.ros.diagnostics import publish_status
 
         apply_localhost_defaults()
         self.context = rclpy.Context()
@@ -30,16 +31,11 @@ class WorkerDiagnostics:
 
         def publish() -> None:
             worker = host.worker
-            values = [KeyValue(key="nodes", value=",".join(worker.nodes)),
-                      KeyValue(key="kv_blocks_used", value=str(worker.kv_blocks_used())),
-                      KeyValue(key="tensors_held", value=str(len(host.exchange)))]
+            values = {"nodes": ",".join(worker.nodes), "kv_blocks_used": worker.kv_blocks_used(),
+                      "tensors_held": len(host.exchange)}
             for engine, counters in worker.stats().items():
-                values += [KeyValue(key=f"{engine}.{k}", value=str(v)) for k, v in counters.items()]
-            status = DiagnosticStatus(level=DiagnosticStatus.OK, name=f"mstar: worker {host.rank}",
-                                      message="serving", hardware_id=f"rank{host.rank}", values=values)
-            array = DiagnosticArray(status=[status])
-            array.header.stamp = self.node.get_clock().now().to_msg()
-            pub.publish(array)
+                values.update({f"{engine}.{k}": v for k, v in counters.items()})
+            publish_status(self.node, pub, f"mstar: worker {host.rank}", "serving", f"rank{host.rank}", values)
 
         self.node.create_timer(1.0, publish)
         self.executor = SingleThreadedExecutor(context=self.context)
