@@ -22,6 +22,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     o.add_argument("--rate", type=float, default=None,
                    help="Poisson arrival rate in requests/s (default 10: faster than any system here serves, so throughput is capacity, not arrivals)")
     o.add_argument("--seed", type=int, default=0, help="workload seed")
+    o.add_argument("--repeats", type=int, default=None,
+                   help="runs of ours and of the static baseline per level, in turn; figures are each system's "
+                        "median run (default 3, 1 with --quick)")
     o.add_argument("--placement", type=Path,
                    help="also serve ours with this placement (e.g. config/placement/orpheus-two-ranks.yaml: LLM and "
                         "SNAC in two Worker processes); the headline ratios are then this configuration's")

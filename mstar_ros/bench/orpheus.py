@@ -5,6 +5,12 @@ at most C requests in flight (C = concurrency). The baselines see the same arriv
 "sequential" serves one request at a time; "static" takes up to C waiting requests as
 one left-padded generate() batch, then decodes each with snac — audio only once the
 whole batch is done. Ours streams audio as it is decoded.
+
+These machines are noisy (the same run of either system moves 10-15% from one try to
+the next), so ours and the static baseline run ``--repeats`` times in turn at each
+level; a system's figures are those of its median-throughput run, and every run's
+throughput and paired ratio are kept in the JSON. The sequential baseline runs once
+(it is the slowest by far at every level above 1).
 """
 from __future__ import annotations
 
@@ -100,6 +106,12 @@ def _baseline(hf, snac_model, tts, jobs: list[TTSJob], batch: int, label: str) -
     return results
 
 
+def median_run(runs: list[tuple[dict, dict | None]]) -> tuple[dict, dict | None]:
+    """The run with the median throughput (the lower middle one for an even count)."""
+    ordered = sorted(runs, key=lambda run: run[0]["throughput_audio_s_per_s"])
+    return ordered[(len(ordered) - 1) // 2]
+
+
 def _pick_baseline_dtype(tts, paths, device: str = "cpu") -> tuple[torch.dtype, dict[str, float]]:
     """A CPU user would try fp32 and bf16; the faster one is the baseline (measured now)."""
     from mstar_graphs.orpheus.reference import hf_generate, load_hf_llm
@@ -148,24 +160,42 @@ def run_orpheus_bench(args: argparse.Namespace) -> int:
     placement = getattr(args, "placement", None)
     if placement:
         report["ours"]["placement"] = {"file": str(placement), "text": placement.read_text()}
+    repeats = args.repeats if args.repeats is not None else (1 if args.quick else 3)
+    if repeats < 1:
+        raise SystemExit(f"--repeats must be >= 1, got {repeats}")
+    report["workload"]["repeats"] = repeats
     for c in levels:
         jobs = tts_workload(n, rate, args.seed + c)
-        ours, stats = asyncio.run(_ours(tts, jobs, c, config, Conductor(tts.graph(), tts.modules(), config=config,
-                                                                         device=device)))
-        level = {"ours": summarize(ours), "engine": stats["workers"]}
-        if placement:
-            from mstar_graphs.orpheus.components import orpheus_spec
-            spec = orpheus_spec(args.weights, args.snac_weights, preset=args.preset)
-            placed, stats = asyncio.run(_ours(tts, jobs, c, config, Conductor.distributed(spec, placement, config=config),
-                                              label="placed"))
-            level["ours_placement"], level["engine_placement"] = summarize(placed), stats["workers"]
+        runs: dict[str, list[tuple[dict, dict | None]]] = {"ours": [], "ours_placement": [], "baseline_static": []}
+        for _ in range(repeats):  # interleaved, so a slow spell of the machine hits both systems
+            ours, stats = asyncio.run(_ours(tts, jobs, c, config, Conductor(tts.graph(), tts.modules(), config=config,
+                                                                             device=device)))
+            runs["ours"].append((summarize(ours), stats["workers"]))
+            if placement:
+                from mstar_graphs.orpheus.components import orpheus_spec
+                spec = orpheus_spec(args.weights, args.snac_weights, preset=args.preset)
+                placed, stats = asyncio.run(_ours(tts, jobs, c, config, Conductor.distributed(spec, placement, config=config),
+                                                  label="placed"))
+                runs["ours_placement"].append((summarize(placed), stats["workers"]))
+            runs["baseline_static"].append((summarize(_baseline(hf, snac_model, tts, jobs, c, f"static c={c}")), None))
+        level: dict = {}
+        for row, engine_key in (("ours", "engine"), ("ours_placement", "engine_placement"), ("baseline_static", None)):
+            if runs[row]:
+                figures, engine = median_run(runs[row])
+                level[row] = figures
+                level[row + "_runs_audio_s_per_s"] = [f["throughput_audio_s_per_s"] for f, _ in runs[row]]
+                if engine_key:
+                    level[engine_key] = engine
         level["baseline_sequential"] = summarize(_baseline(hf, snac_model, tts, jobs, 1, f"seq c={c}"))
-        level["baseline_static"] = summarize(_baseline(hf, snac_model, tts, jobs, c, f"static c={c}"))
         best_tp = max(level["baseline_sequential"]["throughput_audio_s_per_s"], level["baseline_static"]["throughput_audio_s_per_s"])
         best_ttfa = min(level["baseline_sequential"]["ttfa_p50_ms"], level["baseline_static"]["ttfa_p50_ms"])
+        seq_tp = level["baseline_sequential"]["throughput_audio_s_per_s"]
         for row, suffix in (("ours", "_one_process"), ("ours_placement", "_placement")):
             if row in level:
                 level["throughput_ratio" + suffix] = round(level[row]["throughput_audio_s_per_s"] / best_tp, 3)
+                level["throughput_ratio_runs" + suffix] = [  # run i of ours against run i of the baseline
+                    round(a / max(b, seq_tp), 3)
+                    for a, b in zip(level[row + "_runs_audio_s_per_s"], level["baseline_static_runs_audio_s_per_s"])]
                 level["ttfa_ratio" + suffix] = round(level[row]["ttfa_p50_ms"] / best_ttfa, 4)
         best_tokens = max(level["baseline_sequential"]["audio_tokens_per_s"], level["baseline_static"]["audio_tokens_per_s"])
         for row, suffix in (("ours", "_one_process"), ("ours_placement", "_placement")):
@@ -175,6 +205,7 @@ def run_orpheus_bench(args: argparse.Namespace) -> int:
         level["throughput_ratio"] = level["throughput_ratio" + headline]
         level["ttfa_ratio"] = level["ttfa_ratio" + headline]
         level["token_throughput_ratio"] = level["token_throughput_ratio" + headline]
+        level["throughput_ratio_runs"] = level["throughput_ratio_runs" + headline]
         report["levels"][str(c)] = level
         _print_level(c, level)
     if "8" in report["levels"]:
@@ -194,6 +225,8 @@ def run_orpheus_bench(args: argparse.Namespace) -> int:
 def _print_level(c: int, level: dict) -> None:
     print(f"\nconcurrency {c}: throughput ratio {level['throughput_ratio']:.2f}x (audio), "
           f"{level['token_throughput_ratio']:.2f}x (tokens), TTFA ratio {level['ttfa_ratio']:.3f}")
+    if len(level["throughput_ratio_runs"]) > 1:
+        print(f"  throughput ratio of each run: {', '.join(f'{r:.2f}x' for r in level['throughput_ratio_runs'])}")
     print(f"  {'system':<20}{'audio s/s':>10}{'tokens/s':>10}{'TTFA p50 ms':>13}{'TTFA p95 ms':>13}{'RTF':>8}")
     for name in ("ours", "ours_placement", "baseline_sequential", "baseline_static"):
         if name not in level:

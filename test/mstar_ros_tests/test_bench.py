@@ -9,7 +9,7 @@ import sys
 def test_bench_orpheus_quick_writes_json_and_plot(tmp_path):
     out_json, out_png = tmp_path / "b.json", tmp_path / "b.png"
     run = subprocess.run([sys.executable, "-m", "mstar_ros.cli", "-q", "bench", "orpheus", "--quick", "--preset", "tiny",
-                          "--concurrency", "1,8", "--json", str(out_json), "--plot", str(out_png)],
+                          "--concurrency", "1,8", "--repeats", "2", "--json", str(out_json), "--plot", str(out_png)],
                          capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-2000:]
     report = json.loads(out_json.read_text())
@@ -22,5 +22,11 @@ def test_bench_orpheus_quick_writes_json_and_plot(tmp_path):
             # the same greedy work for everyone: audio tokens per second exceed audio seconds per second x 7/0.085
             assert figures["audio_tokens_per_s"] >= figures["throughput_audio_s_per_s"] * 7 / (2048 / 24000) * 0.99
     assert report["model"]["random_weights"] is True
+    assert report["workload"]["repeats"] == 2
+    for level in report["levels"].values():  # the figures are the median (lower middle) run's
+        for system in ("ours", "baseline_static"):
+            runs = level[system + "_runs_audio_s_per_s"]
+            assert len(runs) == 2 and level[system]["throughput_audio_s_per_s"] == min(runs)
+        assert len(level["throughput_ratio_runs"]) == 2 and all(r > 0 for r in level["throughput_ratio_runs"])
     assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "concurrency 8" in run.stdout
