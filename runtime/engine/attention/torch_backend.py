@@ -82,7 +82,9 @@ class _GroupPlan:
     length: int                 # query_len of each
     max_len: int
     slots: torch.Tensor         # [B * max_len]
-    mask: torch.Tensor          # [B, 1, length, max_len] bool
+    mask: torch.Tensor | None   # [B, 1, length, max_len] bool, or [B, 1, 1, max_len] when every query
+                                # row sees the same keys (padding only); None when it sees them all
+    rows_alike: bool            # the mask is the same for every query row (see heads_as_rows)
 
 
 def _group(plans: list[_PrefillPlan], seqs: list[SeqAttention], bs: int, dev: torch.device) -> _GroupPlan:
@@ -92,7 +94,24 @@ def _group(plans: list[_PrefillPlan], seqs: list[SeqAttention], bs: int, dev: to
         mask[i, 0, :, : s.context_len] = build_mask(s)
     slots = torch.cat([key_slots(s, bs, max_len) for s in seqs]).to(dev)
     starts = torch.tensor([p.start for p in plans], dtype=torch.int64)
-    return _GroupPlan(starts, seqs[0].query_len, max_len, slots, mask.to(dev))
+    rows_alike = bool((mask == mask[:, :, :1]).all())
+    if rows_alike:
+        mask = None if bool(mask.all()) else mask[:, :, :1]
+    return _GroupPlan(starts, seqs[0].query_len, max_len, slots, None if mask is None else mask.to(dev), rows_alike)
+
+
+def heads_as_rows(q: torch.Tensor, kv_heads: int) -> torch.Tensor:
+    """[B, L, Hq, D] -> [B, Hkv, G * L, D]: the G query heads sharing a KV head become G x L
+    query rows of that head. Exact when every row sees the same keys (no causal mask), and
+    faster on CPU than SDPA's own GQA broadcast (measured at 542 rows, 8:1 heads: 5.2 -> 4.2 ms)."""
+    B, L, Hq, D = q.shape
+    return q.view(B, L, kv_heads, Hq // kv_heads, D).permute(0, 2, 3, 1, 4).reshape(B, kv_heads, Hq // kv_heads * L, D)
+
+
+def rows_as_heads(o: torch.Tensor, length: int) -> torch.Tensor:
+    """The inverse of :func:`heads_as_rows`: [B, Hkv, G * L, D] -> [B, L, Hq, D]."""
+    B, Hkv, GL, D = o.shape
+    return o.view(B, Hkv, GL // length, length, D).permute(0, 3, 1, 2, 4).reshape(B, length, GL // length * Hkv, D)
 
 
 class TorchAttentionBackend(AttentionBackend):
@@ -195,20 +214,28 @@ class TorchAttentionBackend(AttentionBackend):
         for g in self._groups:
             B = g.starts.numel()
             rows = (g.starts[:, None] + torch.arange(g.length)[None, :]).reshape(-1).to(q.device)
-            qs = q.index_select(0, rows).to(cdt).view(B, g.length, Hq, D).transpose(1, 2)   # [B, Hq, ql, D]
             ks = kc.index_select(0, g.slots).to(cdt).view(B, g.max_len, Hkv, D).transpose(1, 2)
             vs = vc.index_select(0, g.slots).to(cdt).view(B, g.max_len, Hkv, D).transpose(1, 2)
-            o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=g.mask, scale=scale, enable_gqa=G > 1)
-            out.index_copy_(0, rows, o.transpose(1, 2).reshape(B * g.length, Hq, D).to(out.dtype))
+            qg = q.index_select(0, rows).to(cdt).view(B, g.length, Hq, D)
+            if g.rows_alike and G > 1:
+                o = F.scaled_dot_product_attention(heads_as_rows(qg, Hkv), ks, vs, attn_mask=g.mask, scale=scale)
+                o = rows_as_heads(o, g.length)
+            else:
+                o = F.scaled_dot_product_attention(qg.transpose(1, 2), ks, vs, attn_mask=g.mask, scale=scale,
+                                                   enable_gqa=G > 1).transpose(1, 2)
+            out.index_copy_(0, rows, o.reshape(B * g.length, Hq, D).to(out.dtype))
         for p in self._prefills:
             # 4-D (batch of one): with 3-D inputs SDPA on CPU falls back to its math path (bmm +
             # softmax, K/V repeated for GQA), measured 2-3x slower than the flash kernel at 547 rows.
-            qs = q[p.start:p.start + p.length].to(cdt).transpose(0, 1)[None]     # [1, Hq, ql, D]
             ks = kc.index_select(0, p.slots).to(cdt).transpose(0, 1)[None]        # [1, Hkv, ctx, D]
             vs = vc.index_select(0, p.slots).to(cdt).transpose(0, 1)[None]
-            o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=p.mask, is_causal=p.is_causal,
-                                               scale=scale, enable_gqa=G > 1)
-            out[p.start:p.start + p.length] = o[0].transpose(0, 1)
+            qp = q[p.start:p.start + p.length].to(cdt)[None]                      # [1, ql, Hq, D]
+            if p.mask is None and not p.is_causal and G > 1:
+                o = rows_as_heads(F.scaled_dot_product_attention(heads_as_rows(qp, Hkv), ks, vs, scale=scale), p.length)
+            else:
+                o = F.scaled_dot_product_attention(qp.transpose(1, 2), ks, vs, attn_mask=p.mask, is_causal=p.is_causal,
+                                                   scale=scale, enable_gqa=G > 1).transpose(1, 2)
+            out[p.start:p.start + p.length] = o[0]
         return out
 
     @staticmethod

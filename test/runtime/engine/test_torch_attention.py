@@ -89,3 +89,40 @@ def test_plan_validation():
         b.plan(AttentionMetadata([SeqAttention(0, 2, 2, [0])], torch.tensor([0])))
     with pytest.raises(RuntimeError, match="before plan"):
         TorchAttentionBackend(cache).forward(0, torch.zeros(1, 1, 4), torch.zeros(1, 1, 4), torch.zeros(1, 1, 4), 1.0)
+
+
+@pytest.mark.parametrize("hq,hkv", [(8, 2), (6, 1), (4, 4)])
+def test_fully_bidirectional_prefill_runs_query_heads_as_rows(hq, hkv):
+    """No mask at all (a pi0.5 prefix): the G heads of a KV head run as G x L rows of it."""
+    out, ref = run_case([{"ctx": 13, "ql": 13, "mask": MaskKind.PREFIX_BIDIRECTIONAL, "arg": 13}], hq=hq, hkv=hkv)
+    check(out, ref)
+
+
+@pytest.mark.parametrize("hq,hkv", [(8, 2), (6, 1)])
+def test_groups_of_equal_query_length(hq, hkv):
+    """Sequences with the same query length share one padded call: suffixes that see all their
+    keys (flow steps over different prefixes) run heads as rows under a key-padding mask;
+    causal ones keep the full per-row mask."""
+    alike = [{"ctx": c, "ql": 5, "mask": MaskKind.PREFIX_BIDIRECTIONAL, "arg": c} for c in (20, 23, 9)]
+    out, ref = run_case(alike, hq=hq, hkv=hkv, row_order=[2, 0, 1])
+    check(out, ref)
+    causal = [{"ctx": c, "ql": 5} for c in (20, 23, 9)]
+    out, ref = run_case(causal, hq=hq, hkv=hkv)
+    check(out, ref)
+
+
+def test_heads_as_rows_round_trip_and_plan():
+    from mstar.engine.attention.torch_backend import heads_as_rows, rows_as_heads
+    q = torch.randn(3, 5, 8, 4)
+    rows = heads_as_rows(q, 2)
+    assert rows.shape == (3, 2, 4 * 5, 4)
+    assert torch.equal(rows[1, 1, 2 * 5 + 3], q[1, 3, 1 * 4 + 2])  # head 6 = KV head 1, group member 2
+    assert torch.equal(rows_as_heads(rows, 5), q)
+    cache = PagedKVCache(KVSpec(num_layers=1, num_kv_heads=2, head_dim=4), 16, BS)
+    backend = TorchAttentionBackend(cache)
+    seqs = [SeqAttention(0, 3, 7, [0, 1], 0, MaskKind.PREFIX_BIDIRECTIONAL, 7),
+            SeqAttention(3, 3, 5, [2, 3], 0, MaskKind.PREFIX_BIDIRECTIONAL, 5)]
+    backend.plan(AttentionMetadata(seqs, torch.arange(6)))
+    (group,) = backend._groups
+    assert group.rows_alike and group.mask.shape == (2, 1, 1, 7)
+    assert group.mask[1, 0, 0].tolist() == [True] * 5 + [False] * 2
