@@ -16,7 +16,7 @@ from mstar_graphs.orpheus.graph import orpheus_graph
 from mstar_graphs.orpheus.llama import LlamaForCausalLM
 from mstar_graphs.orpheus.prompt import build_prompt_ids, load_tokenizer
 from mstar_graphs.orpheus.snac_stage import OrpheusSnacStage
-from mstar_graphs.orpheus.tokens import allowed_token_ranges
+from mstar_graphs.orpheus.tokens import FRAME_TOKENS, allowed_token_ranges
 
 log = logging.getLogger("mstar_graphs.orpheus")
 SAMPLE_RATE = 24_000
@@ -39,6 +39,9 @@ class OrpheusLLM(LlamaForCausalLM):
             return None
         ranges = allowed_token_ranges(num_generated)
         return ranges[:1] if num_generated == 0 else ranges  # no empty speech
+
+    def decode_period(self) -> int:
+        return FRAME_TOKENS if self.constrain else 1
 
 
 @dataclass

@@ -72,7 +72,8 @@ class AREngine(EngineInbox):
         self.backend = select_attention_backend(self.cache, self.config.attention_backend)
         self.tp_leader = TPLeader(tp) if tp is not None and tp.size > 1 else None
         leader = self.tp_leader
-        self.scheduler = Scheduler(self.blocks, leader.track_copies(self.cache) if leader else self.cache, self.config)
+        self.scheduler = Scheduler(self.blocks, leader.track_copies(self.cache) if leader else self.cache, self.config,
+                                   period=module.decode_period() if self.config.phase_align else 1)
         self.runner = ModelRunner(self.module, self.backend, self.blocks, self.device,
                                   plan_hook=leader.forward_plan if leader else None)
         if leader is not None:  # followers size their KV pools and pick dtypes from this
@@ -109,6 +110,7 @@ class AREngine(EngineInbox):
         return {"kv_blocks_total": self.blocks.num_blocks, "kv_blocks_used": self.blocks.num_used_blocks,
                 "sequences": len(self.scheduler.seqs), "steps": self.steps,
                 "tokens_computed": self.tokens_computed, "preemptions": self.scheduler.num_preemptions,
+                "phase_waits": self.scheduler.phase_waits,
                 "busy_ms": int(self.busy_seconds * 1000), "forward_ms": int(self.runner.forward_seconds * 1000)}
 
     # -- device thread (DeviceLoop) -------------------------------------------------

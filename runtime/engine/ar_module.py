@@ -45,3 +45,9 @@ class ARModule(NodeSubmodule):
         """Constrained decoding: the [lo, hi) id ranges allowed for the next token of a
         sequence that has generated ``num_generated`` tokens; None allows all."""
         return None
+
+    def decode_period(self) -> int:
+        """Tokens after which ``allowed_token_ranges`` repeats (1: no period). Sequences in the
+        same phase share one restricted LM head per step and end their periods (e.g. audio
+        frames) in the same step, so the scheduler starts new ones in the running ones' phase."""
+        return 1

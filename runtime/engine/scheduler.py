@@ -5,9 +5,17 @@ competes for one token budget, so prefill and decode of different requests share
 step. When KV blocks run out, the youngest sequences are preempted (their blocks
 freed, their tokens recomputed when they are scheduled again), so the oldest always
 progresses and nothing crashes or answers wrongly.
+
+Phase alignment: when the module's constraint repeats every ``period`` tokens (Orpheus:
+7 tokens per audio frame), a sequence about to start is held back (fewer than
+``period`` steps) until it samples in the same phase as most running sequences. In
+phase, the step's rows share one restricted LM head instead of one per phase, and
+their frames (codec windows) complete in the same step and batch together (Orpheus at
+C=8: LM-head time halved, +5% audio throughput over six paired runs).
 """
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 from mstar.engine.attention.metadata import MaskKind
@@ -29,10 +37,14 @@ class ScheduledSeq:
 
 
 class Scheduler:
-    def __init__(self, blocks: BlockManager, cache: PagedKVCache, config: EngineConfig) -> None:
+    def __init__(self, blocks: BlockManager, cache: PagedKVCache, config: EngineConfig, period: int = 1) -> None:
+        if period < 1:
+            raise ValueError(f"decode period must be >= 1, got {period}")
         self.blocks = blocks
         self.cache = cache
         self.config = config
+        self.period = period
+        self.phase_waits = 0  # steps sequences were held back for phase alignment (all of them)
         self.seqs: dict[tuple[str, str], Sequence] = {}
         self.num_preemptions = 0
         self._stuck: list[Sequence] = []
@@ -45,9 +57,12 @@ class Scheduler:
                        key=lambda s: s.arrival)
         budget = self.config.max_batched_tokens
         batch: list[ScheduledSeq] = []
+        phase = self._running_phase(ready)
         for seq in ready:
             if budget == 0 or len(batch) >= self.config.max_num_seqs:
                 break
+            if phase is not None and self._hold_for_phase(seq, phase, budget):
+                continue
             n = min(seq.num_pending, budget)
             whole = self._bidirectional_rest(seq)
             if n < whole:  # a bidirectional prefix cannot be split over steps: its tokens see each other
@@ -61,9 +76,27 @@ class Scheduler:
                 break  # younger sequences wait too: keeps admission first-come first-served
             self.cache.copy_blocks(self.blocks.append(seq.table, n))
             seq.status = SeqStatus.RUNNING
+            seq.phase_waits = 0
             batch.append(ScheduledSeq(seq, seq.num_computed, n))
             budget -= n
         return batch
+
+    def _running_phase(self, ready: list[Sequence]) -> int | None:
+        """The phase (num_generated mod period) most decoding sequences sample in this step."""
+        if self.period == 1:
+            return None
+        phases = Counter(s.num_generated % self.period for s in ready
+                         if s.num_computed > 0 and s.num_pending == 1 and s.call.wants_token)
+        return phases.most_common(1)[0][0] if phases else None
+
+    def _hold_for_phase(self, seq: Sequence, phase: int, budget: int) -> bool:
+        """Hold back a sequence that would start (and sample in this step) out of ``phase``."""
+        starting = seq.num_computed == 0 and seq.call.wants_token and seq.num_pending <= budget
+        if not starting or seq.num_generated % self.period == phase or seq.phase_waits >= self.period - 1:
+            return False
+        seq.phase_waits += 1
+        self.phase_waits += 1
+        return True
 
     @staticmethod
     def _bidirectional_rest(seq: Sequence) -> int:

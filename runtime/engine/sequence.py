@@ -61,6 +61,7 @@ class Sequence:
     embeds: torch.Tensor | None = None       # [len(token_ids), H]
     embed_mask: torch.Tensor | None = None   # [len(token_ids)] bool
     flow: "FlowState | None" = None          # an active flow Loop (mstar.engine.flow_loop)
+    phase_waits: int = 0                     # steps held back to start in phase (mstar.engine.scheduler)
 
     @property
     def key(self) -> tuple[str, str]:

@@ -22,9 +22,14 @@ def tts() -> OrpheusTTS:
     return OrpheusTTS.load(progress=False)
 
 
-async def _run(tts: OrpheusTTS, texts: list[str], sampling: SamplingParams, config: EngineConfig | None = None):
+async def _run(tts: OrpheusTTS, texts: list[str], sampling: SamplingParams, config: EngineConfig | None = None,
+               stagger_s: float = 0.0):
     async with Conductor(tts.graph(), tts.modules(), config=config) as c:
-        streams = [c.submit(tts.request(t, sampling=sampling)) for t in texts]
+        streams = []
+        for t in texts:
+            streams.append(c.submit(tts.request(t, sampling=sampling)))
+            if stagger_s:
+                await asyncio.sleep(stagger_s)
         results = await asyncio.gather(*(s.collect() for s in streams))
         await c.wait_idle()
         stats = c.stats()
@@ -77,6 +82,10 @@ def test_sixteen_concurrent_requests_equal_each_alone(tts):
         assert tok_a == tok_b
         assert len(aud_a) == len(aud_b)
         assert all(torch.allclose(x, y, atol=1e-5) for x, y in zip(aud_a, aud_b))
+    # Arriving one after another: each waits to start in the running ones' frame phase, answers unchanged.
+    staggered, stats = asyncio.run(_run(tts, texts[:6], GREEDY, stagger_s=0.05))
+    assert [t for t, _ in staggered] == [t for t, _ in alone[:6]]
+    assert stats["workers"][0]["ar:llm"]["phase_waits"] > 0
     # A pool too small for all of them at once: requests wait or are preempted, answers unchanged.
     small = EngineConfig(num_kv_blocks=24, block_size=8)
     squeezed, stats = asyncio.run(_run(tts, texts, GREEDY, small))

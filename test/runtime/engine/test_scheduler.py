@@ -14,11 +14,11 @@ from mstar.worker.messages import ExecuteNode
 _clock = itertools.count()
 
 
-def make_scheduler(num_blocks=16, block_size=4, **cfg) -> Scheduler:
+def make_scheduler(num_blocks=16, block_size=4, period=1, **cfg) -> Scheduler:
     config = EngineConfig(num_kv_blocks=num_blocks, block_size=block_size, **cfg)
     blocks = BlockManager(num_blocks, block_size)
     cache = PagedKVCache(KVSpec(1, 1, 2), num_blocks, block_size)
-    return Scheduler(blocks, cache, config)
+    return Scheduler(blocks, cache, config, period=period)
 
 
 def add_seq(sched: Scheduler, name: str, num_tokens: int, *, with_call: bool = True, kv_window=None) -> Sequence:
@@ -177,3 +177,55 @@ def test_drop_frees_blocks():
     s.drop(a)
     assert s.blocks.num_used_blocks == 0 and a.key not in s.seqs
     s.blocks.assert_all_free()
+
+
+def _decode_step(sched: Scheduler, seqs: list[Sequence], advance: bool = True):
+    """One step; every sequence that computed all its tokens then samples one (its next
+    input), as the AR engine does."""
+    scheduled = run_step(sched)
+    for seq in seqs:
+        if seq.num_computed and seq.num_pending == 0:
+            seq.num_generated += advance
+            seq.token_ids.append(0)
+    return scheduled
+
+
+def test_a_new_sequence_starts_in_the_running_sequences_phase():
+    s = make_scheduler(num_blocks=64, period=7)
+    a = add_seq(s, "a", 3)
+    assert run_step(s) == [("a", 0, 3)]  # nothing running yet: no waiting
+    a.num_generated = 3
+    a.token_ids.append(0)
+    b = add_seq(s, "b", 5)  # fresh: samples its first token (phase 0) in the step it is prefilled
+    held = 0
+    while True:
+        phase = a.num_generated % 7
+        scheduled = _decode_step(s, [a, b])
+        if ("b", 0, 5) in scheduled:
+            break
+        held += 1
+        assert scheduled == [("a", len(a.token_ids) - 2, 1)]
+    assert held == 4 and phase == 0  # phases 3, 4, 5, 6 went by; b started with a at phase 0
+    assert s.phase_waits == 4 and b.phase_waits == 0
+    assert (a.num_generated - b.num_generated) % 7 == 0  # in step from now on
+
+
+def test_phase_waits_are_bounded_and_off_without_a_period():
+    s = make_scheduler(num_blocks=64, period=7)
+    a = add_seq(s, "a", 2)
+    run_step(s)
+    a.num_generated, a.token_ids = 3, a.token_ids + [0]
+    b = add_seq(s, "b", 4)
+    steps = 0
+    while b.num_computed == 0:  # a's phase never comes round: b waits period - 1 steps, then starts
+        _decode_step(s, [a, b], advance=False)
+        steps += 1
+    assert steps == 7 and s.phase_waits == 6
+    for period in (1, 7):
+        s = make_scheduler(num_blocks=64, period=period)
+        a = add_seq(s, "a", 2)
+        run_step(s)
+        a.num_generated, a.token_ids = 3, a.token_ids + [0]
+        add_seq(s, "b", 4)
+        add_seq(s, "c", 4).num_generated = 3  # resumed after preemption, already in a's phase
+        assert [name for name, _, _ in run_step(s)] == (["a", "b", "c"] if period == 1 else ["a", "c"])
