@@ -243,9 +243,9 @@ class TorchAttentionBackend(AttentionBackend):
                      scale: float, cdt: torch.dtype) -> torch.Tensor:
         B, Hq, D = q.shape
         Hkv = kc.shape[1]
-        # GQA without repeating K/V: the G query heads of a KV head are G "rows" of one query.
-        qd = q.to(cdt).reshape(B, Hkv, Hq // Hkv, D)
+        # GQA without repeating K/V: a single query sees every key, so its heads run as rows.
+        qd = heads_as_rows(q.to(cdt)[:, None], Hkv)                                   # [B, Hkv, G, D]
         ks = kc.index_select(0, dec.slots).to(cdt).view(B, dec.max_len, Hkv, D).transpose(1, 2)
         vs = vc.index_select(0, dec.slots).to(cdt).view(B, dec.max_len, Hkv, D).transpose(1, 2)
         o = F.scaled_dot_product_attention(qd, ks, vs, attn_mask=dec.key_mask, scale=scale)
-        return o.reshape(B, Hq, D).to(q.dtype)
+        return rows_as_heads(o, 1)[:, 0].to(q.dtype)
