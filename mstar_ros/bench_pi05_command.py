@@ -17,8 +17,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     "another, no batching. Same checkpoint, dtype (fp32 or bf16, whichever is faster here), "
                     "observations (from the synthetic DROID-like bag) and flow noise. Per robot count: "
                     "aggregate chunks/s in a closed loop and sensor-to-action latency p50/p95 with observations "
-                    "offered at --hz per robot (a robot acts on its newest observation; when a system is "
-                    "overloaded, superseded observations are dropped and counted). Writes every figure to JSON "
+                    "offered at --hz per robot (a robot acts on its newest observation, waiting for the next one "
+                    "when the newest is past half a period, as the policy node does: --frame-policy; when a "
+                    "system is overloaded, superseded observations are dropped and counted). Writes every figure to JSON "
                     "and a PNG plot. On 2 CPU cores the bench preset takes about 0.4-0.5 s per chunk and the "
                     "default run about 5 minutes (4 measurements of --seconds per robot count).")
     p.add_argument("--robots", default="1,2,4,8", help="comma-separated robot counts (default 1,2,4,8)")
@@ -29,6 +30,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seconds", type=float, default=15.0, help="seconds per measurement (default 15)")
     p.add_argument("--hz", type=float, default=10.0, help="observations per second per robot in the open loop (default 10)")
     p.add_argument("--seed", type=int, default=0, help="synthetic bag seed")
+    p.add_argument("--frame-policy", choices=["fresh", "newest"], default="fresh",
+                   help="open loop, both systems: 'fresh' (default; the policy node's wait_for_fresh_frames) "
+                        "waits for the next observation when the newest is past half a period old; 'newest' "
+                        "acts on the newest whatever its age")
     p.add_argument("--device", default="cpu", help="torch device for both systems (default cpu; cuda: the GPU paths, FlashInfer when installed)")
     p.set_defaults(run=_run_pi05)
 

@@ -4,7 +4,8 @@ Subscribes (in its namespace, sensor-data QoS) to ``camera topics`` (sensor_msgs
 rgb8 / bgr8 / mono8) and ``joint_states``; takes the task from the ``prompt``
 parameter and the ``prompt`` topic (std_msgs/String). At the control rate it checks
 its action queue (mstar_ros.policy.chunking) and, when the queue runs low, submits
-the latest observation to the runtime; the chunk comes back as
+the latest observation to the runtime (waiting for the next camera frame when the newest
+is past half its period: mstar_ros.policy.freshness); the chunk comes back as
 trajectory_msgs/JointTrajectory on ``action_chunk`` (one point per control tick).
 Several robots' requests are batched by the runtime, not here. A bad message is
 reported on /diagnostics with what is wrong, dropped, and nothing else stops.
@@ -29,6 +30,7 @@ import torch
 from mstar.conductor import Conductor
 from mstar.conductor.request import RequestCancelled
 from mstar_ros.policy.chunking import ActionChunker
+from mstar_ros.policy.freshness import FrameFreshness
 from mstar_ros.ros.convert import (ObservationError, check_image, denormalize_actions, image_to_array,
                                    joint_positions, normalize_state, trajectory_msg)
 from mstar_ros.ros.diagnostics import publish_status
@@ -49,6 +51,8 @@ PARAMETERS = {  # name: (default, description)
     "image_height": (224, "expected camera image height (other sizes are reported and dropped)"),
     "image_width": (224, "expected camera image width"),
     "max_observation_age_s": (0.5, "do not act on camera or joint data older than this (a sensor stopped)"),
+    "wait_for_fresh_frames": (True, "when a chunk falls due late in a camera frame's life, wait (at most one "
+                                    "frame period) for the next frame: a fresher observation for less wait"),
 }
 
 
@@ -98,6 +102,8 @@ def make_policy_node(policy, conductor: Conductor, loop: asyncio.AbstractEventLo
             self.image_hw = (int(p["image_height"]), int(p["image_width"]))
             self.cameras = list(p["cameras"])
             self.max_age = float(p["max_observation_age_s"])
+            self.freshness = FrameFreshness() if bool(p["wait_for_fresh_frames"]) else None
+            self._due_since: float | None = None  # a request fell due then and waits for fresher frames
             self.chunker = ActionChunker(policy.action_horizon, policy.action_dim, self.rate,
                                          refill_at=int(p["refill_at"]) or None, smooth=bool(p["smooth"]))
             self.stats = RobotStats()
@@ -126,8 +132,14 @@ def make_policy_node(policy, conductor: Conductor, loop: asyncio.AbstractEventLo
                 check_image(msg, topic=self._full(topic), expect_hw=self.image_hw)
             except ObservationError as exc:
                 return self._report(str(exc))
+            now = time.monotonic()
             with self._lock:
-                self._frames[topic] = (msg, time.monotonic())
+                self._frames[topic] = (msg, now)
+                if self.freshness is not None:
+                    self.freshness.arrived(topic, now)
+                waiting = self._due_since is not None
+            if waiting:  # the frame a due request waited for: send it now, not at the next tick
+                self._tick()
 
         def _on_joints(self, msg) -> None:
             try:
@@ -166,6 +178,11 @@ def make_policy_node(policy, conductor: Conductor, loop: asyncio.AbstractEventLo
                                      dropped=False)
                     return
                 self._stale_reported = False
+                if self.freshness is not None:
+                    self._due_since = now if self._due_since is None else self._due_since
+                    if self.freshness.should_wait(now, self._due_since):
+                        return
+                self._due_since = None
                 images = torch.from_numpy(np.stack([image_to_array(self._frames[t][0]) for t in self.cameras]))
                 state = normalize_state(torch.from_numpy(self._state[0]), self.lower, self.upper)
                 try:

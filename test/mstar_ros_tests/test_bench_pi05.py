@@ -15,6 +15,7 @@ def test_bench_pi05_writes_json_and_plot(tmp_path):
     report = json.loads(out_json.read_text())
     for key in ("throughput_ratio_2_robots", "overhead_ratio_1_robot", "overhead_ratio_closed_loop"):
         assert report[key] > 0, key
+    assert report["workload"]["frame_policy"].startswith("fresh:")  # the policy node's default, both systems
     assert report["model"]["random_weights"] is True and report["model"]["dtype"] in ("float32", "bfloat16")
     for n in ("1", "2"):
         level = report["levels"][n]
