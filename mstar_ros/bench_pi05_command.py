@@ -34,6 +34,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="open loop, both systems: 'fresh' (default; the policy node's wait_for_fresh_frames) "
                         "waits for the next observation when the newest is past half a period old; 'newest' "
                         "acts on the newest whatever its age")
+    p.add_argument("--max-inflight", type=int, default=0, metavar="K",
+                   help="ours: at most K robots' chunks in flight, each robot taking its observation when admitted "
+                        "(the node set's --max-inflight; 0, the default: no limit): less sensor-to-action latency "
+                        "under load, fewer robots batched")
     p.add_argument("--device", default="cpu", help="torch device for both systems (default cpu; cuda: the GPU paths, FlashInfer when installed)")
     p.set_defaults(run=_run_pi05)
 
@@ -41,5 +45,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def _run_pi05(args: argparse.Namespace) -> int:
     if not (args.seconds > 0 and args.hz > 0):
         raise ValueError("--seconds and --hz must be positive")
+    if args.max_inflight < 0:
+        raise ValueError(f"--max-inflight must be >= 0 (0: no limit), got {args.max_inflight}")
     from mstar_ros.bench.pi05 import run_pi05_bench
     return run_pi05_bench(args)

@@ -46,6 +46,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--placement", default="", help=_HELP["placement"])
     p.add_argument("--rate", default="", help=_HELP["rate"])
     p.add_argument("--params-file", default="", help=_HELP["params_file"])
+    p.add_argument("--max-inflight", default="0", metavar="K", help=_HELP["max_inflight"])
     p.add_argument("--duration", type=float, help="stop after this many seconds (default: run until Ctrl-C)")
     p.add_argument("--summary-json", help="the node set writes its summary here as JSON when it stops")
     p.add_argument("--print-commands", action="store_true", help="print the commands and exit")
@@ -99,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
     if args.summary_json:
         extra += ["--summary-json", args.summary_json]
     specs = pi05_processes(args.robots, args.weights, args.placement, args.rate, args.params_file,
-                           extra_arguments=extra, ros_arguments=args.ros_args)
+                           args.max_inflight, extra_arguments=extra, ros_arguments=args.ros_args)
     return _start(specs, args.print_commands)
 
 

@@ -41,6 +41,8 @@ LAUNCH_ARGUMENTS = (
                                     "node set's process)"),
     LaunchArgument("rate", "", "control rate in Hz for every robot, over the params file (empty: "
                                "control_rate_hz from the params file)"),
+    LaunchArgument("max_inflight", "0", "at most this many robots' chunks in flight at once (0: no limit): "
+                                        "bounds sensor-to-action latency under load, batching fewer robots"),
     LaunchArgument("params_file", "", f"ROS params file for the policy nodes (empty: config/{PARAMS_FILE} "
                                       "as installed)"),
 )
@@ -103,7 +105,7 @@ def default_params_file() -> Path:
 
 
 def pi05_processes(robots: str | Sequence[str] = "/robot1", weights: str = "", placement: str = "",
-                   rate: str | float = "", params_file: str = "", *, extra_arguments: Sequence[str] = (),
+                   rate: str | float = "", params_file: str = "", max_inflight: str | int = "0", *, extra_arguments: Sequence[str] = (),
                    remappings: Sequence[tuple[str, str]] = (),
                    ros_arguments: Sequence[str] = ()) -> list[ProcessSpec]:
     """The pi0.5 node set's processes. Launch arguments come as strings (empty = default);
@@ -124,6 +126,10 @@ def pi05_processes(robots: str | Sequence[str] = "/robot1", weights: str = "", p
         if not hz > 0:
             raise ValueError(f"rate: must be > 0, got {rate!r}")
         args += ["--rate", repr(hz)]
+    if str(max_inflight) not in ("", "0"):
+        if not str(max_inflight).isdigit():
+            raise ValueError(f"max_inflight: expected a count >= 0, got {max_inflight!r}")
+        args += ["--max-inflight", str(int(max_inflight))]
     params = Path(params_file) if params_file else default_params_file()
     if not params.is_file():
         raise FileNotFoundError(f"params_file: no file {params}")

@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import bisect
+import contextlib
 import copy
 import json
 import platform
@@ -43,6 +44,7 @@ from mstar_ros.bench.pi05_workload import (PROMPT, Observation, Run, bag_observa
                                            open_summary)
 from mstar_ros.bench.pi05_plot import plot_pi05, print_level
 from mstar_ros.bench.workload import percentile
+from mstar_ros.policy.admission import ChunkAdmission
 from mstar_ros.policy.freshness import worth_waiting
 
 clock = time.perf_counter
@@ -99,21 +101,39 @@ def _offers(robots: list[list[Observation]], seconds: float) -> tuple[list[list[
     return kept, [[o.offset_s - base for o in obs] for obs in kept]
 
 
-async def ours_closed(policy, conductor: Conductor, robots: list[list[Observation]], seconds: float, bar) -> Run:
+@contextlib.asynccontextmanager
+async def admitted(admission: ChunkAdmission, robot: str):
+    """Holds one of the node set's in-flight slots (``--max-inflight``), as a policy node does."""
+    due = clock()
+    while True:
+        freed = asyncio.Event()
+        if admission.try_acquire(robot, due, freed.set):
+            break
+        await freed.wait()
+    try:
+        yield
+    finally:
+        admission.release()
+
+
+async def ours_closed(policy, conductor: Conductor, robots: list[list[Observation]], seconds: float, bar,
+                      max_inflight: int = 0) -> Run:
     run = Run()
     t0 = clock()
+    admission = ChunkAdmission(max_inflight)
 
-    async def robot(obs: list[Observation]) -> None:
+    async def robot(r: int, obs: list[Observation]) -> None:
         i = 0
         while clock() - t0 < seconds:
             start = clock()
-            await conductor.submit(_request(policy, obs[i % len(obs)])).collect()
+            async with admitted(admission, str(r)):
+                await conductor.submit(_request(policy, obs[i % len(obs)])).collect()
             run.latencies.append(clock() - start)
             run.elapsed = max(run.elapsed, clock() - t0)
             bar.update()
             i += 1
 
-    await asyncio.gather(*(robot(obs) for obs in robots))
+    await asyncio.gather(*(robot(r, obs) for r, obs in enumerate(robots)))
     return run
 
 
@@ -138,26 +158,31 @@ def waits_for_next(at: list[float], k: int, now: float, fresh_period_s: float | 
 
 
 async def ours_open(policy, conductor: Conductor, robots: list[list[Observation]], seconds: float, bar,
-                    fresh_period_s: float | None = None) -> Run:
+                    fresh_period_s: float | None = None, max_inflight: int = 0) -> Run:
     robots, times = _offers(robots, seconds)
     run = Run(offered=sum(map(len, robots)))
     t0 = clock()
+    admission = ChunkAdmission(max_inflight)
 
-    async def robot(obs: list[Observation], at: list[float]) -> None:
+    async def robot(r: int, obs: list[Observation], at: list[float]) -> None:
         last = -1
-        while (now := clock() - t0) < seconds:  # serving starts inside the window; the rest is dropped
-            k = bisect.bisect_right(at, now) - 1  # the newest observation offered by now
-            if k <= last or waits_for_next(at, k, now, fresh_period_s):
-                if max(k, last) + 1 == len(at):
-                    return
-                await asyncio.sleep(at[max(k, last) + 1] - now)
-                continue
-            await conductor.submit(_request(policy, obs[k])).collect()
-            run.latencies.append(clock() - t0 - at[k])
-            bar.update()
-            last = k
+        while clock() - t0 < seconds:
+            async with admitted(admission, str(r)):  # admitted first, then the observation is picked
+                # serving starts inside the window; what is offered after it is dropped
+                while (now := clock() - t0) < seconds:
+                    k = bisect.bisect_right(at, now) - 1  # the newest observation offered by now
+                    if k <= last or waits_for_next(at, k, now, fresh_period_s):
+                        if max(k, last) + 1 == len(at):
+                            return
+                        await asyncio.sleep(at[max(k, last) + 1] - now)
+                        continue
+                    await conductor.submit(_request(policy, obs[k])).collect()
+                    run.latencies.append(clock() - t0 - at[k])
+                    bar.update()
+                    last = k
+                    break
 
-    await asyncio.gather(*(robot(obs, at) for obs, at in zip(robots, times)))
+    await asyncio.gather(*(robot(r, obs, at) for r, (obs, at) in enumerate(zip(robots, times))))
     run.elapsed = max(seconds, clock() - t0)
     return run
 
@@ -215,13 +240,13 @@ async def _measure(policy, conductor: Conductor, robots, args, bar) -> tuple[dic
     closed, open_ = {"ours": Run(), "baseline": Run()}, {"ours": Run(), "baseline": Run()}
     for who in ("ours", "baseline", "baseline", "ours"):
         if who == "ours":
-            closed["ours"] += await ours_closed(policy, conductor, robots, half, bar)
+            closed["ours"] += await ours_closed(policy, conductor, robots, half, bar, args.max_inflight)
         else:
             closed["baseline"] += await asyncio.to_thread(direct_closed, policy, robots, half, bar)
     fresh = 1.0 / args.hz if args.frame_policy == "fresh" else None
     for who in ("ours", "baseline", "baseline", "ours"):
         if who == "ours":
-            open_["ours"] += await ours_open(policy, conductor, robots, half, bar, fresh)
+            open_["ours"] += await ours_open(policy, conductor, robots, half, bar, fresh, args.max_inflight)
         else:
             open_["baseline"] += await asyncio.to_thread(direct_open, policy, robots, half, bar, fresh)
     return closed, open_
@@ -311,6 +336,7 @@ def _header(args: argparse.Namespace, policy, config: EngineConfig, calibration:
                          "old (the policy node's wait_for_fresh_frames)" if args.frame_policy == "fresh" else
                          ": both systems act on the newest observation whatever its age")},
         "ours": {"serving": "one embedded Conductor, in process (no ROS transport in the timed path)",
+                 "max_inflight": args.max_inflight or "no limit",
                  "config": {"dtype": config.dtype, "block_size": config.block_size,
                             "max_batched_tokens": config.max_batched_tokens}},
         "baseline": {"serving": "graphs/pi05/direct.py: the model called directly, batch 1, dense prefix K/V, "

@@ -45,11 +45,17 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--placement", help="placement YAML: Workers in their own processes")
     parser.add_argument("--rate", type=float, help="control rate in Hz for every robot (wins over the params file)")
     parser.add_argument("--prompt", help="task prompt for every robot (wins over the params file)")
+    parser.add_argument("--max-inflight", type=int, default=0, metavar="K",
+                        help="at most K robots' chunks in flight at once (0, the default: no limit); a robot takes "
+                             "its observation when admitted, so K bounds sensor-to-action latency under load, at "
+                             "the price of batching fewer robots together")
     parser.add_argument("--duration", type=float, default=0.0, help="exit after this many seconds (0: until stopped)")
     parser.add_argument("--summary-json", help="also write the summary as JSON to this file")
     parser.add_argument("--status-every", type=float, default=0.0, metavar="S",
                         help="print a status line (chunks, latency per robot) every S seconds (0: never)")
     args = parser.parse_args(argv)
+    if args.max_inflight < 0:
+        parser.error(f"--max-inflight must be >= 0 (0: no limit), got {args.max_inflight}")
     # as ROS parameters after everything else: a params file would win over a declared default
     if args.rate is not None:
         ros_args += ["--ros-args", "-p", f"control_rate_hz:={float(args.rate)!r}"]
@@ -60,7 +66,7 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
 
 def summarize(nodes, elapsed: float) -> dict:
     """Per robot: chunks per second since its first request (when its data started flowing)."""
-    out = {"seconds": round(elapsed, 2), "robots": {}}
+    out = {"seconds": round(elapsed, 2), "max_inflight": nodes[0].admission.limit if nodes else 0, "robots": {}}
     end = time.monotonic()
     for node in nodes:
         s = node.stats
@@ -82,6 +88,7 @@ async def serve(args: argparse.Namespace, ros_args: list[str]) -> dict:
     from mstar.conductor import Conductor
     from mstar_graphs.pi05.policy import Pi05Policy
     from mstar_ros.ros.conductor_node import conductor_node
+    from mstar_ros.policy.admission import ChunkAdmission
     from mstar_ros.ros.policy_node import make_policy_node
     from mstar_ros.ros.ros_process import RosProcess
 
@@ -96,7 +103,9 @@ async def serve(args: argparse.Namespace, ros_args: list[str]) -> dict:
         conductor = Conductor(policy.graph(), policy.modules())
     async with RosProcess("mstar_pi05_node_set", ros_args) as ros:
         async with conductor:
-            nodes = [make_policy_node(policy, conductor, asyncio.get_running_loop(), ns) for ns in args.robots]
+            admission = ChunkAdmission(args.max_inflight)
+            nodes = [make_policy_node(policy, conductor, asyncio.get_running_loop(), ns, admission=admission)
+                     for ns in args.robots]
             ros.add(*nodes, conductor_node(conductor))
             ros.spin()
             names = ", ".join(n.get_fully_qualified_name() for n in nodes)

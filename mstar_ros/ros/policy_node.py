@@ -29,6 +29,7 @@ import torch
 
 from mstar.conductor import Conductor
 from mstar.conductor.request import RequestCancelled
+from mstar_ros.policy.admission import ChunkAdmission
 from mstar_ros.policy.chunking import ActionChunker
 from mstar_ros.policy.freshness import FrameFreshness
 from mstar_ros.ros.convert import (ObservationError, check_image, denormalize_actions, image_to_array,
@@ -57,6 +58,12 @@ PARAMETERS = {  # name: (default, description)
 
 
 @dataclass
+class _Outgoing:
+    request: object   # the runtime request (mstar.conductor.request.Request)
+    oldest: float     # arrival (time.monotonic()) of the oldest sensor frame it uses
+
+
+@dataclass
 class RobotStats:
     chunks: int = 0
     dropped: int = 0
@@ -66,9 +73,10 @@ class RobotStats:
 
 
 def make_policy_node(policy, conductor: Conductor, loop: asyncio.AbstractEventLoop, namespace: str,
-                     overrides: dict | None = None):
+                     overrides: dict | None = None, admission: ChunkAdmission | None = None):
     """Builds the node (rclpy must be initialised). ``overrides`` replace parameter defaults
-    (a params file or ``-p`` still wins, as for any declared parameter)."""
+    (a params file or ``-p`` still wins, as for any declared parameter); ``admission`` is the
+    node set's in-flight limit, shared by its robots (default: none)."""
     from diagnostic_msgs.msg import DiagnosticArray
     from rcl_interfaces.msg import SetParametersResult
     from rclpy.node import Node
@@ -103,7 +111,9 @@ def make_policy_node(policy, conductor: Conductor, loop: asyncio.AbstractEventLo
             self.cameras = list(p["cameras"])
             self.max_age = float(p["max_observation_age_s"])
             self.freshness = FrameFreshness() if bool(p["wait_for_fresh_frames"]) else None
-            self._due_since: float | None = None  # a request fell due then and waits for fresher frames
+            self.admission = admission or ChunkAdmission()
+            self._due_since: float | None = None    # the pending request fell due then
+            self._admitted_at: float | None = None  # ... and was admitted then (holds an in-flight slot)
             self.chunker = ActionChunker(policy.action_horizon, policy.action_dim, self.rate,
                                          refill_at=int(p["refill_at"]) or None, smooth=bool(p["smooth"]))
             self.stats = RobotStats()
@@ -163,57 +173,92 @@ def make_policy_node(policy, conductor: Conductor, loop: asyncio.AbstractEventLo
             return SetParametersResult(successful=True)
 
         # -- the control loop ------------------------------------------------------------
+        def _due_and_fed(self, now: float) -> bool:
+            """A chunk is due and every sensor has given recent data (called under the lock)."""
+            if self.closing or self._busy or not self.chunker.needs_request(now):
+                return False
+            if self._state is None or any(t not in self._frames for t in self.cameras):
+                return False  # waiting for every camera and the joint state
+            oldest = min([self._frames[t][1] for t in self.cameras] + [self._state[1]])
+            if now - oldest > self.max_age:  # a sensor went quiet: acting on old data is worse than waiting
+                if not self._stale_reported:
+                    self._stale_reported = True
+                    self._report(f"{self.get_namespace()}: sensor data is {now - oldest:.1f} s old; waiting",
+                                 dropped=False)
+                return False
+            self._stale_reported = False
+            return True
+
         def _tick(self) -> None:
+            """At the control rate, on a frame a due request waits for, and when another robot's
+            chunk frees an admission slot: sends the request once it is due, admitted and fresh."""
             now = time.monotonic()
+            request, refused, give_back, withdraw = None, None, False, False
             with self._lock:
-                if self.closing or self._busy or not self.chunker.needs_request(now):
-                    return
-                if self._state is None or any(t not in self._frames for t in self.cameras):
-                    return  # waiting for every camera and the joint state
-                oldest = min([self._frames[t][1] for t in self.cameras] + [self._state[1]])
-                if now - oldest > self.max_age:  # a sensor went quiet: acting on old data is worse than waiting
-                    if not self._stale_reported:
-                        self._stale_reported = True
-                        self._report(f"{self.get_namespace()}: sensor data is {now - oldest:.1f} s old; waiting",
-                                     dropped=False)
-                    return
-                self._stale_reported = False
-                if self.freshness is not None:
-                    self._due_since = now if self._due_since is None else self._due_since
-                    if self.freshness.should_wait(now, self._due_since):
-                        return
-                self._due_since = None
-                images = torch.from_numpy(np.stack([image_to_array(self._frames[t][0]) for t in self.cameras]))
-                state = normalize_state(torch.from_numpy(self._state[0]), self.lower, self.upper)
-                try:
-                    guide, weights = self.chunker.begin_request(now)
-                    self._n += 1
-                    request = policy.request(images, state, self.prompt, seed=self._n, guide=guide,
-                                             guide_weights=weights,
-                                             request_id=f"{self.get_namespace().strip('/') or 'robot'}-{self._n}")
-                except ValueError as exc:
-                    self.chunker.pending = None
-                    return self._report(f"{self.get_namespace()}: observation refused: {exc}")
-                self._busy = True
-                if self.stats.first_request is None:
-                    self.stats.first_request = now
-            future = asyncio.run_coroutine_threadsafe(_serve(conductor, request), loop)
-            future.add_done_callback(lambda f: self._on_chunk(f, oldest))
+                if self._due_and_fed(now):
+                    request, refused = self._admitted_request(now)
+                elif self._due_since is not None:  # it was due, but its sensors went quiet (or it closes):
+                    give_back, withdraw = self._admitted_at is not None, self._admitted_at is None
+                    self._due_since, self._admitted_at = None, None  # others need not wait for it
+            if give_back or refused is not None:
+                self.admission.release()
+            if withdraw:
+                self.admission.withdraw(self.get_namespace())
+            if refused is not None:
+                return self._report(f"{self.get_namespace()}: observation refused: {refused}")
+            if request is not None:
+                oldest = request.oldest
+                future = asyncio.run_coroutine_threadsafe(_serve(conductor, request.request), loop)
+                future.add_done_callback(lambda f: self._on_chunk(f, oldest))
+
+        def _admitted_request(self, now: float) -> tuple[_Outgoing | None, ValueError | None]:
+            """Under the lock, a request being due: (the request to send, or None while it waits
+            for an admission slot or a fresher frame; the reason the observation was refused)."""
+            self._due_since = now if self._due_since is None else self._due_since
+            if self._admitted_at is None:
+                if not self.admission.try_acquire(self.get_namespace(), self._due_since, self._tick):
+                    return None, None  # other robots' chunks fill the node set's in-flight limit
+                self._admitted_at = now
+            if self.freshness is not None and self.freshness.should_wait(now, self._admitted_at):
+                return None, None
+            self._due_since = None
+            oldest = min([self._frames[t][1] for t in self.cameras] + [self._state[1]])
+            images = torch.from_numpy(np.stack([image_to_array(self._frames[t][0]) for t in self.cameras]))
+            state = normalize_state(torch.from_numpy(self._state[0]), self.lower, self.upper)
+            try:
+                guide, weights = self.chunker.begin_request(now)
+                self._n += 1
+                request = policy.request(images, state, self.prompt, seed=self._n, guide=guide,
+                                         guide_weights=weights,
+                                         request_id=f"{self.get_namespace().strip('/') or 'robot'}-{self._n}")
+            except ValueError as exc:
+                self.chunker.pending, self._admitted_at = None, None
+                return None, exc
+            self._busy = True
+            if self.stats.first_request is None:
+                self.stats.first_request = now
+            return _Outgoing(request, oldest), None
 
         def _on_chunk(self, future, oldest: float) -> None:
             """On the Conductor's loop thread (rclpy publishers are thread-safe)."""
+            try:
+                self._deliver(future, oldest)
+            finally:  # outside the node's lock: the freed slot may start another robot's request
+                self.admission.release()
+
+        def _deliver(self, future, oldest: float) -> None:
             now = time.monotonic()
             try:
                 (chunk,) = future.result()["actions"]
             except Exception as exc:
                 with self._lock:
-                    self._busy, self.chunker.pending = False, None
+                    self._busy, self.chunker.pending, self._admitted_at = False, None, None
                 if not self.closing and not isinstance(exc, (RequestCancelled, asyncio.CancelledError)):
                     self._report(f"{self.get_namespace()}: chunk failed: {exc}")
                 return
             with self._lock:
                 start_tick, actions = self.chunker.accept(chunk, now)
-                self._busy = False
+                self._busy, self._admitted_at = False, None
                 start_in = self.chunker.time_of(start_tick) - now
                 if self.closing:
                     return

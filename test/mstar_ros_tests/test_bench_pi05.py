@@ -9,12 +9,13 @@ import sys
 def test_bench_pi05_writes_json_and_plot(tmp_path):
     out_json, out_png = tmp_path / "p.json", tmp_path / "p.png"
     run = subprocess.run([sys.executable, "-m", "mstar_ros.cli", "-q", "bench", "pi05", "--preset", "tiny",
-                          "--robots", "1,2", "--seconds", "0.6", "--json", str(out_json), "--plot", str(out_png)],
+                          "--robots", "1,2", "--seconds", "0.6", "--max-inflight", "1", "--json", str(out_json), "--plot", str(out_png)],
                          capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-2000:]
     report = json.loads(out_json.read_text())
     for key in ("throughput_ratio_2_robots", "overhead_ratio_1_robot", "overhead_ratio_closed_loop"):
         assert report[key] > 0, key
+    assert report["ours"]["max_inflight"] == 1  # robots take turns: the node set's --max-inflight
     assert report["workload"]["frame_policy"].startswith("fresh:")  # the policy node's default, both systems
     assert report["model"]["random_weights"] is True and report["model"]["dtype"] in ("float32", "bfloat16")
     for n in ("1", "2"):

@@ -38,17 +38,19 @@ def test_the_params_file_holds_every_policy_parameter_with_its_default_type():
 def test_launch_arguments_become_the_node_set_command(tmp_path):
     placement = tmp_path / "p.yaml"
     placement.write_text("world_size: 1\n")
-    (p,) = pi05_processes("robot1, /robot2 /arm/left", "/w", str(placement), "20", "", extra_arguments=["--duration", "5"],
+    (p,) = pi05_processes("robot1, /robot2 /arm/left", "/w", str(placement), "20", "", "2", extra_arguments=["--duration", "5"],
                           remappings=[("/robot1/action_chunk", "/x")], ros_arguments=["-p", "smooth:=false"])
     assert p.command() == ["mstar_pi05_node_set", "--robots", "/robot1", "/robot2", "/arm/left", "--weights", "/w",
-                           "--placement", str(placement), "--rate", "20.0", "--duration", "5", "--ros-args",
+                           "--placement", str(placement), "--rate", "20.0", "--max-inflight", "2", "--duration", "5",
+                           "--ros-args",
                            "--params-file", str(default_params_file()), "-r", "/robot1/action_chunk:=/x",
                            "-p", "smooth:=false"]
     assert p.command(python="py")[:3] == ["py", "-m", "mstar_ros.ros.node_set"]
     assert parse_robots(["/a", "b,c"]) == ["/a", "/b", "/c"]
     for bad, says in [(dict(robots=""), "at least one"), (dict(robots="/9x"), "not a valid ROS namespace"),
                       (dict(robots="/a /a"), "twice"), (dict(rate="fast"), "expected Hz"), (dict(rate="0"), "> 0"),
-                      (dict(placement="/nope.yaml"), "no file"), (dict(params_file="/nope.yaml"), "no file")]:
+                      (dict(placement="/nope.yaml"), "no file"), (dict(params_file="/nope.yaml"), "no file"),
+                      (dict(max_inflight="-1"), "a count >= 0"), (dict(max_inflight="two"), "a count >= 0")]:
         with pytest.raises((ValueError, FileNotFoundError), match=says):
             pi05_processes(**bad)
 
@@ -104,7 +106,8 @@ def launch_file(load_launch_file):
     return load_launch_file("pi05.launch.py")
 
 
-@pytest.mark.parametrize("given", [{}, {"robots": "/robot1 /robot2", "rate": "10", "weights": "/models/pi05"}])
+@pytest.mark.parametrize("given", [{}, {"robots": "/robot1 /robot2", "rate": "10", "weights": "/models/pi05",
+                                         "max_inflight": "1"}])
 def test_the_launch_file_builds_the_commands_of_the_spec(launch_file, given):
     (description,) = launch_file.generate_launch_description().args
     declared = [a for a in description if type(a).__name__ == "DeclareLaunchArgument"]

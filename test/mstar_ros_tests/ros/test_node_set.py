@@ -21,9 +21,10 @@ JOINTS = CONFIG["joint_names"]
 RATE = CONFIG["control_rate_hz"]
 
 
-def start_node_set(procs, tmp_path, robots: str):
+def start_node_set(procs, tmp_path, robots: str, max_inflight: str = "0"):
     summary = tmp_path / "summary.json"
-    (spec,) = pi05_processes(robots, extra_arguments=["--duration", "120", "--summary-json", str(summary)])
+    (spec,) = pi05_processes(robots, max_inflight=max_inflight,
+                             extra_arguments=["--duration", "120", "--summary-json", str(summary)])
     return procs(*spec.command(python=sys.executable)), summary
 
 
@@ -39,7 +40,8 @@ def test_two_robots_get_chunks_with_the_configured_joints_horizon_and_rate(procs
     topics = ["/robot1/action_chunk", "/robot2/action_chunk"]
     for topic in topics:
         ros_client.subscribe(JointTrajectory, topic)
-    node_set, summary_path = start_node_set(procs, tmp_path, "/robot1 /robot2")
+    # one chunk in flight at a time: the robots take turns, neither starves
+    node_set, summary_path = start_node_set(procs, tmp_path, "/robot1 /robot2", max_inflight="1")
     player = start_player(short_bag)
     ros_client.wait_for(lambda: all(len(ros_client.got(t)) >= 3 for t in topics), 90,
                         "3 chunks on each robot's action_chunk", [node_set, player])
@@ -47,6 +49,7 @@ def test_two_robots_get_chunks_with_the_configured_joints_horizon_and_rate(procs
     player.interrupt()
 
     summary = json.loads(summary_path.read_text())
+    assert summary["max_inflight"] == 1
     for topic in topics:
         ns = topic.rsplit("/", 1)[0]
         horizon = summary["robots"][ns]["horizon"]
