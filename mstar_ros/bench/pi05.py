@@ -9,29 +9,18 @@ Same checkpoint, same dtype, same observations (from the synthetic DROID-like ba
 - baseline: ``graphs/pi05/direct.py`` - the model called directly, one observation per
   call, robots served one after another (round robin), no batching.
 
-Two loads per robot count: closed loop (each robot offers its next observation as soon
-as its previous chunk returned: aggregate chunks/s at saturation) and open loop (each
-robot's sensors give an observation at ``hz``; latency = offer -> chunk). A robot acts
-on its newest observation: a frame superseded before the server takes it is dropped
-(keep-last, like a sensor-data subscription), so when a system is overloaded the
-latency stays bounded and ``dropped_fraction`` / ``served_hz`` show the shortfall.
-With ``--frame-policy fresh`` (default, the policy node's ``wait_for_fresh_frames``) a
-robot whose newest observation is past half a period old waits for the next one; the
-same rule for both systems.
-Serving starts only inside the window (frames left at its end count as dropped). Each
-load is measured in ABBA slices (ours, baseline, baseline, ours) against drifting load.
+Two loads per robot count (``pi05_loads``): closed loop (aggregate chunks/s at
+saturation) and open loop (observations at ``hz`` per robot: sensor-to-action latency).
+Each load is measured in ABBA slices (ours, baseline, baseline, ours) against drifting load.
 Both systems run their torch work on the one device thread (one OpenMP team).
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
-import bisect
-import contextlib
 import copy
 import json
 import platform
-import time
 
 import torch
 from tqdm import tqdm
@@ -40,28 +29,12 @@ from mstar.conductor import Conductor
 from mstar.engine.config import EngineConfig
 from mstar.engine.device_loop import run_on_device
 from mstar.engine.linear_packing import pack_linears, parameter_count
+from mstar_ros.bench.pi05_loads import (clock, direct_call, direct_closed, direct_open, ours_closed, ours_open,
+                                        request_for, synchronized)
+from mstar_ros.bench.pi05_plot import plot_pi05, print_level
 from mstar_ros.bench.pi05_workload import (PROMPT, Observation, Run, bag_observations, closed_summary, engine_delta,
                                            open_summary)
-from mstar_ros.bench.pi05_plot import plot_pi05, print_level
 from mstar_ros.bench.workload import percentile
-from mstar_ros.policy.admission import ChunkAdmission
-from mstar_ros.policy.freshness import worth_waiting
-
-clock = time.perf_counter
-
-
-def _request(policy, o: Observation):
-    return policy.request(o.images, o.state, PROMPT, seed=o.seed)
-
-
-def _direct(policy, o: Observation) -> float:
-    """One baseline call (tokenising included); returns the bare forward's seconds."""
-    from mstar_graphs.pi05.direct import sample_actions_direct
-    i = _request(policy, o).inputs
-    start = clock()
-    run_on_device(_synchronized, sample_actions_direct, policy.model, policy.encoder, i["images"], i["input_ids"],
-                  i["embed_mask"], i["noise"])
-    return clock() - start
 
 
 def batching_bound(policy, o: Observation, reps: int = 5) -> dict[str, float]:
@@ -72,145 +45,19 @@ def batching_bound(policy, o: Observation, reps: int = 5) -> dict[str, float]:
     steps. Even if those were free, N robots would take N prefix passes."""
     from mstar_graphs.pi05.direct import encode_images, prefix_direct
     device = next(policy.model.parameters()).device
-    i = {k: v.to(device) for k, v in _request(policy, o).inputs.items()}
+    i = {k: v.to(device) for k, v in request_for(policy, o).inputs.items()}
     embeds = run_on_device(encode_images, policy.encoder, i["images"])
 
     def prefix() -> float:
         start = clock()
-        run_on_device(lambda: _synchronized(lambda: prefix_direct(policy.model, embeds, i["input_ids"],
+        run_on_device(lambda: synchronized(lambda: prefix_direct(policy.model, embeds, i["input_ids"],
                                                                   i["embed_mask"]).k[0]))
         return clock() - start
 
     prefix_s = min(prefix() for _ in range(reps))
-    total_s = min(_direct(policy, o) for _ in range(reps))
+    total_s = min(direct_call(policy, o) for _ in range(reps))
     return {"direct_forward_ms": round(total_s * 1000, 1), "prefix_pass_ms": round(prefix_s * 1000, 1),
             "throughput_ratio_bound": round(total_s / prefix_s, 2)}
-
-
-def _synchronized(fn, *args):
-    """``fn(*args)``, returning once a GPU has finished it too (kernels run asynchronously)."""
-    out = fn(*args)
-    if isinstance(out, torch.Tensor) and out.is_cuda:
-        torch.cuda.synchronize(out.device)
-    return out
-
-
-def _offers(robots: list[list[Observation]], seconds: float) -> tuple[list[list[Observation]], list[list[float]]]:
-    base = min(obs[0].offset_s for obs in robots)
-    kept = [[o for o in obs if o.offset_s - base < seconds] for obs in robots]
-    return kept, [[o.offset_s - base for o in obs] for obs in kept]
-
-
-@contextlib.asynccontextmanager
-async def admitted(admission: ChunkAdmission, robot: str):
-    """Holds one of the node set's in-flight slots (``--max-inflight``), as a policy node does."""
-    due = clock()
-    while True:
-        freed = asyncio.Event()
-        if admission.try_acquire(robot, due, freed.set):
-            break
-        await freed.wait()
-    try:
-        yield
-    finally:
-        admission.release()
-
-
-async def ours_closed(policy, conductor: Conductor, robots: list[list[Observation]], seconds: float, bar,
-                      max_inflight: int = 0) -> Run:
-    run = Run()
-    t0 = clock()
-    admission = ChunkAdmission(max_inflight)
-
-    async def robot(r: int, obs: list[Observation]) -> None:
-        i = 0
-        while clock() - t0 < seconds:
-            start = clock()
-            async with admitted(admission, str(r)):
-                await conductor.submit(_request(policy, obs[i % len(obs)])).collect()
-            run.latencies.append(clock() - start)
-            run.elapsed = max(run.elapsed, clock() - t0)
-            bar.update()
-            i += 1
-
-    await asyncio.gather(*(robot(r, obs) for r, obs in enumerate(robots)))
-    return run
-
-
-def direct_closed(policy, robots: list[list[Observation]], seconds: float, bar) -> Run:
-    run = Run()
-    t0, i = clock(), 0
-    while clock() - t0 < seconds:
-        obs = robots[i % len(robots)]
-        start = clock()
-        run.forward.append(_direct(policy, obs[(i // len(robots)) % len(obs)]))
-        run.latencies.append(clock() - start)
-        bar.update()
-        i += 1
-    run.elapsed = clock() - t0
-    return run
-
-
-def waits_for_next(at: list[float], k: int, now: float, fresh_period_s: float | None) -> bool:
-    """Frame policy: with ``fresh_period_s`` a robot whose newest observation ``k`` is past half
-    a period waits for the next one (``mstar_ros.policy.freshness``, as the policy node does)."""
-    return fresh_period_s is not None and k + 1 < len(at) and worth_waiting(now - at[k], fresh_period_s)
-
-
-async def ours_open(policy, conductor: Conductor, robots: list[list[Observation]], seconds: float, bar,
-                    fresh_period_s: float | None = None, max_inflight: int = 0) -> Run:
-    robots, times = _offers(robots, seconds)
-    run = Run(offered=sum(map(len, robots)))
-    t0 = clock()
-    admission = ChunkAdmission(max_inflight)
-
-    async def robot(r: int, obs: list[Observation], at: list[float]) -> None:
-        last = -1
-        while clock() - t0 < seconds:
-            async with admitted(admission, str(r)):  # admitted first, then the observation is picked
-                # serving starts inside the window; what is offered after it is dropped
-                while (now := clock() - t0) < seconds:
-                    k = bisect.bisect_right(at, now) - 1  # the newest observation offered by now
-                    if k <= last or waits_for_next(at, k, now, fresh_period_s):
-                        if max(k, last) + 1 == len(at):
-                            return
-                        await asyncio.sleep(at[max(k, last) + 1] - now)
-                        continue
-                    await conductor.submit(_request(policy, obs[k])).collect()
-                    run.latencies.append(clock() - t0 - at[k])
-                    bar.update()
-                    last = k
-                    break
-
-    await asyncio.gather(*(robot(r, obs, at) for r, (obs, at) in enumerate(zip(robots, times))))
-    run.elapsed = max(seconds, clock() - t0)
-    return run
-
-
-def direct_open(policy, robots: list[list[Observation]], seconds: float, bar,
-                fresh_period_s: float | None = None) -> Run:
-    robots, times = _offers(robots, seconds)
-    run = Run(offered=sum(map(len, robots)))
-    last, served_at = [-1] * len(robots), [0.0] * len(robots)
-    t0 = clock()
-    while (now := clock() - t0) < seconds:
-        newest = [bisect.bisect_right(at, now) - 1 for at in times]
-        pending = [r for r in range(len(robots))
-                   if newest[r] > last[r] and not waits_for_next(times[r], newest[r], now, fresh_period_s)]
-        if not pending:
-            upcoming = [at[n + 1] for at, n in zip(times, newest) if n + 1 < len(at)]
-            if not upcoming:
-                break
-            time.sleep(max(0.0, min(upcoming) - now))
-            continue
-        r = min(pending, key=lambda r: served_at[r])  # one after another: the longest-waiting robot next
-        k = last[r] = newest[r]
-        run.forward.append(_direct(policy, robots[r][k]))
-        served_at[r] = clock() - t0
-        run.latencies.append(served_at[r] - times[r][k])
-        bar.update()
-    run.elapsed = max(seconds, clock() - t0)
-    return run
 
 
 def _packed(module: torch.nn.Module) -> torch.nn.Module:
@@ -226,8 +73,8 @@ def pick_dtype(policy, o: Observation) -> tuple[torch.dtype, dict[str, float], o
         cand = policy if dtype == torch.float32 else run_on_device(
             lambda: type(policy)(policy.path, _packed(copy.deepcopy(policy.model).to(dtype)),
                                  _packed(copy.deepcopy(policy.encoder).to(dtype)), policy.tokenizer))
-        _direct(cand, o)  # warm
-        timings[str(dtype).removeprefix("torch.")] = round(min(_direct(cand, o) for _ in range(2)), 4)
+        direct_call(cand, o)  # warm
+        timings[str(dtype).removeprefix("torch.")] = round(min(direct_call(cand, o) for _ in range(2)), 4)
         models[dtype] = cand
     best = torch.float32 if timings["float32"] <= timings["bfloat16"] else torch.bfloat16
     return best, timings, models[best]
@@ -256,8 +103,8 @@ async def _run_levels(policy, config: EngineConfig, observations, levels: list[i
     out: dict[str, dict] = {}
     async with Conductor(policy.graph(), policy.modules(), config=config, device=args.device) as conductor:
         for o in (observations[0][0], observations[0][1]):  # warm: first calls are slow for everyone
-            await conductor.submit(_request(policy, o)).collect()
-            await asyncio.to_thread(_direct, policy, o)
+            await conductor.submit(request_for(policy, o)).collect()
+            await asyncio.to_thread(direct_call, policy, o)
         bound = await asyncio.to_thread(batching_bound, policy, observations[0][0])
         print(f"batching bound: a direct call takes {bound['direct_forward_ms']:.0f} ms, its prefix pass alone "
               f"{bound['prefix_pass_ms']:.0f} ms: no batching can beat {bound['throughput_ratio_bound']:.2f}x here")
@@ -293,7 +140,7 @@ def run_pi05_bench(args: argparse.Namespace) -> int:
     observations = bag_observations(max(levels), args.seconds + 1.0, args.hz, args.seed)
     dtype, calibration, policy = pick_dtype(policy, observations[0][0])
     config = EngineConfig(dtype=str(dtype).removeprefix("torch."), kv_cache_mb=256)
-    prefix_tokens = _request(policy, observations[0][0]).inputs["input_ids"].numel()
+    prefix_tokens = request_for(policy, observations[0][0]).inputs["input_ids"].numel()
     report = _header(args, policy, config, calibration, prefix_tokens)
     report["levels"], report["batching_bound"] = asyncio.run(_run_levels(policy, config, observations, levels, args))
     top, one = report["levels"][str(max(levels))], report["levels"][str(min(levels))]

@@ -12,7 +12,9 @@ def plot_pi05(report: dict, path: Path) -> None:
     levels = sorted(report["levels"], key=int)
     xs = [int(n) for n in levels]
     fig, (tp, lat) = plt.subplots(1, 2, figsize=(11, 4))
-    systems = (("ours", "ours (one Conductor)", "C0"), ("baseline", "direct, one call per observation", "C1"))
+    inflight = report.get("ours", {}).get("max_inflight")
+    ours = "ours (one Conductor" + (f", {inflight} in flight)" if isinstance(inflight, int) else ")")
+    systems = (("ours", ours, "C0"), ("baseline", "direct, one call per observation", "C1"))
     for name, label, color in systems:
         figures = [report["levels"][n][name] for n in levels]
         tp.plot(xs, [f["closed_loop"]["chunks_per_s"] for f in figures], "o-", color=color, label=label)
@@ -27,7 +29,9 @@ def plot_pi05(report: dict, path: Path) -> None:
                              color=color)
     tp.set(title="Aggregate action chunks per second (closed loop)", xlabel="robots", ylabel="chunks / s")
     hz = report["workload"]["observation_hz"]
-    lat.set(title=f"Sensor-to-action latency, {hz:g} Hz per robot (newest frame wins)", xlabel="robots", ylabel="ms",
+    policy = report["workload"].get("frame_policy", "newest").split(":")[0]
+    rule = "newest frame, or the next if nearer" if policy == "fresh" else "newest frame wins"
+    lat.set(title=f"Sensor-to-action latency, {hz:g} Hz per robot\n({rule})", xlabel="robots", ylabel="ms",
             yscale="log")
     tp.set_ylim(bottom=0)
     for ax in (tp, lat):

@@ -5,7 +5,7 @@ import asyncio
 
 import pytest
 
-from mstar_ros.bench.pi05 import admitted
+from mstar_ros.bench.pi05_loads import admitted
 from mstar_ros.policy.admission import ChunkAdmission
 
 

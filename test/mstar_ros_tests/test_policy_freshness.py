@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from mstar_ros.bench.pi05 import waits_for_next
+from mstar_ros.bench.pi05_loads import waits_for_next
 from mstar_ros.policy.freshness import FrameFreshness, worth_waiting
 
 PERIOD = 1 / 15  # the synthetic bag's cameras
