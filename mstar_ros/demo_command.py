@@ -107,6 +107,6 @@ def print_demo_summary(summary: dict, *, random_weights: bool) -> None:
         print(f"  {ns}/action_chunk: {r['chunks']} chunks, {r['chunks_per_s']} chunks/s, "
               f"sensor-to-action latency p50 {r['latency_p50_ms']} ms / p95 {r['latency_p95_ms']} ms; "
               f"{r['horizon']} actions per chunk at {r['rate_hz']:g} Hz, refill_at {r['refill_at']}; "
-              f"{r['dropped_frames']} frames dropped")
+              f"{r['dropped_frames']} frames dropped; {r['fresh_waits']} requests waited for a fresher frame")
         print(f"      joints: {', '.join(r['joint_names'])}")
     sys.stdout.flush()

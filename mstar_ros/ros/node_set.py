@@ -77,6 +77,7 @@ def summarize(nodes, elapsed: float) -> dict:
             "chunks": s.chunks, "serving_s": round(served, 2),
             "chunks_per_s": round(s.chunks / served, 2) if served > 0 else 0.0,
             "latency_p50_ms": pct(0.5), "latency_p95_ms": pct(0.95), "dropped_frames": s.dropped,
+            "fresh_waits": s.fresh_waits, "admission_waits": s.admission_waits,
             "last_error": s.last_error, "joint_names": node.joint_names,
             "horizon": node.chunker.horizon, "refill_at": node.chunker.refill_at, "rate_hz": node.rate,
             "prompt": node.prompt}
@@ -139,7 +140,8 @@ def print_summary(summary: dict) -> None:
     for ns, r in summary["robots"].items():
         print(f"  {ns}: {r['chunks']} chunks ({r['chunks_per_s']}/s), sensor-to-action p50 {r['latency_p50_ms']} ms, "
               f"p95 {r['latency_p95_ms']} ms, {r['horizon']} actions @ {r['rate_hz']} Hz, "
-              f"{r['dropped_frames']} frames dropped; joints {', '.join(r['joint_names'])}")
+              f"{r['dropped_frames']} frames dropped, {r['fresh_waits']} waited for a fresher frame, "
+              f"{r['admission_waits']} for an in-flight slot; joints {', '.join(r['joint_names'])}")
         if r["last_error"]:
             print(f"    last problem: {r['last_error']}")
     sys.stdout.flush()

@@ -69,6 +69,8 @@ class RobotStats:
     dropped: int = 0
     latencies_s: list[float] = field(default_factory=list)  # oldest sensor frame used -> chunk published
     last_error: str = ""
+    fresh_waits: int = 0      # requests that waited for a fresher camera frame (wait_for_fresh_frames)
+    admission_waits: int = 0  # requests that waited for an in-flight slot (the node set's --max-inflight)
     first_request: float | None = None  # time.monotonic() of the first request (data started flowing)
 
 
@@ -221,6 +223,8 @@ def make_policy_node(policy, conductor: Conductor, loop: asyncio.AbstractEventLo
                 self._admitted_at = now
             if self.freshness is not None and self.freshness.should_wait(now, self._admitted_at):
                 return None, None
+            self.stats.admission_waits += self._admitted_at > self._due_since
+            self.stats.fresh_waits += now > self._admitted_at
             self._due_since = None
             oldest = min([self._frames[t][1] for t in self.cameras] + [self._state[1]])
             images = torch.from_numpy(np.stack([image_to_array(self._frames[t][0]) for t in self.cameras]))

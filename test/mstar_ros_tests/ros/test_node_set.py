@@ -70,6 +70,8 @@ def test_two_robots_get_chunks_with_the_configured_joints_horizon_and_rate(procs
         r = summary["robots"][ns]
         assert r["chunks"] >= 3 and r["joint_names"] == JOINTS and r["rate_hz"] == RATE
         assert r["latency_p50_ms"] is not None and r["dropped_frames"] == 0, r
+        # how many requests waited (timing-dependent, so only bounded here): at most one per request sent
+        assert 0 <= r["fresh_waits"] <= r["chunks"] + 1 and 0 <= r["admission_waits"] <= r["chunks"] + 1, r
     assert "served" in node_set.output and "sensor-to-action p50" in node_set.output
 
 
