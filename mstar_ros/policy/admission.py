@@ -30,8 +30,7 @@ class ChunkAdmission:
         with self._lock:
             if self.limit:
                 self._waiting[robot] = (due_since, retry)
-                earlier = sorted(self._waiting.items(), key=lambda kv: kv[1][0])
-                ahead = [name for name, _ in earlier].index(robot)
+                ahead = sum(due < due_since for due, _ in self._waiting.values())  # robots due longer
                 if self.in_flight + ahead >= self.limit:
                     return False
                 del self._waiting[robot]
