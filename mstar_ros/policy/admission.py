@@ -21,6 +21,7 @@ class ChunkAdmission:
             raise ValueError(f"max in-flight chunks must be >= 0 (0: no limit), got {limit}")
         self.limit = limit
         self.in_flight = 0
+        self.peak_in_flight = 0  # the most chunks that were in flight together
         self._lock = threading.Lock()
         self._waiting: dict[str, tuple[float, Callable[[], None]]] = {}  # robot -> (due since, retry)
 
@@ -35,6 +36,7 @@ class ChunkAdmission:
                     return False
                 del self._waiting[robot]
             self.in_flight += 1
+            self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
             return True
 
     def release(self) -> None:

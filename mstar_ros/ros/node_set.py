@@ -66,7 +66,9 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
 
 def summarize(nodes, elapsed: float) -> dict:
     """Per robot: chunks per second since its first request (when its data started flowing)."""
-    out = {"seconds": round(elapsed, 2), "max_inflight": nodes[0].admission.limit if nodes else 0, "robots": {}}
+    admission = nodes[0].admission if nodes else None
+    out = {"seconds": round(elapsed, 2), "max_inflight": admission.limit if admission else 0,
+           "peak_in_flight": admission.peak_in_flight if admission else 0, "robots": {}}
     end = time.monotonic()
     for node in nodes:
         s = node.stats

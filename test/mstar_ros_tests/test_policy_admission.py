@@ -88,4 +88,4 @@ def test_the_bench_robots_hold_slots_the_same_way(limit):
         await asyncio.gather(*(robot(f"/r{i}") for i in range(6)))
 
     asyncio.run(main())
-    assert peak[0] == limit and admission.in_flight == 0
+    assert peak[0] == limit == admission.peak_in_flight and admission.in_flight == 0

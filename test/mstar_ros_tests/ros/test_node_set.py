@@ -49,7 +49,7 @@ def test_two_robots_get_chunks_with_the_configured_joints_horizon_and_rate(procs
     player.interrupt()
 
     summary = json.loads(summary_path.read_text())
-    assert summary["max_inflight"] == 1
+    assert summary["max_inflight"] == 1 and summary["peak_in_flight"] == 1  # never two chunks at once
     for topic in topics:
         ns = topic.rsplit("/", 1)[0]
         horizon = summary["robots"][ns]["horizon"]
@@ -157,6 +157,7 @@ def test_bad_input_is_reported_and_dropped_while_the_other_robot_is_served(procs
     summary = json.loads(summary_path.read_text())
     assert summary["robots"]["/robot2"]["chunks"] == 0 and summary["robots"]["/robot2"]["dropped_frames"] >= len(bad)
     assert summary["robots"]["/robot1"]["chunks"] >= 3 and summary["robots"]["/robot1"]["dropped_frames"] == 0
+    assert summary["max_inflight"] == 0 and summary["peak_in_flight"] == 1  # no limit; only /robot1 sent any
 
 
 @pytest.mark.timeout(150)
