@@ -105,8 +105,8 @@ def default_params_file() -> Path:
 
 
 def pi05_processes(robots: str | Sequence[str] = "/robot1", weights: str = "", placement: str = "",
-                   rate: str | float = "", params_file: str = "", max_inflight: str | int = "0", *, extra_arguments: Sequence[str] = (),
-                   remappings: Sequence[tuple[str, str]] = (),
+                   rate: str | float = "", params_file: str = "", max_inflight: str | int = "0", *,
+                   extra_arguments: Sequence[str] = (), remappings: Sequence[tuple[str, str]] = (),
                    ros_arguments: Sequence[str] = ()) -> list[ProcessSpec]:
     """The pi0.5 node set's processes. Launch arguments come as strings (empty = default);
     ``extra_arguments`` go to the node set (e.g. ``--duration 20``), ``ros_arguments`` after
