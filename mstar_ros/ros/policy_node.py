@@ -175,13 +175,17 @@ def make_policy_node(policy, conductor: Conductor, loop: asyncio.AbstractEventLo
             return SetParametersResult(successful=True)
 
         # -- the control loop ------------------------------------------------------------
+        def _oldest_arrival(self) -> float:
+            """When the oldest of the frames and the joint state a request would use arrived."""
+            return min([self._frames[t][1] for t in self.cameras] + [self._state[1]])
+
         def _due_and_fed(self, now: float) -> bool:
             """A chunk is due and every sensor has given recent data (called under the lock)."""
             if self.closing or self._busy or not self.chunker.needs_request(now):
                 return False
             if self._state is None or any(t not in self._frames for t in self.cameras):
                 return False  # waiting for every camera and the joint state
-            oldest = min([self._frames[t][1] for t in self.cameras] + [self._state[1]])
+            oldest = self._oldest_arrival()
             if now - oldest > self.max_age:  # a sensor went quiet: acting on old data is worse than waiting
                 if not self._stale_reported:
                     self._stale_reported = True
@@ -226,7 +230,7 @@ def make_policy_node(policy, conductor: Conductor, loop: asyncio.AbstractEventLo
             self.stats.admission_waits += self._admitted_at > self._due_since
             self.stats.fresh_waits += now > self._admitted_at
             self._due_since = None
-            oldest = min([self._frames[t][1] for t in self.cameras] + [self._state[1]])
+            oldest = self._oldest_arrival()
             images = torch.from_numpy(np.stack([image_to_array(self._frames[t][0]) for t in self.cameras]))
             state = normalize_state(torch.from_numpy(self._state[0]), self.lower, self.upper)
             try:
