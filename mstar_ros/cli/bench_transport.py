@@ -4,11 +4,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from mstar_ros.bench_command import bench_subparsers
+from mstar_ros.cli.bench import bench_subparsers
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    """Adds ``transport`` under the ``bench`` command (call after bench_command.add_parser)."""
+    """Adds ``transport`` under the ``bench`` command (call after mstar_ros.cli.bench.add_parser)."""
     t = bench_subparsers(sub).add_parser(
         "transport", help="tensor transports (shm, tcp, mooncake, inline) between two processes vs memcpy",
         description="Latency and bandwidth of moving a tensor between two real processes with each "

@@ -4,11 +4,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from mstar_ros.bench_command import bench_subparsers
+from mstar_ros.cli.bench import bench_subparsers
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    """Adds ``pi05`` under the ``bench`` command (call after bench_command.add_parser)."""
+    """Adds ``pi05`` under the ``bench`` command (call after mstar_ros.cli.bench.add_parser)."""
     p = bench_subparsers(sub).add_parser(
         "pi05", help="pi0.5 policy serving for N robots vs the model called directly, one observation per call",
         description="pi0.5 serving N robots from one embedded Conductor (in process: no ROS transport in the "

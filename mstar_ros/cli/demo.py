@@ -8,7 +8,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from mstar_ros.launch_command import ProcessGroup, wait_for_stop
+from mstar_ros.cli.launch import ProcessGroup, wait_for_stop
 from mstar_ros.launch_spec import ProcessSpec, pi05_processes
 
 DESCRIPTION = """\

@@ -16,21 +16,20 @@ system working end to end, not real speech."""
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from mstar_ros import bag_command, bench_command, bench_pi05_command, bench_transport_command, tts_command
+    from mstar_ros.cli import bag, bench, bench_pi05, bench_transport, demo, launch, tts
 
     parser = argparse.ArgumentParser(prog="mstar-ros", description=DESCRIPTION,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("-v", "--verbose", action="store_true", help="log at debug level")
     parser.add_argument("-q", "--quiet", action="store_true", help="log warnings and errors only")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    tts_command.add_parser(sub)
-    bench_command.add_parser(sub)
-    bench_transport_command.add_parser(sub)  # `bench transport`, under bench
-    bench_pi05_command.add_parser(sub)  # `bench pi05`, under bench
-    bag_command.add_parser(sub)
-    from mstar_ros import demo_command, launch_command  # the pi0.5 node set: `launch pi05`, `demo`
-    launch_command.add_parser(sub)
-    demo_command.add_parser(sub)
+    tts.add_parser(sub)
+    bench.add_parser(sub)
+    bench_transport.add_parser(sub)  # `bench transport`, under bench
+    bench_pi05.add_parser(sub)  # `bench pi05`, under bench
+    bag.add_parser(sub)
+    launch.add_parser(sub)  # the pi0.5 and Orpheus node sets: `launch pi05`, `launch orpheus`
+    demo.add_parser(sub)
     return parser
 
 
@@ -47,6 +46,3 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
 
-
-if __name__ == "__main__":
-    sys.exit(main())
