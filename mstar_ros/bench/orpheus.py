@@ -27,6 +27,7 @@ from tqdm import tqdm
 from mstar.conductor import Conductor
 from mstar.engine.config import EngineConfig
 from mstar.engine.device_loop import run_on_device
+from mstar.engine.intra_op import model_threads
 from mstar.engine.linear_packing import parameter_count
 from mstar.engine.sampling_params import SamplingParams
 from mstar_ros.bench.workload import JobResult, TTSJob, summarize, tts_workload
@@ -154,7 +155,7 @@ def run_orpheus_bench(args: argparse.Namespace) -> int:
                                                      "pack_linears": config.pack_linears}},
         "baseline": {"dtype": str(base_dtype).removeprefix("torch."), "calibration_s_24_tokens_b4": calibration},
         "machine": {"device": device if device == "cpu" else f"{device} ({torch.cuda.get_device_name(device)})",
-                    "cpu_threads": torch.get_num_threads(), "python": platform.python_version(), "torch": torch.__version__},
+                    "cpu_threads": model_threads(), "python": platform.python_version(), "torch": torch.__version__},
         "levels": {},
     }
     placement = getattr(args, "placement", None)

@@ -28,6 +28,7 @@ from tqdm import tqdm
 from mstar.conductor import Conductor
 from mstar.engine.config import EngineConfig
 from mstar.engine.device_loop import run_on_device
+from mstar.engine.intra_op import model_threads
 from mstar.engine.linear_packing import pack_linears, parameter_count
 from mstar_ros.bench.pi05_loads import (clock, direct_call, direct_closed, direct_open, ours_closed, ours_open,
                                         request_for, synchronized)
@@ -35,6 +36,7 @@ from mstar_ros.bench.pi05_plot import plot_pi05, print_level
 from mstar_ros.bench.pi05_workload import (PROMPT, Observation, Run, bag_observations, closed_summary, engine_delta,
                                            open_summary)
 from mstar_ros.bench.workload import percentile
+from mstar_ros.bench.threads import summary_lines, thread_slowdown_check
 
 
 def batching_bound(policy, o: Observation, reps: int = 5) -> dict[str, float]:
@@ -158,6 +160,11 @@ def run_pi05_bench(args: argparse.Namespace) -> int:
         "per robot batched or not, so even free vision and flow steps could not raise throughput by more than this")
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(report, indent=2) + "\n")
+    # issue 16's guard: the same forward in a fresh process, before and after other threads' torch work
+    report["thread_slowdown"] = thread_slowdown_check(preset=args.preset, weights=args.weights, dtype=config.dtype,
+                                                      rounds=3)
+    report["thread_slowdown_ratio"] = report["thread_slowdown"]["thread_slowdown_ratio"]
+    print("\n".join(summary_lines(report["thread_slowdown"])))
     plot_pi05(report, args.plot)
     print(f"wrote {args.json} and {args.plot}")
     if policy.random_weights:
@@ -188,6 +195,6 @@ def _header(args: argparse.Namespace, policy, config: EngineConfig, calibration:
                             "max_batched_tokens": config.max_batched_tokens}},
         "baseline": {"serving": "graphs/pi05/direct.py: the model called directly, batch 1, dense prefix K/V, "
                                 "robots one after another", "dtype_calibration_s": calibration},
-        "machine": {"cpu_threads": torch.get_num_threads(), "python": platform.python_version(),
+        "machine": {"cpu_threads": model_threads(), "python": platform.python_version(),
                     "torch": torch.__version__},
     }

@@ -6,7 +6,11 @@ threads only fight over its cores (measured on 2 cores: a decode layer went from
 run parallel torch ops keep two OpenMP teams, which slows both (a decode step:
 7 ms on one thread, 10.5-14 ms once another thread had run parallel ops). So
 engines take turns on one thread, and loading weights or running a reference model
-goes through ``run_on_device`` to the same thread.
+goes through ``run_on_device`` to the same thread. Torch work on every other thread
+(ROS callbacks, request building, a bench's loads) runs on one intra-op thread: the
+device thread claims the process's width when it starts, and the thread that started
+it is confined to one (``mstar.engine.intra_op``: a second team made the pi0.5 forward
+1.45-1.7x slower, for as long as the thread that built it lived).
 """
 from __future__ import annotations
 
@@ -15,6 +19,8 @@ import logging
 import queue
 import threading
 from typing import Callable, Protocol, Sequence, TypeVar
+
+from mstar.engine import intra_op
 
 log = logging.getLogger("mstar.engine")
 T = TypeVar("T")
@@ -44,8 +50,12 @@ class DeviceThread:
         self._lock = threading.Lock()
         self._deferred: list[Callable[[], None]] = []
         self._in_call = False  # inside run_on_device work: nothing to coalesce
-        self._thread = threading.Thread(target=self._run, name="mstar-device", daemon=True)
+        self.threads = 0  # its intra-op width, claimed when it starts
+        claimed = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(claimed,), name="mstar-device", daemon=True)
         self._thread.start()
+        claimed.wait()  # first: confining this thread changes the default a new thread starts from
+        intra_op.confine_to_one_thread()
 
     def call(self, fn: Callable[..., T], *args, **kwargs) -> T:
         """Runs ``fn`` on the device thread and returns its result (inline if already on it)."""
@@ -66,7 +76,11 @@ class DeviceThread:
             self._loops = [l for l in self._loops if l is not loop]
         self.call(lambda: None)  # returns once the thread is past any step of that loop
 
-    def _run(self) -> None:
+    def _run(self, claimed: threading.Event) -> None:
+        try:
+            self.threads = intra_op.claim_team()
+        finally:
+            claimed.set()
         while True:
             self.wake.clear()
             self._run_calls()

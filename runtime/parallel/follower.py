@@ -14,6 +14,7 @@ import torch
 from mstar.engine.ar_module import ARModule
 from mstar.engine.attention.backend import AttentionContext
 from mstar.engine.attention.select import select_attention_backend
+from mstar.engine.intra_op import claim_team
 from mstar.engine.kv_cache import PagedKVCache
 from mstar.engine.linear_packing import pack_linears
 from mstar.parallel.group import TPGroup
@@ -42,6 +43,7 @@ class TPFollower:
 
     def run(self) -> None:
         """Serves plans until SHUTDOWN. A lost leader (its process died) raises RuntimeError."""
+        claim_team()  # model work off the device thread: at the model's width, not the one-thread default
         try:
             hello = self.tp.broadcast(None, Hello)
         except Exception as exc:

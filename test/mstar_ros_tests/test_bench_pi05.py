@@ -29,5 +29,10 @@ def test_bench_pi05_writes_json_and_plot(tmp_path):
     bound = report["batching_bound"]  # a direct call is the prefix pass plus vision and the flow steps
     assert 0 < bound["prefix_pass_ms"] < bound["direct_forward_ms"] and bound["throughput_ratio_bound"] > 1
     assert "no batching can beat" in run.stdout
+    check = report["thread_slowdown"]  # issue 16's guard, in a fresh child on the same checkpoint and dtype
+    assert report["thread_slowdown_ratio"] == check["thread_slowdown_ratio"] > 0
+    assert check["preset"] == "tiny" and check["dtype"] == report["model"]["dtype"]
+    assert check["helper_threads_added"] <= 1 and check["main_threads_added"] == 0  # no OpenMP team but the device's
+    assert "thread_slowdown_ratio B/A" in run.stdout
     assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "2 robot(s)" in run.stdout

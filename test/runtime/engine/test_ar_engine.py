@@ -2,9 +2,11 @@
 loops, stop values, admission errors, release / sessions, sliding windows, step failures."""
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 import queue
+import threading
 import time
 
 import pytest
@@ -12,6 +14,7 @@ import torch
 
 from mstar.engine.ar_engine import AREngine
 from mstar.engine.config import EngineConfig
+from mstar.engine.device_loop import run_on_device
 from mstar.engine.sampling_params import SamplingParams
 from mstar.transport.inprocess import InProcessTensorStore
 from mstar.worker.messages import ExecuteNode, LoopSpec, NodeOutput
@@ -81,6 +84,20 @@ class Harness:
             time.sleep(0.002)
 
 
+@contextlib.contextmanager
+def held_device_thread():
+    """The device thread stays inside a call until the block ends: engines step only after it."""
+    entered, release = threading.Event(), threading.Event()
+    holder = threading.Thread(target=run_on_device, args=(lambda: (entered.set(), release.wait()),))
+    holder.start()
+    entered.wait()
+    try:
+        yield
+    finally:
+        release.set()
+        holder.join()
+
+
 def test_prefill_then_loop_equals_reference_with_finish_reasons_and_iterations():
     prompt = [3, 14, 15, 92, 65]
     with Harness() as h:
@@ -93,9 +110,9 @@ def test_prefill_then_loop_equals_reference_with_finish_reasons_and_iterations()
         assert loop[-1].finish_reason == "length"
         assert all(o.finish_reason is None for o in loop[:-1])
         assert all(o.error is None for o in outs)
-        stats = h.engine.stats()
-        # prompt + 9 fed-back tokens were computed; the 10th token was never fed back
-        assert stats["tokens_computed"] == len(prompt) + 9
+        # prompt + 9 fed-back tokens were computed; the 10th token was never fed back. The step
+        # counts its tokens after sending its replies: wait for it, or this races a fast device thread
+        h.until(lambda: h.engine.stats()["tokens_computed"] == len(prompt) + 9)
         h.engine.release("r")
         h.until(lambda: h.engine.stats()["sequences"] == 0)
         assert h.engine.blocks.num_used_blocks == 0
@@ -146,8 +163,10 @@ def test_admission_errors_then_the_engine_keeps_serving(case):
         if case == "unknown-node":
             outs, expect = h.wait(h.call("r", [1], node="other")), "not served by engine"
         elif case == "in-flight":
-            h.call("r", [1, 2], loop=LoopSpec(max_iters=10))
-            outs, expect = h.wait(h.call("r", [3])), "already has a call in flight"
+            with held_device_thread():  # both calls wait in the inbox: the loop cannot finish before the second
+                h.call("r", [1, 2], loop=LoopSpec(max_iters=10))
+                second = h.call("r", [3])
+            outs, expect = h.wait(second), "already has a call in flight"
         elif case == "no-input":
             outs, expect = h.wait(h.call("r", None)), "no input tokens"
         elif case == "vocab":
