@@ -61,7 +61,11 @@ setup(
     # launch_ros.actions.Node(package="mstar_ros", executable=...) looks for them
     entry_points={"console_scripts": ["mstar-ros = mstar_ros.cli:main",
                                       "mstar_pi05_node_set = mstar_ros.ros.node_set:main",
-                                      "mstar_orpheus_node = mstar_ros.ros.orpheus_node:main"]},
+                                      "mstar_orpheus_node = mstar_ros.ros.orpheus_node:main"],
+                  # what a Worker may build, by name (mstar.worker.registry): never code a peer names
+                  "mstar.models": ["orpheus = mstar_graphs.orpheus.components:orpheus_components",
+                                   "pi05 = mstar_graphs.pi05.components:pi05_components"],
+                  "mstar.worker_plugins": ["ros_diagnostics = mstar_ros.ros.worker_diagnostics:attach"]},
     zip_safe=True,
     maintainer="mstar_ros developers",
     description="Walk Graph serving runtime for composite multimodal models, as ROS 2 nodes",

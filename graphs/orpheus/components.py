@@ -1,7 +1,7 @@
 """Orpheus for Worker processes: the graph plus only the submodules a Worker hosts.
 
-``ModelSpec("mstar_graphs.orpheus.components:orpheus_components", {...})`` names it;
-each Worker process calls it with the nodes the placement gives it (the Conductor
+Registered as the model ``orpheus`` (entry point group ``mstar.models`` in setup.py), so
+``ModelSpec("orpheus", {...})`` names it; each Worker process calls it with the nodes the placement gives it (the Conductor
 with none, for the graph alone), so the SNAC rank never loads the LLM and back.
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ from mstar.worker.protocol import ModelSpec
 from mstar_graphs.orpheus.checkpoints import resolve_paths
 from mstar_graphs.orpheus.graph import orpheus_graph
 
-FACTORY = "mstar_graphs.orpheus.components:orpheus_components"
+MODEL = "orpheus"  # its registered name (setup.py entry_points["mstar.models"])
 
 
 def orpheus_spec(weights: str | Path | None = None, snac_weights: str | Path | None = None, *,
@@ -22,7 +22,7 @@ def orpheus_spec(weights: str | Path | None = None, snac_weights: str | Path | N
     kwargs = {"weights": None if weights is None else str(weights),
               "snac_weights": None if snac_weights is None else str(snac_weights),
               "preset": preset, "constrain": constrain}
-    return ModelSpec(FACTORY, kwargs)
+    return ModelSpec(MODEL, kwargs)
 
 
 def orpheus_components(nodes: set[str], weights: str | None = None, snac_weights: str | None = None,

@@ -1,6 +1,7 @@
 """pi0.5 for Worker processes: the graph plus only the submodules a Worker hosts.
 
-``ModelSpec("mstar_graphs.pi05.components:pi05_components", {...})``: each Worker calls
+Registered as the model ``pi05`` (setup.py entry_points["mstar.models"]), so
+``ModelSpec("pi05", {...})`` names it: each Worker calls
 it with the nodes the placement gives it (the Conductor with none), so a rank that
 runs only the vision tower never loads the LLM and back.
 """
@@ -15,11 +16,11 @@ from mstar_graphs.pi05.checkpoints import resolve_path
 from mstar_graphs.pi05.config import Pi05Config
 from mstar_graphs.pi05.graph import pi05_graph
 
-FACTORY = "mstar_graphs.pi05.components:pi05_components"
+MODEL = "pi05"  # its registered name
 
 
 def pi05_spec(weights: str | Path | None = None, *, preset: str = "tiny") -> ModelSpec:
-    return ModelSpec(FACTORY, {"weights": None if weights is None else str(weights), "preset": preset})
+    return ModelSpec(MODEL, {"weights": None if weights is None else str(weights), "preset": preset})
 
 
 def pi05_components(nodes: set[str], weights: str | None = None, preset: str = "tiny",

@@ -75,12 +75,18 @@ class RosProcess:
 
 def run_serving(program: str, serving: Coroutine[Any, Any, dict], summary_json: str | None = None) -> tuple[int, dict | None]:
     """Runs a node process's ``serving`` coroutine: (exit status, its summary). Bad parameters, --ros-args,
-    weights or placement are said in one line, no traceback (status 2); Ctrl-C while starting is 130.
+    weights or placement are said in one line, no traceback (status 2) -- also when a Worker process
+    found them bad while setting up; Ctrl-C while starting is 130.
     The summary is also written as JSON to ``summary_json``."""
+    from mstar.conductor import WorkerSetupError
+
     try:
         summary = asyncio.run(serving)
     except KeyboardInterrupt:  # stopped while starting, before the signal handlers were installed
         return 130, None
+    except WorkerSetupError as exc:  # the Worker's own "Type: message", as a failure in this process says it
+        print(f"{program}: error: {exc.error} (worker rank {exc.rank})", file=sys.stderr)
+        return 2, None
     except Exception as exc:
         from rclpy._rclpy_pybind11 import RCLError
         from rclpy.exceptions import ParameterException

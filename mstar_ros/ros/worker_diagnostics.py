@@ -1,6 +1,7 @@
 """A Worker process's ROS 2 node: ``/mstar/worker_<rank>`` reports its engines on /diagnostics.
 
-Loaded into each Worker process as a plugin (``WorkerPool(plugins=[PLUGIN])``), so
+Loaded into each Worker process as a plugin (``WorkerPool(plugins=[PLUGIN])``; the name is
+registered in setup.py under the entry-point group ``mstar.worker_plugins``), so
 ``ros2 topic echo /diagnostics`` shows every process of the node set, not only the
 Conductor's. It runs its own rclpy context and thread: the Worker's device thread
 never waits for ROS.
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 import threading
 
-PLUGIN = "mstar_ros.ros.worker_diagnostics:attach"
+PLUGIN = "ros_diagnostics"  # -> attach(), by its entry point
 
 
 class WorkerDiagnostics:

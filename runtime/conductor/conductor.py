@@ -10,7 +10,9 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import os
 import secrets
+import socket
 from pathlib import Path
 from typing import Callable, Mapping
 
@@ -29,6 +31,7 @@ from mstar.graph.node import NodeSubmodule
 from mstar.transport.inprocess import InProcessTensorStore
 from mstar.conductor.routing import Router
 from mstar.conductor.worker_pool import WorkerPool
+from mstar.conductor.worker_status import WorkerStatus
 from mstar.placement.resolve import ResolvedPlacement, load_placement
 from mstar.worker.messages import CloseSession, ExecuteNode, ExportKV, KVExported, NodeOutput, ReleaseRequest
 from mstar.worker.model_spec import build_model
@@ -345,6 +348,16 @@ class Conductor:
 
     def kv_blocks_used(self) -> int:
         return sum(w.kv_blocks_used() for w in self.workers)
+
+    def worker_status(self) -> list[WorkerStatus]:
+        """Each Worker by rank: alive / restarting / dead, restarts, last death, heartbeat age.
+        Embedded, the one Worker is rank 0 in this very process (it cannot die on its own)."""
+        if self.pool is not None:
+            return self.pool.worker_status()
+        worker = self._local[0]
+        return [WorkerStatus(rank=0, state="alive" if self.started else "dead", pid=os.getpid(),
+                             host=socket.gethostname(), nodes=tuple(sorted(worker.nodes)), restarts=0,
+                             last_death=None, heartbeat_age_s=None)]
 
     async def refresh(self) -> None:
         """Fetches the Worker processes' counters (stats(), kv_blocks_used() read the last ones)."""

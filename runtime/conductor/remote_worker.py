@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import subprocess
+import time
 from typing import Awaitable, Callable
 
 from mstar.worker.messages import (CloseSession, ExecuteNode, ExportKV, KVExported, NodeOutput,
@@ -42,6 +43,7 @@ class RemoteWorker:
         self._stats_waiters: dict[int, asyncio.Future] = {}
         self._stats_seq = 0
         self._last_stats = WorkerStats(0, {}, 0, 0)
+        self.last_heard = time.monotonic()  # Ready, then each heartbeat (stats) reply: its age tells a wedged Worker
         self.death: str | None = None
         self.lost = False  # the connection dropped; death says why once known
         self.dead = asyncio.Event()
@@ -100,6 +102,7 @@ class RemoteWorker:
                 reply(msg)
         elif isinstance(msg, WorkerStats):
             self._last_stats = msg
+            self.last_heard = time.monotonic()
             waiter = self._stats_waiters.pop(msg.seq, None)
             if waiter is not None and not waiter.done():
                 waiter.set_result(msg)

@@ -2,7 +2,8 @@
 
 The Conductor listens on a control address; each Worker (started here as
 ``python -m mstar.worker.process_main``, or by hand on another host with the same
-arguments) connects, says Hello with its rank, gets its Setup and answers Ready.
+arguments) connects, proves it holds the pool's token in its Hello and checks the
+Conductor's proof back (``mstar.worker.handshake``), gets its Setup and answers Ready.
 A Worker that dies is noticed when its connection drops (immediately for a killed
 process) or when it stops answering heartbeats; its calls fail with the reason, its
 shared memory is unlinked, and a fresh process takes its rank (a process that dies
@@ -19,15 +20,19 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 
 import msgspec
 
 from mstar.conductor.remote_worker import RemoteWorker
+from mstar.conductor.worker_status import WorkerSetupError, WorkerStatus
 from mstar.engine.config import EngineConfig
 from mstar.placement.resolve import ResolvedPlacement
 from mstar.transport.shm import segment_prefix, segments_with_prefix, unlink_segments
-from mstar.worker.protocol import (HEADER_SIZE, MAX_HELLO, TOKEN_ENV, Hello, ModelSpec, Ready, Setup, SetupFailed,
-                                   Shutdown, TensorParallel, decode_body, encode_frame, frame_length, worker_tag)
+from mstar.worker import handshake
+from mstar.worker.protocol import (HEADER_SIZE, MAX_FRAME, MAX_HELLO, TOKEN_ENV, Hello, ModelSpec, Ready, Setup,
+                                   SetupFailed, Shutdown, TensorParallel, decode_body, encode_frame, frame_length,
+                                   worker_tag)
 
 log = logging.getLogger("mstar.conductor.workers")
 
@@ -64,7 +69,7 @@ class WorkerPool:
                  launch: bool = True, host: str = "127.0.0.1", port: int = 0, threads: int | None = None,
                  transports: tuple[str, ...] = ("shm", "tcp"), setup_timeout: float = 180.0,
                  restart: bool = True, heartbeat_s: float = 1.0, heartbeat_timeout_s: float = 5.0,
-                 setup_retries: int = 3, plugins: tuple[str, ...] = ()) -> None:
+                 setup_retries: int = 3, plugins: tuple[str, ...] = (), hello_timeout_s: float = 10.0) -> None:
         self.spec, self.placement, self.config = spec, placement, config
         self.launch, self.host, self.port = launch, host, port
         self.world_size = placement.world_size
@@ -77,6 +82,7 @@ class WorkerPool:
         self.restart = restart
         self.heartbeat_s, self.heartbeat_timeout_s = heartbeat_s, heartbeat_timeout_s
         self.setup_retries = setup_retries
+        self.hello_timeout_s = hello_timeout_s  # a connection that does not prove itself by then is closed
         self.plugins = tuple(plugins)
         self.token = os.environ.get(TOKEN_ENV) or secrets.token_hex(16)
         self.workers: dict[int, RemoteWorker] = {}
@@ -92,6 +98,8 @@ class WorkerPool:
         self._server: asyncio.base_events.Server | None = None
         self._tasks: set[asyncio.Task] = set()
         self.restarts = 0
+        self._rank_restarts: dict[int, int] = {}
+        self._last_death: dict[int, str] = {}
 
     def _tensor_parallel_groups(self) -> dict[int, TensorParallel]:
         out: dict[int, TensorParallel] = {}
@@ -146,7 +154,7 @@ class WorkerPool:
             if self._ready[rank].is_set() and worker is not None and worker.alive:
                 return worker
             if rank in self._setup_errors:
-                raise RuntimeError(f"worker rank {rank} failed to start: {self._setup_errors[rank]}")
+                raise WorkerSetupError(rank, self._setup_errors[rank])
             if self._stopping:
                 raise RuntimeError(f"worker rank {rank} is stopped")
             if self._started and not (self.restart and self.launch) and worker is not None and not worker.alive:
@@ -163,16 +171,18 @@ class WorkerPool:
                      plugins=list(self.plugins))
 
     async def _handshake(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
-        hello = decode_body(await reader.readexactly(frame_length(await reader.readexactly(HEADER_SIZE), MAX_HELLO)))
-        if not isinstance(hello, Hello) or not secrets.compare_digest(hello.token, self.token):
-            raise ValueError(f"not a worker of this conductor ({type(hello).__name__} with a wrong token)")
+        challenge = handshake.challenge()
+        writer.write(encode_frame(challenge))
+        hello = await asyncio.wait_for(_read_frame(reader, MAX_HELLO), self.hello_timeout_s)
+        if not isinstance(hello, Hello) or not handshake.hello_is_valid(self.token, challenge, hello):
+            raise ValueError(f"not a worker of this conductor (a {type(hello).__name__} without a valid proof "
+                             f"of the pool token)")
         rank = hello.rank
         if not 0 <= rank < self.world_size or (rank in self.workers and self.workers[rank].alive):
             raise ValueError(f"rank {rank} is out of range or already connected")
         setup = self._setup_for(rank)
-        writer.write(encode_frame(setup))
-        reply = decode_body(await reader.readexactly(frame_length(await reader.readexactly(HEADER_SIZE))))
-        return hello, setup, reply
+        writer.write(encode_frame(handshake.welcome(self.token, challenge, hello)) + encode_frame(setup))
+        return hello, setup, await _read_frame(reader, MAX_FRAME)
 
     async def _on_connect(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -181,11 +191,15 @@ class WorkerPool:
             hello, setup, reply = await asyncio.wait_for(self._handshake(reader, writer), self.setup_timeout)
             if isinstance(reply, SetupFailed):
                 self._setup_errors[hello.rank] = reply.error
-                raise ValueError(f"rank {hello.rank} failed to set up: {reply.error}")
+                # while starting, start() raises it to the caller: saying it here too would say it twice
+                (log.warning if self._started else log.debug)("worker rank %d failed to set up: %s",
+                                                               hello.rank, reply.error)
+                writer.close()
+                return
             if not isinstance(reply, Ready):
                 raise ValueError(f"expected Ready, got {type(reply).__name__}")
         except Exception as exc:
-            log.warning("rejected a worker connection: %s", exc)
+            log.warning("rejected a worker connection from %s: %s", writer.get_extra_info("peername"), exc)
             writer.close()
             return
         rank = hello.rank
@@ -225,6 +239,7 @@ class WorkerPool:
         if crashes > self.setup_retries:
             self._setup_errors[rank] = f"the process {describe_exit(code)} during setup, {crashes} times"
             return
+        self._last_death[rank] = f"the process {describe_exit(code)} during setup"
         log.error("worker rank %d (pid %d) %s during setup; retrying (%d of %d)", rank, proc.pid,
                   describe_exit(code), crashes, self.setup_retries)
         await asyncio.sleep(0.5 * crashes)
@@ -269,6 +284,7 @@ class WorkerPool:
         if self._stopping:
             return
         rank = worker.rank
+        self._last_death[rank] = worker.death or "closed its connection"
         if rank in self._restarting or (worker.process is not None and self._processes.get(rank) is not worker.process):
             return  # its rank is being (or was) restarted with its tensor-parallel group
         log.error("%r %s; %s", worker, worker.death, "restarting it" if self.restart and self.launch else "not restarting")
@@ -291,12 +307,40 @@ class WorkerPool:
         if not (self.restart and self.launch) or self._stopping:
             return
         self.restarts += 1
+        for r in group:
+            self._rank_restarts[r] = self._rank_restarts.get(r, 0) + 1
         if len(group) > 1:  # a fresh rendezvous: the old one died with its leader
             init = f"tcp://{self.host}:{_free_port(self.host)}"
             for r in group:
                 self._tp[r] = msgspec.structs.replace(self._tp[r], init_method=init)
         for r in group:
             self._spawn(r)
+
+    # -- status ------------------------------------------------------------------------
+    def worker_status(self) -> list[WorkerStatus]:
+        """Every rank's state, process, restarts, last death and heartbeat age (for health reports)."""
+        now = time.monotonic()
+        out = []
+        for rank in range(self.world_size):
+            worker = self.workers.get(rank)
+            proc = self._processes.get(rank)
+            alive = worker is not None and worker.alive and self._ready[rank].is_set()
+            if alive:
+                state = "alive"
+            elif rank in self._setup_errors or self._stopping or (worker is not None and not (self.restart and self.launch)):
+                state = "dead"
+            else:
+                state = "starting" if worker is None else "restarting"
+            pid = worker.pid if worker is not None and (alive or proc is None) else (proc.pid if proc else None)
+            last_death = self._last_death.get(rank)
+            if worker is not None and not worker.alive:  # its own account, once known (the exit status takes ms)
+                last_death = worker.death or "lost its connection"
+            out.append(WorkerStatus(
+                rank=rank, state=state, pid=pid, host=worker.host if worker is not None else None,
+                nodes=tuple(sorted({n for (n, _), p in self.placement.items() if rank in p.ranks})),
+                restarts=self._rank_restarts.get(rank, 0), last_death=last_death,
+                heartbeat_age_s=now - worker.last_heard if alive else None))
+        return out
 
     # -- stop --------------------------------------------------------------------------
     async def stop(self, timeout: float = 10.0) -> None:
@@ -322,3 +366,7 @@ class WorkerPool:
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()
+
+
+async def _read_frame(reader: asyncio.StreamReader, limit: int):
+    return decode_body(await reader.readexactly(frame_length(await reader.readexactly(HEADER_SIZE), limit)))

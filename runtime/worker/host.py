@@ -15,8 +15,9 @@ import torch
 from mstar.engine.ar_module import ARModule
 from mstar.engine.device_loop import run_on_device
 from mstar.transport.exchange import TensorExchange
-from mstar.worker.model_spec import build_model, load_factory
-from mstar.worker.protocol import ModelSpec, Setup
+from mstar.worker import registry
+from mstar.worker.model_spec import build_model
+from mstar.worker.protocol import Setup
 from mstar.worker.worker import Worker
 
 log = logging.getLogger("mstar.worker")
@@ -24,6 +25,9 @@ log = logging.getLogger("mstar.worker")
 
 class WorkerHost:
     def __init__(self, setup: Setup, rank: int, tag: str, secret: bytes | None = None) -> None:
+        # names are looked up first: an unregistered one fails before anything is built or read
+        registry.resolve(registry.MODELS, setup.spec.model)
+        plugins = [registry.resolve(registry.PLUGINS, name) for name in setup.plugins]
         if setup.threads:
             torch.set_num_threads(setup.threads)  # Workers sharing a host split its cores
         self.rank = rank
@@ -48,7 +52,7 @@ class WorkerHost:
         for engine in self.worker.ar_engines.values():
             engine.on_fatal = self._fatal
         self.worker.start()
-        self._plugins = [load_factory(ModelSpec(name))(self) for name in setup.plugins]
+        self._plugins = [plugin(self) for plugin in plugins]
         log.info("rank %d serves nodes %s on %s%s", rank, self.worker.nodes, setup.device,
                  f" (tensor-parallel rank {self.tp.rank} of {self.tp.size})" if self.tp is not None else "")
 

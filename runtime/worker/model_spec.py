@@ -1,22 +1,19 @@
-"""Builds a model from its ModelSpec: the Conductor (graph only) and each Worker (its nodes)."""
+"""Builds a model from its ModelSpec: the Conductor (graph only) and each Worker (its nodes).
+
+The spec names a registered model (``mstar.worker.registry``); nothing a peer sends is imported.
+"""
 from __future__ import annotations
 
-import importlib
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from mstar.graph.model_graph import ModelGraph
 from mstar.graph.node import NodeSubmodule
+from mstar.worker import registry
 from mstar.worker.protocol import ModelSpec
 
 
-def load_factory(spec: ModelSpec):
-    module_name, _, attr = spec.factory.partition(":")
-    if not module_name or not attr:
-        raise ValueError(f"model factory {spec.factory!r} is not 'module:function'")
-    try:
-        return getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise ValueError(f"model factory {spec.factory!r} cannot be imported: {exc}") from None
+def load_factory(spec: ModelSpec) -> Callable[..., tuple[ModelGraph, Mapping[str, NodeSubmodule]]]:
+    return registry.resolve(registry.MODELS, spec.model)
 
 
 def build_model(spec: ModelSpec, nodes: set[str], tp: Any = None) -> tuple[ModelGraph, Mapping[str, NodeSubmodule]]:
@@ -27,5 +24,5 @@ def build_model(spec: ModelSpec, nodes: set[str], tp: Any = None) -> tuple[Model
         kwargs["tp"] = tp
     graph, modules = factory(nodes=set(nodes), **kwargs)
     if not isinstance(graph, ModelGraph):
-        raise TypeError(f"model factory {spec.factory!r} returned {type(graph).__name__}, not a ModelGraph")
+        raise TypeError(f"model {spec.model!r} returned {type(graph).__name__}, not a ModelGraph")
     return graph, modules

@@ -2,10 +2,12 @@
 
 Started by the Conductor for each rank of a placement, or by hand on another host
 (same arguments, ``--listen`` its own address, and the pool's token in the
-environment: it is kept out of argv, which every local user can read). It connects, says Hello,
-builds what Setup asks for, answers Ready and then serves node messages until the
-Conductor says Shutdown or its connection goes away (so a Conductor that dies
-leaves no Worker behind).
+environment: it is kept out of argv, which every local user can read). It connects,
+proves it holds the token and checks that the Conductor does (``mstar.worker.handshake``),
+builds what Setup asks for -- only models and plugins registered on this side
+(``mstar.worker.registry``; ``--model NAME=module:function`` adds one) -- answers Ready and
+then serves node messages until the Conductor says Shutdown or its connection goes away
+(so a Conductor that dies leaves no Worker behind).
 """
 from __future__ import annotations
 
@@ -18,20 +20,26 @@ import sys
 
 import msgspec
 
+from mstar.worker import handshake, registry
 from mstar.worker.messages import CloseSession, ExecuteNode, ExportKV, KVExported, NodeOutput, ReleaseRequest
-from mstar.worker.protocol import (TOKEN_ENV, BlockingChannel, FrameTooLarge, Hello, Ready, Setup, SetupFailed,
-                                   Shutdown, StatsRequest, WorkerStats, worker_tag)
+from mstar.worker.protocol import (MAX_HELLO, TOKEN_ENV, BlockingChannel, Challenge, FrameTooLarge, Ready, Setup,
+                                   SetupFailed, Shutdown, StatsRequest, Welcome, WorkerStats, worker_tag)
 
 log = logging.getLogger("mstar.worker")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m mstar.worker.process_main",
-                                     description="Run one mstar Worker process and connect it to a Conductor.")
+                                     description=f"Run one mstar Worker process and connect it to a Conductor. "
+                                                 f"The pool's token comes from ${TOKEN_ENV} (never argv).")
     parser.add_argument("--conductor", required=True, help="the Conductor's control address, HOST:PORT")
     parser.add_argument("--rank", type=int, required=True, help="this Worker's rank in the placement file")
-    parser.add_argument("--token", default=os.environ.get(TOKEN_ENV),
-                        help=f"the Conductor's worker token (default: ${TOKEN_ENV}, which is safer than argv)")
+    parser.add_argument("--model", action="append", default=[], metavar="NAME=MODULE:FUNCTION",
+                        help=f"register a model for this Worker only (repeatable; also ${registry.MODELS.env}); "
+                             f"installed graph packages register theirs as entry points ({registry.MODELS.group})")
+    parser.add_argument("--plugin", action="append", default=[], metavar="NAME=MODULE:FUNCTION",
+                        help=f"register a Worker plugin likewise (also ${registry.PLUGINS.env}; entry points "
+                             f"{registry.PLUGINS.group})")
     parser.add_argument("--listen", help="address this Worker's tensor servers bind and advertise (default: the one "
                                          "the Conductor gives, fine on one host; on another host, its own address)")
     parser.add_argument("--log-level", default=os.environ.get("MSTAR_LOG_LEVEL", "WARNING"))
@@ -70,34 +78,78 @@ def serve(channel: BlockingChannel, host) -> None:
             log.warning("ignoring an unexpected %s", type(msg).__name__)
 
 
+def _connect(conductor: str, token: str, rank: int) -> tuple[BlockingChannel, Setup]:
+    """Connects, runs the handshake, returns the channel and the Setup; raises ConnectionError."""
+    address, _, port = conductor.rpartition(":")
+    try:
+        sock = socket.create_connection((address, int(port)), timeout=30)
+    except OSError as exc:
+        raise ConnectionError(f"cannot reach the Conductor at {conductor}: {exc}") from None
+    channel = BlockingChannel(sock)
+    try:
+        challenge = channel.recv(MAX_HELLO)  # nothing larger is read before the Conductor has proved itself
+        if challenge is None:
+            raise ConnectionError(f"the Conductor at {conductor} closed the connection before its challenge")
+        if not isinstance(challenge, Challenge):
+            raise ConnectionError(f"{conductor} is not an mstar Conductor (it sent {type(challenge).__name__})")
+        hello = handshake.hello(token, challenge, rank, os.getpid(), socket.gethostname())
+        channel.send(hello)
+        welcome = channel.recv(MAX_HELLO)
+        if welcome is None:
+            raise ConnectionError(f"the Conductor at {conductor} refused this Worker: it does not hold the same "
+                                  f"pool token (${TOKEN_ENV}), or rank {rank} is taken")
+        if not isinstance(welcome, Welcome) or not handshake.welcome_is_valid(token, challenge, hello, welcome):
+            raise ConnectionError(f"the Conductor at {conductor} could not prove it holds the pool token: "
+                                  f"building nothing it asks for")
+        sock.settimeout(None)  # from here on the Conductor may take its time (other ranks set up)
+        setup = channel.recv()
+        if not isinstance(setup, Setup):
+            raise ConnectionError(f"the Conductor did not send Setup (got {type(setup).__name__})")
+        return channel, setup
+    except ConnectionError:
+        channel.close()
+        raise
+    except (msgspec.DecodeError, ValueError, OSError) as exc:  # a garbled or oversized frame, a timeout
+        channel.close()
+        raise ConnectionError(f"handshake with the Conductor at {conductor} failed: {exc}") from None
+    except BaseException:
+        channel.close()
+        raise
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     # SIGTERM (also sent when the Conductor's process dies) unwinds through the cleanup below;
     # Ctrl-C in a terminal reaches the whole process group: the Conductor decides when Workers stop
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    if not args.token:
-        print(f"no worker token: set {TOKEN_ENV} (or --token)", file=sys.stderr)
+    token = os.environ.get(TOKEN_ENV)
+    if not token:
+        print(f"no worker token: set {TOKEN_ENV} to the Conductor's pool token", file=sys.stderr)
         return 2
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format=f"[worker {args.rank}] %(levelname)s %(name)s: %(message)s")
-    address, _, port = args.conductor.rpartition(":")
-    sock = socket.create_connection((address, int(port)), timeout=30)
-    sock.settimeout(None)
-    channel = BlockingChannel(sock)
-    channel.send(Hello(args.rank, os.getpid(), socket.gethostname(), args.token))
-    setup = channel.recv()
-    if not isinstance(setup, Setup):
-        log.error("the conductor did not send Setup (got %s)", type(setup).__name__)
+    try:
+        for flag, kind, items in (("--model", registry.MODELS, args.model), ("--plugin", registry.PLUGINS, args.plugin)):
+            for item in items:
+                for name, target in registry.parse_registrations(kind, item, flag).items():
+                    registry.register(kind, name, target)
+        channel, setup = _connect(args.conductor, token, args.rank)
+    except (ValueError, ConnectionError) as exc:
+        print(f"mstar worker rank {args.rank}: error: {exc}", file=sys.stderr)
         return 2
     try:
         from mstar.worker.host import WorkerHost
         if args.listen:
             setup = msgspec.structs.replace(setup, host=args.listen)
-        host = WorkerHost(setup, args.rank, worker_tag(args.token, args.rank, os.getpid()), secret=args.token.encode())
+        host = WorkerHost(setup, args.rank, worker_tag(token, args.rank, os.getpid()), secret=token.encode())
     except Exception as exc:
-        log.exception("setup failed")
-        channel.send(SetupFailed(f"{type(exc).__name__}: {exc}"))
+        # the Conductor reports it (one line); the traceback is for --log-level DEBUG
+        log.debug("setup failed", exc_info=True)
+        try:
+            channel.send(SetupFailed(f"{type(exc).__name__}: {exc}"))
+        except OSError:
+            log.error("setup failed: %s: %s (and the Conductor is gone)", type(exc).__name__, exc)
         return 1
     try:
         channel.send(Ready(host.exchange.endpoints(), host.segment_prefix))

@@ -1,9 +1,13 @@
 """The Conductor <-> Worker-process wire: msgspec structs, msgpack, length-prefixed frames.
 
-A Worker process connects to the Conductor's control address and says Hello; the
-Conductor answers Setup (what to build); the Worker answers Ready (what it serves)
-or SetupFailed. After that the node messages of ``mstar.worker.messages`` flow.
-Never pickle: every frame decodes into one of the structs of ``Message``.
+A Worker process connects to the Conductor's control address; the Conductor sends a
+Challenge (its nonce); the Worker says Hello with its own nonce and a proof of the pool's
+token; the Conductor answers Welcome (its proof back) and Setup (what to build); the
+Worker answers Ready (what it serves) or SetupFailed. Both proofs are HMACs over both
+nonces (``mstar.worker.handshake``): the token never crosses the wire, and neither side
+acts on the other's messages before the other has proved it holds the token. After
+that the node messages of ``mstar.worker.messages`` flow. Never pickle: every frame
+decodes into one of the structs of ``Message``.
 """
 from __future__ import annotations
 
@@ -35,11 +39,12 @@ def worker_tag(token: str, rank: int, pid: int) -> str:
 
 
 class ModelSpec(msgspec.Struct, frozen=True):
-    """How a Worker process builds a model: ``factory`` is "module:function", called as
-    ``function(nodes=set_of_hosted_nodes, tp=TPGroup_or_None, **kwargs)`` and returning
-    ``(ModelGraph, {module name: NodeSubmodule})`` for the hosted nodes only."""
+    """How a Worker process builds a model: ``model`` is a name registered on the Worker's side
+    (``mstar.worker.registry``: an installed graph package's entry point), never code to import.
+    Its factory is called as ``factory(nodes=set_of_hosted_nodes, tp=TPGroup_or_None, **kwargs)``
+    and returns ``(ModelGraph, {module name: NodeSubmodule})`` for the hosted nodes only."""
 
-    factory: str
+    model: str
     kwargs: dict[str, Any] = {}
 
 
@@ -49,11 +54,20 @@ class TensorParallel(msgspec.Struct, frozen=True):
     init_method: str  # tcp://host:port of the group's rendezvous
 
 
+class Challenge(msgspec.Struct, tag=True):
+    nonce: bytes  # the Conductor's
+
+
 class Hello(msgspec.Struct, tag=True):
     rank: int
     pid: int
     host: str
-    token: str
+    nonce: bytes  # the Worker's
+    proof: bytes  # HMAC of the token over both nonces and the fields above (mstar.worker.handshake)
+
+
+class Welcome(msgspec.Struct, tag=True):
+    proof: bytes  # the Conductor's HMAC of the token over both nonces, checked before Setup is read
 
 
 class Setup(msgspec.Struct, tag=True):
@@ -65,8 +79,8 @@ class Setup(msgspec.Struct, tag=True):
     transports: list[str] = []  # which of shm / tcp / mooncake this Worker serves
     host: str = "127.0.0.1"     # address its tensor servers listen on
     tp: TensorParallel | None = None
-    # "module:function" called with the WorkerHost once it serves (e.g. a ROS status node);
-    # the runtime itself knows nothing of what they do
+    # names of Worker plugins registered on the Worker's side (mstar.worker.registry), each called
+    # with the WorkerHost once it serves (e.g. a ROS status node); the runtime knows nothing of them
     plugins: list[str] = []
 
 
@@ -94,7 +108,7 @@ class Shutdown(msgspec.Struct, tag=True):
     pass
 
 
-Message = Union[Hello, Setup, Ready, SetupFailed, StatsRequest, WorkerStats, Shutdown,
+Message = Union[Challenge, Hello, Welcome, Setup, Ready, SetupFailed, StatsRequest, WorkerStats, Shutdown,
                 ExecuteNode, NodeOutput, ReleaseRequest, CloseSession, ExportKV, KVExported]
 
 _encoder = msgspec.msgpack.Encoder()
@@ -137,12 +151,13 @@ class BlockingChannel:
         with self._send_lock:
             self.sock.sendall(data)
 
-    def recv(self) -> Message | None:
-        """The next message, or None when the peer closed the connection."""
+    def recv(self, limit: int = MAX_FRAME) -> Message | None:
+        """The next message, or None when the peer closed the connection. ``limit``: the largest
+        frame accepted (MAX_HELLO before the peer has proved it holds the token)."""
         header = self._recv_exact(HEADER_SIZE)
         if header is None:
             return None
-        body = self._recv_exact(frame_length(header))
+        body = self._recv_exact(frame_length(header, limit))
         if body is None:
             return None
         return decode_body(body)

@@ -1,4 +1,9 @@
-"""Model factories for Worker-process tests: a toy LM streaming its tokens into a stateless node."""
+"""Model factories for Worker-process tests: a toy LM streaming its tokens into a stateless node.
+
+Not an installed package: it is registered in the environment (``REGISTRATION`` in
+``MSTAR_MODELS``, see mstar.worker.registry), which the tests' Conductors and the Worker
+processes they launch inherit -- as a user developing a graph locally would do.
+"""
 from __future__ import annotations
 
 import time
@@ -31,5 +36,9 @@ def toy_streaming(nodes: set[str], stop_token: int | None = None, delay: float =
     return graph, modules
 
 
+MODEL = "toy_streaming"
+REGISTRATION = f"{MODEL}=support.toy_factory:toy_streaming"
+
+
 def toy_spec(**kwargs) -> ModelSpec:
-    return ModelSpec("support.toy_factory:toy_streaming", kwargs)
+    return ModelSpec(MODEL, kwargs)

@@ -2,15 +2,18 @@
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import os
 
 import pytest
 
-from mstar.conductor import Conductor, RequestError
+from mstar.conductor import Conductor, RequestError, WorkerSetupError
 from mstar.placement import PlacementError
 from mstar.transport.shm import segments_with_prefix
 from support.conductor_helpers import config, make_prompts, req, run
-from support.toy_factory import toy_spec, toy_streaming
+from mstar.worker.protocol import ModelSpec
+from mstar.worker.registry import MODELS
+from support.toy_factory import REGISTRATION, toy_spec, toy_streaming
 
 SPLIT = """
 world_size: 2
@@ -132,23 +135,50 @@ def test_killed_worker_fails_its_request_fast_and_is_replaced(tmp_path):
     assert_no_leftovers(c)
 
 
-def test_worker_that_cannot_build_its_model_fails_start_clearly(tmp_path):
-    from mstar.worker.protocol import ModelSpec
+def _start_pool_with(tmp_path, spec, **options):
+    """Starts Workers for ``spec`` over the toy graph (the Conductor itself builds nothing from it)."""
+    from mstar.conductor.worker_pool import WorkerPool
+    from mstar.placement import load_placement
 
     async def go():
         graph, _ = toy_streaming(set())
-        from mstar.conductor.worker_pool import WorkerPool
-        from mstar.placement import load_placement
-        resolved = load_placement(str(placement(tmp_path, SPLIT)), graph)
-        pool = WorkerPool(ModelSpec("support.toy_factory:no_such_factory"), resolved, config(), setup_timeout=60)
+        pool = WorkerPool(spec, load_placement(str(placement(tmp_path, SPLIT)), graph), config(), setup_timeout=60,
+                          **options)
         c = Conductor(graph, config=config(), pool=pool)
-        with pytest.raises(RuntimeError, match="no_such_factory"):
+        with pytest.raises(WorkerSetupError) as info:
             await c.start()
         await pool.stop()
-        return pool
+        return pool, info.value
 
-    pool = run(go())
+    return run(go())
+
+
+def test_worker_that_cannot_build_its_model_fails_start_clearly(tmp_path):
+    pool, error = _start_pool_with(tmp_path, toy_spec(no_such_argument=1))
+    assert "TypeError" in error.error and "no_such_argument" in error.error, error
     assert all(p.poll() is not None for p in pool._processes.values())
+
+
+def test_a_setup_naming_an_unregistered_model_is_refused_and_nothing_named_is_imported(tmp_path, monkeypatch):
+    """A Setup can name an importable module:function; the Worker imports nothing a message names."""
+    marker = tmp_path / "imported"
+    (tmp_path / "planted_factory.py").write_text(
+        f"import pathlib\npathlib.Path({str(marker)!r}).write_text('imported')\n"
+        "def build(nodes, **kw):\n    raise AssertionError('built')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))  # importable by the Workers too (they get our sys.path)
+    assert importlib.util.find_spec("planted_factory") is not None  # importable, had anything tried
+    for name in ("planted_factory:build", "not_registered"):
+        pool, error = _start_pool_with(tmp_path, ModelSpec(name))
+        assert isinstance(error, WorkerSetupError) and error.rank in (0, 1)
+        assert error.error.startswith(f"NotRegistered: model {name!r} is not registered in this process"), error
+        assert "toy_streaming" in error.error and "\n" not in error.error  # what is registered, in one line
+        assert all(p.poll() is not None for p in pool._processes.values())
+    assert not marker.exists(), "a Worker imported a module named by its Setup"
+
+
+def test_a_setup_naming_an_unregistered_plugin_is_refused(tmp_path):
+    _, error = _start_pool_with(tmp_path, toy_spec(), plugins=("no_such_plugin",))
+    assert error.error.startswith("NotRegistered: Worker plugin 'no_such_plugin' is not registered"), error
 
 
 def test_placement_naming_an_unknown_node_is_refused_before_any_process_starts(tmp_path):
@@ -170,8 +200,10 @@ def test_workers_started_by_hand_connect_to_the_conductor_address(tmp_path):
         while c.pool.port == 0:
             await asyncio.sleep(0.01)
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p), MSTAR_WORKER_TOKEN=c.pool.token)
+        del env[MODELS.env]  # registered by the flag below instead, as a user starting a Worker would
         procs = [subprocess.Popen([sys.executable, "-m", "mstar.worker.process_main", "--conductor", c.pool.address,
-                                   "--rank", str(rank), "--listen", "127.0.0.1"], env=env) for rank in (1, 0)]
+                                   "--rank", str(rank), "--listen", "127.0.0.1", "--model", REGISTRATION], env=env)
+                 for rank in (1, 0)]
         await starting
         try:
             got = await serve_all(c, PROMPTS)
@@ -251,3 +283,33 @@ def test_a_worker_that_stops_answering_is_taken_down_and_replaced(tmp_path):
     assert "stopped answering" in error, error
     assert noticed < 3.0, noticed
     assert len(after["token"]) == 8
+
+
+def test_worker_status_follows_a_killed_rank_through_its_restart(tmp_path):
+    async def go():
+        c = Conductor.distributed(toy_spec(), placement(tmp_path, SPLIT), config=config(), heartbeat_s=0.2)
+        async with c:
+            await asyncio.sleep(0.5)  # a few heartbeats
+            before = c.worker_status()
+            os.kill(before[1].pid, 9)
+            seen = []
+            deadline = asyncio.get_running_loop().time() + 60
+            while not (any(snap[1].state != "alive" for snap in seen) and seen[-1][1].state == "alive"):
+                assert asyncio.get_running_loop().time() < deadline, seen[-3:]
+                seen.append(c.worker_status())
+                await asyncio.sleep(0.02)
+        return before, seen
+
+    before, seen = run(go())
+    assert [s.rank for s in before] == [0, 1] and all(s.state == "alive" for s in before)
+    assert before[1].nodes == ("sum",) and before[1].restarts == 0 and before[1].last_death is None
+    assert 0.0 <= before[1].heartbeat_age_s < 1.0
+    down = [snap[1] for snap in seen if snap[1].state != "alive"]
+    assert all(s.state == "restarting" and s.heartbeat_age_s is None for s in down), down
+    # "lost its connection" for the few ms until the exit status is known, then the reason
+    assert {s.last_death for s in down} <= {"lost its connection", "died (killed by SIGKILL)"}
+    assert down[-1].last_death == "died (killed by SIGKILL)"
+    back = seen[-1][1]
+    assert back.state == "alive" and back.restarts == 1 and back.pid != before[1].pid
+    assert back.last_death == "died (killed by SIGKILL)"
+    assert all(snap[0].state == "alive" and snap[0].restarts == 0 for snap in seen)  # rank 0 was never touched
