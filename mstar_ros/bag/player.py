@@ -4,7 +4,9 @@ How it plays (what ``ros2 bag play`` does, minus the parts that are not on PyPI)
 
 1. Reads the bag with ``rosbags`` (MCAP or sqlite3), picks the topics (``--topics``)
    and renames them (``--remap``).
-2. Creates one publisher per topic. QoS: reliable, keep last ``depth``, volatile by
+2. Creates one publisher per topic, of the type the bag records -- only a standard ROS 2
+   message type (rosbags' Kilted type store); any other type is refused with its topic
+   named, and no module a bag names is ever imported. QoS: reliable, keep last ``depth``, volatile by
    default. A reliable publisher matches both reliable subscribers and best-effort
    ones (sensor-data QoS, as the policy nodes use for cameras) -- a best-effort
    publisher would match only the latter. Delivery to a best-effort subscriber is
@@ -147,16 +149,32 @@ def select_topics(available: Sequence[str], wanted: Sequence[str] | None) -> lis
     return [t for t in available if t in chosen]
 
 
-def _message_class(msgtype: str):
-    parts = msgtype.split("/")
-    if len(parts) != 3:
-        raise ValueError(f"unexpected message type name {msgtype!r} (expected pkg/msg/Name)")
-    pkg, kind, name = parts
+def _message_class(topic: str, msgtype: str):
+    """The rclpy class of ``msgtype``. Only the standard types of rosbags' ROS 2 Kilted type store are
+    looked up (their packages are the standard ones), so a bag can never make us import a module it names."""
+    pkg, kind, name = (msgtype.split("/") + ["", "", ""])[:3]
+    if kind != "msg" or msgtype not in _kilted_typestore().fielddefs:
+        raise ValueError(f"{topic}: message type {msgtype!r} is not a standard ROS 2 message type (rosbags' Kilted "
+                         f"type store); the player publishes only those and imports nothing a bag names "
+                         f"(play the other topics with --topics)")
     try:
-        return getattr(importlib.import_module(f"{pkg}.{kind}"), name)
+        return getattr(importlib.import_module(f"{pkg}.msg"), name)
     except (ImportError, AttributeError) as exc:
-        raise ValueError(f"cannot publish {msgtype}: its Python message package is not installed "
+        raise ValueError(f"{topic}: cannot publish {msgtype}: its Python message package is not installed "
                          f"(pip install ros-kilted-{pkg.replace('_', '-')}): {exc}") from None
+
+
+def _message_classes(reports: Mapping[str, "TopicReport"]) -> dict:
+    """Output topic -> message class; every topic that cannot be published is named in one error."""
+    classes, errors = {}, []
+    for topic, rep in reports.items():
+        try:
+            classes[topic] = _message_class(rep.source, rep.msgtype)
+        except ValueError as exc:
+            errors.append(str(exc))
+    if errors:
+        raise ValueError("; ".join(errors))
+    return classes
 
 
 @functools.lru_cache(maxsize=1)
@@ -301,7 +319,7 @@ class BagPlayer:
             periods = [(bag_end - bag_start) / (n - 1) for n in counts.values() if n > 1]
             span_ns = (bag_end - bag_start) + int(min(periods) if periods else 0)  # one pass, for --loop
             headers = {c.id: _has_leading_header(c) for c in selected} if opts.restamp else {}
-            classes = {t: _message_class(r.msgtype) for t, r in reports.items()}
+            classes = _message_classes(reports)
 
             self.out(f"bag {self.bag}: {total} messages on {len(reports)} topics, {(bag_end - bag_start) / 1e9:.2f} s; "
                      f"rate {opts.rate:g}" + (", looping" if opts.loop else ""))

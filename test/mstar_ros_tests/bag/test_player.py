@@ -155,12 +155,44 @@ def test_large_frames_arrive_whole_through_the_localhost_profile(tmp_path, ros_e
         assert len(rx) >= 29, f"{topic}: {len(rx)} of 30 frames"
 
 
-def test_localhost_defaults_never_override_the_user():
-    from mstar_ros.bag.ros_env import apply_localhost_defaults
+def _bag_with_a_planted_type(tmp_path):
+    """A bag with a standard topic and one whose type names a package that exists on PYTHONPATH
+    (importing it would leave a marker file)."""
+    from rosbags.rosbag2 import StoragePlugin, Writer
+    from rosbags.typesys import get_types_from_msg
 
-    env: dict[str, str] = {}
-    applied = apply_localhost_defaults(env)
-    assert env["ROS_AUTOMATIC_DISCOVERY_RANGE"] == "LOCALHOST" and applied == env
-    assert env["FASTDDS_DEFAULT_PROFILES_FILE"].endswith("fastdds_localhost.xml")
-    mine = {"ROS_AUTOMATIC_DISCOVERY_RANGE": "SUBNET", "FASTDDS_DEFAULT_PROFILES_FILE": "/etc/my.xml"}
-    assert apply_localhost_defaults(mine) == {} and mine["ROS_AUTOMATIC_DISCOVERY_RANGE"] == "SUBNET"
+    marker = tmp_path / "imported"
+    pkg = tmp_path / "site" / "plantedmsgs"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text(f"import pathlib\npathlib.Path({str(marker)!r}).write_text('imported')\n")
+    (pkg / "msg.py").write_text("Boom = object\n")
+    ts = get_typestore(Stores.ROS2_KILTED)
+    ts.register(get_types_from_msg("int32 x\n", "plantedmsgs/msg/Boom"))
+    path = tmp_path / "planted_bag"
+    with Writer(path, version=9, storage_plugin=StoragePlugin.MCAP) as writer:
+        boom = writer.add_connection("/boom", "plantedmsgs/msg/Boom", typestore=ts)
+        text = writer.add_connection("/chatter", "std_msgs/msg/String", typestore=ts)
+        writer.write(boom, 1, ts.serialize_cdr(ts.types["plantedmsgs/msg/Boom"](x=1), "plantedmsgs/msg/Boom"))
+        writer.write(text, 2, ts.serialize_cdr(ts.types["std_msgs/msg/String"](data="hi"), "std_msgs/msg/String"))
+    return path, tmp_path / "site", marker
+
+
+@pytest.mark.timeout(90)
+def test_a_bag_naming_an_unknown_type_is_refused_for_that_topic_without_importing_it(tmp_path, ros_env):
+    import os
+    import subprocess
+    import sys
+
+    path, site, marker = _bag_with_a_planted_type(tmp_path)
+    env = {**ros_env, "PYTHONPATH": os.pathsep.join([str(site), ros_env.get("PYTHONPATH", "")])}
+    play = [sys.executable, "-m", "mstar_ros.cli", "bag", "play", str(path), "--no-wait", "--progress", "0"]
+    refused = subprocess.run(play, env=env, capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2, refused.stderr
+    assert refused.stderr.strip().splitlines()[-1] == (
+        "mstar-ros bag: error: /boom: message type 'plantedmsgs/msg/Boom' is not a standard ROS 2 message type "
+        "(rosbags' Kilted type store); the player publishes only those and imports nothing a bag names "
+        "(play the other topics with --topics)")
+    assert not marker.exists(), "the player imported a package named by the bag"
+    played = subprocess.run(play + ["--topics", "/chatter"], env=env, capture_output=True, text=True, timeout=60)
+    assert played.returncode == 0 and "published 1 messages on 1 topics" in played.stdout, played.stdout + played.stderr
+    assert not marker.exists()
