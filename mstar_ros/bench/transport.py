@@ -33,9 +33,20 @@ from mstar.transport.tcp import SECRET_ENV
 from mstar_ros.bench.transport_peer import Channel, Ping, Ready, Setup, Stop, bench_tensor, peer_main, read_reply
 
 DEFAULT_SIZES = "4K,16K,64K,256K,1M,4M,16M,64M"
+# option -> (default, with --quick): the quick run still measures every transport, at a small and a
+# larger size, and the Orpheus split
+DEFAULTS = {"sizes": (DEFAULT_SIZES, "4K,1M"), "repeats": (50, 3), "orpheus_requests": (16, 2),
+            "orpheus_preset": ("bench", "tiny")}
 TRANSPORTS = ("inline", "shm", "tcp", "mooncake")
 WARMUP = 3  # first reads attach segments, open connections, open Mooncake segments
 ROUNDS = 3  # memcpy and the transports alternate this many times per size
+
+
+def apply_defaults(args: argparse.Namespace) -> None:
+    """Fills the options not given on the command line, from DEFAULTS (the quick column with --quick)."""
+    for name, (default, quick) in DEFAULTS.items():
+        if getattr(args, name, None) is None:
+            setattr(args, name, quick if getattr(args, "quick", False) else default)
 
 
 def parse_size(text: str) -> int:
@@ -141,14 +152,14 @@ def _measure_size(exchange: TensorExchange, channel: Channel, kinds: list[str], 
     return limit, rows
 
 
-def _start_peer(mooncake: bool, arena_mb: int) -> tuple[multiprocessing.Process, Channel]:
+def _start_peer(mooncake: bool, arena_mb: int, secret: bytes) -> tuple[multiprocessing.Process, Channel]:
     server = socket.create_server(("127.0.0.1", 0))
     server.settimeout(120)  # the peer imports torch (and Mooncake) first
-    os.environ.setdefault(SECRET_ENV, secrets.token_hex(16))  # the peer inherits it: both TCP ends share it
     ctx = multiprocessing.get_context("spawn")
+    # the secret goes through the spawn pipe of this host's own child, never argv or a socket
     peer = ctx.Process(target=peer_main, name="transport-bench-peer", daemon=True,
                        args=(server.getsockname()[1], f"benchpeer{os.getpid()}", mooncake, arena_mb,
-                             torch.get_num_threads()))
+                             torch.get_num_threads(), secret))
     peer.start()
     try:
         conn, _ = server.accept()
@@ -169,9 +180,12 @@ def run_transport_bench(args: argparse.Namespace) -> int:
         skipped["mooncake"] = "not installed (pip install -e '.[mooncake]')"
     kinds = [k for k in wanted if k not in skipped]
     arena_mb = -(-max(sizes) // (1 << 20)) + 1  # one tensor of the largest size in flight per process
+    # both TCP ends must hold one secret before either exchange is made (a pool's token, in a real run)
+    secret = (os.environ.get(SECRET_ENV) or secrets.token_hex(16)).encode()
     exchange = TensorExchange(f"bench{os.getpid()}", shm=True, tcp_host="127.0.0.1",
-                              mooncake_host="127.0.0.1" if "mooncake" in kinds else None, shm_arena_mb=arena_mb)
-    peer, channel = _start_peer("mooncake" in kinds, arena_mb)
+                              mooncake_host="127.0.0.1" if "mooncake" in kinds else None, shm_arena_mb=arena_mb,
+                              secret=secret)
+    peer, channel = _start_peer("mooncake" in kinds, arena_mb, secret)
     limits: dict[str, dict[str, float]] = {}
     tables: dict[str, dict[str, dict[str, float]]] = {k: {} for k in kinds}
     try:

@@ -78,10 +78,10 @@ def read_reply(exchange: TensorExchange, handle, kind: str, out: torch.Tensor) -
     return exchange.get(handle) if kind == "shm" else exchange.get(handle, out=out)
 
 
-def peer_main(port: int, tag: str, mooncake: bool, arena_mb: int, threads: int) -> None:
+def peer_main(port: int, tag: str, mooncake: bool, arena_mb: int, threads: int, secret: bytes) -> None:
     torch.set_num_threads(threads)
     exchange = TensorExchange(tag, shm=True, tcp_host="127.0.0.1",
-                              mooncake_host="127.0.0.1" if mooncake else None, shm_arena_mb=arena_mb)
+                              mooncake_host="127.0.0.1" if mooncake else None, shm_arena_mb=arena_mb, secret=secret)
     channel = Channel(socket.create_connection(("127.0.0.1", port)))
     kind, out, reply, n = "shm", torch.empty(0), torch.empty(0), 0
     try:
