@@ -35,9 +35,9 @@ from mstar_ros.bench.pi05_loads import (clock, direct_call, direct_closed, direc
 from mstar_ros.bench.pi05_plot import plot_pi05, print_level
 from mstar_ros.bench.pi05_workload import (PROMPT, Observation, Run, bag_observations, closed_summary, engine_delta,
                                            open_summary)
-from mstar_ros.bench.workload import percentile
 from mstar_ros.bench.threads import summary_lines, thread_slowdown_check
 
+from mstar_ros.bench.workload import percentile
 
 def batching_bound(policy, o: Observation, reps: int = 5) -> dict[str, float]:
     """The most any batching can give here: one direct call / its prefix pass alone (best of ``reps``).
@@ -158,8 +158,6 @@ def run_pi05_bench(args: argparse.Namespace) -> int:
     report["notes"]["batching_bound"] = (
         "throughput_ratio_bound = direct_forward_ms / prefix_pass_ms: the prefix is compute-bound and costs the same "
         "per robot batched or not, so even free vision and flow steps could not raise throughput by more than this")
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(report, indent=2) + "\n")
     # issue 16's guard: the same forward in a fresh process, before and after other threads' torch work
     report["thread_slowdown"] = thread_slowdown_check(preset=args.preset, weights=args.weights, dtype=config.dtype,
                                                       rounds=3)
@@ -167,6 +165,8 @@ def run_pi05_bench(args: argparse.Namespace) -> int:
     print("\n".join(summary_lines(report["thread_slowdown"])))
     plot_pi05(report, args.plot)
     print(f"wrote {args.json} and {args.plot}")
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(report, indent=2) + "\n")
     if policy.random_weights:
         print("NOTE: random weights (generated checkpoint): timings are real, the actions are noise.")
     return 0
