@@ -40,6 +40,10 @@ setup(
         "pyyaml>=6",
         "safetensors>=0.4",
         "tokenizers>=0.15",
+        # PaliGemma's tokenizer as openpi ships it (paligemma_tokenizer.model, a SentencePiece model)
+        "sentencepiece>=0.2",
+        # frames that are not the model's size, resized as openpi's training pipeline does (PIL bilinear)
+        "pillow>=10",
         "numpy>=1.24",
         "tqdm>=4.60",
     ],

@@ -31,7 +31,7 @@ from mstar_graphs.pi05.config import Pi05Config
 from mstar_graphs.pi05.tiny import PRESETS, write_tiny_pi05
 
 log = logging.getLogger("mstar_graphs.pi05")
-TINY_VERSION = 1  # bump when the generator changes, so stale caches are not reused
+TINY_VERSION = 2  # bump when the generator changes, so stale caches are not reused
 Part = Literal["vision", "model"]
 
 _PG = "paligemma_with_expert.paligemma."
@@ -118,3 +118,33 @@ def resolve_path(weights: str | Path | None, preset: str = "tiny") -> Path:
     if Pi05Config.from_dir(path).random_weights:
         log.warning("pi0.5 weights in %s are RANDOM (generated for tests): the actions are noise", path)
     return path
+
+
+def parameter_counts(path: str | Path) -> dict[str, str]:
+    """Parameters per part of the checkpoint at ``path``, from the safetensors headers alone (no weight
+    is read): {"vision": "412.4M", "prefix LM": ..., "action expert": ..., "file": "13.1 GB"}."""
+    from math import prod
+
+    from mstar.weights import CheckpointReader
+
+    reader = CheckpointReader(path)
+    counts = {"vision": 0, "prefix LM": 0, "action expert": 0, "unused": 0}
+    for name, shape in reader.shapes().items():
+        ours = name_map("vision")(name)
+        if ours is not None and ours != name:
+            part = "vision"
+        else:
+            ours = name_map("model")(name)
+            part = "unused" if ours is None or ours == name else "prefix LM" if ours.startswith("llm.") else "action expert"
+        counts[part] += prod(shape)
+    out = {k: _human(v) for k, v in counts.items() if v}
+    out["file"] = _human(sum(f.stat().st_size for f in reader.files), unit="B")
+    return out
+
+
+def _human(n: float, unit: str = "") -> str:
+    for suffix in ("", "K", "M", "G", "T"):
+        if n < 1000 or suffix == "T":
+            return f"{n:.1f}{suffix}{unit}" if suffix else f"{int(n)}{unit}"
+        n /= 1000
+    raise AssertionError("unreachable")

@@ -70,7 +70,7 @@ class Pi05Config(msgspec.Struct, frozen=True, kw_only=True):
     bos_token_id: int = BOS_ID
     action_horizon: int = 50
     action_dim: int = 32
-    state_pad_to: int | None = None  # LeRobot pads the state to max_state_dim before discretising; openpi does not
+    discrete_state_input: bool = True  # the state as text in the prompt (openpi pi05_libero: False)
     max_token_len: int = 200  # openpi Pi0Config default for pi05
     num_steps: int = 10
     rope_theta: float = 10000.0
@@ -139,8 +139,6 @@ class Pi05Config(msgspec.Struct, frozen=True, kw_only=True):
                 raise bad(field, f"must be > 0, got {getattr(self, field)}")
         if not 0 <= self.bos_token_id < self.vocab_size:
             raise bad("bos_token_id", f"{self.bos_token_id} is outside the vocabulary [0, {self.vocab_size})")
-        if self.state_pad_to is not None and self.state_pad_to <= 0:
-            raise bad("max_state_dim", f"must be > 0, got {self.state_pad_to}")
         for field in ("rope_theta", "rms_norm_eps", "min_period", "max_period"):
             value = getattr(self, field)
             if not (value > 0 and math.isfinite(value)):
@@ -159,7 +157,8 @@ class _RawConfig(msgspec.Struct, kw_only=True):
     action_horizon: int | None = None  # openpi
     max_action_dim: int | None = None  # LeRobot
     chunk_size: int | None = None  # LeRobot
-    max_state_dim: int | None = None  # LeRobot
+    max_state_dim: int | None = None  # LeRobot (only bounds the state; LeRobot >= 0.5 no longer pads to it)
+    discrete_state_input: bool = True  # openpi Pi0Config, when a full config is dumped
     paligemma_variant: str = "gemma_2b"
     action_expert_variant: str = "gemma_300m"
     precision: str | None = None  # openpi
@@ -196,7 +195,7 @@ class _RawConfig(msgspec.Struct, kw_only=True):
             vision=vision, prefix=prefix, expert=expert,
             action_horizon=_first(self.action_horizon, self.chunk_size, 50),
             action_dim=_first(self.action_dim, self.max_action_dim, 32),
-            state_pad_to=self.max_state_dim,
+            discrete_state_input=self.discrete_state_input,
             max_token_len=_first(self.max_token_len, self.tokenizer_max_length, 200),
             num_steps=_first(self.num_inference_steps, None, 10),
             min_period=self.min_period, max_period=self.max_period,

@@ -16,7 +16,6 @@ Engine contract (see ``mstar.engine.ar_module`` and ``mstar.engine.flow_loop``):
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -27,7 +26,6 @@ from mstar.parallel.layers import restricted_logits
 from mstar_graphs.pi05.config import Pi05Config
 from mstar_graphs.pi05.expert import ActionExpert
 from mstar_graphs.pi05.gemma import GemmaPrefixLM, rope_tables
-from mstar_graphs.pi05.prompt import build_prefix
 
 
 def flow_times(steps: int) -> list[float]:
@@ -115,14 +113,6 @@ class Pi05Model(ARModule):
     @property
     def dtype(self) -> torch.dtype:
         return self.llm.norm.weight.dtype
-
-    def build_prefix(self, tokenizer: Any, images_count: int, prompt: str,
-                     state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(input_ids [N], embed_mask [N]) of an observation, with this checkpoint's settings
-        (image tokens per camera, <bos>, max_token_len, LeRobot's state padding)."""
-        c = self.config
-        return build_prefix(tokenizer, images_count, prompt, state, tokens_per_image=self.tokens_per_image,
-                            bos_id=c.bos_token_id, max_token_len=c.max_token_len, state_pad_to=c.state_pad_to)
 
     def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         # No bounds check here (it would sync the device every step): the engine keeps

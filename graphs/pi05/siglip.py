@@ -1,10 +1,10 @@
 """pi0.5's image encoder: the SigLIP vision tower + PaliGemma's multi-modal projector, as a stateless node.
 
 Input edge ``images``: one request's cameras, uint8 ``[H, W, 3]`` / ``[C, H, W, 3]``
-(0..255) or float in [0, 1]. Each image is letterboxed to 224 x 224 if needed
-(aspect kept, centred, black padding, like openpi's ``resize_with_pad``; torch's
-antialiased bilinear, not PIL's, so not bit-identical to it) and normalised to
-[-1, 1] (``x / 255 * 2 - 1``, as openpi's ``Observation.from_dict``). Output edge
+(0..255) or float in [0, 1]. Each image not 224 x 224 is resized as openpi's training
+pipeline does (``image_resize``: PIL bilinear on uint8, aspect kept, centred, black
+padding) and normalised to [-1, 1] (``x / 255 * 2 - 1``, as openpi's
+``Observation.from_dict``). Output edge
 ``embeds``: ``[C * 256, prefix_width]``, camera-major, exactly the rows PaliGemma
 feeds its LM for image tokens: the projector output, NOT divided by sqrt(width) -
 the LM multiplies only text-token embeddings by sqrt(width) (openpi, and
@@ -24,6 +24,7 @@ from torch import nn
 
 from mstar.graph.node import NodeCall, NodeSubmodule
 from mstar_graphs.pi05.config import Pi05Config, VisionDims
+from mstar_graphs.pi05.image_resize import to_model_size
 
 
 class SiglipAttention(nn.Module):
@@ -99,20 +100,6 @@ class SiglipVisionTower(nn.Module):
         return self.post_layernorm(x)
 
 
-def letterbox(image: torch.Tensor, size: int) -> torch.Tensor:
-    """float [3, H, W] in [0, 1] -> [3, size, size]: resized keeping the aspect ratio, centred, black-padded."""
-    _, h, w = image.shape
-    if (h, w) == (size, size):
-        return image
-    ratio = max(w / size, h / size)
-    nh, nw = max(1, int(h / ratio)), max(1, int(w / ratio))
-    resized = F.interpolate(image[None], size=(nh, nw), mode="bilinear", align_corners=False, antialias=True)[0]
-    top, left = (size - nh) // 2, (size - nw) // 2
-    out = image.new_zeros(3, size, size)
-    out[:, top:top + nh, left:left + nw] = resized.clamp(0.0, 1.0)
-    return out
-
-
 def preprocess_images(images: torch.Tensor, size: int, *, who: str = "images") -> torch.Tensor:
     """uint8 (0..255) or float ([0, 1]) [H, W, 3] / [C, H, W, 3] -> float32 [C, 3, size, size] in [-1, 1]."""
     if images.dim() == 3:
@@ -120,21 +107,18 @@ def preprocess_images(images: torch.Tensor, size: int, *, who: str = "images") -
     if images.dim() != 4 or images.shape[-1] != 3 or images.shape[0] == 0:
         raise ValueError(f"{who}: expected [H, W, 3] or [cameras, H, W, 3] (RGB, channels last), "
                          f"got shape {tuple(images.shape)}")
-    if images.dtype == torch.uint8:
-        unit = images.float() / 255.0
-    elif images.dtype.is_floating_point:
-        unit = images.float()
-        if not torch.isfinite(unit).all():
+    if images.dtype.is_floating_point:
+        if not torch.isfinite(images).all():
             raise ValueError(f"{who}: float images contain NaN or infinite values")
-        lo, hi = float(unit.min()), float(unit.max())
+        lo, hi = float(images.min()), float(images.max())
         if lo < -1e-3 or hi > 1 + 1e-3:
             raise ValueError(f"{who}: float images must be in [0, 1], got values in [{lo:.3g}, {hi:.3g}]")
-    else:
+        images = images.clamp(0.0, 1.0)
+    elif images.dtype != torch.uint8:
         raise ValueError(f"{who}: images must be uint8 or floating point, got {images.dtype}")
-    chw = unit.permute(0, 3, 1, 2)
-    if chw.shape[-2:] != (size, size):
-        chw = torch.stack([letterbox(img, size) for img in chw])
-    return chw * 2.0 - 1.0
+    images = to_model_size(images.cpu(), size)
+    unit = images.float() / 255.0 if images.dtype == torch.uint8 else images.float()
+    return unit.permute(0, 3, 1, 2) * 2.0 - 1.0
 
 
 class Pi05ImageEncoder(NodeSubmodule):

@@ -1,16 +1,20 @@
-"""Deterministic random pi0.5 checkpoints in the released PyTorch layout, for tests and benchmarks.
+"""Deterministic random pi0.5 checkpoints in LeRobot's released layout, for tests, demos and benchmarks.
 
-``write_tiny_pi05(dir)`` writes what a converted openpi pi0.5 directory holds:
-``config.json`` (openpi fields, plus explicit ``mstar_dims`` and
-``"mstar_random_weights": true``), one ``model.safetensors`` with openpi's tensor
-names (``paligemma_with_expert.paligemma.model.{vision_tower,multi_modal_projector,
-language_model}...``, ``paligemma_with_expert.gemma_expert...``, ``action_in_proj`` ...),
-and a small byte-level BPE ``tokenizer.json`` with Gemma's specials at their real ids.
+``write_tiny_pi05(dir)`` writes what a LeRobot pi0.5 policy directory holds:
+``config.json`` (LeRobot's fields: ``"type": "pi05"``, ``input_features`` naming two
+cameras and an 8-dim state, ``output_features`` an 8-dim action, quantile normalisation;
+plus explicit ``mstar_dims`` and ``"mstar_random_weights": true``), one
+``model.safetensors`` with LeRobot's tensor names (``model.`` + openpi's:
+``model.paligemma_with_expert.paligemma.model.{vision_tower,multi_modal_projector,
+language_model}...``, ``...gemma_expert...``, ``model.action_in_proj`` ...), the processor
+pipelines ``policy_preprocessor.json`` / ``policy_postprocessor.json`` with their normaliser
+statistics (state and action statistics differ, as they do for real robots), and a small
+byte-level BPE ``tokenizer.json`` with Gemma's specials at their real ids (a real
+checkpoint has none: see ``tokenizer``).
 
-Like openpi's ``safetensors.torch.save_model``, the tied token embedding is stored once,
-under the name that sorts first: ``paligemma_with_expert.paligemma.lm_head.weight``;
-the expert's unused (untied) ``lm_head`` is stored too. Same seed, same torch version ->
-same bytes.
+Like ``safetensors.torch.save_model``, the tied token embedding is stored once, under
+``...paligemma.lm_head.weight``; the expert's unused (untied) ``lm_head`` is stored too.
+Same seed, same torch version -> same bytes.
 
 Initialisation: embeddings ~ N(0, 1); projections ~ N(0, 1/fan_in); Gemma norm weights
 (used as 1 + w) and biases ~ N(0, 0.1^2); LayerNorm weights ~ 1 + N(0, 0.1^2) - so a
@@ -44,12 +48,78 @@ _BENCH_DIMS = {
     "action_expert": dict(width=256, depth=6, mlp_dim=1024, num_heads=8, num_kv_heads=1, head_dim=64),
     "vocab_size": 1024,
 }
+#: the generated robot: DROID-like (Franka joints + gripper) with two cameras
+CAMERAS = ("base_0_rgb", "left_wrist_0_rgb")
+STATE_DIM = ACTION_DIM = 8
+JOINT_LOWER = [-2.9, -1.8, -2.9, -3.1, -2.9, -0.1, -2.9, 0.0]
+JOINT_UPPER = [2.9, 1.8, 2.9, 0.0, 2.9, 3.8, 2.9, 0.8]
+
+
+def _features() -> dict[str, Any]:
+    images = {f"observation.images.{name}": {"type": "VISUAL", "shape": [3, 224, 224]} for name in CAMERAS}
+    return {"input_features": {**images, "observation.state": {"type": "STATE", "shape": [STATE_DIM]}},
+            "output_features": {"action": {"type": "ACTION", "shape": [ACTION_DIM]}}}
+
+
 PRESETS: dict[str, dict[str, Any]] = {
-    name: {"action_dim": 32, "action_horizon": 50, "paligemma_variant": f"mstar_{name}",
-           "action_expert_variant": f"mstar_{name}_expert", "precision": "float32", "mstar_dims": dims,
-           "mstar_random_weights": True}
+    name: {"type": "pi05", "chunk_size": 50, "n_action_steps": 50, "max_action_dim": 32, "max_state_dim": 32,
+           "num_inference_steps": 10, "tokenizer_max_length": 200, "image_resolution": [224, 224],
+           "paligemma_variant": f"mstar_{name}", "action_expert_variant": f"mstar_{name}_expert",
+           "dtype": "float32", "empty_cameras": 0,
+           "normalization_mapping": {"VISUAL": "IDENTITY", "STATE": "QUANTILES", "ACTION": "QUANTILES"},
+           **_features(), "mstar_dims": dims, "mstar_random_weights": True}
     for name, dims in (("tiny", _TINY_DIMS), ("bench", _BENCH_DIMS))
 }
+
+
+def robot_statistics() -> dict[str, dict[str, list[float]]]:
+    """Statistics a dataset of the generated robot could have (LeRobot's names): the state's
+    quantiles sit inside the joint limits; the actions' are wider (commands overshoot a little),
+    so a server that mixed the two up would give different actions."""
+    def stats(inset: float) -> dict[str, list[float]]:
+        lo = [a + inset * (b - a) for a, b in zip(JOINT_LOWER, JOINT_UPPER)]
+        hi = [b - inset * (b - a) for a, b in zip(JOINT_LOWER, JOINT_UPPER)]
+        mid = [(a + b) / 2 for a, b in zip(lo, hi)]
+        return {"min": list(JOINT_LOWER), "max": list(JOINT_UPPER), "mean": mid,
+                "std": [(b - a) / 4 for a, b in zip(lo, hi)], "q01": lo, "q99": hi,
+                "q10": [m - (m - a) * 0.8 for m, a in zip(mid, lo)], "q90": [m + (b - m) * 0.8 for m, b in zip(mid, hi)]}
+    return {"observation.state": stats(0.05), "action": stats(-0.02)}
+
+
+def write_lerobot_processors(directory: Path, config: dict[str, Any],
+                             statistics: dict[str, dict[str, list[float]]]) -> None:
+    """LeRobot's two processor pipelines for ``config`` (its features and normalization_mapping),
+    with ``statistics`` ({feature key: {stat: values}}) in their normaliser state files."""
+    from safetensors.torch import save_file
+
+    flat = {f"{key}.{stat}": torch.tensor(values, dtype=torch.float32)
+            for key, stats in statistics.items() for stat, values in stats.items()}
+    features = {**config["input_features"], **config["output_features"]}
+    norm_map = config["normalization_mapping"]
+    pre_state, post_state = ("policy_preprocessor_step_3_normalizer_processor.safetensors",
+                             "policy_postprocessor_step_0_unnormalizer_processor.safetensors")
+    save_file(flat, str(directory / pre_state))
+    save_file(flat, str(directory / post_state))
+    pre = {"name": "policy_preprocessor", "steps": [
+        {"registry_name": "rename_observations_processor", "config": {"rename_map": {}}},
+        {"registry_name": "to_batch_processor", "config": {}},
+        {"registry_name": "relative_actions_processor", "config": {"enabled": False, "exclude_joints": ["gripper"],
+                                                                     "action_names": None}},
+        {"registry_name": "normalizer_processor", "config": {"eps": 1e-08, "features": features, "norm_map": norm_map},
+         "state_file": pre_state},
+        {"registry_name": "pi05_prepare_state_tokenizer_processor_step", "config": {}},
+        {"registry_name": "tokenizer_processor", "config": {
+            "max_length": config["tokenizer_max_length"], "task_key": "task", "padding_side": "right",
+            "padding": "max_length", "truncation": True, "tokenizer_name": "google/paligemma-3b-pt-224"}},
+        {"registry_name": "device_processor", "config": {"device": "cpu", "float_dtype": None}}]}
+    post = {"name": "policy_postprocessor", "steps": [
+        {"registry_name": "unnormalizer_processor", "config": {"eps": 1e-08, "features": config["output_features"],
+                                                               "norm_map": norm_map}, "state_file": post_state},
+        {"registry_name": "absolute_actions_processor", "config": {"enabled": False}},
+        {"registry_name": "device_processor", "config": {"device": "cpu", "float_dtype": None}}]}
+    for name, pipeline in (("policy_preprocessor.json", pre), ("policy_postprocessor.json", post)):
+        (directory / name).write_text(json.dumps(pipeline, indent=2) + "\n")
+
 
 _CORPUS = [
     "pick up the red cube and place it in the bowl", "open the top drawer", "close the microwave door",
@@ -149,13 +219,15 @@ def build_tokenizer(vocab_size: int) -> Any:
 
 
 def write_tiny_pi05(directory: str | Path, preset: str = "tiny") -> Path:
-    """Write a random pi0.5 checkpoint directory (config, weights, tokenizer); returns it."""
+    """Write a random pi0.5 checkpoint directory in LeRobot's layout (config, weights, processors
+    with statistics, tokenizer); returns it."""
     raw = config_dict(preset)
     cfg = Pi05Config.from_dict(raw, source=f"preset {preset!r}")
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps(raw, indent=2, sort_keys=True) + "\n")
-    save_safetensors(random_state_dict(cfg), out)
+    (out / "config.json").write_text(json.dumps(raw, indent=4) + "\n")
+    save_safetensors({f"model.{k}": v for k, v in random_state_dict(cfg).items()}, out)  # LeRobot's policy wrapper
+    write_lerobot_processors(out, raw, robot_statistics())
     tok = build_tokenizer(cfg.vocab_size)
     if tok.get_vocab_size() > cfg.vocab_size:
         raise RuntimeError(f"tiny tokenizer has {tok.get_vocab_size()} tokens, over vocab_size={cfg.vocab_size}")

@@ -36,8 +36,8 @@ from mstar_ros.bench.pi05_plot import plot_pi05, print_level
 from mstar_ros.bench.pi05_workload import (PROMPT, Observation, Run, bag_observations, closed_summary, engine_delta,
                                            open_summary)
 from mstar_ros.bench.threads import summary_lines, thread_slowdown_check
-
 from mstar_ros.bench.workload import percentile
+
 
 def batching_bound(policy, o: Observation, reps: int = 5) -> dict[str, float]:
     """The most any batching can give here: one direct call / its prefix pass alone (best of ``reps``).
@@ -73,8 +73,8 @@ def pick_dtype(policy, o: Observation) -> tuple[torch.dtype, dict[str, float], o
     timings, models = {}, {}
     for dtype in (torch.float32, torch.bfloat16):
         cand = policy if dtype == torch.float32 else run_on_device(
-            lambda: type(policy)(policy.path, _packed(copy.deepcopy(policy.model).to(dtype)),
-                                 _packed(copy.deepcopy(policy.encoder).to(dtype)), policy.tokenizer))
+            lambda: policy.with_modules(_packed(copy.deepcopy(policy.model).to(dtype)),
+                                        _packed(copy.deepcopy(policy.encoder).to(dtype))))
         direct_call(cand, o)  # warm
         timings[str(dtype).removeprefix("torch.")] = round(min(direct_call(cand, o) for _ in range(2)), 4)
         models[dtype] = cand
@@ -163,10 +163,10 @@ def run_pi05_bench(args: argparse.Namespace) -> int:
                                                       rounds=3)
     report["thread_slowdown_ratio"] = report["thread_slowdown"]["thread_slowdown_ratio"]
     print("\n".join(summary_lines(report["thread_slowdown"])))
-    plot_pi05(report, args.plot)
-    print(f"wrote {args.json} and {args.plot}")
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(report, indent=2) + "\n")
+    plot_pi05(report, args.plot)
+    print(f"wrote {args.json} and {args.plot}")
     if policy.random_weights:
         print("NOTE: random weights (generated checkpoint): timings are real, the actions are noise.")
     return 0

@@ -17,9 +17,11 @@ from mstar.engine.attention.metadata import AttentionMetadata, MaskKind, SeqAtte
 from mstar.engine.attention.torch_backend import TorchAttentionBackend
 from mstar.engine.kv_cache import PagedKVCache
 from mstar_graphs.pi05.pi05 import Pi05Model, euler_step, flow_times
-from mstar_graphs.pi05.prompt import build_prefix, load_tokenizer
+from mstar_graphs.pi05.prompt import build_prefix
 from mstar_graphs.pi05.siglip import Pi05ImageEncoder
 from mstar_graphs.pi05.tiny import write_tiny_pi05
+from mstar_graphs.pi05.tokenizer import load_tokenizer
+from support.pi05_layouts import train_sentencepiece
 
 
 @pytest.fixture(scope="session")
@@ -39,7 +41,7 @@ def encoder(ckpt) -> Pi05ImageEncoder:
 
 @pytest.fixture(scope="session")
 def tokenizer(ckpt):
-    return load_tokenizer(ckpt)
+    return load_tokenizer(ckpt / "tokenizer.json")
 
 
 def random_images(cameras: int, seed: int, size: int = 224) -> torch.Tensor:
@@ -143,3 +145,9 @@ def observe(encoder, tokenizer):
 
     return make
 
+
+
+@pytest.fixture(scope="session")
+def sp_model(tmp_path_factory):
+    """PaliGemma-like SentencePiece model file (what openpi ships as paligemma_tokenizer.model)."""
+    return train_sentencepiece(tmp_path_factory.mktemp("sp"))

@@ -27,7 +27,8 @@ def test_openpi_layout_is_the_released_model():
     assert (v.image_size, v.patch_size, v.width, v.depth, v.heads, v.mlp_dim, v.num_patches) == \
         (224, 14, 1152, 27, 16, 4304, 256)
     assert (cfg.action_horizon, cfg.action_dim, cfg.num_steps, cfg.max_token_len) == (50, 32, 10, 200)
-    assert (cfg.vocab_size, cfg.dtype, cfg.state_pad_to, cfg.random_weights) == (257152, "bfloat16", None, False)
+    assert (cfg.vocab_size, cfg.dtype, cfg.discrete_state_input, cfg.random_weights) == (257152, "bfloat16", True,
+                                                                                         False)
     model = Pi05Model(cfg, device="meta")  # the real sizes build (on meta: no memory)
     spec = model.kv_spec()
     assert (spec.num_layers, spec.num_kv_heads, spec.head_dim) == (18, 1, 256)
@@ -37,8 +38,14 @@ def test_openpi_layout_is_the_released_model():
 
 def test_lerobot_layout():
     cfg = Pi05Config.from_dict(LEROBOT)
-    assert (cfg.action_horizon, cfg.action_dim, cfg.state_pad_to, cfg.max_token_len) == (50, 32, 32, 200)
+    assert (cfg.action_horizon, cfg.action_dim, cfg.max_token_len) == (50, 32, 200)
     assert cfg.prefix == VARIANTS["gemma_2b"] and cfg.dtype == "bfloat16"
+
+
+def test_a_full_openpi_config_can_keep_the_state_out_of_the_prompt():
+    """openpi's pi05_libero trains with discrete_state_input=False: no state text in its prompt."""
+    assert Pi05Config.from_dict({**OPENPI, "discrete_state_input": False}).discrete_state_input is False
+    assert Pi05Config.from_dict(OPENPI).discrete_state_input is True
 
 
 def test_from_dir_reads_config_json(tmp_path):

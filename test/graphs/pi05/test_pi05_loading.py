@@ -20,7 +20,8 @@ PG = "paligemma_with_expert.paligemma."
 
 @pytest.fixture(scope="module")
 def state(ckpt) -> dict[str, torch.Tensor]:
-    return load_file(str(ckpt / "model.safetensors"))
+    """The generated checkpoint's tensors under openpi's names (LeRobot's, which it has, lose ``model.``)."""
+    return {k.removeprefix("model."): v for k, v in load_file(str(ckpt / "model.safetensors")).items()}
 
 
 def _write(tmp_path, ckpt, state) -> str:
@@ -113,7 +114,8 @@ def test_checkpoint_names_round_trip(model, encoder, state):
 
 def test_tiny_checkpoint_is_deterministic_and_says_random(tmp_path, ckpt):
     again = write_tiny_pi05(tmp_path / "again")
-    for file in ("model.safetensors", "config.json", "tokenizer.json"):
+    for file in ("model.safetensors", "config.json", "tokenizer.json", "policy_preprocessor.json",
+                 "policy_postprocessor.json", "policy_preprocessor_step_3_normalizer_processor.safetensors"):
         assert (again / file).read_bytes() == (ckpt / file).read_bytes(), file
     assert json.loads((ckpt / "config.json").read_text())["mstar_random_weights"] is True
 

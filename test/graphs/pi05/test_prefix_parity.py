@@ -40,7 +40,7 @@ def paligemma(ckpt, model):
                          rope_theta=c.rope_theta, max_position_embeddings=c.max_positions),
         projection_dim=p.width, image_token_index=c.vocab_size, vocab_size=c.vocab_size)
     hf = transformers.PaliGemmaModel(cfg).eval()
-    state = load_file(str(ckpt / "model.safetensors"))
+    state = {k.removeprefix("model."): t for k, t in load_file(str(ckpt / "model.safetensors")).items()}  # LeRobot names
     src = {k[len(PG + "model."):]: t for k, t in state.items() if k.startswith(PG + "model.")}
     src["language_model.embed_tokens.weight"] = state[PG + "lm_head.weight"]  # tied; openpi stores this name
     mapped = {}

@@ -26,7 +26,7 @@ def hf_tower(ckpt, encoder):
                                           num_attention_heads=v.heads, image_size=v.image_size, patch_size=v.patch_size,
                                           layer_norm_eps=v.layer_norm_eps, vision_use_head=False)
     model = transformers.SiglipVisionModel(cfg).eval()
-    state = load_file(str(ckpt / "model.safetensors"))
+    state = {k.removeprefix("model."): t for k, t in load_file(str(ckpt / "model.safetensors")).items()}  # LeRobot names
     # transformers 5 loads SiglipVisionModel without the "vision_model." level; 4.x keeps it
     strip = VT if any(k.startswith("vision_model.") for k in model.state_dict()) else VT + "vision_model."
     tower = {k[len(strip):]: t for k, t in state.items() if k.startswith(strip)}
@@ -89,3 +89,26 @@ def test_preprocessing_normalises_and_letterboxes():
 def test_bad_images_are_rejected_with_a_reason(encoder, bad, message):
     with pytest.raises(ValueError, match=message):
         encoder.prepare_inputs([NodeCall("robot7", {"images": bad})])
+
+
+def _openpi_resize_with_pad(image, size):
+    """openpi_client.image_tools.resize_with_pad (openpi's training pipeline), written out with PIL."""
+    import numpy as np
+    from PIL import Image
+
+    h, w = image.shape[:2]
+    ratio = max(w / size, h / size)
+    rh, rw = int(h / ratio), int(w / ratio)
+    resized = Image.fromarray(image).resize((rw, rh), resample=Image.BILINEAR)
+    out = Image.new("RGB", (size, size), 0)
+    out.paste(resized, (max(0, int((size - rw) / 2)), max(0, int((size - rh) / 2))))
+    return np.asarray(out)
+
+
+@pytest.mark.parametrize("h, w", [(480, 640), (333, 481), (100, 300), (224, 300), (500, 224)])
+def test_frames_of_other_sizes_are_resized_as_openpis_training_pipeline(h, w):
+    g = torch.Generator().manual_seed(h * w)
+    img = torch.randint(0, 256, (h, w, 3), generator=g, dtype=torch.uint8)
+    want = torch.from_numpy(_openpi_resize_with_pad(img.numpy(), 224)).permute(2, 0, 1).float() / 255.0 * 2 - 1
+    got = preprocess_images(img, 224)[0]
+    assert torch.equal(got, want)  # bit for bit: the same PIL filter on the same uint8 pixels

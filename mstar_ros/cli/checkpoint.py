@@ -1,0 +1,34 @@
+"""``mstar-ros checkpoint info DIR``: what loading a pi0.5 checkpoint would use, without reading its weights."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("checkpoint", help="inspect a model checkpoint directory (pi0.5: LeRobot or openpi layout)",
+                       description="Checkpoint tools. Nothing here reads the weights themselves (only headers, "
+                                   "configs, statistics and file names), so they answer in a moment for a 13 GB "
+                                   "checkpoint.")
+    ck = p.add_subparsers(dest="checkpoint_command", required=True, metavar="CHECKPOINT_COMMAND")
+    info = ck.add_parser("info", help="print what a load of a pi0.5 checkpoint would use",
+                         description="Prints what `--weights DIR` would use: the layout (LeRobot or openpi's PyTorch "
+                                     "conversion), model variant and sizes, the cameras in the model's order (the "
+                                     "names of the policy node's cameras.<name> parameters), state and action dims, "
+                                     "the normalisation mode and where its statistics come from, and the tokenizer "
+                                     "file. Exits 2, naming the paths tried, when a file a load needs is missing.")
+    info.add_argument("dir", type=Path, nargs="?", help="the checkpoint directory (default: the generated tiny one)")
+    info.add_argument("--tokenizer", help="a tokenizer file or directory, as the node set's --tokenizer")
+    info.add_argument("--asset-id", help="openpi: which assets/<asset_id>/norm_stats.json")
+    info.set_defaults(run=_info)
+
+
+def _info(args: argparse.Namespace) -> int:
+    from mstar_graphs.pi05.checkpoint_layout import describe, inspect_checkpoint
+    from mstar_graphs.pi05.checkpoints import parameter_counts, resolve_path
+
+    path = resolve_path(args.dir)
+    layout = inspect_checkpoint(path, tokenizer=args.tokenizer, asset_id=args.asset_id)
+    for line in describe(layout, parameter_counts(path)):
+        print(line)
+    return 0
