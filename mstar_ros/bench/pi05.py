@@ -30,6 +30,7 @@ from mstar.engine.config import EngineConfig
 from mstar.engine.device_loop import run_on_device
 from mstar.engine.intra_op import model_threads
 from mstar.engine.linear_packing import pack_linears, parameter_count
+from mstar_graphs.pi05.tiny import JOINT_LOWER, JOINT_UPPER  # the synthetic robot's, for a checkpoint without stats
 from mstar_ros.bench.pi05_loads import (clock, direct_call, direct_closed, direct_open, ours_closed, ours_open,
                                         request_for, synchronized)
 from mstar_ros.bench.pi05_plot import plot_pi05, print_level
@@ -139,7 +140,8 @@ def run_pi05_bench(args: argparse.Namespace) -> int:
     device = getattr(args, "device", "cpu")
     if device != "cpu":  # the direct baseline runs where ours does
         policy.model, policy.encoder = run_on_device(lambda: (policy.model.to(device), policy.encoder.to(device)))
-    observations = bag_observations(max(levels), args.seconds + 1.0, args.hz, args.seed)
+    observations = bag_observations(max(levels), args.seconds + 1.0, args.hz, args.seed,
+                                    normalize=policy.normalization(JOINT_LOWER, JOINT_UPPER).state.normalize)
     dtype, calibration, policy = pick_dtype(policy, observations[0][0])
     config = EngineConfig(dtype=str(dtype).removeprefix("torch."), kv_cache_mb=256)
     prefix_tokens = request_for(policy, observations[0][0]).inputs["input_ids"].numel()

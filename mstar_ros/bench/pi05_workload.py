@@ -4,23 +4,24 @@ Each robot namespace of the bag (two cameras at 15 Hz, joint states at 30 Hz) is
 at ``hz``: at every tick the robot's observation is its newest frame of each camera and
 its newest joint state received by then (bag receive times), converted the way the
 policy node converts them (``mstar_ros.ros.convert``: uint8 RGB images, joint positions
-in the configured order, normalised by the joint limits). Ticks start when a robot has
+in the configured order, normalised as the policy node normalises them: ``normalize``, the
+checkpoint's state normaliser). Ticks start when a robot has
 every input, so robots are offset by their sensors' recorded phases.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 
 from mstar_ros.bag.synthetic import JOINT_NAMES, SyntheticBagSpec, camera_topic, joint_topic, synthetic_messages
 from mstar_ros.bench.workload import percentile
-from mstar_ros.ros.convert import image_to_tensor, joint_state_to_tensor, normalize_state
+from mstar_ros.ros.convert import image_to_tensor, joint_state_to_tensor
 from mstar_ros.ros.policy_node import PARAMETERS
 
 PROMPT = PARAMETERS["prompt"][0]
-LOWER, UPPER = PARAMETERS["joint_lower"][0], PARAMETERS["joint_upper"][0]
 
 
 @dataclass(frozen=True)
@@ -29,15 +30,16 @@ class Observation:
     index: int
     offset_s: float        # tick time, seconds after the bag's start
     images: torch.Tensor   # uint8 [cameras, H, W, 3]
-    state: torch.Tensor    # [joints], normalised to [-1, 1]
+    state: torch.Tensor    # [joints], normalised (by the checkpoint's statistics)
 
     @property
     def seed(self) -> int:  # the flow's noise: the same for every system that serves this observation
         return self.robot * 100_003 + self.index
 
 
-def bag_observations(robots: int, seconds: float, hz: float = 10.0, seed: int = 0) -> list[list[Observation]]:
-    """Per robot, its observations at ``hz`` over ``seconds`` of the synthetic bag."""
+def bag_observations(robots: int, seconds: float, hz: float = 10.0, seed: int = 0,
+                     normalize: Callable[[torch.Tensor], torch.Tensor] = lambda s: s) -> list[list[Observation]]:
+    """Per robot, its observations at ``hz`` over ``seconds`` of the synthetic bag (states through ``normalize``)."""
     spec = SyntheticBagSpec(robots=robots, seconds=seconds, seed=seed)
     cams = {camera_topic(ns, c): (r, i) for r, ns in enumerate(spec.namespaces) for i, c in enumerate(spec.cameras)}
     joints = {joint_topic(ns): r for r, ns in enumerate(spec.namespaces)}
@@ -63,7 +65,7 @@ def bag_observations(robots: int, seconds: float, hz: float = 10.0, seed: int = 
             images[r][i] = image_to_tensor(m.msg, topic=m.topic, expect_hw=(spec.height, spec.width))
         else:
             r = joints[m.topic]
-            states[r] = normalize_state(joint_state_to_tensor(m.msg, JOINT_NAMES, topic=m.topic), LOWER, UPPER)
+            states[r] = normalize(joint_state_to_tensor(m.msg, JOINT_NAMES, topic=m.topic))
         if next_tick[r] == math.inf and states[r] is not None and all(x is not None for x in images[r]):
             next_tick[r] = float(m.timestamp_ns)  # the robot's first complete observation
     emit_until(spec.start_ns + seconds * 1e9)

@@ -65,7 +65,9 @@ def run(args: argparse.Namespace) -> int:
             extra += ["--duration", repr(float(args.seconds))]
         (node_set,) = pi05_processes(args.robots, args.weights, "", args.rate, "", extra_arguments=extra)
         player = ProcessSpec("bag_player", "mstar-ros", "mstar_ros.cli",
-                             arguments=("bag", "play", str(bag), "--loop", "--progress", "0",
+                             # restamped: the policy judges frames by header.stamp, and a looped recording's
+                             # stamps are old and repeat
+                             arguments=("bag", "play", str(bag), "--loop", "--restamp", "--progress", "0",
                                         "--wait-timeout", "120"))
         group = ProcessGroup(out=lambda s: None)
         with open(args.logs / "node_set.log", "w") as ns_log, open(args.logs / "bag_player.log", "w") as bag_log:

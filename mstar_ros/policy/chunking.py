@@ -56,6 +56,11 @@ class ActionChunker:
             return 0
         return max(0, self.chunk_tick + self.horizon - self.tick_at(now))
 
+    def reset(self) -> None:
+        """The robot stopped (a sensor loss): no chunk, no pending request; the next chunk starts
+        afresh (nothing to continue from), and its clock starts again."""
+        self.t0, self.chunk, self.chunk_tick, self.pending = None, None, 0, None
+
     # -- requests --------------------------------------------------------------------------
     def needs_request(self, now: float) -> bool:
         return self.pending is None and self.remaining(now) <= self.refill_at

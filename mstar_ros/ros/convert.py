@@ -60,6 +60,9 @@ def joint_positions(msg, joint_names: Sequence[str], *, topic: str) -> np.ndarra
     names, positions = list(msg.name), list(msg.position)
     if len(positions) != len(names) and names:
         raise ObservationError(f"{topic}: {len(names)} joint names but {len(positions)} positions")
+    if len(set(names)) != len(names):
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        raise ObservationError(f"{topic}: joint state names {dupes} more than once")
     if names:
         index = {n: i for i, n in enumerate(names)}
         missing = [n for n in joint_names if n not in index]
@@ -82,22 +85,26 @@ def joint_state_to_tensor(msg, joint_names: Sequence[str], *, topic: str) -> tor
     return torch.from_numpy(joint_positions(msg, joint_names, topic=topic))
 
 
-def normalize_state(state: torch.Tensor, low: Sequence[float], high: Sequence[float]) -> torch.Tensor:
-    """Joint positions -> [-1, 1] by the configured joint limits (what pi0.5 discretises)."""
-    lo, hi = torch.tensor(low, dtype=torch.float32), torch.tensor(high, dtype=torch.float32)
-    state = torch.as_tensor(state, dtype=torch.float32)
-    return ((state - lo) / (hi - lo) * 2 - 1).clamp(-1, 1)
+def stamp_seconds(msg) -> float:
+    """``header.stamp`` in seconds (0.0: the publisher left it unset)."""
+    return msg.header.stamp.sec + msg.header.stamp.nanosec * 1e-9
 
 
-def denormalize_actions(actions: torch.Tensor, low: Sequence[float], high: Sequence[float]) -> torch.Tensor:
-    """The first len(low) action dims, from [-1, 1] to joint units."""
-    lo, hi = torch.tensor(low, dtype=torch.float32), torch.tensor(high, dtype=torch.float32)
-    return (actions[:, : len(low)].clamp(-1, 1) + 1) / 2 * (hi - lo) + lo
+def outside_limits(names: Sequence[str], values: np.ndarray, lower: Sequence[float],
+                   upper: Sequence[float]) -> list[str]:
+    """'name [min, max] outside [lower, upper]' for each joint whose values [..., len(names)] leave its limits."""
+    if not lower:
+        return []
+    rows = np.asarray(values, dtype=np.float64).reshape(-1, len(names))
+    low, high = rows.min(axis=0), rows.max(axis=0)
+    return [f"{n} [{a:.3g}, {b:.3g}] outside [{lo:.3g}, {hi:.3g}]" if a != b else f"{n} {a:.3g} outside [{lo:.3g}, {hi:.3g}]"
+            for n, a, b, lo, hi in zip(names, low, high, lower, upper) if a < lo or b > hi]
 
 
-def trajectory_msg(joint_names: Sequence[str], positions: torch.Tensor, rate_hz: float, start_stamp,
+def trajectory_msg(joint_names: Sequence[str], positions: torch.Tensor | None, rate_hz: float, start_stamp,
                    frame_id: str = ""):
-    """trajectory_msgs/JointTrajectory: one point per action, ``time_from_start`` = i / rate."""
+    """trajectory_msgs/JointTrajectory: one point per action, ``time_from_start`` = i / rate. With no
+    ``positions``, the empty trajectory that JointTrajectoryController takes as "stop and hold"."""
     from builtin_interfaces.msg import Duration
     from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
 
@@ -106,7 +113,7 @@ def trajectory_msg(joint_names: Sequence[str], positions: torch.Tensor, rate_hz:
     msg.header.frame_id = frame_id
     msg.joint_names = list(joint_names)
     points = []
-    for i, row in enumerate(positions.tolist()):
+    for i, row in enumerate([] if positions is None else positions.tolist()):
         t = i / rate_hz
         point = JointTrajectoryPoint()
         point.positions = row

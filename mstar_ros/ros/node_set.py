@@ -42,6 +42,11 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--robots", nargs="+", default=["/robot1"], help="robot namespaces (default /robot1)")
     parser.add_argument("--weights", help="pi0.5 PyTorch checkpoint dir (default: generated tiny, RANDOM weights)")
     parser.add_argument("--preset", default="tiny", help="generated checkpoint preset when --weights is not given")
+    parser.add_argument("--tokenizer", help="PaliGemma tokenizer file or directory (tokenizer.model, "
+                                            "paligemma_tokenizer.model or tokenizer.json; default: looked for in "
+                                            "the checkpoint, then in openpi's download cache)")
+    parser.add_argument("--asset-id", help="openpi checkpoints: which assets/<asset_id>/norm_stats.json to use "
+                                           "(needed when there are several)")
     parser.add_argument("--placement", help="placement YAML: Workers in their own processes")
     parser.add_argument("--rate", type=float, help="control rate in Hz for every robot (wins over the params file)")
     parser.add_argument("--prompt", help="task prompt for every robot (wins over the params file)")
@@ -78,11 +83,17 @@ def summarize(nodes, elapsed: float) -> dict:
         out["robots"][node.get_namespace()] = {
             "chunks": s.chunks, "serving_s": round(served, 2),
             "chunks_per_s": round(s.chunks / served, 2) if served > 0 else 0.0,
-            "latency_p50_ms": pct(0.5), "latency_p95_ms": pct(0.95), "dropped_frames": s.dropped,
+            "latency_p50_ms": pct(0.5), "latency_p95_ms": pct(0.95),
+            "latencies_ms": [round(1000 * x, 1) for x in s.latencies_s],
+            "chunk_times_s": [round(t, 4) for t in s.published_at],  # time.monotonic() (one clock per host)
+            "dropped_frames": s.dropped, "stale_frames": s.stale_frames, "chunks_failed": s.chunks_failed,
+            "chunks_discarded": s.chunks_discarded, "prompts_refused": s.prompts_refused,
+            "sensor_losses": s.sensor_losses, "stops_published": s.stops_published,
+            "states_outside_limits": s.states_outside_limits, "chunks_outside_limits": s.chunks_outside_limits,
             "fresh_waits": s.fresh_waits, "admission_waits": s.admission_waits,
             "last_error": s.last_error, "joint_names": node.joint_names,
             "horizon": node.chunker.horizon, "refill_at": node.chunker.refill_at, "rate_hz": node.rate,
-            "prompt": node.prompt}
+            "prompt": node.prompt, "normalisation": node.normalization.describe()}
     out["chunks_per_s"] = round(sum(r["chunks_per_s"] for r in out["robots"].values()), 2)
     return out
 
@@ -96,7 +107,8 @@ async def serve(args: argparse.Namespace, ros_args: list[str]) -> dict:
     from mstar_ros.ros.ros_process import RosProcess
 
     # requests are built here (tokenizer, shapes); with a placement the weights live in the Workers only
-    policy = Pi05Policy.load(args.weights, preset=args.preset, load_weights=not args.placement)
+    policy = Pi05Policy.load(args.weights, preset=args.preset, tokenizer=args.tokenizer, asset_id=args.asset_id,
+                             load_weights=not args.placement)
     if args.placement:
         from mstar_graphs.pi05.components import pi05_spec
         from mstar_ros.ros.worker_diagnostics import PLUGIN
@@ -141,8 +153,10 @@ def print_summary(summary: dict) -> None:
     print(f"served {summary['chunks_per_s']} chunks/s in all over {summary['seconds']} s")
     for ns, r in summary["robots"].items():
         print(f"  {ns}: {r['chunks']} chunks ({r['chunks_per_s']}/s), sensor-to-action p50 {r['latency_p50_ms']} ms, "
-              f"p95 {r['latency_p95_ms']} ms, {r['horizon']} actions @ {r['rate_hz']} Hz, "
-              f"{r['dropped_frames']} frames dropped, {r['fresh_waits']} waited for a fresher frame, "
+              f"p95 {r['latency_p95_ms']} ms, {r['horizon']} actions @ {r['rate_hz']} Hz; "
+              f"{r['dropped_frames']} bad messages dropped, {r['stale_frames']} stale frames not acted on, "
+              f"{r['chunks_failed']} chunks failed, {r['prompts_refused']} prompts refused, "
+              f"{r['sensor_losses']} sensor losses; {r['fresh_waits']} waited for a fresher frame, "
               f"{r['admission_waits']} for an in-flight slot; joints {', '.join(r['joint_names'])}")
         if r["last_error"]:
             print(f"    last problem: {r['last_error']}")

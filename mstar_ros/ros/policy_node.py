@@ -1,19 +1,28 @@
 """One robot's pi0.5 policy as a ROS 2 node: cameras + joint states in, JointTrajectory chunks out.
 
-Subscribes (in its namespace, sensor-data QoS) to ``camera topics`` (sensor_msgs/Image,
-rgb8 / bgr8 / mono8) and ``joint_states``; takes the task from the ``prompt``
-parameter and the ``prompt`` topic (std_msgs/String). At the control rate it checks
-its action queue (mstar_ros.policy.chunking) and, when the queue runs low, submits
-the latest observation to the runtime (waiting for the next camera frame when the newest
-is past half its period: mstar_ros.policy.freshness); the chunk comes back as
-trajectory_msgs/JointTrajectory on ``action_chunk`` (one point per control tick).
-Several robots' requests are batched by the runtime, not here. A bad message is
-reported on /diagnostics with what is wrong, dropped, and nothing else stops.
+Subscribes (in its namespace, sensor-data QoS) to one camera topic per camera of the
+checkpoint (``cameras.<name>``; sensor_msgs/Image, rgb8 / bgr8 / mono8) and to the joint
+states; takes the task from the ``prompt`` parameter and the ``prompt`` topic
+(std_msgs/String, capped in bytes and tokens, tokenized once when it changes). At the
+control rate it checks its action queue (mstar_ros.policy.chunking) and, when the queue runs
+low, submits the latest observation to the runtime: the state normalised with the
+checkpoint's own statistics (or, for a checkpoint without any, the joint limits), the chunk
+unnormalised with the action statistics. The chunk comes back as
+trajectory_msgs/JointTrajectory on ``action_chunk`` (one point per control tick). Several
+robots' requests are batched by the runtime, not here.
 
-Callbacks only check a message's header and keep it; its pixels are converted (with
-numpy) when a request uses it, so the ROS side costs the model as little CPU and GIL
-time as it can (they share a process). Each chunk skips the actions whose time passed
-while it was computed: its points start at ``header.stamp``, spaced 1 / rate.
+Safety: data is judged by ``header.stamp`` as well as arrival (mstar_ros.policy.sensor_watch):
+a stale, future-stamped or frozen-stamp frame is not acted on; when a sensor gives nothing
+fresh for ``sensor_timeout_s`` the node publishes an empty JointTrajectory (controllers stop
+and hold; ``on_sensor_loss: hold``), drops what was in flight, and says ERROR on /diagnostics
+until observations and chunks resume (then OK). A bad message is reported (the same problem
+once per ``report_period_s`` with a count: mstar_ros.ros.report_throttle), dropped, and
+nothing else stops. Positions outside the joint limits are reported, never clamped.
+
+Callbacks only check a message's header and keep it; its pixels are converted (with numpy)
+when a request uses it, so the ROS side costs the model as little CPU and GIL time as it can
+(they share a process). Each chunk skips the actions whose time passed while it was computed:
+its points start at ``header.stamp``, spaced 1 / rate.
 """
 from __future__ import annotations
 
@@ -29,56 +38,58 @@ import torch
 
 from mstar.conductor import Conductor
 from mstar.conductor.request import RequestCancelled
+from mstar_graphs.pi05.prompt import PromptError
 from mstar_ros.policy.admission import ChunkAdmission
 from mstar_ros.policy.chunking import ActionChunker
 from mstar_ros.policy.freshness import FrameFreshness
-from mstar_ros.ros.convert import (ObservationError, check_image, denormalize_actions, image_to_array,
-                                   joint_positions, normalize_state, trajectory_msg)
+from mstar_ros.policy.sensor_watch import SensorWatch
+from mstar_ros.ros.convert import (ObservationError, check_image, image_to_array, joint_positions, outside_limits,
+                                   stamp_seconds, trajectory_msg)
 from mstar_ros.ros.diagnostics import publish_status
+from mstar_ros.ros.policy_params import PARAMETERS, declare
+from mstar_ros.ros.report_throttle import ReportThrottle
 
 log = logging.getLogger("mstar_ros.policy")
 
-PARAMETERS = {  # name: (default, description)
-    "cameras": (["camera/exterior/image_raw", "camera/wrist/image_raw"], "camera topics, in the model's camera order"),
-    "joint_states_topic": ("joint_states", "sensor_msgs/JointState topic"),
-    "joint_names": ([f"panda_joint{i}" for i in range(1, 8)] + ["robotiq_85_left_knuckle_joint"],
-                    "joints the policy reads and commands, in the action order"),
-    "joint_lower": ([-2.9, -1.8, -2.9, -3.1, -2.9, -0.1, -2.9, 0.0], "lower joint limits (state/action scaling)"),
-    "joint_upper": ([2.9, 1.8, 2.9, 0.0, 2.9, 3.8, 2.9, 0.8], "upper joint limits (state/action scaling)"),
-    "prompt": ("pick up the object", "the task, in words (also settable on the 'prompt' topic)"),
-    "control_rate_hz": (15.0, "actions per second the robot executes (JointTrajectory point spacing)"),
-    "refill_at": (0, "request the next chunk when this many actions are left (0: half the horizon)"),
-    "smooth": (True, "real-time chunking: inpaint the actions that run while a chunk is computed"),
-    "image_height": (224, "expected camera image height (other sizes are reported and dropped)"),
-    "image_width": (224, "expected camera image width"),
-    "max_observation_age_s": (0.5, "do not act on camera or joint data older than this (a sensor stopped)"),
-    "wait_for_fresh_frames": (True, "when a chunk falls due late in a camera frame's life, wait (at most one "
-                                    "frame period) for the next frame: a fresher observation for less wait"),
-}
+__all__ = ["PARAMETERS", "RobotStats", "make_policy_node"]
 
 
 @dataclass
 class _Outgoing:
     request: object   # the runtime request (mstar.conductor.request.Request)
     oldest: float     # arrival (time.monotonic()) of the oldest sensor frame it uses
+    epoch: int        # the node's sensor-loss epoch when it was sent: a later loss discards it
 
 
 @dataclass
 class RobotStats:
     chunks: int = 0
-    dropped: int = 0
+    dropped: int = 0           # bad messages (images, joint states) dropped
+    stale_frames: int = 0      # good messages not acted on: stale, future or frozen stamps
+    chunks_failed: int = 0
+    chunks_discarded: int = 0  # results that came back after a sensor loss stopped the robot
+    prompts_refused: int = 0
+    sensor_losses: int = 0
+    stops_published: int = 0   # empty JointTrajectory messages (stop and hold)
+    states_outside_limits: int = 0  # joint states with positions outside the joint limits (used as they are)
+    chunks_outside_limits: int = 0  # chunks that leave the joint limits (published as they are)
     latencies_s: list[float] = field(default_factory=list)  # oldest sensor frame used -> chunk published
+    published_at: list[float] = field(default_factory=list)  # time.monotonic() each chunk was published
     last_error: str = ""
     fresh_waits: int = 0      # requests that waited for a fresher camera frame (wait_for_fresh_frames)
     admission_waits: int = 0  # requests that waited for an in-flight slot (the node set's --max-inflight)
     first_request: float | None = None  # time.monotonic() of the first request (data started flowing)
+
+    def counters(self) -> dict[str, int]:
+        return {k: v for k, v in vars(self).items() if isinstance(v, int) and not isinstance(v, bool)}
 
 
 def make_policy_node(policy, conductor: Conductor, loop: asyncio.AbstractEventLoop, namespace: str,
                      overrides: dict | None = None, admission: ChunkAdmission | None = None):
     """Builds the node (rclpy must be initialised). ``overrides`` replace parameter defaults
     (a params file or ``-p`` still wins, as for any declared parameter); ``admission`` is the
-    node set's in-flight limit, shared by its robots (default: none)."""
+    node set's in-flight limit, shared by its robots (default: none). ValueError (naming the
+    parameter) when the parameters do not fit the checkpoint."""
     from diagnostic_msgs.msg import DiagnosticArray
     from rcl_interfaces.msg import SetParametersResult
     from rclpy.node import Node
@@ -90,63 +101,104 @@ def make_policy_node(policy, conductor: Conductor, loop: asyncio.AbstractEventLo
     class PolicyNode(Node):
         def __init__(self) -> None:
             super().__init__("pi05_policy", namespace=namespace)
-            defaults = dict(PARAMETERS)
-            for key, value in (overrides or {}).items():
-                defaults[key] = (value, defaults[key][1])
-            for name, (default, _) in defaults.items():
-                self.declare_parameter(name, default)
-            p = {name: self.get_parameter(name).value for name in PARAMETERS}
             where = self.get_fully_qualified_name()
-            self.joint_names = list(p["joint_names"])
-            self.lower, self.upper = list(p["joint_lower"]), list(p["joint_upper"])
-            if not len(self.joint_names) == len(self.lower) == len(self.upper):
-                raise ValueError(f"{where}: joint_names, joint_lower and joint_upper differ in length")
-            if len(self.joint_names) > policy.action_dim:
-                raise ValueError(f"{where}: {len(self.joint_names)} joints but the model acts in {policy.action_dim} dims")
-            self.prompt = str(p["prompt"]).strip()
-            if not self.prompt:
-                raise ValueError(f"{where}: parameter 'prompt' is empty")
-            self.rate = float(p["control_rate_hz"])
-            if not self.rate > 0:
-                raise ValueError(f"{where}: control_rate_hz must be > 0, got {self.rate}")
-            self.image_hw = (int(p["image_height"]), int(p["image_width"]))
-            self.cameras = list(p["cameras"])
-            self.max_age = float(p["max_observation_age_s"])
-            self.freshness = FrameFreshness() if bool(p["wait_for_fresh_frames"]) else None
+            p = self.params = declare(self, policy.cameras, policy.layout.placeholder_cameras, overrides)
+            self.joint_names = list(p.joint_names)
+            self._check_fits_checkpoint(where)
+            try:
+                self.normalization = policy.normalization(p.joint_lower, p.joint_upper)
+            except ValueError as exc:
+                raise ValueError(f"{where}: {exc}") from None
+            self.lower, self.upper = list(p.joint_lower), list(p.joint_upper)
+            self.token_cap = p.max_prompt_tokens or None
+            try:
+                self.task = policy.task(p.prompt, max_tokens=self.token_cap)
+            except PromptError as exc:
+                raise ValueError(f"{where}: parameter prompt: {exc}") from None
+            self.prompt = self.task.text
+            self.rate = p.control_rate_hz
+            self.image_hw = (p.image_height, p.image_width)
+            self.camera_topics = p.camera_topics              # checkpoint camera -> topic, model order
+            self.cameras = list(self.camera_topics.values())
+            self._joints_topic = p.joint_states_topic
+            self.watch = SensorWatch([self._full(t) for t in [*self.cameras, self._joints_topic]],
+                                     p.max_observation_age_s, p.sensor_timeout_s)
+            self.hold_on_loss = p.on_sensor_loss == "hold"
+            self.freshness = FrameFreshness() if p.wait_for_fresh_frames else None
             self.admission = admission or ChunkAdmission()
+            self.throttle = ReportThrottle(p.report_period_s)
             self._due_since: float | None = None    # the pending request fell due then
             self._admitted_at: float | None = None  # ... and was admitted then (holds an in-flight slot)
             self.chunker = ActionChunker(policy.action_horizon, policy.action_dim, self.rate,
-                                         refill_at=int(p["refill_at"]) or None, smooth=bool(p["smooth"]))
+                                         refill_at=p.refill_at or None, smooth=p.smooth)
             self.stats = RobotStats()
             self.closing = False  # set before the node is destroyed: late chunks are dropped quietly
-            self._stale_reported = False
             self._lock = threading.Lock()
-            self._frames: dict[str, tuple[object, float]] = {}  # camera topic -> (checked Image, arrival)
-            self._state: tuple[np.ndarray, float] | None = None
+            self._frames: dict[str, object] = {}    # camera topic -> the newest usable Image
+            self._state: np.ndarray | None = None
             self._busy = False
             self._n = 0
+            self._epoch = 0                   # bumped by each sensor loss
+            self._loss_since: float | None = None  # in a sensor loss since (monotonic), until chunks resume
+            self._loss_text = ""
+            self._truncation_said = False
+            self._unstamped: set[str] = set()
+            self._levels: dict[object, str] = {}  # throttled problem -> its level (for the repeats' report)
             for topic in self.cameras:
                 self.create_subscription(Image, topic, lambda m, t=topic: self._on_image(t, m), qos_profile_sensor_data)
-            self.create_subscription(JointState, str(p["joint_states_topic"]), self._on_joints, qos_profile_sensor_data)
+            self.create_subscription(JointState, self._joints_topic, self._on_joints, qos_profile_sensor_data)
             self.create_subscription(String, "prompt", self._on_prompt, 10)
             self.add_on_set_parameters_callback(self._on_set_parameters)
             self.actions_pub = self.create_publisher(JointTrajectory, "action_chunk", 10)
             self.diag_pub = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
             self.create_timer(1.0 / self.rate, self._tick)
+            self.create_timer(1.0, self._publish_status)
+            self.get_logger().info(
+                f"cameras {', '.join(f'{n} <- {self._full(t)}' for n, t in self.camera_topics.items())}"
+                + "".join(f"; {n}: none (left out, as the references mask a missing camera)"
+                          for n, t in p.cameras.items() if not t)
+                + f"; normalisation: {self.normalization.describe()}")
+
+        def _check_fits_checkpoint(self, where: str) -> None:
+            n, layout = len(self.joint_names), policy.layout
+            if n != layout.action_dim:
+                raise ValueError(f"{where}: parameter joint_names: {n} joints, but the checkpoint's actions have "
+                                 f"{layout.action_dim} dims ({policy.path})")
+            if layout.state_dim is not None and n != layout.state_dim:
+                raise ValueError(f"{where}: parameter joint_names: {n} joints, but the checkpoint's state has "
+                                 f"{layout.state_dim} dims ({policy.path})")
 
         # -- inputs --------------------------------------------------------------------
         def _full(self, topic: str) -> str:
             return self.resolve_topic_name(topic)
 
+        def _clock_now(self) -> float:
+            return self.get_clock().now().nanoseconds * 1e-9
+
+        def _judge(self, topic: str, msg) -> bool:
+            """Whether a checked message's stamp lets it be acted on (reported when not); records it."""
+            full = self._full(topic)
+            verdict = self.watch.check(full, stamp_seconds(msg), self._clock_now())
+            if verdict.kind == "unstamped":
+                if full not in self._unstamped:  # said once: such a sensor is judged by arrival alone
+                    self._unstamped.add(full)
+                    self._say(verdict.text, "WARN")
+            elif not verdict.usable:
+                self._problem((verdict.kind, full), verdict.text, "WARN", count="stale_frames")
+                return False
+            return True
+
         def _on_image(self, topic: str, msg) -> None:
             try:
                 check_image(msg, topic=self._full(topic), expect_hw=self.image_hw)
             except ObservationError as exc:
-                return self._report(str(exc))
+                return self._problem(("bad", str(exc)), str(exc), "ERROR", count="dropped")
+            if not self._judge(topic, msg):
+                return
             now = time.monotonic()
             with self._lock:
-                self._frames[topic] = (msg, now)
+                self.watch.accept(self._full(topic), stamp_seconds(msg), now)
+                self._frames[topic] = msg
                 if self.freshness is not None:
                     self.freshness.arrived(topic, now)
                 waiting = self._due_since is not None
@@ -154,45 +206,79 @@ def make_policy_node(policy, conductor: Conductor, loop: asyncio.AbstractEventLo
                 self._tick()
 
         def _on_joints(self, msg) -> None:
+            topic = self._full(self._joints_topic)
             try:
-                state = joint_positions(msg, self.joint_names, topic=self._full("joint_states"))
+                state = joint_positions(msg, self.joint_names, topic=topic)
             except ObservationError as exc:
-                return self._report(str(exc))
+                return self._problem(("bad", str(exc)), str(exc), "ERROR", count="dropped")
+            if not self._judge(self._joints_topic, msg):
+                return
+            out = outside_limits(self.joint_names, state, self.lower, self.upper)
+            if out:  # reported, not clamped: the state is what the robot reports
+                self._problem(("limits", topic), f"{topic}: positions outside the joint limits: {', '.join(out)}",
+                              "WARN", count="states_outside_limits")
             with self._lock:
-                self._state = (state, time.monotonic())
+                self.watch.accept(topic, stamp_seconds(msg), time.monotonic())
+                self._state = state
 
         def _on_prompt(self, msg) -> None:
-            if not msg.data.strip():
-                return self._report(f"{self._full('prompt')}: empty prompt ignored (keeping {self.prompt!r})")
-            self.prompt = msg.data.strip()
+            self._set_prompt(msg.data, self._full("prompt"))
+
+        def _set_prompt(self, text: str, source: str) -> str | None:
+            """Takes a new task (tokenized here, once, off every lock); the reason it was refused, or None."""
+            cap = self.params.max_prompt_bytes
+            if len(text) > cap or len(text.encode("utf-8", "replace")) > cap:  # chars first: no 1 MB encode
+                why = f"prompt refused: over max_prompt_bytes={cap}"
+            else:
+                try:
+                    task = policy.task(text, max_tokens=self.token_cap)
+                except PromptError as exc:
+                    why = "empty prompt ignored" if not text.strip() else f"prompt refused: {exc}"
+                else:
+                    with self._lock:
+                        self.task, self.prompt, self._truncation_said = task, task.text, False
+                    return None
+            self._problem(("prompt", source), f"{source}: {why} (keeping {self.prompt!r})", "ERROR",
+                          count="prompts_refused")
+            return why
 
         def _on_set_parameters(self, params) -> SetParametersResult:
             for param in params:
                 if param.name == "prompt":
-                    if not str(param.value).strip():
-                        return SetParametersResult(successful=False, reason="the prompt must not be empty")
-                    self.prompt = str(param.value).strip()
+                    why = self._set_prompt(str(param.value), f"{self.get_fully_qualified_name()} parameter prompt")
+                    if why is not None:
+                        return SetParametersResult(successful=False, reason=why)
             return SetParametersResult(successful=True)
 
         # -- the control loop ------------------------------------------------------------
-        def _oldest_arrival(self) -> float:
-            """When the oldest of the frames and the joint state a request would use arrived."""
-            return min([self._frames[t][1] for t in self.cameras] + [self._state[1]])
-
         def _due_and_fed(self, now: float) -> bool:
             """A chunk is due and every sensor has given recent data (called under the lock)."""
             if self.closing or self._busy or not self.chunker.needs_request(now):
                 return False
-            if self._state is None or any(t not in self._frames for t in self.cameras):
+            if not self.watch.has_all():
                 return False  # waiting for every camera and the joint state
-            oldest = self._oldest_arrival()
-            if now - oldest > self.max_age:  # a sensor went quiet: acting on old data is worse than waiting
-                if not self._stale_reported:
-                    self._stale_reported = True
-                    self._report(f"{self.get_namespace()}: sensor data is {now - oldest:.1f} s old; waiting",
-                                 dropped=False)
+            age = self.watch.age(now, self._clock_now())
+            if age > self.watch.max_age_s:  # a sensor went quiet: acting on old data is worse than waiting
+                sensor = self.watch.oldest_sensor(now, self._clock_now())
+                self._problem(("old", self.get_namespace()), f"{self.get_namespace()}: sensor data is {age:.1f} s "
+                              f"old ({sensor}); waiting", "WARN", count=None)
                 return False
-            self._stale_reported = False
+            return True
+
+        def _check_loss(self, now: float) -> bool:
+            """Under the lock: True when a sensor loss starts now (the caller stops the robot)."""
+            if self._loss_since is not None or not self.watch.lost(now, self._clock_now()):
+                return False
+            self._loss_since = now
+            self._epoch += 1  # what is in flight was planned from data that then stopped
+            self.stats.sensor_losses += 1
+            sensor = self.watch.oldest_sensor(now, self._clock_now())
+            self._loss_text = (f"{self.get_namespace()}: sensor loss: no fresh data from {sensor} for "
+                               f"{self.watch.age(now, self._clock_now()):.1f} s (sensor_timeout_s="
+                               f"{self.watch.timeout_s:g}); " + ("stopped (empty JointTrajectory: hold)"
+                                                                 if self.hold_on_loss else "the robot finishes its chunk"))
+            if self.hold_on_loss:
+                self.chunker.reset()
             return True
 
         def _tick(self) -> None:
@@ -201,21 +287,37 @@ def make_policy_node(policy, conductor: Conductor, loop: asyncio.AbstractEventLo
             now = time.monotonic()
             request, refused, give_back, withdraw = None, None, False, False
             with self._lock:
+                loss_started = self._check_loss(now)
                 if self._due_and_fed(now):
                     request, refused = self._admitted_request(now)
                 elif self._due_since is not None:  # it was due, but its sensors went quiet (or it closes):
                     give_back, withdraw = self._admitted_at is not None, self._admitted_at is None
                     self._due_since, self._admitted_at = None, None  # others need not wait for it
+            if loss_started:
+                self._on_sensor_loss()
             if give_back or refused is not None:
                 self.admission.release()
             if withdraw:
                 self.admission.withdraw(self.get_namespace())
             if refused is not None:
-                return self._report(f"{self.get_namespace()}: observation refused: {refused}")
+                return self._problem(("refused", self.get_namespace()),
+                                     f"{self.get_namespace()}: observation refused: {refused}", "ERROR", count="dropped")
             if request is not None:
-                oldest = request.oldest
+                if request.request.meta.get("prompt_truncated") and not self._truncation_said:
+                    self._truncation_said = True
+                    self._say(f"{self.get_namespace()}: prompt {self.prompt!r} with the state is over the "
+                              f"checkpoint's tokenizer_max_length={policy.layout.config.max_token_len} tokens: cut "
+                              "to it, as the reference does (the state's end is lost: shorten the prompt)", "WARN")
+                oldest, epoch = request.oldest, request.epoch
                 future = asyncio.run_coroutine_threadsafe(_serve(conductor, request.request), loop)
-                future.add_done_callback(lambda f: self._on_chunk(f, oldest))
+                future.add_done_callback(lambda f: self._on_chunk(f, oldest, epoch))
+
+        def _on_sensor_loss(self) -> None:
+            if self.hold_on_loss and not self.closing:
+                self.actions_pub.publish(trajectory_msg(self.joint_names, None, self.rate,
+                                                        self.get_clock().now().to_msg()))
+                self.stats.stops_published += 1
+            self._say(self._loss_text, "ERROR")
 
         def _admitted_request(self, now: float) -> tuple[_Outgoing | None, ValueError | None]:
             """Under the lock, a request being due: (the request to send, or None while it waits
@@ -230,13 +332,13 @@ def make_policy_node(policy, conductor: Conductor, loop: asyncio.AbstractEventLo
             self.stats.admission_waits += self._admitted_at > self._due_since
             self.stats.fresh_waits += now > self._admitted_at
             self._due_since = None
-            oldest = self._oldest_arrival()
-            images = torch.from_numpy(np.stack([image_to_array(self._frames[t][0]) for t in self.cameras]))
-            state = normalize_state(torch.from_numpy(self._state[0]), self.lower, self.upper)
+            oldest = self.watch.oldest_arrival()
+            images = torch.from_numpy(np.stack([image_to_array(self._frames[t]) for t in self.cameras]))
             try:
+                state = self.normalization.state.normalize(torch.from_numpy(self._state))
                 guide, weights = self.chunker.begin_request(now)
                 self._n += 1
-                request = policy.request(images, state, self.prompt, seed=self._n, guide=guide,
+                request = policy.request(images, state, self.task, seed=self._n, guide=guide,
                                          guide_weights=weights,
                                          request_id=f"{self.get_namespace().strip('/') or 'robot'}-{self._n}")
             except ValueError as exc:
@@ -245,46 +347,100 @@ def make_policy_node(policy, conductor: Conductor, loop: asyncio.AbstractEventLo
             self._busy = True
             if self.stats.first_request is None:
                 self.stats.first_request = now
-            return _Outgoing(request, oldest), None
+            return _Outgoing(request, oldest, self._epoch), None
 
-        def _on_chunk(self, future, oldest: float) -> None:
+        def _on_chunk(self, future, oldest: float, epoch: int) -> None:
             """On the Conductor's loop thread (rclpy publishers are thread-safe)."""
             try:
-                self._deliver(future, oldest)
+                self._deliver(future, oldest, epoch)
             finally:  # outside the node's lock: the freed slot may start another robot's request
                 self.admission.release()
 
-        def _deliver(self, future, oldest: float) -> None:
+        def _deliver(self, future, oldest: float, epoch: int) -> None:
             now = time.monotonic()
             try:
                 (chunk,) = future.result()["actions"]
             except Exception as exc:
-                with self._lock:
-                    self._busy, self.chunker.pending, self._admitted_at = False, None, None
+                with self._lock:  # nothing else is in flight (_busy): its pending request is this one
+                    self._busy, self._admitted_at, self.chunker.pending = False, None, None
                 if not self.closing and not isinstance(exc, (RequestCancelled, asyncio.CancelledError)):
-                    self._report(f"{self.get_namespace()}: chunk failed: {exc}")
+                    self._problem(("failed", self.get_namespace()), f"{self.get_namespace()}: chunk failed: {exc}",
+                                  "ERROR", count="chunks_failed")
                 return
+            resumed = None
             with self._lock:
-                start_tick, actions = self.chunker.accept(chunk, now)
                 self._busy, self._admitted_at = False, None
-                start_in = self.chunker.time_of(start_tick) - now
-                if self.closing:
+                if epoch != self._epoch or self.closing:  # a sensor loss came in between: planned from lost data
+                    self.stats.chunks_discarded += not self.closing
+                    self.chunker.pending = None
                     return
+                start_tick, actions = self.chunker.accept(chunk, now)
+                start_in = self.chunker.time_of(start_tick) - now
                 stamp = (self.get_clock().now() + _duration(max(0.0, start_in))).to_msg()
-                positions = denormalize_actions(actions, self.lower, self.upper)
-                self.actions_pub.publish(trajectory_msg(self.joint_names, positions, self.rate, stamp))
+                raw = self.normalization.action.unnormalize(actions[:, :policy.robot_action_dim])
+                self.actions_pub.publish(trajectory_msg(self.joint_names, raw, self.rate, stamp))
                 self.stats.chunks += 1
-                self.stats.latencies_s.append(time.monotonic() - oldest)
+                published = time.monotonic()
+                self.stats.latencies_s.append(published - oldest)
+                self.stats.published_at.append(published)
+                if self._loss_since is not None:
+                    resumed, self._loss_since = now - self._loss_since, None
+            out = outside_limits(self.joint_names, raw.numpy(), self.lower, self.upper)
+            if out:
+                self._problem(("chunk limits", self.get_namespace()), f"{self.get_namespace()}: chunk goes outside "
+                              f"the joint limits: {', '.join(out)}", "WARN", count="chunks_outside_limits")
+            if resumed is not None:
+                self._say(f"{self.get_namespace()}: observations and chunks resumed after a {resumed:.1f} s sensor "
+                          "loss", "OK")
 
-        def _report(self, text: str, *, dropped: bool = True) -> None:
+        # -- reporting ---------------------------------------------------------------------
+        def _problem(self, key, text: str, level: str, *, count: str | None) -> None:
+            """Counts a problem and says it, throttled per ``key`` (first at once, then once a period)."""
             if self.closing:
                 return
-            self.stats.dropped += int(dropped)
+            if count is not None:
+                setattr(self.stats, count, getattr(self.stats, count) + 1)
             self.stats.last_error = text
-            self.get_logger().warning(text)
+            self._levels[key] = level
+            said = self.throttle.report(key, text, time.monotonic())
+            if said is not None:
+                self._say(said, level)
+
+        def _values(self) -> dict[str, object]:
+            return {**self.stats.counters(), "normalisation": self.normalization.describe()}
+
+        def _say(self, text: str, level: str) -> None:
+            if self.closing:
+                return
+            logger = self.get_logger()  # one call site per severity: rclpy refuses to mix them at one
+            if level == "OK":
+                logger.info(text)
+            elif level == "WARN":
+                logger.warning(text)
+            else:
+                logger.error(text)
             publish_status(self, self.diag_pub, f"mstar: {self.get_fully_qualified_name()}", text,
-                           self.get_namespace(), {"dropped": self.stats.dropped, "chunks": self.stats.chunks},
-                           level="ERROR" if dropped else "WARN")
+                           self.get_namespace(), self._values(), level=level)
+
+        def _publish_status(self) -> None:
+            """Once a second: the robot's state (ERROR while in a sensor loss), and throttled repeats."""
+            for key, text in self.throttle.flush(time.monotonic()):
+                self._say(text, self._levels.get(key, "WARN"))
+            if self.closing:
+                return
+            now, clock = time.monotonic(), self._clock_now()
+            with self._lock:
+                if self._loss_since is not None:
+                    level, text = "ERROR", self._loss_text
+                elif not self.watch.has_all():
+                    level, text = "WARN", f"waiting for data from {self.watch.oldest_sensor(now, clock)}"
+                elif self.watch.age(now, clock) > self.watch.max_age_s:
+                    level, text = "WARN", (f"sensor data is {self.watch.age(now, clock):.1f} s old "
+                                           f"({self.watch.oldest_sensor(now, clock)}): not acted on")
+                else:
+                    level, text = "OK", "serving"
+            publish_status(self, self.diag_pub, f"mstar: {self.get_fully_qualified_name()}", text,
+                           self.get_namespace(), self._values(), level=level)
 
     return PolicyNode()
 

@@ -13,10 +13,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import signal
 import sys
 import threading
 from typing import Any, Coroutine, Sequence
+
+log = logging.getLogger("mstar_ros.ros")
 
 
 def split_ros_args(argv: Sequence[str]) -> tuple[list[str], list[str]]:
@@ -51,8 +54,24 @@ class RosProcess:
             self.executor.add_node(node)
 
     def spin(self) -> None:
-        self._spinner = threading.Thread(target=self.executor.spin, name="rclpy", daemon=True)
+        self._spinner = threading.Thread(target=self._spin, name="rclpy", daemon=True)
         self._spinner.start()
+
+    def _spin(self) -> None:
+        """executor.spin(), except that a callback's exception is logged and spinning goes on: one
+        node's bug must not silence every node of the process (rclpy's spin would end the thread)."""
+        from rclpy.executors import ExternalShutdownException, ShutdownException
+
+        executor = self.executor
+        while executor.context.ok() and not executor._is_shutdown:  # what Executor.spin() loops on
+            try:
+                executor.spin_once()
+            except (ExternalShutdownException, ShutdownException, KeyboardInterrupt):
+                return
+            except Exception:
+                if not executor.context.ok():
+                    return
+                log.exception("%s: a ROS callback failed (the other callbacks go on)", self.program)
 
     async def stopped(self, duration: float = 0.0) -> None:
         """Returns at SIGINT/SIGTERM, or after ``duration`` seconds (0: no limit)."""

@@ -75,3 +75,16 @@ def test_chunker_rules():
     assert torch.equal(guide[0], torch.tensor([14.0, 15.0])) and w[0] == 1.0 and w[3] == 0.0  # row 7 runs at tick 8
     with pytest.raises(ValueError, match="shape"):
         c.accept(torch.zeros(3, 2), 0.8)
+
+
+def test_after_a_reset_the_next_chunk_starts_afresh():
+    """A sensor loss stopped the robot: nothing to continue from, no pending request, the clock restarts."""
+    c = ActionChunker(10, 2, RATE)
+    c.begin_request(0.0)
+    c.accept(torch.ones(10, 2), 0.2)
+    guide, weights = c.begin_request(0.8)
+    assert weights.sum() > 0  # a guide from the running chunk
+    c.reset()
+    assert c.pending is None and c.chunk is None and c.needs_request(5.0)
+    guide, weights = c.begin_request(5.0)
+    assert weights.sum() == 0 and guide.abs().sum() == 0 and c.tick_at(5.0) == 0

@@ -162,8 +162,72 @@ def ros_client(ros_env):
 
 @pytest.fixture
 def start_player(procs):
-    """``mstar-ros bag play BAG --loop EXTRA...`` (it waits for a subscriber on every topic)."""
+    """``mstar-ros bag play BAG --loop --restamp EXTRA...`` (it waits for a subscriber on every topic;
+    restamped, as the policy nodes judge frames by header.stamp)."""
     def start(bag: Path, *extra: str) -> Proc:
-        return procs(PY, "-m", "mstar_ros.cli", "bag", "play", str(bag), "--loop", "--progress", "0",
+        return procs(PY, "-m", "mstar_ros.cli", "bag", "play", str(bag), "--loop", "--restamp", "--progress", "0",
                      "--wait-timeout", "60", *extra)
     return start
+
+
+class RobotFeed:
+    """Publishes one robot's cameras (rgb8, at ``hz``) and joint states (at 2 x ``hz``) from a thread,
+    stamped with the ROS clock unless ``stamp`` says otherwise: what a driver stack would send."""
+
+    def __init__(self, client: RosClient, ns: str, cameras: list[str], joints: list[str], *,
+                 positions: list[float], hz: float = 15.0, image: bytes | None = None) -> None:
+        from sensor_msgs.msg import Image, JointState
+
+        self.client, self.hz = client, hz
+        self.image_pubs = [client.publisher(Image, f"{ns}/{c}") for c in cameras]
+        self.joint_pub = client.publisher(JointState, f"{ns}/joint_states")
+        self.joints, self.positions = list(joints), list(positions)
+        self.pixels = image if image is not None else bytes(range(256)) * (224 * 224 * 3 // 256)
+        self.frozen_stamp = None      # set: cameras repeat this stamp (a frozen driver)
+        self.paused = threading.Event()
+        self._stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> "RobotFeed":
+        self.client.wait_for(lambda: all(p.get_subscription_count() > 0 for p in self.image_pubs + [self.joint_pub]),
+                             60, "the policy node's subscriptions")
+        self.thread.start()
+        return self
+
+    def _run(self) -> None:
+        from sensor_msgs.msg import Image, JointState
+
+        k = 0
+        while not self._stop.is_set():
+            if not self.paused.is_set():
+                now = self.client.node.get_clock().now().to_msg()
+                js = JointState(name=self.joints, position=[float(x) for x in self.positions])
+                js.header.stamp = now
+                self.joint_pub.publish(js)
+                if k % 2 == 0:
+                    for pub in self.image_pubs:
+                        img = Image(encoding="rgb8", width=224, height=224, step=224 * 3)
+                        img.header.stamp = self.frozen_stamp or now
+                        img.data = self.pixels
+                        pub.publish(img)
+            k += 1
+            time.sleep(0.5 / self.hz)
+
+    def close(self) -> None:
+        self._stop.set()
+        if self.thread.is_alive():
+            self.thread.join(timeout=5)
+
+
+@pytest.fixture
+def robot_feed(ros_client):
+    feeds: list[RobotFeed] = []
+
+    def make(*args, **kwargs) -> RobotFeed:
+        feed = RobotFeed(ros_client, *args, **kwargs)
+        feeds.append(feed)
+        return feed
+
+    yield make
+    for feed in feeds:
+        feed.close()

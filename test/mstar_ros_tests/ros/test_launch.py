@@ -27,9 +27,17 @@ def test_the_params_file_holds_every_policy_parameter_with_its_default_type():
     text = default_params_file().read_text()
     assert default_params_file() == ROOT / "config" / "pi05.yaml"
     params = yaml.safe_load(text)["/**"]["ros__parameters"]
+    cameras = params.pop("cameras")  # cameras.<name>: one per camera of the checkpoint
+    from mstar_graphs.pi05.checkpoint_layout import inspect_checkpoint
+    from mstar_graphs.pi05.checkpoints import ensure_tiny_pi05
+    assert tuple(cameras) == inspect_checkpoint(ensure_tiny_pi05()).cameras
+    assert all(isinstance(t, str) and t for t in cameras.values())
     assert set(params) == set(PARAMETERS)
     for name, value in params.items():
         default = PARAMETERS[name][0]
+        if default is None:  # declared by type (joint limits): floats
+            assert isinstance(value, list) and {type(v) for v in value} == {float}, name
+            continue
         assert type(value) is type(default), name  # rclpy refuses a type change (15 for 15.0)
         if isinstance(value, list):
             assert {type(v) for v in value} == {type(default[0])}, name

@@ -1,0 +1,99 @@
+"""Released checkpoint layouts served over real DDS: the published actions for a raw joint state are the
+reference's (normalise with the checkpoint's state statistics -> pi0.5 -> unnormalise with its action
+statistics), computed here with the dense reference model and the formulas written out in numpy."""
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from mstar_ros.launch_spec import pi05_processes
+from support.pi05_layouts import lerobot_checkpoint, openpi_checkpoint
+
+JOINTS = [f"panda_joint{i}" for i in range(1, 8)] + ["robotiq_85_left_knuckle_joint"]
+CAMERAS = ["camera/exterior/image_raw", "camera/wrist/image_raw"]
+RAW_STATE = np.array([0.3, -0.4, 0.1, -1.9, 0.2, 1.6, 0.7, 0.04], dtype=np.float32)
+# state and action statistics that differ in every dim: mixing them up changes every action
+STATE = {"q01": [-1.5, -1.2, -2.0, -2.9, -1.0, 0.2, -1.4, 0.0], "q99": [1.4, 1.1, 2.2, -0.5, 1.3, 3.1, 2.0, 0.08],
+         "mean": [0.0] * 8, "std": [1.0] * 8}
+ACTION = {"q01": [-0.6, -0.2, -0.9, -2.5, -0.3, 0.5, -0.1, -0.01],
+          "q99": [0.9, 0.4, 1.3, -1.1, 0.8, 2.4, 1.2, 0.09], "mean": [0.0] * 8, "std": [1.0] * 8}
+
+
+def _reference_actions(ckpt, state_n: np.ndarray, pixels: bytes, seed: int) -> torch.Tensor:
+    """The dense reference (prefix and actions recomputed jointly every Euler step) on the same inputs."""
+    from mstar.graph.node import NodeCall
+    from mstar_graphs.pi05.pi05 import Pi05Model
+    from mstar_graphs.pi05.prompt import build_prefix
+    from mstar_graphs.pi05.reference import sample_actions
+    from mstar_graphs.pi05.siglip import Pi05ImageEncoder
+    from mstar_graphs.pi05.tokenizer import load_tokenizer
+
+    model = Pi05Model.from_pretrained_dir(ckpt, progress=False)
+    encoder = Pi05ImageEncoder.from_pretrained_dir(ckpt, progress=False)
+    image = torch.from_numpy(np.frombuffer(pixels, dtype=np.uint8).reshape(224, 224, 3).copy())
+    images = torch.stack([image, image])
+    with torch.no_grad():
+        embeds = encoder(**encoder.prepare_inputs([NodeCall("r", {"images": images})]))["embeds"][0]
+    ids, mask = build_prefix(load_tokenizer(ckpt / "tokenizer.json"), 2, "pick up the object",
+                             torch.from_numpy(state_n))
+    noise = torch.randn((50, 32), generator=torch.Generator().manual_seed(seed))  # the node's first request
+    return sample_actions(model, ids, noise, embeds=embeds, embed_mask=mask)[:, :8].double()
+
+
+def _lerobot(x: np.ndarray, s: dict) -> np.ndarray:  # NormalizerProcessorStep, QUANTILES, float32
+    q01, q99 = np.float32(s["q01"]), np.float32(s["q99"])
+    return 2 * (x - q01) / (q99 - q01) - 1
+
+
+def _lerobot_back(a: np.ndarray, s: dict) -> np.ndarray:  # UnnormalizerProcessorStep, QUANTILES
+    q01, q99 = np.float32(s["q01"]), np.float32(s["q99"])
+    return (a + 1) * (q99 - q01) / 2 + q01
+
+
+def _openpi(x: np.ndarray, s: dict) -> np.ndarray:  # transforms.Normalize, quantiles
+    q01, q99 = np.array(s["q01"]), np.array(s["q99"])
+    return ((x - q01) / (q99 - q01 + 1e-6) * 2.0 - 1.0).astype(np.float32)
+
+
+def _openpi_back(a: np.ndarray, s: dict) -> np.ndarray:  # transforms.Unnormalize, quantiles
+    q01, q99 = np.array(s["q01"]), np.array(s["q99"])
+    return (a + 1.0) / 2.0 * (q99 - q01 + 1e-6) + q01
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("layout", ["lerobot", "openpi"])
+def test_published_actions_are_the_references_for_a_raw_state(layout, procs, ros_client, robot_feed, tmp_path):
+    from trajectory_msgs.msg import JointTrajectory
+
+    from mstar_graphs.pi05.checkpoints import ensure_tiny_pi05
+
+    ckpt = ensure_tiny_pi05()  # the generated weights, re-laid in each released layout
+
+    if layout == "lerobot":
+        weights = lerobot_checkpoint(tmp_path / "ck", ckpt, {"observation.state": STATE, "action": ACTION},
+                                     cameras=("base_0_rgb", "left_wrist_0_rgb"))
+        norm, back, extra = _lerobot, _lerobot_back, []
+    else:  # openpi's three cameras; this robot has no right wrist camera: left out, as openpi masks it
+        weights = openpi_checkpoint(tmp_path / "ck", ckpt, {"state": STATE, "actions": ACTION})
+        norm, back, extra = _openpi, _openpi_back, ["-p", "cameras.right_wrist_0_rgb:=''"]
+    ros_client.subscribe(JointTrajectory, "/robot1/action_chunk")
+    (spec,) = pi05_processes("/robot1", weights=str(weights), extra_arguments=["--duration", "120"],
+                             ros_arguments=extra)
+    node_set = procs(*spec.command(python=sys.executable))
+    feed = robot_feed("/robot1", CAMERAS, JOINTS, positions=RAW_STATE.tolist()).start()
+    ros_client.wait_for(lambda: any(g.msg.points for g in ros_client.got("/robot1/action_chunk")), 90,
+                        "the first chunk", [node_set])
+    first = next(g.msg for g in ros_client.got("/robot1/action_chunk") if g.msg.points)
+    published = np.array([list(p.positions) for p in first.points])
+    skip = 50 - len(published)  # the actions whose time passed while the chunk was computed
+    actions = _reference_actions(weights, norm(RAW_STATE, STATE), feed.pixels, seed=1).numpy()
+    want = back(actions, ACTION)[skip:]
+    scale = np.abs(want).max()
+    assert np.abs(published - want).max() < 1e-4 * scale, np.abs(published - want).max()
+    mixed = back(actions, STATE)[skip:]  # unnormalised with the state's statistics instead
+    assert np.abs(published - mixed).max() > 100 * np.abs(published - want).max() + 1e-3
+    assert node_set.interrupt() == 0, node_set.output
+    assert "normalisation: QUANTILES (state and actions) from" in node_set.output
