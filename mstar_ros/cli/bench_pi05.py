@@ -23,7 +23,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     "and a PNG plot. On 2 CPU cores the bench preset takes about 0.4-0.5 s per chunk and the "
                     "default run about 5 minutes (4 measurements of --seconds per robot count).")
     p.add_argument("--robots", default="1,2,4,8", help="comma-separated robot counts (default 1,2,4,8)")
-    p.add_argument("--json", type=Path, default=Path("bench-pi05.json"), help="where to write the figures")
+    p.add_argument("--json", type=Path, help="where to write the figures (default bench-pi05.json; with --flood "
+                                             "bench-pi05-flood.json)")
     p.add_argument("--plot", type=Path, default=Path("bench-pi05.png"), help="where to write the plot")
     p.add_argument("--preset", default="bench", choices=["tiny", "bench"], help="generated checkpoint preset (default bench)")
     p.add_argument("--weights", type=Path, help="a real pi0.5 PyTorch checkpoint directory instead of the generated one")
@@ -38,6 +39,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="ours: at most K robots' chunks in flight, each robot taking its observation when admitted "
                         "(the node set's --max-inflight; 0, the default: no limit): less sensor-to-action latency "
                         "under load, fewer robots batched")
+    p.add_argument("--flood", action="store_true",
+                   help="instead: does a flood of bad frames on one robot slow another? The pi0.5 node set over "
+                        "real DDS serving two robots from the synthetic bag, with robot 2's camera flooded with "
+                        "malformed frames in ABBA windows of --seconds; prints robot 1's latency p50/p95 with and "
+                        "without the flood and their ratios (mstar_ros/bench/pi05_flood.py)")
+    p.add_argument("--flood-rate", type=float, default=400.0, help="--flood: bad frames per second (default 400)")
+    p.add_argument("--flood-warmup", type=float, default=8.0, help="--flood: seconds served before the first "
+                                                                   "window (default 8)")
     p.add_argument("--device", default="cpu", help="torch device for both systems (default cpu; cuda: the GPU paths, FlashInfer when installed)")
     p.set_defaults(run=_run_pi05)
 
@@ -47,5 +56,11 @@ def _run_pi05(args: argparse.Namespace) -> int:
         raise ValueError("--seconds and --hz must be positive")
     if args.max_inflight < 0:
         raise ValueError(f"--max-inflight must be >= 0 (0: no limit), got {args.max_inflight}")
+    if args.flood:
+        if not (args.flood_rate > 0 and args.flood_warmup >= 0):
+            raise ValueError("--flood-rate must be > 0 and --flood-warmup >= 0")
+        from mstar_ros.bench.pi05_flood import main_flood
+        return main_flood(args)
+    args.json = args.json or Path("bench-pi05.json")
     from mstar_ros.bench.pi05 import run_pi05_bench
     return run_pi05_bench(args)
