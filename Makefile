@@ -6,8 +6,11 @@ ARGS ?=
 PYTEST_ARGS ?=
 # Loopback-only network namespace when we can make one (root): nothing leaves 127.0.0.1.
 NETNS := $(shell [ "$$(id -u)" = 0 ] && unshare -n true 2>/dev/null && echo yes)
-# ROS 2 DDS discovery stays on this host unless a user widens it explicitly.
+# ROS 2 DDS discovery stays on this host unless a user widens it explicitly (every mstar_ros
+# process also applies its localhost defaults itself: mstar_ros/bag/ros_env.py).
 export ROS_AUTOMATIC_DISCOVERY_RANGE ?= LOCALHOST
+# what `pip install .` puts where ROS 2 looks, from these files (setup.py's data_files)
+ROS_FILES := package.xml resource/mstar_ros $(wildcard launch/*.launch.py config/*.yaml config/*.xml config/placement/*.yaml)
 
 .PHONY: demo test install install-test clean
 
@@ -16,8 +19,16 @@ $(VENV)/.installed: setup.py
 	$(PIP) install -q --upgrade pip
 	# torch first and pinned: the CPU wheel; an unpinned torch would pull a multi-GB CUDA build
 	$(PIP) install -q torch==2.13.0
-	# the ros extra: ROS 2 from PyPI (rclpy, messages, rosbags) for the pi0.5 node set of `make demo`
+	# the ros extra: ROS 2 from PyPI (rclpy, messages, rosbags) for the pi0.5 node set of `make demo`.
+	# Editable: tests and the demo run the working tree's code
 	$(PIP) install -q -e ".[audio,ros]"
+	touch $@
+
+# An editable install writes no data files: add the ones `pip install .` installs (lib/mstar_ros/
+# executables, share/mstar_ros/ launch files, config and package.xml, the ament index marker), so that
+# `AMENT_PREFIX_PATH=$(VENV) ros2 launch mstar_ros pi05.launch.py` finds the package in this venv
+$(VENV)/.ros-layout: $(VENV)/.installed $(ROS_FILES)
+	$(VENV)/bin/python tools/install_ros_layout.py --prefix $(VENV)
 	touch $@
 
 $(VENV)/.installed-test: $(VENV)/.installed
@@ -28,12 +39,12 @@ $(VENV)/.installed-test: $(VENV)/.installed
 	$(PIP) install -q -e ".[audio,bench,test,mooncake,ros]"
 	touch $@
 
-install: $(VENV)/.installed
+install: $(VENV)/.ros-layout
 install-test: $(VENV)/.installed-test
 
 # the pi0.5 node set serving two robots from the bundled synthetic bag for ~20 s, localhost only;
 # `make demo ARGS=--forever` serves until Ctrl-C
-demo: $(VENV)/.installed
+demo: $(VENV)/.ros-layout
 	$(VENV)/bin/mstar-ros demo $(ARGS)
 
 test: $(VENV)/.installed-test

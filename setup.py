@@ -4,11 +4,54 @@ The three source folders are mapped to import names that do not collide with
 common names: runtime/ -> ``mstar``, graphs/ -> ``mstar_graphs``,
 mstar_ros/ -> ``mstar_ros``.
 """
+import os
 from glob import glob
 
 from setuptools import find_packages, setup
+from distutils.command.install_data import install_data  # setuptools' own distutils, as setuptools is imported first
 
 PACKAGE_DIRS = {"mstar": "runtime", "mstar_graphs": "graphs", "mstar_ros": "mstar_ros"}
+
+# <prefix>/lib/mstar_ros/NAME runs <prefix>/bin/NAME: the console script, whose first line pip
+# writes with the Python of the prefix it installs into
+_LAUNCHER = """#!/bin/sh
+# mstar_ros: launch_ros (Node(package="mstar_ros", executable="{name}")) and `ros2 run` start
+# <prefix>/lib/mstar_ros/{name}; the program is the console script <prefix>/bin/{name}.
+exec "$(dirname "$(readlink -f "$0")")/../../bin/{name}" "$@"
+"""
+
+
+class install_data_and_ros_executables(install_data):
+    """data_files, plus, for each console script, a launcher in <prefix>/lib/mstar_ros/.
+
+    launch_ros finds a Node's executable only in <prefix>/lib/<package>/. A wheel (what
+    ``pip install .`` builds) can put console scripts only in <prefix>/bin/, the one place
+    where the installer writes the prefix's own Python into them; anything else it copies
+    as data, byte for byte. So lib/mstar_ros/ gets small launchers that run the bin/ script
+    beside them: the right Python in a venv, a --prefix or --user install alike. colcon
+    (setup.cfg: install_scripts=$base/lib/mstar_ros) installs the console scripts there
+    itself, and then no launchers are made.
+    """
+
+    def run(self) -> None:
+        install = self.get_finalized_command("install")
+        lib_dir = os.path.join(self.install_dir, "lib", "mstar_ros")
+        if os.path.normpath(install.install_scripts) != os.path.normpath(lib_dir):
+            self.data_files = list(self.data_files) + [("lib/mstar_ros", self._write_launchers())]
+        super().run()
+
+    def _write_launchers(self) -> list[str]:
+        out_dir = os.path.join(self.get_finalized_command("build").build_base, "ros_launchers")
+        os.makedirs(out_dir, exist_ok=True)
+        paths = []
+        for entry in self.distribution.entry_points["console_scripts"]:
+            name = entry.split("=", 1)[0].strip()
+            path = os.path.join(out_dir, name)
+            with open(path, "w") as f:
+                f.write(_LAUNCHER.format(name=name))
+            os.chmod(path, 0o755)  # copied with its mode; the wheel keeps it executable
+            paths.append(path)
+        return paths
 
 
 def _packages() -> list[str]:
@@ -59,10 +102,15 @@ setup(
         # optional cross-host tensor transport (CPU build; needs Debian libibverbs1)
         "mooncake": ["mooncake-transfer-engine-non-cuda==0.3.13.post1"],
         "bench": ["matplotlib>=3.7", "transformers>=5.0,<6", "snac==1.2.1"],
-        "test": ["pytest>=8", "pytest-timeout>=2", "transformers>=5.0,<6", "snac==1.2.1", "matplotlib>=3.7"],
+        # setuptools: the install-layout test builds this package with --no-build-isolation (bdist_wheel
+        # is part of setuptools since 70.1)
+        "test": ["pytest>=8", "pytest-timeout>=2", "transformers>=5.0,<6", "snac==1.2.1", "matplotlib>=3.7",
+                 "setuptools>=70.1"],
     },
-    # console scripts land in bin/ with pip and in lib/mstar_ros/ with colcon (setup.cfg), where
-    # launch_ros.actions.Node(package="mstar_ros", executable=...) looks for them
+    # console scripts: with pip in bin/ and, as launchers, in lib/mstar_ros/ (install_data above);
+    # with colcon in lib/mstar_ros/ (setup.cfg), where launch_ros.actions.Node(package="mstar_ros",
+    # executable=...) looks for them
+    cmdclass={"install_data": install_data_and_ros_executables},
     entry_points={"console_scripts": ["mstar-ros = mstar_ros.cli:main",
                                       "mstar_pi05_node_set = mstar_ros.ros.node_set:main",
                                       "mstar_orpheus_node = mstar_ros.ros.orpheus_node:main"],

@@ -7,20 +7,20 @@ topic (``ros2 topic echo /tts/llm_token``). Launch arguments and processes come 
 mstar_ros.launch_spec (ORPHEUS_LAUNCH_ARGUMENTS, orpheus_processes), which ``mstar-ros launch
 orpheus`` starts too where the ROS 2 launch tools are not installed. Each process hosts its
 partition node and its Conductor's node, so no ``name``/``namespace`` is given to the Node
-action; the namespace is the ``namespace`` argument.
+action; the namespace is the ``namespace`` argument. When either process exits the launch
+ends (non-zero, with its one-line error, when it failed: see mstar_ros.launch_actions).
 """
 from launch import LaunchDescription
 from launch.actions import DeclareLaunchArgument, OpaqueFunction
 from launch.substitutions import LaunchConfiguration
-from launch_ros.actions import Node
 
-from mstar_ros.launch_spec import ORPHEUS_LAUNCH_ARGUMENTS, PACKAGE, orpheus_processes
+from mstar_ros.launch_actions import node_actions
+from mstar_ros.launch_spec import ORPHEUS_LAUNCH_ARGUMENTS, orpheus_processes
 
 
 def _nodes(context, *args, **kwargs):
     values = {arg.name: LaunchConfiguration(arg.name).perform(context) for arg in ORPHEUS_LAUNCH_ARGUMENTS}
-    return [Node(package=PACKAGE, executable=process.executable, arguments=list(process.arguments), output="screen")
-            for process in orpheus_processes(**values)]
+    return node_actions(orpheus_processes(**values))
 
 
 def generate_launch_description():

@@ -1,10 +1,15 @@
 """The pi0.5 node set: ``ros2 launch mstar_ros pi05.launch.py [robots:='/robot1 /robot2'] ...``.
 
 Launch arguments (``ros2 launch mstar_ros pi05.launch.py --show-args``): robots, weights,
-placement, rate, max_inflight, params_file -- see mstar_ros.launch_spec.LAUNCH_ARGUMENTS. The processes,
-their arguments, parameters file (config/pi05.yaml by default) and remappings come from
-mstar_ros.launch_spec, the one description of the node set that ``mstar-ros launch pi05``
-starts too where the ROS 2 launch tools are not installed.
+placement, rate, max_inflight, params_file, prompt, status_every -- see
+mstar_ros.launch_spec.LAUNCH_ARGUMENTS. The processes, their arguments, parameters file
+(config/pi05.yaml by default) and remappings come from mstar_ros.launch_spec, the one
+description of the node set that ``mstar-ros launch pi05`` starts too where the ROS 2 launch
+tools are not installed.
+
+When the node set exits the launch ends: with status 0 after a clean exit, non-zero with the
+node set's one-line error when it fails (bad weights path, bad placement; see
+mstar_ros.launch_actions).
 
 The node set process hosts several nodes (/mstar/conductor and one pi05_policy per robot
 namespace), so no ``name`` or ``namespace`` is given to the Node action: ``__node`` and
@@ -15,17 +20,14 @@ namespace), so no ``name`` or ``namespace`` is given to the Node action: ``__nod
 from launch import LaunchDescription
 from launch.actions import DeclareLaunchArgument, OpaqueFunction
 from launch.substitutions import LaunchConfiguration
-from launch_ros.actions import Node
 
-from mstar_ros.launch_spec import LAUNCH_ARGUMENTS, PACKAGE, pi05_processes
+from mstar_ros.launch_actions import node_actions
+from mstar_ros.launch_spec import LAUNCH_ARGUMENTS, pi05_processes
 
 
 def _node_set(context, *args, **kwargs):
     values = {arg.name: LaunchConfiguration(arg.name).perform(context) for arg in LAUNCH_ARGUMENTS}
-    return [Node(package=PACKAGE, executable=process.executable, arguments=list(process.arguments),
-                 parameters=list(process.params_files), remappings=list(process.remappings),
-                 output="screen")
-            for process in pi05_processes(**values)]
+    return node_actions(pi05_processes(**values))
 
 
 def generate_launch_description():

@@ -16,12 +16,12 @@ so ``ProcessSpec.command()`` is what ``ros2 launch`` runs, and arguments a user 
 from __future__ import annotations
 
 import re
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-PACKAGE = "mstar_ros"
+from mstar_ros.config_files import PACKAGE, config_candidates, find_config
+
 PARAMS_FILE = "pi05.yaml"
 
 
@@ -45,13 +45,21 @@ LAUNCH_ARGUMENTS = (
                                         "bounds sensor-to-action latency under load, batching fewer robots"),
     LaunchArgument("params_file", "", f"ROS params file for the policy nodes (empty: config/{PARAMS_FILE} "
                                       "as installed)"),
+    LaunchArgument("prompt", "", "task prompt for every robot, over the params file (empty: the params file's "
+                                 "prompt; NS/prompt changes it while serving)"),
+    LaunchArgument("status_every", "0", "print a status line (chunks, latency per robot) every this many seconds "
+                                        "(0: never)"),
+    LaunchArgument("tokenizer", "", "PaliGemma tokenizer file or directory (empty: looked for in the checkpoint, "
+                                    "then in openpi's download cache)"),
+    LaunchArgument("asset_id", "", "openpi checkpoints: which assets/<asset_id>/norm_stats.json (empty: the only "
+                                   "one)"),
 )
 
 
 @dataclass(frozen=True)
 class ProcessSpec:
     name: str                                    # label for output and errors
-    executable: str                              # console script (bin/ with pip, lib/mstar_ros/ with colcon)
+    executable: str                              # in <prefix>/lib/mstar_ros/ (launch_ros) and on PATH
     module: str                                  # the same program as ``python -m MODULE``
     arguments: tuple[str, ...] = ()
     params_files: tuple[str, ...] = ()
@@ -90,22 +98,16 @@ def parse_robots(text: str | Sequence[str]) -> list[str]:
 
 def default_params_file() -> Path:
     """config/pi05.yaml: the source tree's, else the installed share/mstar_ros/config/ one."""
-    candidates = [Path(__file__).resolve().parents[1] / "config" / PARAMS_FILE]
-    try:  # a ROS install (colcon, or AMENT_PREFIX_PATH naming the venv)
-        from ament_index_python.packages import get_package_share_directory
-        candidates.append(Path(get_package_share_directory(PACKAGE)) / "config" / PARAMS_FILE)
-    except Exception:  # not installed, not indexed, AMENT_PREFIX_PATH unset
-        pass
-    candidates.append(Path(sys.prefix) / "share" / PACKAGE / "config" / PARAMS_FILE)
-    found = next((p for p in candidates if p.is_file()), None)
+    found = find_config(PARAMS_FILE)
     if found is None:
-        raise FileNotFoundError(f"{PARAMS_FILE} not found (looked at {', '.join(map(str, candidates))}); "
-                                "give params_file")
+        looked = ", ".join(map(str, config_candidates(PARAMS_FILE)))
+        raise FileNotFoundError(f"{PARAMS_FILE} not found (looked at {looked}); give params_file")
     return found
 
 
 def pi05_processes(robots: str | Sequence[str] = "/robot1", weights: str = "", placement: str = "",
-                   rate: str | float = "", params_file: str = "", max_inflight: str | int = "0", *,
+                   rate: str | float = "", params_file: str = "", max_inflight: str | int = "0",
+                   prompt: str = "", status_every: str | float = "0", tokenizer: str = "", asset_id: str = "", *,
                    extra_arguments: Sequence[str] = (), remappings: Sequence[tuple[str, str]] = (),
                    ros_arguments: Sequence[str] = ()) -> list[ProcessSpec]:
     """The pi0.5 node set's processes. Launch arguments come as strings (empty = default);
@@ -130,6 +132,23 @@ def pi05_processes(robots: str | Sequence[str] = "/robot1", weights: str = "", p
         if not str(max_inflight).isdigit():
             raise ValueError(f"max_inflight: expected a count >= 0, got {max_inflight!r}")
         args += ["--max-inflight", str(int(max_inflight))]
+    if str(prompt).strip():
+        args += [f"--prompt={prompt}"]  # one word, even for a prompt that starts with '-'
+    if str(status_every) not in ("", "0"):
+        try:
+            every = float(status_every)
+        except ValueError:
+            raise ValueError(f"status_every: expected seconds, got {status_every!r}") from None
+        if not every >= 0:
+            raise ValueError(f"status_every: must be >= 0, got {status_every!r}")
+        if every > 0:
+            args += ["--status-every", repr(every)]
+    if tokenizer:
+        if not Path(tokenizer).exists():
+            raise FileNotFoundError(f"tokenizer: no file or directory {tokenizer}")
+        args += ["--tokenizer", str(tokenizer)]
+    if asset_id:
+        args += [f"--asset-id={asset_id}"]
     params = Path(params_file) if params_file else default_params_file()
     if not params.is_file():
         raise FileNotFoundError(f"params_file: no file {params}")

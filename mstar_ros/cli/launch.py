@@ -2,7 +2,9 @@
 
 Starts the processes of mstar_ros.launch_spec (what ``ros2 launch mstar_ros pi05.launch.py``
 starts) as subprocesses and supervises them: Ctrl-C or SIGTERM stops them all (SIGINT,
-then SIGTERM, then SIGKILL), and when one exits the others are stopped too.
+then SIGTERM, then SIGKILL), and when one exits the others are stopped too. A process that
+fails ends the group with its exit status and its one-line error (the last line it wrote
+to stderr), as the launch files end a launch (mstar_ros.launch_actions).
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import threading
 import time
 from typing import Callable, Sequence, TextIO
 
+from mstar_ros.launch_actions import NodeExit
 from mstar_ros.launch_spec import LAUNCH_ARGUMENTS, ORPHEUS_LAUNCH_ARGUMENTS, ProcessSpec, orpheus_processes, pi05_processes
 
 _HELP = {a.name: a.description for a in LAUNCH_ARGUMENTS}
@@ -26,13 +29,18 @@ to NS/camera/*/image_raw and NS/joint_states and publishes NS/action_chunk
 (trajectory_msgs/JointTrajectory). The same processes as
 `ros2 launch mstar_ros pi05.launch.py robots:='/robot1 /robot2'` (mstar_ros.launch_spec).
 
-Parameters come from --params-file (default config/pi05.yaml). Everything after
---ros-args goes to the node set after its own ROS arguments, so it wins:
+Parameters come from --params-file (default config/pi05.yaml); --rate and --prompt win
+over it. Everything after --ros-args goes to the node set after its own ROS arguments, so
+it wins:
 
-  mstar-ros launch pi05 --robots /robot1 /robot2 \\
-      --ros-args -r /robot1/action_chunk:=/arm_left/trajectory -p control_rate_hz:=10.0
+  mstar-ros launch pi05 --robots /robot1 /robot2 --prompt "stack the red block" \\
+      --status-every 5 --ros-args -r /robot1/action_chunk:=/arm_left/trajectory
 
-DDS discovery stays on this host unless ROS_AUTOMATIC_DISCOVERY_RANGE is set."""
+If the node set fails (a bad weights path or placement) this exits with its status and
+its one-line error, as `ros2 launch` does with the launch file.
+
+DDS stays on 127.0.0.1 (config/fastdds_localhost.xml) unless you set
+ROS_AUTOMATIC_DISCOVERY_RANGE or FASTDDS_DEFAULT_PROFILES_FILE yourself."""
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -47,6 +55,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--rate", default="", help=_HELP["rate"])
     p.add_argument("--params-file", default="", help=_HELP["params_file"])
     p.add_argument("--max-inflight", default="0", metavar="K", help=_HELP["max_inflight"])
+    p.add_argument("--prompt", default="", help=_HELP["prompt"])
+    p.add_argument("--status-every", default="0", metavar="S", help=_HELP["status_every"])
+    p.add_argument("--tokenizer", default="", help=_HELP["tokenizer"])
+    p.add_argument("--asset-id", default="", help=_HELP["asset_id"])
     p.add_argument("--duration", type=float, help="stop after this many seconds (default: run until Ctrl-C)")
     p.add_argument("--summary-json", help="the node set writes its summary here as JSON when it stops")
     p.add_argument("--print-commands", action="store_true", help="print the commands and exit")
@@ -100,7 +112,9 @@ def run(args: argparse.Namespace) -> int:
     if args.summary_json:
         extra += ["--summary-json", args.summary_json]
     specs = pi05_processes(args.robots, args.weights, args.placement, args.rate, args.params_file,
-                           args.max_inflight, extra_arguments=extra, ros_arguments=args.ros_args)
+                           args.max_inflight, args.prompt, args.status_every, args.tokenizer, args.asset_id,
+                           extra_arguments=extra,
+                           ros_arguments=args.ros_args)
     return _start(specs, args.print_commands)
 
 
@@ -131,21 +145,44 @@ class ProcessGroup:
 
     def __init__(self, out: Callable[[str], None] = lambda s: print(s, flush=True)) -> None:
         self.procs: dict[str, subprocess.Popen] = {}
+        self.exits: dict[str, NodeExit] = {}   # per process: the last line of its stderr
+        self._readers: list[threading.Thread] = []
         self.out = out
 
     def start(self, spec: ProcessSpec, *, stdout: TextIO | int | None = None,
               on_line: Callable[[str], None] | None = None) -> subprocess.Popen:
-        """``on_line``: the process's output goes through it line by line (a reader thread)."""
+        """``on_line``: the process's output goes through it line by line (a reader thread). Without
+        ``on_line`` or ``stdout`` the output goes to ours, stderr through a thread that keeps its last line."""
         cmd = spec.command(python=sys.executable)
+        merged = on_line is not None or stdout is not None
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE if on_line else stdout,
-                                stderr=subprocess.STDOUT if (on_line or stdout is not None) else None,
-                                text=True, bufsize=1, start_new_session=True, preexec_fn=_child_setup)
+                                stderr=subprocess.STDOUT if merged else subprocess.PIPE,
+                                text=True, errors="replace", bufsize=1, start_new_session=True,
+                                preexec_fn=_child_setup)
+        self.exits[spec.name] = NodeExit(spec)
         if on_line:
-            threading.Thread(target=lambda: [on_line(line.rstrip("\n")) for line in proc.stdout],
-                             name=f"{spec.name}-output", daemon=True).start()
+            self._read(spec, lambda: [on_line(line.rstrip("\n")) for line in proc.stdout])
+        elif not merged:
+            self._read(spec, lambda: self._pass_stderr(proc, self.exits[spec.name]))
         self.procs[spec.name] = proc
         self.out(f"[launch] {spec.name} started (pid {proc.pid}): {' '.join(cmd)}")
         return proc
+
+    def _read(self, spec: ProcessSpec, reading: Callable[[], object]) -> None:
+        reader = threading.Thread(target=reading, name=f"{spec.name}-output", daemon=True)
+        reader.start()
+        self._readers.append(reader)
+
+    @staticmethod
+    def _pass_stderr(proc: subprocess.Popen, exit_: NodeExit) -> None:
+        for line in proc.stderr:
+            sys.stderr.write(line)
+            sys.stderr.flush()
+            exit_.keep_line(line)
+
+    def failure(self, name: str, code: int) -> str:
+        """What a failed process says: NAME (EXECUTABLE) exited with status CODE: ITS LAST ERROR LINE."""
+        return self.exits[name].message(code)
 
     def exited(self) -> dict[str, int]:
         return {name: p.returncode for name, p in self.procs.items() if p.poll() is not None}
@@ -161,7 +198,10 @@ class ProcessGroup:
             deadline = time.monotonic() + wait_s
             while time.monotonic() < deadline and any(p.poll() is None for p in alive):
                 time.sleep(0.05)
-        return {name: p.wait() for name, p in self.procs.items()}
+        codes = {name: p.wait() for name, p in self.procs.items()}
+        for reader in self._readers:  # their last lines (a process's error) are out before we go on
+            reader.join(timeout=2.0)
+        return codes
 
 
 def wait_for_stop(group: ProcessGroup, names: Sequence[str] | None = None) -> str:
@@ -190,5 +230,6 @@ def run_processes(specs: Sequence[ProcessSpec]) -> int:
     for name, code in codes.items():
         group.out(f"[launch] {name} exited with status {code}")
     if why != "signal" and codes[why] != 0:
+        print(f"mstar-ros launch: error: {group.failure(why, codes[why])}", file=sys.stderr, flush=True)
         return codes[why]
     return 0 if all(c in (0, -signal.SIGINT, 130) for c in codes.values()) else 1

@@ -1,12 +1,12 @@
-"""One description of the node set: mstar_ros.launch_spec, launch/pi05.launch.py, `mstar-ros launch pi05`.
+"""One description of the node set: mstar_ros.launch_spec, launch/*.launch.py, `mstar-ros launch`.
 
-`launch` / `launch_ros` are not on PyPI, so the launch file is loaded against small stand-ins
-that record what it builds; the command a launch_ros Node would run is rebuilt the way
-launch_ros lays it out and must equal the spec's.
+`launch` / `launch_ros` are not on PyPI, so the launch files are loaded against small stand-ins
+that record what they build (test/support/launch_standins.py); the command a launch_ros Node
+would run is rebuilt the way launch_ros lays it out and must equal the spec's, and each Node's
+on_exit must end the launch (non-zero with the process's one-line error when it failed).
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 import types
@@ -16,8 +16,10 @@ import numpy as np
 import pytest
 import yaml
 
+from mstar_ros.launch_actions import NodeProcessFailed
 from mstar_ros.launch_spec import (LAUNCH_ARGUMENTS, ORPHEUS_LAUNCH_ARGUMENTS, default_params_file, orpheus_processes,
                                    parse_robots, pi05_processes)
+from support.launch_standins import describe, launch_ros_command, load_launch_file, nodes
 from mstar_ros.ros.policy_node import PARAMETERS
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -65,83 +67,30 @@ def test_launch_arguments_become_the_node_set_command(tmp_path):
 
 # -- launch/pi05.launch.py against stand-ins for launch / launch_ros ---------------------------------
 
-class _Recorder:
-    def __init__(self, *args, **kwargs):
-        self.args, self.kwargs = args, kwargs
-
-
-class _LaunchConfiguration(_Recorder):
-    def perform(self, context) -> str:
-        return context.launch_configurations[self.args[0]]
-
-
-def _launch_ros_command(node: _Recorder) -> list[str]:
-    """The command launch_ros.actions.Node runs (no name, namespace or ros_arguments given):
-    executable, arguments, --ros-args, a --params-file per parameters entry, -r per remapping."""
-    kw = node.kwargs
-    assert set(kw) <= {"package", "executable", "arguments", "parameters", "remappings", "output"}, kw
-    cmd = [kw["executable"], *kw.get("arguments", []), "--ros-args"]
-    for params in kw.get("parameters", []):
-        assert isinstance(params, str)
-        cmd += ["--params-file", params]
-    for src, dst in kw.get("remappings", []):
-        cmd += ["-r", f"{src}:={dst}"]
-    return cmd
-
-
-@pytest.fixture
-def load_launch_file(monkeypatch):
-    mods = {name: types.ModuleType(name) for name in
-            ("launch", "launch.actions", "launch.substitutions", "launch_ros", "launch_ros.actions")}
-    mods["launch"].LaunchDescription = type("LaunchDescription", (_Recorder,), {})
-    mods["launch.actions"].DeclareLaunchArgument = type("DeclareLaunchArgument", (_Recorder,), {})
-    mods["launch.actions"].OpaqueFunction = type("OpaqueFunction", (_Recorder,), {})
-    mods["launch.substitutions"].LaunchConfiguration = _LaunchConfiguration
-    mods["launch_ros.actions"].Node = type("Node", (_Recorder,), {})
-    for name, mod in mods.items():
-        monkeypatch.setitem(sys.modules, name, mod)
-
-    def load(name: str):
-        spec = importlib.util.spec_from_file_location(name.replace(".", "_"), ROOT / "launch" / name)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
-    return load
-
-
-@pytest.fixture
-def launch_file(load_launch_file):
-    return load_launch_file("pi05.launch.py")
+def _load(monkeypatch, name: str):
+    return load_launch_file(ROOT / "launch" / name, monkeypatch)
 
 
 @pytest.mark.parametrize("given", [{}, {"robots": "/robot1 /robot2", "rate": "10", "weights": "/models/pi05",
-                                         "max_inflight": "1"}])
-def test_the_launch_file_builds_the_commands_of_the_spec(launch_file, given):
-    (description,) = launch_file.generate_launch_description().args
-    declared = [a for a in description if type(a).__name__ == "DeclareLaunchArgument"]
-    (opaque,) = [a for a in description if type(a).__name__ == "OpaqueFunction"]
+                                         "max_inflight": "1", "prompt": "stack the red block", "status_every": "5"}])
+def test_the_launch_file_builds_the_commands_of_the_spec(monkeypatch, given):
+    declared, entities = describe(_load(monkeypatch, "pi05.launch.py"), given)
     assert [(d.args[0], d.kwargs["default_value"]) for d in declared] == [(a.name, a.default) for a in LAUNCH_ARGUMENTS]
     assert all(d.kwargs["description"] for d in declared)
-    # what `ros2 launch mstar_ros pi05.launch.py NAME:=VALUE ...` gives the OpaqueFunction
-    context = types.SimpleNamespace(launch_configurations={a.name: given.get(a.name, a.default) for a in LAUNCH_ARGUMENTS})
-    nodes = opaque.kwargs["function"](context)
-    specs = pi05_processes(**context.launch_configurations)
-    assert [n.kwargs["package"] for n in nodes] == ["mstar_ros"] * len(specs)
-    assert [_launch_ros_command(n) for n in nodes] == [s.command() for s in specs]
+    specs = pi05_processes(**{a.name: given.get(a.name, a.default) for a in LAUNCH_ARGUMENTS})
+    assert [n.kwargs["package"] for n in nodes(entities)] == ["mstar_ros"] * len(specs)
+    assert [launch_ros_command(n) for n in nodes(entities)] == [s.command() for s in specs]
+    if given:
+        assert "--prompt=stack the red block" in specs[0].arguments and "--status-every" in specs[0].arguments
 
 
 @pytest.mark.parametrize("given", [{}, {"split": "false", "namespace": "/speech"}])
-def test_the_orpheus_launch_file_builds_the_commands_of_the_spec(load_launch_file, given):
-    (description,) = load_launch_file("orpheus.launch.py").generate_launch_description().args
-    declared = [a for a in description if type(a).__name__ == "DeclareLaunchArgument"]
-    (opaque,) = [a for a in description if type(a).__name__ == "OpaqueFunction"]
+def test_the_orpheus_launch_file_builds_the_commands_of_the_spec(monkeypatch, given):
+    declared, entities = describe(_load(monkeypatch, "orpheus.launch.py"), given)
     assert [(d.args[0], d.kwargs["default_value"]) for d in declared] == \
         [(a.name, a.default) for a in ORPHEUS_LAUNCH_ARGUMENTS]
-    context = types.SimpleNamespace(launch_configurations={a.name: given.get(a.name, a.default)
-                                                           for a in ORPHEUS_LAUNCH_ARGUMENTS})
-    nodes = opaque.kwargs["function"](context)
-    specs = orpheus_processes(**context.launch_configurations)
-    assert [_launch_ros_command(n)[:-1] for n in nodes] == [s.command() for s in specs]  # [:-1]: --ros-args
+    specs = orpheus_processes(**{a.name: given.get(a.name, a.default) for a in ORPHEUS_LAUNCH_ARGUMENTS})
+    assert [launch_ros_command(n)[:-1] for n in nodes(entities)] == [s.command() for s in specs]  # [:-1]: --ros-args
     parts = [s.arguments[1] for s in specs]
     assert parts == (["all"] if given else ["talker", "vocoder"])
     for bad, says in [(dict(split="maybe"), "expected true or false"), (dict(namespace="/9"), "not a valid ROS"),
@@ -150,14 +99,78 @@ def test_the_orpheus_launch_file_builds_the_commands_of_the_spec(load_launch_fil
             orpheus_processes(**bad)
 
 
-def test_setup_installs_the_launch_file_config_and_executable_where_ros2_launch_looks():
-    text = (ROOT / "setup.py").read_text()
-    for needed in ('"share/mstar_ros/launch", sorted(glob("launch/*.launch.py"))', '"share/mstar_ros/config"',
-                   '"share/ament_index/resource_index/packages", ["resource/mstar_ros"]',
-                   '"mstar_pi05_node_set = mstar_ros.ros.node_set:main"',
-                   '"mstar_orpheus_node = mstar_ros.ros.orpheus_node:main"'):
-        assert needed in text
-    assert "install_scripts=$base/lib/mstar_ros" in (ROOT / "setup.cfg").read_text()  # colcon: lib/<package>/
+def _exited(returncode: int):
+    """launch.events.process.ProcessExited's shape, as on_exit gets it."""
+    return types.SimpleNamespace(returncode=returncode)
+
+
+@pytest.mark.parametrize("launch_file", ["pi05.launch.py", "orpheus.launch.py"])
+def test_a_node_process_that_exits_ends_the_launch_and_a_failure_ends_it_non_zero(monkeypatch, launch_file):
+    """Every Node shuts the launch down when its process exits: status 0 -> a Shutdown action (ros2 launch
+    exits 0); another status while running -> an exception naming the process, its status and the last line
+    it wrote to stderr (launch.LaunchService logs it, shuts down and returns 1); during a shutdown -> nothing."""
+    _declared, entities = describe(_load(monkeypatch, launch_file), {})
+    handlers = [e for e in entities if type(e).__name__ == "RegisterEventHandler"]
+    assert len(handlers) == len(nodes(entities)) >= 1
+    running, stopping = types.SimpleNamespace(is_shutdown=False), types.SimpleNamespace(is_shutdown=True)
+    for node in nodes(entities):
+        on_exit = node.kwargs["on_exit"]
+        (on_io,) = [h.args[0] for h in handlers if h.args[0].kwargs["target_action"] is node]
+        assert type(on_io).__name__ == "OnProcessIO" and set(on_io.kwargs) == {"target_action", "on_stderr"}
+        (shutdown,) = on_exit(_exited(0), running)
+        assert type(shutdown).__name__ == "Shutdown" and "exited with status 0" in shutdown.kwargs["reason"]
+        # stderr arrives in chunks of bytes, several lines at a time
+        on_io.kwargs["on_stderr"](types.SimpleNamespace(text=b"12:00:00 INFO loading\n"))
+        with pytest.raises(NodeProcessFailed) as failed:
+            on_exit(_exited(2), running)
+        assert str(failed.value).endswith("exited with status 2: 12:00:00 INFO loading")
+        on_io.kwargs["on_stderr"](types.SimpleNamespace(
+            text=b"mstar_x: error: FileNotFoundError: /w: no config.json\n\n"))
+        with pytest.raises(NodeProcessFailed, match=f"\\({node.kwargs['executable']}\\) exited with status -11: "
+                                                    "mstar_x: error: FileNotFoundError: /w: no config.json$"):
+            on_exit(_exited(-11), running)
+        assert on_exit(_exited(-2), stopping) is None and on_exit(_exited(0), stopping) is None
+
+
+def test_prompt_and_status_every_reach_the_node_set_command():
+    (p,) = pi05_processes(prompt="-- pick it up", status_every="2.5")
+    assert p.arguments[-3:] == ("--prompt=-- pick it up", "--status-every", "2.5")
+    (p,) = pi05_processes(prompt="  ", status_every="0")
+    assert not any(a.startswith(("--prompt", "--status-every")) for a in p.arguments)
+    for bad, says in [(dict(status_every="often"), "expected seconds"), (dict(status_every="-1"), ">= 0")]:
+        with pytest.raises(ValueError, match=says):
+            pi05_processes(**bad)
+    from mstar_ros.ros.node_set import parse_args  # the node set takes what the spec gives it
+
+    args, ros_args = parse_args(list(pi05_processes(prompt="-- pick it up", status_every="2.5")[0].arguments))
+    assert args.prompt == "-- pick it up" and args.status_every == 2.5
+
+
+def test_mstar_ros_launch_passes_prompt_and_status_every_through(capsys):
+    from mstar_ros.cli import main
+
+    assert main(["launch", "pi05", "--robots", "/r1", "--prompt", "open the drawer", "--status-every", "3",
+                 "--print-commands"]) == 0
+    (command,) = capsys.readouterr().out.splitlines()
+    assert command.startswith("mstar_pi05_node_set --robots /r1 --prompt=open the drawer --status-every 3.0 "
+                              "--ros-args --params-file "), command
+    assert main(["launch", "pi05", "--status-every", "soon", "--print-commands"]) == 2
+    assert "status_every: expected seconds" in capsys.readouterr().err
+
+
+def test_tokenizer_and_asset_id_reach_the_node_set(tmp_path, capsys):
+    from mstar_ros.cli import main
+    from mstar_ros.ros.node_set import parse_args
+
+    tok = tmp_path / "paligemma_tokenizer.model"
+    tok.write_bytes(b"x")
+    (p,) = pi05_processes(tokenizer=str(tok), asset_id="physical-intelligence/libero")
+    args, _ = parse_args(list(p.arguments))
+    assert (args.tokenizer, args.asset_id) == (str(tok), "physical-intelligence/libero")
+    with pytest.raises(FileNotFoundError, match="tokenizer: no file or directory"):
+        pi05_processes(tokenizer=str(tmp_path / "none"))
+    assert main(["launch", "pi05", "--tokenizer", str(tok), "--asset-id", "droid", "--print-commands"]) == 0
+    assert f"--tokenizer {tok} --asset-id=droid" in capsys.readouterr().out
 
 
 # -- `mstar-ros launch pi05` for real: remapping and parameters reach the nodes -----------------------
@@ -175,7 +188,7 @@ def test_mstar_ros_launch_applies_ros_args_remapping_and_parameters(procs, start
     ros_client.subscribe(JointTrajectory, "/robot1/action_chunk")
     summary = tmp_path / "summary.json"
     launcher = procs(sys.executable, "-m", "mstar_ros.cli", "launch", "pi05", "--robots", "/robot1",
-                     "--params-file", str(params), "--summary-json", str(summary),
+                     "--params-file", str(params), "--summary-json", str(summary), "--status-every", "1",
                      "--ros-args", "-r", "/robot1/action_chunk:=/arm_left/trajectory",
                      "-p", "control_rate_hz:=20.0", "-p", "prompt:=stack the red block")
     player = start_player(short_bag, "--topics", "/robot1")
@@ -187,6 +200,7 @@ def test_mstar_ros_launch_applies_ros_args_remapping_and_parameters(procs, start
     assert launcher.interrupt() == 0, launcher.output  # Ctrl-C stops the node set it started
     player.interrupt()
     assert "[launch] pi05_node_set exited with status 0" in launcher.output
+    assert "status after" in launcher.output  # --status-every 1 reached the node set
     assert ros_client.got("/robot1/action_chunk") == []  # remapped away
     for got in ros_client.got("/arm_left/trajectory"):
         t = [p.time_from_start.sec + p.time_from_start.nanosec * 1e-9 for p in got.msg.points]
@@ -210,3 +224,17 @@ def _set_param(ros_client, node: str, name: str, value: str) -> list:
         assert time.monotonic() < deadline, f"no answer from {node}"
         time.sleep(0.02)
     return future.result().results
+
+
+@pytest.mark.timeout(60)
+def test_mstar_ros_launch_ends_with_the_failed_node_sets_status_and_one_line_error(procs, tmp_path):
+    """Like the launch files: the node set fails (a bad weights path) -> the group ends with its status
+    (2) and its one-line error, named; no traceback."""
+    launcher = procs(sys.executable, "-m", "mstar_ros.cli", "launch", "pi05", "--weights", str(tmp_path / "none"),
+                     "--duration", "30")
+    assert launcher.proc.wait(timeout=50) == 2, launcher.output
+    launcher._reader.join(timeout=5)
+    said = f"mstar_pi05_node_set: error: FileNotFoundError: {tmp_path / 'none'}: no config.json"
+    assert launcher.lines[-1].startswith(f"mstar-ros launch: error: pi05_node_set (mstar_pi05_node_set) exited "
+                                         f"with status 2: {said}"), launcher.output
+    assert "[launch] pi05_node_set exited with status 2" in launcher.output and "Traceback" not in launcher.output
