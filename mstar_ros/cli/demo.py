@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import tempfile
 from pathlib import Path
@@ -50,20 +49,20 @@ def bundled_bag() -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
-    from mstar_ros.bag.ros_env import apply_localhost_defaults
+    from mstar_ros.bag.ros_env import apply_localhost_defaults, describe_discovery
 
     apply_localhost_defaults()  # the processes inherit it: DDS stays on this host unless you widened it
     say = lambda s: print(s, flush=True)  # noqa: E731
     bag = args.bag or bundled_bag()
     args.logs.mkdir(parents=True, exist_ok=True)
-    say(f"demo: bag {bag} (looping); ROS_AUTOMATIC_DISCOVERY_RANGE={os.environ['ROS_AUTOMATIC_DISCOVERY_RANGE']}; "
-        f"logs in {args.logs}/")
+    say(f"demo: bag {bag} (looping); {describe_discovery()}; logs in {args.logs}/")
     with tempfile.TemporaryDirectory(prefix="mstar-demo-") as tmp:
         summary_path = Path(tmp) / "summary.json"
-        extra = ["--summary-json", str(summary_path), "--status-every", "5"]
+        extra = ["--summary-json", str(summary_path)]
         if not args.forever:
             extra += ["--duration", repr(float(args.seconds))]
-        (node_set,) = pi05_processes(args.robots, args.weights, "", args.rate, "", extra_arguments=extra)
+        (node_set,) = pi05_processes(args.robots, args.weights, "", args.rate, "", status_every="5",
+                                     extra_arguments=extra)
         player = ProcessSpec("bag_player", "mstar-ros", "mstar_ros.cli",
                              # restamped: the policy judges frames by header.stamp, and a looped recording's
                              # stamps are old and repeat

@@ -15,7 +15,7 @@ def test_demo_serves_two_robots_and_prints_rates_latencies_and_joints(short_bag,
                           "--logs", str(tmp_path / "logs")], env=ros_env, capture_output=True, text=True, timeout=80)
     assert out.returncode == 0, out.stdout + out.stderr
     text = out.stdout
-    assert "ROS_AUTOMATIC_DISCOVERY_RANGE=LOCALHOST" in text
+    assert "DDS on 127.0.0.1 only" in text
     assert "pi0.5 node set served 2 robots" in text and "RANDOM weights" in text
     assert "action chunks per second, all robots:" in text
     for ns in ("/robot1", "/robot2"):
