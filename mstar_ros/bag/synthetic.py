@@ -33,7 +33,7 @@ import json
 import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
@@ -71,11 +71,21 @@ class SyntheticBagSpec:
     camera_hz: float = 15.0
     joint_hz: float = 30.0
     namespace_prefix: str = "robot"
+    #: the robots' namespaces (e.g. ('/arm_left', '/arm_right')); empty: /robot1 ... /robotN
+    #: (``namespace_prefix`` and a number). When given, ``robots`` is their count.
+    robot_namespaces: tuple[str, ...] = ()
     start_ns: int = DEFAULT_START_NS
     storage: str = "mcap"
     compress: bool = True
 
     def __post_init__(self) -> None:
+        if self.robot_namespaces:
+            from mstar_ros.launch_spec import parse_robots  # the rules `launch --robots` applies
+
+            if parse_robots(self.robot_namespaces) != list(self.robot_namespaces):
+                raise ValueError(f"robot_namespaces must be written /name, got {self.robot_namespaces}")
+            if self.robots != len(self.robot_namespaces):
+                raise ValueError(f"robots is {self.robots} but {len(self.robot_namespaces)} namespaces are given")
         if self.robots < 1:
             raise ValueError(f"robots must be at least 1, got {self.robots}")
         if not self.seconds > 0:
@@ -96,7 +106,21 @@ class SyntheticBagSpec:
 
     @property
     def namespaces(self) -> list[str]:
+        if self.robot_namespaces:
+            return list(self.robot_namespaces)
         return [f"/{self.namespace_prefix}{i + 1}" for i in range(self.robots)]
+
+    @classmethod
+    def for_robots(cls, robots: str | int | Sequence[str], **fields) -> "SyntheticBagSpec":
+        """A spec for ``robots`` given as `launch --robots` takes them ('/robot1 /robot2',
+        'robot1,robot2', a list) or as a count N (/robot1 ... /robotN, and a bare number)."""
+        items = [robots] if isinstance(robots, (str, int)) else list(robots)
+        if len(items) == 1 and str(items[0]).strip().isdigit():
+            return cls(robots=int(str(items[0]).strip()), **fields)
+        from mstar_ros.launch_spec import parse_robots
+
+        names = tuple(parse_robots([str(i) for i in items]))
+        return cls(robots=len(names), robot_namespaces=names, **fields)
 
     def topics(self) -> dict[str, str]:
         """Topic -> message type, in the order the connections are written."""
@@ -118,6 +142,7 @@ class SyntheticBagSpec:
     def to_json(self) -> str:
         d = asdict(self)
         d["cameras"] = list(self.cameras)
+        d["robot_namespaces"] = list(self.robot_namespaces)
         return json.dumps(d, sort_keys=True)
 
 
@@ -413,6 +438,7 @@ def read_spec(path: str | Path) -> SyntheticBagSpec | None:
         return None
     d = json.loads(raw)
     d["cameras"] = tuple(d["cameras"])
+    d["robot_namespaces"] = tuple(d.get("robot_namespaces", ()))  # bags written before the field existed
     return SyntheticBagSpec(**d)
 
 

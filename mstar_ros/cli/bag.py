@@ -15,9 +15,10 @@ rosbag2 tools that need no ROS install beyond the PyPI wheels (the `ros` extra):
   info  topics, types, counts, rates, duration and storage of a bag.
   play  publish a bag into ROS 2 at its recorded timing (like `ros2 bag play`).
 
-DDS discovery stays on this host unless you set ROS_AUTOMATIC_DISCOVERY_RANGE
-yourself (LOCALHOST is set when unset), and FASTDDS_DEFAULT_PROFILES_FILE defaults
-to config/fastdds_localhost.xml (32 MB shared memory, UDP on 127.0.0.1 only)."""
+DDS stays on this host unless you set ROS_AUTOMATIC_DISCOVERY_RANGE (other than
+LOCALHOST) or FASTDDS_DEFAULT_PROFILES_FILE yourself: by default the Fast DDS profile
+config/fastdds_localhost.xml (32 MB shared memory, UDP and discovery on 127.0.0.1 only,
+no multicast) is applied."""
 
 PLAY_DESCRIPTION = """\
 Publish the messages of BAG (a rosbag2 directory, or a .mcap / .db3 file) into
@@ -58,14 +59,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "make", help="write a synthetic DROID-like rosbag2 (images + joint states per robot)",
         formatter_class=raw,
         description="Write a synthetic DROID-like rosbag2 directory OUT with rosbags (MCAP with zstd chunks "
-                    "by default: rosbag2's default storage since Iron). Per robot namespace /robotN: "
-                    "CAMERA topics /robotN/camera/<name>/image_raw (sensor_msgs/Image, moving synthetic "
-                    "scenes), and /robotN/joint_states (sensor_msgs/JointState: panda_joint1..7 and "
+                    "by default: rosbag2's default storage since Iron). Per robot namespace NS (--robots): "
+                    "CAMERA topics NS/camera/<name>/image_raw (sensor_msgs/Image, moving synthetic "
+                    "scenes), and NS/joint_states (sensor_msgs/JointState: panda_joint1..7 and "
                     "robotiq_85_left_knuckle_joint, smooth trajectories with velocities and efforts). "
                     "header.stamp is the capture time; the bag timestamp is the receive time a few ms "
                     "later, with realistic jitter. The same options always write the same messages.")
     m.add_argument("out", type=Path, metavar="OUT", help="bag directory to create (must not exist)")
-    m.add_argument("--robots", type=int, default=2, help="robot namespaces /robot1../robotN (default 2)")
+    m.add_argument("--robots", nargs="+", default=["/robot1", "/robot2"], metavar="NS",
+                   help="robot namespaces, as `mstar-ros launch pi05 --robots` takes them: /robot1 /robot2, "
+                        "or robot1,robot2 (default /robot1 /robot2); a single number N means /robot1 ... /robotN")
     m.add_argument("--seconds", type=float, default=20.0, help="recording length (default 20)")
     m.add_argument("--seed", type=int, default=0, help="seed of trajectories, scenes and jitter (default 0)")
     m.add_argument("--size", default="224x224", help="image WIDTHxHEIGHT (default 224x224)")
@@ -129,9 +132,9 @@ def _run_make(args: argparse.Namespace) -> int:
 
     width, height = _parse_size(args.size)
     cameras = tuple(c.strip() for c in args.cameras.split(",") if c.strip())
-    spec = SyntheticBagSpec(robots=args.robots, seconds=args.seconds, seed=args.seed, cameras=cameras,
-                            width=width, height=height, encoding=args.encoding, camera_hz=args.camera_hz,
-                            joint_hz=args.joint_hz, storage=args.storage, compress=not args.no_compress)
+    spec = SyntheticBagSpec.for_robots(args.robots, seconds=args.seconds, seed=args.seed, cameras=cameras,
+                                       width=width, height=height, encoding=args.encoding, camera_hz=args.camera_hz,
+                                       joint_hz=args.joint_hz, storage=args.storage, compress=not args.no_compress)
     t = time.perf_counter()
     try:
         summary = write_synthetic_bag(args.out, spec)

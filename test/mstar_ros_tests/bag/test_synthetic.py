@@ -244,3 +244,37 @@ def test_cli_errors_and_help(tmp_path, capsys):
         assert exit_.value.code == 0
         text = capsys.readouterr().out
         assert all(w in text for w in words), (argv, text)
+
+
+def test_cli_make_takes_robot_namespaces_as_launch_does(tmp_path, capsys):
+    """`bag make --robots` takes what `launch pi05 --robots` takes (mstar_ros.launch_spec.parse_robots), and a
+    count N (/robot1 ... /robotN) as before."""
+    from mstar_ros.cli import main
+
+    small = ["--seconds", "0.2", "--size", "32x32", "--cameras", "wrist"]
+    for robots, namespaces in ((["/arm_left", "arm/right"], ["/arm_left", "/arm/right"]),
+                               (["robot1,robot2"], ["/robot1", "/robot2"]), (["3"], ["/robot1", "/robot2", "/robot3"]),
+                               ([], ["/robot1", "/robot2"])):
+        out = tmp_path / ("bag_" + "_".join(robots).replace("/", "").replace(",", "") or "default")
+        assert main(["bag", "make", str(out), *(["--robots", *robots] if robots else []), *small]) == 0
+        assert read_spec(out).namespaces == namespaces, robots
+        expected = {f"{ns}/camera/wrist/image_raw" for ns in namespaces} | {f"{ns}/joint_states" for ns in namespaces}
+        with Reader(out) as reader:
+            assert {c.topic for c in reader.connections} == expected
+    capsys.readouterr()
+    for bad, says in ((["/9x"], "not a valid ROS namespace"), (["/a", "a"], "twice"), (["0"], "at least 1")):
+        assert main(["bag", "make", str(tmp_path / "bad"), "--robots", *bad, *small]) == 2
+        assert says in capsys.readouterr().err, bad
+
+
+def test_a_spec_with_namespaces_round_trips_and_is_checked(tmp_path):
+    spec = SyntheticBagSpec.for_robots("/left /right", seconds=0.2, width=32, height=32)
+    assert spec.robots == 2 and spec.robot_namespaces == ("/left", "/right")
+    path = ensure_synthetic_bag(tmp_path / "b", spec)
+    assert read_spec(path) == spec and ensure_synthetic_bag(path, spec) == path
+    with pytest.raises(FileExistsError):  # the same count with other names is another bag
+        ensure_synthetic_bag(path, SyntheticBagSpec(robots=2, seconds=0.2, width=32, height=32))
+    with pytest.raises(ValueError, match="robots is 3"):
+        SyntheticBagSpec(robots=3, robot_namespaces=("/a", "/b"))
+    with pytest.raises(ValueError, match="written /name"):
+        SyntheticBagSpec(robots=1, robot_namespaces=("a",))
