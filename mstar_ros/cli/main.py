@@ -36,6 +36,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from mstar_ros.omp_defaults import apply_spin_default
+
+    apply_spin_default()  # before build_parser imports torch: see mstar_ros.omp_defaults
     parser = build_parser()
     args = parser.parse_args(argv)
     level = logging.DEBUG if args.verbose else logging.WARNING if args.quiet else logging.INFO

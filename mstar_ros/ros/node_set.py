@@ -18,21 +18,14 @@ import argparse
 import asyncio
 import json
 import logging
-import os
 import sys
 import time
 
+from mstar_ros.omp_defaults import apply_spin_default
 from mstar_ros.ros.ros_process import split_ros_args  # stdlib only: torch is not imported yet
 
 log = logging.getLogger("mstar_ros.node_set")
 
-#: OpenMP threads that spin only briefly at barriers before sleeping (libgomp, torch's CPU
-#: OpenMP). Spinning teams (the default 300k spins) collapse when another busy process
-#: shares the cores: a two-robot forward went from 0.05 s to 4-5 s next to a torch load on
-#: 2 cores; with 10k spins it stayed at 0.05 s alone and 0.2 s next to that load
-#: (OMP_WAIT_POLICY=PASSIVE: 0.09 s alone). Set before torch is imported; Worker processes
-#: inherit it. Not applied when you set OMP_WAIT_POLICY or GOMP_SPINCOUNT yourself.
-OMP_SPIN = ("GOMP_SPINCOUNT", "10000")
 
 
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -167,8 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     from mstar_ros.bag.ros_env import apply_localhost_defaults
 
     apply_localhost_defaults()
-    if not (os.environ.get("OMP_WAIT_POLICY") or os.environ.get(OMP_SPIN[0])):
-        os.environ[OMP_SPIN[0]] = OMP_SPIN[1]
+    apply_spin_default()  # before torch is imported: see mstar_ros.omp_defaults
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     args, ros_args = parse_args(sys.argv[1:] if argv is None else argv)
     from mstar_ros.ros.ros_process import run_serving
