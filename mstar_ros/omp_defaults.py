@@ -17,7 +17,7 @@ SPIN = ("GOMP_SPINCOUNT", "10000")
 
 def apply_spin_default() -> bool:
     """Sets GOMP_SPINCOUNT=10000 unless the user chose a policy; True when it did. Too late once
-    torch is imported (then it says so and leaves the environment alone)."""
+    torch is imported (then it returns False and changes nothing)."""
     if os.environ.get("OMP_WAIT_POLICY") or os.environ.get(SPIN[0]):
         return False
     if "torch" in sys.modules:

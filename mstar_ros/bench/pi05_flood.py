@@ -32,7 +32,7 @@ class FloodOptions:
     seconds: float = 15.0      # per window
     warmup_s: float = 8.0      # after the first chunks, before the first window
     rate_hz: float = 400.0     # bad frames per second in the flood windows
-    control_rate_hz: float = 30.0  # the robots' rate: more chunks per window than the default 15 Hz
+    control_rate_hz: float = 15.0  # the robots' rate (the node set's default)
     weights: str = ""
     preset: str = "tiny"
 

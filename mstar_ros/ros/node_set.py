@@ -81,7 +81,7 @@ def summarize(nodes, elapsed: float) -> dict:
             "chunk_times_s": [round(t, 4) for t in s.published_at],  # time.monotonic() (one clock per host)
             "dropped_frames": s.dropped, "stale_frames": s.stale_frames, "chunks_failed": s.chunks_failed,
             "chunks_discarded": s.chunks_discarded, "prompts_refused": s.prompts_refused,
-            "sensor_losses": s.sensor_losses, "stops_published": s.stops_published,
+            "sensor_losses": s.sensor_losses, "stops_published": s.stops_published, "topics_shut": s.topics_shut,
             "states_outside_limits": s.states_outside_limits, "chunks_outside_limits": s.chunks_outside_limits,
             "fresh_waits": s.fresh_waits, "admission_waits": s.admission_waits,
             "last_error": s.last_error, "joint_names": node.joint_names,

@@ -41,6 +41,7 @@ from mstar.conductor.request import RequestCancelled
 from mstar_graphs.pi05.prompt import PromptError
 from mstar_ros.policy.admission import ChunkAdmission
 from mstar_ros.policy.chunking import ActionChunker
+from mstar_ros.policy.flood_guard import FloodGuard
 from mstar_ros.policy.freshness import FrameFreshness
 from mstar_ros.policy.sensor_watch import SensorWatch
 from mstar_ros.ros.convert import (ObservationError, check_image, image_to_array, joint_positions, outside_limits,
@@ -71,6 +72,7 @@ class RobotStats:
     prompts_refused: int = 0
     sensor_losses: int = 0
     stops_published: int = 0   # empty JointTrajectory messages (stop and hold)
+    topics_shut: int = 0       # sensor topics unsubscribed for a while: they flooded bad messages
     states_outside_limits: int = 0  # joint states with positions outside the joint limits (used as they are)
     chunks_outside_limits: int = 0  # chunks that leave the joint limits (published as they are)
     latencies_s: list[float] = field(default_factory=list)  # oldest sensor frame used -> chunk published
@@ -144,9 +146,10 @@ def make_policy_node(policy, conductor: Conductor, loop: asyncio.AbstractEventLo
             self._truncation_said = False
             self._unstamped: set[str] = set()
             self._levels: dict[object, str] = {}  # throttled problem -> its level (for the repeats' report)
-            for topic in self.cameras:
-                self.create_subscription(Image, topic, lambda m, t=topic: self._on_image(t, m), qos_profile_sensor_data)
-            self.create_subscription(JointState, self._joints_topic, self._on_joints, qos_profile_sensor_data)
+            self.flood_guard = FloodGuard(p.max_bad_rate_hz)
+            self._sensor_types = {**{t: (Image, lambda m, t=t: self._on_image(t, m)) for t in self.cameras},
+                                  self._joints_topic: (JointState, self._on_joints)}
+            self._sensor_subs = {topic: self._subscribe(topic) for topic in self._sensor_types}
             self.create_subscription(String, "prompt", self._on_prompt, 10)
             self.add_on_set_parameters_callback(self._on_set_parameters)
             self.actions_pub = self.create_publisher(JointTrajectory, "action_chunk", 10)
@@ -169,6 +172,37 @@ def make_policy_node(policy, conductor: Conductor, loop: asyncio.AbstractEventLo
                                  f"{layout.state_dim} dims ({policy.path})")
 
         # -- inputs --------------------------------------------------------------------
+        def _subscribe(self, topic: str):
+            msg_type, callback = self._sensor_types[topic]
+            return self.create_subscription(msg_type, topic, callback, qos_profile_sensor_data)
+
+        def _bad(self, topic: str, text: str) -> None:
+            """A bad sensor message: reported (throttled), and counted against the topic's flood limit."""
+            self._problem(("bad", text), text, "ERROR", count="dropped")
+            hold = self.flood_guard.bad(topic, time.monotonic())
+            if hold is not None:
+                self._shut(topic, hold)
+
+        def _shut(self, topic: str, hold: float) -> None:
+            """Unsubscribes a flooding topic (on the executor's thread, as every callback here) and listens
+            again after ``hold`` seconds (a one-shot timer)."""
+            sub = self._sensor_subs.pop(topic, None)
+            if sub is None:
+                return
+            self.destroy_subscription(sub)
+            self.stats.topics_shut += 1
+            self._say(f"{self._full(topic)}: over max_bad_rate_hz={self.flood_guard.max_bad_per_s:g} bad messages a "
+                      f"second: unsubscribed for {hold:g} s, then listening again", "ERROR")
+            timer = []
+
+            def reopen() -> None:
+                self.destroy_timer(timer[0])
+                self.flood_guard.reopened(topic)
+                if not self.closing and topic not in self._sensor_subs:
+                    self._sensor_subs[topic] = self._subscribe(topic)
+
+            timer.append(self.create_timer(hold, reopen))
+
         def _full(self, topic: str) -> str:
             return self.resolve_topic_name(topic)
 
@@ -192,7 +226,7 @@ def make_policy_node(policy, conductor: Conductor, loop: asyncio.AbstractEventLo
             try:
                 check_image(msg, topic=self._full(topic), expect_hw=self.image_hw)
             except ObservationError as exc:
-                return self._problem(("bad", str(exc)), str(exc), "ERROR", count="dropped")
+                return self._bad(topic, str(exc))
             if not self._judge(topic, msg):
                 return
             now = time.monotonic()
@@ -210,7 +244,7 @@ def make_policy_node(policy, conductor: Conductor, loop: asyncio.AbstractEventLo
             try:
                 state = joint_positions(msg, self.joint_names, topic=topic)
             except ObservationError as exc:
-                return self._problem(("bad", str(exc)), str(exc), "ERROR", count="dropped")
+                return self._bad(self._joints_topic, str(exc))
             if not self._judge(self._joints_topic, msg):
                 return
             out = outside_limits(self.joint_names, state, self.lower, self.upper)

@@ -37,6 +37,8 @@ PARAMETERS: dict[str, tuple[Any, str]] = {
     "max_prompt_tokens": (0, "prompts of more tokens (before the state) are refused (0: the checkpoint's "
                              "tokenizer_max_length)"),
     "report_period_s": (5.0, "a repeated problem is reported once per this many seconds, with a count"),
+    "max_bad_rate_hz": (100.0, "a sensor topic sending bad messages faster (over a quarter second) is unsubscribed "
+                               "for a while (5 s, doubling while it goes on; 0: never): a flood costs others nothing"),
 }
 _ARRAYS = {"joint_lower", "joint_upper"}  # typed, without a default
 
@@ -60,6 +62,7 @@ class PolicyParams(msgspec.Struct, frozen=True, kw_only=True):
     max_prompt_bytes: Annotated[int, msgspec.Meta(gt=0)]
     max_prompt_tokens: Annotated[int, msgspec.Meta(ge=0)]
     report_period_s: Annotated[float, msgspec.Meta(ge=0)]
+    max_bad_rate_hz: Annotated[float, msgspec.Meta(ge=0)]
 
     @property
     def camera_topics(self) -> dict[str, str]:
