@@ -14,6 +14,7 @@ otherwise:
   and to every interface's address. Discovery stays on this host either way, so a
   ``LOCALHOST`` you set yourself becomes ``SYSTEM_DEFAULT`` too when the profile is applied
   (the same scope, fewer sockets).
+- Fast DDS segments of processes that died are removed first (``shm_segments``).
 - ``ROS_AUTOMATIC_DISCOVERY_RANGE=LOCALHOST`` when the profile is not applied (your own
   profile, another RMW, or the file not found; on Kilted ``ROS_LOCALHOST_ONLY=1`` is
   silently ignored).
@@ -29,6 +30,7 @@ import os
 from pathlib import Path
 from typing import MutableMapping
 
+from mstar_ros.bag.shm_segments import remove_stale_segments
 from mstar_ros.config_files import find_config
 
 log = logging.getLogger(__name__)
@@ -58,6 +60,7 @@ def apply_localhost_defaults(env: MutableMapping[str, str] | None = None) -> dic
     on_profile = PROFILE_VAR in applied and env.get("RMW_IMPLEMENTATION", "") in FASTDDS_RMWS
     if on_profile:
         applied[RANGE_VAR] = "SYSTEM_DEFAULT"
+        remove_stale_segments()  # the profile's segments are 32 MB: a killed process's must not stay
     elif not discovery:
         applied[RANGE_VAR] = "LOCALHOST"
     env.update(applied)
