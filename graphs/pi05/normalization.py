@@ -84,47 +84,36 @@ class FeatureNormalizer:
         names = _NEEDS[self.mode]
         return None if not names else int(self.stats[names[0]].shape[0])
 
-    def _pair(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.dtype]:
+    def _operands(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(x, low, high, the range low -> high) in the reference's precision: openpi adds its eps to
+        the range (float64), LeRobot replaces a zero range by its eps (float32)."""
         low_name, high_name = _NEEDS[self.mode]
         dtype = torch.float64 if self.flavour == "openpi" else torch.float32
         low, high = self.stats[low_name].to(dtype), self.stats[high_name].to(dtype)
         if x.shape[-1] != low.shape[0]:
             raise NormalizationError(f"{x.shape[-1]} values but the statistics have {low.shape[0]} dims")
-        return low, high, dtype
+        span = high - low
+        span = span + OPENPI_EPS if self.flavour == "openpi" else torch.where(
+            span == 0, torch.as_tensor(self.eps, dtype=dtype), span)
+        return x.to(dtype), low, high, span
 
     def normalize(self, x: torch.Tensor) -> torch.Tensor:
         """[..., D] raw -> normalised (float32; openpi's float64 arithmetic, then float32)."""
         if self.mode is Mode.IDENTITY:
             return x.float()
-        a, b, dtype = self._pair(x)
-        x = x.to(dtype)
-        if self.flavour == "openpi":
-            if self.mode is Mode.MEAN_STD:
-                return ((x - a) / (b + OPENPI_EPS)).float()
-            return ((x - a) / (b - a + OPENPI_EPS) * 2.0 - 1.0).float()
-        if self.mode is Mode.MEAN_STD:
-            return (x - a) / (b + self.eps)
-        span = b - a
-        span = torch.where(span == 0, torch.as_tensor(self.eps, dtype=dtype), span)
-        return 2.0 * (x - a) / span - 1.0
+        x, low, high, span = self._operands(x)
+        if self.mode is Mode.MEAN_STD:  # low, high = mean, std
+            return ((x - low) / (high + (OPENPI_EPS if self.flavour == "openpi" else self.eps))).float()
+        return (2.0 * (x - low) / span - 1.0).float()
 
     def unnormalize(self, x: torch.Tensor) -> torch.Tensor:
         """[..., D] normalised -> raw (float32)."""
         if self.mode is Mode.IDENTITY:
             return x.float()
-        a, b, dtype = self._pair(x)
-        x = x.to(dtype)
-        if self.flavour == "openpi":
-            if self.mode is Mode.MEAN_STD:
-                return (x * (b + OPENPI_EPS) + a).float()
-            return ((x + 1.0) / 2.0 * (b - a + OPENPI_EPS) + a).float()
-        if self.mode is Mode.MEAN_STD:
-            return x * b + a
-        span = b - a
-        span = torch.where(span == 0, torch.as_tensor(self.eps, dtype=dtype), span)
-        if self.mode is Mode.MIN_MAX or self.mode is Mode.JOINT_LIMITS:
-            return (x + 1.0) / 2.0 * span + a
-        return (x + 1.0) * span / 2.0 + a
+        x, low, high, span = self._operands(x)
+        if self.mode is Mode.MEAN_STD:  # LeRobot's inverse has no eps, openpi's has
+            return (x * (high + OPENPI_EPS if self.flavour == "openpi" else high) + low).float()
+        return ((x + 1.0) / 2.0 * span + low).float()
 
 
 @dataclass(frozen=True)
@@ -155,4 +144,4 @@ def joint_limits(lower: list[float], upper: list[float]) -> Normalization:
         bad = [i for i, ok in enumerate((hi > lo).tolist()) if not ok]
         raise NormalizationError(f"joint_upper must be above joint_lower; not at indices {bad}")
     norm = FeatureNormalizer(Mode.JOINT_LIMITS, {"lower": lo, "upper": hi}, "limits", eps=0.0)
-    return Normalization(norm, norm, f"joint limits (joint_lower / joint_upper: the checkpoint has no statistics)")
+    return Normalization(norm, norm, "joint limits (joint_lower / joint_upper: the checkpoint has no statistics)")

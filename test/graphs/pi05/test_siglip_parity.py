@@ -109,6 +109,6 @@ def _openpi_resize_with_pad(image, size):
 def test_frames_of_other_sizes_are_resized_as_openpis_training_pipeline(h, w):
     g = torch.Generator().manual_seed(h * w)
     img = torch.randint(0, 256, (h, w, 3), generator=g, dtype=torch.uint8)
-    want = torch.from_numpy(_openpi_resize_with_pad(img.numpy(), 224)).permute(2, 0, 1).float() / 255.0 * 2 - 1
+    want = torch.from_numpy(_openpi_resize_with_pad(img.numpy(), 224).copy()).permute(2, 0, 1).float() / 255.0 * 2 - 1
     got = preprocess_images(img, 224)[0]
     assert torch.equal(got, want)  # bit for bit: the same PIL filter on the same uint8 pixels
