@@ -47,6 +47,7 @@ class _Features(msgspec.Struct):
     """The fields of config.json this module reads (everything else is Pi05Config's or ignored)."""
 
     type: str | None = None
+    discrete_state_input: bool | None = None  # openpi's full config only; its converter does not write it
     input_features: dict[str, _Feature] = {}
     output_features: dict[str, _Feature] = {}
     empty_cameras: int = 0
@@ -62,7 +63,8 @@ class CheckpointLayout:
     cameras: tuple[str, ...]       # camera names, in the model's order (placeholders excluded)
     placeholder_cameras: tuple[str, ...]  # LeRobot's empty_camera_<i>: always masked, never fed
     state_dim: int | None          # None: whatever the robot gives (no statistics say otherwise)
-    action_dim: int                # the dims a robot gets (the model computes config.action_dim)
+    action_dim: int | None         # the dims a robot gets (the model computes config.action_dim); None: the
+                                   # checkpoint does not say (no statistics): the robot's joints decide
     normalization: Normalization | None
     tokenizer_file: Path
     notes: tuple[str, ...] = field(default=())
@@ -130,18 +132,24 @@ def inspect_checkpoint(path: str | Path, *, tokenizer: str | Path | None = None,
         kind = "lerobot"
         cameras, placeholders = _lerobot_cameras(features, file)
         normalization = lerobot_normalization(directory)
-        state_dim = _dim(features.input_features, "observation.state", file)
+        stats_state = normalization.state.dim if normalization else None
+        state_dim = _dim(features.input_features, "observation.state", file) or stats_state
         action_dim = _dim(features.output_features, "action", file) or config.action_dim
     else:
         kind = "openpi"
         cameras, placeholders = OPENPI_CAMERAS, ()
         normalization = openpi_normalization(directory, asset_id)
         state_dim = normalization.state.dim if normalization else None
-        action_dim = normalization.action.dim if normalization and normalization.action.dim else config.action_dim
+        action_dim = normalization.action.dim if normalization else None
         if normalization is None:
             notes.append("no assets/<asset_id>/norm_stats.json (openpi's converter copies assets only from beside "
-                         "the JAX checkpoint): state and actions are scaled by the joint limits")
-    if action_dim > config.action_dim:
+                         "the JAX checkpoint): state and actions are scaled by the joint limits, and the robot's "
+                         "joints give the action dims")
+        if features.discrete_state_input is None:
+            notes.append("discrete_state_input not in config.json (openpi's converter does not write it): the state "
+                         "goes into the prompt, as pi05_droid / pi05_base were trained; a pi05_libero conversion "
+                         'needs "discrete_state_input": false added to its config.json')
+    if action_dim is not None and action_dim > config.action_dim:
         raise CheckpointError(f"{file}: the robot's action has {action_dim} dims, more than the model's "
                               f"{config.action_dim}")
     if normalization is not None:
@@ -171,7 +179,8 @@ def describe(layout: CheckpointLayout, sizes: dict[str, Any] | None = None) -> l
               + (f" (+ always masked: {', '.join(layout.placeholder_cameras)})" if layout.placeholder_cameras else ""),
               f"state: {layout.state_dim if layout.state_dim is not None else 'any number of'} dims"
               + (" (as text in the prompt)" if c.discrete_state_input else " (not in the prompt)"),
-              f"action: {layout.action_dim} dims (of the model's {c.action_dim})",
+              f"action: {layout.action_dim if layout.action_dim is not None else 'the robot joints'} dims "
+              f"(of the model's {c.action_dim})",
               "normalisation: " + (layout.normalization.describe() if layout.normalization
                                    else "none in the checkpoint: scaled by the robot's joint limits"),
               f"tokenizer: {layout.tokenizer_file} (prompt budget {c.max_token_len} tokens)"]

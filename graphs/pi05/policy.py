@@ -86,9 +86,10 @@ class Pi05Policy:
         return self.model.action_dim
 
     @property
-    def robot_action_dim(self) -> int:
+    def robot_action_dim(self) -> int | None:
         """The dims a robot gets: the first ``robot_action_dim`` of each action (the checkpoint's
-        ``output_features``, or its action statistics)."""
+        ``output_features``, or its action statistics); None when the checkpoint does not say (then
+        the robot's joint count does)."""
         return self.layout.action_dim
 
     @property

@@ -7,8 +7,9 @@ quiet, after a warm-up); in the flood windows this process publishes malformed c
 default). Robot 1's sensor-to-action latency is taken from the node set's own summary
 (each chunk's latency and the monotonic time it was published, one clock for every
 process of this host), bucketed by window. The ratio flood / quiet of robot 1's p50 and
-p95 is the figure; robot 2's counters show the frames were received, dropped and reported
-(throttled).
+p95 is the figure; robot 2's counters show what its node did with the flood: the frames it
+received and dropped, how often it cut the topic (max_bad_rate_hz) and the sensor losses
+that followed (robot 2 stops while its camera is cut).
 """
 from __future__ import annotations
 
@@ -168,6 +169,7 @@ def figures(summary: dict, windows: list[tuple[str, float, float]], sent: int, o
         "robot1": stats, "robot1_p50_ratio": round(stats["flood"]["p50_ms"] / stats["quiet"]["p50_ms"], 3),
         "robot1_p95_ratio": round(stats["flood"]["p95_ms"] / stats["quiet"]["p95_ms"], 3),
         "flood_frames_sent": sent, "robot2_dropped_frames": r2["dropped_frames"], "robot2_chunks": r2["chunks"],
+        "robot2_topics_shut": r2.get("topics_shut", 0), "robot2_sensor_losses": r2.get("sensor_losses", 0),
         "robot1_chunks": r1["chunks"], "robot1_dropped_frames": r1["dropped_frames"],
     }
 
@@ -179,7 +181,8 @@ def print_flood(result: dict, out=print) -> None:
         f"{r['flood']['p95_ms']:.1f} ms over {r['flood']['chunks']} chunks")
     out(f"robot1_p50_ratio {result['robot1_p50_ratio']:.3f}, robot1_p95_ratio {result['robot1_p95_ratio']:.3f} "
         f"(goal <= 1.15); robot 2: {result['flood_frames_sent']} bad frames sent, {result['robot2_dropped_frames']} "
-        f"received and dropped, {result['robot2_chunks']} chunks served meanwhile")
+        f"received and dropped (its camera cut {result['robot2_topics_shut']} times, "
+        f"{result['robot2_sensor_losses']} sensor losses), {result['robot2_chunks']} chunks served meanwhile")
     if "node_set_cpu_us_per_bad_frame" in result:
         c = result["node_set_cpu_s_per_window"]
         out(f"node set CPU per window: quiet {c['quiet']:.2f} s, flood {c['flood']:.2f} s: "

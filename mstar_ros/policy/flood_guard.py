@@ -22,7 +22,7 @@ class _Topic:
     bad: deque = field(default_factory=deque)  # times of the bad messages within the last window
     hold_s: float = 0.0                        # the next hold (0: the first)
     shut_until: float | None = None  # shut (and until when), None while listened to
-    last_trip: float = float("-inf")
+    reopened_at: float = float("-inf")  # when it was last listened to again after a hold
 
 
 class FloodGuard:
@@ -47,19 +47,19 @@ class FloodGuard:
             t.bad.popleft()
         if len(t.bad) <= self.max_bad_per_s * self.window_s:
             return None
-        if now - t.last_trip > self.max_hold_s:
-            t.hold_s = self.first_hold_s  # calm for long enough: start over
+        if now - t.reopened_at > self.max_hold_s:
+            t.hold_s = self.first_hold_s  # calm for long enough since it was reopened: start over
         else:
             t.hold_s = min(self.max_hold_s, max(self.first_hold_s, 2 * t.hold_s))
-        t.shut_until, t.last_trip = now + t.hold_s, now
+        t.shut_until = now + t.hold_s
         t.bad.clear()
         return t.hold_s
 
-    def reopened(self, topic: str) -> None:
+    def reopened(self, topic: str, now: float) -> None:
         """The caller listens to ``topic`` again (its hold is over): its bad messages count again."""
         t = self._topics.get(topic)
         if t is not None:
-            t.shut_until = None
+            t.shut_until, t.reopened_at = None, now
 
     def is_shut(self, topic: str) -> bool:
         t = self._topics.get(topic)

@@ -29,8 +29,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import re
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -51,6 +53,7 @@ from mstar_ros.ros.policy_params import PARAMETERS, declare
 from mstar_ros.ros.report_throttle import ReportThrottle
 
 log = logging.getLogger("mstar_ros.policy")
+LATENCY_SAMPLES = 20000
 
 __all__ = ["PARAMETERS", "RobotStats", "make_policy_node"]
 
@@ -70,13 +73,15 @@ class RobotStats:
     chunks_failed: int = 0
     chunks_discarded: int = 0  # results that came back after a sensor loss stopped the robot
     prompts_refused: int = 0
+    observations_refused: int = 0  # complete observations the model could not take (e.g. a state of wrong size)
     sensor_losses: int = 0
     stops_published: int = 0   # empty JointTrajectory messages (stop and hold)
     topics_shut: int = 0       # sensor topics unsubscribed for a while: they flooded bad messages
     states_outside_limits: int = 0  # joint states with positions outside the joint limits (used as they are)
     chunks_outside_limits: int = 0  # chunks that leave the joint limits (published as they are)
-    latencies_s: list[float] = field(default_factory=list)  # oldest sensor frame used -> chunk published
-    published_at: list[float] = field(default_factory=list)  # time.monotonic() each chunk was published
+    # the last LATENCY_SAMPLES chunks (a robot serving for days must not grow them without bound)
+    latencies_s: deque = field(default_factory=lambda: deque(maxlen=LATENCY_SAMPLES))  # oldest frame -> published
+    published_at: deque = field(default_factory=lambda: deque(maxlen=LATENCY_SAMPLES))  # time.monotonic() of each
     last_error: str = ""
     fresh_waits: int = 0      # requests that waited for a fresher camera frame (wait_for_fresh_frames)
     admission_waits: int = 0  # requests that waited for an in-flight slot (the node set's --max-inflight)
@@ -104,6 +109,7 @@ def make_policy_node(policy, conductor: Conductor, loop: asyncio.AbstractEventLo
         def __init__(self) -> None:
             super().__init__("pi05_policy", namespace=namespace)
             where = self.get_fully_qualified_name()
+            self._resolved: dict[str, str] = {}
             p = self.params = declare(self, policy.cameras, policy.layout.placeholder_cameras, overrides)
             self.joint_names = list(p.joint_names)
             self._check_fits_checkpoint(where)
@@ -113,6 +119,10 @@ def make_policy_node(policy, conductor: Conductor, loop: asyncio.AbstractEventLo
                 raise ValueError(f"{where}: {exc}") from None
             self.lower, self.upper = list(p.joint_lower), list(p.joint_upper)
             self.token_cap = p.max_prompt_tokens or None
+            budget = policy.layout.config.max_token_len
+            if self.token_cap is not None and self.token_cap > budget:
+                raise ValueError(f"{where}: parameter max_prompt_tokens: {self.token_cap} is over the checkpoint's "
+                                 f"tokenizer_max_length={budget} (a prompt that long leaves no room for the state)")
             try:
                 self.task = policy.task(p.prompt, max_tokens=self.token_cap)
             except PromptError as exc:
@@ -141,11 +151,13 @@ def make_policy_node(policy, conductor: Conductor, loop: asyncio.AbstractEventLo
             self._busy = False
             self._n = 0
             self._epoch = 0                   # bumped by each sensor loss
+            self._lost_now = False            # the data is lost at this moment (sensor_timeout_s passed)
             self._loss_since: float | None = None  # in a sensor loss since (monotonic), until chunks resume
             self._loss_text = ""
             self._truncation_said = False
             self._unstamped: set[str] = set()
             self._levels: dict[object, str] = {}  # throttled problem -> its level (for the repeats' report)
+            self._report_lock = threading.Lock()  # the throttle and the counters, from both threads
             self.flood_guard = FloodGuard(p.max_bad_rate_hz)
             self._sensor_types = {**{t: (Image, lambda m, t=t: self._on_image(t, m)) for t in self.cameras},
                                   self._joints_topic: (JointState, self._on_joints)}
@@ -164,9 +176,13 @@ def make_policy_node(policy, conductor: Conductor, loop: asyncio.AbstractEventLo
 
         def _check_fits_checkpoint(self, where: str) -> None:
             n, layout = len(self.joint_names), policy.layout
-            if n != layout.action_dim:
+            if layout.action_dim is not None and n != layout.action_dim:
                 raise ValueError(f"{where}: parameter joint_names: {n} joints, but the checkpoint's actions have "
                                  f"{layout.action_dim} dims ({policy.path})")
+            if n > policy.action_dim:
+                raise ValueError(f"{where}: parameter joint_names: {n} joints, but the model acts in "
+                                 f"{policy.action_dim} dims")
+            self.robot_dims = n  # the first n of the model's action dims (the checkpoint's, or the robot's)
             if layout.state_dim is not None and n != layout.state_dim:
                 raise ValueError(f"{where}: parameter joint_names: {n} joints, but the checkpoint's state has "
                                  f"{layout.state_dim} dims ({policy.path})")
@@ -176,9 +192,10 @@ def make_policy_node(policy, conductor: Conductor, loop: asyncio.AbstractEventLo
             msg_type, callback = self._sensor_types[topic]
             return self.create_subscription(msg_type, topic, callback, qos_profile_sensor_data)
 
-        def _bad(self, topic: str, text: str) -> None:
-            """A bad sensor message: reported (throttled), and counted against the topic's flood limit."""
-            self._problem(("bad", text), text, "ERROR", count="dropped")
+        def _bad(self, topic: str, text: str, *, level: str = "ERROR", count: str = "dropped") -> None:
+            """A sensor message not acted on: reported (throttled per topic and kind of problem: the text with
+            its numbers left out), and counted against the topic's flood limit."""
+            self._problem(("bad", topic, re.sub(r"[-\d.]+", "#", text)), text, level, count=count)
             hold = self.flood_guard.bad(topic, time.monotonic())
             if hold is not None:
                 self._shut(topic, hold)
@@ -197,14 +214,18 @@ def make_policy_node(policy, conductor: Conductor, loop: asyncio.AbstractEventLo
 
             def reopen() -> None:
                 self.destroy_timer(timer[0])
-                self.flood_guard.reopened(topic)
+                self.flood_guard.reopened(topic, time.monotonic())
                 if not self.closing and topic not in self._sensor_subs:
                     self._sensor_subs[topic] = self._subscribe(topic)
 
             timer.append(self.create_timer(hold, reopen))
 
         def _full(self, topic: str) -> str:
-            return self.resolve_topic_name(topic)
+            """The topic's resolved name (worked out once: this runs for every message)."""
+            full = self._resolved.get(topic)
+            if full is None:
+                full = self._resolved[topic] = self.resolve_topic_name(topic)
+            return full
 
         def _clock_now(self) -> float:
             return self.get_clock().now().nanoseconds * 1e-9
@@ -217,8 +238,8 @@ def make_policy_node(policy, conductor: Conductor, loop: asyncio.AbstractEventLo
                 if full not in self._unstamped:  # said once: such a sensor is judged by arrival alone
                     self._unstamped.add(full)
                     self._say(verdict.text, "WARN")
-            elif not verdict.usable:
-                self._problem((verdict.kind, full), verdict.text, "WARN", count="stale_frames")
+            elif not verdict.usable:  # counted against the flood limit too (a bag replayed at 400 Hz unstamped)
+                self._bad(topic, verdict.text, level="WARN", count="stale_frames")
                 return False
             return True
 
@@ -277,11 +298,15 @@ def make_policy_node(policy, conductor: Conductor, loop: asyncio.AbstractEventLo
             return why
 
         def _on_set_parameters(self, params) -> SetParametersResult:
+            """Only the prompt changes while serving; the others are read at start (refused, not ignored)."""
+            fixed = [p.name for p in params if p.name != "prompt"]
+            if fixed:
+                return SetParametersResult(successful=False, reason=f"{', '.join(fixed)}: read at start; restart the "
+                                                                    "node set to change it")
             for param in params:
-                if param.name == "prompt":
-                    why = self._set_prompt(str(param.value), f"{self.get_fully_qualified_name()} parameter prompt")
-                    if why is not None:
-                        return SetParametersResult(successful=False, reason=why)
+                why = self._set_prompt(str(param.value), f"{self.get_fully_qualified_name()} parameter prompt")
+                if why is not None:
+                    return SetParametersResult(successful=False, reason=why)
             return SetParametersResult(successful=True)
 
         # -- the control loop ------------------------------------------------------------
@@ -300,12 +325,18 @@ def make_policy_node(policy, conductor: Conductor, loop: asyncio.AbstractEventLo
             return True
 
         def _check_loss(self, now: float) -> bool:
-            """Under the lock: True when a sensor loss starts now (the caller stops the robot)."""
-            if self._loss_since is not None or not self.watch.lost(now, self._clock_now()):
+            """Under the lock: True when the data goes from fresh to lost now (the caller stops the robot).
+            Every such change drops what is in flight, also a second one before chunks resumed."""
+            if not self.watch.lost(now, self._clock_now()):
+                self._lost_now = False
                 return False
-            self._loss_since = now
+            if self._lost_now:
+                return False
+            self._lost_now = True
             self._epoch += 1  # what is in flight was planned from data that then stopped
-            self.stats.sensor_losses += 1
+            if self._loss_since is None:  # a new loss (not the same one again before chunks resumed)
+                self._loss_since = now
+                self.stats.sensor_losses += 1
             sensor = self.watch.oldest_sensor(now, self._clock_now())
             self._loss_text = (f"{self.get_namespace()}: sensor loss: no fresh data from {sensor} for "
                                f"{self.watch.age(now, self._clock_now()):.1f} s (sensor_timeout_s="
@@ -335,7 +366,8 @@ def make_policy_node(policy, conductor: Conductor, loop: asyncio.AbstractEventLo
                 self.admission.withdraw(self.get_namespace())
             if refused is not None:
                 return self._problem(("refused", self.get_namespace()),
-                                     f"{self.get_namespace()}: observation refused: {refused}", "ERROR", count="dropped")
+                                     f"{self.get_namespace()}: observation refused: {refused}", "ERROR",
+                                     count="observations_refused")
             if request is not None:
                 if request.request.meta.get("prompt_truncated") and not self._truncation_said:
                     self._truncation_said = True
@@ -404,14 +436,15 @@ def make_policy_node(policy, conductor: Conductor, loop: asyncio.AbstractEventLo
             resumed = None
             with self._lock:
                 self._busy, self._admitted_at = False, None
-                if epoch != self._epoch or self.closing:  # a sensor loss came in between: planned from lost data
+                # a sensor loss came in between, or is under way: planned from data that stopped
+                if epoch != self._epoch or self.closing or self.watch.lost(now, self._clock_now()):
                     self.stats.chunks_discarded += not self.closing
                     self.chunker.pending = None
                     return
                 start_tick, actions = self.chunker.accept(chunk, now)
                 start_in = self.chunker.time_of(start_tick) - now
                 stamp = (self.get_clock().now() + _duration(max(0.0, start_in))).to_msg()
-                raw = self.normalization.action.unnormalize(actions[:, :policy.robot_action_dim])
+                raw = self.normalization.action.unnormalize(actions[:, :self.robot_dims])
                 self.actions_pub.publish(trajectory_msg(self.joint_names, raw, self.rate, stamp))
                 self.stats.chunks += 1
                 published = time.monotonic()
@@ -432,11 +465,12 @@ def make_policy_node(policy, conductor: Conductor, loop: asyncio.AbstractEventLo
             """Counts a problem and says it, throttled per ``key`` (first at once, then once a period)."""
             if self.closing:
                 return
-            if count is not None:
-                setattr(self.stats, count, getattr(self.stats, count) + 1)
-            self.stats.last_error = text
-            self._levels[key] = level
-            said = self.throttle.report(key, text, time.monotonic())
+            with self._report_lock:  # callers run on the executor thread and on the Conductor's loop thread
+                if count is not None:
+                    setattr(self.stats, count, getattr(self.stats, count) + 1)
+                self.stats.last_error = text
+                self._levels[key] = level
+                said = self.throttle.report(key, text, time.monotonic())
             if said is not None:
                 self._say(said, level)
 
@@ -458,8 +492,10 @@ def make_policy_node(policy, conductor: Conductor, loop: asyncio.AbstractEventLo
 
         def _publish_status(self) -> None:
             """Once a second: the robot's state (ERROR while in a sensor loss), and throttled repeats."""
-            for key, text in self.throttle.flush(time.monotonic()):
-                self._say(text, self._levels.get(key, "WARN"))
+            with self._report_lock:
+                repeats = [(text, self._levels.get(key, "WARN")) for key, text in self.throttle.flush(time.monotonic())]
+            for text, level in repeats:
+                self._say(text, level)
             if self.closing:
                 return
             now, clock = time.monotonic(), self._clock_now()

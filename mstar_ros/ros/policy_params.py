@@ -143,4 +143,15 @@ def _checked(p: PolicyParams, where: str) -> PolicyParams:
         raise ValueError(f"{where}: parameters joint_lower and joint_upper: give both or neither")
     if not p.prompt.strip():
         raise ValueError(f"{where}: parameter prompt: empty")
+    if p.sensor_timeout_s < p.max_observation_age_s:
+        raise ValueError(f"{where}: parameter sensor_timeout_s: {p.sensor_timeout_s:g} is under "
+                         f"max_observation_age_s={p.max_observation_age_s:g} (data would be acted on after the robot "
+                         "was stopped for having none)")
+    if 0 < p.max_bad_rate_hz < 4:
+        raise ValueError(f"{where}: parameter max_bad_rate_hz: {p.max_bad_rate_hz:g} would cut a topic at its first "
+                         "bad message (it is counted over a quarter second): give 0 (never) or at least 4")
+    topics = [*p.camera_topics.values(), p.joint_states_topic]
+    dupes = sorted({t for t in topics if topics.count(t) > 1})
+    if dupes:
+        raise ValueError(f"{where}: parameters cameras.* / joint_states_topic: {dupes} given for more than one sensor")
     return p

@@ -11,13 +11,22 @@ def test_a_flood_trips_then_the_topic_reopens_and_a_continuing_flood_doubles_the
     trips = [g.bad("cam", i / 400) for i in range(200)]  # 400 bad frames a second
     assert trips[:25] == [None] * 25 and trips[25] == 5 and g.is_shut("cam")  # 25 in a quarter of a second
     assert all(t is None for t in trips[101:])  # messages still in flight do not trip it again
-    g.reopened("cam")  # the caller's timer, after the hold
+    g.reopened("cam", 5.3)  # the caller's timer, after the hold
     assert not g.is_shut("cam")
     again = [g.bad("cam", 5.3 + i / 400) for i in range(30)]
     assert [t for t in again if t] == [10]  # the flood went on: twice as long
-    g.reopened("cam")
-    late = [g.bad("cam", 200 + i / 400) for i in range(30)]
-    assert [t for t in late if t] == [5]  # calm for over max_hold_s: the hold starts over
+    g.reopened("cam", 15.3)
+    assert [t for t in (g.bad("cam", 15.3 + i / 400) for i in range(30)) if t] == [20]  # still going: 20 s
+    now, holds = 35.3, []
+    for _ in range(4):  # a flood that never stops: 40, 60, then 60 again (not back to 5)
+        g.reopened("cam", now)
+        holds += [t for t in (g.bad("cam", now + i / 400) for i in range(30)) if t]
+        now += holds[-1] + 0.1
+    assert holds == [40, 60, 60, 60]
+    g.reopened("cam", now)
+    now += 100
+    late = [g.bad("cam", now + i / 400) for i in range(30)]
+    assert [t for t in late if t] == [5]  # calm for over max_hold_s since it was reopened: starts over
 
 
 def test_a_misconfigured_camera_is_not_shut_and_zero_means_never():

@@ -68,8 +68,10 @@ def test_openpi_with_several_assets_needs_an_asset_id(tmp_path, ckpt):
 
 def test_openpi_without_assets_says_it_falls_back(tmp_path, ckpt):
     layout = inspect_checkpoint(openpi_checkpoint(tmp_path / "ck", ckpt, None))
-    assert layout.normalization is None and layout.state_dim is None and layout.action_dim == 32
+    assert layout.normalization is None and layout.state_dim is None and layout.action_dim is None
     assert any("scaled by the joint limits" in n for n in layout.notes)
+    assert any("discrete_state_input not in config.json" in n for n in layout.notes)
+    assert "action: the robot joints dims (of the model's 32)" in "\n".join(describe(layout))
 
 
 def test_openpi_quantiles_must_be_there(tmp_path, ckpt):

@@ -197,6 +197,9 @@ def test_mstar_ros_launch_applies_ros_args_remapping_and_parameters(procs, start
     # the prompt parameter can be changed while serving (as `ros2 param set` does), never to ""
     assert [r.successful for r in _set_param(ros_client, "/robot1/pi05_policy", "prompt", "   ")] == [False]
     assert [r.successful for r in _set_param(ros_client, "/robot1/pi05_policy", "prompt", "open it")] == [True]
+    # the others are read at start: refused, not silently ignored
+    (refused,) = _set_param(ros_client, "/robot1/pi05_policy", "on_sensor_loss", "continue")
+    assert not refused.successful and "read at start" in refused.reason
     assert launcher.interrupt() == 0, launcher.output  # Ctrl-C stops the node set it started
     player.interrupt()
     assert "[launch] pi05_node_set exited with status 0" in launcher.output

@@ -8,8 +8,9 @@ import sys
 import numpy as np
 import pytest
 import torch
+import yaml
 
-from mstar_ros.launch_spec import pi05_processes
+from mstar_ros.launch_spec import default_params_file, pi05_processes
 from support.pi05_layouts import lerobot_checkpoint, openpi_checkpoint
 
 JOINTS = [f"panda_joint{i}" for i in range(1, 8)] + ["robotiq_85_left_knuckle_joint"]
@@ -63,8 +64,20 @@ def _openpi_back(a: np.ndarray, s: dict) -> np.ndarray:  # transforms.Unnormaliz
     return (a + 1.0) / 2.0 * (q99 - q01 + 1e-6) + q01
 
 
+LIMITS = yaml.safe_load(default_params_file().read_text())["/**"]["ros__parameters"]
+LOWER, UPPER = np.float32(LIMITS["joint_lower"]), np.float32(LIMITS["joint_upper"])
+
+
+def _limits(x: np.ndarray, _s: dict) -> np.ndarray:  # ours, for a checkpoint without statistics
+    return 2 * (x - LOWER) / (UPPER - LOWER) - 1
+
+
+def _limits_back(a: np.ndarray, _s: dict) -> np.ndarray:
+    return (a + 1) / 2 * (UPPER - LOWER) + LOWER
+
+
 @pytest.mark.timeout(150)
-@pytest.mark.parametrize("layout", ["lerobot", "openpi"])
+@pytest.mark.parametrize("layout", ["lerobot", "openpi", "openpi-without-assets"])
 def test_published_actions_are_the_references_for_a_raw_state(layout, procs, ros_client, robot_feed, tmp_path):
     from trajectory_msgs.msg import JointTrajectory
 
@@ -76,9 +89,12 @@ def test_published_actions_are_the_references_for_a_raw_state(layout, procs, ros
         weights = lerobot_checkpoint(tmp_path / "ck", ckpt, {"observation.state": STATE, "action": ACTION},
                                      cameras=("base_0_rgb", "left_wrist_0_rgb"))
         norm, back, extra = _lerobot, _lerobot_back, []
-    else:  # openpi's three cameras; this robot has no right wrist camera: left out, as openpi masks it
+    elif layout == "openpi":  # its three cameras; this robot has no right wrist one: left out, as openpi masks it
         weights = openpi_checkpoint(tmp_path / "ck", ckpt, {"state": STATE, "actions": ACTION})
         norm, back, extra = _openpi, _openpi_back, ["-p", "cameras.right_wrist_0_rgb:=''"]
+    else:  # no norm_stats.json (openpi's converter often leaves it): the robot's joint limits, both ways
+        weights = openpi_checkpoint(tmp_path / "ck", ckpt, None)
+        norm, back, extra = _limits, _limits_back, ["-p", "cameras.right_wrist_0_rgb:=''"]
     ros_client.subscribe(JointTrajectory, "/robot1/action_chunk")
     (spec,) = pi05_processes("/robot1", weights=str(weights), extra_arguments=["--duration", "120"],
                              ros_arguments=extra)
@@ -93,7 +109,9 @@ def test_published_actions_are_the_references_for_a_raw_state(layout, procs, ros
     want = back(actions, ACTION)[skip:]
     scale = np.abs(want).max()
     assert np.abs(published - want).max() < 1e-4 * scale, np.abs(published - want).max()
-    mixed = back(actions, STATE)[skip:]  # unnormalised with the state's statistics instead
-    assert np.abs(published - mixed).max() > 100 * np.abs(published - want).max() + 1e-3
+    if layout != "openpi-without-assets":  # (joint limits scale both ways alike)
+        mixed = back(actions, STATE)[skip:]  # unnormalised with the state's statistics instead
+        assert np.abs(published - mixed).max() > 100 * np.abs(published - want).max() + 1e-3
     assert node_set.interrupt() == 0, node_set.output
-    assert "normalisation: QUANTILES (state and actions) from" in node_set.output
+    said = "JOINT_LIMITS (state and actions) from joint limits" if layout.endswith("assets") else "QUANTILES"
+    assert f"normalisation: {said}" in node_set.output

@@ -158,6 +158,11 @@ def test_a_huge_prompt_and_a_flood_of_bad_frames_leave_the_other_robot_served(pr
     (["-p", "cameras.base_0_rgb:=''", "-p", "cameras.left_wrist_0_rgb:=''"], "needs at least one camera"),
     (["-p", "cameras.top:=camera/top"], "parameter cameras.top: 'top' is not a camera of this checkpoint"),
     (["-p", "on_sensor_loss:=stop"], "parameter on_sensor_loss: Invalid enum value 'stop' (one of hold, continue)"),
+    (["-p", "sensor_timeout_s:=0.2"], "parameter sensor_timeout_s: 0.2 is under max_observation_age_s=0.5"),
+    (["-p", "max_bad_rate_hz:=2.0"], "parameter max_bad_rate_hz: 2 would cut a topic at its first bad message"),
+    (["-p", "cameras.left_wrist_0_rgb:=camera/exterior/image_raw"], "given for more than one sensor"),
+    (["-p", "max_prompt_tokens:=500"], "parameter max_prompt_tokens: 500 is over the checkpoint's "
+                                       "tokenizer_max_length=200"),
 ])
 def test_bad_parameters_end_the_node_set_with_one_line(procs, ros_args, message, tmp_path):
     node_set, _ = start_node_set(procs, tmp_path, ros_arguments=ros_args)
