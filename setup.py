@@ -116,7 +116,8 @@ setup(
                                       "mstar_orpheus_node = mstar_ros.ros.orpheus_node:main"],
                   # what a Worker may build, by name (mstar.worker.registry): never code a peer names
                   "mstar.models": ["orpheus = mstar_graphs.orpheus.components:orpheus_components",
-                                   "pi05 = mstar_graphs.pi05.components:pi05_components"],
+                                   "pi05 = mstar_graphs.pi05.components:pi05_components",
+                                   "vjepa2 = mstar_graphs.vjepa2.components:vjepa2_components"],
                   "mstar.worker_plugins": ["ros_diagnostics = mstar_ros.ros.worker_diagnostics:attach"]},
     zip_safe=True,
     maintainer="mstar_ros developers",

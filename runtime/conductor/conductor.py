@@ -149,7 +149,8 @@ class Conductor:
         if request.request_id in self._tasks:
             raise ValueError(f"request id {request.request_id!r} is already in flight")
         expected = set(self.graph.input_names)
-        missing = sorted(expected - set(request.inputs))
+        required = expected if self.graph.required_inputs is None else set(self.graph.required_inputs)
+        missing = sorted(required - set(request.inputs))
         unknown = sorted(set(request.inputs) - expected)
         if missing or unknown:
             raise ValueError(f"request {request.request_id}: graph {self.graph.name!r} takes inputs {sorted(expected)}; "

@@ -29,7 +29,7 @@ def conductor_read_endpoints(graph: ModelGraph) -> set[str]:
     out = set()
     for walk in graph.walks.values():
         for step in walk.iter_steps():
-            if not isinstance(step, Loop) or graph.self_feeding(step) is not None:
+            if not isinstance(step, Loop) or graph.engine_resident(step):
                 continue
             if isinstance(step.stop, StopOnValues):
                 out.add(step.stop.edge)

@@ -12,12 +12,15 @@ from typing import Awaitable, Callable
 from mstar.conductor.request import RequestError, RequestOutput
 from mstar.conductor.state import RequestState, StreamState
 from mstar.graph.chunk_policies import Chunk
-from mstar.graph.edges import GRAPH_OUTPUT, StreamingGraphEdge
+from mstar.graph.edges import GRAPH_INPUT, GRAPH_OUTPUT, StreamingGraphEdge
 from mstar.graph.model_graph import ModelGraph
 from mstar.graph.walks import Call, Loop, Parallel, Sequential, StopOnValues, StopWhen, WalkStep
 from mstar.worker.messages import ExecuteNode, LoopSpec, NodeOutput, TensorHandle, TensorRef
 
 Dispatch = Callable[[ExecuteNode, Callable[[NodeOutput], None]], Awaitable[None]]
+
+
+_CALL_FIELDS = frozenset({"mask", "mask_arg", "kv_window"})  # request meta read into ExecuteNode fields
 
 
 class _StopWatch:
@@ -51,7 +54,7 @@ class WalkExecutor:
         limit = loop.trip_limit(rs)
         if limit == 0:
             return
-        if self.graph.self_feeding(loop) is not None:
+        if self.graph.engine_resident(loop):
             stop = loop.stop.values if isinstance(loop.stop, StopOnValues) else ()
             await self._call(loop.body.node, rs, watches, LoopSpec(max_iters=limit, stop_values=tuple(stop)))  # type: ignore[attr-defined]
             return
@@ -79,13 +82,18 @@ class WalkExecutor:
                  meta: dict[str, int] | None = None) -> ExecuteNode:
         gnode = self.graph.node(node)
         req = rs.request
+        # request meta "node.key" (an int, not one of the fields below) reaches that node's calls
+        prefix = f"{node}."
+        node_meta = {k[len(prefix):]: int(v) for k, v in req.meta.items()
+                     if k.startswith(prefix) and k[len(prefix):] not in _CALL_FIELDS and isinstance(v, (int, bool))}
         return ExecuteNode(
             call_id=self.new_call_id(), request_id=rs.wire_id, node=node, inputs=inputs,
             index=rs.next_index(node), seed=rs.seed,
             sampling=req.sampling if gnode.engine == "ar" and "token" in gnode.outputs else None,
-            loop=loop, session_id=req.session_id, meta=meta or {},
+            loop=loop, session_id=req.session_id, meta={**node_meta, **(meta or {})},
             mask=int(req.meta.get(f"{node}.mask", 0)), mask_arg=int(req.meta.get(f"{node}.mask_arg", 0)),
-            kv_window=req.meta.get(f"{node}.kv_window"), kv_from=gnode.kv_from, flow=gnode.flow)
+            kv_window=req.meta.get(f"{node}.kv_window"), kv_from=gnode.kv_from, flow=gnode.flow,
+            frames=gnode.frames)
 
     async def _call(self, node: str, rs: RequestState, watches: tuple[_StopWatch, ...] = (),
                     loop: LoopSpec | None = None) -> None:
@@ -94,11 +102,19 @@ class WalkExecutor:
         if missing:
             raise RequestError(rs.request_id, f"walk {rs.current_walk!r}: node {node!r} has no value for input(s) {missing}")
         msg = self._message(node, rs, inputs, loop)
-        for port in inputs:  # a value is consumed by the call it feeds
-            rs.values.pop((node, port), None)
+        for port in inputs:  # a value is consumed by the call it feeds, unless the request's input is
+            if not self._request_constant(node, port):  # its only source (a Loop body reads it every time)
+                rs.values.pop((node, port), None)
         await self.dispatch(msg, lambda out: self.propagate(rs, node, out.outputs, watches))
 
+    def _request_constant(self, node: str, port: str) -> bool:
+        sources = [e for e in self.graph.edges_into(node) if e.target.port == port]
+        return bool(sources) and all(e.source.node == GRAPH_INPUT and not isinstance(e, StreamingGraphEdge)
+                                     for e in sources)
+
     def _required(self, node: str, port: str) -> bool:
+        if port in self.graph.node(node).optional_inputs:
+            return False
         return not any(isinstance(e, StreamingGraphEdge) for e in self.graph.edges_into(node) if e.target.port == port)
 
     # -- moving values along edges ------------------------------------------------------

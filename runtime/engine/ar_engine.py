@@ -21,6 +21,8 @@ from mstar.engine.config import EngineConfig
 from mstar.engine.device_loop import run_on_device
 from mstar.engine.engine_inbox import EngineInbox, Reply
 from mstar.engine.flow_loop import FlowLoops
+from mstar.engine.frame_loop import FrameLoops
+from mstar.engine.frame_module import FrameModule
 from mstar.engine.kv_cache import PagedKVCache
 from mstar.engine.kv_migration import gather_kv, restore_sequence, sequence_state
 from mstar.engine.linear_packing import pack_linears, packed_count
@@ -41,10 +43,15 @@ def _dtype(name: str) -> torch.dtype:
     return getattr(torch, name)
 
 
+def block_size_for(module: ARModule, config: EngineConfig) -> int:
+    """A frame module's KV block is one frame (its samples then share whole frames); else the config's."""
+    return module.frame_tokens if isinstance(module, FrameModule) else config.block_size
+
+
 def _kv_blocks(module: ARModule, config: EngineConfig, kv_dtype: torch.dtype) -> int:
     if config.num_kv_blocks is not None:
         return config.num_kv_blocks
-    per_block = module.kv_spec().bytes_per_token(kv_dtype) * config.block_size
+    per_block = module.kv_spec().bytes_per_token(kv_dtype) * block_size_for(module, config)
     return max(1, int(config.kv_cache_mb * 2**20) // per_block)
 
 
@@ -67,8 +74,9 @@ class AREngine(EngineInbox):
             pack_linears(self.module, module.plain_linears)
         packed = packed_count(self.module)
         num_blocks = _kv_blocks(module, self.config, kv_dtype)
-        self.cache = PagedKVCache(module.kv_spec(), num_blocks, self.config.block_size, kv_dtype, self.device)
-        self.blocks = BlockManager(num_blocks, self.config.block_size)
+        block_size = block_size_for(module, self.config)
+        self.cache = PagedKVCache(module.kv_spec(), num_blocks, block_size, kv_dtype, self.device)
+        self.blocks = BlockManager(num_blocks, block_size)
         self.backend = select_attention_backend(self.cache, self.config.attention_backend)
         self.tp_leader = TPLeader(tp) if tp is not None and tp.size > 1 else None
         leader = self.tp_leader
@@ -77,17 +85,18 @@ class AREngine(EngineInbox):
         self.runner = ModelRunner(self.module, self.backend, self.blocks, self.device,
                                   plan_hook=leader.forward_plan if leader else None)
         if leader is not None:  # followers size their KV pools and pick dtypes from this
-            leader.hello(Hello(num_blocks, self.config.block_size, str(dtype).removeprefix("torch."),
+            leader.hello(Hello(num_blocks, block_size, str(dtype).removeprefix("torch."),
                                str(kv_dtype).removeprefix("torch."), self.backend.name,
                                pack_linears=self.config.pack_linears))
         self.sampler = Sampler()
         self.flows = FlowLoops(self)
+        self.frame_loops = FrameLoops(self)
         self.on_fatal = None  # called when the engine cannot go on (a tensor-parallel group broke)
         self.steps = 0
         self.tokens_computed = 0
         self.busy_seconds = 0.0  # time inside model steps (to tell compute from overhead)
         log.info("%s engine: %d KV blocks x %d tokens (%s), attention backend %s, %d linears packed",
-                 name, num_blocks, self.config.block_size, kv_dtype, self.backend.name, packed)
+                 name, num_blocks, block_size, kv_dtype, self.backend.name, packed)
 
     def close_session(self, session_id: str) -> None:
         self._post("close_session", session_id)
@@ -111,11 +120,12 @@ class AREngine(EngineInbox):
                 "sequences": len(self.scheduler.seqs), "steps": self.steps,
                 "tokens_computed": self.tokens_computed, "preemptions": self.scheduler.num_preemptions,
                 "phase_waits": self.scheduler.phase_waits,
-                "busy_ms": int(self.busy_seconds * 1000), "forward_ms": int(self.runner.forward_seconds * 1000)}
+                "busy_ms": int(self.busy_seconds * 1000), "forward_ms": int(self.runner.forward_seconds * 1000),
+                **(self.frame_loops.stats() if isinstance(self.module, FrameModule) else {})}
 
     # -- device thread (DeviceLoop) -------------------------------------------------
     def has_work(self) -> bool:
-        return self.scheduler.has_work() or self.flows.has_work()
+        return self.scheduler.has_work() or self.flows.has_work() or self.frame_loops.has_work()
 
     has_pending = has_work
 
@@ -131,6 +141,7 @@ class AREngine(EngineInbox):
             elif kind == "export_kv":
                 self._on_export_kv(arg, reply)
             elif kind == "close_session":
+                self.frame_loops.close_session(arg)
                 for seq in [s for s in self.scheduler.seqs.values() if s.owner == arg]:
                     self._fail_call(seq, f"session {arg!r} was closed")
                     self.scheduler.drop(seq)
@@ -151,6 +162,12 @@ class AREngine(EngineInbox):
         seq = self.scheduler.seqs.get((owner, msg.node))
         if seq is not None and seq.call is not None:
             return fail(f"node {msg.node!r} already has a call in flight for {owner!r}")
+        if msg.frames:
+            if not isinstance(self.module, FrameModule):
+                return fail(f"node {msg.node!r} is a frame node but module {type(self.module).__name__} is no FrameModule")
+            if self.tp_leader is not None:
+                return fail(f"frame node {msg.node!r}: frame Loops are not supported with tensor parallelism yet")
+            return self.frame_loops.start(msg, reply)
         if msg.flow:
             if self.tp_leader is not None:
                 return fail(f"flow node {msg.node!r}: flow Loops are not supported with tensor parallelism yet")
@@ -270,6 +287,7 @@ class AREngine(EngineInbox):
 
     def _on_release(self, request_id: str) -> None:
         self.store.free_owner(request_id)  # outputs made after the Conductor let go of the request
+        self.frame_loops.release(request_id)
         for seq in list(self.scheduler.seqs.values()):
             if seq.request_id != request_id:
                 continue
@@ -294,6 +312,17 @@ class AREngine(EngineInbox):
         self.busy_seconds += time.perf_counter() - started
         return done
 
+    def _frame_step(self) -> int:
+        started = time.perf_counter()
+        done = 0
+        try:
+            done = self.frame_loops.step()
+        except Exception as exc:  # every frame call of the step fails; contexts keep what they had computed
+            log.exception("%s frame step failed", self.name)
+            self.frame_loops.fail_all(f"frame step failed: {type(exc).__name__}: {exc}")
+        self.busy_seconds += time.perf_counter() - started
+        return done
+
     def _fail_call(self, seq: Sequence, error: str) -> None:
         call, seq.call = seq.call, None
         if call is not None:
@@ -302,6 +331,8 @@ class AREngine(EngineInbox):
     def _step(self) -> None:
         # flows first: reserving their suffix may preempt sequences the token batch would hold
         flowed = self._flow_step() if self.flows.has_work() else 0
+        if self.frame_loops.has_work():
+            flowed += self._frame_step()
         batch = self.scheduler.schedule()
         for seq in self.scheduler.take_stuck():  # can never fit, even with everything else preempted
             self._fail_call(seq, f"node {seq.node!r}: the KV pool ({self.blocks.num_blocks} blocks of "

@@ -28,6 +28,9 @@ class ModelGraph:
     walks: Mapping[str, WalkStep]
     next_walk: NextWalk
     topology: PartitionTopology | None = None
+    # inputs every request must give (None: all of them); a graph whose walks read different
+    # inputs lists fewer, and a call that lacks one fails naming its walk, node and port
+    required_inputs: Sequence[str] | None = None
     node_by_name: dict[str, GraphNode] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -83,6 +86,13 @@ class ModelGraph:
         for node in self.nodes:
             views.setdefault(node.module_name, []).append(node.name)
         return views
+
+    def engine_resident(self, loop: Loop) -> bool:
+        """Whether the engine runs ``loop`` whole: one AR node fed by its own output, or one
+        frame node (a rollout: each iteration's predicted frame is the next one's input)."""
+        if self.self_feeding(loop) is not None:
+            return True
+        return isinstance(loop.body, Call) and self.node(loop.body.node).frames and loop.stop is None
 
     def self_feeding(self, loop: Loop) -> GraphEdge | None:
         """The feedback edge if ``loop`` is one AR node fed by its own output (engine-resident loop)."""

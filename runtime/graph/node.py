@@ -71,10 +71,18 @@ class GraphNode:
     module: str | None = None
     kv_from: str | None = None
     flow: bool = False  # AR flow node: its Loop integrates input/output "x" over the KV of ``kv_from``
+    frames: bool = False  # AR frame node: rows come in frames (a world model; mstar.engine.frame_loop)
+    optional_inputs: tuple[str, ...] = ()  # ports a call may go without (the engine has a default)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "inputs", tuple(self.inputs))
         object.__setattr__(self, "outputs", tuple(self.outputs))
+        object.__setattr__(self, "optional_inputs", tuple(self.optional_inputs))
+        unknown = [p for p in self.optional_inputs if p not in self.inputs]
+        if unknown:
+            raise ValueError(f"node {self.name!r}: optional inputs {unknown} are not among its inputs {list(self.inputs)}")
+        if self.frames and (self.engine != "ar" or self.flow):
+            raise ValueError(f"node {self.name!r}: a frame node is an AR node (and not a flow node)")
         if self.engine not in ("ar", "stateless"):
             raise ValueError(f"node {self.name!r}: engine must be 'ar' or 'stateless', got {self.engine!r}")
         if self.flow and (self.engine != "ar" or self.kv_from is None or "x" not in self.inputs

@@ -81,6 +81,7 @@ class ExecuteNode(msgspec.Struct, tag=True):
     exports: dict[str, str] = {}
     kv_import: KVState | None = None
     flow: bool = False  # a flow node: its Loop takes Euler steps of input "x" (mstar.engine.flow_loop)
+    frames: bool = False  # a frame node: a world model's frame context or rollout (mstar.engine.frame_loop)
 
 
 class NodeOutput(msgspec.Struct, tag=True):

@@ -1,0 +1,429 @@
+"""World-model frame Loops in the AR engine: a persistent frame context, and rollouts over it.
+
+A frame node (``GraphNode(..., engine="ar", frames=True)``) runs a
+:class:`~mstar.engine.frame_module.FrameModule`. Its rows come in frames; the engine's KV
+block is one frame, and attention is block-causal (a frame sees itself and earlier frames),
+so a computed frame's K/V never change again.
+
+**Context view** (no ``kv_from``): a call with ``latents`` [F, *latent], ``states`` [F, S]
+and ``actions`` [F, A] extends the context of its session (or request). A frame's action
+token is the action taken *at* that frame, known only once the next frame's pose is, so the
+newest frame stays *pending*: ``actions[0]`` is the pending frame's action (ignored when
+there is none) and ``actions[i]`` that of ``latents[i - 1]``; ``latents[F - 1]`` becomes the
+new pending frame. Each frame is computed once, and the context persists across calls.
+The window (``kv_window`` frames, at most ``max_frames``, the pending one included) is kept
+exactly: positions are absolute and the model's RoPE is not shift-invariant, so when a call
+would overflow it the context keeps its newest half and computes it again from position 0
+(what a full recompute over the kept frames gives).
+
+**Rollout view** (``kv_from`` = the context view): a call with ``actions`` [S, H, A] runs S
+rollouts of H frames. Each sample's table forks the context's (copy-on-write: every computed
+frame's block is shared, none is recomputed); iteration 0 computes the pending frame (or the
+``frame`` / ``state`` inputs) with ``actions[:, 0]``, iteration h the frame predicted at
+iteration h - 1 with ``actions[:, h]`` and the state ``advance_state`` gives. Every rollout
+sample and context extension in the engine shares one forward per step. Outputs: ``frame``
+[S, *latent] (the last prediction) and ``frames`` [S, H, *latent] with meta ``all_frames=1``.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from mstar.engine.attention.backend import AttentionContext
+from mstar.engine.attention.metadata import AttentionMetadata, MaskKind, SeqAttention
+from mstar.engine.block_manager import BlockTable
+from mstar.engine.sequence import ActiveCall
+from mstar.worker.messages import ExecuteNode, NodeOutput
+
+Frame = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # (latent, action, state) of one computed frame
+
+
+@dataclass
+class FrameContext:
+    """A session's (or request's) frames: computed ones in ``table``, the newest pending."""
+
+    owner: str
+    node: str
+    request_id: str
+    table: BlockTable = field(default_factory=BlockTable)
+    computed: list[Frame] = field(default_factory=list)  # inputs kept for an exact re-prefill
+    pending: tuple[torch.Tensor, torch.Tensor] | None = None  # (latent, state)
+    call: ActiveCall | None = None
+    todo: list[Frame] = field(default_factory=list)       # frames this call computes
+    next_pending: tuple[torch.Tensor, torch.Tensor] | None = None
+    rebuild: bool = False                                  # recompute ``todo`` from position 0
+    window: int = 0
+    slides: int = 0
+    arrival: float = field(default_factory=time.monotonic)
+
+    @property
+    def num_frames(self) -> int:
+        return len(self.computed)
+
+
+@dataclass
+class Rollout:
+    """One call's S rollouts of H frames over a context."""
+
+    owner: str
+    node: str
+    request_id: str
+    call: ActiveCall
+    actions: torch.Tensor               # [S, H, A]
+    frame: torch.Tensor | None           # [S, *latent]: the next frame to compute (None: the pending one)
+    state: torch.Tensor | None           # [S, S_dim]
+    context_key: tuple[str, str] | None  # the context view it forks
+    all_frames: bool = False
+    tables: list[BlockTable] = field(default_factory=list)
+    base: int = 0                        # context frames shared by every sample
+    step: int = 0
+    started: bool = False
+    outputs: list[torch.Tensor] = field(default_factory=list)
+    arrival: float = field(default_factory=time.monotonic)
+
+    @property
+    def samples(self) -> int:
+        return int(self.actions.shape[0])
+
+    @property
+    def horizon(self) -> int:
+        return int(self.actions.shape[1])
+
+
+def _shape_error(node: str, name: str, got: torch.Tensor, want: str) -> ValueError:
+    return ValueError(f"node {node!r}: input {name!r} has shape {tuple(got.shape)}, expected {want}")
+
+
+def _finite(node: str, name: str, t: torch.Tensor) -> torch.Tensor:
+    t = t.float()
+    if not torch.isfinite(t).all():
+        raise ValueError(f"node {node!r}: input {name!r} has NaN or infinite values")
+    return t
+
+
+class FrameLoops:
+    """The AR engine's frame calls: contexts and rollouts, one batched forward per ``step``."""
+
+    def __init__(self, engine) -> None:  # an AREngine (typed loosely: it owns us)
+        self.engine = engine
+        self.attn = AttentionContext(engine.backend)
+        self.contexts: dict[tuple[str, str], FrameContext] = {}
+        self.rollouts: dict[tuple[str, str], Rollout] = {}
+        self.frames_computed = 0
+        self.forwards = 0
+        self._stepping: list = []  # the items of a forward in progress (for fail_all)
+
+    # -- bookkeeping ------------------------------------------------------------------
+    @property
+    def module(self):
+        return self.engine.module
+
+    def has_work(self) -> bool:
+        return any(c.call is not None for c in self.contexts.values()) or bool(self.rollouts)
+
+    def stats(self) -> dict[str, int]:
+        return {"frame_contexts": len(self.contexts), "rollouts": len(self.rollouts),
+                "frames_computed": self.frames_computed, "frame_forwards": self.forwards,
+                "window_slides": sum(c.slides for c in self.contexts.values())}
+
+    def context(self, owner: str, node: str) -> FrameContext | None:
+        return self.contexts.get((owner, node))
+
+    def _reply(self, call: ActiveCall, outputs: dict | None = None, error: str | None = None) -> None:
+        m = call.msg
+        call.reply(NodeOutput(m.call_id, m.request_id, call.iteration, outputs or {}, final=True,
+                              finish_reason=None if error else "done", error=error))
+
+    def _drop_rollout(self, key: tuple[str, str], error: str | None = None) -> None:
+        r = self.rollouts.pop(key)
+        for table in r.tables:
+            self.engine.blocks.free(table)
+        r.tables = []
+        if error is not None:
+            self._reply(r.call, error=error)
+
+    def _drop_context(self, key: tuple[str, str], error: str | None = None) -> None:
+        c = self.contexts.pop(key)
+        self.engine.blocks.free(c.table)
+        if c.call is not None and error is not None:
+            self._reply(c.call, error=error)
+
+    def close_session(self, owner: str) -> None:
+        for key in [k for k in self.rollouts if k[0] == owner]:
+            self._drop_rollout(key, f"session {owner!r} was closed")
+        for key in [k for k in self.contexts if k[0] == owner]:
+            self._drop_context(key, f"session {owner!r} was closed")
+
+    def release(self, request_id: str) -> None:
+        """The Conductor let go of a request: its rollouts and its own contexts go; a session
+        context drops the abandoned call's frames and keeps what it had computed."""
+        for key in [k for k, r in self.rollouts.items() if r.request_id == request_id]:
+            self._drop_rollout(key)
+        for key, c in list(self.contexts.items()):
+            if c.request_id != request_id:
+                continue
+            if c.owner == request_id:
+                self._drop_context(key)
+            elif c.call is not None:
+                c.call, c.todo, c.next_pending, c.rebuild = None, [], None, False
+
+    def fail_all(self, error: str) -> None:
+        """A forward failed: its rollouts fail and go; a context it was extending is dropped
+        (its new blocks are half-written), so the session starts its context again."""
+        stepping, self._stepping = self._stepping, []
+        for w, _ in stepping:
+            key = (w.owner, w.node)
+            if isinstance(w, Rollout) and key in self.rollouts:
+                self._drop_rollout(key, error)
+            elif isinstance(w, FrameContext) and key in self.contexts:
+                self._drop_context(key, error)
+
+    # -- starting calls -----------------------------------------------------------------
+    def start(self, msg: ExecuteNode, reply) -> None:
+        owner = msg.session_id or msg.request_id
+        key = (owner, msg.node)
+        if key in self.rollouts or (key in self.contexts and self.contexts[key].call is not None):
+            raise ValueError(f"node {msg.node!r} already has a call in flight for {owner!r}")
+        inputs = {k: self.engine.store.resolve(v) for k, v in msg.inputs.items()}
+        call = ActiveCall(msg, reply)
+        if msg.kv_from:
+            self._start_rollout(msg, owner, inputs, call)
+        else:
+            self._start_context(msg, owner, inputs, call)
+
+    def _start_context(self, msg: ExecuteNode, owner: str, inputs: dict, call: ActiveCall) -> None:
+        m, node = self.module, msg.node
+        latent_shape = tuple(m.latent_shape)
+        for name in ("latents", "states", "actions"):
+            if name not in inputs:
+                raise ValueError(f"node {node!r}: a frame context call needs input {name!r}")
+        latents, states, actions = (_finite(node, n, inputs[n]) for n in ("latents", "states", "actions"))
+        if latents.dim() == len(latent_shape):
+            latents, states, actions = latents[None], states.reshape(1, -1), actions.reshape(1, -1)
+        F = latents.shape[0]
+        if tuple(latents.shape[1:]) != latent_shape or F == 0:
+            raise _shape_error(node, "latents", latents, f"[F >= 1, {', '.join(map(str, latent_shape))}]")
+        if tuple(states.shape) != (F, m.state_dim):
+            raise _shape_error(node, "states", states, f"[{F}, {m.state_dim}]")
+        if tuple(actions.shape) != (F, m.action_dim):
+            raise _shape_error(node, "actions", actions, f"[{F}, {m.action_dim}]")
+        window = m.max_frames if msg.kv_window is None else int(msg.kv_window)
+        if not 1 <= window <= m.max_frames:
+            raise ValueError(f"node {node!r}: a frame window of {window} frames is outside [1, {m.max_frames}] "
+                             f"(the model's frame capacity)")
+        ctx = self.contexts.get((owner, node))
+        if ctx is None:
+            ctx = self.contexts[(owner, node)] = FrameContext(owner, node, msg.request_id)
+        todo: list[Frame] = []
+        if ctx.pending is not None:
+            todo.append((ctx.pending[0], actions[0], ctx.pending[1]))
+        todo.extend((latents[i], actions[i + 1], states[i]) for i in range(F - 1))
+        ctx.request_id, ctx.call, ctx.window = msg.request_id, call, window
+        ctx.next_pending = (latents[F - 1], states[F - 1])
+        ctx.arrival = time.monotonic()
+        if ctx.num_frames + len(todo) + 1 > window:  # slide: keep the newest half, exactly
+            keep = max(1, window // 2) - 1
+            frames = (ctx.computed + todo)[len(ctx.computed) + len(todo) - keep:] if keep else []
+            ctx.todo, ctx.rebuild = frames, True
+        else:
+            ctx.todo, ctx.rebuild = todo, False
+
+    def _start_rollout(self, msg: ExecuteNode, owner: str, inputs: dict, call: ActiveCall) -> None:
+        m, node = self.module, msg.node
+        if "actions" not in inputs:
+            raise ValueError(f"node {node!r}: a rollout call needs input 'actions' [samples, horizon, {m.action_dim}]")
+        actions = _finite(node, "actions", inputs["actions"])
+        if actions.dim() == 2:
+            actions = actions[None]
+        if actions.dim() != 3 or actions.shape[2] != m.action_dim or actions.shape[0] < 1 or actions.shape[1] < 1:
+            raise _shape_error(node, "actions", actions, f"[samples, horizon, {m.action_dim}]")
+        S, H = int(actions.shape[0]), int(actions.shape[1])
+        if msg.loop is not None and msg.loop.max_iters is not None and msg.loop.max_iters != H:
+            raise ValueError(f"node {node!r}: the Loop asks for {msg.loop.max_iters} rollout steps but 'actions' "
+                             f"holds {H}")
+        frame = state = None
+        if "frame" in inputs or "state" in inputs:
+            if "frame" not in inputs or "state" not in inputs:
+                raise ValueError(f"node {node!r}: rollout inputs 'frame' and 'state' come together")
+            frame, state = _finite(node, "frame", inputs["frame"]), _finite(node, "state", inputs["state"])
+            latent_shape = tuple(m.latent_shape)
+            if tuple(frame.shape) == latent_shape:
+                frame = frame[None].expand(S, *latent_shape)
+            if tuple(frame.shape) != (S, *latent_shape):
+                raise _shape_error(node, "frame", frame, f"[{', '.join(map(str, latent_shape))}] or [{S}, ...]")
+            state = state.reshape(-1, m.state_dim).expand(S, m.state_dim) if state.numel() == m.state_dim else state
+            if tuple(state.shape) != (S, m.state_dim):
+                raise _shape_error(node, "state", state, f"[{m.state_dim}] or [{S}, {m.state_dim}]")
+        key = (owner, msg.kv_from)
+        ctx = self.contexts.get(key)
+        if frame is None and (ctx is None or (ctx.pending is None and ctx.next_pending is None)):
+            raise ValueError(f"node {node!r}: no frame to roll out from: context {msg.kv_from!r} of {owner!r} "
+                             f"holds no frame yet, and no 'frame' / 'state' inputs were given")
+        self.rollouts[(owner, node)] = Rollout(owner, node, msg.request_id, call, actions, frame, state,
+                                               key if ctx is not None else None,
+                                               all_frames=bool(msg.meta.get("all_frames", 0)))
+
+    # -- one batched step ---------------------------------------------------------------
+    def _fork(self, r: Rollout) -> bool:
+        """Forks the context for every sample once it is idle; False while it is being extended."""
+        ctx = self.contexts.get(r.context_key) if r.context_key else None
+        if ctx is not None and ctx.call is not None:
+            return False  # wait: the rollout starts from the frames that call brings
+        m = self.module
+        if ctx is None and r.frame is None:
+            raise ValueError(f"node {r.node!r}: context {r.context_key[1] if r.context_key else '?'!r} was closed")
+        r.base = ctx.num_frames if ctx is not None else 0
+        if r.base + r.horizon > m.max_frames:
+            raise ValueError(f"node {r.node!r}: a rollout of {r.horizon} frames after {r.base} context frames needs "
+                             f"{r.base + r.horizon} frame positions; the model holds {m.max_frames} "
+                             f"(give the context a smaller window)")
+        if r.frame is None:
+            latent, state = ctx.pending
+            r.frame = latent[None].expand(r.samples, *latent.shape)
+            r.state = state[None].expand(r.samples, state.shape[0])
+        blocks = self.engine.blocks
+        r.tables = [blocks.fork(ctx.table) if ctx is not None and ctx.table.blocks else BlockTable()
+                    for _ in range(r.samples)]
+        r.started = True
+        return True
+
+    def step(self) -> int:
+        """One forward over every context extension and rollout frame ready; returns how many calls stepped."""
+        e, m = self.engine, self.module
+        ft = m.frame_tokens
+        blocks = e.blocks
+        items: list[tuple[object, list[tuple[BlockTable, list[Frame], int]]]] = []
+        finished = 0
+        budget = e.config.max_num_seqs
+        work = sorted([c for c in self.contexts.values() if c.call is not None] + list(self.rollouts.values()),
+                      key=lambda w: w.arrival)
+        for w in work:
+            try:
+                if isinstance(w, Rollout) and not w.started and not self._fork(w):
+                    continue
+            except ValueError as exc:
+                self._drop_rollout((w.owner, w.node), str(exc))
+                continue
+            if isinstance(w, FrameContext) and w.rebuild and (w.table.blocks or w.computed):
+                blocks.free(w.table)  # recomputed from position 0 (``todo`` holds the kept frames)
+                w.computed = []
+                w.slides += 1
+            if isinstance(w, FrameContext) and not w.todo:  # only a new pending frame: nothing to compute
+                self._finish(w, [], torch.empty(0))
+                finished += 1
+                continue
+            parts = self._parts(w)
+            need = sum(blocks.blocks_needed(t, len(f) * ft) for t, f, _ in parts)
+            if len(parts) > budget and items:
+                break
+            if need > blocks.num_free_blocks:
+                if not items and not self._others_hold_blocks(w):
+                    self._fail(w, f"node {w.node!r}: the KV pool ({blocks.num_blocks} frame blocks) cannot hold "
+                                  f"this call ({need} more frames needed)")
+                    continue
+                break  # younger calls wait: first come, first served
+            for table, frames, _ in parts:
+                e.cache.copy_blocks(blocks.append(table, len(frames) * ft))
+            items.append((w, parts))
+            budget -= len(parts)
+            if budget <= 0:
+                break
+        if not items:
+            return finished
+        self._stepping = items
+        predictions = self._forward([p for _, parts in items for p in parts])
+        self._stepping = []
+        done = finished
+        offset = 0
+        for w, parts in items:
+            n = sum(len(f) for _, f, _ in parts)
+            self._finish(w, parts, predictions[offset:offset + n])
+            offset += n
+            done += 1
+        return done
+
+    def _parts(self, w) -> list[tuple[BlockTable, list[Frame], int]]:
+        """(table, frames to append, first frame position) per sequence of a work item."""
+        if isinstance(w, FrameContext):
+            first = 0 if w.rebuild else w.num_frames
+            return [(w.table, w.todo, first)]
+        h = w.step
+        acts = w.actions[:, h]
+        return [(t, [(w.frame[s], acts[s], w.state[s])], w.base + h) for s, t in enumerate(w.tables)]
+
+    def _others_hold_blocks(self, w) -> bool:
+        mine = {id(w)}
+        return any(c.table.blocks for c in self.contexts.values() if id(c) not in mine) or any(
+            r.tables for r in self.rollouts.values() if id(r) not in mine) or e_has_tokens(self.engine)
+
+    def _fail(self, w, error: str) -> None:
+        if isinstance(w, Rollout):
+            self._drop_rollout((w.owner, w.node), error)
+        else:
+            call, w.call, w.todo, w.next_pending, w.rebuild = w.call, None, [], None, False
+            self._reply(call, error=error)
+
+    def _forward(self, parts: list[tuple[BlockTable, list[Frame], int]]) -> torch.Tensor:
+        e, m = self.engine, self.module
+        ft = m.frame_tokens
+        seqs, slots, latents, actions, states, positions = [], [], [], [], [], []
+        rows = 0
+        for table, frames, first in parts:
+            n = len(frames) * ft
+            seqs.append(SeqAttention(query_start=rows, query_len=n, context_len=table.num_tokens,
+                                     block_table=list(table.blocks), first_position=0,
+                                     mask=MaskKind.BLOCK_CAUSAL, mask_arg=ft))
+            slots.append(e.blocks.slot_mapping(table, table.num_tokens - n, table.num_tokens))
+            for i, (latent, action, state) in enumerate(frames):
+                latents.append(latent)
+                actions.append(action)
+                states.append(state)
+                positions.append(first + i)
+            rows += n
+        meta = AttentionMetadata(seqs=seqs, slot_mapping=torch.cat(slots).to(e.device))
+        e.backend.plan(meta)
+        dtype = m.dtype if hasattr(m, "dtype") else torch.float32
+        started = time.perf_counter()
+        with torch.inference_mode():
+            out = m.forward_frames(torch.stack(latents).to(e.device, dtype), torch.stack(actions).to(e.device, dtype),
+                                   torch.stack(states).to(e.device, dtype),
+                                   torch.tensor(positions, dtype=torch.int64, device=e.device), self.attn)
+        e.runner.forward_seconds += time.perf_counter() - started
+        self.forwards += 1
+        self.frames_computed += len(positions)
+        return out.float().cpu()
+
+    def _finish(self, w, parts, predictions: torch.Tensor) -> None:
+        if isinstance(w, FrameContext):
+            w.computed.extend(w.todo)
+            w.pending, w.next_pending = w.next_pending, None
+            call, w.call, w.todo, w.rebuild = w.call, None, [], False
+            self._reply(call)
+            return
+        m = self.module
+        if not torch.isfinite(predictions).all():
+            self._drop_rollout((w.owner, w.node), f"node {w.node!r}: the rollout predicted NaN or infinite values")
+            return
+        acts = w.actions[:, w.step]
+        w.state = m.advance_state(w.state.float(), acts).float()
+        w.frame = predictions
+        w.call.iteration = w.step
+        w.step += 1
+        if w.all_frames:
+            w.outputs.append(predictions)
+        if w.step < w.horizon:
+            return
+        store = self.engine.store
+        outputs = {"frame": store.put(predictions, owner=w.request_id)}
+        if w.all_frames:
+            outputs["frames"] = store.put(torch.stack(w.outputs, dim=1), owner=w.request_id)
+        call = w.call
+        self._drop_rollout((w.owner, w.node))
+        self._reply(call, outputs)
+
+
+def e_has_tokens(engine) -> bool:
+    """Whether token sequences of the engine hold KV blocks (they may free them later)."""
+    return any(s.table.blocks for s in engine.scheduler.seqs.values())
