@@ -96,7 +96,7 @@ setup(
         # never mixed with ros-jazzy-*. rosbags reads/writes rosbag2 (MCAP, sqlite3) in pure Python.
         "ros": ["ros-kilted-rclpy[fastrtps]==9.1.2", "ros-kilted-sensor-msgs==5.5.1", "ros-kilted-std-msgs==5.5.1",
                 "ros-kilted-geometry-msgs==5.5.1", "ros-kilted-trajectory-msgs==5.5.1",
-                "ros-kilted-diagnostic-msgs==5.5.1", "rosbags==0.11.9"],
+                "ros-kilted-diagnostic-msgs==5.5.1", "ros-kilted-nav-msgs==5.5.1", "rosbags==0.11.9"],
         "webrtc": ["aiortc", "av"],
         "gpu": ["flashinfer-python==0.6.13", "flashinfer-cubin==0.6.13"],
         # optional cross-host tensor transport (CPU build; needs Debian libibverbs1)
@@ -113,7 +113,8 @@ setup(
     cmdclass={"install_data": install_data_and_ros_executables},
     entry_points={"console_scripts": ["mstar-ros = mstar_ros.cli:main",
                                       "mstar_pi05_node_set = mstar_ros.ros.node_set:main",
-                                      "mstar_orpheus_node = mstar_ros.ros.orpheus_node:main"],
+                                      "mstar_orpheus_node = mstar_ros.ros.orpheus_node:main",
+                                      "mstar_vjepa2_node_set = mstar_ros.ros.vjepa2_node_set:main"],
                   # what a Worker may build, by name (mstar.worker.registry): never code a peer names
                   "mstar.models": ["orpheus = mstar_graphs.orpheus.components:orpheus_components",
                                    "pi05 = mstar_graphs.pi05.components:pi05_components",

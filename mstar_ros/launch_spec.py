@@ -1,4 +1,4 @@
-"""One source of truth for the node sets (pi0.5; Orpheus TTS): their processes, from the launch arguments.
+"""One source of truth for the node sets (pi0.5; Orpheus TTS; V-JEPA 2-AC): their processes, from the launch arguments.
 
 ``launch/pi05.launch.py`` (``ros2 launch mstar_ros pi05.launch.py robots:='/robot1 /robot2'``)
 turns each :class:`ProcessSpec` into a ``launch_ros.actions.Node``; ``mstar-ros launch pi05``
@@ -194,3 +194,36 @@ def orpheus_processes(split: str | bool = "true", namespace: str = "/tts", weigh
                         module="mstar_ros.ros.orpheus_node",
                         arguments=("--partition", part, *args, *extra_arguments), ros_arguments=tuple(ros_arguments))
             for part in partitions]
+
+
+#: ``ros2 launch mstar_ros vjepa2.launch.py NAME:=VALUE`` / ``mstar-ros launch vjepa2 --NAME VALUE``
+VJEPA2_PARAMS_FILE = "vjepa2.yaml"
+VJEPA2_LAUNCH_ARGUMENTS = (
+    LaunchArgument("robots", "/robot1", "robot namespaces, separated by spaces or commas"),
+    LaunchArgument("weights", "", "Meta's vjepa2-ac-vitg.pt or a checkpoint directory (empty: a generated tiny "
+                                  "checkpoint with RANDOM weights)"),
+    LaunchArgument("params_file", "", f"ROS params file for the world-model nodes (empty: config/{VJEPA2_PARAMS_FILE} "
+                                      "as installed)"),
+)
+
+
+def vjepa2_processes(robots: str | Sequence[str] = "/robot1", weights: str = "", params_file: str = "", *,
+                     extra_arguments: Sequence[str] = (), ros_arguments: Sequence[str] = ()) -> list[ProcessSpec]:
+    """The V-JEPA 2-AC node set's process (mstar_ros.ros.vjepa2_node_set)."""
+    args = ["--robots", *parse_robots(robots)]
+    if weights:
+        if not Path(weights).exists():
+            raise FileNotFoundError(f"weights: no file or directory {weights}")
+        args += ["--weights", str(weights)]
+    if params_file:
+        params = Path(params_file)
+    else:
+        params = find_config(VJEPA2_PARAMS_FILE)
+        if params is None:
+            looked = ", ".join(map(str, config_candidates(VJEPA2_PARAMS_FILE)))
+            raise FileNotFoundError(f"{VJEPA2_PARAMS_FILE} not found (looked at {looked}); give params_file")
+    if not params.is_file():
+        raise FileNotFoundError(f"params_file: no file {params}")
+    return [ProcessSpec(name="vjepa2_node_set", executable="mstar_vjepa2_node_set", module="mstar_ros.ros.vjepa2_node_set",
+                        arguments=tuple(args) + tuple(extra_arguments), params_files=(str(params),),
+                        ros_arguments=tuple(ros_arguments))]

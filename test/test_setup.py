@@ -85,7 +85,7 @@ def test_pip_install_puts_the_ros_files_in_share_and_the_ament_marker(prefix):
 
 def test_every_console_script_is_on_path_and_in_lib_mstar_ros_and_runs_from_there(prefix, tmp_path):
     scripts = _console_scripts(prefix)
-    assert {"mstar-ros", "mstar_pi05_node_set", "mstar_orpheus_node"} <= set(scripts)
+    assert {"mstar-ros", "mstar_pi05_node_set", "mstar_orpheus_node", "mstar_vjepa2_node_set"} <= set(scripts)
     for name in scripts:
         for where in (prefix / "bin", prefix / "lib" / "mstar_ros"):
             assert shutil.which(name, path=str(where)) == str(where / name), f"{where}/{name} is not executable"
@@ -142,7 +142,7 @@ def test_colcon_install_puts_the_console_scripts_themselves_in_lib_mstar_ros(tmp
                     "--single-version-externally-managed", "install_data"],
                    cwd=src, env={**os.environ, "PYTHONPATH": str(site)}, check=True, capture_output=True, timeout=180)
     lib = prefix / "lib" / "mstar_ros"
-    assert sorted(p.name for p in lib.iterdir()) == ["mstar-ros", "mstar_orpheus_node", "mstar_pi05_node_set"]
+    assert sorted(p.name for p in lib.iterdir()) == ["mstar-ros", "mstar_orpheus_node", "mstar_pi05_node_set", "mstar_vjepa2_node_set"]
     for exe in lib.iterdir():
         assert exe.read_text().startswith("#!" + sys.executable) and os.access(exe, os.X_OK), exe
     assert not (prefix / "bin").exists()

@@ -2,14 +2,15 @@
 
     input.frames -> encoder --latents--> output.latents         (walk ``encode``)
                            \\-> context <- input.states, input.actions  (walk ``observe``: the
-                                 :   session's frames, computed once, kept across messages)
+    input.latents -------------------^     session's frames, computed once, kept across messages;
+                                 :         walk ``extend`` takes frames encoded already)
                                  :   KV forked copy-on-write, per sample
     input.actions -> rollout (frame Loop, H steps) -> output.frame / output.frames   (walk ``rollout``)
 
     plan: Loop(iterations) of  sample -> rollout (H steps, S samples) -> energy -> refit
           mean/std go round the Loop; refit.plan -> output.plan, energy.energies -> output.energies
 
-Walks ``encode``, ``observe``, ``rollout``, ``plan``: a request names one in ``meta["walk"]``
+Walks ``encode``, ``observe``, ``extend``, ``rollout``, ``plan``: a request names one in ``meta["walk"]``
 (or it follows from its inputs). ``meta["iterations"]`` sets a plan's CEM iterations.
 """
 from __future__ import annotations
@@ -17,7 +18,7 @@ from __future__ import annotations
 from mstar.graph import Call, GraphEdge, GraphNode, ModelGraph, Sequential
 from mstar.graph.walks import DynamicLoop
 
-WALKS = ("encode", "observe", "rollout", "plan")
+WALKS = ("encode", "observe", "extend", "rollout", "plan")
 
 
 def choose_walk(inputs, meta) -> str:
@@ -30,6 +31,8 @@ def choose_walk(inputs, meta) -> str:
         return "plan"
     if "frames" in inputs:
         return "observe" if "states" in inputs else "encode"
+    if "latents" in inputs:
+        return "extend"
     return "rollout"
 
 
@@ -73,6 +76,7 @@ def vjepa2_graph() -> ModelGraph:
             GraphEdge("input.frames", "encoder.frames"),
             GraphEdge("encoder.latents", "output.latents"),
             GraphEdge("encoder.latents", "context.latents"),
+            GraphEdge("input.latents", "context.latents"),
             GraphEdge("input.states", "context.states"),
             GraphEdge("input.actions", "context.actions"),
             GraphEdge("input.actions", "rollout.actions"),
@@ -102,6 +106,7 @@ def vjepa2_graph() -> ModelGraph:
         walks={
             "encode": Call("encoder"),
             "observe": Sequential(Call("encoder"), Call("context")),
+            "extend": Call("context"),  # frames encoded already (e.g. each at its arrival)
             "rollout": rollout_loop,
             "plan": DynamicLoop(Sequential(Call("sample"), rollout_loop, Call("energy"), Call("refit")),
                                 trip_count=iterations),

@@ -83,6 +83,23 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     m.add_argument("--no-compress", action="store_true", help="MCAP chunks without zstd")
     m.set_defaults(run=_run_make)
 
+    w = bag_sub.add_parser(
+        "make-world-model", help="write a synthetic DROID-like bag for a world model (camera, end-effector pose, "
+                                 "gripper, actions)",
+        description="Write a synthetic rosbag2 directory OUT for V-JEPA 2-AC (MCAP, zstd chunks), per robot "
+                    "/robot1 .. /robotN: NS/camera/exterior/image_raw (sensor_msgs/Image rgb8, the gripper drawn "
+                    "where the end effector is), NS/ee_pose (geometry_msgs/PoseStamped, gripper pointing down), "
+                    "NS/gripper/joint_states (sensor_msgs/JointState, 0 open .. 1 closed) and NS/action "
+                    "(std_msgs/Float64MultiArray: the 7-d action between consecutive poses, as Meta's code derives "
+                    "it), all at --hz. Deterministic from --seed. `mstar-ros bench rollout --bag OUT` reads it.")
+    w.add_argument("out", type=Path, metavar="OUT", help="bag directory to create (must not exist)")
+    w.add_argument("--robots", type=int, default=1, help="robots /robot1 .. /robotN (default 1)")
+    w.add_argument("--seconds", type=float, default=12.0, help="recording length (default 12)")
+    w.add_argument("--hz", type=float, default=15.0, help="rate of every topic (default 15, as DROID's cameras)")
+    w.add_argument("--size", default="256x256", help="image WIDTHxHEIGHT (default 256x256)")
+    w.add_argument("--seed", type=int, default=0, help="seed of trajectories and scenes (default 0)")
+    w.set_defaults(run=_run_make_world_model)
+
     i = bag_sub.add_parser("info", help="topics, types, counts, rates and duration of a bag",
                            description="Describe a rosbag2 (directory, .mcap or .db3) read with rosbags: "
                                        "storage, size, start, duration, and per topic its type, message "
@@ -125,6 +142,21 @@ def _parse_size(text: str) -> tuple[int, int]:
     except ValueError:
         raise ValueError(f"--size expects WIDTHxHEIGHT, e.g. 224x224, got {text!r}") from None
     return w, h
+
+
+def _run_make_world_model(args: argparse.Namespace) -> int:
+    from mstar_ros.bag.end_effector import EndEffectorBagSpec, write_end_effector_bag
+    try:
+        width, height = (int(v) for v in args.size.lower().split("x"))
+    except ValueError:
+        raise ValueError(f"--size must be WIDTHxHEIGHT, got {args.size!r}") from None
+    spec = EndEffectorBagSpec(robots=args.robots, seconds=args.seconds, seed=args.seed, width=width, height=height,
+                              hz=args.hz)
+    started = time.perf_counter()
+    write_end_effector_bag(args.out, spec)
+    print(f"wrote {args.out}: {spec.robots} robot(s), {spec.frames} frames each at {spec.hz:g} Hz "
+          f"({time.perf_counter() - started:.1f} s)")
+    return 0
 
 
 def _run_make(args: argparse.Namespace) -> int:

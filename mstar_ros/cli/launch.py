@@ -18,7 +18,8 @@ import time
 from typing import Callable, Sequence, TextIO
 
 from mstar_ros.launch_actions import NodeExit
-from mstar_ros.launch_spec import LAUNCH_ARGUMENTS, ORPHEUS_LAUNCH_ARGUMENTS, ProcessSpec, orpheus_processes, pi05_processes
+from mstar_ros.launch_spec import (LAUNCH_ARGUMENTS, ORPHEUS_LAUNCH_ARGUMENTS, VJEPA2_LAUNCH_ARGUMENTS, ProcessSpec,
+                                   orpheus_processes, pi05_processes, vjepa2_processes)
 
 _HELP = {a.name: a.description for a in LAUNCH_ARGUMENTS}
 
@@ -44,7 +45,7 @@ ROS_AUTOMATIC_DISCOVERY_RANGE or FASTDDS_DEFAULT_PROFILES_FILE yourself."""
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    launch = sub.add_parser("launch", help="start a node set (pi05, orpheus) without the ROS 2 launch tools",
+    launch = sub.add_parser("launch", help="start a node set (pi05, orpheus, vjepa2) without the ROS 2 launch tools",
                             description="Start a node set described in mstar_ros.launch_spec.")
     targets = launch.add_subparsers(dest="launch_target", required=True, metavar="NODE_SET")
     p = targets.add_parser("pi05", help="the pi0.5 policy node set", description=DESCRIPTION,
@@ -66,6 +67,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="ROS arguments for the node set (-r FROM:=TO, -p NAME:=VALUE, --params-file F, ...)")
     p.set_defaults(run=run)
     _add_orpheus(targets)
+    _add_vjepa2(targets)
 
 
 ORPHEUS_DESCRIPTION = """\
@@ -102,6 +104,43 @@ def run_orpheus(args: argparse.Namespace) -> int:
     extra = ["--duration", repr(float(args.duration))] if args.duration else []
     specs = orpheus_processes(args.split, args.namespace, args.weights, args.snac_weights, extra_arguments=extra,
                               ros_arguments=args.ros_args)
+    return _start(specs, args.print_commands)
+
+
+VJEPA2_DESCRIPTION = """\
+V-JEPA 2-AC world models, one node per robot namespace, in one process with the runtime
+(the embedded default). Each NS/world_model node takes the camera (NS/camera/exterior/image_raw),
+the end-effector pose (NS/ee_pose, geometry_msgs/PoseStamped) and the gripper
+(NS/gripper/joint_states); frames at 4 fps extend the robot's session, whose K/V are kept across
+messages. A goal image on NS/goal_image starts planning (CEM): NS/plan/target_pose,
+NS/plan/path, NS/plan/gripper and NS/plan/energy after every frame. Parameters:
+config/vjepa2.yaml. The same as `ros2 launch mstar_ros vjepa2.launch.py robots:='/robot1'`.
+
+  mstar-ros bag make-world-model out/wm && mstar-ros launch vjepa2 --robots /robot1 &
+  mstar-ros bag play out/wm --loop"""
+
+
+def _add_vjepa2(targets: argparse._SubParsersAction) -> None:
+    helps = {a.name: a.description for a in VJEPA2_LAUNCH_ARGUMENTS}
+    p = targets.add_parser("vjepa2", help="V-JEPA 2-AC world models, one node per robot", description=VJEPA2_DESCRIPTION,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--robots", nargs="+", default=["/robot1"], help=helps["robots"] + " (default /robot1)")
+    p.add_argument("--weights", default="", help=helps["weights"])
+    p.add_argument("--params-file", default="", help=helps["params_file"])
+    p.add_argument("--duration", type=float, help="stop after this many seconds (default: run until Ctrl-C)")
+    p.add_argument("--summary-json", help="write the node set's summary as JSON to this file")
+    p.add_argument("--print-commands", action="store_true", help="print the commands and exit")
+    p.add_argument("--ros-args", dest="ros_args", nargs=argparse.REMAINDER, default=[], metavar="ARG",
+                   help="ROS arguments for every node (-r FROM:=TO, -p NAME:=VALUE, ...)")
+    p.set_defaults(run=run_vjepa2)
+
+
+def run_vjepa2(args: argparse.Namespace) -> int:
+    extra = ["--duration", repr(float(args.duration))] if args.duration else []
+    if args.summary_json:
+        extra += ["--summary-json", args.summary_json]
+    specs = vjepa2_processes(" ".join(args.robots), args.weights, args.params_file, extra_arguments=extra,
+                             ros_arguments=args.ros_args)
     return _start(specs, args.print_commands)
 
 

@@ -16,7 +16,7 @@ system working end to end, not real speech."""
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from mstar_ros.cli import bag, bench, bench_pi05, bench_threads, bench_transport, checkpoint, demo, launch, tts
+    from mstar_ros.cli import bag, bench, bench_pi05, bench_rollout, bench_threads, bench_transport, checkpoint, demo, launch, tts
 
     parser = argparse.ArgumentParser(prog="mstar-ros", description=DESCRIPTION,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -28,6 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench_transport.add_parser(sub)  # `bench transport`, under bench
     bench_pi05.add_parser(sub)  # `bench pi05`, under bench
     bench_threads.add_parser(sub)  # `bench threads`, under bench
+    bench_rollout.add_parser(sub)  # `bench rollout`, under bench
     bag.add_parser(sub)
     checkpoint.add_parser(sub)
     launch.add_parser(sub)  # the pi0.5 and Orpheus node sets: `launch pi05`, `launch orpheus`

@@ -125,6 +125,7 @@ class FrameLoops:
 
     def stats(self) -> dict[str, int]:
         return {"frame_contexts": len(self.contexts), "rollouts": len(self.rollouts),
+                "context_blocks": sum(len(c.table.blocks) for c in self.contexts.values()),
                 "frames_computed": self.frames_computed, "frame_forwards": self.forwards,
                 "window_slides": sum(c.slides for c in self.contexts.values())}
 

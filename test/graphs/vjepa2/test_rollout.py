@@ -14,6 +14,7 @@ from mstar.engine.config import EngineConfig
 from mstar.transport.inprocess import InProcessTensorStore
 from mstar.worker.messages import ExecuteNode, LoopSpec
 from mstar_graphs.vjepa2.graph import vjepa2_graph
+from mstar_graphs.vjepa2.reference import native_rollout as reference_rollout
 from mstar_graphs.vjepa2.planner import CemEnergy, CemRefit, CemSample
 
 F_CTX, H = 4, 6
@@ -33,19 +34,9 @@ def _episode(seed: int, frames: int, size: int = 32):
 
 
 def native_rollout(predictor, latents, actions, states, start_state, rollout_actions):
-    """Meta's rollout: the whole context re-run every step, the last frame's prediction appended.
-    ``latents`` ends with the start frame; ``actions`` / ``states`` cover the frames before it."""
-    zs, acts, sts, state, out = list(latents), list(actions), list(states), start_state, []
-    with torch.no_grad():
-        for a in rollout_actions:
-            acts.append(a)
-            sts_now = torch.stack(sts + [state])
-            pred = predictor.native_forward(torch.stack(zs)[None], torch.stack(acts)[None], sts_now[None])[0, -1]
-            out.append(pred)
-            zs.append(pred)
-            sts.append(state)
-            state = predictor.advance_state(state[None], a[None])[0]
-    return out
+    """Meta's rollout (the whole context re-run every step) for one action sequence."""
+    all_states = torch.stack(list(states) + [start_state])
+    return list(reference_rollout(predictor, latents, actions, all_states, rollout_actions[None])[0])
 
 
 def _run(coro):

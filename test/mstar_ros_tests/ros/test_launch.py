@@ -17,8 +17,8 @@ import pytest
 import yaml
 
 from mstar_ros.launch_actions import NodeProcessFailed
-from mstar_ros.launch_spec import (LAUNCH_ARGUMENTS, ORPHEUS_LAUNCH_ARGUMENTS, default_params_file, orpheus_processes,
-                                   parse_robots, pi05_processes)
+from mstar_ros.launch_spec import (LAUNCH_ARGUMENTS, ORPHEUS_LAUNCH_ARGUMENTS, VJEPA2_LAUNCH_ARGUMENTS, default_params_file,
+                                   orpheus_processes, parse_robots, pi05_processes, vjepa2_processes)
 from support.launch_standins import describe, launch_ros_command, load_launch_file, nodes
 from mstar_ros.ros.policy_node import PARAMETERS
 
@@ -104,7 +104,30 @@ def _exited(returncode: int):
     return types.SimpleNamespace(returncode=returncode)
 
 
-@pytest.mark.parametrize("launch_file", ["pi05.launch.py", "orpheus.launch.py"])
+@pytest.mark.parametrize("given", [{}, {"robots": "/arm_left,/arm_right", "weights": str(ROOT / "config")}])
+def test_the_vjepa2_launch_file_builds_the_commands_of_the_spec(monkeypatch, given):
+    declared, entities = describe(_load(monkeypatch, "vjepa2.launch.py"), given)
+    assert [(d.args[0], d.kwargs["default_value"]) for d in declared] == \
+        [(a.name, a.default) for a in VJEPA2_LAUNCH_ARGUMENTS]
+    specs = vjepa2_processes(**{a.name: given.get(a.name, a.default) for a in VJEPA2_LAUNCH_ARGUMENTS})
+    assert [launch_ros_command(n) for n in nodes(entities)] == [s.command() for s in specs]
+    assert specs[0].params_files == (str(ROOT / "config" / "vjepa2.yaml"),)
+    assert specs[0].command(python="py")[:3] == ["py", "-m", "mstar_ros.ros.vjepa2_node_set"]
+    for bad, says in [(dict(robots="/9"), "not a valid ROS"), (dict(weights="/nope"), "weights: no file"),
+                      (dict(params_file="/nope.yaml"), "no file")]:
+        with pytest.raises((ValueError, FileNotFoundError), match=says):
+            vjepa2_processes(**bad)
+
+
+def test_the_vjepa2_params_file_holds_every_world_model_parameter_with_its_default_type():
+    from mstar_ros.ros.world_model_params import PARAMETERS as WM
+    params = yaml.safe_load((ROOT / "config" / "vjepa2.yaml").read_text())["/**"]["ros__parameters"]
+    assert set(params) == set(WM)
+    for name, value in params.items():
+        assert type(value) is type(WM[name][0]), name
+
+
+@pytest.mark.parametrize("launch_file", ["pi05.launch.py", "orpheus.launch.py", "vjepa2.launch.py"])
 def test_a_node_process_that_exits_ends_the_launch_and_a_failure_ends_it_non_zero(monkeypatch, launch_file):
     """Every Node shuts the launch down when its process exits: status 0 -> a Shutdown action (ros2 launch
     exits 0); another status while running -> an exception naming the process, its status and the last line

@@ -1,0 +1,106 @@
+"""The V-JEPA 2-AC node set in one process: the Conductor's node plus one world-model node per robot.
+
+    mstar_vjepa2_node_set --robots /robot1 /robot2 [--weights PATH] [--duration S]
+                          [--ros-args -r ... -p ... --params-file F]
+
+(also ``mstar-ros launch vjepa2`` and ``ros2 launch mstar_ros vjepa2.launch.py``). Every robot's
+frames extend its own session; rollouts and plans of all robots batch together in the runtime.
+At exit it prints per robot the frames taken, plans made, plan latency and what was dropped.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import statistics
+import sys
+import time
+
+from mstar_ros.omp_defaults import apply_spin_default
+from mstar_ros.ros.ros_process import split_ros_args
+
+log = logging.getLogger("mstar_ros.vjepa2_node_set")
+
+
+def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    argv, ros_args = split_ros_args(argv)
+    parser = argparse.ArgumentParser(prog="mstar_vjepa2_node_set", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--robots", nargs="+", default=["/robot1"], help="robot namespaces (default /robot1)")
+    parser.add_argument("--weights", help="Meta's vjepa2-ac-vitg.pt or a checkpoint directory (default: generated "
+                                          "tiny, RANDOM weights)")
+    parser.add_argument("--preset", default="tiny", help="generated checkpoint preset when --weights is not given")
+    parser.add_argument("--duration", type=float, default=0.0, help="exit after this many seconds (0: until stopped)")
+    parser.add_argument("--summary-json", help="also write the summary as JSON to this file")
+    return parser.parse_args(argv), ros_args
+
+
+def summarize(nodes, elapsed: float) -> dict:
+    robots = {}
+    for node in nodes:
+        s = node.stats
+        lat = sorted(s.plan_latencies_s)
+        robots[node.get_namespace()] = {
+            "frames": s.frames, "plans": s.plans, "goals": s.goals, "dropped": s.dropped,
+            "frames_failed": s.frames_failed, "plans_failed": s.plans_failed, "last_energy": s.last_energy,
+            "plan_p50_ms": round(1000 * statistics.median(lat), 1) if lat else None,
+            "window_frames": node.window, "last_error": s.last_error}
+    return {"seconds": round(elapsed, 2), "robots": robots}
+
+
+async def serve(args: argparse.Namespace, ros_args: list[str]) -> dict:
+    from mstar.conductor import Conductor
+    from mstar_graphs.vjepa2.components import vjepa2_components
+    from mstar_graphs.vjepa2.graph import vjepa2_graph
+    from mstar_ros.ros.conductor_node import conductor_node
+    from mstar_ros.ros.ros_process import RosProcess
+    from mstar_ros.ros.world_model_node import make_world_model_node
+
+    graph, modules = vjepa2_components({n.name for n in vjepa2_graph().nodes}, args.weights, args.preset,
+                                       progress=True)
+    max_frames = modules["predictor"].max_frames
+    async with RosProcess("mstar_vjepa2_node_set", ros_args) as ros:
+        async with Conductor(graph, modules) as conductor:
+            loop = asyncio.get_running_loop()
+            nodes = [make_world_model_node(conductor, loop, ns, max_frames) for ns in args.robots]
+            ros.add(*nodes, conductor_node(conductor))
+            ros.spin()
+            what = "RANDOM tiny weights" if args.weights is None else args.weights
+            print(f"serving V-JEPA 2-AC ({what}) for {', '.join(n.get_fully_qualified_name() for n in nodes)}",
+                  flush=True)
+            started = time.monotonic()
+            await ros.stopped(args.duration)
+            summary = summarize(nodes, time.monotonic() - started)
+            for node in nodes:
+                node.close()
+    return summary
+
+
+def print_summary(summary: dict) -> None:
+    print(f"served {len(summary['robots'])} robot(s) for {summary['seconds']} s")
+    for ns, r in summary["robots"].items():
+        print(f"  {ns}: {r['frames']} frames, {r['plans']} plans (p50 {r['plan_p50_ms']} ms), best energy "
+              f"{r['last_energy']}, {r['dropped']} bad messages dropped, {r['frames_failed']} frames and "
+              f"{r['plans_failed']} plans failed, window {r['window_frames']} frames")
+        if r["last_error"]:
+            print(f"    last problem: {r['last_error']}")
+    sys.stdout.flush()
+
+
+def main(argv: list[str] | None = None) -> int:
+    from mstar_ros.bag.ros_env import apply_localhost_defaults
+
+    apply_localhost_defaults()
+    apply_spin_default()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    args, ros_args = parse_args(sys.argv[1:] if argv is None else argv)
+    from mstar_ros.ros.ros_process import run_serving
+
+    status, summary = run_serving("mstar_vjepa2_node_set", serve(args, ros_args), args.summary_json)
+    if summary is not None:
+        print_summary(summary)
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
