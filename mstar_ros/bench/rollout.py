@@ -1,5 +1,6 @@
 """``mstar-ros bench rollout``: V-JEPA 2-AC rollouts and plans driven from a bag, persistent KV vs native.
 
+Both run on the device thread (one OpenMP team: other threads get one intra-op thread each).
 Ours: the graph on the embedded runtime. A robot's frames extend a session (its context is
 computed once, as when frames arrive as messages); a rollout then computes only its H new
 frames, attending to the cached K/V. Native (Meta's): every step re-runs the predictor over the
@@ -80,16 +81,24 @@ class _Systems:
         # one KV block per frame: a rollout's context and horizon, or every plan sample's horizon
         blocks = max(opts.context + max(opts.horizons),
                      max(opts.plan_sessions, default=1) * (opts.context + opts.plan_samples * opts.plan_horizon))
-        self.config = EngineConfig(num_kv_blocks=blocks + 8, max_num_seqs=1024)
+        # a step of about one robot's plan samples: on a CPU, bigger forwards cost more per row (measured
+        # 794 ms for 32 samples of one frame vs 904-986 ms per robot with 4 robots in one forward)
+        frame_rows = opts.plan_samples * (self.predictor.frame_tokens)
+        self.config = EngineConfig(num_kv_blocks=blocks + 8, max_num_seqs=1024, max_batched_tokens=max(1024, frame_rows))
 
     def encode(self, frames: torch.Tensor) -> torch.Tensor:
-        with torch.no_grad():
-            return torch.cat([self.encoder(frames=frames[i:i + 8])["latents"] for i in range(0, len(frames), 8)])
+        from mstar.engine.device_loop import run_on_device
+
+        def encode() -> torch.Tensor:
+            with torch.no_grad():
+                return torch.cat([self.encoder(frames=frames[i:i + 8])["latents"] for i in range(0, len(frames), 8)])
+        return run_on_device(encode)
 
 
 async def _rollouts(sys: _Systems, episodes, opts: RolloutBenchOptions, bar) -> list[dict]:
     from mstar.conductor import Conductor
     from mstar.conductor.request import Request
+    from mstar.engine.device_loop import run_on_device
     from mstar_graphs.vjepa2.reference import native_rollout
     ep = episodes[0]
     rows = []
@@ -113,7 +122,8 @@ async def _rollouts(sys: _Systems, episodes, opts: RolloutBenchOptions, bar) -> 
                 got = (await c.submit(Request({"actions": roll}, session_id=session)).collect())["frame"][0]
                 ours.append(time.perf_counter() - t0)
                 t0 = time.perf_counter()
-                want = native_rollout(sys.predictor, latents, actions[:C], states[:C + 1], roll)[:, -1]
+                # on the device thread, as our engines run: the same OpenMP team (other threads get one)
+                want = run_on_device(native_rollout, sys.predictor, latents, actions[:C], states[:C + 1], roll)[:, -1]
                 native.append(time.perf_counter() - t0)
                 bar.update(1)
             c.close_session(session)
@@ -130,6 +140,7 @@ async def _plans(sys: _Systems, episodes, opts: RolloutBenchOptions, bar) -> lis
     from mstar.conductor.request import Request
     from mstar.engine.sampling_params import SamplingParams
     from mstar_graphs.vjepa2.planner import CemParams, initial_belief
+    from mstar.engine.device_loop import run_on_device
     from mstar_graphs.vjepa2.reference import native_plan
     params = CemParams(samples=opts.plan_samples, topk=opts.plan_topk, iterations=opts.plan_iterations)
     C, Hp = opts.context, opts.plan_horizon
@@ -157,7 +168,8 @@ async def _plans(sys: _Systems, episodes, opts: RolloutBenchOptions, bar) -> lis
                     outputs=frozenset({"plan"}))).collect() for r, (_l, _s, _a, goal) in enumerate(robots)))
                 ours.append(time.perf_counter() - t0)
                 t0 = time.perf_counter()
-                plans = [native_plan(sys.predictor, lat, act, st, goal, params, Hp, opts.seed + r, params.iterations)
+                plans = [run_on_device(native_plan, sys.predictor, lat, act, st, goal, params, Hp, opts.seed + r,
+                                       params.iterations)
                          for r, (lat, st, act, goal) in enumerate(robots)]  # Meta's planner serves one robot at a time
                 native.append(time.perf_counter() - t0)
                 diffs += [float((o["plan"][-1] - p["plan"]).abs().max()) for o, p in zip(outs, plans)]
@@ -170,6 +182,7 @@ async def _plans(sys: _Systems, episodes, opts: RolloutBenchOptions, bar) -> lis
 
 
 def run_rollout_bench(opts: RolloutBenchOptions) -> dict:
+    from mstar.engine.intra_op import model_threads
     from mstar_ros.bag.episodes import read_episodes
     episodes = read_episodes(opts.bag, fps=opts.fps)
     sys = _Systems(opts)
@@ -189,7 +202,7 @@ def run_rollout_bench(opts: RolloutBenchOptions) -> dict:
                   "random_weights": opts.weights is None, "predictor_width": c.predictor.width,
                   "predictor_depth": c.predictor.depth, "frame_tokens": c.frame_tokens, "max_frames": capacity},
         "bag": str(opts.bag), "fps": opts.fps, "robots_in_bag": len(episodes), "repeats": opts.repeats,
-        "rollouts": rollouts, "plans": plans, "threads": torch.get_num_threads(),
+        "rollouts": rollouts, "plans": plans, "threads": model_threads(),
     }
     for row in rollouts:
         report[f"speedup_h{row['horizon']}"] = row["speedup"]

@@ -21,7 +21,8 @@ rollouts of H frames. Each sample's table forks the context's (copy-on-write: ev
 frame's block is shared, none is recomputed); iteration 0 computes the pending frame (or the
 ``frame`` / ``state`` inputs) with ``actions[:, 0]``, iteration h the frame predicted at
 iteration h - 1 with ``actions[:, h]`` and the state ``advance_state`` gives. Every rollout
-sample and context extension in the engine shares one forward per step. Outputs: ``frame``
+sample and context extension in the engine shares one forward per step, up to
+``max_batched_tokens`` rows (oldest calls first; a call's samples always step together). Outputs: ``frame``
 [S, *latent] (the last prediction) and ``frames`` [S, H, *latent] with meta ``all_frames=1``.
 """
 from __future__ import annotations
@@ -298,6 +299,7 @@ class FrameLoops:
         items: list[tuple[object, list[tuple[BlockTable, list[Frame], int]]]] = []
         finished = 0
         budget = e.config.max_num_seqs
+        rows_left = e.config.max_batched_tokens  # a step's rows, as for token steps (the first item always fits)
         work = sorted([c for c in self.contexts.values() if c.call is not None] + list(self.rollouts.values()),
                       key=lambda w: w.arrival)
         for w in work:
@@ -317,8 +319,9 @@ class FrameLoops:
                 continue
             parts = self._parts(w)
             need = sum(blocks.blocks_needed(t, len(f) * ft) for t, f, _ in parts)
-            if len(parts) > budget and items:
-                break
+            rows = sum(len(f) for _, f, _ in parts) * ft
+            if items and (len(parts) > budget or rows > rows_left):
+                break  # the next step takes it: on a CPU a bigger forward only costs more per row
             if need > blocks.num_free_blocks:
                 if not items and not self._others_hold_blocks(w):
                     self._fail(w, f"node {w.node!r}: the KV pool ({blocks.num_blocks} frame blocks) cannot hold "
@@ -329,7 +332,8 @@ class FrameLoops:
                 e.cache.copy_blocks(blocks.append(table, len(frames) * ft))
             items.append((w, parts))
             budget -= len(parts)
-            if budget <= 0:
+            rows_left -= rows
+            if budget <= 0 or rows_left <= 0:
                 break
         if not items:
             return finished
