@@ -29,7 +29,7 @@ def center_square(frames: torch.Tensor) -> torch.Tensor:
     """[B, C, H, W] -> the centre min(H, W) square (Meta's fallback crop at aspect ratio 1)."""
     h, w = frames.shape[-2:]
     side = min(h, w)
-    top, left = int(round((h - side) / 2.0)), int(round((w - side) / 2.0))
+    top, left = (h - side) // 2, (w - side) // 2  # floored, as Meta's crop
     return frames[..., top:top + side, left:left + side]
 
 

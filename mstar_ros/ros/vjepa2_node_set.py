@@ -41,11 +41,26 @@ def summarize(nodes, elapsed: float) -> dict:
         s = node.stats
         lat = sorted(s.plan_latencies_s)
         robots[node.get_namespace()] = {
-            "frames": s.frames, "plans": s.plans, "goals": s.goals, "dropped": s.dropped,
+            "frames": s.frames, "frames_skipped": s.frames_skipped, "plans": s.plans, "goals": s.goals, "dropped": s.dropped,
             "frames_failed": s.frames_failed, "plans_failed": s.plans_failed, "last_energy": s.last_energy,
             "plan_p50_ms": round(1000 * statistics.median(lat), 1) if lat else None,
             "window_frames": node.window, "last_error": s.last_error}
     return {"seconds": round(elapsed, 2), "robots": robots}
+
+
+def pool_config(nodes, predictor):
+    """KV pool for every robot's window plus one plan's samples x horizon (a frame per block):
+    the default pool would hold 5 frames of the released model in fp32 (48 MiB each)."""
+    import torch
+
+    from mstar.engine.config import EngineConfig
+
+    blocks = sum(node.kv_frames_needed for node in nodes) + 4
+    per_block = predictor.kv_spec().bytes_per_token(torch.float32) * predictor.frame_tokens
+    most_samples = max(node.cem.samples for node in nodes)
+    log.info("KV pool: %d frame blocks, %.0f MiB (per robot: its window + plan samples x horizon)",
+             blocks, blocks * per_block / 2**20)
+    return EngineConfig(num_kv_blocks=blocks, max_batched_tokens=max(1024, most_samples * predictor.frame_tokens))
 
 
 async def serve(args: argparse.Namespace, ros_args: list[str]) -> dict:
@@ -58,11 +73,14 @@ async def serve(args: argparse.Namespace, ros_args: list[str]) -> dict:
 
     graph, modules = vjepa2_components({n.name for n in vjepa2_graph().nodes}, args.weights, args.preset,
                                        progress=True)
-    max_frames = modules["predictor"].max_frames
+    predictor = modules["predictor"]
     async with RosProcess("mstar_vjepa2_node_set", ros_args) as ros:
-        async with Conductor(graph, modules) as conductor:
-            loop = asyncio.get_running_loop()
-            nodes = [make_world_model_node(conductor, loop, ns, max_frames) for ns in args.robots]
+        loop = asyncio.get_running_loop()
+        nodes = [make_world_model_node(loop, ns, predictor.max_frames) for ns in args.robots]
+        config = pool_config(nodes, predictor)
+        async with Conductor(graph, modules, config=config) as conductor:
+            for node in nodes:
+                node.conductor = conductor
             ros.add(*nodes, conductor_node(conductor))
             ros.spin()
             what = "RANDOM tiny weights" if args.weights is None else args.weights
@@ -79,7 +97,7 @@ async def serve(args: argparse.Namespace, ros_args: list[str]) -> dict:
 def print_summary(summary: dict) -> None:
     print(f"served {len(summary['robots'])} robot(s) for {summary['seconds']} s")
     for ns, r in summary["robots"].items():
-        print(f"  {ns}: {r['frames']} frames, {r['plans']} plans (p50 {r['plan_p50_ms']} ms), best energy "
+        print(f"  {ns}: {r['frames']} frames ({r['frames_skipped']} skipped: the model was busy), {r['plans']} plans (p50 {r['plan_p50_ms']} ms), best energy "
               f"{r['last_energy']}, {r['dropped']} bad messages dropped, {r['frames_failed']} frames and "
               f"{r['plans_failed']} plans failed, window {r['window_frames']} frames")
         if r["last_error"]:

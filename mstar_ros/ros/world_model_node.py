@@ -17,8 +17,9 @@ and publishes
   best and every sample's energy (mean L1 to the goal latent) of the last CEM iteration.
 
 Bad input (wrong image size or encoding, a NaN or non-unit pose, no pose near a frame, a goal
-before any frame) is reported (throttled) and dropped; the session keeps serving. Health on
-/diagnostics once a second.
+before any frame) is reported (throttled) and dropped; the session keeps serving. A model
+slower than ``fps`` skips frames (the newest one waits, counted as skipped): frames never queue
+up behind it. Health on /diagnostics once a second.
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ import asyncio
 import logging
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
 import torch
@@ -47,13 +49,15 @@ log = logging.getLogger("mstar_ros.world_model")
 @dataclass
 class WorldModelStats:
     frames: int = 0            # frames that extended the session
+    frames_skipped: int = 0    # frames replaced by a newer one before the model took them (it was busy)
     dropped: int = 0           # bad messages dropped (images, poses, gripper readings, early goals)
     goals: int = 0
     plans: int = 0
     plans_failed: int = 0
     frames_failed: int = 0
     last_energy: float | None = None
-    plan_latencies_s: list[float] = field(default_factory=list)
+    plan_latencies_s: deque = field(default_factory=lambda: deque(maxlen=10000))
+    last_frame_at: float | None = None  # time.monotonic() of the newest frame taken
     last_error: str = ""
     last_drop_at: float = -1e9     # time.monotonic() of the newest drop / failure (for /diagnostics)
     last_failure_at: float = -1e9
@@ -61,8 +65,9 @@ class WorldModelStats:
 RECENT_S = 5.0  # /diagnostics says WARN / ERROR for this long after a drop / a failed request
 
 
-def make_world_model_node(conductor, loop: asyncio.AbstractEventLoop, namespace: str, max_frames: int,
+def make_world_model_node(loop: asyncio.AbstractEventLoop, namespace: str, max_frames: int,
                           name: str = "world_model"):
+    """The node; its ``conductor`` is set once the runtime is up (the node's parameters size its KV pool)."""
     from diagnostic_msgs.msg import DiagnosticArray
     from geometry_msgs.msg import PoseStamped
     from nav_msgs.msg import Path
@@ -74,6 +79,7 @@ def make_world_model_node(conductor, loop: asyncio.AbstractEventLoop, namespace:
     class WorldModelNode(Node):
         def __init__(self) -> None:
             super().__init__(name, namespace=namespace)
+            self.conductor = None
             self.params = p = declare(self, max_frames)
             self.session = f"vjepa2:{self.get_namespace()}"
             self.window = p.window_frames or (max_frames - p.plan_horizon)
@@ -86,7 +92,10 @@ def make_world_model_node(conductor, loop: asyncio.AbstractEventLoop, namespace:
             self._lock = threading.Lock()
             self._pose = None      # (stamp, position, orientation, frame_id)
             self._gripper = None   # (stamp, value in [0, 1])
-            self._queue: asyncio.Queue = asyncio.Queue()
+            # the newest frame and goal not yet taken: a busy model skips frames, never queues them up
+            self._next_frame = None
+            self._next_goal = None
+            self._wake = asyncio.Event()
             self.state: torch.Tensor | None = None  # the newest frame's state (the session's pending frame)
             self.goal: torch.Tensor | None = None
             self.closing = False
@@ -105,10 +114,12 @@ def make_world_model_node(conductor, loop: asyncio.AbstractEventLoop, namespace:
 
         # -- ROS callbacks (the executor thread): check, keep, hand over ---------------------------
         def _bad(self, topic: str, text: str) -> None:
-            self.stats.dropped += 1
-            self.stats.last_error = text
-            self.stats.last_drop_at = time.monotonic()
-            said = self.throttle.report((topic, text.split(":")[-1][:40]), text, time.monotonic())
+            """A message not used (from the executor thread, or the asyncio side for an early goal)."""
+            with self._lock:
+                self.stats.dropped += 1
+                self.stats.last_error = text
+                self.stats.last_drop_at = time.monotonic()
+                said = self.throttle.report((topic, text.split(":")[-1][:40]), text, time.monotonic())
             if said:
                 self.get_logger().warning(f"{said} (dropped)")
 
@@ -150,51 +161,72 @@ def make_world_model_node(conductor, loop: asyncio.AbstractEventLoop, namespace:
                 return self._bad(p.camera_topic, str(exc))
             if not self.picker.due(stamp):
                 return  # between the model's frames
-            loop.call_soon_threadsafe(self._queue.put_nowait, ("frame", image_to_array(msg), state, pose[3]))
+            loop.call_soon_threadsafe(self._offer, "frame", (image_to_array(msg), state, pose[3]))
 
         def _on_goal(self, msg) -> None:
             try:
                 check_image(msg, topic=self.params.goal_topic)
             except ObservationError as exc:
                 return self._bad(self.params.goal_topic, str(exc))
-            loop.call_soon_threadsafe(self._queue.put_nowait, ("goal", image_to_array(msg), None, ""))
+            loop.call_soon_threadsafe(self._offer, "goal", image_to_array(msg))
 
         # -- the runtime side (the asyncio loop) ------------------------------------------------
+        def _offer(self, kind: str, item) -> None:  # on the asyncio loop
+            if kind == "goal":
+                self._next_goal = item
+            else:
+                if self._next_frame is not None:
+                    self.stats.frames_skipped += 1
+                self._next_frame = item
+            self._wake.set()
+
         async def _serve(self) -> None:
             while True:
-                kind, image, state, frame_id = await self._queue.get()
-                try:
-                    if kind == "goal":
-                        await self._set_goal(image)
-                    else:
-                        await self._add_frame(image, state)
-                        if self.goal is not None and self._queue.empty():  # plan from the newest frame
-                            await self._plan(frame_id)
-                except (RequestCancelled, asyncio.CancelledError):
-                    if self.closing:
-                        return
-                except Exception as exc:  # a failed request is reported; the session keeps serving
-                    self.stats.last_error = f"{type(exc).__name__}: {exc}"
-                    self.get_logger().error(self.stats.last_error)
+                await self._wake.wait()
+                self._wake.clear()
+                goal, self._next_goal = self._next_goal, None
+                frame, self._next_frame = self._next_frame, None
+                if goal is not None:
+                    await self._guarded(self._set_goal(goal))
+                if frame is not None:
+                    image, state, frame_id = frame
+                    if await self._guarded(self._add_frame(image, state)) and self.goal is not None \
+                            and self._next_frame is None:  # plan from the newest frame
+                        await self._guarded(self._plan(frame_id))
+
+        async def _guarded(self, work) -> bool:
+            """Runs one request; a failure is reported and the session keeps serving. True when it succeeded."""
+            try:
+                await work
+                return True
+            except (RequestCancelled, asyncio.CancelledError):
+                if self.closing:
+                    raise
+                return False
+            except Exception as exc:
+                self.stats.last_error = f"{type(exc).__name__}: {exc}"
+                self.get_logger().error(self.stats.last_error)
+                return False
 
         async def _add_frame(self, image, state: torch.Tensor) -> None:
             action = pose_delta(self.state, state).float() if self.state is not None else torch.zeros(7)
             req = Request({"frames": torch.from_numpy(image)[None], "states": state[None], "actions": action[None]},
                           session_id=self.session, meta={"walk": "observe", "context.kv_window": self.window})
             try:
-                await conductor.submit(req).collect()
+                await self.conductor.submit(req).collect()
             except RequestError:
                 self.stats.frames_failed += 1
                 self.stats.last_failure_at = time.monotonic()
                 raise
             self.state = state
             self.stats.frames += 1
+            self.stats.last_frame_at = time.monotonic()
 
         async def _set_goal(self, image) -> None:
             if self.state is None:
                 return self._bad(self.params.goal_topic, f"{self.params.goal_topic}: a goal before any frame "
                                                          f"(the session has nothing to plan from)")
-            out = await conductor.submit(Request({"frames": torch.from_numpy(image)}, meta={"walk": "encode"})).collect()
+            out = await self.conductor.submit(Request({"frames": torch.from_numpy(image)}, meta={"walk": "encode"})).collect()
             self.goal = out["latents"][0]
             self.stats.goals += 1
             self.get_logger().info(f"goal set: planning {self.params.plan_horizon} actions after every frame")
@@ -204,7 +236,7 @@ def make_world_model_node(conductor, loop: asyncio.AbstractEventLoop, namespace:
             started = time.monotonic()
             state = self.state
             try:
-                out = await conductor.submit(Request(
+                out = await self.conductor.submit(Request(
                     {"goal": self.goal, "mean": mean, "std": std, "params": self.cem.tensor()},
                     session_id=self.session, sampling=SamplingParams(seed=self.stats.plans),
                     meta={"walk": "plan", "iterations": self.cem.iterations},
@@ -236,22 +268,37 @@ def make_world_model_node(conductor, loop: asyncio.AbstractEventLoop, namespace:
             self.pub_energy.publish(Float64(data=self.stats.last_energy))
             self.pub_energies.publish(Float64MultiArray(data=[float(e) for e in energies]))
 
+        @property
+        def kv_frames_needed(self) -> int:
+            """KV frame blocks this robot can hold at once: its window and one plan's samples x horizon."""
+            return self.window + self.cem.samples * self.params.plan_horizon
+
         def _diagnose(self) -> None:
+            if self.conductor is None:
+                return
             s = self.stats
             now = time.monotonic()
+            silent = s.last_frame_at is not None and now - s.last_frame_at > 2.0 / self.params.fps + 1.0
             level = ("ERROR" if now - s.last_failure_at < RECENT_S else
-                     "WARN" if now - s.last_drop_at < RECENT_S else "OK")
+                     "WARN" if now - s.last_drop_at < RECENT_S or silent else "OK")
+            if silent:
+                s.last_error = f"no frame for {now - s.last_frame_at:.1f} s (camera, pose or gripper silent?)"
             message = (f"{s.frames} frames, {s.plans} plans" if level == "OK"
                        else f"{s.frames} frames, {s.plans} plans; last problem: {s.last_error}")
             publish_status(self, self.pub_diag, f"mstar: {self.get_namespace()}/world_model", message, "vjepa2_ac",
-                           {"frames": s.frames, "frames_dropped": s.dropped, "frames_failed": s.frames_failed,
+                           {"frames": s.frames, "messages_dropped": s.dropped,
+                            "last_frame_age_s": "" if s.last_frame_at is None else f"{now - s.last_frame_at:.2f}", "frames_skipped": s.frames_skipped,
+                            "frames_failed": s.frames_failed,
                             "goals": s.goals, "plans": s.plans, "plans_failed": s.plans_failed,
                             "last_energy": "" if s.last_energy is None else f"{s.last_energy:.5f}",
-                            "window_frames": self.window, "kv_blocks_used": conductor.kv_blocks_used()}, level)
+                            "window_frames": self.window,
+                            "kv_blocks_used_all_robots": self.conductor.kv_blocks_used() if self.conductor else 0},
+                           level)
 
         def close(self) -> None:
             self.closing = True
             self._task.cancel()
-            conductor.close_session(self.session)
+            if self.conductor is not None:
+                self.conductor.close_session(self.session)
 
     return WorldModelNode()

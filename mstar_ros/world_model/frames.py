@@ -2,9 +2,10 @@
 
 V-JEPA 2-AC was trained on frames 1 / fps apart (DROID at 4 fps); a camera publishes faster
 (15 Hz). A frame is taken when its ``header.stamp`` is at least one period (less a little
-jitter slack) after the last one taken. Its state is the end-effector pose nearest in time
-(x, y, z, extrinsic xyz angles from the quaternion) and the gripper position scaled to [0, 1];
-a pose older than ``max_pose_age_s`` against the frame, or not finite, means no frame.
+jitter slack) after the last one taken. Its state is the newest end-effector pose (x, y, z,
+extrinsic xyz angles from the quaternion) and gripper position scaled to [0, 1]; when either is
+more than ``max_pose_age_s`` from the frame's stamp the frame is not used, and a pose that is
+not finite or not a unit quaternion is dropped when it arrives.
 """
 from __future__ import annotations
 

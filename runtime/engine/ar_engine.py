@@ -317,7 +317,7 @@ class AREngine(EngineInbox):
         done = 0
         try:
             done = self.frame_loops.step()
-        except Exception as exc:  # every frame call of the step fails; contexts keep what they had computed
+        except Exception as exc:  # the step's frame calls fail; contexts it was extending start again (fail_all)
             log.exception("%s frame step failed", self.name)
             self.frame_loops.fail_all(f"frame step failed: {type(exc).__name__}: {exc}")
         self.busy_seconds += time.perf_counter() - started

@@ -269,11 +269,14 @@ class FrameLoops:
 
     # -- one batched step ---------------------------------------------------------------
     def _fork(self, r: Rollout) -> bool:
-        """Forks the context for every sample once it is idle; False while it is being extended."""
+        """Forks the context for every sample and reserves every frame the rollout will compute
+        (so an admitted rollout always finishes: no two rollouts can wait on each other's blocks).
+        False while the context is being extended, or while rollouts in flight hold the blocks
+        this one needs; ValueError when it cannot fit at all."""
         ctx = self.contexts.get(r.context_key) if r.context_key else None
         if ctx is not None and ctx.call is not None:
             return False  # wait: the rollout starts from the frames that call brings
-        m = self.module
+        m, blocks, ft = self.module, self.engine.blocks, self.module.frame_tokens
         if ctx is None and r.frame is None:
             raise ValueError(f"node {r.node!r}: context {r.context_key[1] if r.context_key else '?'!r} was closed")
         r.base = ctx.num_frames if ctx is not None else 0
@@ -281,13 +284,21 @@ class FrameLoops:
             raise ValueError(f"node {r.node!r}: a rollout of {r.horizon} frames after {r.base} context frames needs "
                              f"{r.base + r.horizon} frame positions; the model holds {m.max_frames} "
                              f"(give the context a smaller window)")
+        need = r.samples * r.horizon
+        if need > blocks.num_free_blocks:
+            if self._rollouts_hold_blocks(r) or _tokens_hold_blocks(self.engine):
+                return False  # they finish and free theirs: first come, first served
+            raise ValueError(f"node {r.node!r}: {r.samples} samples x {r.horizon} frames need {need} KV frame blocks; "
+                             f"{blocks.num_free_blocks} of {blocks.num_blocks} are free (the sessions' contexts hold "
+                             f"the rest): size the pool for the windows plus samples x horizon")
         if r.frame is None:
             latent, state = ctx.pending
             r.frame = latent[None].expand(r.samples, *latent.shape)
             r.state = state[None].expand(r.samples, state.shape[0])
-        blocks = self.engine.blocks
-        r.tables = [blocks.fork(ctx.table) if ctx is not None and ctx.table.blocks else BlockTable()
-                    for _ in range(r.samples)]
+        shared = ctx.table if ctx is not None and ctx.table.blocks else None
+        r.tables = [blocks.fork(shared) if shared is not None else BlockTable() for _ in range(r.samples)]
+        for table in r.tables:  # whole frames: a fork shares whole blocks, nothing to copy on write
+            self.engine.cache.copy_blocks(blocks.append(table, r.horizon * ft))
         r.started = True
         return True
 
@@ -296,72 +307,83 @@ class FrameLoops:
         e, m = self.engine, self.module
         ft = m.frame_tokens
         blocks = e.blocks
-        items: list[tuple[object, list[tuple[BlockTable, list[Frame], int]]]] = []
+        items: list[tuple[object, list]] = []
+        self._stepping = items  # what fail_all must undo if anything below raises
         finished = 0
         budget = e.config.max_num_seqs
         rows_left = e.config.max_batched_tokens  # a step's rows, as for token steps (the first item always fits)
         work = sorted([c for c in self.contexts.values() if c.call is not None] + list(self.rollouts.values()),
                       key=lambda w: w.arrival)
-        for w in work:
-            try:
-                if isinstance(w, Rollout) and not w.started and not self._fork(w):
+        try:
+            for w in work:
+                if isinstance(w, Rollout):
+                    try:
+                        if not w.started and not self._fork(w):
+                            continue
+                    except ValueError as exc:
+                        self._drop_rollout((w.owner, w.node), str(exc))
+                        continue
+                elif not w.todo and not w.rebuild:  # only a new pending frame: nothing to compute
+                    self._finish(w, [], torch.empty(0))
+                    finished += 1
                     continue
-            except ValueError as exc:
-                self._drop_rollout((w.owner, w.node), str(exc))
-                continue
-            if isinstance(w, FrameContext) and w.rebuild and (w.table.blocks or w.computed):
-                blocks.free(w.table)  # recomputed from position 0 (``todo`` holds the kept frames)
-                w.computed = []
-                w.slides += 1
-            if isinstance(w, FrameContext) and not w.todo:  # only a new pending frame: nothing to compute
-                self._finish(w, [], torch.empty(0))
-                finished += 1
-                continue
-            parts = self._parts(w)
-            need = sum(blocks.blocks_needed(t, len(f) * ft) for t, f, _ in parts)
-            rows = sum(len(f) for _, f, _ in parts) * ft
-            if items and (len(parts) > budget or rows > rows_left):
-                break  # the next step takes it: on a CPU a bigger forward only costs more per row
-            if need > blocks.num_free_blocks:
-                if not items and not self._others_hold_blocks(w):
-                    self._fail(w, f"node {w.node!r}: the KV pool ({blocks.num_blocks} frame blocks) cannot hold "
-                                  f"this call ({need} more frames needed)")
-                    continue
-                break  # younger calls wait: first come, first served
-            for table, frames, _ in parts:
-                e.cache.copy_blocks(blocks.append(table, len(frames) * ft))
-            items.append((w, parts))
-            budget -= len(parts)
-            rows_left -= rows
-            if budget <= 0 or rows_left <= 0:
-                break
-        if not items:
-            return finished
-        self._stepping = items
-        predictions = self._forward([p for _, parts in items for p in parts])
-        self._stepping = []
-        done = finished
-        offset = 0
-        for w, parts in items:
-            n = sum(len(f) for _, f, _ in parts)
-            self._finish(w, parts, predictions[offset:offset + n])
-            offset += n
-            done += 1
-        return done
+                parts = self._parts(w)
+                rows = sum(len(f) for _, f, _, _ in parts) * ft
+                if items and (len(parts) > budget or rows > rows_left):
+                    break  # the next step takes it: on a CPU a bigger forward only costs more per row
+                if isinstance(w, FrameContext):
+                    if w.rebuild:  # the kept frames, less the blocks that freeing this table returns
+                        need = len(w.todo) - sum(blocks.ref_count(b) == 1 for b in w.table.blocks)
+                    else:
+                        need = blocks.blocks_needed(w.table, len(w.todo) * ft)
+                    if need > blocks.num_free_blocks:
+                        if self._rollouts_hold_blocks(None) or _tokens_hold_blocks(e):
+                            break  # rollouts in flight free theirs: younger calls wait (first come, first served)
+                        self._fail(w, f"node {w.node!r}: the KV pool ({blocks.num_blocks} frame blocks, "
+                                      f"{blocks.num_free_blocks} free) cannot hold {need} more frames")
+                        continue
+                    if w.rebuild:  # admitted: recomputed from position 0 (``todo`` holds the kept frames)
+                        blocks.free(w.table)
+                        w.computed = []
+                        w.slides += 1
+                        if not w.todo:
+                            self._finish(w, [], torch.empty(0))
+                            finished += 1
+                            continue
+                        parts = self._parts(w)
+                    e.cache.copy_blocks(blocks.append(w.table, len(w.todo) * ft))
+                items.append((w, parts))
+                budget -= len(parts)
+                rows_left -= rows
+                if budget <= 0 or rows_left <= 0:
+                    break
+            if not items:
+                return finished
+            predictions = self._forward([p for _, parts in items for p in parts])
+            done = finished
+            offset = 0
+            for w, parts in items:
+                n = sum(len(f) for _, f, _, _ in parts)
+                self._finish(w, parts, predictions[offset:offset + n])
+                offset += n
+                done += 1
+            return done
+        finally:
+            self._stepping = []
 
-    def _parts(self, w) -> list[tuple[BlockTable, list[Frame], int]]:
-        """(table, frames to append, first frame position) per sequence of a work item."""
+    def _parts(self, w) -> list[tuple[BlockTable, list[Frame], int, int]]:
+        """(table, frames computed now, first frame position, first table row) per sequence of a work item."""
+        ft = self.module.frame_tokens
         if isinstance(w, FrameContext):
             first = 0 if w.rebuild else w.num_frames
-            return [(w.table, w.todo, first)]
+            return [(w.table, w.todo, first, first * ft)]
         h = w.step
         acts = w.actions[:, h]
-        return [(t, [(w.frame[s], acts[s], w.state[s])], w.base + h) for s, t in enumerate(w.tables)]
+        return [(t, [(w.frame[s], acts[s], w.state[s])], w.base + h, (w.base + h) * ft) for s, t in enumerate(w.tables)]
 
-    def _others_hold_blocks(self, w) -> bool:
-        mine = {id(w)}
-        return any(c.table.blocks for c in self.contexts.values() if id(c) not in mine) or any(
-            r.tables for r in self.rollouts.values() if id(r) not in mine) or e_has_tokens(self.engine)
+    def _rollouts_hold_blocks(self, other_than) -> bool:
+        """Whether rollouts in flight (which free their blocks when done) hold any; idle contexts never do."""
+        return any(r.tables for r in self.rollouts.values() if r is not other_than)
 
     def _fail(self, w, error: str) -> None:
         if isinstance(w, Rollout):
@@ -375,12 +397,13 @@ class FrameLoops:
         ft = m.frame_tokens
         seqs, slots, latents, actions, states, positions = [], [], [], [], [], []
         rows = 0
-        for table, frames, first in parts:
+        for table, frames, first, start in parts:
             n = len(frames) * ft
-            seqs.append(SeqAttention(query_start=rows, query_len=n, context_len=table.num_tokens,
+            # a rollout's table has its later frames reserved: the context ends at this step's frame
+            seqs.append(SeqAttention(query_start=rows, query_len=n, context_len=start + n,
                                      block_table=list(table.blocks), first_position=0,
                                      mask=MaskKind.BLOCK_CAUSAL, mask_arg=ft))
-            slots.append(e.blocks.slot_mapping(table, table.num_tokens - n, table.num_tokens))
+            slots.append(e.blocks.slot_mapping(table, start, start + n))
             for i, (latent, action, state) in enumerate(frames):
                 latents.append(latent)
                 actions.append(action)
@@ -429,6 +452,6 @@ class FrameLoops:
         self._reply(call, outputs)
 
 
-def e_has_tokens(engine) -> bool:
+def _tokens_hold_blocks(engine) -> bool:
     """Whether token sequences of the engine hold KV blocks (they may free them later)."""
     return any(s.table.blocks for s in engine.scheduler.seqs.values())

@@ -127,9 +127,9 @@ def test_plan_samples_share_exactly_the_blocks_before_their_first_action(vj_pred
     shared = ctx.table.blocks
     for table in rollout.tables:
         assert table.blocks[:2] == shared            # the frames before the first action: shared
-        assert len(table.blocks) == 3                # the frame carrying the first action: its own
-    own = [t.blocks[2] for t in rollout.tables]
-    assert len(set(own)) == 5 and not set(own) & set(shared)
+        assert len(table.blocks) == 2 + 3            # from the frame carrying the first action on: its own,
+    own = [b for t in rollout.tables for b in t.blocks[2:]]  # reserved for the whole horizon when it forked
+    assert len(set(own)) == 5 * 3 and not set(own) & set(shared)
     assert all(engine.blocks.ref_count(b) == 6 for b in shared)  # the context + 5 samples
     engine.step()
     engine.step()
@@ -177,3 +177,31 @@ def test_rollout_longer_than_the_frame_capacity_is_refused(vj_encoder, vj_predic
             return c.kv_blocks_used()
 
     assert _run(main()) == 1
+
+
+def test_a_rollout_the_pool_cannot_hold_fails_at_once_and_two_that_fit_one_by_one_both_finish(vj_predictor):
+    """Every frame a rollout computes is reserved when it forks: no rollout waits forever on blocks
+    another holds (two rollouts that each took their first frames could otherwise deadlock)."""
+    store = InProcessTensorStore()
+    engine = AREngine(vj_predictor, ["context", "rollout"], store, EngineConfig(num_kv_blocks=10))
+    put = lambda t: store.put(t, owner="r")  # noqa: E731
+    replies: dict[int, list] = {}
+    for i, session in enumerate(("s1", "s2")):
+        engine._on_call(ExecuteNode(i, "r", "context", {"latents": put(torch.randn(2, 16, 64)),
+                                                         "states": put(torch.rand(2, 7)),
+                                                         "actions": put(torch.zeros(2, 7))},
+                                    session_id=session, frames=True), replies.setdefault(i, []).append)
+    engine.step()
+    assert engine.blocks.num_used_blocks == 2  # one computed frame per session
+    engine._on_call(ExecuteNode(7, "r", "rollout", {"actions": put(torch.zeros(5, 2, 7))}, session_id="s1",
+                                kv_from="context", frames=True), replies.setdefault(7, []).append)
+    engine.step()
+    assert "need 10 KV frame blocks; 8 of 10 are free" in replies[7][-1].error
+    for i, session in ((8, "s1"), (9, "s2")):  # 4 x 2 frames each: they fit one after the other
+        engine._on_call(ExecuteNode(i, "r", "rollout", {"actions": put(torch.zeros(4, 2, 7))}, session_id=session,
+                                    kv_from="context", frames=True), replies.setdefault(i, []).append)
+    for _ in range(10):
+        engine.step()
+    assert replies[8][-1].error is None and replies[9][-1].error is None
+    assert replies[8][-1].outputs and replies[9][-1].outputs
+    assert engine.blocks.num_used_blocks == 2 and not engine.frame_loops.rollouts
