@@ -12,13 +12,13 @@ def test_it_installs_the_wheels_data_files_executable_where_ros_looks(tmp_path):
     out = subprocess.run([sys.executable, str(ROOT / "tools" / "install_ros_layout.py"), "--prefix", str(prefix),
                           "--no-build-isolation"], capture_output=True, text=True, timeout=180)
     assert out.returncode == 0, out.stderr
-    assert "lib/mstar_ros/ (mstar-ros, mstar_orpheus_node, mstar_pi05_node_set)" in out.stdout
+    assert "lib/mstar_ros/ (mstar-ros, mstar_orpheus_node, mstar_pi05_node_set, mstar_vjepa2_node_set)" in out.stdout
     share = prefix / "share" / "mstar_ros"
     for rel in ("package.xml", "launch/pi05.launch.py", "launch/orpheus.launch.py", "config/pi05.yaml",
                 "config/fastdds_localhost.xml", "config/placement/pi05-two-ranks.yaml"):
         assert (share / rel).read_bytes() == (ROOT / rel).read_bytes(), rel
     assert (prefix / "share" / "ament_index" / "resource_index" / "packages" / "mstar_ros").is_file()
-    for name in ("mstar-ros", "mstar_orpheus_node", "mstar_pi05_node_set"):
+    for name in ("mstar-ros", "mstar_orpheus_node", "mstar_pi05_node_set", "mstar_vjepa2_node_set"):
         exe = prefix / "lib" / "mstar_ros" / name
         assert os.access(exe, os.X_OK) and f'/../../bin/{name}" "$@"' in exe.read_text()
     assert not os.access(share / "package.xml", os.X_OK)
