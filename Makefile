@@ -36,7 +36,7 @@ $(VENV)/.installed-test: $(VENV)/.installed
 	@if [ "$$(id -u)" = 0 ] && ! ldconfig -p | grep -q 'libibverbs\.so\.1 '; then \
 		apt-get install -y -q libibverbs1 || { apt-get update -q && apt-get install -y -q libibverbs1; }; fi
 	# the ros extra too: the ROS 2 tests (real rclpy over DDS, bag playback) run, never skip
-	$(PIP) install -q -e ".[audio,bench,test,mooncake,ros]"
+	$(PIP) install -q -e ".[audio,bench,test,mooncake,ros,webrtc]"
 	touch $@
 
 install: $(VENV)/.ros-layout

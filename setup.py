@@ -97,7 +97,7 @@ setup(
         "ros": ["ros-kilted-rclpy[fastrtps]==9.1.2", "ros-kilted-sensor-msgs==5.5.1", "ros-kilted-std-msgs==5.5.1",
                 "ros-kilted-geometry-msgs==5.5.1", "ros-kilted-trajectory-msgs==5.5.1",
                 "ros-kilted-diagnostic-msgs==5.5.1", "ros-kilted-nav-msgs==5.5.1", "rosbags==0.11.9"],
-        "webrtc": ["aiortc", "av"],
+        "webrtc": ["aiortc==1.16.0", "av==18.1.0", "aiohttp==3.14.5"],
         "gpu": ["flashinfer-python==0.6.13", "flashinfer-cubin==0.6.13"],
         # optional cross-host tensor transport (CPU build; needs Debian libibverbs1)
         "mooncake": ["mooncake-transfer-engine-non-cuda==0.3.13.post1"],
@@ -119,7 +119,9 @@ setup(
                   "mstar.models": ["orpheus = mstar_graphs.orpheus.components:orpheus_components",
                                    "pi05 = mstar_graphs.pi05.components:pi05_components",
                                    "vjepa2 = mstar_graphs.vjepa2.components:vjepa2_components"],
-                  "mstar.worker_plugins": ["ros_diagnostics = mstar_ros.ros.worker_diagnostics:attach"]},
+                  "mstar.worker_plugins": ["ros_diagnostics = mstar_ros.ros.worker_diagnostics:attach"],
+                  # what the WebRTC gateway can serve, by name (mstar_ros.webrtc.speech_models)
+                  "mstar.speech_models": ["orpheus = mstar_graphs.orpheus.model:OrpheusTTS"]},
     zip_safe=True,
     maintainer="mstar_ros developers",
     description="Walk Graph serving runtime for composite multimodal models, as ROS 2 nodes",

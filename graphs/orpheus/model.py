@@ -46,6 +46,11 @@ class OrpheusLLM(LlamaForCausalLM):
 
 @dataclass
 class OrpheusTTS:
+    """Orpheus as a speech model (what the WebRTC gateway serves: entry point group mstar.speech_models)."""
+
+    audio_output = "audio"     # the graph output carrying float PCM chunks
+    sample_rate = SAMPLE_RATE
+
     paths: OrpheusPaths
     llm: OrpheusLLM
     snac: OrpheusSnacStage

@@ -16,7 +16,7 @@ system working end to end, not real speech."""
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from mstar_ros.cli import bag, bench, bench_pi05, bench_rollout, bench_threads, bench_transport, checkpoint, demo, launch, tts
+    from mstar_ros.cli import bag, bench, bench_pi05, bench_rollout, bench_threads, bench_transport, checkpoint, demo, launch, serve, tts
 
     parser = argparse.ArgumentParser(prog="mstar-ros", description=DESCRIPTION,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -24,6 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-q", "--quiet", action="store_true", help="log warnings and errors only")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     tts.add_parser(sub)
+    serve.add_parser(sub)
     bench.add_parser(sub)
     bench_transport.add_parser(sub)  # `bench transport`, under bench
     bench_pi05.add_parser(sub)  # `bench pi05`, under bench

@@ -1,0 +1,61 @@
+"""``mstar-ros serve voice``: a speech model behind the WebRTC gateway (signalling over HTTP)."""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("serve", help="serve a model to WebRTC peers (browsers) over HTTP signalling")
+    what = p.add_subparsers(dest="serve", required=True, metavar="WHAT")
+    v = what.add_parser(
+        "voice", help="a speech model: peers send text on a data channel and hear the audio as it is decoded",
+        description="Serve a speech model (--model; installed: see mstar.speech_models entry points) to WebRTC "
+                    "peers. POST /offer with {sdp, type} answers {sdp, type, pc_id}; DELETE /offer/PC_ID ends a "
+                    "peer. On the peer's data channel, response.create with text is spoken: the graph's audio "
+                    "chunks go to the peer's audio track as 48 kHz Opus in 20 ms frames, paced by a clock; "
+                    "response.cancel stops it and frees the request's KV. Events are named as the OpenAI "
+                    "Realtime API names them. No STUN/TURN; ICE host candidates on the bound address only.")
+    v.add_argument("--model", default="orpheus", help="speech model (default orpheus)")
+    v.add_argument("--weights", help="checkpoint directory (default: the generated tiny one, RANDOM weights)")
+    v.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; others need --token)")
+    v.add_argument("--port", type=int, default=8080, help="port (default 8080)")
+    v.add_argument("--token", help="Bearer token every endpoint requires (needed with a non-loopback --host)")
+    v.add_argument("--max-peers", type=int, default=8, help="peers at once; the next one gets 503 (default 8)")
+    v.add_argument("--duration", type=float, default=0.0, help="stop after this many seconds (0: until Ctrl-C)")
+    v.set_defaults(run=_run_voice)
+
+
+def _run_voice(args: argparse.Namespace) -> int:
+    from aiohttp import web
+
+    from mstar.conductor import Conductor
+    from mstar_ros.webrtc.server import GatewayLimits, VoiceGateway
+    from mstar_ros.webrtc.speech_models import load_speech_model
+
+    if args.max_peers < 1:
+        raise ValueError("--max-peers must be >= 1")
+    model = load_speech_model(args.model, args.weights)
+    log = logging.getLogger("mstar_ros.webrtc")
+
+    async def main() -> None:
+        async with Conductor(model.graph(), model.modules()) as conductor:
+            gateway = VoiceGateway(model, conductor, host=args.host, token=args.token,
+                                   limits=GatewayLimits(max_peers=args.max_peers))
+            runner = web.AppRunner(gateway.app())
+            await runner.setup()
+            await web.TCPSite(runner, args.host, args.port).start()
+            note = " (RANDOM weights: the audio is noise)" if getattr(model, "random_weights", False) else ""
+            print(f"serving {args.model}{note} to WebRTC peers: POST http://{args.host}:{args.port}/offer", flush=True)
+            try:
+                await asyncio.sleep(args.duration or 1e9)
+            finally:
+                log.info("stopping: closing %d peer(s)", len(gateway.peers))
+                await runner.cleanup()
+
+    try:
+        asyncio.run(main())
+    except KeyboardInterrupt:
+        pass
+    return 0

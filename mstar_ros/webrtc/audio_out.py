@@ -1,0 +1,113 @@
+"""A peer's outbound audio: the model's chunks, resampled to 48 kHz, sent as 20 ms frames on a clock.
+
+Chunks arrive as the graph decodes them (Orpheus: 24 kHz float PCM). ``push`` resamples each
+with one ``av.AudioResampler`` per utterance (its filter state carries across chunks, so chunk
+seams are clean) into a queue of 48 kHz s16 samples. ``recv`` (aiortc's encoder pulls it) hands
+out exactly one 20 ms frame per 20 ms of wall clock: queued audio while there is some, silence
+otherwise, so the stream neither bursts nor stalls; aiortc encodes each frame to Opus. ``clear``
+drops what is queued (barge-in): the next frame is silence. Frames that had audio and frames
+sent silent in the middle of an utterance (an underrun: the model fell behind) are counted.
+"""
+from __future__ import annotations
+
+import asyncio
+import fractions
+import time
+
+import av
+import numpy as np
+import torch
+from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
+
+RATE = 48_000
+FRAME_MS = 20
+FRAME_SAMPLES = RATE * FRAME_MS // 1000  # 960
+
+
+def pcm_s16(chunk: torch.Tensor) -> np.ndarray:
+    """float PCM in [-1, 1] (any shape) -> int16 mono samples."""
+    x = chunk.detach().float().reshape(-1).clamp(-1.0, 1.0).numpy()
+    return (x * 32767.0).round().astype(np.int16)
+
+
+class PacedAudioTrack(MediaStreamTrack):
+    kind = "audio"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._queue = np.zeros(0, dtype=np.int16)
+        self._resampler: av.AudioResampler | None = None
+        self._source_rate = 0
+        self._start: float | None = None
+        self._sent = 0
+        self.speaking = False          # an utterance is under way (pushed audio, not ended)
+        self.frames_with_audio = 0
+        self.underruns = 0             # silent frames sent while an utterance was under way
+        self.first_audio_at: float | None = None  # time.monotonic() the first audible frame went out
+
+    # -- the model's side ---------------------------------------------------------------------------------
+    def begin(self) -> None:
+        """A new utterance: fresh resampler state, timing of its first audio."""
+        self._resampler = None
+        self.first_audio_at = None
+        self.speaking = True
+
+    def push(self, chunk: torch.Tensor, rate: int) -> None:
+        samples = pcm_s16(chunk)
+        if rate != RATE:
+            if self._resampler is None or self._source_rate != rate:
+                self._resampler = av.AudioResampler(format="s16", layout="mono", rate=RATE)
+                self._source_rate = rate
+            frame = av.AudioFrame.from_ndarray(samples[None, :], format="s16", layout="mono")
+            frame.sample_rate = rate
+            samples = np.concatenate([f.to_ndarray().reshape(-1) for f in self._resampler.resample(frame)] or
+                                     [np.zeros(0, dtype=np.int16)])
+        self._queue = np.concatenate([self._queue, samples])
+
+    def end(self) -> None:
+        """The utterance is complete: flush the resampler's tail; silence after the queue is not an underrun."""
+        if self._resampler is not None:
+            tail = [f.to_ndarray().reshape(-1) for f in self._resampler.resample(None)]
+            if tail:
+                self._queue = np.concatenate([self._queue, *tail])
+        self._resampler = None
+        self.speaking = False
+
+    def clear(self) -> int:
+        """Barge-in: drops the queued audio; returns how many ms were dropped."""
+        dropped = len(self._queue) * 1000 // RATE
+        self._queue = np.zeros(0, dtype=np.int16)
+        self._resampler = None
+        self.speaking = False
+        return dropped
+
+    @property
+    def queued_ms(self) -> int:
+        return len(self._queue) * 1000 // RATE
+
+    # -- aiortc's side ------------------------------------------------------------------------------------
+    async def recv(self) -> av.AudioFrame:
+        if self.readyState != "live":
+            raise MediaStreamError
+        if self._start is None:
+            self._start = time.monotonic()
+        else:  # one frame per 20 ms of wall clock, whatever the queue holds
+            wait = self._start + self._sent * FRAME_MS / 1000 - time.monotonic()
+            if wait > 0:
+                await asyncio.sleep(wait)
+        out = self._queue[:FRAME_SAMPLES]
+        self._queue = self._queue[FRAME_SAMPLES:]
+        if len(out):
+            self.frames_with_audio += 1
+            if self.first_audio_at is None:
+                self.first_audio_at = time.monotonic()
+        elif self.speaking:
+            self.underruns += 1
+        if len(out) < FRAME_SAMPLES:
+            out = np.concatenate([out, np.zeros(FRAME_SAMPLES - len(out), dtype=np.int16)])
+        frame = av.AudioFrame.from_ndarray(out[None, :], format="s16", layout="mono")
+        frame.sample_rate = RATE
+        frame.pts = self._sent * FRAME_SAMPLES
+        frame.time_base = fractions.Fraction(1, RATE)
+        self._sent += 1
+        return frame

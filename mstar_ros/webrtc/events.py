@@ -1,0 +1,60 @@
+"""Data-channel events, named as the OpenAI Realtime API names them (server -> client and client -> server).
+
+Server: ``session.created``, ``input_audio_buffer.speech_started`` / ``speech_stopped`` (with a
+microphone), ``response.created``, ``response.output_audio_transcript.delta``,
+``response.output_audio.done``, ``response.done``, ``error``. Client: ``response.create`` (the text to
+speak in ``response.instructions``, or ``text``), ``response.cancel``, ``session.update``.
+Every client event is validated (msgspec); a bad one gets an ``error`` event naming the field.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+from typing import Any
+
+import msgspec
+
+MAX_EVENT_BYTES = 64 * 1024
+_ids = itertools.count(1)
+
+
+def event_id() -> str:
+    return f"event_{next(_ids)}"
+
+
+def server_event(kind: str, **fields: Any) -> str:
+    return json.dumps({"type": kind, "event_id": event_id(), **fields})
+
+
+class ResponseSpec(msgspec.Struct, forbid_unknown_fields=False):
+    instructions: str | None = None
+    voice: str | None = None
+
+
+class ClientEvent(msgspec.Struct, forbid_unknown_fields=False):
+    type: str
+    event_id: str | None = None
+    response: ResponseSpec | None = None
+    text: str | None = None          # a shorthand for response.instructions
+    session: dict[str, Any] | None = None
+
+
+class EventError(ValueError):
+    pass
+
+
+def parse_client_event(raw: str | bytes) -> ClientEvent:
+    if len(raw) > MAX_EVENT_BYTES:
+        raise EventError(f"event of {len(raw)} bytes is over the {MAX_EVENT_BYTES}-byte limit")
+    try:
+        event = msgspec.json.decode(raw if isinstance(raw, bytes) else raw.encode(), type=ClientEvent)
+    except msgspec.DecodeError as exc:
+        raise EventError(f"not a valid event: {exc}") from None
+    return event
+
+
+def response_text(event: ClientEvent) -> str:
+    text = event.text if event.text is not None else (event.response.instructions if event.response else None)
+    if not text or not text.strip():
+        raise EventError("response.create needs the text to speak (response.instructions or text)")
+    return text

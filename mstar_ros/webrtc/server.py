@@ -1,0 +1,123 @@
+"""The voice gateway's HTTP side (aiohttp): signalling, limits, authentication.
+
+``POST /offer`` takes ``{"sdp", "type": "offer"}`` (JSON) and answers ``{"sdp", "type": "answer",
+"pc_id"}``, the shape pipecat's SmallWebRTC clients use; ``DELETE /offer/{pc_id}`` ends a peer.
+No STUN or TURN (``iceServers`` empty), and ICE offers host candidates on the bound address
+only (aioice would otherwise announce every interface of the host).
+
+Limits: request bodies (413), SDP size and garbage SDP (400, with the parser's message), peers
+(503 past ``max_peers``), text per response. A host other than loopback needs a token: every
+endpoint then wants ``Authorization: Bearer TOKEN`` (401 otherwise).
+"""
+from __future__ import annotations
+
+import asyncio
+import hmac
+import ipaddress
+import json
+import logging
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from mstar_ros.webrtc.peer import VoicePeer
+
+log = logging.getLogger("mstar_ros.webrtc")
+
+
+@dataclass(frozen=True)
+class GatewayLimits:
+    max_peers: int = 8
+    max_body_bytes: int = 64 * 1024
+    max_sdp_bytes: int = 32 * 1024
+    max_text_chars: int = 2000
+
+
+def is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def bind_ice_to(host: str) -> None:
+    """ICE host candidates on ``host`` only (aioice gathers every interface's address)."""
+    import aioice.ice
+
+    aioice.ice.get_host_addresses = lambda use_ipv4, use_ipv6: [host]
+
+
+class VoiceGateway:
+    def __init__(self, model, conductor, *, host: str = "127.0.0.1", token: str | None = None,
+                 limits: GatewayLimits | None = None) -> None:
+        if not is_loopback(host) and not token:
+            raise ValueError(f"--host {host} is not loopback: give --token (every endpoint then needs it)")
+        self.model, self.conductor, self.host, self.token = model, conductor, host, token
+        self.limits = limits or GatewayLimits()
+        self.peers: dict[str, VoicePeer] = {}
+        bind_ice_to("127.0.0.1" if host in ("localhost", "0.0.0.0") else host)
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=self.limits.max_body_bytes, middlewares=[self._auth])
+        app.router.add_post("/offer", self.offer)
+        app.router.add_delete("/offer/{pc_id}", self.delete)
+        app.on_shutdown.append(self._close_all)
+        return app
+
+    @web.middleware
+    async def _auth(self, request: web.Request, handler):
+        if self.token:
+            given = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
+            if not hmac.compare_digest(given.encode(), self.token.encode()):
+                raise web.HTTPUnauthorized(text="a Bearer token is required")
+        return await handler(request)
+
+    async def offer(self, request: web.Request) -> web.Response:
+        from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
+
+        if request.content_length is not None and request.content_length > self.limits.max_body_bytes:
+            raise web.HTTPRequestEntityTooLarge(max_size=self.limits.max_body_bytes,
+                                                actual_size=request.content_length)
+        try:
+            body = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise web.HTTPBadRequest(text="the body must be JSON: {\"sdp\": ..., \"type\": \"offer\"}") from None
+        if not isinstance(body, dict) or body.get("type") != "offer" or not isinstance(body.get("sdp"), str):
+            raise web.HTTPBadRequest(text="expected {\"sdp\": \"...\", \"type\": \"offer\"}")
+        if len(body["sdp"]) > self.limits.max_sdp_bytes:
+            raise web.HTTPBadRequest(text=f"SDP of {len(body['sdp'])} bytes is over the {self.limits.max_sdp_bytes} limit")
+        if len(self.peers) >= self.limits.max_peers:
+            raise web.HTTPServiceUnavailable(text=f"{self.limits.max_peers} peers are connected (the limit)")
+        pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+        peer = VoicePeer(pc, self.model, self.conductor, max_text_chars=self.limits.max_text_chars)
+        self.peers[peer.id] = peer
+
+        @pc.on("connectionstatechange")
+        async def on_state() -> None:
+            if pc.connectionState in ("failed", "closed"):
+                await self._drop(peer.id)
+
+        try:
+            await pc.setRemoteDescription(RTCSessionDescription(sdp=body["sdp"], type="offer"))
+            await pc.setLocalDescription(await pc.createAnswer())
+        except Exception as exc:  # aiortc raises ValueError / others on SDP it cannot take
+            await self._drop(peer.id)
+            raise web.HTTPBadRequest(text=f"cannot take this SDP offer: {type(exc).__name__}: {exc}") from None
+        log.info("peer %s connected (%d of %d)", peer.id, len(self.peers), self.limits.max_peers)
+        return web.json_response({"sdp": pc.localDescription.sdp, "type": pc.localDescription.type, "pc_id": peer.id})
+
+    async def delete(self, request: web.Request) -> web.Response:
+        pc_id = request.match_info["pc_id"]
+        if pc_id not in self.peers:
+            raise web.HTTPNotFound(text=f"no peer {pc_id}")
+        await self._drop(pc_id)
+        return web.Response(status=204)
+
+    async def _drop(self, pc_id: str) -> None:
+        peer = self.peers.pop(pc_id, None)
+        if peer is not None:
+            await peer.close()
+            log.info("peer %s gone (%d left)", pc_id, len(self.peers))
+
+    async def _close_all(self, _app) -> None:
+        await asyncio.gather(*(self._drop(pc_id) for pc_id in list(self.peers)))

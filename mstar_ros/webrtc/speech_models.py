@@ -1,0 +1,26 @@
+"""Speech models the gateway can serve, by name: entry points of group ``mstar.speech_models``.
+
+A speech model (graph side) has ``load(weights, ...)``, ``graph()``, ``modules()``,
+``request(text, voice=..., sampling=..., request_id=..., outputs=...)`` and says which graph
+output carries its audio (``audio_output``) at which ``sample_rate``: the gateway needs nothing else,
+so it has no per-model code.
+"""
+from __future__ import annotations
+
+from importlib.metadata import entry_points
+
+
+def speech_model_names() -> list[str]:
+    return sorted(ep.name for ep in entry_points(group="mstar.speech_models"))
+
+
+def load_speech_model(name: str, weights: str | None = None, **kwargs):
+    found = [ep for ep in entry_points(group="mstar.speech_models") if ep.name == name]
+    if not found:
+        raise ValueError(f"no speech model {name!r} (installed: {', '.join(speech_model_names()) or 'none'})")
+    cls = found[0].load()
+    model = cls.load(weights, **kwargs)
+    for attr in ("audio_output", "sample_rate", "graph", "modules", "request"):
+        if not hasattr(model, attr):
+            raise TypeError(f"speech model {name!r} lacks {attr!r}")
+    return model

@@ -1,0 +1,177 @@
+"""The voice gateway with real aiortc peers on loopback: signalling, audio out, events, barge-in, limits."""
+from __future__ import annotations
+
+import asyncio
+import json
+
+import numpy as np
+import pytest
+from aiohttp import ClientSession, web
+from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
+
+from mstar.conductor import Conductor
+from mstar_ros.webrtc.server import GatewayLimits, VoiceGateway
+from mstar_ros.webrtc.speech_models import load_speech_model
+
+
+@pytest.fixture(scope="module")
+def orpheus():
+    return load_speech_model("orpheus", progress=False)
+
+
+class Client:
+    """A WebRTC peer as a browser is one: a data channel for events, an audio track received."""
+
+    def __init__(self) -> None:
+        self.pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+        self.channel = self.pc.createDataChannel("oai-events")
+        self.events: list[dict] = []
+        self.opened = asyncio.Event()
+        self.frames: list[np.ndarray] = []
+        self.pc.addTransceiver("audio", direction="recvonly")
+        self.channel.on("open", self.opened.set)
+        self.channel.on("message", lambda m: self.events.append(json.loads(m)))
+        self.pc.on("track", self._on_track)
+        self._reader: asyncio.Task | None = None
+
+    def _on_track(self, track) -> None:
+        async def read() -> None:
+            while True:
+                frame = await track.recv()
+                self.frames.append(frame.to_ndarray().reshape(-1))
+        self._reader = asyncio.ensure_future(read())
+
+    async def connect(self, http: ClientSession, url: str) -> dict:
+        await self.pc.setLocalDescription(await self.pc.createOffer())
+        async with http.post(f"{url}/offer", json={"sdp": self.pc.localDescription.sdp, "type": "offer"}) as r:
+            assert r.status == 200, await r.text()
+            answer = await r.json()
+        await self.pc.setRemoteDescription(RTCSessionDescription(sdp=answer["sdp"], type=answer["type"]))
+        await asyncio.wait_for(self.opened.wait(), 20)
+        return answer
+
+    def send(self, **event) -> None:
+        self.channel.send(json.dumps(event))
+
+    def types(self) -> list[str]:
+        return [e["type"] for e in self.events]
+
+    async def until(self, predicate, timeout: float, what: str) -> None:
+        for _ in range(int(timeout / 0.02)):
+            if predicate():
+                return
+            await asyncio.sleep(0.02)
+        raise AssertionError(f"timed out waiting for {what}; events {self.types()}")
+
+    def loud_frames(self) -> int:
+        return sum(int(np.abs(f).max() > 0) for f in self.frames)
+
+    async def close(self) -> None:
+        if self._reader is not None:
+            self._reader.cancel()
+        await self.pc.close()
+
+
+async def _serve(gateway: VoiceGateway):
+    runner = web.AppRunner(gateway.app())
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]
+    return runner, f"http://127.0.0.1:{port}"
+
+
+def test_a_peer_hears_the_response_and_gets_its_events_then_barges_in(orpheus):
+    async def main():
+        async with Conductor(orpheus.graph(), orpheus.modules()) as c:
+            idle_blocks = c.kv_blocks_used()
+            gateway = VoiceGateway(orpheus, c)
+            runner, url = await _serve(gateway)
+            client = Client()
+            try:
+                async with ClientSession() as http:
+                    answer = await client.connect(http, url)
+                    assert answer["type"] == "answer" and answer["pc_id"] in gateway.peers
+                    await client.until(lambda: "session.created" in client.types(), 10, "session.created")
+                    client.send(type="response.create", response={"instructions": "Hello there, how are you?"})
+                    await client.until(lambda: "response.done" in client.types(), 60, "response.done")
+                    heard = client.loud_frames()
+                    peer = gateway.peers[answer["pc_id"]]
+                    # barge-in: a long response, cancelled once audio flows
+                    client.send(type="response.create", text="This is a long sentence that goes on " * 6)
+                    await client.until(lambda: peer.track.frames_with_audio > heard + 5, 60, "the second response's audio")
+                    client.send(type="response.cancel")
+                    await client.until(lambda: client.types().count("response.done") == 2, 10, "the cancelled response.done")
+                    await asyncio.sleep(0.2)
+                    after_cancel = peer.track.frames_with_audio
+                    await asyncio.sleep(0.3)
+                    blocks = c.kv_blocks_used()
+                    client.send(type="bogus.event")
+                    await client.until(lambda: "error" in client.types(), 5, "an error event")
+                    return client.events, heard, after_cancel, peer.track.frames_with_audio, blocks, idle_blocks, peer
+            finally:
+                await client.close()
+                await runner.cleanup()
+
+    events, heard, after_cancel, later, blocks, idle_blocks, peer = asyncio.run(main())
+    types = [e["type"] for e in events]
+    assert types[0] == "session.created"
+    first = types.index("response.done")
+    assert types[:first + 1] == ["session.created", "response.created", "response.output_audio_transcript.delta",
+                                 "response.output_audio.done", "response.done"]
+    assert events[first]["response"]["status"] == "completed"
+    assert heard > 10  # tens of 20 ms frames of (random-weight) audio reached the peer, decoded from Opus
+    done = [e for e in events if e["type"] == "response.done"]
+    assert done[1]["response"]["status"] == "cancelled"
+    assert later == after_cancel  # no audio after the cancel: queued audio dropped
+    assert blocks == idle_blocks  # the cancelled request's KV was freed
+    assert "unknown event type 'bogus.event'" in events[-1]["error"]["message"]
+    assert peer.ttfa_ms and peer.ttfa_ms[0] > 0
+
+
+def test_signalling_refuses_garbage_oversized_unauthorised_and_too_many_peers(orpheus):
+    async def main():
+        async with Conductor(orpheus.graph(), orpheus.modules()) as c:
+            out = {}
+            gateway = VoiceGateway(orpheus, c, limits=GatewayLimits(max_peers=1, max_body_bytes=4096))
+            runner, url = await _serve(gateway)
+            client = Client()
+            try:
+                async with ClientSession() as http:
+                    async with http.post(f"{url}/offer", json={"sdp": "v=0 garbage", "type": "offer"}) as r:
+                        out["garbage"] = (r.status, await r.text())
+                    async with http.post(f"{url}/offer", data=b"x" * 10000) as r:
+                        out["big"] = r.status
+                    async with http.post(f"{url}/offer", data=b"not json") as r:
+                        out["not_json"] = (r.status, await r.text())
+                    assert not gateway.peers  # a refused offer leaves no peer behind
+                    await client.connect(http, url)
+                    second = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+                    second.createDataChannel("x")
+                    await second.setLocalDescription(await second.createOffer())
+                    async with http.post(f"{url}/offer", json={"sdp": second.localDescription.sdp, "type": "offer"}) as r:
+                        out["full"] = (r.status, await r.text())
+                    await second.close()
+            finally:
+                await client.close()
+                await runner.cleanup()
+            secured = VoiceGateway(orpheus, c, host="127.0.0.1", token="s3cret")
+            runner, url = await _serve(secured)
+            try:
+                async with ClientSession() as http:
+                    async with http.post(f"{url}/offer", json={}) as r:
+                        out["no_token"] = r.status
+                    async with http.post(f"{url}/offer", json={}, headers={"Authorization": "Bearer s3cret"}) as r:
+                        out["token"] = r.status
+            finally:
+                await runner.cleanup()
+            return out
+
+    out = asyncio.run(main())
+    assert out["garbage"][0] == 400 and "cannot take this SDP offer" in out["garbage"][1]
+    assert out["big"] == 413
+    assert out["not_json"][0] == 400 and "must be JSON" in out["not_json"][1]
+    assert out["full"][0] == 503 and "1 peers are connected" in out["full"][1]
+    assert out["no_token"] == 401 and out["token"] == 400  # authorised, then refused for its (empty) body
+    with pytest.raises(ValueError, match="give --token"):
+        VoiceGateway(orpheus, None, host="0.0.0.0")
