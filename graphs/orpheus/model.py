@@ -50,6 +50,7 @@ class OrpheusTTS:
 
     audio_output = "audio"     # the graph output carrying float PCM chunks
     sample_rate = SAMPLE_RATE
+    default_sampling = DEFAULT_SAMPLING
 
     paths: OrpheusPaths
     llm: OrpheusLLM

@@ -16,7 +16,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     "peer. On the peer's data channel, response.create with text is spoken: the graph's audio "
                     "chunks go to the peer's audio track as 48 kHz Opus in 20 ms frames, paced by a clock; "
                     "response.cancel stops it and frees the request's KV. Events are named as the OpenAI "
-                    "Realtime API names them. No STUN/TURN; ICE host candidates on the bound address only.")
+                    "Realtime API names them. No STUN/TURN; ICE host candidates on the bound address only. "
+                    "Also OpenAI-compatible POST /v1/audio/speech (streamed wav / pcm, or sse) and GET /v1/models.")
     v.add_argument("--model", default="orpheus", help="speech model (default orpheus)")
     v.add_argument("--weights", help="checkpoint directory (default: the generated tiny one, RANDOM weights)")
     v.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; others need --token)")
@@ -42,7 +43,7 @@ def _run_voice(args: argparse.Namespace) -> int:
     async def main() -> None:
         async with Conductor(model.graph(), model.modules()) as conductor:
             gateway = VoiceGateway(model, conductor, host=args.host, token=args.token,
-                                   limits=GatewayLimits(max_peers=args.max_peers))
+                                   limits=GatewayLimits(max_peers=args.max_peers), model_name=args.model)
             runner = web.AppRunner(gateway.app())
             await runner.setup()
             await web.TCPSite(runner, args.host, args.port).start()

@@ -14,7 +14,6 @@ import time
 import uuid
 
 from mstar.conductor.request import RequestCancelled, RequestError, UnknownRequest
-from mstar.engine.sampling_params import SamplingParams
 from mstar_ros.webrtc.audio_out import PacedAudioTrack
 from mstar_ros.webrtc.events import EventError, parse_client_event, response_text, server_event
 
@@ -76,7 +75,7 @@ class VoicePeer:
         self.responses += 1
         audio_port = self.model.audio_output
         try:
-            request = self.model.request(text, voice=voice, sampling=SamplingParams(),
+            request = self.model.request(text, voice=voice, sampling=None,  # the model's own defaults
                                          request_id=rid, outputs=frozenset({audio_port}))
         except ValueError as exc:
             self.response_id = None

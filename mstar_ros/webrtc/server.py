@@ -1,6 +1,6 @@
 """The voice gateway's HTTP side (aiohttp): signalling, limits, authentication.
 
-``POST /offer`` takes ``{"sdp", "type": "offer"}`` (JSON) and answers ``{"sdp", "type": "answer",
+``/v1/audio/speech`` and ``/v1/models``: mstar_ros.webrtc.openai_http. ``POST /offer`` takes ``{"sdp", "type": "offer"}`` (JSON) and answers ``{"sdp", "type": "answer",
 "pc_id"}``, the shape pipecat's SmallWebRTC clients use; ``DELETE /offer/{pc_id}`` ends a peer.
 No STUN or TURN (``iceServers`` empty), and ICE offers host candidates on the bound address
 only (aioice would otherwise announce every interface of the host).
@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
+from mstar_ros.webrtc.openai_http import OpenAISpeech
 from mstar_ros.webrtc.peer import VoicePeer
 
 log = logging.getLogger("mstar_ros.webrtc")
@@ -49,18 +50,20 @@ def bind_ice_to(host: str) -> None:
 
 class VoiceGateway:
     def __init__(self, model, conductor, *, host: str = "127.0.0.1", token: str | None = None,
-                 limits: GatewayLimits | None = None) -> None:
+                 limits: GatewayLimits | None = None, model_name: str = "orpheus") -> None:
         if not is_loopback(host) and not token:
             raise ValueError(f"--host {host} is not loopback: give --token (every endpoint then needs it)")
         self.model, self.conductor, self.host, self.token = model, conductor, host, token
         self.limits = limits or GatewayLimits()
         self.peers: dict[str, VoicePeer] = {}
+        self.model_name = model_name
         bind_ice_to("127.0.0.1" if host in ("localhost", "0.0.0.0") else host)
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=self.limits.max_body_bytes, middlewares=[self._auth])
         app.router.add_post("/offer", self.offer)
         app.router.add_delete("/offer/{pc_id}", self.delete)
+        OpenAISpeech(self.model, self.conductor, self.model_name, self.limits.max_text_chars).add_routes(app)
         app.on_shutdown.append(self._close_all)
         return app
 

@@ -175,3 +175,80 @@ def test_signalling_refuses_garbage_oversized_unauthorised_and_too_many_peers(or
     assert out["no_token"] == 401 and out["token"] == 400  # authorised, then refused for its (empty) body
     with pytest.raises(ValueError, match="give --token"):
         VoiceGateway(orpheus, None, host="0.0.0.0")
+
+
+def test_v1_audio_speech_streams_the_same_audio_as_mstar_ros_tts(orpheus, tmp_path):
+    import base64
+    import subprocess
+    import sys
+    import time
+    import wave
+
+    text, seed = "Streaming speech, chunk by chunk.", 7
+    out = tmp_path / "tts.wav"
+    run = subprocess.run([sys.executable, "-m", "mstar_ros.cli", "-q", "tts", "--text", text, "--out", str(out),
+                          "--seed", str(seed), "--max-tokens", "280"], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    with wave.open(str(out)) as w:
+        reference = w.readframes(w.getnframes())
+
+    async def main():
+        async with Conductor(orpheus.graph(), orpheus.modules()) as c:
+            idle = c.kv_blocks_used()
+            runner, url = await _serve(VoiceGateway(orpheus, c))
+            got = {}
+            try:
+                async with ClientSession() as http:
+                    async with http.get(f"{url}/v1/models") as r:
+                        got["models"] = await r.json()
+                    arrivals, pcm = [], b""
+                    started = time.monotonic()
+                    async with http.post(f"{url}/v1/audio/speech", json={"input": text, "response_format": "pcm",
+                                                                          "seed": seed, "max_tokens": 280}) as r:
+                        got["type"] = r.headers["Content-Type"]
+                        async for chunk in r.content.iter_any():
+                            arrivals.append(time.monotonic() - started)
+                            pcm += chunk
+                    got["pcm"], got["arrivals"] = pcm, arrivals
+                    async with http.post(f"{url}/v1/audio/speech", json={"input": text, "response_format": "wav",
+                                                                          "seed": seed, "max_tokens": 280}) as r:
+                        got["wav"] = await r.read()
+                    async with http.post(f"{url}/v1/audio/speech", json={"input": text, "stream_format": "sse",
+                                                                          "response_format": "pcm", "seed": seed, "max_tokens": 280}) as r:
+                        events = [json.loads(line[6:]) for line in (await r.text()).splitlines() if line.startswith("data: ")]
+                    got["sse"] = b"".join(base64.b64decode(e["audio"]) for e in events if e["type"] == "speech.audio.delta")
+                    got["sse_last"] = events[-1]["type"]
+                    async with http.post(f"{url}/v1/audio/speech", json={"input": ""}) as r:
+                        got["empty"] = (r.status, (await r.json())["error"]["message"])
+                    # a client that leaves mid-stream: its request is cancelled and its KV freed
+                    async with http.post(f"{url}/v1/audio/speech", json={"input": "A long one. " * 20}) as r:
+                        await r.content.read(2000)
+                    for _ in range(100):
+                        if c.kv_blocks_used() == idle and c.in_flight == 0:
+                            break
+                        await asyncio.sleep(0.02)
+                    got["left"] = (c.kv_blocks_used(), idle, c.in_flight)
+            finally:
+                await runner.cleanup()
+            return got
+
+    got = asyncio.run(main())
+
+    def same_audio(a: bytes, b: bytes) -> bool:
+        """Equal samples, up to 1 LSB where float sums (two processes, or batches of other sizes) round a
+        half differently."""
+        x, y = np.frombuffer(a, dtype=np.int16).astype(int), np.frombuffer(b, dtype=np.int16).astype(int)
+        assert len(x) == len(y) > 0, (len(x), len(y))
+        diff = np.abs(x - y)
+        assert diff.max() <= 1 and (diff == 0).mean() > 0.999, (int(diff.max()), float((diff == 0).mean()))
+        return True
+
+    assert got["models"]["data"][0]["id"] == "orpheus"
+    assert got["type"] == "audio/pcm"
+    assert same_audio(got["pcm"], reference)  # the same request and seed: the samples of `mstar-ros tts`
+    assert len(got["arrivals"]) > 1 and got["arrivals"][0] < got["arrivals"][-1] - 0.05  # streamed, not whole
+    assert got["wav"][:4] == b"RIFF" and same_audio(got["wav"][44:], reference)
+    assert same_audio(got["sse"], reference) and got["sse_last"] == "speech.audio.done"
+    assert got["empty"][0] == 400 and "empty" in got["empty"][1]
+    blocks, idle, in_flight = got["left"]
+    assert blocks == idle and in_flight == 0
