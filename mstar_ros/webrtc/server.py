@@ -2,6 +2,8 @@
 
 ``/v1/audio/speech`` and ``/v1/models``: mstar_ros.webrtc.openai_http. ``POST /offer`` takes ``{"sdp", "type": "offer"}`` (JSON) and answers ``{"sdp", "type": "answer",
 "pc_id"}``, the shape pipecat's SmallWebRTC clients use; ``DELETE /offer/{pc_id}`` ends a peer.
+WHIP: ``POST /whip`` with ``application/sdp`` answers ``201 Created``, the SDP and a ``Location``
+to ``DELETE`` at the end.
 No STUN or TURN (``iceServers`` empty), and ICE offers host candidates on the bound address
 only (aioice would otherwise announce every interface of the host).
 
@@ -63,6 +65,8 @@ class VoiceGateway:
         app = web.Application(client_max_size=self.limits.max_body_bytes, middlewares=[self._auth])
         app.router.add_post("/offer", self.offer)
         app.router.add_delete("/offer/{pc_id}", self.delete)
+        app.router.add_post("/whip", self.whip)
+        app.router.add_delete("/whip/{pc_id}", self.delete)
         OpenAISpeech(self.model, self.conductor, self.model_name, self.limits.max_text_chars).add_routes(app)
         app.on_shutdown.append(self._close_all)
         return app
@@ -76,19 +80,40 @@ class VoiceGateway:
         return await handler(request)
 
     async def offer(self, request: web.Request) -> web.Response:
-        from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
-
-        if request.content_length is not None and request.content_length > self.limits.max_body_bytes:
-            raise web.HTTPRequestEntityTooLarge(max_size=self.limits.max_body_bytes,
-                                                actual_size=request.content_length)
+        self._check_length(request)
         try:
             body = await request.json()
         except (json.JSONDecodeError, UnicodeDecodeError):
             raise web.HTTPBadRequest(text="the body must be JSON: {\"sdp\": ..., \"type\": \"offer\"}") from None
         if not isinstance(body, dict) or body.get("type") != "offer" or not isinstance(body.get("sdp"), str):
             raise web.HTTPBadRequest(text="expected {\"sdp\": \"...\", \"type\": \"offer\"}")
-        if len(body["sdp"]) > self.limits.max_sdp_bytes:
-            raise web.HTTPBadRequest(text=f"SDP of {len(body['sdp'])} bytes is over the {self.limits.max_sdp_bytes} limit")
+        peer = await self._new_peer(body["sdp"])
+        local = peer.pc.localDescription
+        return web.json_response({"sdp": local.sdp, "type": local.type, "pc_id": peer.id})
+
+    async def whip(self, request: web.Request) -> web.Response:
+        """WHIP: the offer as ``application/sdp``; 201 Created with the answer and the peer's Location."""
+        self._check_length(request)
+        if request.content_type != "application/sdp":
+            raise web.HTTPUnsupportedMediaType(text="WHIP takes the offer as application/sdp")
+        try:
+            sdp = (await request.read()).decode()
+        except UnicodeDecodeError:
+            raise web.HTTPBadRequest(text="the SDP offer is not UTF-8") from None
+        peer = await self._new_peer(sdp)
+        return web.Response(status=201, text=peer.pc.localDescription.sdp, content_type="application/sdp",
+                            headers={"Location": f"/whip/{peer.id}"})
+
+    def _check_length(self, request: web.Request) -> None:
+        if request.content_length is not None and request.content_length > self.limits.max_body_bytes:
+            raise web.HTTPRequestEntityTooLarge(max_size=self.limits.max_body_bytes,
+                                                actual_size=request.content_length)
+
+    async def _new_peer(self, sdp: str) -> VoicePeer:
+        from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
+
+        if len(sdp) > self.limits.max_sdp_bytes:
+            raise web.HTTPBadRequest(text=f"SDP of {len(sdp)} bytes is over the {self.limits.max_sdp_bytes} limit")
         if len(self.peers) >= self.limits.max_peers:
             raise web.HTTPServiceUnavailable(text=f"{self.limits.max_peers} peers are connected (the limit)")
         pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
@@ -101,13 +126,13 @@ class VoiceGateway:
                 await self._drop(peer.id)
 
         try:
-            await pc.setRemoteDescription(RTCSessionDescription(sdp=body["sdp"], type="offer"))
+            await pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type="offer"))
             await pc.setLocalDescription(await pc.createAnswer())
         except Exception as exc:  # aiortc raises ValueError / others on SDP it cannot take
             await self._drop(peer.id)
             raise web.HTTPBadRequest(text=f"cannot take this SDP offer: {type(exc).__name__}: {exc}") from None
         log.info("peer %s connected (%d of %d)", peer.id, len(self.peers), self.limits.max_peers)
-        return web.json_response({"sdp": pc.localDescription.sdp, "type": pc.localDescription.type, "pc_id": peer.id})
+        return peer
 
     async def delete(self, request: web.Request) -> web.Response:
         pc_id = request.match_info["pc_id"]
