@@ -34,6 +34,7 @@ class VoicePeer:
         self.responses = 0
         self.closed = False
         self.ttfa_ms: list[float] = []
+        self.last_activity = time.monotonic()  # an event from the peer, or audio going to it
         pc.addTrack(self.track)
 
         @pc.on("datachannel")
@@ -44,7 +45,12 @@ class VoicePeer:
 
             @channel.on("message")
             def on_message(message) -> None:
+                self.last_activity = time.monotonic()
                 asyncio.ensure_future(self.on_event(message))
+
+            @channel.on("close")
+            def on_close() -> None:  # the page went away: its response and KV go now
+                asyncio.ensure_future(self.close())
 
     def send(self, kind: str, **fields) -> None:
         if self.channel is not None and self.channel.readyState == "open":
@@ -122,6 +128,11 @@ class VoicePeer:
             except asyncio.CancelledError:
                 pass
         self.track.clear()
+
+    @property
+    def idle_s(self) -> float:
+        busy = self.response_id is not None or self.track.queued_ms > 0
+        return 0.0 if busy else time.monotonic() - self.last_activity
 
     async def close(self) -> None:
         if self.closed:

@@ -34,6 +34,7 @@ class GatewayLimits:
     max_body_bytes: int = 64 * 1024
     max_sdp_bytes: int = 32 * 1024
     max_text_chars: int = 2000
+    idle_timeout_s: float = 300.0  # a peer with no event and nothing playing for this long is dropped
 
 
 def is_loopback(host: str) -> bool:
@@ -68,6 +69,7 @@ class VoiceGateway:
         app.router.add_post("/whip", self.whip)
         app.router.add_delete("/whip/{pc_id}", self.delete)
         OpenAISpeech(self.model, self.conductor, self.model_name, self.limits.max_text_chars).add_routes(app)
+        app.on_startup.append(self._start_reaper)
         app.on_shutdown.append(self._close_all)
         return app
 
@@ -147,5 +149,20 @@ class VoiceGateway:
             await peer.close()
             log.info("peer %s gone (%d left)", pc_id, len(self.peers))
 
+    async def _start_reaper(self, _app) -> None:
+        self._reaper = asyncio.ensure_future(self._reap_idle())
+
+    async def _reap_idle(self) -> None:
+        while True:
+            await asyncio.sleep(min(1.0, self.limits.idle_timeout_s / 4))
+            for pc_id, peer in list(self.peers.items()):
+                if peer.closed or peer.idle_s > self.limits.idle_timeout_s:
+                    log.info("peer %s: %s", pc_id, "closed" if peer.closed else
+                             f"idle for {peer.idle_s:.0f} s (idle_timeout_s {self.limits.idle_timeout_s:g})")
+                    await self._drop(pc_id)
+
     async def _close_all(self, _app) -> None:
+        reaper = getattr(self, "_reaper", None)
+        if reaper is not None:
+            reaper.cancel()
         await asyncio.gather(*(self._drop(pc_id) for pc_id in list(self.peers)))

@@ -287,3 +287,57 @@ def test_whip_answers_201_with_a_location_to_delete(orpheus):
     assert out["status"] == 201 and out["type"] == "application/sdp" and out["location"].startswith("/whip/")
     assert out["peers"] == 1 and out["wrong_type"] == 415
     assert out["deleted"] == 204 and out["peers_after"] == 0 and out["again"] == 404
+
+
+def test_a_peer_that_leaves_mid_response_is_cancelled_and_an_idle_one_times_out(orpheus):
+    async def main():
+        async with Conductor(orpheus.graph(), orpheus.modules()) as c:
+            idle_blocks = c.kv_blocks_used()
+            gateway = VoiceGateway(orpheus, c, limits=GatewayLimits(idle_timeout_s=1.0))
+            runner, url = await _serve(gateway)
+            leaving, staying, idle = Client(), Client(), Client()
+            out = {}
+            try:
+                async with ClientSession() as http:
+                    a = await leaving.connect(http, url)
+                    b = await staying.connect(http, url)
+                    peer_a, peer_b = gateway.peers[a["pc_id"]], gateway.peers[b["pc_id"]]
+                    leaving.send(type="response.create", text="A long answer that the peer will not wait for. " * 5)
+                    staying.send(type="response.create", text="A long answer that this peer hears. " * 3)
+                    await leaving.until(lambda: peer_a.track.frames_with_audio > 5, 60, "audio to the leaving peer")
+                    heard_b = peer_b.track.frames_with_audio
+                    await leaving.close()  # the page closes mid-response
+                    left_at = asyncio.get_running_loop().time()
+                    for _ in range(200):
+                        if a["pc_id"] not in gateway.peers:
+                            break
+                        await asyncio.sleep(0.01)
+                    out["gone_after_s"] = asyncio.get_running_loop().time() - left_at
+                    out["gone"] = a["pc_id"] not in gateway.peers
+                    await staying.until(lambda: peer_b.track.frames_with_audio > heard_b + 20, 60,
+                                        "the other peer to keep streaming")
+                    await staying.until(lambda: "response.done" in staying.types(), 120, "the other peer's response")
+                    out["b_status"] = [e for e in staying.events if e["type"] == "response.done"][0]["response"]["status"]
+                    await idle.connect(http, url)
+                    n = len(gateway.peers)
+                    for _ in range(100):  # the idle peers (both, now) time out after 1 s
+                        if not gateway.peers:
+                            break
+                        await asyncio.sleep(0.05)
+                    out["idle"] = (n, len(gateway.peers))
+                    for _ in range(100):
+                        if c.kv_blocks_used() == idle_blocks:
+                            break
+                        await asyncio.sleep(0.02)
+                    out["blocks"] = (c.kv_blocks_used(), idle_blocks)
+            finally:
+                for client in (staying, idle):
+                    await client.close()
+                await runner.cleanup()
+            return out
+
+    out = asyncio.run(main())
+    assert out["gone"] and out["gone_after_s"] < 2.0, out
+    assert out["b_status"] == "completed"
+    assert out["idle"] == (2, 0)
+    assert out["blocks"][0] == out["blocks"][1]
