@@ -67,6 +67,7 @@ setup(
     version="0.1.0",
     packages=_packages(),
     package_dir=PACKAGE_DIRS,
+    package_data={"mstar_ros": ["webrtc/static/*.html"]},  # the voice page the gateway serves at /
     # ament_python layout: `ros2 launch mstar_ros pi05.launch.py` finds launch files and
     # config under <prefix>/share/mstar_ros, the package through the ament resource index
     data_files=[
@@ -104,7 +105,8 @@ setup(
         "bench": ["matplotlib>=3.7", "transformers>=5.0,<6", "snac==1.2.1"],
         # setuptools: the install-layout test builds this package with --no-build-isolation (bdist_wheel
         # is part of setuptools since 70.1)
-        "test": ["pytest>=8", "pytest-timeout>=2", "transformers>=5.0,<6", "snac==1.2.1", "matplotlib>=3.7",
+        # playwright drives Debian's chromium (make test installs it; never a downloaded browser)
+        "test": ["pytest>=8", "pytest-timeout>=2", "playwright==1.65.2", "transformers>=5.0,<6", "snac==1.2.1", "matplotlib>=3.7",
                  "setuptools>=70.1"],
     },
     # console scripts: with pip in bin/ and, as launchers, in lib/mstar_ros/ (install_data above);

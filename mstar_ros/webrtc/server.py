@@ -19,6 +19,7 @@ import ipaddress
 import json
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 
 from aiohttp import web
 
@@ -26,6 +27,7 @@ from mstar_ros.webrtc.openai_http import OpenAISpeech
 from mstar_ros.webrtc.peer import VoicePeer
 
 log = logging.getLogger("mstar_ros.webrtc")
+PAGE = Path(__file__).with_name("static") / "index.html"
 
 
 @dataclass(frozen=True)
@@ -64,6 +66,7 @@ class VoiceGateway:
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=self.limits.max_body_bytes, middlewares=[self._auth])
+        app.router.add_get("/", self.page)
         app.router.add_post("/offer", self.offer)
         app.router.add_delete("/offer/{pc_id}", self.delete)
         app.router.add_post("/whip", self.whip)
@@ -73,9 +76,12 @@ class VoiceGateway:
         app.on_shutdown.append(self._close_all)
         return app
 
+    async def page(self, _request: web.Request) -> web.Response:
+        return web.Response(text=PAGE.read_text(), content_type="text/html")
+
     @web.middleware
     async def _auth(self, request: web.Request, handler):
-        if self.token:
+        if self.token and request.path != "/":  # the page itself holds no secret; it reads the token from #token=
             given = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
             if not hmac.compare_digest(given.encode(), self.token.encode()):
                 raise web.HTTPUnauthorized(text="a Bearer token is required")

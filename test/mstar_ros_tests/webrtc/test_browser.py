@@ -1,0 +1,98 @@
+"""A real headless Chromium (Debian's, driven by playwright) on the gateway's page: it connects, speaks a
+typed text, hears the audio (inbound RTP and an AnalyserNode level), gets the events, and interrupts."""
+from __future__ import annotations
+
+import asyncio
+import shutil
+
+import pytest
+from aiohttp import web
+
+from mstar.conductor import Conductor
+from mstar_ros.webrtc.server import VoiceGateway
+from mstar_ros.webrtc.speech_models import load_speech_model
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+ARGS = ["--use-fake-ui-for-media-stream", "--use-fake-device-for-media-stream",
+        "--autoplay-policy=no-user-gesture-required", "--no-sandbox",
+        "--allow-loopback-in-peer-connection"]  # the loopback-only namespace has no other interface
+
+
+@pytest.fixture(scope="module")
+def orpheus():
+    return load_speech_model("orpheus", progress=False)
+
+
+async def _serve(gateway):
+    runner = web.AppRunner(gateway.app())
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    return runner, f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
+
+
+async def _open(browser, url: str):
+    page = await browser.new_page()
+    await page.goto(url)
+    await page.click("#connect")
+    await page.wait_for_function("window.mstarVoice.channel && window.mstarVoice.channel.readyState === 'open'",
+                                 timeout=30000)
+    return page
+
+
+async def _types(page) -> list[str]:
+    return await page.evaluate("window.mstarVoice.events.map(e => e.type)")
+
+
+@pytest.mark.timeout(240)
+def test_two_browsers_hear_their_responses_and_one_interrupts(orpheus):
+    from playwright.async_api import async_playwright
+
+    async def main():
+        async with Conductor(orpheus.graph(), orpheus.modules()) as c:
+            idle_blocks = c.kv_blocks_used()
+            gateway = VoiceGateway(orpheus, c)
+            runner, url = await _serve(gateway)
+            try:
+                async with async_playwright() as pw:
+                    browser = await pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=ARGS)
+                    one, two = await _open(browser, url), await _open(browser, url)
+                    assert len(gateway.peers) == 2
+                    await one.fill("#text", "Hello from the first browser.")
+                    await one.click("#speak")
+                    await two.fill("#text", "A much longer sentence for the second browser to hear. " * 4)
+                    await two.click("#speak")
+                    await one.wait_for_function(
+                        "window.mstarVoice.events.some(e => e.type === 'response.done')", timeout=120000)
+                    stats_one = await one.evaluate("window.mstarInboundStats()")
+                    level_one = await one.evaluate("window.mstarVoice.maxLevel")
+                    ttfa = await one.evaluate("window.mstarVoice.ttfaMs")
+                    transcript = await one.inner_text("#transcript")
+                    # the second browser interrupts once its audio plays
+                    await two.wait_for_function("window.mstarVoice.maxLevel > 0.001", timeout=60000)
+                    await two.click("#interrupt")
+                    await two.wait_for_function(
+                        "window.mstarVoice.events.some(e => e.type === 'response.done')", timeout=20000)
+                    done_two = await two.evaluate(
+                        "window.mstarVoice.events.filter(e => e.type === 'response.done')[0].response.status")
+                    await asyncio.sleep(0.5)
+                    blocks = c.kv_blocks_used()
+                    before = await two.evaluate("window.mstarInboundStats()")
+                    await asyncio.sleep(0.5)
+                    after = await two.evaluate("window.mstarInboundStats()")
+                    types_one = await _types(one)
+                    await browser.close()
+                    return (stats_one, level_one, ttfa, transcript, types_one, done_two, blocks, idle_blocks,
+                            before, after)
+            finally:
+                await runner.cleanup()
+
+    stats_one, level, ttfa, transcript, types, done_two, blocks, idle_blocks, before, after = asyncio.run(main())
+    assert stats_one["packetsReceived"] > 50 and stats_one["totalSamplesReceived"] > 48000 * 0.5, stats_one
+    assert level > 0.01  # an AnalyserNode heard the (random-weight) speech, not silence
+    assert ttfa is not None and ttfa > 0
+    assert transcript == "Hello from the first browser."
+    assert types[:5] == ["session.created", "response.created", "response.output_audio_transcript.delta",
+                         "response.output_audio.done", "response.done"], types
+    assert done_two == "cancelled" and blocks == idle_blocks
+    assert after["packetsReceived"] > before["packetsReceived"]  # the track goes on (silence), paced
