@@ -6,11 +6,10 @@ import asyncio
 import shutil
 
 import pytest
-from aiohttp import web
 
 from mstar.conductor import Conductor
+from support.webrtc_gateway import serve_gateway
 from mstar_ros.webrtc.server import VoiceGateway
-from mstar_ros.webrtc.speech_models import load_speech_model
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 ARGS = ["--use-fake-ui-for-media-stream", "--use-fake-device-for-media-stream",
@@ -18,17 +17,6 @@ ARGS = ["--use-fake-ui-for-media-stream", "--use-fake-device-for-media-stream",
         "--allow-loopback-in-peer-connection"]  # the loopback-only namespace has no other interface
 
 
-@pytest.fixture(scope="module")
-def orpheus():
-    return load_speech_model("orpheus", progress=False)
-
-
-async def _serve(gateway):
-    runner = web.AppRunner(gateway.app())
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    return runner, f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
 
 
 async def _open(browser, url: str):
@@ -52,7 +40,7 @@ def test_two_browsers_hear_their_responses_and_one_interrupts(orpheus):
         async with Conductor(orpheus.graph(), orpheus.modules()) as c:
             idle_blocks = c.kv_blocks_used()
             gateway = VoiceGateway(orpheus, c)
-            runner, url = await _serve(gateway)
+            runner, url = await serve_gateway(gateway)
             try:
                 async with async_playwright() as pw:
                     browser = await pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=ARGS)
@@ -62,19 +50,19 @@ def test_two_browsers_hear_their_responses_and_one_interrupts(orpheus):
                     await one.click("#speak")
                     await two.fill("#text", "A much longer sentence for the second browser to hear. " * 4)
                     await two.click("#speak")
-                    await one.wait_for_function(
-                        "window.mstarVoice.events.some(e => e.type === 'response.done')", timeout=120000)
-                    stats_one = await one.evaluate("window.mstarInboundStats()")
-                    level_one = await one.evaluate("window.mstarVoice.maxLevel")
-                    ttfa = await one.evaluate("window.mstarVoice.ttfaMs")
-                    transcript = await one.inner_text("#transcript")
-                    # the second browser interrupts once its audio plays
+                    # the second browser interrupts as soon as its audio plays (both utterances run ~14 s)
                     await two.wait_for_function("window.mstarVoice.maxLevel > 0.001", timeout=60000)
                     await two.click("#interrupt")
                     await two.wait_for_function(
                         "window.mstarVoice.events.some(e => e.type === 'response.done')", timeout=20000)
                     done_two = await two.evaluate(
                         "window.mstarVoice.events.filter(e => e.type === 'response.done')[0].response.status")
+                    await one.wait_for_function(
+                        "window.mstarVoice.events.some(e => e.type === 'response.done')", timeout=120000)
+                    stats_one = await one.evaluate("window.mstarInboundStats()")
+                    level_one = await one.evaluate("window.mstarVoice.maxLevel")
+                    ttfa = await one.evaluate("window.mstarVoice.ttfaMs")
+                    transcript = await one.inner_text("#transcript")
                     await asyncio.sleep(0.5)
                     blocks = c.kv_blocks_used()
                     before = await two.evaluate("window.mstarInboundStats()")

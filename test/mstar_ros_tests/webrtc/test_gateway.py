@@ -6,17 +6,14 @@ import json
 
 import numpy as np
 import pytest
-from aiohttp import ClientSession, web
+from aiohttp import ClientSession
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 
 from mstar.conductor import Conductor
+from support.webrtc_gateway import serve_gateway
 from mstar_ros.webrtc.server import GatewayLimits, VoiceGateway
-from mstar_ros.webrtc.speech_models import load_speech_model
 
 
-@pytest.fixture(scope="module")
-def orpheus():
-    return load_speech_model("orpheus", progress=False)
 
 
 class Client:
@@ -72,21 +69,12 @@ class Client:
         await self.pc.close()
 
 
-async def _serve(gateway: VoiceGateway):
-    runner = web.AppRunner(gateway.app())
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]
-    return runner, f"http://127.0.0.1:{port}"
-
-
 def test_a_peer_hears_the_response_and_gets_its_events_then_barges_in(orpheus):
     async def main():
         async with Conductor(orpheus.graph(), orpheus.modules()) as c:
             idle_blocks = c.kv_blocks_used()
             gateway = VoiceGateway(orpheus, c)
-            runner, url = await _serve(gateway)
+            runner, url = await serve_gateway(gateway)
             client = Client()
             try:
                 async with ClientSession() as http:
@@ -134,7 +122,7 @@ def test_signalling_refuses_garbage_oversized_unauthorised_and_too_many_peers(or
         async with Conductor(orpheus.graph(), orpheus.modules()) as c:
             out = {}
             gateway = VoiceGateway(orpheus, c, limits=GatewayLimits(max_peers=1, max_body_bytes=4096))
-            runner, url = await _serve(gateway)
+            runner, url = await serve_gateway(gateway)
             client = Client()
             try:
                 async with ClientSession() as http:
@@ -156,7 +144,7 @@ def test_signalling_refuses_garbage_oversized_unauthorised_and_too_many_peers(or
                 await client.close()
                 await runner.cleanup()
             secured = VoiceGateway(orpheus, c, host="127.0.0.1", token="s3cret")
-            runner, url = await _serve(secured)
+            runner, url = await serve_gateway(secured)
             try:
                 async with ClientSession() as http:
                     async with http.post(f"{url}/offer", json={}) as r:
@@ -195,7 +183,7 @@ def test_v1_audio_speech_streams_the_same_audio_as_mstar_ros_tts(orpheus, tmp_pa
     async def main():
         async with Conductor(orpheus.graph(), orpheus.modules()) as c:
             idle = c.kv_blocks_used()
-            runner, url = await _serve(VoiceGateway(orpheus, c))
+            runner, url = await serve_gateway(VoiceGateway(orpheus, c))
             got = {}
             try:
                 async with ClientSession() as http:
@@ -258,7 +246,7 @@ def test_whip_answers_201_with_a_location_to_delete(orpheus):
     async def main():
         async with Conductor(orpheus.graph(), orpheus.modules()) as c:
             gateway = VoiceGateway(orpheus, c)
-            runner, url = await _serve(gateway)
+            runner, url = await serve_gateway(gateway)
             pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
             pc.addTransceiver("audio", direction="recvonly")
             out = {}
@@ -294,7 +282,7 @@ def test_a_peer_that_leaves_mid_response_is_cancelled_and_an_idle_one_times_out(
         async with Conductor(orpheus.graph(), orpheus.modules()) as c:
             idle_blocks = c.kv_blocks_used()
             gateway = VoiceGateway(orpheus, c, limits=GatewayLimits(idle_timeout_s=1.0))
-            runner, url = await _serve(gateway)
+            runner, url = await serve_gateway(gateway)
             leaving, staying, idle = Client(), Client(), Client()
             out = {}
             try:
