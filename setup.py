@@ -98,7 +98,8 @@ setup(
         "ros": ["ros-kilted-rclpy[fastrtps]==9.1.2", "ros-kilted-sensor-msgs==5.5.1", "ros-kilted-std-msgs==5.5.1",
                 "ros-kilted-geometry-msgs==5.5.1", "ros-kilted-trajectory-msgs==5.5.1",
                 "ros-kilted-diagnostic-msgs==5.5.1", "ros-kilted-nav-msgs==5.5.1", "rosbags==0.11.9"],
-        "webrtc": ["aiortc==1.16.0", "av==18.1.0", "aiohttp==3.14.5"],
+        # silero-vad: the voice activity detector of a peer's microphone (its wheel ships the model)
+        "webrtc": ["aiortc==1.16.0", "av==18.1.0", "aiohttp==3.14.5", "silero-vad==6.2.3"],
         "gpu": ["flashinfer-python==0.6.13", "flashinfer-cubin==0.6.13"],
         # optional cross-host tensor transport (CPU build; needs Debian libibverbs1)
         "mooncake": ["mooncake-transfer-engine-non-cuda==0.3.13.post1"],

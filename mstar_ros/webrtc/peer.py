@@ -4,7 +4,9 @@ Each peer has its own session in the runtime; every peer's requests batch in one
 ``response.create`` the text becomes the speech model's request; the graph's audio chunks go to
 the peer's track as they are decoded (mstar_ros.webrtc.audio_out), and the events go out on the
 data channel. ``response.cancel`` (or the peer leaving) cancels the request in the runtime: its
-KV blocks are freed and the queued audio is dropped, so the next turn starts clean.
+KV blocks are freed and the queued audio is dropped, so the next turn starts clean. The peer's
+microphone goes through a VAD (mstar_ros.webrtc.audio_in): ``input_audio_buffer.speech_started`` /
+``speech_stopped``, and speech over a response interrupts it (barge-in).
 """
 from __future__ import annotations
 
@@ -22,7 +24,8 @@ MAX_TEXT_CHARS = 2000
 
 
 class VoicePeer:
-    def __init__(self, pc, model, conductor, *, max_text_chars: int = MAX_TEXT_CHARS) -> None:
+    def __init__(self, pc, model, conductor, *, max_text_chars: int = MAX_TEXT_CHARS,
+                 silence_duration_ms: int = 500) -> None:
         self.pc, self.model, self.conductor = pc, model, conductor
         self.id = uuid.uuid4().hex[:12]
         self.session = f"webrtc:{self.id}"
@@ -35,7 +38,15 @@ class VoicePeer:
         self.closed = False
         self.ttfa_ms: list[float] = []
         self.last_activity = time.monotonic()  # an event from the peer, or audio going to it
+        self.silence_duration_ms = silence_duration_ms
+        self.speech_events = 0
+        self._listener: asyncio.Task | None = None
         pc.addTrack(self.track)
+
+        @pc.on("track")
+        def on_track(track) -> None:
+            if track.kind == "audio":  # the microphone
+                self._listener = asyncio.ensure_future(self._listen(track))
 
         @pc.on("datachannel")
         def on_datachannel(channel) -> None:
@@ -112,6 +123,28 @@ class VoicePeer:
                 self.response_id = None
             self.send("response.done", response={"id": rid, "status": status})
 
+    async def _listen(self, track) -> None:
+        """The peer's microphone through the VAD: speech events, and barge-in when it speaks over a response."""
+        from aiortc.mediastreams import MediaStreamError
+
+        from mstar_ros.webrtc.audio_in import SpeechDetector
+
+        detector = SpeechDetector(self.silence_duration_ms)
+        while not self.closed:
+            try:
+                frame = await track.recv()
+            except MediaStreamError:
+                return
+            for event in detector.feed(frame):
+                self.speech_events += 1
+                self.last_activity = time.monotonic()
+                if event.kind == "started":
+                    self.send("input_audio_buffer.speech_started", audio_start_ms=event.ms)
+                    if self.response_id is not None or self.track.queued_ms > 0:
+                        await self.cancel_response()  # barge-in: the user speaks over the response
+                else:
+                    self.send("input_audio_buffer.speech_stopped", audio_end_ms=event.ms)
+
     async def cancel_response(self) -> None:
         """Barge-in: the request is cancelled in the runtime (its KV freed) and queued audio dropped."""
         rid, task = self.response_id, self._task
@@ -138,6 +171,8 @@ class VoicePeer:
         if self.closed:
             return
         self.closed = True
+        if self._listener is not None:
+            self._listener.cancel()
         await self.cancel_response()
         self.conductor.close_session(self.session)
         self.track.stop()

@@ -84,3 +84,56 @@ def test_two_browsers_hear_their_responses_and_one_interrupts(orpheus):
                          "response.output_audio.done", "response.done"], types
     assert done_two == "cancelled" and blocks == idle_blocks
     assert after["packetsReceived"] > before["packetsReceived"]  # the track goes on (silence), paced
+
+
+@pytest.mark.timeout(180)
+def test_a_fake_microphone_speaking_over_the_response_interrupts_it(orpheus, tmp_path):
+    """Chromium's fake capture plays a WAV (silence, then espeak-ng speech) as the page's microphone."""
+    import subprocess
+    import wave
+
+    import numpy as np
+    from playwright.async_api import async_playwright
+
+    spoken = tmp_path / "spoken.wav"
+    subprocess.run(["espeak-ng", "-w", str(spoken), "Excuse me, stop talking please."], check=True)
+    with wave.open(str(spoken)) as w:
+        rate, speech = w.getframerate(), np.frombuffer(w.readframes(w.getnframes()), dtype=np.int16)
+    mic = tmp_path / "mic.wav"
+    with wave.open(str(mic), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes(np.concatenate([np.zeros(rate * 2, np.int16), speech, np.zeros(rate * 2, np.int16)]).tobytes())
+
+    async def main():
+        async with Conductor(orpheus.graph(), orpheus.modules()) as c:
+            idle = c.kv_blocks_used()
+            runner, url = await serve_gateway(VoiceGateway(orpheus, c))
+            try:
+                async with async_playwright() as pw:
+                    browser = await pw.chromium.launch(executable_path=CHROMIUM, headless=True,
+                                                       args=ARGS + [f"--use-file-for-fake-audio-capture={mic}"])
+                    page = await browser.new_page()
+                    await page.goto(url)
+                    await page.check("#mic")
+                    await page.click("#connect")
+                    await page.wait_for_function("window.mstarVoice.channel && "
+                                                 "window.mstarVoice.channel.readyState === 'open'", timeout=30000)
+                    await page.fill("#text", "A long answer that the user talks over. " * 4)
+                    await page.click("#speak")
+                    await page.wait_for_function(
+                        "window.mstarVoice.events.some(e => e.type === 'input_audio_buffer.speech_started') && "
+                        "window.mstarVoice.events.some(e => e.type === 'response.done')", timeout=60000)
+                    events = await page.evaluate("window.mstarVoice.events")
+                    await asyncio.sleep(0.3)
+                    await browser.close()
+                    return events, c.kv_blocks_used(), idle
+            finally:
+                await runner.cleanup()
+
+    events, blocks, idle = asyncio.run(main())
+    types = [e["type"] for e in events]
+    assert types.index("input_audio_buffer.speech_started") < types.index("response.done"), types
+    assert [e for e in events if e["type"] == "response.done"][0]["response"]["status"] == "cancelled"
+    assert blocks == idle
