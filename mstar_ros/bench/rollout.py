@@ -59,12 +59,13 @@ def episode_window(episode, start: int, needed: int):
     return episode.frames[idx], states, pose_delta(states[:-1], states[1:]).float()
 
 
-def _extend(latents: torch.Tensor, states: torch.Tensor, actions: torch.Tensor, session: str):
-    """A session's context: frames already encoded, each with the action taken at it
-    (``actions[0]`` would be a pending frame's: there is none yet)."""
+async def _open_session(c, latents: torch.Tensor, states: torch.Tensor, actions: torch.Tensor, session: str) -> None:
+    """A session's context from frames already encoded: ``latents`` [C + 1] and ``states`` [C + 1],
+    ``actions`` [C] taken at the first C frames; the last frame stays pending (its action is the
+    rollout's first). One extend call: ``actions[0]`` of the call is a pending frame's, none yet."""
     from mstar.conductor.request import Request
-    return Request({"latents": latents, "states": states, "actions": torch.cat([torch.zeros(1, 7), actions])},
-                   session_id=session, meta={"walk": "extend"})
+    await c.submit(Request({"latents": latents, "states": states, "actions": torch.cat([torch.zeros(1, 7), actions])},
+                           session_id=session, meta={"walk": "extend"})).collect()
 
 
 class _Systems:
@@ -108,12 +109,7 @@ async def _rollouts(sys: _Systems, episodes, opts: RolloutBenchOptions, bar) -> 
             frames, states, actions = episode_window(ep, 0, C + 1 + H)
             latents = sys.encode(frames[:C + 1])
             session = f"h{H}"
-            if C:
-                await c.submit(_extend(latents[:C], states[:C], actions[:C - 1], session)).collect()
-            # the start frame joins as the pending one: its action is the rollout's first
-            await c.submit(Request({"latents": latents[C:C + 1], "states": states[C:C + 1],
-                                    "actions": actions[C - 1:C] if C else torch.zeros(1, 7)},
-                                   session_id=session, meta={"walk": "extend"})).collect()
+            await _open_session(c, latents, states[:C + 1], actions[:C], session)
             roll = actions[C:C + H][None]
             ours, native = [], []
             got = want = None
@@ -155,10 +151,7 @@ async def _plans(sys: _Systems, episodes, opts: RolloutBenchOptions, bar) -> lis
         mean, std = initial_belief(Hp, params)
         async with Conductor(sys.graph, sys.modules, config=sys.config) as c:
             for r, (lat, st, act, _goal) in enumerate(robots):
-                if C:
-                    await c.submit(_extend(lat[:C], st[:C], act[:C - 1], f"r{r}")).collect()
-                await c.submit(Request({"latents": lat[C:], "states": st[C:], "actions": act[C - 1:C] if C
-                                        else torch.zeros(1, 7)}, session_id=f"r{r}", meta={"walk": "extend"})).collect()
+                await _open_session(c, lat, st, act, f"r{r}")
             ours, native, diffs = [], [], []
             for rep in range(opts.repeats):
                 t0 = time.perf_counter()

@@ -21,7 +21,6 @@ import logging
 import sys
 import time
 
-from mstar_ros.omp_defaults import apply_spin_default
 from mstar_ros.ros.ros_process import split_ros_args  # stdlib only: torch is not imported yet
 
 log = logging.getLogger("mstar_ros.node_set")
@@ -157,18 +156,9 @@ def print_summary(summary: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from mstar_ros.bag.ros_env import apply_localhost_defaults
+    from mstar_ros.ros.ros_process import node_process_main
 
-    apply_localhost_defaults()
-    apply_spin_default()  # before torch is imported: see mstar_ros.omp_defaults
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
-    args, ros_args = parse_args(sys.argv[1:] if argv is None else argv)
-    from mstar_ros.ros.ros_process import run_serving
-
-    status, summary = run_serving("mstar_pi05_node_set", serve(args, ros_args), args.summary_json)
-    if summary is not None:
-        print_summary(summary)
-    return status
+    return node_process_main("mstar_pi05_node_set", sys.argv[1:] if argv is None else argv, parse_args, serve, print_summary)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ import statistics
 import sys
 import time
 
-from mstar_ros.omp_defaults import apply_spin_default
 from mstar_ros.ros.ros_process import split_ros_args
 
 log = logging.getLogger("mstar_ros.vjepa2_node_set")
@@ -106,18 +105,9 @@ def print_summary(summary: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from mstar_ros.bag.ros_env import apply_localhost_defaults
+    from mstar_ros.ros.ros_process import node_process_main
 
-    apply_localhost_defaults()
-    apply_spin_default()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
-    args, ros_args = parse_args(sys.argv[1:] if argv is None else argv)
-    from mstar_ros.ros.ros_process import run_serving
-
-    status, summary = run_serving("mstar_vjepa2_node_set", serve(args, ros_args), args.summary_json)
-    if summary is not None:
-        print_summary(summary)
-    return status
+    return node_process_main("mstar_vjepa2_node_set", sys.argv[1:] if argv is None else argv, parse_args, serve, print_summary)
 
 
 if __name__ == "__main__":
