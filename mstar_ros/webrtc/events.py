@@ -3,7 +3,10 @@
 Server: ``session.created``, ``input_audio_buffer.speech_started`` / ``speech_stopped`` (with a
 microphone), ``response.created``, ``response.output_audio_transcript.delta``,
 ``response.output_audio.done``, ``response.done``, ``error``. Client: ``response.create`` (the text to
-speak in ``response.instructions``, or ``text``), ``response.cancel``, ``session.update``.
+speak in ``response.instructions``, or ``text``; ``response.voice`` and ``response.max_output_tokens``
+for this response only), ``response.cancel``, ``session.update`` (``voice``, ``max_output_tokens``,
+``turn_detection.silence_duration_ms``, and our extensions ``temperature``, ``top_p``,
+``repetition_penalty``, ``seed``: the sampling of the peer's later responses).
 Every client event is validated (msgspec); a bad one gets an ``error`` event naming the field.
 """
 from __future__ import annotations
@@ -29,6 +32,23 @@ def server_event(kind: str, **fields: Any) -> str:
 class ResponseSpec(msgspec.Struct, forbid_unknown_fields=False):
     instructions: str | None = None
     voice: str | None = None
+    max_output_tokens: int | None = None
+
+
+class TurnDetection(msgspec.Struct, forbid_unknown_fields=False):
+    type: str = "server_vad"
+    silence_duration_ms: int | None = None
+
+
+class SessionUpdate(msgspec.Struct, forbid_unknown_fields=False):
+    """What ``session.update`` may change; fields left out keep their value."""
+    voice: str | None = None
+    max_output_tokens: int | None = None
+    turn_detection: TurnDetection | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    repetition_penalty: float | None = None
+    seed: int | None = None
 
 
 class ClientEvent(msgspec.Struct, forbid_unknown_fields=False):
@@ -36,7 +56,7 @@ class ClientEvent(msgspec.Struct, forbid_unknown_fields=False):
     event_id: str | None = None
     response: ResponseSpec | None = None
     text: str | None = None          # a shorthand for response.instructions
-    session: dict[str, Any] | None = None
+    session: SessionUpdate | None = None
 
 
 class EventError(ValueError):

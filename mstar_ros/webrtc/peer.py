@@ -14,13 +14,40 @@ import asyncio
 import logging
 import time
 import uuid
+from dataclasses import dataclass
+
+import msgspec
 
 from mstar.conductor.request import RequestCancelled, RequestError, UnknownRequest
 from mstar_ros.webrtc.audio_out import PacedAudioTrack
-from mstar_ros.webrtc.events import EventError, parse_client_event, response_text, server_event
+from mstar_ros.webrtc.events import EventError, SessionUpdate, parse_client_event, response_text, server_event
 
 log = logging.getLogger("mstar_ros.webrtc")
 MAX_TEXT_CHARS = 2000
+
+
+@dataclass
+class ResponseTiming:
+    """One response's times (time.monotonic()): what the benchmark splits into model time and gateway overhead."""
+    response_id: str
+    received: float                   # response.create came off the data channel
+    first_chunk: float | None = None  # the graph's first audio chunk came out of the Conductor
+    first_frame: float | None = None  # the first audible 20 ms frame went to the encoder
+    last_chunk: float | None = None
+    audio_s: float = 0.0              # seconds of audio the graph produced
+    underruns: int = 0                # silent frames sent mid-utterance (the model fell behind)
+    status: str = "in_progress"
+
+    @property
+    def model_ttfa_ms(self) -> float | None:
+        return None if self.first_chunk is None else (self.first_chunk - self.received) * 1000
+
+    @property
+    def rtf(self) -> float | None:
+        """Generation time over audio time (< 1: the model keeps ahead of real time)."""
+        if self.last_chunk is None or not self.audio_s:
+            return None
+        return (self.last_chunk - self.received) / self.audio_s
 
 
 class VoicePeer:
@@ -36,10 +63,12 @@ class VoicePeer:
         self._task: asyncio.Task | None = None
         self.responses = 0
         self.closed = False
-        self.ttfa_ms: list[float] = []
+        self.timings: list[ResponseTiming] = []
         self.last_activity = time.monotonic()  # an event from the peer, or audio going to it
         self.silence_duration_ms = silence_duration_ms
         self.speech_events = 0
+        self.voice: str | None = None
+        self.sampling = model.default_sampling  # session.update changes it for the peer's later responses
         self._listener: asyncio.Task | None = None
         pc.addTrack(self.track)
 
@@ -51,7 +80,7 @@ class VoicePeer:
         @pc.on("datachannel")
         def on_datachannel(channel) -> None:
             self.channel = channel
-            self.send("session.created", session={"id": self.session, "model": type(model).__name__,
+            self.send("session.created", session={**self.session_state(), "model": type(model).__name__,
                                                   "output_audio_format": {"type": "audio/opus", "rate": 48000}})
 
             @channel.on("message")
@@ -74,31 +103,66 @@ class VoicePeer:
                 text = response_text(event)
                 if len(text) > self.max_text_chars:
                     raise EventError(f"text of {len(text)} characters is over the {self.max_text_chars} limit")
+                spec = event.response
+                sampling = self.sampling
+                if spec is not None and spec.max_output_tokens is not None:
+                    sampling = self._sampling_with(max_tokens=spec.max_output_tokens)
+                received = time.monotonic()
                 await self.cancel_response()  # one response at a time: a new one replaces it
-                voice = event.response.voice if event.response else None
-                self._task = asyncio.ensure_future(self._respond(text, voice))
+                voice = (spec.voice if spec else None) or self.voice
+                self._task = asyncio.ensure_future(self._respond(text, voice, sampling, received))
             elif event.type == "response.cancel":
                 await self.cancel_response()
             elif event.type == "session.update":
-                self.send("session.updated", session=event.session or {})
+                self.update_session(event.session or SessionUpdate())
             else:
                 raise EventError(f"unknown event type {event.type!r}")
         except (EventError, ValueError) as exc:
             self.send("error", error={"type": "invalid_request_error", "message": str(exc)})
 
-    async def _respond(self, text: str, voice: str | None) -> None:
+    def _sampling_with(self, **changes):
+        """The session's sampling with ``changes``; a bad value is an error naming the field."""
+        limit = self.model.default_sampling.max_tokens
+        tokens = changes.get("max_tokens")
+        if tokens is not None and not 1 <= tokens <= limit:
+            raise EventError(f"max_output_tokens = {tokens} must be in [1, {limit}]")
+        return msgspec.structs.replace(self.sampling, **changes)  # SamplingParams checks the rest
+
+    def update_session(self, update: SessionUpdate) -> None:
+        changes = {name: getattr(update, field) for field, name in
+                   (("temperature", "temperature"), ("top_p", "top_p"), ("repetition_penalty", "repetition_penalty"),
+                    ("seed", "seed"), ("max_output_tokens", "max_tokens")) if getattr(update, field) is not None}
+        sampling = self._sampling_with(**changes)
+        silence = update.turn_detection.silence_duration_ms if update.turn_detection else None
+        if silence is not None and not 100 <= silence <= 10_000:
+            raise EventError(f"turn_detection.silence_duration_ms = {silence} must be in [100, 10000]")
+        self.sampling = sampling
+        self.voice = update.voice or self.voice
+        if silence is not None:
+            self.silence_duration_ms = silence  # from the next microphone track on
+        self.send("session.updated", session=self.session_state())
+
+    def session_state(self) -> dict:
+        s = self.sampling
+        return {"id": self.session, "voice": self.voice, "max_output_tokens": s.max_tokens,
+                "temperature": s.temperature, "top_p": s.top_p, "repetition_penalty": s.repetition_penalty,
+                "seed": s.seed, "turn_detection": {"type": "server_vad", "silence_duration_ms": self.silence_duration_ms}}
+
+    async def _respond(self, text: str, voice: str | None, sampling, received: float) -> None:
         rid = f"resp_{uuid.uuid4().hex[:12]}"
         self.response_id = rid
         self.responses += 1
         audio_port = self.model.audio_output
         try:
-            request = self.model.request(text, voice=voice, sampling=None,  # the model's own defaults
-                                         request_id=rid, outputs=frozenset({audio_port}))
+            request = self.model.request(text, voice=voice, sampling=sampling, request_id=rid,
+                                         outputs=frozenset({audio_port}))
         except ValueError as exc:
             self.response_id = None
             self.send("error", error={"type": "invalid_request_error", "message": str(exc)})
             return
-        started = time.monotonic()
+        timing = ResponseTiming(rid, received)
+        self.timings.append(timing)
+        underruns_before = self.track.underruns
         self.send("response.created", response={"id": rid, "status": "in_progress"})
         self.send("response.output_audio_transcript.delta", response_id=rid, delta=text)
         self.track.begin()
@@ -106,6 +170,9 @@ class VoicePeer:
         try:
             async for out in self.conductor.submit(request):
                 if out.name == audio_port:
+                    timing.last_chunk = time.monotonic()
+                    timing.first_chunk = timing.first_chunk or timing.last_chunk
+                    timing.audio_s += out.data.numel() / self.model.sample_rate
                     self.track.push(out.data, self.model.sample_rate)
             self.track.end()
             while self.track.queued_ms > 0 and not self.closed:  # done when the peer has heard it
@@ -117,8 +184,8 @@ class VoicePeer:
             status = "failed"
             self.send("error", error={"type": "server_error", "message": str(exc)})
         finally:
-            if self.track.first_audio_at is not None:
-                self.ttfa_ms.append((self.track.first_audio_at - started) * 1000)
+            timing.first_frame, timing.status = self.track.first_audio_at, status
+            timing.underruns = self.track.underruns - underruns_before
             if self.response_id == rid:
                 self.response_id = None
             self.send("response.done", response={"id": rid, "status": status})

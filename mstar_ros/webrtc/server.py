@@ -8,7 +8,8 @@ No STUN or TURN (``iceServers`` empty), and ICE offers host candidates on the bo
 only (aioice would otherwise announce every interface of the host).
 
 Limits: request bodies (413), SDP size and garbage SDP (400, with the parser's message), peers
-(503 past ``max_peers``), text per response. A host other than loopback needs a token: every
+(503 past ``max_peers``), text per response; a peer idle for ``idle_timeout_s`` is dropped, and one
+that stops answering ICE consent checks after about ``peer_lost_s``. A host other than loopback needs a token: every
 endpoint then wants ``Authorization: Bearer TOKEN`` (401 otherwise).
 """
 from __future__ import annotations
@@ -37,6 +38,7 @@ class GatewayLimits:
     max_sdp_bytes: int = 32 * 1024
     max_text_chars: int = 2000
     idle_timeout_s: float = 300.0  # a peer with no event and nothing playing for this long is dropped
+    peer_lost_s: float = 1.5  # a peer that stops answering ICE consent checks is dropped after about this long
 
 
 def is_loopback(host: str) -> bool:
@@ -46,11 +48,19 @@ def is_loopback(host: str) -> bool:
         return host == "localhost"
 
 
-def bind_ice_to(host: str) -> None:
-    """ICE host candidates on ``host`` only (aioice gathers every interface's address)."""
+def configure_ice(host: str, peer_lost_s: float) -> None:
+    """ICE host candidates on ``host`` only (aioice gathers every interface's address), and consent
+    checks (RFC 7675) often enough that a peer that vanishes without a goodbye (a killed tab, a lost
+    network) is noticed after about ``peer_lost_s``, not aioice's 30 s (6 checks 5 s apart).
+    aioice reads both at run time from its module; this process serves peers only through the gateway."""
     import aioice.ice
+    import aioice.stun
 
     aioice.ice.get_host_addresses = lambda use_ipv4, use_ipv6: [host]
+    # a check times out after one RTO (no retransmission); two missed checks in a row end the peer
+    failures = 2
+    aioice.ice.CONSENT_FAILURES = failures
+    aioice.ice.CONSENT_INTERVAL = max(0.05, (peer_lost_s / failures - aioice.stun.RETRY_RTO) / 1.2)
 
 
 class VoiceGateway:
@@ -62,7 +72,7 @@ class VoiceGateway:
         self.limits = limits or GatewayLimits()
         self.peers: dict[str, VoicePeer] = {}
         self.model_name = model_name
-        bind_ice_to("127.0.0.1" if host in ("localhost", "0.0.0.0") else host)
+        configure_ice("127.0.0.1" if host in ("localhost", "0.0.0.0") else host, self.limits.peer_lost_s)
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=self.limits.max_body_bytes, middlewares=[self._auth])

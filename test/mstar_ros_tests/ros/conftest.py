@@ -122,11 +122,11 @@ class RosClient:
         while not self._stop.is_set():
             self.executor.spin_once(timeout_sec=0.05)
 
-    def subscribe(self, msg_type, topic: str, depth: int = 100) -> None:
+    def subscribe(self, msg_type, topic: str, depth: int = 100):
         def cb(msg) -> None:
             with self.lock:
                 self.received.append(Got(topic, msg, time.monotonic()))
-        self.node.create_subscription(msg_type, topic, cb, depth)
+        return self.node.create_subscription(msg_type, topic, cb, depth)
 
     def publisher(self, msg_type, topic: str):
         return self.node.create_publisher(msg_type, topic, 10)

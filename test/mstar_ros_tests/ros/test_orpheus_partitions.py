@@ -143,14 +143,23 @@ def test_the_whole_graph_as_one_node_streams_its_audio_output_on_a_topic(procs, 
     from rcl_interfaces.srv import SetParameters
     from std_msgs.msg import Float32MultiArray, String
 
-    ros_client.subscribe(Float32MultiArray, "/speech/audio", depth=1000)
+    from diagnostic_msgs.msg import DiagnosticArray
+
+    audio_sub = ros_client.subscribe(Float32MultiArray, "/speech/audio", depth=1000)
+    ros_client.subscribe(DiagnosticArray, "/diagnostics", depth=1000)
     params = [a for k, v in SAMPLING.items() for a in ("-p", f"{k}:={v!r}")]
     (spec,) = orpheus_processes(split="false", namespace="/speech", extra_arguments=["--duration", "120"],
                                 ros_arguments=params)
     node = procs(*spec.command(python=sys.executable))
     text_pub = ros_client.publisher(String, "/speech/text")
-    ros_client.wait_for(lambda: text_pub.get_subscription_count() >= 1 and
-                        ros_client.node.count_publishers("/speech/audio") >= 1, 90, "the orpheus node", [node])
+    def audio_readers() -> int:  # as the node's publisher sees them (its diagnostics)
+        values = [{kv.key: kv.value for kv in s.values} for g in ros_client.got("/diagnostics") for s in g.msg.status
+                  if s.name == "mstar: /speech/orpheus"]
+        return int(values[-1].get("audio.subscribers", 0)) if values else 0
+
+    # matched at both ends: a volatile reader that has not yet matched the writer misses what it writes
+    ros_client.wait_for(lambda: text_pub.get_subscription_count() >= 1 and audio_sub.get_publisher_count() >= 1
+                        and audio_readers() >= 1, 90, "the orpheus node", [node])
     types = dict(ros_client.node.get_topic_names_and_types())
     assert "/speech/llm_token" not in types  # the edge stays inside the graph
     text_pub.publish(String(data=json.dumps({"text": TEXT, "id": "whole", "seed": 7})))  # sampling from -p

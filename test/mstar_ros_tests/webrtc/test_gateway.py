@@ -3,6 +3,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
+import time
 
 import numpy as np
 import pytest
@@ -11,62 +14,8 @@ from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 
 from mstar.conductor import Conductor
 from support.webrtc_gateway import serve_gateway
+from mstar_ros.webrtc.client import GatewayClient
 from mstar_ros.webrtc.server import GatewayLimits, VoiceGateway
-
-
-
-
-class Client:
-    """A WebRTC peer as a browser is one: a data channel for events, an audio track received."""
-
-    def __init__(self) -> None:
-        self.pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
-        self.channel = self.pc.createDataChannel("oai-events")
-        self.events: list[dict] = []
-        self.opened = asyncio.Event()
-        self.frames: list[np.ndarray] = []
-        self.pc.addTransceiver("audio", direction="recvonly")
-        self.channel.on("open", self.opened.set)
-        self.channel.on("message", lambda m: self.events.append(json.loads(m)))
-        self.pc.on("track", self._on_track)
-        self._reader: asyncio.Task | None = None
-
-    def _on_track(self, track) -> None:
-        async def read() -> None:
-            while True:
-                frame = await track.recv()
-                self.frames.append(frame.to_ndarray().reshape(-1))
-        self._reader = asyncio.ensure_future(read())
-
-    async def connect(self, http: ClientSession, url: str) -> dict:
-        await self.pc.setLocalDescription(await self.pc.createOffer())
-        async with http.post(f"{url}/offer", json={"sdp": self.pc.localDescription.sdp, "type": "offer"}) as r:
-            assert r.status == 200, await r.text()
-            answer = await r.json()
-        await self.pc.setRemoteDescription(RTCSessionDescription(sdp=answer["sdp"], type=answer["type"]))
-        await asyncio.wait_for(self.opened.wait(), 20)
-        return answer
-
-    def send(self, **event) -> None:
-        self.channel.send(json.dumps(event))
-
-    def types(self) -> list[str]:
-        return [e["type"] for e in self.events]
-
-    async def until(self, predicate, timeout: float, what: str) -> None:
-        for _ in range(int(timeout / 0.02)):
-            if predicate():
-                return
-            await asyncio.sleep(0.02)
-        raise AssertionError(f"timed out waiting for {what}; events {self.types()}")
-
-    def loud_frames(self) -> int:
-        return sum(int(np.abs(f).max() > 0) for f in self.frames)
-
-    async def close(self) -> None:
-        if self._reader is not None:
-            self._reader.cancel()
-        await self.pc.close()
 
 
 def test_a_peer_hears_the_response_and_gets_its_events_then_barges_in(orpheus):
@@ -75,7 +24,7 @@ def test_a_peer_hears_the_response_and_gets_its_events_then_barges_in(orpheus):
             idle_blocks = c.kv_blocks_used()
             gateway = VoiceGateway(orpheus, c)
             runner, url = await serve_gateway(gateway)
-            client = Client()
+            client = GatewayClient()
             try:
                 async with ClientSession() as http:
                     answer = await client.connect(http, url)
@@ -114,7 +63,52 @@ def test_a_peer_hears_the_response_and_gets_its_events_then_barges_in(orpheus):
     assert later == after_cancel  # no audio after the cancel: queued audio dropped
     assert blocks == idle_blocks  # the cancelled request's KV was freed
     assert "unknown event type 'bogus.event'" in events[-1]["error"]["message"]
-    assert peer.ttfa_ms and peer.ttfa_ms[0] > 0
+    timing = peer.timings[0]
+    assert timing.status == "completed" and timing.received < timing.first_chunk <= timing.first_frame
+
+
+def test_session_update_sets_the_sampling_and_length_of_later_responses(orpheus):
+    async def main():
+        async with Conductor(orpheus.graph(), orpheus.modules()) as c:
+            gateway = VoiceGateway(orpheus, c)
+            runner, url = await serve_gateway(gateway)
+            client = GatewayClient()
+            try:
+                async with ClientSession() as http:
+                    answer = await client.connect(http, url)
+                peer = gateway.peers[answer["pc_id"]]
+                client.send(type="session.update", session={"top_p": 2.0})
+                await client.until(lambda: "error" in client.types(), 5, "the refusal")
+                client.send(type="session.update", session={"max_output_tokens": 49, "seed": 5, "temperature": 0.5,
+                                                            "turn_detection": {"silence_duration_ms": 700}})
+                await client.until(lambda: "session.updated" in client.types(), 5, "session.updated")
+                audio = []
+                for _ in range(2):  # same seed, same sampling: the same audio, at most 49 tokens of it
+                    n = client.types().count("response.done")
+                    client.send(type="response.create", text="Say something rather long, please, for a while.")
+                    await client.until(lambda: client.types().count("response.done") == n + 1, 60, "response.done")
+                    audio.append(peer.timings[-1].audio_s)
+                client.send(type="response.create", response={"instructions": "Shorter.", "max_output_tokens": 14})
+                await client.until(lambda: client.types().count("response.done") == 3, 60, "response.done")
+                audio.append(peer.timings[-1].audio_s)
+                client.send(type="response.create", response={"instructions": "Too long.", "max_output_tokens": 10 ** 6})
+                await client.until(lambda: client.types().count("error") == 2, 5, "the refusal")
+                return client.events, audio
+            finally:
+                await client.close()
+                await runner.cleanup()
+
+    events, audio = asyncio.run(main())
+    errors = [e["error"]["message"] for e in events if e["type"] == "error"]
+    assert "sampling.top_p = 2.0 must be in (0, 1]" in errors[0]
+    assert "max_output_tokens = 1000000 must be in [1, " in errors[1]
+    session = [e for e in events if e["type"] == "session.updated"][0]["session"]
+    assert (session["max_output_tokens"], session["seed"], session["temperature"]) == (49, 5, 0.5)
+    assert session["top_p"] == orpheus.default_sampling.top_p  # the refused update changed nothing
+    assert session["turn_detection"]["silence_duration_ms"] == 700
+    frame_s = 2048 / orpheus.sample_rate  # 7 tokens per SNAC frame of 2048 samples
+    assert 0 < audio[0] == audio[1] <= 7 * frame_s + 1e-9
+    assert 0 < audio[2] <= 2 * frame_s + 1e-9
 
 
 def test_signalling_refuses_garbage_oversized_unauthorised_and_too_many_peers(orpheus):
@@ -123,7 +117,7 @@ def test_signalling_refuses_garbage_oversized_unauthorised_and_too_many_peers(or
             out = {}
             gateway = VoiceGateway(orpheus, c, limits=GatewayLimits(max_peers=1, max_body_bytes=4096))
             runner, url = await serve_gateway(gateway)
-            client = Client()
+            client = GatewayClient()
             try:
                 async with ClientSession() as http:
                     async with http.post(f"{url}/offer", json={"sdp": "v=0 garbage", "type": "offer"}) as r:
@@ -223,12 +217,13 @@ def test_v1_audio_speech_streams_the_same_audio_as_mstar_ros_tts(orpheus, tmp_pa
     got = asyncio.run(main())
 
     def same_audio(a: bytes, b: bytes) -> bool:
-        """Equal samples, up to 1 LSB where float sums (two processes, or batches of other sizes) round a
-        half differently."""
+        """Equal samples, up to 1 LSB where float sums (two processes, batches of other sizes, another intra-op
+        thread count) round a half differently: float32 noise of ~1e-7..1e-6 moves a sample across a rounding
+        edge in ~0.1-1% of samples (measured: 0.16% under a concurrent test run)."""
         x, y = np.frombuffer(a, dtype=np.int16).astype(int), np.frombuffer(b, dtype=np.int16).astype(int)
         assert len(x) == len(y) > 0, (len(x), len(y))
         diff = np.abs(x - y)
-        assert diff.max() <= 1 and (diff == 0).mean() > 0.999, (int(diff.max()), float((diff == 0).mean()))
+        assert diff.max() <= 1 and (diff == 0).mean() > 0.99, (int(diff.max()), float((diff == 0).mean()))
         return True
 
     assert got["models"]["data"][0]["id"] == "orpheus"
@@ -277,13 +272,13 @@ def test_whip_answers_201_with_a_location_to_delete(orpheus):
     assert out["deleted"] == 204 and out["peers_after"] == 0 and out["again"] == 404
 
 
-def test_a_peer_that_leaves_mid_response_is_cancelled_and_an_idle_one_times_out(orpheus):
+def test_a_peer_that_leaves_mid_response_is_cancelled_and_idle_ones_time_out(orpheus):
     async def main():
         async with Conductor(orpheus.graph(), orpheus.modules()) as c:
             idle_blocks = c.kv_blocks_used()
             gateway = VoiceGateway(orpheus, c, limits=GatewayLimits(idle_timeout_s=1.0))
             runner, url = await serve_gateway(gateway)
-            leaving, staying, idle = Client(), Client(), Client()
+            leaving, staying, idle = GatewayClient(), GatewayClient(), GatewayClient()
             out = {}
             try:
                 async with ClientSession() as http:
@@ -306,13 +301,13 @@ def test_a_peer_that_leaves_mid_response_is_cancelled_and_an_idle_one_times_out(
                                         "the other peer to keep streaming")
                     await staying.until(lambda: "response.done" in staying.types(), 120, "the other peer's response")
                     out["b_status"] = [e for e in staying.events if e["type"] == "response.done"][0]["response"]["status"]
-                    await idle.connect(http, url)
-                    n = len(gateway.peers)
-                    for _ in range(100):  # the idle peers (both, now) time out after 1 s
-                        if not gateway.peers:
+                    c_id = (await idle.connect(http, url))["pc_id"]
+                    out["idle_served"] = "session.created" in idle.types()
+                    for _ in range(200):  # both idle peers time out after 1 s without an event or audio
+                        if b["pc_id"] not in gateway.peers and c_id not in gateway.peers:
                             break
                         await asyncio.sleep(0.05)
-                    out["idle"] = (n, len(gateway.peers))
+                    out["idle_left"] = [p for p in (b["pc_id"], c_id) if p in gateway.peers]
                     for _ in range(100):
                         if c.kv_blocks_used() == idle_blocks:
                             break
@@ -327,5 +322,78 @@ def test_a_peer_that_leaves_mid_response_is_cancelled_and_an_idle_one_times_out(
     out = asyncio.run(main())
     assert out["gone"] and out["gone_after_s"] < 2.0, out
     assert out["b_status"] == "completed"
-    assert out["idle"] == (2, 0)
+    assert out["idle_served"] and out["idle_left"] == [], out
     assert out["blocks"][0] == out["blocks"][1]
+
+
+VANISHING_PEER = """
+import asyncio, sys
+from aiohttp import ClientSession
+from mstar_ros.webrtc.client import GatewayClient
+from mstar_ros.webrtc.server import configure_ice
+
+async def main():
+    configure_ice("127.0.0.1", 1.5)  # as the gateway's own process does: loopback candidates
+    client = GatewayClient(keep_samples=False)
+    async with ClientSession() as http:
+        answer = await client.connect(http, sys.argv[1])
+    client.send(type="response.create", text="A long answer that nobody will hear to its end. " * 6)
+    await client.until(lambda: client.loud_frames() > 5, 60, "audio")
+    print(answer["pc_id"], flush=True)
+    await asyncio.sleep(600)  # killed here: no DTLS close, no SCTP shutdown, nothing more on the wire
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_peer_that_vanishes_mid_stream_is_dropped_within_2_s_and_the_others_keep_streaming(orpheus):
+    """The peer's process is killed (no goodbye on the wire): ICE consent checks (RFC 7675) stop being
+    answered and the gateway drops it, cancelling its request and freeing its KV, in under 2 s."""
+    async def main():
+        async with Conductor(orpheus.graph(), orpheus.modules()) as c:
+            idle_blocks = c.kv_blocks_used()
+            gateway = VoiceGateway(orpheus, c)
+            runner, url = await serve_gateway(gateway)
+            staying = GatewayClient()
+            proc = subprocess.Popen([sys.executable, "-c", VANISHING_PEER, url], stdout=subprocess.PIPE)
+            loop = asyncio.get_running_loop()
+            out = {}
+            try:
+                async with ClientSession() as http:
+                    await staying.connect(http, url)
+                pc_id = (await asyncio.wait_for(loop.run_in_executor(None, proc.stdout.readline), 90)).decode().strip()
+                assert pc_id, "the vanishing peer did not connect"
+                vanishing = gateway.peers[pc_id]
+                out["streaming"] = vanishing.response_id is not None
+                staying.send(type="response.create", text="A long answer that this peer hears. " * 4)
+                await staying.until(lambda: staying.loud_frames() > 5, 60, "audio to the staying peer")
+                proc.kill()
+                killed_at = time.monotonic()
+                proc.wait()
+                while pc_id in gateway.peers and time.monotonic() - killed_at < 10:
+                    await asyncio.sleep(0.01)
+                out["dropped_after_s"] = time.monotonic() - killed_at
+                heard = staying.loud_frames()
+                await staying.until(lambda: staying.loud_frames() > heard + 20, 60, "the staying peer to keep hearing")
+                await staying.until(lambda: "response.done" in staying.types(), 120, "the staying peer's response")
+                out["status"] = [e for e in staying.events if e["type"] == "response.done"][0]["response"]["status"]
+                await staying.close()
+                for _ in range(200):
+                    if c.kv_blocks_used() == idle_blocks:
+                        break
+                    await asyncio.sleep(0.02)
+                out["blocks"] = (c.kv_blocks_used(), idle_blocks)
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+                proc.wait()
+                await staying.close()
+                await runner.cleanup()
+            return out
+
+    out = asyncio.run(main())
+    assert out["streaming"], out
+    assert out["dropped_after_s"] < 2.0, out
+    assert out["status"] == "completed", out
+    assert out["blocks"][0] == out["blocks"][1], out
