@@ -42,3 +42,25 @@ def bench_subparsers(sub: argparse._SubParsersAction) -> argparse._SubParsersAct
     """The sub-commands of ``bench`` (after ``add_parser``), for other benchmarks to join."""
     bench = sub.choices["bench"]
     return next(a for a in bench._actions if isinstance(a, argparse._SubParsersAction))
+
+
+def positive_ints(text: str) -> list[int]:
+    """``--peers 1,2,4,8``-style arguments."""
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected integers >= 1, got {text!r}")
+    return values
+
+
+def write_report(report: dict, lines: list[str], json_path: Path, plot, plot_path: Path) -> None:
+    """Print the summary, write the JSON and the PNG (``plot(report, path)``), say where."""
+    import json
+
+    print("\n".join(lines))
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    json_path.write_text(json.dumps(report, indent=2) + "\n")
+    plot(report, plot_path)
+    print(f"wrote {json_path} and {plot_path}")

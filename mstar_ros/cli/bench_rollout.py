@@ -2,22 +2,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
-from mstar_ros.cli.bench import bench_subparsers
+from mstar_ros.cli.bench import bench_subparsers, positive_ints, write_report
 
 DEFAULT_BAG = Path("out/world_model_synthetic")
-
-
-def _ints(text: str) -> list[int]:
-    try:
-        values = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"expected integers >= 1, got {text!r}")
-    return values
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -33,13 +22,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--bag", type=Path, default=None,
                    help=f"a world-model bag (NS/camera/exterior/image_raw, NS/ee_pose, NS/gripper/joint_states); "
                         f"default: the synthetic one, written to {DEFAULT_BAG} on first use")
-    p.add_argument("--horizons", type=_ints, default=[4, 15, 30], help="rollout horizons (default 4,15,30)")
+    p.add_argument("--horizons", type=positive_ints, default=[4, 15, 30], help="rollout horizons (default 4,15,30)")
     p.add_argument("--context", type=int, default=1, help="context frames before the start frame (default 1)")
     p.add_argument("--repeats", type=int, default=3, help="runs of each system per case (default 3)")
     p.add_argument("--preset", default="bench", choices=["tiny", "bench"], help="generated checkpoint (default bench)")
     p.add_argument("--weights", type=Path, help="Meta's vjepa2-ac-vitg.pt (or a checkpoint directory) instead")
     p.add_argument("--fps", type=float, default=4.0, help="frames per second taken from the bag (default 4, as training)")
-    p.add_argument("--plan-sessions", type=_ints, default=[1, 4], help="robots planning at once (default 1,4)")
+    p.add_argument("--plan-sessions", type=positive_ints, default=[1, 4], help="robots planning at once (default 1,4)")
     p.add_argument("--plan-samples", type=int, default=32, help="CEM samples per iteration (default 32; Meta 400)")
     p.add_argument("--plan-iterations", type=int, default=3, help="CEM iterations (default 3; Meta 10)")
     p.add_argument("--plan-horizon", type=int, default=2, help="planned actions (default 2, Meta's wrapper)")
@@ -72,9 +61,5 @@ def _run(args: argparse.Namespace) -> int:
         opts.preset, opts.horizons, opts.repeats = "tiny", [2, 4], 1
         opts.plan_sessions, opts.plan_samples, opts.plan_topk, opts.plan_iterations = [1, 2], 8, 4, 2
     report = run_rollout_bench(opts)
-    print("\n".join(summary_lines(report)))
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(report, indent=2) + "\n")
-    plot_rollout(report, args.plot)
-    print(f"wrote {args.json} and {args.plot}")
+    write_report(report, summary_lines(report), args.json, plot_rollout, args.plot)
     return 0

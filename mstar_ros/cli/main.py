@@ -16,7 +16,8 @@ system working end to end, not real speech."""
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from mstar_ros.cli import bag, bench, bench_pi05, bench_rollout, bench_threads, bench_transport, checkpoint, demo, launch, serve, tts
+    from mstar_ros.cli import (bag, bench, bench_pi05, bench_rollout, bench_threads, bench_transport, bench_webrtc, checkpoint,
+                               demo, launch, serve, tts)
 
     parser = argparse.ArgumentParser(prog="mstar-ros", description=DESCRIPTION,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -30,6 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench_pi05.add_parser(sub)  # `bench pi05`, under bench
     bench_threads.add_parser(sub)  # `bench threads`, under bench
     bench_rollout.add_parser(sub)  # `bench rollout`, under bench
+    bench_webrtc.add_parser(sub)  # `bench webrtc`, under bench
     bag.add_parser(sub)
     checkpoint.add_parser(sub)
     launch.add_parser(sub)  # the pi0.5 and Orpheus node sets: `launch pi05`, `launch orpheus`

@@ -4,9 +4,13 @@ Chunks arrive as the graph decodes them (Orpheus: 24 kHz float PCM). ``push`` re
 with one ``av.AudioResampler`` per utterance (its filter state carries across chunks, so chunk
 seams are clean) into a queue of 48 kHz s16 samples. ``recv`` (aiortc's encoder pulls it) hands
 out exactly one 20 ms frame per 20 ms of wall clock: queued audio while there is some, silence
-otherwise, so the stream neither bursts nor stalls; aiortc encodes each frame to Opus. ``clear``
+otherwise, so the stream neither bursts nor stalls; aiortc encodes each frame to Opus. The one
+exception is an utterance's first audio: it goes out as soon as it is queued, not at the next
+20 ms slot, and the clock restarts from it (a receiver's jitter buffer takes one early packet in
+its stride; waiting for the slot would add 10 ms on average to the time to first audio). ``clear``
 drops what is queued (barge-in): the next frame is silence. Frames that had audio and frames
-sent silent in the middle of an utterance (an underrun: the model fell behind) are counted.
+sent silent in the middle of an utterance, after its first audio (an underrun: the model fell
+behind), are counted.
 """
 from __future__ import annotations
 
@@ -40,6 +44,8 @@ class PacedAudioTrack(MediaStreamTrack):
         self._source_rate = 0
         self._start: float | None = None
         self._sent = 0
+        self._slot0 = 0          # the frame count at which the clock last restarted
+        self._audio_ready = asyncio.Event()
         self.speaking = False          # an utterance is under way (pushed audio, not ended)
         self.frames_with_audio = 0
         self.underruns = 0             # silent frames sent while an utterance was under way
@@ -63,6 +69,8 @@ class PacedAudioTrack(MediaStreamTrack):
             samples = np.concatenate([f.to_ndarray().reshape(-1) for f in self._resampler.resample(frame)] or
                                      [np.zeros(0, dtype=np.int16)])
         self._queue = np.concatenate([self._queue, samples])
+        if len(self._queue):
+            self._audio_ready.set()
 
     def end(self) -> None:
         """The utterance is complete: flush the resampler's tail; silence after the queue is not an underrun."""
@@ -92,16 +100,25 @@ class PacedAudioTrack(MediaStreamTrack):
         if self._start is None:
             self._start = time.monotonic()
         else:  # one frame per 20 ms of wall clock, whatever the queue holds
-            wait = self._start + self._sent * FRAME_MS / 1000 - time.monotonic()
+            wait = self._start + (self._sent - self._slot0) * FRAME_MS / 1000 - time.monotonic()
             if wait > 0:
-                await asyncio.sleep(wait)
+                first_audio = self.speaking and self.first_audio_at is None
+                if first_audio and not len(self._queue):
+                    self._audio_ready.clear()
+                    try:  # an utterance's first audio goes now, not at the next slot
+                        await asyncio.wait_for(self._audio_ready.wait(), wait)
+                        self._start, self._slot0 = time.monotonic(), self._sent
+                    except asyncio.TimeoutError:
+                        pass
+                else:
+                    await asyncio.sleep(wait)
         out = self._queue[:FRAME_SAMPLES]
         self._queue = self._queue[FRAME_SAMPLES:]
         if len(out):
             self.frames_with_audio += 1
             if self.first_audio_at is None:
                 self.first_audio_at = time.monotonic()
-        elif self.speaking:
+        elif self.speaking and self.first_audio_at is not None:
             self.underruns += 1
         if len(out) < FRAME_SAMPLES:
             out = np.concatenate([out, np.zeros(FRAME_SAMPLES - len(out), dtype=np.int16)])

@@ -21,7 +21,9 @@ class HeardFrame:
 
 
 class GatewayClient:
-    def __init__(self, microphone=None, keep_samples: bool = True) -> None:
+    def __init__(self, microphone=None, keep_samples: bool = True, jitter_prefetch: int | None = None) -> None:
+        """``jitter_prefetch``: frames aiortc's audio receiver holds before it decodes the oldest (its default
+        is a fixed 4, i.e. 80 ms; a browser's adaptive buffer holds ~1-2 on a jitter-free loopback)."""
         from aiortc import RTCConfiguration, RTCPeerConnection
 
         self.pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
@@ -40,6 +42,11 @@ class GatewayClient:
         self.channel.on("open", self.opened.set)
         self.channel.on("message", self._on_message)
         self.pc.on("track", self._on_track)
+        if jitter_prefetch is not None:
+            from aiortc.jitterbuffer import JitterBuffer
+
+            for receiver in self.pc.getReceivers():  # aiortc has no option for it
+                receiver._RTCRtpReceiver__jitter_buffer = JitterBuffer(capacity=16, prefetch=jitter_prefetch)
         self._reader: asyncio.Task | None = None
 
     def _on_message(self, message: str) -> None:
