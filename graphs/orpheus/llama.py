@@ -22,6 +22,7 @@ from mstar.parallel.layers import (ParallelLMHead, RowParallelLinear, VocabParal
                                    column_parallel, restricted_logits, vocab_slice)
 from mstar.weights import load_weights
 from mstar_graphs.orpheus.llama_config import LlamaConfig
+from mstar_graphs.common.rms_norm import RMSNorm
 from mstar_graphs.common.rope import apply_rope
 
 
@@ -56,19 +57,6 @@ def rope_tables(cfg: LlamaConfig) -> tuple[torch.Tensor, torch.Tensor]:
     positions = torch.arange(cfg.max_position_embeddings, dtype=torch.float32)
     angles = torch.outer(positions, rope_inv_freq(cfg))
     return angles.cos(), angles.sin()
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, size: int, eps: float, *, dtype: torch.dtype, device: torch.device | str | None) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(size, dtype=dtype, device=device))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Normalise in fp32 and cast back before the weight, as the checkpoints were trained.
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * xf.to(x.dtype)
 
 
 class LlamaAttention(nn.Module):

@@ -1,0 +1,188 @@
+"""Qwen3-Omni checkpoints: transformers' layout from a directory, and a tiny generated one.
+
+transformers writes (and Qwen releases) ``config.json`` plus safetensors (sharded with an index)
+whose names carry the component prefixes ``thinker.model.`` / ``thinker.lm_head`` /
+``thinker.audio_tower.`` / ``thinker.visual.`` / ``talker.`` / ``code2wav.``, with MoE experts per
+expert (``...mlp.experts.{e}.gate_proj.weight``). Each component loads only its own names
+(:func:`load_component`); the experts are fused in memory after loading. The vision tower's
+weights are not read yet (no vision walk).
+
+The tiny checkpoint keeps the released model's structure and its special token ids (so a real
+Qwen prompt's ids fit), at widths of 16-64; every output made from it says its weights are random.
+"""
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mstar.weights import load_weights
+from mstar.weights.save import save_safetensors
+from mstar_graphs.common.cache import cached_dir
+from mstar_graphs.qwen3_omni.config import Qwen3OmniConfig
+
+log = logging.getLogger("mstar_graphs.qwen3_omni")
+TINY_VERSION = 1
+SEED = 20260
+
+# component -> (checkpoint prefix, names under it that belong elsewhere)
+PREFIXES = {
+    "thinker": ("thinker.", ("thinker.audio_tower.", "thinker.visual.")),
+    "audio_encoder": ("thinker.audio_tower.", ()),
+    "talker": ("talker.", ()),
+    "code2wav": ("code2wav.", ()),
+}
+
+
+def _text(vocab: int, hidden: int, layers: int, **extra: Any) -> dict[str, Any]:
+    return {"vocab_size": vocab, "hidden_size": hidden, "intermediate_size": 2 * hidden, "num_hidden_layers": layers,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "rms_norm_eps": 1e-6,
+            "max_position_embeddings": 4096, **extra}
+
+
+def tiny_config() -> dict[str, Any]:
+    """A config.json transformers' Qwen3OmniMoeForConditionalGeneration builds from, with real token ids."""
+    mrope = {"rope_type": "default", "rope_theta": 1_000_000.0, "mrope_section": [4, 2, 2], "interleaved": True,
+             "mrope_interleaved": True}
+    moe = {"moe_intermediate_size": 16, "num_experts": 4, "num_experts_per_tok": 2, "norm_topk_prob": True}
+    media = {"audio_token_id": 151675, "image_token_id": 151655, "video_token_id": 151656,
+             "vision_start_token_id": 151652, "audio_start_token_id": 151669, "position_id_per_seconds": 13}
+    return {
+        "architectures": ["Qwen3OmniMoeForConditionalGeneration"], "model_type": "qwen3_omni_moe",
+        "mstar_random_weights": True,
+        "thinker_config": {
+            "text_config": _text(152064, 32, 3, rope_parameters=dict(mrope), decoder_sparse_step=1, mlp_only_layers=[],
+                                 tie_word_embeddings=False, **moe),
+            "audio_config": {"num_mel_bins": 128, "encoder_layers": 2, "encoder_attention_heads": 2,
+                             "encoder_ffn_dim": 64, "d_model": 32, "output_dim": 32, "n_window": 50,
+                             "n_window_infer": 800, "conv_chunksize": 500, "downsample_hidden_size": 8,
+                             "max_source_positions": 1500},
+            "vision_config": {"depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "in_channels": 3,
+                              "patch_size": 16, "spatial_merge_size": 2, "temporal_patch_size": 2,
+                              "out_hidden_size": 32, "num_position_embeddings": 2304, "deepstack_visual_indexes": [0]},
+            "user_token_id": 872, "tie_word_embeddings": False, **media,
+        },
+        "talker_config": {
+            "text_config": _text(3072, 32, 2, rope_parameters=dict(mrope), shared_expert_intermediate_size=32, **moe),
+            "code_predictor_config": _text(2048, 32, 2, num_code_groups=16,
+                                           rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0}),
+            "num_code_groups": 16, "thinker_hidden_size": 32, "accept_hidden_layer": 2,
+            "codec_bos_id": 2149, "codec_eos_token_id": 2150, "codec_pad_id": 2148, "codec_nothink_id": 2155,
+            "codec_think_bos_id": 2156, "codec_think_eos_id": 2157,
+            "speaker_id": {"chelsie": 2301, "ethan": 2302, "aiden": 2303}, "spatial_merge_size": 2, **media,
+        },
+        "code2wav_config": {"codebook_size": 2048, "hidden_size": 32, "num_attention_heads": 2, "num_key_value_heads": 2,
+                            "intermediate_size": 64, "num_hidden_layers": 2, "num_quantizers": 16, "sliding_window": 72,
+                            "rms_norm_eps": 1e-5, "layer_scale_initial_scale": 0.01, "upsample_rates": [8, 5, 4, 3],
+                            "upsampling_ratios": [2, 2], "decoder_dim": 64, "max_position_embeddings": 8000,
+                            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}},
+        "enable_audio_output": True,
+        "im_start_token_id": 151644, "im_end_token_id": 151645, "tts_pad_token_id": 151671,
+        "tts_bos_token_id": 151672, "tts_eos_token_id": 151673, "system_token_id": 8948, "user_token_id": 872,
+        "assistant_token_id": 77091,
+    }
+
+
+def build_component(name: str, config: Qwen3OmniConfig, dtype: torch.dtype = torch.float32,
+                    device: str | None = None) -> torch.nn.Module:
+    from mstar_graphs.qwen3_omni.audio_encoder import AudioEncoder
+    from mstar_graphs.qwen3_omni.code2wav import Code2Wav
+    from mstar_graphs.qwen3_omni.talker import Talker
+    from mstar_graphs.qwen3_omni.thinker import Thinker
+
+    if name == "thinker":
+        return Thinker(config, dtype=dtype, device=device)
+    if name == "talker":
+        return Talker(config, dtype=dtype, device=device)
+    if name == "audio_encoder":
+        return AudioEncoder(config.thinker_config.audio_config).to(device=device, dtype=dtype)
+    if name == "code2wav":
+        return Code2Wav(config.code2wav_config).to(device=device, dtype=dtype)
+    raise ValueError(f"no Qwen3-Omni component {name!r} (known: {sorted(PREFIXES)})")
+
+
+def load_component(name: str, path: str | Path, dtype: torch.dtype = torch.float32,
+                   progress: bool = True) -> torch.nn.Module:
+    """One component with its weights from a checkpoint directory, experts fused, in eval mode."""
+    path = Path(path)
+    config = Qwen3OmniConfig.from_dir(path)
+    prefix, elsewhere = PREFIXES[name]
+    with torch.device("meta"):
+        module = build_component(name, config, dtype=dtype)
+    module.to_empty(device="cpu")
+    if hasattr(module, "reset_buffers"):  # non-persistent buffers are in no checkpoint: rebuilt
+        module.reset_buffers()
+
+    def name_map(ckpt: str) -> str | None:
+        if not ckpt.startswith(prefix) or ckpt.startswith(elsewhere):
+            return None
+        return ckpt[len(prefix):]
+
+    load_weights(module, path, name_map=name_map, dtype=dtype, progress=progress, desc=f"Qwen3-Omni {name}")
+    if hasattr(module, "fuse_experts"):
+        module.fuse_experts()
+    return module.eval()
+
+
+def component_state_dicts(modules: dict[str, torch.nn.Module]) -> dict[str, torch.Tensor]:
+    """Unfused modules -> one state dict in the checkpoint's names."""
+    out: dict[str, torch.Tensor] = {}
+    for name, module in modules.items():
+        prefix = PREFIXES[name][0]
+        for key, value in module.state_dict().items():
+            out[prefix + key] = value
+    return out
+
+
+@torch.no_grad()
+def _randomise(module: torch.nn.Module, generator: torch.Generator) -> None:
+    """Every parameter random (norm gains near 1, scales and biases small), so no part is a no-op."""
+    for name, p in module.named_parameters():
+        leaf = name.rsplit(".", 1)[-1]
+        noise = torch.randn(p.shape, generator=generator)
+        if "norm" in name and leaf == "weight":
+            p.copy_(1.0 + 0.1 * noise)
+        elif leaf in ("bias", "alpha", "beta"):
+            p.copy_(0.1 * noise)
+        elif leaf in ("scale", "gamma"):
+            p.copy_(0.1 + 0.05 * noise)
+        elif p.dim() >= 2:
+            fan_in = p[0].numel() if p.dim() > 1 else 1
+            p.copy_(noise / max(1.0, fan_in) ** 0.5)
+        else:
+            p.copy_(0.1 * noise)
+
+
+@torch.no_grad()
+def _quieten(code2wav, generator: torch.Generator) -> None:
+    """Random weights drive the waveform into its [-1, 1] clamp, which would hide every difference:
+    halve the last convolution until under 1% of the samples of random codes are clipped."""
+    codes = torch.randint(0, code2wav.cfg.codebook_size, (1, code2wav.cfg.num_quantizers, 20), generator=generator)
+    last = code2wav.decoder[-1].conv
+    while (code2wav.decode(codes).abs() >= 1.0).float().mean() > 0.01:
+        last.weight.mul_(0.5)
+        last.bias.mul_(0.5)
+
+
+def write_tiny_checkpoint(directory: str | Path, seed: int = SEED) -> Path:
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    cfg_dict = tiny_config()
+    config = Qwen3OmniConfig.from_json(json.dumps(cfg_dict))
+    generator = torch.Generator().manual_seed(seed)
+    modules = {name: build_component(name, config) for name in PREFIXES}
+    for module in modules.values():
+        _randomise(module, generator)
+    _quieten(modules["code2wav"], generator)
+    save_safetensors(component_state_dicts(modules), directory)
+    (directory / "config.json").write_text(json.dumps(cfg_dict, indent=2) + "\n")
+    (directory / "generation_config.json").write_text(json.dumps({"_from_model_config": True}) + "\n")
+    return directory
+
+
+def ensure_tiny_qwen3_omni() -> Path:
+    return cached_dir(f"qwen3-omni-tiny-v{TINY_VERSION}", write_tiny_checkpoint,
+                      "the tiny Qwen3-Omni checkpoint (random weights)")

@@ -1,0 +1,159 @@
+"""The Qwen3 decoder stack of the Thinker, the Talker and the code predictor.
+
+Pre-norm layers: ``x + attn(norm(x))`` then ``x + mlp(norm(x))``. Attention has per-head RMSNorm
+on q and k before RoPE (Qwen3), grouped-query heads, no bias. The feed-forward is a
+:class:`~mstar_graphs.qwen3_omni.moe.SparseMoE` (Thinker, Talker: with a shared expert) or a
+dense SwiGLU (code predictor). Attention goes through the caller's ``attn(layer, q, k, v, scale)``
+(the AR engine's paged KV, or a dense cache for the code predictor), so nothing here knows
+about batches or KV.
+
+For text and audio the Thinker's and Talker's M-RoPE has the same position on its three axes,
+which makes it exactly 1-D RoPE; :func:`mrope_cos_sin` also computes the interleaved t/h/w layout
+the reference uses for images.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import nn
+
+from mstar.engine.ar_module import ARModule
+from mstar.engine.kv_cache import KVSpec
+from mstar_graphs.common.rms_norm import RMSNorm
+from mstar_graphs.common.rope import apply_rope
+from mstar_graphs.qwen3_omni.config import TextConfig
+from mstar_graphs.qwen3_omni.moe import Expert, SparseMoE
+
+AttnFn = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor]
+
+
+def inv_freq(head_dim: int, theta: float) -> torch.Tensor:
+    return 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+
+
+def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """1-D RoPE: positions [T] -> cos, sin [T, head_dim/2] (fp32 angles, cast like the reference)."""
+    angles = positions.float()[:, None] * inv_freq(head_dim, theta).to(positions.device)[None, :]
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def mrope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, section: list[int],
+                  dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Interleaved M-RoPE: positions [3, T] (t, h, w) -> cos, sin [T, head_dim/2]. Frequency j
+    takes h if j % 3 == 1 and j < 3 * section[1], w if j % 3 == 2 and j < 3 * section[2], else t."""
+    freqs = positions.float()[..., None] * inv_freq(head_dim, theta).to(positions.device)  # [3, T, D/2]
+    j = torch.arange(head_dim // 2, device=positions.device)
+    axis = torch.zeros_like(j)
+    axis[(j % 3 == 1) & (j < 3 * section[1])] = 1
+    axis[(j % 3 == 2) & (j < 3 * section[2])] = 2
+    angles = freqs.gather(0, axis[None, None, :].expand(1, freqs.shape[1], -1))[0]
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: TextConfig, layer_idx: int, **factory) -> None:
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.dim_per_head
+        self.scale = self.head_dim ** -0.5
+        h, d = cfg.hidden_size, self.head_dim
+        bias = cfg.attention_bias
+        self.q_proj = nn.Linear(h, self.num_heads * d, bias=bias, **factory)
+        self.k_proj = nn.Linear(h, self.num_kv_heads * d, bias=bias, **factory)
+        self.v_proj = nn.Linear(h, self.num_kv_heads * d, bias=bias, **factory)
+        self.o_proj = nn.Linear(self.num_heads * d, h, bias=bias, **factory)
+        self.q_norm = RMSNorm(d, cfg.rms_norm_eps, **factory)
+        self.k_norm = RMSNorm(d, cfg.rms_norm_eps, **factory)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: AttnFn) -> torch.Tensor:
+        t, d = x.shape[0], self.head_dim
+        q = self.q_norm(self.q_proj(x).reshape(t, self.num_heads, d))
+        k = self.k_norm(self.k_proj(x).reshape(t, self.num_kv_heads, d))
+        v = self.v_proj(x).reshape(t, self.num_kv_heads, d)
+        out = attn(self.layer_idx, apply_rope(q, cos, sin), apply_rope(k, cos, sin), v, self.scale)
+        return self.o_proj(out.reshape(t, self.num_heads * d))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: TextConfig, layer_idx: int, moe: bool, **factory) -> None:
+        super().__init__()
+        self.self_attn = Attention(cfg, layer_idx, **factory)
+        if moe:
+            self.mlp: nn.Module = SparseMoE(cfg.hidden_size, cfg.moe_intermediate_size, cfg.num_experts,
+                                            cfg.num_experts_per_tok, cfg.norm_topk_prob,
+                                            cfg.shared_expert_intermediate_size, **factory)
+        else:
+            self.mlp = Expert(cfg.hidden_size, cfg.intermediate_size, **factory)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, **factory)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, **factory)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: AttnFn) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, attn)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DecoderStack(nn.Module):
+    """``layers`` and the final ``norm`` (the checkpoint's ``model.`` prefix, less its embeddings)."""
+
+    def __init__(self, cfg: TextConfig, moe_layers: Callable[[int], bool], **factory) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i, moe_layers(i), **factory) for i in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, **factory)
+
+    def fuse_experts(self) -> None:
+        for layer in self.layers:
+            if isinstance(layer.mlp, SparseMoE):
+                layer.mlp.fuse()
+
+    def run(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: AttnFn,
+            capture: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """-> (final-normed hidden, the hidden after ``capture`` layers (0: the input) or None)."""
+        captured = h if capture == 0 else None
+        for i, layer in enumerate(self.layers):
+            h = layer(h, cos, sin, attn)
+            if capture == i + 1:
+                captured = h
+        return self.norm(h), captured
+
+
+class DecoderARModule(ARModule):
+    """What the Thinker and the Talker share as AR engine modules: a :class:`DecoderStack` ``model`` over
+    ``text`` (the config), rows from an embedding table or, where ``embed_mask`` marks them, given."""
+
+    text: TextConfig
+    model: DecoderStack
+
+    def kv_spec(self) -> KVSpec:
+        return KVSpec(num_layers=self.text.num_hidden_layers, num_kv_heads=self.text.num_key_value_heads,
+                      head_dim=self.text.dim_per_head)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.text.vocab_size
+
+    @property
+    def max_positions(self) -> int:
+        return self.text.max_position_embeddings
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.norm.weight.dtype
+
+    def fuse_experts(self):
+        self.model.fuse_experts()
+        return self
+
+    @staticmethod
+    def rows(table: nn.Embedding, input_ids: torch.Tensor, embeds: torch.Tensor | None,
+             embed_mask: torch.Tensor | None) -> torch.Tensor:
+        h = table(input_ids)
+        if embeds is not None and embed_mask is not None and bool(embed_mask.any()):
+            h = h.clone()
+            h[embed_mask] = embeds[embed_mask].to(h.dtype)
+        return h
+
+    def _positions_check(self, input_ids: torch.Tensor, positions: torch.Tensor) -> None:
+        if input_ids.dim() != 1 or positions.shape != input_ids.shape:
+            raise ValueError(f"input_ids and positions must both be [T]; got {tuple(input_ids.shape)} "
+                             f"and {tuple(positions.shape)}")

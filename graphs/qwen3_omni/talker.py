@@ -1,0 +1,90 @@
+"""The Talker: codec code 0 of each 80 ms frame from the Thinker's text, and its code predictor.
+
+An MoE decoder whose every layer has a shared expert (sigmoid-gated), over input *embeddings*:
+
+- prefill (what the reference builds): the user turns' rows, ``text_projection`` of the Thinker's
+  token embeddings (``hidden_projection`` of its layer-``accept_hidden_layer`` hidden states at
+  audio / image rows); then 9 assistant rows: ``<|im_start|>``, ``assistant``, ``\\n`` as text; four
+  ``tts_pad`` text rows plus the codec's nothink / think_bos / think_eos / speaker ids; ``tts_pad`` +
+  ``codec_pad``; ``tts_bos`` + ``codec_bos``... the last with the first reply token's text row.
+- each later step: the sum of the previous frame's 16 codec embeddings (code 0's from
+  ``model.codec_embedding``, the residual ones from the code predictor's tables) plus the next
+  reply token's text row, then ``tts_eos``, then ``tts_pad`` for ever.
+
+``codec_head`` gives code 0 (codes ``[vocab - 1024, vocab)`` other than codec EOS are never
+sampled, as the reference suppresses them); :class:`CodePredictor` gives codes 1-15.
+Module names are the checkpoint's under ``talker.``.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mstar.engine.attention.backend import AttentionContext
+from mstar_graphs.qwen3_omni.code_predictor import CodePredictor
+from mstar_graphs.qwen3_omni.config import Qwen3OmniConfig
+from mstar_graphs.qwen3_omni.decoder import DecoderARModule, DecoderStack, rope_cos_sin
+
+SUPPRESSED_TAIL = 1024  # the codec vocabulary's last 1024 ids (special codes), EOS excepted
+
+
+class ResizeMLP(nn.Module):
+    """Thinker width -> Talker width: fc1, SiLU, fc2 (both with bias)."""
+
+    def __init__(self, cin: int, inner: int, cout: int, **factory) -> None:
+        super().__init__()
+        self.linear_fc1 = nn.Linear(cin, inner, **factory)
+        self.linear_fc2 = nn.Linear(inner, cout, **factory)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear_fc2(F.silu(self.linear_fc1(x)))
+
+
+class Talker(DecoderARModule):
+    plain_linears = ("codec_head",)
+
+    def __init__(self, config: Qwen3OmniConfig, *, dtype: torch.dtype = torch.float32,
+                 device: torch.device | str | None = None) -> None:
+        super().__init__()
+        self.config = config
+        tc = config.talker_config
+        text = tc.text_config
+        self.text = text
+        factory = {"dtype": dtype, "device": device}
+        self.model = DecoderStack(text, lambda _: True, **factory)  # every layer: MoE + shared expert
+        self.model.codec_embedding = nn.Embedding(text.vocab_size, text.hidden_size, **factory)
+        self.codec_head = nn.Linear(text.hidden_size, text.vocab_size, bias=False, **factory)
+        self.text_projection = ResizeMLP(tc.thinker_hidden_size, text.intermediate_size, text.hidden_size, **factory)
+        self.hidden_projection = ResizeMLP(tc.thinker_hidden_size, text.intermediate_size, text.hidden_size, **factory)
+        self.code_predictor = CodePredictor(tc.code_predictor_config, tc.num_code_groups, **factory)
+
+    # -- ARModule: rows enter as embeddings (embed_mask), else as code-0 ids ------------------------------
+    def allowed_token_ranges(self, num_generated: int) -> list[tuple[int, int]] | None:
+        eos, vocab = self.config.talker_config.codec_eos_token_id, self.text.vocab_size
+        ranges = [(0, vocab - SUPPRESSED_TAIL)]
+        if eos >= vocab - SUPPRESSED_TAIL:
+            ranges.append((eos, eos + 1))
+        return ranges
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,  # type: ignore[override]
+                attn: AttentionContext, embeds: torch.Tensor | None = None,
+                embed_mask: torch.Tensor | None = None) -> torch.Tensor:
+        self._positions_check(input_ids, positions)
+        h = self.rows(self.model.codec_embedding, input_ids, embeds, embed_mask)
+        cos, sin = rope_cos_sin(positions, self.text.dim_per_head, self.text.theta, h.dtype)
+        out, _ = self.model.run(h, cos, sin, attn)
+        return out
+
+    def compute_logits(self, hidden: torch.Tensor, token_ids: torch.Tensor | None = None) -> torch.Tensor:
+        if token_ids is None:
+            return self.codec_head(hidden)
+        return hidden @ self.codec_head.weight.index_select(0, token_ids).T
+
+    # -- the rows the reference feeds -------------------------------------------------------------------
+    def codec_rows(self, ids: list[int]) -> torch.Tensor:
+        return self.model.codec_embedding(torch.tensor(ids, device=self.model.norm.weight.device))
+
+    def next_input(self, frame_embeds: torch.Tensor, text_row: torch.Tensor) -> torch.Tensor:
+        """frame_embeds [B, groups, H] (code 0's, then the residual codes') + text rows [B, H] -> [B, H]."""
+        return frame_embeds.sum(1) + text_row
