@@ -43,6 +43,8 @@ class ResizeMLP(nn.Module):
 
 class Talker(DecoderARModule):
     plain_linears = ("codec_head",)
+    prompt_in_history = False  # the reference's repetition penalty sees only generated code-0 tokens
+    has_feedback = True        # a frame's next input is its 16 code embeddings plus the next text row
 
     def __init__(self, config: Qwen3OmniConfig, *, dtype: torch.dtype = torch.float32,
                  device: torch.device | str | None = None) -> None:
@@ -80,6 +82,22 @@ class Talker(DecoderARModule):
         if token_ids is None:
             return self.codec_head(hidden)
         return hidden @ self.codec_head.weight.index_select(0, token_ids).T
+
+    def feedback(self, hidden: torch.Tensor, tokens: torch.Tensor, calls) -> tuple[torch.Tensor, list[dict]]:
+        """The code predictor for the step's frames (one per sequence), and each one's next input row:
+        the frame's 16 code embeddings summed, plus text row ``iteration`` of its ``trailing`` input
+        (then ``tts_pad``). Output ``frame``: the frame's 16 codes."""
+        code0 = self.model.codec_embedding(tokens)
+        residual, frame_embeds = self.code_predictor.predict(hidden.to(code0.dtype), code0,
+                                                             [not c.greedy for c in calls],
+                                                             [c.generator for c in calls])
+        texts = []
+        for c in calls:
+            trailing = c.inputs["trailing"]
+            texts.append(trailing[c.iteration] if c.iteration < trailing.shape[0] else c.inputs["tts_pad"].reshape(-1))
+        rows = self.next_input(frame_embeds, torch.stack(texts).to(code0.dtype))
+        frames = torch.cat([tokens[:, None], residual], dim=1)
+        return rows, [{"frame": f} for f in frames]
 
     # -- the rows the reference feeds -------------------------------------------------------------------
     def codec_rows(self, ids: list[int]) -> torch.Tensor:

@@ -53,13 +53,11 @@ def assistant_start(prompt_ids: list[int], cfg: Qwen3OmniConfig) -> int:
 
 @torch.inference_mode()
 def talker_inputs(talker, thinker_embed_tokens, cfg: Qwen3OmniConfig, prompt_ids: list[int],
-                  thinker_embed: torch.Tensor, thinker_hidden: torch.Tensor, speaker: str) -> TalkerInputs:
+                  thinker_embed: torch.Tensor, thinker_hidden: torch.Tensor, speaker: str | int) -> TalkerInputs:
     """``talker`` (a :class:`~mstar_graphs.qwen3_omni.talker.Talker`), ``thinker_embed_tokens`` (the
     Thinker's token embedding table), rows [P + reply - 1, H_thinker] -> the Talker's inputs."""
     tc = cfg.talker_config
-    speakers = {k.lower(): v for k, v in (tc.speaker_id or {}).items()}
-    if speaker.lower() not in speakers:
-        raise ValueError(f"unknown speaker {speaker!r} (this checkpoint has: {', '.join(sorted(speakers)) or 'none'})")
+    speaker_id = speaker_code(cfg, speaker)
     dtype = talker.dtype
     p = len(prompt_ids)
     a = assistant_start(prompt_ids, cfg)
@@ -81,7 +79,7 @@ def talker_inputs(talker, thinker_embed_tokens, cfg: Qwen3OmniConfig, prompt_ids
     text = torch.cat([assistant[:3], tts_pad.expand(4, -1), tts_bos[None], assistant[3:4]])
     codec = torch.cat([torch.zeros(3, text.shape[1], dtype=dtype, device=text.device),
                        talker.codec_rows([tc.codec_nothink_id, tc.codec_think_bos_id, tc.codec_think_eos_id,
-                                          speakers[speaker.lower()], tc.codec_pad_id, tc.codec_bos_id]).to(dtype)])
+                                          speaker_id, tc.codec_pad_id, tc.codec_bos_id]).to(dtype)])
     prefill = torch.cat([projected[users], text + codec])
     trailing = torch.cat([assistant[4:], tts_eos[None]])
     return TalkerInputs(prefill, trailing, tts_pad)
@@ -89,3 +87,13 @@ def talker_inputs(talker, thinker_embed_tokens, cfg: Qwen3OmniConfig, prompt_ids
 
 def text_width(talker) -> int:
     return talker.text.hidden_size
+
+
+def speaker_code(cfg: Qwen3OmniConfig, speaker: str | int) -> int:
+    """A speaker's codec id, by name (any case) or as the id itself."""
+    speakers = {k.lower(): v for k, v in (cfg.talker_config.speaker_id or {}).items()}
+    if isinstance(speaker, int) and speaker in speakers.values():
+        return speaker
+    if isinstance(speaker, str) and speaker.lower() in speakers:
+        return speakers[speaker.lower()]
+    raise ValueError(f"unknown speaker {speaker!r} (this checkpoint has: {', '.join(sorted(speakers)) or 'none'})")

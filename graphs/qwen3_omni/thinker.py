@@ -21,6 +21,7 @@ from mstar_graphs.qwen3_omni.decoder import DecoderARModule, DecoderStack, rope_
 
 class Thinker(DecoderARModule):
     plain_linears = ("lm_head",)  # compute_logits reads row ranges of its weight
+    row_outputs = ("rows",)  # per row: [input embedding | hidden after accept_hidden_layer] (the Talker's inputs)
 
     def __init__(self, config: Qwen3OmniConfig, *, dtype: torch.dtype = torch.float32,
                  device: torch.device | str | None = None) -> None:
@@ -49,6 +50,7 @@ class Thinker(DecoderARModule):
         self.embedded = h
         cos, sin = rope_cos_sin(positions, self.text.dim_per_head, self.text.theta, h.dtype)
         out, self.captured = self.model.run(h, cos, sin, attn, capture=self.capture_layer)
+        self.rows_out = {"rows": torch.cat([h, self.captured], dim=-1)}
         return out
 
     def compute_logits(self, hidden: torch.Tensor, token_ids: torch.Tensor | None = None) -> torch.Tensor:

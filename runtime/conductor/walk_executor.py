@@ -89,7 +89,8 @@ class WalkExecutor:
         return ExecuteNode(
             call_id=self.new_call_id(), request_id=rs.wire_id, node=node, inputs=inputs,
             index=rs.next_index(node), seed=rs.seed,
-            sampling=req.sampling if gnode.engine == "ar" and "token" in gnode.outputs else None,
+            # request meta "node.sampling" (a SamplingParams) samples that node otherwise than the request
+            sampling=req.meta.get(f"{node}.sampling", req.sampling) if gnode.engine == "ar" and "token" in gnode.outputs else None,
             loop=loop, session_id=req.session_id, meta={**node_meta, **(meta or {})},
             mask=int(req.meta.get(f"{node}.mask", 0)), mask_arg=int(req.meta.get(f"{node}.mask_arg", 0)),
             kv_window=req.meta.get(f"{node}.kv_window"), kv_from=gnode.kv_from, flow=gnode.flow,

@@ -30,6 +30,7 @@ from mstar.engine.model_runner import ModelRunner
 from mstar.engine.sampler import Sampler
 from mstar.engine.scheduler import ScheduledSeq, Scheduler
 from mstar.engine.sequence import ActiveCall, Sequence, SeqStatus
+from mstar.engine.step_feedback import CORE_INPUTS, append_embed_row, feedback_rows, keep_rows, row_outputs
 from mstar.engine.vocab_constraint import union_vocab
 from mstar.parallel.group import TPGroup
 from mstar.parallel.plan import Hello, TPLeader
@@ -200,7 +201,11 @@ class AREngine(EngineInbox):
         if "embeds" in msg.inputs:
             self._append_embeds(seq, msg, len(ids), context_before)
         seq.token_ids.extend(ids)
-        seq.history.extend(ids)
+        if self.module.prompt_in_history:
+            seq.history.extend(ids)
+        for name, ref in msg.inputs.items():  # a feedback hook reads them on every later iteration
+            if name not in CORE_INPUTS and self.module.has_feedback:
+                seq.side_inputs[name] = self.store.resolve(ref)
         seq.mask, seq.mask_arg, seq.kv_window = msg.mask, msg.mask_arg, msg.kv_window
         seq.call = ActiveCall(msg, reply, context_before=context_before)
         seq.status = SeqStatus.RUNNING if seq.table.blocks else SeqStatus.WAITING
@@ -348,6 +353,7 @@ class AREngine(EngineInbox):
                 samples = any(item.seq.call is not None and item.seq.call.wants_token
                               and item.end == len(item.seq.token_ids) for item in batch)
                 hidden, last_rows = self.runner.run(batch, need_hidden=samples)
+                keep_rows(self.module, batch)
                 self.scheduler.complete(batch)
                 self._finish_step(batch, hidden, last_rows)
         except Exception as exc:
@@ -382,7 +388,8 @@ class AREngine(EngineInbox):
             else:
                 call, seq.call = seq.call, None
                 seq.status = SeqStatus.IDLE
-                call.reply(NodeOutput(call.msg.call_id, call.msg.request_id, call.iteration, final=True, finish_reason="done"))
+                call.reply(NodeOutput(call.msg.call_id, call.msg.request_id, call.iteration, self._rows(seq),
+                                      final=True, finish_reason="done"))
         if not sample_seqs:
             return
         # Rows that allow the same token ranges share one restricted LM head: a union over the
@@ -405,26 +412,50 @@ class AREngine(EngineInbox):
                                          [s.history for s in seqs], [s.generator for s in seqs])
             for i, token in zip(members, picked):
                 tokens[i] = token
+        continuing = [self._continues(seq, token) for seq, token in zip(sample_seqs, tokens)]
+        fed = feedback_rows(self.module, sample_seqs, tokens, hidden, rows, continuing)
         for seq, token in zip(sample_seqs, tokens):
-            self._advance(seq, token)
+            self._advance(seq, token, fed.get(seq.key))
 
-    def _advance(self, seq: Sequence, token: int) -> None:
+    def _continues(self, seq: Sequence, token: int) -> bool:
+        """Whether the call's Loop feeds ``token`` back for another iteration."""
+        call = seq.call
+        assert call is not None
+        if call.msg.loop is None or token in call.msg.loop.stop_values or call.iteration + 1 >= call.max_iters:
+            return False
+        return seq.kv_window is not None or seq.table.first_position + len(seq.token_ids) + 1 < self.module.max_positions
+
+    def _rows(self, seq: Sequence, outputs: dict | None = None) -> dict:
+        """``outputs`` plus the sequence's row outputs (every computed row), as tensor handles."""
+        outputs = dict(outputs or {})
+        for name, rows in row_outputs(seq).items():
+            outputs[name] = self.store.put(rows, owner=seq.request_id)
+        return outputs
+
+    def _advance(self, seq: Sequence, token: int, fed: tuple[torch.Tensor, dict] | None = None) -> None:
         call = seq.call
         assert call is not None
         msg, iteration = call.msg, call.iteration
+        continues = self._continues(seq, token)
         call.iteration += 1
         if msg.loop is not None and token in msg.loop.stop_values:
             seq.call, seq.status = None, SeqStatus.IDLE
-            call.reply(NodeOutput(msg.call_id, msg.request_id, iteration, final=True, finish_reason="stop"))
+            call.reply(NodeOutput(msg.call_id, msg.request_id, iteration, self._rows(seq), final=True,
+                                  finish_reason="stop"))
             return
         seq.num_generated += 1
         seq.history.append(token)
-        handle = self.store.put(torch.tensor(token, dtype=torch.long), owner=msg.request_id)
-        at_limit = seq.table.first_position + len(seq.token_ids) + 1 >= self.module.max_positions and seq.kv_window is None
-        last = call.iteration >= call.max_iters or at_limit
+        outputs = {"token": self.store.put(torch.tensor(token, dtype=torch.long), owner=msg.request_id)}
+        last = not continues
         if last:
             seq.call, seq.status = None, SeqStatus.IDLE
+            outputs = self._rows(seq, outputs)
         else:
             seq.token_ids.append(token)  # loop feedback: next iteration's input
+            if fed is not None:  # ... as the row the module computed for it
+                row, extra = fed
+                append_embed_row(seq, row)
+                for name, value in extra.items():
+                    outputs[name] = self.store.put(value, owner=msg.request_id)
         reason = ("length" if msg.loop is not None else "done") if last else None
-        call.reply(NodeOutput(msg.call_id, msg.request_id, iteration, {"token": handle}, final=last, finish_reason=reason))
+        call.reply(NodeOutput(msg.call_id, msg.request_id, iteration, outputs, final=last, finish_reason=reason))

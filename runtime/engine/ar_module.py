@@ -1,7 +1,8 @@
 """The contract between the AR engine and an autoregressive model component."""
 from __future__ import annotations
 
-from typing import ClassVar
+from dataclasses import dataclass
+from typing import ClassVar, Mapping
 
 import torch
 
@@ -9,6 +10,16 @@ from mstar.engine.attention.backend import AttentionContext
 from mstar.engine.kv_cache import KVSpec
 from mstar.graph.node import EngineKind, NodeSubmodule
 
+
+
+@dataclass(frozen=True)
+class FeedbackCall:
+    """One sequence's step, as a module's :meth:`ARModule.feedback` sees it."""
+
+    iteration: int                      # the Loop iteration whose token was just sampled (0: the call's first)
+    inputs: Mapping[str, torch.Tensor]  # the sequence's side inputs (its calls' inputs other than ids / embeds)
+    greedy: bool                        # the call samples greedily
+    generator: torch.Generator | None   # the sequence's seeded generator
 
 
 class ARModule(NodeSubmodule):
@@ -20,6 +31,15 @@ class ARModule(NodeSubmodule):
     """
 
     engine: ClassVar[EngineKind] = "ar"
+    # Per-row tensors ``forward`` leaves in ``self.rows_out`` ({name: [T, ...]}, T the step's packed rows):
+    # the engine keeps them per sequence and emits every computed row with each call's final output.
+    row_outputs: ClassVar[tuple[str, ...]] = ()
+    # Whether a call's input tokens count for the repetition penalty (False: only generated tokens do,
+    # as for a model whose prompt is embeddings with placeholder ids).
+    prompt_in_history: ClassVar[bool] = True
+    # A module with ``feedback`` feeds a Loop's next iteration an embedding row it computes from the
+    # sampled token, not the token's own embedding (mstar.engine.step_feedback).
+    has_feedback: ClassVar[bool] = False
 
     def kv_spec(self) -> KVSpec:
         raise NotImplementedError
@@ -39,6 +59,12 @@ class ARModule(NodeSubmodule):
 
     def compute_logits(self, hidden: torch.Tensor, token_ids: torch.Tensor | None = None) -> torch.Tensor:
         """hidden [B, H] -> logits [B, V], or [B, K] for only the vocabulary rows ``token_ids`` [K]."""
+        raise NotImplementedError
+
+    def feedback(self, hidden: torch.Tensor, tokens: torch.Tensor,
+                 calls: list[FeedbackCall]) -> tuple[torch.Tensor, list[dict[str, torch.Tensor]]]:
+        """Loop feedback (``has_feedback``): hidden [B, H] of the rows just sampled, their tokens [B] ->
+        (the next iteration's input rows [B, H], per sequence extra outputs of this iteration)."""
         raise NotImplementedError
 
     def allowed_token_ranges(self, num_generated: int) -> list[tuple[int, int]] | None:

@@ -62,6 +62,8 @@ class Sequence:
     embed_mask: torch.Tensor | None = None   # [len(token_ids)] bool
     flow: "FlowState | None" = None          # an active flow Loop (mstar.engine.flow_loop)
     phase_waits: int = 0                     # steps held back to start in phase (mstar.engine.scheduler)
+    side_inputs: dict[str, torch.Tensor] = field(default_factory=dict)  # call inputs a feedback hook reads
+    rows: dict[str, torch.Tensor] = field(default_factory=dict)         # row outputs by token position
 
     @property
     def key(self) -> tuple[str, str]:

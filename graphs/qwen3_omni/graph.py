@@ -1,0 +1,87 @@
+"""The Qwen3-Omni Walk Graph: Thinker -> Talker (with its code predictor) -> Code2Wav, text and audio out.
+
+    input.features --> audio_encoder --embeds--> thinker <--token-- (decode Loop feedback)
+    input.prompt_ids -----------------------------^  |--token--> output.text_ids
+                                                     \\--rows (every computed row, at each call's end)-->
+    input.prompt_ids --> talker_inputs --prefill rows, trailing text, tts_pad--> talker (Loop, feedback:
+                         code predictor -> frame) --frame~> code2wav [LeftContext(25, 25)] --audio--> output.audio
+                                                                                \\--frame--> output.codes
+
+Walks, chosen by ``next_walk``: ``prefill_audio`` (the audio encoder, then the Thinker's prompt with
+its rows at ``<|audio_pad|>``) or ``prefill_text``; ``think`` (the Thinker's decode Loop until
+``<|im_end|>``); ``talk`` (the Talker's inputs from the Thinker's rows, then the Talker's Loop until
+codec EOS, each iteration's frame streamed to Code2Wav) unless the request wants text only. The
+Talker starts when the Thinker's reply is complete, as the reference does; it reads one text row per
+frame, so its output equals the reference's.
+"""
+from __future__ import annotations
+
+from mstar.graph import (Call, DynamicLoop, GraphEdge, GraphNode, LeftContextChunkPolicy, ModelGraph,
+                         PartitionConnection, PartitionTopology, Sequential, StopOnValues, StreamingGraphEdge)
+
+CHUNK_FRAMES, LEFT_CONTEXT_FRAMES = 25, 25
+
+
+def walk_chooser(im_end: int):
+    def next_walk(state) -> str | None:
+        meta, last = state.request.meta, state.last_walk
+        audio = meta.get("audio", True)
+        if last is None:
+            return "prefill_audio" if "features" in state.request.inputs else "prefill_text"
+        if last in ("prefill_audio", "prefill_text"):
+            first = state.value("thinker.token")
+            done = meta.get("thinker_max_tokens", 1024) <= 1 or (first is not None and int(first) == im_end)
+            return ("talk" if audio else None) if done else "think"
+        if last == "think" and audio:
+            return "talk"
+        return None
+    return next_walk
+
+
+def qwen3_omni_graph(im_end: int, codec_eos: int) -> ModelGraph:
+    return ModelGraph(
+        name="qwen3_omni",
+        nodes=[
+            GraphNode("audio_encoder", inputs=["features"], outputs=["embeds"]),
+            GraphNode("thinker", inputs=["input_ids", "embeds", "embed_mask"], outputs=["token", "rows"], engine="ar",
+                      optional_inputs=["embeds", "embed_mask"]),
+            GraphNode("talker_inputs", inputs=["prompt_ids", "rows"],
+                      outputs=["input_ids", "embeds", "embed_mask", "trailing", "tts_pad"]),
+            GraphNode("talker", inputs=["input_ids", "embeds", "embed_mask", "trailing", "tts_pad"],
+                      outputs=["token", "frame"], engine="ar"),
+            GraphNode("code2wav", inputs=["codes"], outputs=["audio"]),
+        ],
+        edges=[
+            GraphEdge("input.features", "audio_encoder.features"),
+            GraphEdge("input.prompt_ids", "thinker.input_ids"),
+            GraphEdge("input.embed_mask", "thinker.embed_mask"),
+            GraphEdge("audio_encoder.embeds", "thinker.embeds"),
+            GraphEdge("thinker.token", "thinker.input_ids"),
+            GraphEdge("thinker.token", "output.text_ids"),
+            GraphEdge("input.prompt_ids", "talker_inputs.prompt_ids"),
+            GraphEdge("thinker.rows", "talker_inputs.rows"),
+            *(GraphEdge(f"talker_inputs.{p}", f"talker.{p}") for p in ("input_ids", "embeds", "embed_mask",
+                                                                      "trailing", "tts_pad")),
+            GraphEdge("talker.token", "talker.input_ids"),  # the Loop's feedback (its row: Talker.feedback)
+            GraphEdge("talker.frame", "output.codes"),
+            StreamingGraphEdge("talker.frame", "code2wav.codes", target_partition="vocoder"),
+            GraphEdge("code2wav.audio", "output.audio"),
+        ],
+        walks={
+            "prefill_text": Call("thinker"),
+            "prefill_audio": Sequential(Call("audio_encoder"), Call("thinker")),
+            "think": DynamicLoop("thinker", trip_count=lambda s: s.request.meta.get("thinker_max_tokens", 1024) - 1,
+                                 stop=StopOnValues("thinker.token", (im_end,))),
+            "talk": Sequential(Call("talker_inputs"),
+                               DynamicLoop("talker", trip_count=lambda s: s.request.meta.get("talker_max_tokens", 4096),
+                                           stop=StopOnValues("talker.token", (codec_eos,)))),
+        },
+        topology=PartitionTopology(
+            partitions={"thinker": ["audio_encoder", "thinker"], "talker": ["talker_inputs", "talker"],
+                        "vocoder": ["code2wav"]},
+            connections=[PartitionConnection("talker", "vocoder",
+                                             LeftContextChunkPolicy(CHUNK_FRAMES, LEFT_CONTEXT_FRAMES))],
+        ),
+        required_inputs=("prompt_ids",),  # features and embed_mask come with audio prompts only
+        next_walk=walk_chooser(im_end),
+    )

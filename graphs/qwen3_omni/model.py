@@ -1,0 +1,108 @@
+"""Qwen3-Omni as a servable model: its graph, its submodules, and its requests.
+
+A request is a prompt's token ids (with ``<|audio_pad|>`` rows for a clip's audio-encoder
+embeddings, whose log-mel ``features`` come with it) and how much to say: the Thinker's reply is
+greedy by default (the reference's generation config is empty), the Talker samples as the
+reference's ``generate`` does (temperature 0.9, top-k 50, repetition penalty 1.05) unless told otherwise.
+Outputs: ``text_ids`` (each reply token as it is decided), ``codes`` (each 16-code frame) and
+``audio`` (24 kHz float PCM chunks from Code2Wav).
+"""
+from __future__ import annotations
+
+import logging
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import msgspec
+import torch
+
+from mstar.conductor import Request
+from mstar.engine.device_loop import run_on_device
+from mstar.engine.sampling_params import SamplingParams
+from mstar_graphs.qwen3_omni.audio_encoder import tokens_for_frames
+from mstar_graphs.qwen3_omni.checkpoints import ensure_tiny_qwen3_omni, load_component
+from mstar_graphs.qwen3_omni.config import Qwen3OmniConfig
+from mstar_graphs.qwen3_omni.graph import qwen3_omni_graph
+from mstar_graphs.qwen3_omni.talker_inputs_node import TalkerInputsNode
+from mstar_graphs.qwen3_omni.talker_prompt import speaker_code
+
+log = logging.getLogger("mstar_graphs.qwen3_omni")
+SAMPLE_RATE = 24_000
+THINKER_SAMPLING = SamplingParams(temperature=0.0, max_tokens=1024)
+TALKER_SAMPLING = SamplingParams(temperature=0.9, top_k=50, top_p=1.0, repetition_penalty=1.05, max_tokens=4096)
+
+
+@dataclass
+class Qwen3Omni:
+    path: Path
+    config: Qwen3OmniConfig
+    thinker: torch.nn.Module
+    audio_encoder: torch.nn.Module
+    talker: torch.nn.Module
+    code2wav: torch.nn.Module
+    speaker: str = "ethan"
+
+    audio_output = "audio"
+    sample_rate = SAMPLE_RATE
+
+    @classmethod
+    def load(cls, weights: str | Path | None = None, *, progress: bool = True, speaker: str = "ethan") -> "Qwen3Omni":
+        path = Path(weights) if weights is not None else ensure_tiny_qwen3_omni()
+        config = Qwen3OmniConfig.from_dir(path)
+        if config.mstar_random_weights:
+            log.warning("Qwen3-Omni weights in %s are RANDOM (generated for tests): text and audio are noise", path)
+        parts = {name: run_on_device(load_component, name, path, progress=progress)
+                 for name in ("thinker", "audio_encoder", "talker", "code2wav")}
+        speaker_code(config, speaker)  # an unknown default speaker fails here, not on the first request
+        return cls(path, config, speaker=speaker, **parts)
+
+    @property
+    def random_weights(self) -> bool:
+        return self.config.mstar_random_weights
+
+    def graph(self):
+        return qwen3_omni_graph(self.config.im_end_token_id, self.config.talker_config.codec_eos_token_id)
+
+    def modules(self) -> dict[str, torch.nn.Module]:
+        return {"audio_encoder": self.audio_encoder, "thinker": self.thinker,
+                "talker_inputs": TalkerInputsNode(self.talker, self.thinker.model.embed_tokens, self.speaker),
+                "talker": self.talker, "code2wav": self.code2wav}
+
+    def request(self, prompt_ids: list[int], *, features: torch.Tensor | None = None, audio: bool = True,
+                thinker_max_tokens: int = 256, talker_max_tokens: int = 1024, speaker: str | None = None,
+                sampling: SamplingParams | None = None, talker_sampling: SamplingParams | None = None,
+                seed: int | None = None, request_id: str | None = None,
+                outputs: frozenset[str] | None = None) -> Request:
+        """``features``: one clip's log-mel frames [128, T] (mstar_graphs.qwen3_omni.audio_features.log_mel);
+        the prompt must then hold exactly ``tokens_for_frames(T)`` audio pad tokens."""
+        cfg = self.config
+        ids = torch.tensor(prompt_ids, dtype=torch.long)
+        if ids.dim() != 1 or ids.numel() == 0:
+            raise ValueError("prompt_ids must be a non-empty list of token ids")
+        vocab = cfg.thinker_config.text_config.vocab_size
+        if int(ids.min()) < 0 or int(ids.max()) >= vocab:
+            raise ValueError(f"prompt token ids must be in [0, {vocab})")
+        pads = ids == cfg.thinker_config.audio_token_id
+        inputs: dict[str, torch.Tensor] = {"prompt_ids": ids}
+        if features is not None:
+            mels = cfg.thinker_config.audio_config.num_mel_bins
+            if features.dim() != 2 or features.shape[0] != mels:
+                raise ValueError(f"audio features must be [{mels}, frames], got {tuple(features.shape)}")
+            want = tokens_for_frames(features.shape[1], cfg.thinker_config.audio_config.n_window)
+            if int(pads.sum()) != want:
+                raise ValueError(f"{features.shape[1]} audio frames make {want} audio tokens; the prompt has "
+                                 f"{int(pads.sum())} <|audio_pad|>")
+            inputs["features"], inputs["embed_mask"] = features.float(), pads
+        elif bool(pads.any()):
+            raise ValueError("the prompt has <|audio_pad|> tokens but no audio features came with it")
+        thinker = sampling or THINKER_SAMPLING
+        talker = talker_sampling or TALKER_SAMPLING
+        if seed is not None:  # the request's seed seeds every node's sampling (the Talker's, the code predictor's)
+            thinker = msgspec.structs.replace(thinker, seed=seed)
+        meta = {"thinker_max_tokens": thinker_max_tokens, "talker_max_tokens": talker_max_tokens, "audio": audio,
+                "talker.sampling": talker,
+                "talker_inputs.speaker": speaker_code(cfg, speaker or self.speaker)}
+        return Request(inputs=inputs, sampling=thinker, request_id=request_id or uuid.uuid4().hex[:12], meta=meta,
+                       outputs=outputs)
+

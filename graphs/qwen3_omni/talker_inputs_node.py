@@ -1,0 +1,49 @@
+"""The graph node that turns the Thinker's rows into the Talker's inputs (mstar_graphs.qwen3_omni.talker_prompt).
+
+Stateless: inputs ``prompt_ids`` [P] and ``rows`` [P + reply - 1, 2 H] (the Thinker's per-row
+output: input embedding | hidden after ``accept_hidden_layer``); outputs the Talker call's
+``input_ids`` (placeholders), ``embeds`` and ``embed_mask`` (every row an embedding), and the
+``trailing`` text rows and ``tts_pad`` row its feedback reads. It shares the Talker's projections and
+the Thinker's token embeddings (same process: same weights).
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from mstar.graph.node import NodeCall, NodeSubmodule
+from mstar_graphs.qwen3_omni.talker_prompt import talker_inputs
+
+
+class TalkerInputsNode(NodeSubmodule):
+    def __init__(self, talker, thinker_embed_tokens, speaker: str = "ethan") -> None:
+        super().__init__()
+        self._talker = [talker]                 # not submodules: they belong to the Talker and Thinker nodes
+        self._embed_tokens = [thinker_embed_tokens]
+        self.speaker = speaker
+
+    def prepare_inputs(self, calls: Sequence[NodeCall]) -> dict:
+        return {"calls": list(calls)}
+
+    def batch_key(self, call: NodeCall):
+        return "talker_inputs"
+
+    def split_outputs(self, outputs, calls):
+        return outputs["each"]
+
+    def forward(self, calls: list[NodeCall]) -> dict:  # type: ignore[override]
+        talker, embed = self._talker[0], self._embed_tokens[0]
+        cfg = talker.config
+        width = cfg.thinker_config.text_config.hidden_size
+        each = []
+        for call in calls:
+            rows = call.inputs["rows"].to(talker.dtype)
+            speaker = int(call.meta["speaker"]) if "speaker" in call.meta else self.speaker  # request meta talker_inputs.speaker
+            made = talker_inputs(talker, embed, cfg, call.inputs["prompt_ids"].reshape(-1).tolist(),
+                                 rows[:, :width], rows[:, width:], speaker)
+            n = made.prefill.shape[0]
+            each.append({"input_ids": torch.zeros(n, dtype=torch.long), "embeds": made.prefill,
+                         "embed_mask": torch.ones(n, dtype=torch.bool), "trailing": made.trailing,
+                         "tts_pad": made.tts_pad})
+        return {"each": each}
