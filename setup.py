@@ -124,7 +124,8 @@ setup(
                                    "vjepa2 = mstar_graphs.vjepa2.components:vjepa2_components"],
                   "mstar.worker_plugins": ["ros_diagnostics = mstar_ros.ros.worker_diagnostics:attach"],
                   # what the WebRTC gateway can serve, by name (mstar_ros.webrtc.speech_models)
-                  "mstar.speech_models": ["orpheus = mstar_graphs.orpheus.model:OrpheusTTS"]},
+                  "mstar.speech_models": ["orpheus = mstar_graphs.orpheus.model:OrpheusTTS",
+                                          "qwen3-omni = mstar_graphs.qwen3_omni.speech:Qwen3OmniChat"]},
     zip_safe=True,
     maintainer="mstar_ros developers",
     description="Walk Graph serving runtime for composite multimodal models, as ROS 2 nodes",

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import tokenizers
 
+from mstar_graphs.common.tokenizer_file import load_tokenizer_file
 from mstar_graphs.orpheus.tokens import END_OF_HUMAN, EOT, START_OF_AI, START_OF_HUMAN, START_OF_SPEECH
 
 PROMPT_SUFFIX = (EOT, END_OF_HUMAN, START_OF_AI, START_OF_SPEECH)
@@ -21,13 +22,7 @@ PROMPT_SUFFIX = (EOT, END_OF_HUMAN, START_OF_AI, START_OF_SPEECH)
 
 def load_tokenizer(directory: str | Path) -> tokenizers.Tokenizer:
     """The text tokenizer of a checkpoint directory (its ``tokenizer.json``)."""
-    file = Path(directory) / "tokenizer.json"
-    if not file.is_file():
-        raise FileNotFoundError(f"{file}: no tokenizer.json in {directory} (Orpheus needs the HF fast-tokenizer file)")
-    try:
-        return tokenizers.Tokenizer.from_file(str(file))
-    except Exception as exc:  # tokenizers raises a bare Exception on malformed files
-        raise ValueError(f"{file}: not a valid tokenizers file: {exc}") from exc
+    return load_tokenizer_file(directory, "Orpheus")
 
 
 def build_prompt_ids(tokenizer: tokenizers.Tokenizer, text: str, voice: str | None = "tara") -> list[int]:

@@ -25,7 +25,7 @@ from mstar_graphs.common.cache import cached_dir
 from mstar_graphs.qwen3_omni.config import Qwen3OmniConfig
 
 log = logging.getLogger("mstar_graphs.qwen3_omni")
-TINY_VERSION = 1
+TINY_VERSION = 2
 SEED = 20260
 
 # component -> (checkpoint prefix, names under it that belong elsewhere)
@@ -180,6 +180,9 @@ def write_tiny_checkpoint(directory: str | Path, seed: int = SEED) -> Path:
     save_safetensors(component_state_dicts(modules), directory)
     (directory / "config.json").write_text(json.dumps(cfg_dict, indent=2) + "\n")
     (directory / "generation_config.json").write_text(json.dumps({"_from_model_config": True}) + "\n")
+    from mstar_graphs.qwen3_omni.chat import build_tiny_tokenizer
+
+    build_tiny_tokenizer(config.thinker_config.text_config.vocab_size).save(str(directory / "tokenizer.json"))
     return directory
 
 

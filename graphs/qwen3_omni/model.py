@@ -100,7 +100,14 @@ class Qwen3Omni:
         talker = talker_sampling or TALKER_SAMPLING
         if seed is not None:  # the request's seed seeds every node's sampling (the Talker's, the code predictor's)
             thinker = msgspec.structs.replace(thinker, seed=seed)
-        meta = {"thinker_max_tokens": thinker_max_tokens, "talker_max_tokens": talker_max_tokens, "audio": audio,
+        # the Talker's context is its prompt (at most the user turns + 9 rows) and its frames
+        talker_room = cfg.talker_config.text_config.max_position_embeddings - len(prompt_ids) - 9
+        thinker_room = cfg.thinker_config.text_config.max_position_embeddings - len(prompt_ids)
+        if thinker_room < 1 or talker_room < 1:
+            raise ValueError(f"a prompt of {len(prompt_ids)} tokens leaves no room to answer (context limit "
+                             f"{cfg.thinker_config.text_config.max_position_embeddings})")
+        meta = {"thinker_max_tokens": min(thinker_max_tokens, thinker_room),
+                "talker_max_tokens": min(talker_max_tokens, talker_room), "audio": audio,
                 "talker.sampling": talker,
                 "talker_inputs.speaker": speaker_code(cfg, speaker or self.speaker)}
         return Request(inputs=inputs, sampling=thinker, request_id=request_id or uuid.uuid4().hex[:12], meta=meta,

@@ -2,7 +2,9 @@
 
 silero-vad (its wheel ships the model) scores 512-sample windows (32 ms at 16 kHz); its
 ``VADIterator`` says where speech starts and where it stops, a stop only after
-``silence_duration_ms`` of silence (the end of a turn). Times are ms of the peer's audio.
+``silence_duration_ms`` of silence (the end of a turn). Times are ms of the peer's audio. A stop
+carries the turn's audio (16 kHz float, from ``PRE_ROLL_MS`` before the start to the stop), for a
+model that listens; a turn longer than ``MAX_TURN_S`` keeps its last ``MAX_TURN_S``.
 """
 from __future__ import annotations
 
@@ -14,12 +16,15 @@ import torch
 
 VAD_RATE = 16_000
 WINDOW = 512  # samples silero-vad scores at 16 kHz
+PRE_ROLL_MS = 300  # kept before the detected start: the VAD fires a little after speech begins
+MAX_TURN_S = 60.0
 
 
 @dataclass(frozen=True)
 class SpeechEvent:
     kind: str   # "started" or "stopped"
     ms: int     # position in the peer's audio
+    audio: np.ndarray | None = None  # "stopped": the turn's 16 kHz float samples
 
 
 class SpeechDetector:
@@ -31,6 +36,10 @@ class SpeechDetector:
         self._resampler = av.AudioResampler(format="s16", layout="mono", rate=VAD_RATE)
         self._pending = np.zeros(0, dtype=np.float32)
         self.speaking = False
+        self._kept = np.zeros(0, dtype=np.float32)  # the latest samples (the turn so far, or the pre-roll)
+        self._kept_from = 0                          # stream position of _kept[0]
+        self._fed = 0                                # samples scored so far
+        self._turn_start = 0
 
     def feed(self, frame: av.AudioFrame) -> list[SpeechEvent]:
         """One decoded frame of the peer's audio (any rate and layout) -> the speech events it completes."""
@@ -40,12 +49,24 @@ class SpeechDetector:
         events = []
         while len(self._pending) >= WINDOW:
             window, self._pending = self._pending[:WINDOW], self._pending[WINDOW:]
+            self._keep(window)
             with torch.inference_mode():
                 found = self._vad(torch.from_numpy(window.copy()))
             if found and "start" in found:
                 self.speaking = True
+                self._turn_start = max(self._kept_from, int(found["start"]) - PRE_ROLL_MS * VAD_RATE // 1000)
                 events.append(SpeechEvent("started", int(found["start"]) * 1000 // VAD_RATE))
             elif found and "end" in found:
                 self.speaking = False
-                events.append(SpeechEvent("stopped", int(found["end"]) * 1000 // VAD_RATE))
+                end = int(found["end"])
+                turn = self._kept[max(0, self._turn_start - self._kept_from):max(0, end - self._kept_from)].copy()
+                events.append(SpeechEvent("stopped", end * 1000 // VAD_RATE, turn))
         return events
+
+    def _keep(self, window: np.ndarray) -> None:
+        self._kept = np.concatenate([self._kept, window])
+        self._fed += len(window)
+        limit = int((MAX_TURN_S if self.speaking else PRE_ROLL_MS / 1000 + 1.0) * VAD_RATE)
+        if len(self._kept) > limit:
+            drop = len(self._kept) - limit
+            self._kept, self._kept_from = self._kept[drop:], self._kept_from + drop

@@ -68,6 +68,9 @@ class VoicePeer:
         self.silence_duration_ms = silence_duration_ms
         self.speech_events = 0
         self.voice: str | None = None
+        self.history: list[tuple[str, str]] = []  # a conversational model's earlier turns, as text
+        self.conversational = bool(getattr(model, "conversational", False))
+        self.listens = self.conversational and getattr(model, "audio_input_rate", None) is not None
         self.sampling = model.default_sampling  # session.update changes it for the peer's later responses
         self._listener: asyncio.Task | None = None
         pc.addTrack(self.track)
@@ -111,6 +114,8 @@ class VoicePeer:
                 await self.cancel_response()  # one response at a time: a new one replaces it
                 voice = (spec.voice if spec else None) or self.voice
                 self._task = asyncio.ensure_future(self._respond(text, voice, sampling, received))
+            elif event.type == "input_audio_buffer.commit":
+                raise EventError("the turn ends on its own here (server VAD): speak, then pause")
             elif event.type == "response.cancel":
                 await self.cancel_response()
             elif event.type == "session.update":
@@ -148,14 +153,20 @@ class VoicePeer:
                 "temperature": s.temperature, "top_p": s.top_p, "repetition_penalty": s.repetition_penalty,
                 "seed": s.seed, "turn_detection": {"type": "server_vad", "silence_duration_ms": self.silence_duration_ms}}
 
-    async def _respond(self, text: str, voice: str | None, sampling, received: float) -> None:
+    async def _respond(self, text: str | None, voice: str | None, sampling, received: float,
+                       audio=None) -> None:
         rid = f"resp_{uuid.uuid4().hex[:12]}"
         self.response_id = rid
         self.responses += 1
-        audio_port = self.model.audio_output
+        model, audio_port = self.model, self.model.audio_output
+        text_port = getattr(model, "text_output", None) if self.conversational else None
         try:
-            request = self.model.request(text, voice=voice, sampling=sampling, request_id=rid,
-                                         outputs=frozenset({audio_port}))
+            if self.conversational:  # a turn of the conversation: the model answers it
+                request = model.request(text, audio=audio, history=list(self.history), voice=voice, sampling=sampling,
+                                        request_id=rid, outputs=frozenset({audio_port, text_port} - {None}))
+            else:  # a text-to-speech model speaks the text itself
+                request = model.request(text, voice=voice, sampling=sampling, request_id=rid,
+                                        outputs=frozenset({audio_port}))
         except ValueError as exc:
             self.response_id = None
             self.send("error", error={"type": "invalid_request_error", "message": str(exc)})
@@ -164,7 +175,10 @@ class VoicePeer:
         self.timings.append(timing)
         underruns_before = self.track.underruns
         self.send("response.created", response={"id": rid, "status": "in_progress"})
-        self.send("response.output_audio_transcript.delta", response_id=rid, delta=text)
+        if text_port is None:
+            self.send("response.output_audio_transcript.delta", response_id=rid, delta=text)
+        reply_ids: list[int] = []
+        said = ""
         self.track.begin()
         status = "completed"
         try:
@@ -172,9 +186,20 @@ class VoicePeer:
                 if out.name == audio_port:
                     timing.last_chunk = time.monotonic()
                     timing.first_chunk = timing.first_chunk or timing.last_chunk
-                    timing.audio_s += out.data.numel() / self.model.sample_rate
-                    self.track.push(out.data, self.model.sample_rate)
+                    timing.audio_s += out.data.numel() / model.sample_rate
+                    self.track.push(out.data, model.sample_rate)
+                elif out.name == text_port:
+                    reply_ids.append(int(out.data))
+                    now = model.decode_text(reply_ids)
+                    if now.startswith(said) and not now.endswith("\ufffd"):  # whole characters only
+                        if len(now) > len(said):
+                            self.send("response.output_audio_transcript.delta", response_id=rid, delta=now[len(said):])
+                        said = now
             self.track.end()
+            if text_port is not None:
+                said = model.decode_text(reply_ids)
+                self.send("response.output_audio_transcript.done", response_id=rid, transcript=said)
+                self.history += [("user", text or ""), ("assistant", said)] if text else [("assistant", said)]
             while self.track.queued_ms > 0 and not self.closed:  # done when the peer has heard it
                 await asyncio.sleep(0.02)
             self.send("response.output_audio.done", response_id=rid)
@@ -211,6 +236,18 @@ class VoicePeer:
                         await self.cancel_response()  # barge-in: the user speaks over the response
                 else:
                     self.send("input_audio_buffer.speech_stopped", audio_end_ms=event.ms)
+                    if self.listens and event.audio is not None and len(event.audio):
+                        await self._answer_turn(event.audio)
+
+    async def _answer_turn(self, samples) -> None:
+        """The end of the user's spoken turn: its audio goes to the model, which answers it."""
+        import torch
+
+        item = f"item_{uuid.uuid4().hex[:12]}"
+        self.send("input_audio_buffer.committed", item_id=item, audio_ms=len(samples) * 1000 // 16_000)
+        await self.cancel_response()
+        self._task = asyncio.ensure_future(self._respond(None, self.voice, self.sampling, time.monotonic(),
+                                                         audio=torch.from_numpy(samples)))
 
     async def cancel_response(self) -> None:
         """Barge-in: the request is cancelled in the runtime (its KV freed) and queued audio dropped."""

@@ -3,10 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
-import wave
 
-import numpy as np
 import pytest
 from aiohttp import ClientSession
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
@@ -16,26 +13,7 @@ from mstar.conductor import Conductor
 from support.webrtc_gateway import serve_gateway
 from mstar_ros.webrtc.server import VoiceGateway
 
-SILENCE_BEFORE_S, SILENCE_AFTER_S = 2.5, 1.5
-
-
-@pytest.fixture(scope="module")
-def speech_wav(tmp_path_factory):
-    """2.5 s of silence, a spoken sentence (espeak-ng: real speech a VAD detects), 1.5 s of silence."""
-    out = tmp_path_factory.mktemp("mic")
-    spoken = out / "spoken.wav"
-    subprocess.run(["espeak-ng", "-w", str(spoken), "Wait, stop. I have a question for you."], check=True)
-    with wave.open(str(spoken)) as w:
-        rate, speech = w.getframerate(), np.frombuffer(w.readframes(w.getnframes()), dtype=np.int16)
-    pcm = np.concatenate([np.zeros(int(rate * SILENCE_BEFORE_S), np.int16), speech,
-                          np.zeros(int(rate * SILENCE_AFTER_S), np.int16)])
-    path = out / "mic.wav"
-    with wave.open(str(path), "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(rate)
-        w.writeframes(pcm.tobytes())
-    return path, len(speech) / rate
+from support.speech_wav import SILENCE_BEFORE_S
 
 
 @pytest.mark.timeout(120)

@@ -1,0 +1,71 @@
+"""Qwen3-Omni as a conversational speech model: what the voice gateway and the OpenAI-compatible HTTP serve.
+
+A speech model that *answers* (``conversational``): a turn is the user's text or a clip of their
+voice (16 kHz samples, ``audio_input_rate``) with the conversation so far (text turns); the reply's
+text streams out on ``text_output`` (token ids, :meth:`decode_text` makes text of them) and its
+voice on ``audio_output`` at ``sample_rate``.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from mstar.conductor import Request
+from mstar.engine.sampling_params import SamplingParams
+from mstar_graphs.qwen3_omni.audio_encoder import tokens_for_frames
+from mstar_graphs.qwen3_omni.audio_features import SAMPLE_RATE as INPUT_RATE
+from mstar_graphs.qwen3_omni.audio_features import log_mel
+from mstar_graphs.qwen3_omni.chat import Turn, decode, load_tokenizer, prompt_ids
+from mstar_graphs.qwen3_omni.model import TALKER_SAMPLING, Qwen3Omni
+
+
+class Qwen3OmniChat:
+    conversational = True
+    audio_output = "audio"
+    text_output = "text_ids"
+    sample_rate = 24_000
+    audio_input_rate = INPUT_RATE
+    default_sampling = TALKER_SAMPLING  # what session.update changes: the voice's sampling
+    max_reply_tokens = 256
+
+    def __init__(self, model: Qwen3Omni) -> None:
+        self.model = model
+        self.tokenizer = load_tokenizer(model.path)
+
+    @classmethod
+    def load(cls, weights: str | Path | None = None, *, progress: bool = True) -> "Qwen3OmniChat":
+        return cls(Qwen3Omni.load(weights, progress=progress))
+
+    @property
+    def random_weights(self) -> bool:
+        return self.model.random_weights
+
+    def graph(self):
+        return self.model.graph()
+
+    def modules(self):
+        return self.model.modules()
+
+    def decode_text(self, ids: list[int]) -> str:
+        return decode(self.tokenizer, ids)
+
+    def request(self, text: str | None = None, *, audio: torch.Tensor | None = None,
+                history: list[tuple[str, str]] = (), voice: str | None = None,
+                sampling: SamplingParams | None = None, request_id: str | None = None,
+                outputs: frozenset[str] | None = None, speak: bool = True) -> Request:
+        """One user turn (``text``, or ``audio``: 16 kHz mono float samples, or both) after ``history``
+        ((role, text) turns) -> the request. ``sampling`` samples the voice (max_tokens: its frames)."""
+        features = None
+        audio_tokens = 0
+        if audio is not None:
+            features = log_mel(audio.reshape(-1).float())
+            audio_tokens = tokens_for_frames(features.shape[1], self.model.config.thinker_config.audio_config.n_window)
+        if not audio_tokens and not (text and text.strip()):
+            raise ValueError("an empty turn: give text or audio")
+        turns = [Turn(role, said) for role, said in history] + [Turn("user", text or "", audio_tokens)]
+        ids = prompt_ids(self.tokenizer, self.model.config, turns)
+        talker = sampling or TALKER_SAMPLING
+        return self.model.request(ids, features=features, audio=speak, speaker=voice,
+                                  thinker_max_tokens=self.max_reply_tokens, talker_max_tokens=talker.max_tokens,
+                                  talker_sampling=talker, seed=talker.seed, request_id=request_id, outputs=outputs)

@@ -1,0 +1,94 @@
+"""Voice chat through the gateway with a model that answers (tiny Qwen3-Omni, random weights): a spoken
+turn from an aiortc microphone goes to the Thinker's audio encoder and is answered in voice with its
+transcript; a typed turn too; speaking over the answer cancels every stage and frees their KV."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from aiohttp import ClientSession
+from aiortc.contrib.media import MediaPlayer
+
+from mstar.conductor import Conductor
+from mstar_ros.webrtc.client import GatewayClient
+from mstar_ros.webrtc.server import VoiceGateway
+from support.webrtc_gateway import serve_gateway
+
+
+@pytest.mark.timeout(180)
+def test_a_spoken_turn_is_answered_in_voice_with_its_transcript(qwen3_omni, speech_wav):
+    path, _ = speech_wav
+
+    async def main():
+        async with Conductor(qwen3_omni.graph(), qwen3_omni.modules()) as c:
+            idle = c.kv_blocks_used()
+            gateway = VoiceGateway(qwen3_omni, c, model_name="qwen3-omni")
+            runner, url = await serve_gateway(gateway)
+            player = MediaPlayer(str(path))
+            client = GatewayClient(microphone=player.audio)
+            try:
+                async with ClientSession() as http:
+                    answer = await client.connect(http, url)
+                peer = gateway.peers[answer["pc_id"]]
+                client.send(type="session.update", session={"max_output_tokens": 60, "seed": 3})
+                await client.until(lambda: "input_audio_buffer.committed" in client.types(), 60, "the spoken turn")
+                await client.until(lambda: "response.done" in client.types(), 120, "the answer")
+                heard = client.loud_frames()
+                player.audio.stop()
+                client.send(type="response.create", text="hello there, how are you today")
+                await client.until(lambda: client.types().count("response.done") == 2, 120, "the typed turn's answer")
+                for _ in range(200):
+                    if c.kv_blocks_used() == idle:
+                        break
+                    await asyncio.sleep(0.02)
+                return client.events, heard, peer, c.kv_blocks_used(), idle
+            finally:
+                player.audio.stop()
+                await client.close()
+                await runner.cleanup()
+
+    events, heard, peer, blocks, idle = asyncio.run(main())
+    types = [e["type"] for e in events]
+    spoken = types.index("input_audio_buffer.committed")
+    assert types.index("input_audio_buffer.speech_started") < types.index("input_audio_buffer.speech_stopped") < spoken
+    committed = events[spoken]
+    assert 1000 < committed["audio_ms"] < 6000, committed  # the sentence, with the VAD's pre-roll and pad
+    done = [e for e in events if e["type"] == "response.done"]
+    assert [d["response"]["status"] for d in done] == ["completed", "completed"], types
+    transcripts = [e["transcript"] for e in events if e["type"] == "response.output_audio_transcript.done"]
+    deltas = [e["delta"] for e in events if e["type"] == "response.output_audio_transcript.delta"]
+    assert len(transcripts) == 2 and all(transcripts) and "".join(deltas) == "".join(transcripts)
+    assert heard > 10  # the spoken answer's frames reached the peer
+    assert peer.timings[0].audio_s > 0 and peer.timings[1].audio_s > 0
+    assert [role for role, _ in peer.history] == ["assistant", "user", "assistant"]  # the typed turn kept as text
+    assert blocks == idle  # Thinker's and Talker's KV freed
+
+
+def test_speaking_over_the_answer_cancels_every_stage(qwen3_omni, speech_wav):
+    path, _ = speech_wav
+
+    async def main():
+        async with Conductor(qwen3_omni.graph(), qwen3_omni.modules()) as c:
+            idle = c.kv_blocks_used()
+            gateway = VoiceGateway(qwen3_omni, c, model_name="qwen3-omni")
+            runner, url = await serve_gateway(gateway)
+            player = MediaPlayer(str(path))  # 2.5 s of silence, then speech: it starts while the answer plays
+            client = GatewayClient(microphone=player.audio)
+            try:
+                async with ClientSession() as http:
+                    await client.connect(http, url)
+                client.send(type="response.create", text="tell me a long story about robots")
+                await client.until(lambda: "input_audio_buffer.speech_started" in client.types(), 60, "speech")
+                await client.until(lambda: "response.done" in client.types(), 30, "the interrupted answer")
+                first = next(e for e in client.events if e["type"] == "response.done")
+                await asyncio.sleep(0.3)
+                during = c.kv_blocks_used() if client.types().count("response.created") == 1 else None
+                return first, during, idle
+            finally:
+                player.audio.stop()
+                await client.close()
+                await runner.cleanup()
+
+    first, during, idle = asyncio.run(main())
+    assert first["response"]["status"] == "cancelled"
+    assert during is None or during == idle  # no stage holds the cancelled answer's KV
