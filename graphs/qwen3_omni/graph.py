@@ -7,7 +7,8 @@
                          code predictor -> frame) --frame~> code2wav [LeftContext(25, 25)] --audio--> output.audio
                                                                                 \\--frame--> output.codes
 
-Walks, chosen by ``next_walk``: ``prefill_audio`` (the audio encoder, then the Thinker's prompt with
+Walks, chosen by ``next_walk``: ``talk`` alone for a request that gives the text to say
+(``say_ids``: text to speech without the Thinker); else ``prefill_audio`` (the audio encoder, then the Thinker's prompt with
 its rows at ``<|audio_pad|>``) or ``prefill_text``; ``think`` (the Thinker's decode Loop until
 ``<|im_end|>``); ``talk`` (the Talker's inputs from the Thinker's rows, then the Talker's Loop until
 codec EOS, each iteration's frame streamed to Code2Wav) unless the request wants text only. The
@@ -27,6 +28,8 @@ def walk_chooser(im_end: int):
         meta, last = state.request.meta, state.last_walk
         audio = meta.get("audio", True)
         if last is None:
+            if "say_ids" in state.request.inputs:  # speak the given text: the Talker alone
+                return "talk"
             return "prefill_audio" if "features" in state.request.inputs else "prefill_text"
         if last in ("prefill_audio", "prefill_text"):
             first = state.value("thinker.token")
@@ -45,8 +48,9 @@ def qwen3_omni_graph(im_end: int, codec_eos: int) -> ModelGraph:
             GraphNode("audio_encoder", inputs=["features"], outputs=["embeds"]),
             GraphNode("thinker", inputs=["input_ids", "embeds", "embed_mask"], outputs=["token", "rows"], engine="ar",
                       optional_inputs=["embeds", "embed_mask"]),
-            GraphNode("talker_inputs", inputs=["prompt_ids", "rows"],
-                      outputs=["input_ids", "embeds", "embed_mask", "trailing", "tts_pad"]),
+            GraphNode("talker_inputs", inputs=["prompt_ids", "rows", "say_ids"],
+                      outputs=["input_ids", "embeds", "embed_mask", "trailing", "tts_pad"],
+                      optional_inputs=["rows", "say_ids"]),
             GraphNode("talker", inputs=["input_ids", "embeds", "embed_mask", "trailing", "tts_pad"],
                       outputs=["token", "frame"], engine="ar"),
             GraphNode("code2wav", inputs=["codes"], outputs=["audio"]),
@@ -60,6 +64,7 @@ def qwen3_omni_graph(im_end: int, codec_eos: int) -> ModelGraph:
             GraphEdge("thinker.token", "output.text_ids"),
             GraphEdge("input.prompt_ids", "talker_inputs.prompt_ids"),
             GraphEdge("thinker.rows", "talker_inputs.rows"),
+            GraphEdge("input.say_ids", "talker_inputs.say_ids"),
             *(GraphEdge(f"talker_inputs.{p}", f"talker.{p}") for p in ("input_ids", "embeds", "embed_mask",
                                                                       "trailing", "tts_pad")),
             GraphEdge("talker.token", "talker.input_ids"),  # the Loop's feedback (its row: Talker.feedback)

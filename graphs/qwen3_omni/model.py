@@ -70,6 +70,7 @@ class Qwen3Omni:
                 "talker": self.talker, "code2wav": self.code2wav}
 
     def request(self, prompt_ids: list[int], *, features: torch.Tensor | None = None, audio: bool = True,
+                say_ids: list[int] | None = None,
                 thinker_max_tokens: int = 256, talker_max_tokens: int = 1024, speaker: str | None = None,
                 sampling: SamplingParams | None = None, talker_sampling: SamplingParams | None = None,
                 seed: int | None = None, request_id: str | None = None,
@@ -96,6 +97,10 @@ class Qwen3Omni:
             inputs["features"], inputs["embed_mask"] = features.float(), pads
         elif bool(pads.any()):
             raise ValueError("the prompt has <|audio_pad|> tokens but no audio features came with it")
+        if say_ids is not None:  # text to speech: the Talker speaks these tokens, as a reply ending with <|im_end|>
+            if not say_ids or features is not None:
+                raise ValueError("say_ids needs at least one token, and no audio")
+            inputs["say_ids"] = torch.tensor(say_ids, dtype=torch.long)
         thinker = sampling or THINKER_SAMPLING
         talker = talker_sampling or TALKER_SAMPLING
         if seed is not None:  # the request's seed seeds every node's sampling (the Talker's, the code predictor's)

@@ -50,6 +50,18 @@ class Qwen3OmniChat:
     def decode_text(self, ids: list[int]) -> str:
         return decode(self.tokenizer, ids)
 
+    def speech_request(self, text: str, *, voice: str | None = None, sampling: SamplingParams | None = None,
+                       request_id: str | None = None, outputs: frozenset[str] | None = None) -> Request:
+        """Text to speech (``/v1/audio/speech``): the Talker speaks ``text`` as if it were the reply to a
+        user turn asking for it; the Thinker does not run."""
+        if not text or not text.strip():
+            raise ValueError("input is empty")
+        ids = prompt_ids(self.tokenizer, self.model.config, [Turn("user", "Say this.")])
+        talker = sampling or TALKER_SAMPLING
+        return self.model.request(ids, say_ids=self.tokenizer.encode(text, add_special_tokens=False).ids,
+                                  speaker=voice, talker_max_tokens=talker.max_tokens, talker_sampling=talker,
+                                  seed=talker.seed, request_id=request_id, outputs=outputs)
+
     def request(self, text: str | None = None, *, audio: torch.Tensor | None = None,
                 history: list[tuple[str, str]] = (), voice: str | None = None,
                 sampling: SamplingParams | None = None, request_id: str | None = None,

@@ -1,7 +1,10 @@
 """The graph node that turns the Thinker's rows into the Talker's inputs (mstar_graphs.qwen3_omni.talker_prompt).
 
 Stateless: inputs ``prompt_ids`` [P] and ``rows`` [P + reply - 1, 2 H] (the Thinker's per-row
-output: input embedding | hidden after ``accept_hidden_layer``); outputs the Talker call's
+output: input embedding | hidden after ``accept_hidden_layer``), or, to speak a given text without
+the Thinker (``/v1/audio/speech``), ``say_ids``: the rows are then the token embeddings of the prompt
+and the text, as the Thinker's would be for that reply (the hidden half is read at audio rows only,
+and a spoken text's prompt has none); outputs the Talker call's
 ``input_ids`` (placeholders), ``embeds`` and ``embed_mask`` (every row an embedding), and the
 ``trailing`` text rows and ``tts_pad`` row its feedback reads. It shares the Talker's projections and
 the Thinker's token embeddings (same process: same weights).
@@ -38,7 +41,12 @@ class TalkerInputsNode(NodeSubmodule):
         width = cfg.thinker_config.text_config.hidden_size
         each = []
         for call in calls:
-            rows = call.inputs["rows"].to(talker.dtype)
+            if "say_ids" in call.inputs:  # the reply is given: its rows are token embeddings (its <|im_end|>: unseen)
+                ids = torch.cat([call.inputs["prompt_ids"].reshape(-1), call.inputs["say_ids"].reshape(-1)])
+                e = embed(ids.to(embed.weight.device)).to(talker.dtype)
+                rows = torch.cat([e, torch.zeros_like(e)], dim=-1)
+            else:
+                rows = call.inputs["rows"].to(talker.dtype)
             speaker = int(call.meta["speaker"]) if "speaker" in call.meta else self.speaker  # request meta talker_inputs.speaker
             made = talker_inputs(talker, embed, cfg, call.inputs["prompt_ids"].reshape(-1).tolist(),
                                  rows[:, :width], rows[:, width:], speaker)

@@ -68,8 +68,9 @@ class OpenAISpeech:
             sampling = msgspec.structs.replace(self.model.default_sampling, seed=body.seed,
                                                max_tokens=body.max_tokens or self.model.default_sampling.max_tokens)
         try:
-            req = self.model.request(body.input, voice=body.voice, sampling=sampling,
-                                     outputs=frozenset({self.model.audio_output}))
+            # a model that answers has a separate way to say a given text (Qwen3-Omni: its Talker alone)
+            speak = getattr(self.model, "speech_request", self.model.request)
+            req = speak(body.input, voice=body.voice, sampling=sampling, outputs=frozenset({self.model.audio_output}))
         except ValueError as exc:
             return self._error(400, str(exc))
         sse = body.stream_format == "sse"

@@ -1,6 +1,7 @@
 """The voice gateway's HTTP side (aiohttp): signalling, limits, authentication.
 
-``/v1/audio/speech`` and ``/v1/models``: mstar_ros.webrtc.openai_http. ``POST /offer`` takes ``{"sdp", "type": "offer"}`` (JSON) and answers ``{"sdp", "type": "answer",
+``/v1/audio/speech`` and ``/v1/models``: mstar_ros.webrtc.openai_http; ``/v1/chat/completions`` for a
+model that answers: mstar_ros.webrtc.openai_chat. ``POST /offer`` takes ``{"sdp", "type": "offer"}`` (JSON) and answers ``{"sdp", "type": "answer",
 "pc_id"}``, the shape pipecat's SmallWebRTC clients use; ``DELETE /offer/{pc_id}`` ends a peer.
 WHIP: ``POST /whip`` with ``application/sdp`` answers ``201 Created``, the SDP and a ``Location``
 to ``DELETE`` at the end.
@@ -35,6 +36,7 @@ PAGE = Path(__file__).with_name("static") / "index.html"
 class GatewayLimits:
     max_peers: int = 8
     max_body_bytes: int = 64 * 1024
+    max_audio_body_bytes: int = 16 * 2**20  # /v1/chat/completions with input audio (base64): ~4 min at 24 kHz
     max_sdp_bytes: int = 32 * 1024
     max_text_chars: int = 2000
     idle_timeout_s: float = 300.0  # a peer with no event and nothing playing for this long is dropped
@@ -75,13 +77,19 @@ class VoiceGateway:
         configure_ice("127.0.0.1" if host in ("localhost", "0.0.0.0") else host, self.limits.peer_lost_s)
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=self.limits.max_body_bytes, middlewares=[self._auth])
+        # the largest body any route takes; each route's own limit is checked by _limit_body
+        app = web.Application(client_max_size=max(self.limits.max_body_bytes, self.limits.max_audio_body_bytes),
+                              middlewares=[self._auth, self._limit_body])
         app.router.add_get("/", self.page)
         app.router.add_post("/offer", self.offer)
         app.router.add_delete("/offer/{pc_id}", self.delete)
         app.router.add_post("/whip", self.whip)
         app.router.add_delete("/whip/{pc_id}", self.delete)
         OpenAISpeech(self.model, self.conductor, self.model_name, self.limits.max_text_chars).add_routes(app)
+        if getattr(self.model, "conversational", False):  # a model that answers: chat completions too
+            from mstar_ros.webrtc.openai_chat import OpenAIChat
+
+            OpenAIChat(self.model, self.conductor, self.model_name, self.limits.max_text_chars).add_routes(app)
         app.on_startup.append(self._start_reaper)
         app.on_shutdown.append(self._close_all)
         return app
@@ -95,6 +103,14 @@ class VoiceGateway:
             given = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
             if not hmac.compare_digest(given.encode(), self.token.encode()):
                 raise web.HTTPUnauthorized(text="a Bearer token is required")
+        return await handler(request)
+
+    @web.middleware
+    async def _limit_body(self, request: web.Request, handler):
+        audio = request.path == "/v1/chat/completions"
+        limit = self.limits.max_audio_body_bytes if audio else self.limits.max_body_bytes
+        if request.content_length is not None and request.content_length > limit:
+            raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=request.content_length)
         return await handler(request)
 
     async def offer(self, request: web.Request) -> web.Response:

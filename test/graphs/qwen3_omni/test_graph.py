@@ -61,3 +61,27 @@ def test_served_graph_equals_the_model_end_to_end_alone_and_batched(q3_ckpt):
             assert (torch.cat(out["audio"]) - audio).abs().max() / audio.abs().max() < 1e-4
     assert expected[1][1].shape[1] > 25  # the audio request's frames span two Code2Wav chunks
     assert used == idle  # every stage's KV freed
+
+
+def test_text_to_speech_is_the_talker_alone_on_the_texts_rows(q3_ckpt):
+    """say_ids: the Talker speaks given tokens; its rows are what the Thinker's would be for that reply."""
+    from mstar_graphs.qwen3_omni.direct import talk
+    from mstar_graphs.qwen3_omni.talker_prompt import talker_inputs
+
+    model = Qwen3Omni.load(q3_ckpt, progress=False)
+    say = [100, 200, 300, 400]
+    with torch.inference_mode():
+        ids = torch.tensor(TEXT_PROMPT + say)  # the Thinker never sees the reply's last token (<|im_end|>)
+        rows = model.thinker.model.embed_tokens(ids)
+        inputs = talker_inputs(model.talker, model.thinker.model.embed_tokens, model.config, TEXT_PROMPT, rows,
+                               torch.zeros_like(rows), "ethan")
+        codes = talk(model.talker, inputs, 20, 1.05)
+
+    async def main():
+        async with Conductor(model.graph(), model.modules()) as c:
+            return await c.submit(model.request(TEXT_PROMPT, say_ids=say, talker_max_tokens=20,
+                                                talker_sampling=GREEDY_TALKER)).collect()
+
+    out = asyncio.run(main())
+    assert "text_ids" not in out  # the Thinker did not run
+    assert torch.equal(torch.stack(out["codes"], dim=1), codes)
