@@ -25,7 +25,7 @@ from mstar_graphs.common.cache import cached_dir
 from mstar_graphs.qwen3_omni.config import Qwen3OmniConfig
 
 log = logging.getLogger("mstar_graphs.qwen3_omni")
-TINY_VERSION = 2
+TINY_VERSION = 3
 SEED = 20260
 
 # component -> (checkpoint prefix, names under it that belong elsewhere)
@@ -37,47 +37,67 @@ PREFIXES = {
 }
 
 
-def _text(vocab: int, hidden: int, layers: int, **extra: Any) -> dict[str, Any]:
-    return {"vocab_size": vocab, "hidden_size": hidden, "intermediate_size": 2 * hidden, "num_hidden_layers": layers,
-            "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "rms_norm_eps": 1e-6,
-            "max_position_embeddings": 4096, **extra}
+# preset -> widths: "tiny" for tests; "bench" for benchmarks (the released model's proportions, scaled down:
+# 128 experts top-8 become 16 top-4, the Talker's code predictor and Code2Wav keep their depth ratios)
+SIZES = {
+    "tiny": {"hidden": 32, "heads": 4, "kv": 2, "head_dim": 16, "thinker_layers": 3, "talker_layers": 2,
+             "predictor_layers": 2, "experts": 4, "top_k": 2, "moe_inter": 16, "audio": 32, "audio_layers": 2,
+             "c2w_hidden": 32, "c2w_layers": 2, "decoder_dim": 64, "mrope": [4, 2, 2]},
+    "bench": {"hidden": 256, "heads": 8, "kv": 2, "head_dim": 32, "thinker_layers": 6, "talker_layers": 4,
+              "predictor_layers": 2, "experts": 16, "top_k": 4, "moe_inter": 128, "audio": 128, "audio_layers": 4,
+              "c2w_hidden": 128, "c2w_layers": 2, "decoder_dim": 192, "mrope": [8, 4, 4]},
+}
 
 
-def tiny_config() -> dict[str, Any]:
+def _text(vocab: int, size: dict, layers: int, **extra: Any) -> dict[str, Any]:
+    return {"vocab_size": vocab, "hidden_size": size["hidden"], "intermediate_size": 2 * size["hidden"],
+            "num_hidden_layers": layers, "num_attention_heads": size["heads"], "num_key_value_heads": size["kv"],
+            "head_dim": size["head_dim"], "rms_norm_eps": 1e-6, "max_position_embeddings": 8192, **extra}
+
+
+def tiny_config(preset: str = "tiny") -> dict[str, Any]:
     """A config.json transformers' Qwen3OmniMoeForConditionalGeneration builds from, with real token ids."""
-    mrope = {"rope_type": "default", "rope_theta": 1_000_000.0, "mrope_section": [4, 2, 2], "interleaved": True,
+    if preset not in SIZES:
+        raise ValueError(f"unknown Qwen3-Omni preset {preset!r} (known: {sorted(SIZES)})")
+    z = SIZES[preset]
+    mrope = {"rope_type": "default", "rope_theta": 1_000_000.0, "mrope_section": z["mrope"], "interleaved": True,
              "mrope_interleaved": True}
-    moe = {"moe_intermediate_size": 16, "num_experts": 4, "num_experts_per_tok": 2, "norm_topk_prob": True}
+    moe = {"moe_intermediate_size": z["moe_inter"], "num_experts": z["experts"], "num_experts_per_tok": z["top_k"],
+           "norm_topk_prob": True}
     media = {"audio_token_id": 151675, "image_token_id": 151655, "video_token_id": 151656,
              "vision_start_token_id": 151652, "audio_start_token_id": 151669, "position_id_per_seconds": 13}
     return {
         "architectures": ["Qwen3OmniMoeForConditionalGeneration"], "model_type": "qwen3_omni_moe",
         "mstar_random_weights": True,
         "thinker_config": {
-            "text_config": _text(152064, 32, 3, rope_parameters=dict(mrope), decoder_sparse_step=1, mlp_only_layers=[],
-                                 tie_word_embeddings=False, **moe),
-            "audio_config": {"num_mel_bins": 128, "encoder_layers": 2, "encoder_attention_heads": 2,
-                             "encoder_ffn_dim": 64, "d_model": 32, "output_dim": 32, "n_window": 50,
+            "text_config": _text(152064, z, z["thinker_layers"], rope_parameters=dict(mrope), decoder_sparse_step=1,
+                                 mlp_only_layers=[], tie_word_embeddings=False, **moe),
+            "audio_config": {"num_mel_bins": 128, "encoder_layers": z["audio_layers"], "encoder_attention_heads": 2,
+                             "encoder_ffn_dim": 2 * z["audio"], "d_model": z["audio"], "output_dim": z["hidden"],
+                             "n_window": 50,
                              "n_window_infer": 800, "conv_chunksize": 500, "downsample_hidden_size": 8,
                              "max_source_positions": 1500},
             "vision_config": {"depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "in_channels": 3,
                               "patch_size": 16, "spatial_merge_size": 2, "temporal_patch_size": 2,
-                              "out_hidden_size": 32, "num_position_embeddings": 2304, "deepstack_visual_indexes": [0]},
+                              "out_hidden_size": z["hidden"], "num_position_embeddings": 2304,
+                              "deepstack_visual_indexes": [0]},
             "user_token_id": 872, "tie_word_embeddings": False, **media,
         },
         "talker_config": {
-            "text_config": _text(3072, 32, 2, rope_parameters=dict(mrope), shared_expert_intermediate_size=32, **moe),
-            "code_predictor_config": _text(2048, 32, 2, num_code_groups=16,
+            "text_config": _text(3072, z, z["talker_layers"], rope_parameters=dict(mrope),
+                                 shared_expert_intermediate_size=z["hidden"], **moe),
+            "code_predictor_config": _text(2048, z, z["predictor_layers"], num_code_groups=16,
                                            rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0}),
-            "num_code_groups": 16, "thinker_hidden_size": 32, "accept_hidden_layer": 2,
+            "num_code_groups": 16, "thinker_hidden_size": z["hidden"], "accept_hidden_layer": z["thinker_layers"] - 1,
             "codec_bos_id": 2149, "codec_eos_token_id": 2150, "codec_pad_id": 2148, "codec_nothink_id": 2155,
             "codec_think_bos_id": 2156, "codec_think_eos_id": 2157,
             "speaker_id": {"chelsie": 2301, "ethan": 2302, "aiden": 2303}, "spatial_merge_size": 2, **media,
         },
-        "code2wav_config": {"codebook_size": 2048, "hidden_size": 32, "num_attention_heads": 2, "num_key_value_heads": 2,
-                            "intermediate_size": 64, "num_hidden_layers": 2, "num_quantizers": 16, "sliding_window": 72,
+        "code2wav_config": {"codebook_size": 2048, "hidden_size": z["c2w_hidden"], "num_attention_heads": 2,
+                            "num_key_value_heads": 2, "intermediate_size": 2 * z["c2w_hidden"],
+                            "num_hidden_layers": z["c2w_layers"], "num_quantizers": 16, "sliding_window": 72,
                             "rms_norm_eps": 1e-5, "layer_scale_initial_scale": 0.01, "upsample_rates": [8, 5, 4, 3],
-                            "upsampling_ratios": [2, 2], "decoder_dim": 64, "max_position_embeddings": 8000,
+                            "upsampling_ratios": [2, 2], "decoder_dim": z["decoder_dim"], "max_position_embeddings": 8000,
                             "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}},
         "enable_audio_output": True,
         "im_start_token_id": 151644, "im_end_token_id": 151645, "tts_pad_token_id": 151671,
@@ -167,10 +187,10 @@ def _quieten(code2wav, generator: torch.Generator) -> None:
         last.bias.mul_(0.5)
 
 
-def write_tiny_checkpoint(directory: str | Path, seed: int = SEED) -> Path:
+def write_tiny_checkpoint(directory: str | Path, seed: int = SEED, preset: str = "tiny") -> Path:
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    cfg_dict = tiny_config()
+    cfg_dict = tiny_config(preset)
     config = Qwen3OmniConfig.from_json(json.dumps(cfg_dict))
     generator = torch.Generator().manual_seed(seed)
     modules = {name: build_component(name, config) for name in PREFIXES}
@@ -186,6 +206,6 @@ def write_tiny_checkpoint(directory: str | Path, seed: int = SEED) -> Path:
     return directory
 
 
-def ensure_tiny_qwen3_omni() -> Path:
-    return cached_dir(f"qwen3-omni-tiny-v{TINY_VERSION}", write_tiny_checkpoint,
-                      "the tiny Qwen3-Omni checkpoint (random weights)")
+def ensure_tiny_qwen3_omni(preset: str = "tiny") -> Path:
+    return cached_dir(f"qwen3-omni-{preset}-v{TINY_VERSION}", lambda d: write_tiny_checkpoint(d, preset=preset),
+                      f"the {preset} Qwen3-Omni checkpoint (random weights)")

@@ -41,7 +41,9 @@ def walk_chooser(im_end: int):
     return next_walk
 
 
-def qwen3_omni_graph(im_end: int, codec_eos: int) -> ModelGraph:
+def qwen3_omni_graph(im_end: int, codec_eos: int, first_chunk: int | None = None) -> ModelGraph:
+    """``first_chunk``: frames of Code2Wav's first chunk (default 25, as later ones; fewer: audio starts
+    sooner, and that chunk's edge moves, so the audio differs from the reference's decode there)."""
     return ModelGraph(
         name="qwen3_omni",
         nodes=[
@@ -85,7 +87,7 @@ def qwen3_omni_graph(im_end: int, codec_eos: int) -> ModelGraph:
             partitions={"thinker": ["audio_encoder", "thinker"], "talker": ["talker_inputs", "talker"],
                         "vocoder": ["code2wav"]},
             connections=[PartitionConnection("talker", "vocoder",
-                                             LeftContextChunkPolicy(CHUNK_FRAMES, LEFT_CONTEXT_FRAMES))],
+                                             LeftContextChunkPolicy(CHUNK_FRAMES, LEFT_CONTEXT_FRAMES, first_chunk))],
         ),
         required_inputs=("prompt_ids",),  # features and embed_mask come with audio prompts only
         next_walk=walk_chooser(im_end),

@@ -42,27 +42,31 @@ class Qwen3Omni:
     talker: torch.nn.Module
     code2wav: torch.nn.Module
     speaker: str = "ethan"
+    first_chunk: int | None = None  # frames in Code2Wav's first chunk (None: 25, as the others)
 
     audio_output = "audio"
     sample_rate = SAMPLE_RATE
 
     @classmethod
-    def load(cls, weights: str | Path | None = None, *, progress: bool = True, speaker: str = "ethan") -> "Qwen3Omni":
-        path = Path(weights) if weights is not None else ensure_tiny_qwen3_omni()
+    def load(cls, weights: str | Path | None = None, *, progress: bool = True, speaker: str = "ethan",
+             preset: str = "tiny", first_chunk: int | None = None) -> "Qwen3Omni":
+        """Real weights from ``weights`` (transformers' layout), else the generated ``preset`` checkpoint."""
+        path = Path(weights) if weights is not None else ensure_tiny_qwen3_omni(preset)
         config = Qwen3OmniConfig.from_dir(path)
         if config.mstar_random_weights:
             log.warning("Qwen3-Omni weights in %s are RANDOM (generated for tests): text and audio are noise", path)
         parts = {name: run_on_device(load_component, name, path, progress=progress)
                  for name in ("thinker", "audio_encoder", "talker", "code2wav")}
         speaker_code(config, speaker)  # an unknown default speaker fails here, not on the first request
-        return cls(path, config, speaker=speaker, **parts)
+        return cls(path, config, speaker=speaker, first_chunk=first_chunk, **parts)
 
     @property
     def random_weights(self) -> bool:
         return self.config.mstar_random_weights
 
     def graph(self):
-        return qwen3_omni_graph(self.config.im_end_token_id, self.config.talker_config.codec_eos_token_id)
+        return qwen3_omni_graph(self.config.im_end_token_id, self.config.talker_config.codec_eos_token_id,
+                                self.first_chunk)
 
     def modules(self) -> dict[str, torch.nn.Module]:
         return {"audio_encoder": self.audio_encoder, "thinker": self.thinker,

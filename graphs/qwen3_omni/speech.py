@@ -20,6 +20,9 @@ from mstar_graphs.qwen3_omni.chat import Turn, decode, load_tokenizer, prompt_id
 from mstar_graphs.qwen3_omni.model import TALKER_SAMPLING, Qwen3Omni
 
 
+FIRST_CHUNK = 5  # a voice chat starts speaking after 5 frames (0.4 s of audio), not 25 (2 s)
+
+
 class Qwen3OmniChat:
     conversational = True
     audio_output = "audio"
@@ -34,8 +37,9 @@ class Qwen3OmniChat:
         self.tokenizer = load_tokenizer(model.path)
 
     @classmethod
-    def load(cls, weights: str | Path | None = None, *, progress: bool = True) -> "Qwen3OmniChat":
-        return cls(Qwen3Omni.load(weights, progress=progress))
+    def load(cls, weights: str | Path | None = None, *, progress: bool = True, preset: str = "tiny",
+             first_chunk: int | None = FIRST_CHUNK) -> "Qwen3OmniChat":
+        return cls(Qwen3Omni.load(weights, progress=progress, preset=preset, first_chunk=first_chunk))
 
     @property
     def random_weights(self) -> bool:

@@ -63,14 +63,17 @@ class FixedChunkPolicy(ChunkPolicy):
 @dataclass(frozen=True)
 class LeftContextChunkPolicy(ChunkPolicy):
     """Chunks of ``chunk`` new items, each preceded by up to ``left_context`` earlier items
-    (Qwen3-Omni Talker -> Code2Wav: 25 frames with 25 frames of left context)."""
+    (Qwen3-Omni Talker -> Code2Wav: 25 frames with 25 frames of left context). ``first_chunk``
+    (default ``chunk``) makes the first chunk shorter, for a lower time to first output."""
 
     chunk: int
     left_context: int
+    first_chunk: int | None = None
 
     def __post_init__(self) -> None:
-        if self.chunk < 1 or self.left_context < 0:
-            raise ValueError(f"LeftContextChunkPolicy needs chunk >= 1 and left_context >= 0, got {self.chunk}, {self.left_context}")
+        if self.chunk < 1 or self.left_context < 0 or (self.first_chunk is not None and self.first_chunk < 1):
+            raise ValueError(f"LeftContextChunkPolicy needs chunk >= 1, left_context >= 0 and first_chunk >= 1, got "
+                             f"{self.chunk}, {self.left_context}, {self.first_chunk}")
 
     def _chunk(self, cursor: int, end: int) -> Chunk:
         start = max(0, cursor - self.left_context)
@@ -78,9 +81,9 @@ class LeftContextChunkPolicy(ChunkPolicy):
 
     def ready(self, cursor: int, available: int, closed: bool) -> list[Chunk]:
         chunks = []
-        while available - cursor >= self.chunk:
-            chunks.append(self._chunk(cursor, cursor + self.chunk))
-            cursor += self.chunk
+        while available - cursor >= (size := self.chunk if cursor or self.first_chunk is None else self.first_chunk):
+            chunks.append(self._chunk(cursor, cursor + size))
+            cursor += size
         if closed and available > cursor:
             chunks.append(self._chunk(cursor, available))
         return chunks

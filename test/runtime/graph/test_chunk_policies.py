@@ -71,6 +71,14 @@ def test_left_context_remainder_on_close():
     assert p.ready(8, 8, True) == []
 
 
+def test_left_context_with_a_shorter_first_chunk():
+    p = LeftContextChunkPolicy(chunk=4, left_context=2, first_chunk=1)
+    assert p.ready(0, 1, False) == [Chunk(0, 1, 0)]             # the first item alone, at once
+    assert p.ready(1, 4, False) == []
+    assert p.ready(1, 5, False) == [Chunk(0, 5, 1)]             # then chunks of 4 with their context
+    assert p.ready(0, 9, False) == [Chunk(0, 1, 0), Chunk(0, 5, 1), Chunk(3, 9, 2)]
+
+
 def test_left_context_longer_than_what_exists():
     p = LeftContextChunkPolicy(chunk=3, left_context=5)
     assert p.ready(0, 9, False) == [Chunk(0, 3, 0), Chunk(0, 6, 3), Chunk(1, 9, 5)]
@@ -167,8 +175,9 @@ def test_window_equal_to_stride_has_no_context():
 @pytest.mark.parametrize("make, fragment", [
     (lambda: FixedChunkPolicy(0), "size must be >= 1, got 0"),
     (lambda: FixedChunkPolicy(-3), "size must be >= 1, got -3"),
-    (lambda: LeftContextChunkPolicy(0, 2), "chunk >= 1 and left_context >= 0"),
-    (lambda: LeftContextChunkPolicy(4, -1), "chunk >= 1 and left_context >= 0"),
+    (lambda: LeftContextChunkPolicy(0, 2), "chunk >= 1, left_context >= 0"),
+    (lambda: LeftContextChunkPolicy(4, -1), "chunk >= 1, left_context >= 0"),
+    (lambda: LeftContextChunkPolicy(4, 2, first_chunk=0), "first_chunk >= 1"),
     (lambda: SlidingWindowChunkPolicy(28, 0), "1 <= stride <= window, got window=28, stride=0"),
     (lambda: SlidingWindowChunkPolicy(7, 28), "1 <= stride <= window, got window=7, stride=28"),
 ])
