@@ -16,8 +16,8 @@ system working end to end, not real speech."""
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from mstar_ros.cli import (bag, bench, bench_pi05, bench_rollout, bench_threads, bench_transport, bench_webrtc, checkpoint,
-                               demo, launch, serve, tts)
+    from mstar_ros.cli import (bag, bench, bench_pi05, bench_qwen3_omni, bench_rollout, bench_threads, bench_transport,
+                               bench_webrtc, checkpoint, demo, launch, serve, tts)
 
     parser = argparse.ArgumentParser(prog="mstar-ros", description=DESCRIPTION,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -32,6 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench_threads.add_parser(sub)  # `bench threads`, under bench
     bench_rollout.add_parser(sub)  # `bench rollout`, under bench
     bench_webrtc.add_parser(sub)  # `bench webrtc`, under bench
+    bench_qwen3_omni.add_parser(sub)  # `bench qwen3-omni`, under bench
     bag.add_parser(sub)
     checkpoint.add_parser(sub)
     launch.add_parser(sub)  # the pi0.5 and Orpheus node sets: `launch pi05`, `launch orpheus`

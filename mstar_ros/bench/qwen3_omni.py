@@ -1,0 +1,181 @@
+"""``mstar-ros bench qwen3-omni``: our Qwen3-Omni serving vs transformers' ``generate(return_audio=True)``.
+
+Same checkpoint, same run. The workload: C requests at once (C = concurrency), ``rounds`` times;
+each a text prompt, the Thinker's reply capped at ``thinker_tokens`` and the Talker's at
+``talker_tokens`` frames (random weights never end early, so every request makes the same amount
+of audio in both systems). The Talker samples as the reference's ``generate`` does by default.
+
+- ours: the Conductor serves the C requests together (every stage batched); time to first audio is
+  the first Code2Wav chunk's arrival; RTF per request is its time from submission to its last audio
+  chunk over its audio seconds; throughput is all audio seconds over the wall time.
+- the reference serves one request after another (``generate`` takes one at a time): each request's
+  time is measured, and a request's time to first audio at concurrency C is when its whole waveform
+  is back after the requests queued before it (``generate`` returns no audio before the end).
+
+Keys ``ttfa_growth_1_to_8`` (ours, p50 at 8 / p50 at 1) and ``throughput_ratio_c8``.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import platform
+import time
+from dataclasses import dataclass, field
+
+import torch
+from tqdm import tqdm
+
+from mstar_ros.bench.workload import percentile
+
+log = logging.getLogger("mstar_ros.bench")
+PROMPTS = ["hello there, how are you today", "what is the weather like", "the robot can hear you",
+           "speak back to you in real time", "how are you", "what is the robot", "you can speak", "hello robot"]
+GOALS = {"ttfa_growth_1_to_8": 1.5, "throughput_ratio_c8": 3.0}
+
+
+@dataclass
+class OmniBenchOptions:
+    concurrency: list[int] = field(default_factory=lambda: [1, 2, 4, 8])
+    rounds: int = 2
+    thinker_tokens: int = 16
+    talker_tokens: int = 64
+    baseline_requests: int = 3
+    preset: str = "bench"
+    weights: str | None = None
+    first_chunk: int | None = None
+    dtype: str = "float32"
+
+
+def _stats(values: list[float]) -> dict[str, float]:
+    return {"p50": round(percentile(values, 50), 1), "p95": round(percentile(values, 95), 1)}
+
+
+async def _ours_level(chat, conductor, c: int, opts: OmniBenchOptions, bar) -> dict:
+    ttfa, rtf, audio_s = [], [], 0.0
+    start = time.perf_counter()
+    for r in range(opts.rounds):
+        async def one(i: int) -> None:
+            nonlocal audio_s
+            request = chat.request(PROMPTS[(i + r) % len(PROMPTS)], sampling=_talker(chat, opts, seed=i + 100 * r))
+            request.meta["thinker_max_tokens"] = opts.thinker_tokens
+            t0 = time.perf_counter()
+            first, last, samples = None, None, 0
+            async for out in conductor.submit(request):
+                if out.name == chat.audio_output:
+                    last = time.perf_counter()
+                    first = first or last
+                    samples += out.data.numel()
+            seconds = samples / chat.sample_rate
+            ttfa.append((first - t0) * 1000)
+            rtf.append((last - t0) / seconds)
+            audio_s += seconds
+
+        await asyncio.gather(*(one(i) for i in range(c)))
+        bar.update(1)
+    wall = time.perf_counter() - start
+    return {"requests": c * opts.rounds, "ttfa_ms": _stats(ttfa), "rtf": _stats(rtf),
+            "audio_s": round(audio_s, 2), "wall_s": round(wall, 2), "throughput_audio_s_per_s": round(audio_s / wall, 3)}
+
+
+def _talker(chat, opts: OmniBenchOptions, seed: int):
+    import msgspec
+
+    return msgspec.structs.replace(chat.default_sampling, max_tokens=opts.talker_tokens, seed=seed)
+
+
+def _baseline(path, opts: OmniBenchOptions, bar) -> dict:
+    from mstar_graphs.qwen3_omni.chat import Turn, load_tokenizer, prompt_ids
+    from mstar_graphs.qwen3_omni.config import Qwen3OmniConfig
+    from mstar_graphs.qwen3_omni.reference import load_reference, reference_generate
+
+    model = load_reference(path)
+    tokenizer, cfg = load_tokenizer(path), Qwen3OmniConfig.from_dir(path)
+    times, audio = [], []
+    for i in range(opts.baseline_requests + 1):  # the first is a warm-up, not counted
+        ids = prompt_ids(tokenizer, cfg, [Turn("user", PROMPTS[i % len(PROMPTS)])])
+        t0 = time.perf_counter()
+        out = reference_generate(model, ids, thinker_max_new_tokens=opts.thinker_tokens,
+                                 talker_max_new_tokens=opts.talker_tokens, sample=True, seed=i)
+        if i:
+            times.append(time.perf_counter() - t0)
+            audio.append(out.audio.numel() / 24_000)
+        bar.update(1)
+    return {"requests": len(times), "seconds_per_request": round(sum(times) / len(times), 3),
+            "audio_s_per_request": round(sum(audio) / len(audio), 3),
+            "throughput_audio_s_per_s": round(sum(audio) / sum(times), 3)}
+
+
+def _queued_ttfa(per_request_s: float, c: int) -> dict[str, float]:
+    """One after another: the k-th of C simultaneous requests has its audio after k whole requests."""
+    return _stats([per_request_s * (k + 1) * 1000 for k in range(c)])
+
+
+async def _ours(chat, opts: OmniBenchOptions, bar) -> dict:
+    from mstar.conductor import Conductor
+    from mstar.engine.config import EngineConfig
+
+    levels = {}
+    async with Conductor(chat.graph(), chat.modules(), config=EngineConfig(dtype=opts.dtype)) as conductor:
+        warm = chat.request("hello", sampling=_talker(chat, opts, seed=0))
+        warm.meta["thinker_max_tokens"] = 4
+        await conductor.submit(warm).collect()
+        for c in opts.concurrency:
+            levels[str(c)] = await _ours_level(chat, conductor, c, opts, bar)
+    return levels
+
+
+def run_omni_bench(opts: OmniBenchOptions) -> dict:
+    from mstar.engine.intra_op import model_threads
+    from mstar_graphs.qwen3_omni.speech import Qwen3OmniChat
+
+    chat = Qwen3OmniChat.load(opts.weights, progress=True, preset=opts.preset, first_chunk=opts.first_chunk)
+    bar = tqdm(total=len(opts.concurrency) * opts.rounds + opts.baseline_requests + 1, desc="bench qwen3-omni",
+               unit="round")
+    baseline = _baseline(chat.model.path, opts, bar)
+    ours = asyncio.run(_ours(chat, opts, bar))
+    bar.close()
+    levels = {}
+    for c in opts.concurrency:
+        level = {"ours": ours[str(c)],
+                 "baseline_sequential": {"ttfa_ms": _queued_ttfa(baseline["seconds_per_request"], c),
+                                         "throughput_audio_s_per_s": baseline["throughput_audio_s_per_s"]}}
+        level["throughput_ratio"] = round(level["ours"]["throughput_audio_s_per_s"] /
+                                          baseline["throughput_audio_s_per_s"], 3)
+        levels[str(c)] = level
+    lo, hi = str(min(opts.concurrency)), str(max(opts.concurrency))
+    report = {
+        "model": {"preset": opts.preset if opts.weights is None else None, "weights": str(chat.model.path),
+                  "random_weights": chat.random_weights, "first_chunk_frames": opts.first_chunk or 25,
+                  "dtype": opts.dtype},
+        "options": {"concurrency": opts.concurrency, "rounds": opts.rounds, "thinker_tokens": opts.thinker_tokens,
+                    "talker_tokens": opts.talker_tokens},
+        "machine": {"cpu_threads": model_threads(), "python": platform.python_version(), "torch": torch.__version__},
+        "baseline": baseline,
+        "levels": levels,
+        f"ttfa_growth_{lo}_to_{hi}": round(levels[hi]["ours"]["ttfa_ms"]["p50"] / levels[lo]["ours"]["ttfa_ms"]["p50"], 3),
+        f"throughput_ratio_c{hi}": levels[hi]["throughput_ratio"],
+        "goals": GOALS,
+    }
+    return report
+
+
+def summary_lines(report: dict) -> list[str]:
+    lines = [f"transformers generate(return_audio=True), one at a time: {report['baseline']['seconds_per_request']:.2f} s "
+             f"per request for {report['baseline']['audio_s_per_request']:.2f} s of audio "
+             f"({report['baseline']['throughput_audio_s_per_s']:.2f} audio s/s)",
+             f"{'C':>3} {'ours ttfa p50/p95':>18} {'ours rtf p50/p95':>17} {'ours audio s/s':>14} "
+             f"{'baseline ttfa p50':>17} {'ratio':>6}"]
+    for c, lv in sorted(report["levels"].items(), key=lambda kv: int(kv[0])):
+        o = lv["ours"]
+        lines.append(f"{c:>3} {o['ttfa_ms']['p50']:>8.0f}/{o['ttfa_ms']['p95']:<6.0f}ms {o['rtf']['p50']:>8.2f}/"
+                     f"{o['rtf']['p95']:<7.2f} {o['throughput_audio_s_per_s']:>14.2f} "
+                     f"{lv['baseline_sequential']['ttfa_ms']['p50']:>15.0f}ms {lv['throughput_ratio']:>6.2f}x")
+    growth = next(v for k, v in report.items() if k.startswith("ttfa_growth_"))
+    ratio = next(v for k, v in report.items() if k.startswith("throughput_ratio_c"))
+    g = report["goals"]
+    lines.append(f"time to first audio growth, lowest to highest concurrency: {growth:.2f}x (goal <= "
+                 f"{g['ttfa_growth_1_to_8']:g}): {'met' if growth <= g['ttfa_growth_1_to_8'] else 'NOT met'}")
+    lines.append(f"throughput vs transformers at the highest concurrency: {ratio:.2f}x (goal >= "
+                 f"{g['throughput_ratio_c8']:g}): {'met' if ratio >= g['throughput_ratio_c8'] else 'NOT met'}")
+    return lines
+
