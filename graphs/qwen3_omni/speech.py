@@ -71,7 +71,8 @@ class Qwen3OmniChat:
                 sampling: SamplingParams | None = None, request_id: str | None = None,
                 outputs: frozenset[str] | None = None, speak: bool = True) -> Request:
         """One user turn (``text``, or ``audio``: 16 kHz mono float samples, or both) after ``history``
-        ((role, text) turns) -> the request. ``sampling`` samples the voice (max_tokens: its frames)."""
+        ((role, text) turns) -> the request. ``sampling`` samples the voice; its max_tokens caps the reply's
+        text tokens (at most ``max_reply_tokens``) and its audio frames."""
         features = None
         audio_tokens = 0
         if audio is not None:
@@ -82,6 +83,8 @@ class Qwen3OmniChat:
         turns = [Turn(role, said) for role, said in history] + [Turn("user", text or "", audio_tokens)]
         ids = prompt_ids(self.tokenizer, self.model.config, turns)
         talker = sampling or TALKER_SAMPLING
+        # max_tokens caps both the reply's text tokens and its audio frames (the Realtime API's max_output_tokens)
         return self.model.request(ids, features=features, audio=speak, speaker=voice,
-                                  thinker_max_tokens=self.max_reply_tokens, talker_max_tokens=talker.max_tokens,
+                                  thinker_max_tokens=min(self.max_reply_tokens, talker.max_tokens),
+                                  talker_max_tokens=talker.max_tokens,
                                   talker_sampling=talker, seed=talker.seed, request_id=request_id, outputs=outputs)

@@ -3,18 +3,14 @@ typed text, hears the audio (inbound RTP and an AnalyserNode level), gets the ev
 from __future__ import annotations
 
 import asyncio
-import shutil
 
 import pytest
 
 from mstar.conductor import Conductor
+from support.chromium import ARGS, CHROMIUM
 from support.webrtc_gateway import serve_gateway
 from mstar_ros.webrtc.server import VoiceGateway
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-ARGS = ["--use-fake-ui-for-media-stream", "--use-fake-device-for-media-stream",
-        "--autoplay-policy=no-user-gesture-required", "--no-sandbox",
-        "--allow-loopback-in-peer-connection"]  # the loopback-only namespace has no other interface
 
 
 

@@ -1,0 +1,74 @@
+"""Voice chat in a real headless Chromium (Debian's, playwright): the page's fake microphone says a sentence,
+tiny Qwen3-Omni (random weights) answers it in voice with its transcript; speaking over an answer cancels
+it and every stage's KV is freed."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from mstar.conductor import Conductor
+from mstar_ros.webrtc.server import VoiceGateway
+from support.chromium import ARGS, CHROMIUM
+from support.webrtc_gateway import serve_gateway
+
+
+@pytest.mark.timeout(240)
+def test_a_spoken_turn_in_the_browser_is_answered_and_a_barge_in_frees_every_stage(qwen3_omni, speech_wav):
+    from playwright.async_api import async_playwright
+
+    mic, _ = speech_wav  # 2.5 s silence, a sentence, 1.5 s silence; Chromium plays it in a loop
+
+    async def main():
+        async with Conductor(qwen3_omni.graph(), qwen3_omni.modules()) as c:
+            idle = c.kv_blocks_used()
+            runner, url = await serve_gateway(VoiceGateway(qwen3_omni, c, model_name="qwen3-omni"))
+            try:
+                async with async_playwright() as pw:
+                    browser = await pw.chromium.launch(executable_path=CHROMIUM, headless=True,
+                                                       args=ARGS + [f"--use-file-for-fake-audio-capture={mic}"])
+                    page = await browser.new_page()
+                    await page.goto(url)
+                    await page.check("#mic")
+                    await page.click("#connect")
+                    await page.wait_for_function("window.mstarVoice.channel && "
+                                                 "window.mstarVoice.channel.readyState === 'open'", timeout=30000)
+                    # short answers: each is done before the looped sentence comes round again
+                    await page.evaluate("window.mstarVoice.channel.send(JSON.stringify({type: 'session.update', "
+                                        "session: {max_output_tokens: 25, seed: 5}}))")
+                    await page.wait_for_function(
+                        "window.mstarVoice.events.some(e => e.type === 'response.done' && "
+                        "e.response.status === 'completed')", timeout=90000)
+                    transcript = await page.inner_text("#transcript")
+                    heard = await page.evaluate("""async () => {
+                        const stats = await window.mstarVoice.pc.getStats();
+                        let samples = 0;
+                        stats.forEach(s => { if (s.type === 'inbound-rtp' && s.kind === 'audio') samples = s.totalSamplesReceived; });
+                        return samples; }""")
+                    # a long typed answer, talked over by the next loop of the sentence
+                    await page.evaluate("window.mstarVoice.channel.send(JSON.stringify({type: 'session.update', "
+                                        "session: {max_output_tokens: 1000}}))")
+                    await page.fill("#text", "tell me a long story about robots")
+                    await page.click("#speak")
+                    await page.wait_for_function(
+                        "window.mstarVoice.events.some(e => e.type === 'response.done' && "
+                        "e.response.status === 'cancelled')", timeout=90000)
+                    events = await page.evaluate("window.mstarVoice.events")
+                    await browser.close()
+                for _ in range(300):
+                    if c.kv_blocks_used() == idle:
+                        break
+                    await asyncio.sleep(0.02)
+                return events, transcript, heard, c.kv_blocks_used(), idle
+            finally:
+                await runner.cleanup()
+
+    events, transcript, heard, blocks, idle = asyncio.run(main())
+    types = [e["type"] for e in events]
+    assert types.index("input_audio_buffer.speech_started") < types.index("input_audio_buffer.committed")
+    answered = next(e for e in events if e["type"] == "response.done" and e["response"]["status"] == "completed")
+    done_text = [e["transcript"] for e in events if e["type"] == "response.output_audio_transcript.done"]
+    assert done_text and transcript.strip() and answered
+    assert heard > 0  # the answer's audio reached the browser's receiver
+    assert any(e["type"] == "response.done" and e["response"]["status"] == "cancelled" for e in events)
+    assert blocks == idle  # the Thinker's and the Talker's KV are free after the barge-in
