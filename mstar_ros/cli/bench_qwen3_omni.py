@@ -19,11 +19,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--rounds", type=int, default=2, help="rounds of C requests per level (default 2)")
     p.add_argument("--thinker-tokens", type=int, default=16, help="reply tokens per request (default 16)")
     p.add_argument("--talker-tokens", type=int, default=64, help="Talker frames per request (default 64: ~5 s)")
-    p.add_argument("--baseline-requests", type=int, default=3, help="transformers requests timed (default 3)")
+    p.add_argument("--baseline-requests", type=int, default=4,
+                   help="transformers requests timed, half before ours and half after (default 4)")
     p.add_argument("--preset", default="bench", choices=["tiny", "bench"], help="generated checkpoint (default bench)")
     p.add_argument("--weights", type=Path, help="a transformers Qwen3-Omni checkpoint directory instead")
     p.add_argument("--first-chunk", type=int, default=None,
                    help="frames in Code2Wav's first chunk (default 25, as the reference's chunking)")
+    p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"],
+                   help="our compute dtype (default bfloat16, as bench orpheus)")
+    p.add_argument("--baseline-dtype", default="float32", choices=["float32", "bfloat16"],
+                   help="transformers' dtype (default float32: its faster one on these CPUs)")
     p.add_argument("--json", type=Path, default=Path("bench-qwen3-omni.json"), help="where to write the figures")
     p.add_argument("--plot", type=Path, default=Path("bench-qwen3-omni.png"), help="where to write the plot")
     p.add_argument("--quick", action="store_true", help="a small run for smoke tests (tiny preset, C 1,2, 1 round)")
@@ -39,9 +44,9 @@ def _run(args: argparse.Namespace) -> int:
     opts = OmniBenchOptions(concurrency=args.concurrency, rounds=args.rounds, thinker_tokens=args.thinker_tokens,
                             talker_tokens=args.talker_tokens, baseline_requests=args.baseline_requests,
                             preset=args.preset, weights=str(args.weights) if args.weights else None,
-                            first_chunk=args.first_chunk)
+                            first_chunk=args.first_chunk, dtype=args.dtype, baseline_dtype=args.baseline_dtype)
     if args.quick:
-        opts.preset, opts.concurrency, opts.rounds, opts.talker_tokens, opts.baseline_requests = "tiny", [1, 2], 1, 30, 1
+        opts.preset, opts.concurrency, opts.rounds, opts.talker_tokens, opts.baseline_requests = "tiny", [1, 2], 1, 30, 2
     report = run_omni_bench(opts)
     write_report(report, summary_lines(report), args.json, plot_omni, args.plot)
     return 0
