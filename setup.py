@@ -121,7 +121,8 @@ setup(
                   # what a Worker may build, by name (mstar.worker.registry): never code a peer names
                   "mstar.models": ["orpheus = mstar_graphs.orpheus.components:orpheus_components",
                                    "pi05 = mstar_graphs.pi05.components:pi05_components",
-                                   "vjepa2 = mstar_graphs.vjepa2.components:vjepa2_components"],
+                                   "vjepa2 = mstar_graphs.vjepa2.components:vjepa2_components",
+                                   "qwen3_omni = mstar_graphs.qwen3_omni.components:qwen3_omni_components"],
                   "mstar.worker_plugins": ["ros_diagnostics = mstar_ros.ros.worker_diagnostics:attach"],
                   # what the WebRTC gateway can serve, by name (mstar_ros.webrtc.speech_models)
                   "mstar.speech_models": ["orpheus = mstar_graphs.orpheus.model:OrpheusTTS",
