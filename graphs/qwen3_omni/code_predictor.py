@@ -52,9 +52,9 @@ def sample_top_k_top_p(logits: torch.Tensor, generators: list[torch.Generator | 
     cumulative = probs.cumsum(-1)
     drop = (cumulative - probs) > TOP_P
     probs = probs.masked_fill(drop, 0.0)
-    probs = probs / probs.sum(-1, keepdim=True)
-    picks = [torch.multinomial(p, 1, generator=g) for p, g in zip(probs, generators)]
-    return ids.gather(1, torch.stack(picks)).reshape(-1)
+    probs = (probs / probs.sum(-1, keepdim=True)).cpu()  # drawn on the CPU, where the generators live
+    picks = torch.stack([torch.multinomial(p, 1, generator=g) for p, g in zip(probs, generators)]).to(ids.device)
+    return ids.gather(1, picks).reshape(-1)
 
 
 class CodePredictor(nn.Module):

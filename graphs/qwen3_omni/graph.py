@@ -33,8 +33,10 @@ def walk_chooser(im_end: int):
             return "prefill_audio" if "features" in state.request.inputs else "prefill_text"
         if last in ("prefill_audio", "prefill_text"):
             first = state.value("thinker.token")
-            done = meta.get("thinker_max_tokens", 1024) <= 1 or (first is not None and int(first) == im_end)
-            return ("talk" if audio else None) if done else "think"
+            if first is not None and int(first) == im_end:
+                return None  # an empty reply: nothing to say
+            # the Talker needs two reply tokens (its first row and one more): a one-token reply stays text
+            return "think" if meta.get("thinker_max_tokens", 1024) > 1 else None
         if last == "think" and audio:
             return "talk"
         return None

@@ -95,7 +95,7 @@ class Talker(DecoderARModule):
         for c in calls:
             trailing = c.inputs["trailing"]
             texts.append(trailing[c.iteration] if c.iteration < trailing.shape[0] else c.inputs["tts_pad"].reshape(-1))
-        rows = self.next_input(frame_embeds, torch.stack(texts).to(code0.dtype))
+        rows = self.next_input(frame_embeds, torch.stack(texts).to(device=code0.device, dtype=code0.dtype))
         frames = torch.cat([tokens[:, None], residual], dim=1)
         return rows, [{"frame": f} for f in frames]
 

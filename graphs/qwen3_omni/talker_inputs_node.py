@@ -45,8 +45,8 @@ class TalkerInputsNode(NodeSubmodule):
                 ids = torch.cat([call.inputs["prompt_ids"].reshape(-1), call.inputs["say_ids"].reshape(-1)])
                 e = embed(ids.to(embed.weight.device)).to(talker.dtype)
                 rows = torch.cat([e, torch.zeros_like(e)], dim=-1)
-            else:
-                rows = call.inputs["rows"].to(talker.dtype)
+            else:  # the engine hands inputs over on the CPU; the Talker may be on a GPU
+                rows = call.inputs["rows"].to(device=embed.weight.device, dtype=talker.dtype)
             speaker = int(call.meta["speaker"]) if "speaker" in call.meta else self.speaker  # request meta talker_inputs.speaker
             made = talker_inputs(talker, embed, cfg, call.inputs["prompt_ids"].reshape(-1).tolist(),
                                  rows[:, :width], rows[:, width:], speaker)

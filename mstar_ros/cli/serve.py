@@ -19,12 +19,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     "response.cancel stops it and frees the request's KV. Events are named as the OpenAI "
                     "Realtime API names them. No STUN/TURN; ICE host candidates on the bound address only. "
                     "Also OpenAI-compatible POST /v1/audio/speech (streamed wav / pcm, or sse) and GET /v1/models.")
-    v.add_argument("--model", default="orpheus", help="speech model (default orpheus)")
+    v.add_argument("--model", default="orpheus",
+                   help="speech model: orpheus (text to speech) or qwen3-omni (answers speech and text) (default orpheus)")
     v.add_argument("--weights", help="checkpoint directory (default: the generated tiny one, RANDOM weights)")
     v.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; others need --token)")
     v.add_argument("--port", type=int, default=8080, help="port (default 8080)")
     v.add_argument("--token", help="Bearer token every endpoint requires (needed with a non-loopback --host)")
     v.add_argument("--max-peers", type=int, default=8, help="peers at once; the next one gets 503 (default 8)")
+    v.add_argument("--peer-lost-s", type=float, default=1.5,
+                   help="a peer that stops answering ICE consent checks is dropped after about this long (default "
+                        "1.5 s; on lossy or far networks use 5 or more, or a packet loss burst drops a peer)")
     v.add_argument("--dtype", choices=["float32", "bfloat16"],
                    help="compute dtype (default: from --engine-config, else float32; bfloat16 is ~4x faster on CPUs "
                         "with AMX/AVX-512 bf16)")
@@ -43,8 +47,8 @@ def _run_voice(args: argparse.Namespace) -> int:
     from mstar_ros.webrtc.server import GatewayLimits, VoiceGateway
     from mstar_ros.webrtc.speech_models import load_speech_model
 
-    if args.max_peers < 1:
-        raise ValueError("--max-peers must be >= 1")
+    if args.max_peers < 1 or args.peer_lost_s <= 0.5:
+        raise ValueError("--max-peers must be >= 1 and --peer-lost-s > 0.5 (one consent check's timeout)")
     model = load_speech_model(args.model, args.weights)
     config = load_engine_config(args.engine_config) if args.engine_config else EngineConfig()
     if args.dtype:
@@ -54,7 +58,8 @@ def _run_voice(args: argparse.Namespace) -> int:
     async def main() -> None:
         async with Conductor(model.graph(), model.modules(), config=config) as conductor:
             gateway = VoiceGateway(model, conductor, host=args.host, token=args.token,
-                                   limits=GatewayLimits(max_peers=args.max_peers), model_name=args.model)
+                                   limits=GatewayLimits(max_peers=args.max_peers, peer_lost_s=args.peer_lost_s),
+                                   model_name=args.model)
             runner = web.AppRunner(gateway.app())
             await runner.setup()
             await web.TCPSite(runner, args.host, args.port).start()

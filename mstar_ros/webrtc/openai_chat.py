@@ -6,8 +6,10 @@ and one ``input_audio`` part: base64 ``wav`` or ``pcm16`` at 24 kHz, as OpenAI t
 or ``wav``), ``stream``, ``max_tokens`` (of the text), ``seed``. Streaming (SSE) sends
 ``chat.completion.chunk`` deltas as the model makes them: ``delta.content`` for text-only,
 ``delta.audio.transcript`` and ``delta.audio.data`` (base64 pcm16 at the model's rate) with audio,
-then ``finish_reason`` and ``[DONE]``. Without streaming the whole message comes at the end
-(``message.audio.data`` a whole WAV or pcm16). A client that leaves cancels the request.
+then ``finish_reason`` and ``[DONE]``; a streaming client that leaves cancels the request. Without
+streaming the whole message comes at the end (``message.audio.data`` a whole WAV or pcm16).
+An assistant message may carry ``content: null`` with its ``audio.transcript`` (as OpenAI clients
+send an earlier audio answer back); messages without text are left out of the prompt.
 """
 from __future__ import annotations
 
@@ -91,6 +93,8 @@ def turn_of(message: dict[str, Any], rate: int | None) -> tuple[str, str, torch.
     if role not in ("system", "user", "assistant", "developer"):
         raise BadRequest(f"message role {role!r}: system, user or assistant")
     content = message.get("content")
+    if content is None and role == "assistant":  # an audio answer sent back in a multi-turn conversation
+        content = ((message.get("audio") or {}).get("transcript")) or ""
     if isinstance(content, str):
         return ("system" if role == "developer" else role), content, None
     if not isinstance(content, list):
@@ -146,7 +150,7 @@ class OpenAIChat:
         if body.seed is not None:
             sampling = msgspec.structs.replace(sampling, seed=body.seed)
         outputs = {self.model.text_output} | ({self.model.audio_output} if speak else set())
-        request = self.model.request(text, audio=audio, history=[(r, t) for r, t, _ in turns[:-1]],
+        request = self.model.request(text, audio=audio, history=[(r, t) for r, t, _ in turns[:-1] if t.strip()],
                                      voice=body.audio.voice if body.audio else None, sampling=sampling,
                                      outputs=frozenset(outputs), speak=speak)
         if limit is not None:

@@ -199,7 +199,7 @@ class VoicePeer:
             if text_port is not None:
                 said = model.decode_text(reply_ids)
                 self.send("response.output_audio_transcript.done", response_id=rid, transcript=said)
-                self.history += [("user", text or ""), ("assistant", said)] if text else [("assistant", said)]
+                self._remember(text, said)
             while self.track.queued_ms > 0 and not self.closed:  # done when the peer has heard it
                 await asyncio.sleep(0.02)
             self.send("response.output_audio.done", response_id=rid)
@@ -238,6 +238,14 @@ class VoicePeer:
                     self.send("input_audio_buffer.speech_stopped", audio_end_ms=event.ms)
                     if self.listens and event.audio is not None and len(event.audio):
                         await self._answer_turn(event.audio)
+
+    MAX_HISTORY_TURNS = 20
+
+    def _remember(self, text: str | None, said: str) -> None:
+        """A typed turn and its answer join the conversation (as text). A spoken turn is not kept: its
+        audio is not text, and its answer alone would leave a reply to nothing in the next prompt."""
+        if text and text.strip() and said.strip():
+            self.history = (self.history + [("user", text), ("assistant", said)])[-self.MAX_HISTORY_TURNS:]
 
     async def _answer_turn(self, samples) -> None:
         """The end of the user's spoken turn: its audio goes to the model, which answers it."""

@@ -76,7 +76,12 @@ class ModelRunner:
             if seq.embeds is None:
                 rows.append(torch.zeros(item.num_tokens, width))
                 masks.append(torch.zeros(item.num_tokens, dtype=torch.bool))
-            else:
-                rows.append(seq.embeds[item.start:item.end])
-                masks.append(seq.embed_mask[item.start:item.end])
+            else:  # tokens appended after the embedding rows (a decode after an image / audio prompt) have none
+                part, mask = seq.embeds[item.start:item.end], seq.embed_mask[item.start:item.end]
+                short = item.num_tokens - part.shape[0]
+                if short:
+                    part = torch.cat([part, torch.zeros(short, width, dtype=part.dtype)])
+                    mask = torch.cat([mask, torch.zeros(short, dtype=torch.bool)])
+                rows.append(part)
+                masks.append(mask)
         return torch.cat(rows).to(self.device), torch.cat(masks).to(self.device)

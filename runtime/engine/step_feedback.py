@@ -33,6 +33,8 @@ def keep_rows(module: ARModule, items) -> None:
     for item in items:
         seq: Sequence = item.seq
         n = item.num_tokens
+        if seq.kv_window is not None:  # a sliding window moves token positions under the kept rows
+            raise ValueError(f"node {seq.node!r}: row outputs do not support a kv_window yet")
         for name in module.row_outputs:
             rows = out[name][offset:offset + n].detach().to("cpu", torch.float32)
             store = seq.rows.get(name)
@@ -71,7 +73,11 @@ def append_embed_row(seq: Sequence, row: torch.Tensor) -> None:
     """The fed-back token's position enters as ``row``."""
     n = len(seq.token_ids) - 1  # the token was just appended
     if seq.embeds is None:
-        seq.embeds = torch.zeros(n, row.shape[0])
-        seq.embed_mask = torch.zeros(n, dtype=torch.bool)
+        seq.embeds = torch.zeros(0, row.shape[0])
+        seq.embed_mask = torch.zeros(0, dtype=torch.bool)
+    short = n - seq.embeds.shape[0]  # tokens that came without rows (they are not embeddings)
+    if short > 0:
+        seq.embeds = torch.cat([seq.embeds, torch.zeros(short, row.shape[0])])
+        seq.embed_mask = torch.cat([seq.embed_mask, torch.zeros(short, dtype=torch.bool)])
     seq.embeds = torch.cat([seq.embeds[:n], row[None]])
     seq.embed_mask = torch.cat([seq.embed_mask[:n], torch.ones(1, dtype=torch.bool)])

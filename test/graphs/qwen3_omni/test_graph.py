@@ -25,9 +25,11 @@ def tone(seconds: float) -> torch.Tensor:
 
 def test_served_graph_equals_the_model_end_to_end_alone_and_batched(q3_ckpt):
     model = Qwen3Omni.load(q3_ckpt, progress=False)
-    features = log_mel(tone(1.3))
+    features, other = log_mel(tone(1.3)), log_mel(tone(0.6))
+    # two audio prompts: one decodes while the other's prompt rows are embeddings in the same step
     prompts = [(TEXT_PROMPT, None, 6, 12), (audio_prompt(tokens_for_frames(features.shape[1])), features, 5, 40),
-               (TEXT_PROMPT[:4] + TEXT_PROMPT[5:], None, 8, 30)]
+               (TEXT_PROMPT[:4] + TEXT_PROMPT[5:], None, 8, 30),
+               (audio_prompt(tokens_for_frames(other.shape[1])), other, 9, 20)]
     expected = []
     with torch.inference_mode():
         for ids, feats, think, talk in prompts:

@@ -60,7 +60,9 @@ def test_a_spoken_turn_is_answered_in_voice_with_its_transcript(qwen3_omni, spee
     assert len(transcripts) == 2 and all(transcripts) and "".join(deltas) == "".join(transcripts)
     assert heard > 10  # the spoken answer's frames reached the peer
     assert peer.timings[0].audio_s > 0 and peer.timings[1].audio_s > 0
-    assert [role for role, _ in peer.history] == ["assistant", "user", "assistant"]  # the typed turn kept as text
+    # the typed turn and its answer are kept as text; the spoken one is not (its audio is not text)
+    assert [(role, said) for role, said in peer.history] == [("user", "hello there, how are you today"),
+                                                             ("assistant", transcripts[1])]
     assert blocks == idle  # Thinker's and Talker's KV freed
 
 
