@@ -68,10 +68,10 @@ def _stats(values: list[float]) -> dict[str, float]:
 
 
 async def _peers_level(model, conductor, n: int, opts: WebrtcBenchOptions, bar) -> dict:
-    from mstar_ros.webrtc.server import GatewayLimits, VoiceGateway
+    from mstar_ros.webrtc.server import GatewayLimits, VoiceGateway, serve_on_free_port
 
     gateway = VoiceGateway(model, conductor, limits=GatewayLimits(max_peers=max(8, n)), model_name=opts.model)
-    runner, url = await _serve(gateway)
+    runner, url = await serve_on_free_port(gateway)
     peers_by_id = {}
     responses: list[PeerResponse] = []
     jitter: list[float] = []
@@ -135,20 +135,10 @@ async def _whole_file_level(conductor_url: str, n: int, opts: WebrtcBenchOptions
     return {"whole_file_ms": _stats(times)}
 
 
-async def _serve(gateway):
-    from aiohttp import web
-
-    runner = web.AppRunner(gateway.app())
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    return runner, f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
-
-
 async def _bench(model, opts: WebrtcBenchOptions) -> dict:
     from mstar.conductor import Conductor
     from mstar.engine.config import EngineConfig
-    from mstar_ros.webrtc.server import VoiceGateway
+    from mstar_ros.webrtc.server import VoiceGateway, serve_on_free_port
 
     levels: dict[str, dict] = {}
     bar = tqdm(total=len(opts.peers) * opts.rounds, desc="bench webrtc", unit="round")
@@ -159,7 +149,7 @@ async def _bench(model, opts: WebrtcBenchOptions) -> dict:
         for n in opts.peers:
             bar.set_postfix(peers=n)
             level = await _peers_level(model, conductor, n, opts, bar)
-            runner, url = await _serve(VoiceGateway(model, conductor, model_name=opts.model))
+            runner, url = await serve_on_free_port(VoiceGateway(model, conductor, model_name=opts.model))
             try:
                 level.update(await _whole_file_level(url, n, opts))
             finally:

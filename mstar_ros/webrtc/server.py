@@ -205,3 +205,12 @@ class VoiceGateway:
         if reaper is not None:
             reaper.cancel()
         await asyncio.gather(*(self._drop(pc_id) for pc_id in list(self.peers)))
+
+
+async def serve_on_free_port(gateway: VoiceGateway, host: str = "127.0.0.1") -> tuple[web.AppRunner, str]:
+    """The gateway's app on ``host``:<a free port> (benchmarks, tests): (runner to clean up, base URL)."""
+    runner = web.AppRunner(gateway.app())
+    await runner.setup()
+    site = web.TCPSite(runner, host, 0)
+    await site.start()
+    return runner, f"http://{host}:{site._server.sockets[0].getsockname()[1]}"

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from mstar.conductor import Conductor
-from support.chromium import ARGS, CHROMIUM
+from support.chromium import ARGS, CHROMIUM, open_with_microphone
 from support.webrtc_gateway import serve_gateway
 from mstar_ros.webrtc.server import VoiceGateway
 
@@ -108,14 +108,7 @@ def test_a_fake_microphone_speaking_over_the_response_interrupts_it(orpheus, tmp
             runner, url = await serve_gateway(VoiceGateway(orpheus, c))
             try:
                 async with async_playwright() as pw:
-                    browser = await pw.chromium.launch(executable_path=CHROMIUM, headless=True,
-                                                       args=ARGS + [f"--use-file-for-fake-audio-capture={mic}"])
-                    page = await browser.new_page()
-                    await page.goto(url)
-                    await page.check("#mic")
-                    await page.click("#connect")
-                    await page.wait_for_function("window.mstarVoice.channel && "
-                                                 "window.mstarVoice.channel.readyState === 'open'", timeout=30000)
+                    browser, page = await open_with_microphone(pw, url, mic)
                     await page.fill("#text", "A long answer that the user talks over. " * 4)
                     await page.click("#speak")
                     await page.wait_for_function(

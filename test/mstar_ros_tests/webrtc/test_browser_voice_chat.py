@@ -9,7 +9,7 @@ import pytest
 
 from mstar.conductor import Conductor
 from mstar_ros.webrtc.server import VoiceGateway
-from support.chromium import ARGS, CHROMIUM
+from support.chromium import open_with_microphone
 from support.webrtc_gateway import serve_gateway
 
 
@@ -25,14 +25,7 @@ def test_a_spoken_turn_in_the_browser_is_answered_and_a_barge_in_frees_every_sta
             runner, url = await serve_gateway(VoiceGateway(qwen3_omni, c, model_name="qwen3-omni"))
             try:
                 async with async_playwright() as pw:
-                    browser = await pw.chromium.launch(executable_path=CHROMIUM, headless=True,
-                                                       args=ARGS + [f"--use-file-for-fake-audio-capture={mic}"])
-                    page = await browser.new_page()
-                    await page.goto(url)
-                    await page.check("#mic")
-                    await page.click("#connect")
-                    await page.wait_for_function("window.mstarVoice.channel && "
-                                                 "window.mstarVoice.channel.readyState === 'open'", timeout=30000)
+                    browser, page = await open_with_microphone(pw, url, mic)
                     # short answers: each is done before the looped sentence comes round again
                     await page.evaluate("window.mstarVoice.channel.send(JSON.stringify({type: 'session.update', "
                                         "session: {max_output_tokens: 25, seed: 5}}))")

@@ -4,6 +4,7 @@ transcript; a typed turn too; speaking over the answer cancels every stage and f
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import pytest
 from aiohttp import ClientSession
@@ -15,37 +16,44 @@ from mstar_ros.webrtc.server import VoiceGateway
 from support.webrtc_gateway import serve_gateway
 
 
+@contextlib.asynccontextmanager
+async def chatting(model, wav):
+    """The model behind a gateway, one aiortc peer connected whose microphone plays ``wav``:
+    (conductor, its idle KV block count, the peer's client, its microphone player, its gateway peer)."""
+    async with Conductor(model.graph(), model.modules()) as c:
+        idle = c.kv_blocks_used()
+        gateway = VoiceGateway(model, c, model_name="qwen3-omni")
+        runner, url = await serve_gateway(gateway)
+        player = MediaPlayer(str(wav))
+        client = GatewayClient(microphone=player.audio)
+        try:
+            async with ClientSession() as http:
+                answer = await client.connect(http, url)
+            yield c, idle, client, player, gateway.peers[answer["pc_id"]]
+        finally:
+            player.audio.stop()
+            await client.close()
+            await runner.cleanup()
+
+
 @pytest.mark.timeout(180)
 def test_a_spoken_turn_is_answered_in_voice_with_its_transcript(qwen3_omni, speech_wav):
     path, _ = speech_wav
 
     async def main():
-        async with Conductor(qwen3_omni.graph(), qwen3_omni.modules()) as c:
-            idle = c.kv_blocks_used()
-            gateway = VoiceGateway(qwen3_omni, c, model_name="qwen3-omni")
-            runner, url = await serve_gateway(gateway)
-            player = MediaPlayer(str(path))
-            client = GatewayClient(microphone=player.audio)
-            try:
-                async with ClientSession() as http:
-                    answer = await client.connect(http, url)
-                peer = gateway.peers[answer["pc_id"]]
-                client.send(type="session.update", session={"max_output_tokens": 60, "seed": 3})
-                await client.until(lambda: "input_audio_buffer.committed" in client.types(), 60, "the spoken turn")
-                await client.until(lambda: "response.done" in client.types(), 120, "the answer")
-                heard = client.loud_frames()
-                player.audio.stop()
-                client.send(type="response.create", text="hello there, how are you today")
-                await client.until(lambda: client.types().count("response.done") == 2, 120, "the typed turn's answer")
-                for _ in range(200):
-                    if c.kv_blocks_used() == idle:
-                        break
-                    await asyncio.sleep(0.02)
-                return client.events, heard, peer, c.kv_blocks_used(), idle
-            finally:
-                player.audio.stop()
-                await client.close()
-                await runner.cleanup()
+        async with chatting(qwen3_omni, path) as (c, idle, client, player, peer):
+            client.send(type="session.update", session={"max_output_tokens": 60, "seed": 3})
+            await client.until(lambda: "input_audio_buffer.committed" in client.types(), 60, "the spoken turn")
+            await client.until(lambda: "response.done" in client.types(), 120, "the answer")
+            heard = client.loud_frames()
+            player.audio.stop()
+            client.send(type="response.create", text="hello there, how are you today")
+            await client.until(lambda: client.types().count("response.done") == 2, 120, "the typed turn's answer")
+            for _ in range(200):
+                if c.kv_blocks_used() == idle:
+                    break
+                await asyncio.sleep(0.02)
+            return client.events, heard, peer, c.kv_blocks_used(), idle
 
     events, heard, peer, blocks, idle = asyncio.run(main())
     types = [e["type"] for e in events]
@@ -69,27 +77,15 @@ def test_a_spoken_turn_is_answered_in_voice_with_its_transcript(qwen3_omni, spee
 def test_speaking_over_the_answer_cancels_every_stage(qwen3_omni, speech_wav):
     path, _ = speech_wav
 
-    async def main():
-        async with Conductor(qwen3_omni.graph(), qwen3_omni.modules()) as c:
-            idle = c.kv_blocks_used()
-            gateway = VoiceGateway(qwen3_omni, c, model_name="qwen3-omni")
-            runner, url = await serve_gateway(gateway)
-            player = MediaPlayer(str(path))  # 2.5 s of silence, then speech: it starts while the answer plays
-            client = GatewayClient(microphone=player.audio)
-            try:
-                async with ClientSession() as http:
-                    await client.connect(http, url)
-                client.send(type="response.create", text="tell me a long story about robots")
-                await client.until(lambda: "input_audio_buffer.speech_started" in client.types(), 60, "speech")
-                await client.until(lambda: "response.done" in client.types(), 30, "the interrupted answer")
-                first = next(e for e in client.events if e["type"] == "response.done")
-                await asyncio.sleep(0.3)
-                during = c.kv_blocks_used() if client.types().count("response.created") == 1 else None
-                return first, during, idle
-            finally:
-                player.audio.stop()
-                await client.close()
-                await runner.cleanup()
+    async def main():  # the microphone: 2.5 s of silence, then speech, which starts while the answer plays
+        async with chatting(qwen3_omni, path) as (c, idle, client, player, peer):
+            client.send(type="response.create", text="tell me a long story about robots")
+            await client.until(lambda: "input_audio_buffer.speech_started" in client.types(), 60, "speech")
+            await client.until(lambda: "response.done" in client.types(), 30, "the interrupted answer")
+            first = next(e for e in client.events if e["type"] == "response.done")
+            await asyncio.sleep(0.3)
+            during = c.kv_blocks_used() if client.types().count("response.created") == 1 else None
+            return first, during, idle
 
     first, during, idle = asyncio.run(main())
     assert first["response"]["status"] == "cancelled"
