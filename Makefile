@@ -35,10 +35,13 @@ $(VENV)/.installed-test: $(VENV)/.installed
 	# Mooncake (the mooncake extra; its tests run, never skip) needs Debian's libibverbs1
 	@if [ "$$(id -u)" = 0 ] && ! ldconfig -p | grep -q 'libibverbs\.so\.1 '; then \
 		apt-get install -y -q libibverbs1 || { apt-get update -q && apt-get install -y -q libibverbs1; }; fi
-	# the WebRTC tests drive Debian's chromium with playwright (never a downloaded browser) and speak
-	# into the microphone path with espeak-ng (real speech a VAD detects)
-	@if [ "$$(id -u)" = 0 ] && ! { command -v chromium && command -v espeak-ng; } >/dev/null; then \
-		apt-get install -y -q chromium espeak-ng || { apt-get update -q && apt-get install -y -q chromium espeak-ng; }; fi
+	# the WebRTC tests drive Debian's chromium with playwright (never a downloaded browser) and Debian's
+	# firefox-esr over WebDriver BiDi (its sound card a private pulseaudio null sink), and speak into the
+	# microphone path with espeak-ng (real speech a VAD detects)
+	@if [ "$$(id -u)" = 0 ] && ! { command -v chromium && command -v firefox-esr && command -v pulseaudio \
+			&& command -v espeak-ng; } >/dev/null; then \
+		apt-get install -y -q chromium firefox-esr pulseaudio espeak-ng || { apt-get update -q \
+			&& apt-get install -y -q chromium firefox-esr pulseaudio espeak-ng; }; fi
 	# the ros extra too: the ROS 2 tests (real rclpy over DDS, bag playback) run, never skip
 	PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 $(PIP) install -q -e ".[audio,bench,test,mooncake,ros,webrtc]"
 	touch $@
