@@ -11,7 +11,6 @@ import itertools
 import json
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -32,10 +31,10 @@ PREFS = {
     "media.cubeb.backend": "pulse",  # a private PulseAudio with a null sink: see PULSE_CONFIG
     "media.peerconnection.ice.loopback": True,
     "media.peerconnection.ice.obfuscate_host_addresses": False,
-    # with a microphone granted Firefox gathers on its "default" address, which it finds by routing a
-    # UDP socket towards 8.8.8.8: no route in the namespace, so every interface (loopback here) instead
+    # without a granted microphone Firefox gathers on its "default" address only, which it finds by
+    # routing a UDP socket towards 8.8.8.8: the namespace has no route, so every interface instead
     "media.peerconnection.ice.default_address_only": False,
-    "permissions.default.microphone": 1,  # granted: else Firefox still gathers on the default address only
+    "permissions.default.microphone": 1,
     "permissions.default.camera": 1,
     "remote.active-protocols": 1,  # WebDriver BiDi
     "browser.shell.checkDefaultBrowser": False,
@@ -55,12 +54,6 @@ PULSE = shutil.which("pulseaudio") or "/usr/bin/pulseaudio"
 PULSE_CONFIG = ("load-module module-null-sink sink_name=mstar_null\n"
                 "load-module module-native-protocol-unix auth-anonymous=1 socket={socket}\n"
                 "set-default-sink mstar_null\n")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class BiDiError(RuntimeError):
@@ -161,21 +154,19 @@ class Firefox:
             if self._pulse.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"PulseAudio did not start ({PULSE}, rc {self._pulse.poll()})")
             await asyncio.sleep(0.05)
-        port = _free_port()
         self._proc = subprocess.Popen(
             [FIREFOX, "--headless", "--no-remote", "--profile", str(profile),
-             "--remote-debugging-port", str(port), "about:blank"],
+             "--remote-debugging-port", "0", "about:blank"],  # its own port, written to the profile
             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self._session = aiohttp.ClientSession()
+        server = profile / "WebDriverBiDiServer.json"  # {ws_host, ws_port} once it listens
         deadline = time.monotonic() + 60
-        while True:
-            try:
-                ws = await self._session.ws_connect(f"ws://127.0.0.1:{port}/session", max_msg_size=0)
-                break
-            except aiohttp.ClientError:
-                if self._proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"Firefox did not open its BiDi port ({FIREFOX}, rc {self._proc.poll()})")
-                await asyncio.sleep(0.2)
+        while not server.exists() or not server.read_text().strip().endswith("}"):
+            if self._proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"Firefox did not open its BiDi port ({FIREFOX}, rc {self._proc.poll()})")
+            await asyncio.sleep(0.2)
+        where = json.loads(server.read_text())
+        ws = await self._session.ws_connect(f"ws://{where['ws_host']}:{where['ws_port']}/session", max_msg_size=0)
         self._bidi = BiDiConnection(ws)
         await self._bidi.command("session.new", {"capabilities": {"alwaysMatch": {"acceptInsecureCerts": True}}})
         return self

@@ -6,10 +6,8 @@ import asyncio
 
 import pytest
 
-from mstar.conductor import Conductor
 from support.chromium import ARGS, CHROMIUM, open_with_microphone
-from support.webrtc_gateway import serve_gateway
-from mstar_ros.webrtc.server import VoiceGateway
+from support.webrtc_gateway import gateway_for
 
 
 
@@ -33,43 +31,38 @@ def test_two_browsers_hear_their_responses_and_one_interrupts(orpheus):
     from playwright.async_api import async_playwright
 
     async def main():
-        async with Conductor(orpheus.graph(), orpheus.modules()) as c:
+        async with gateway_for(orpheus) as (c, gateway, url):
             idle_blocks = c.kv_blocks_used()
-            gateway = VoiceGateway(orpheus, c)
-            runner, url = await serve_gateway(gateway)
-            try:
-                async with async_playwright() as pw:
-                    browser = await pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=ARGS)
-                    one, two = await _open(browser, url), await _open(browser, url)
-                    assert len(gateway.peers) == 2
-                    await one.fill("#text", "Hello from the first browser.")
-                    await one.click("#speak")
-                    await two.fill("#text", "A much longer sentence for the second browser to hear. " * 4)
-                    await two.click("#speak")
-                    # the second browser interrupts as soon as its audio plays (both utterances run ~14 s)
-                    await two.wait_for_function("window.mstarVoice.maxLevel > 0.001", timeout=60000)
-                    await two.click("#interrupt")
-                    await two.wait_for_function(
-                        "window.mstarVoice.events.some(e => e.type === 'response.done')", timeout=20000)
-                    done_two = await two.evaluate(
-                        "window.mstarVoice.events.filter(e => e.type === 'response.done')[0].response.status")
-                    await one.wait_for_function(
-                        "window.mstarVoice.events.some(e => e.type === 'response.done')", timeout=120000)
-                    stats_one = await one.evaluate("window.mstarInboundStats()")
-                    level_one = await one.evaluate("window.mstarVoice.maxLevel")
-                    ttfa = await one.evaluate("window.mstarVoice.ttfaMs")
-                    transcript = await one.inner_text("#transcript")
-                    await asyncio.sleep(0.5)
-                    blocks = c.kv_blocks_used()
-                    before = await two.evaluate("window.mstarInboundStats()")
-                    await asyncio.sleep(0.5)
-                    after = await two.evaluate("window.mstarInboundStats()")
-                    types_one = await _types(one)
-                    await browser.close()
-                    return (stats_one, level_one, ttfa, transcript, types_one, done_two, blocks, idle_blocks,
-                            before, after)
-            finally:
-                await runner.cleanup()
+            async with async_playwright() as pw:
+                browser = await pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=ARGS)
+                one, two = await _open(browser, url), await _open(browser, url)
+                assert len(gateway.peers) == 2
+                await one.fill("#text", "Hello from the first browser.")
+                await one.click("#speak")
+                await two.fill("#text", "A much longer sentence for the second browser to hear. " * 4)
+                await two.click("#speak")
+                # the second browser interrupts as soon as its audio plays (both utterances run ~14 s)
+                await two.wait_for_function("window.mstarVoice.maxLevel > 0.001", timeout=60000)
+                await two.click("#interrupt")
+                await two.wait_for_function(
+                    "window.mstarVoice.events.some(e => e.type === 'response.done')", timeout=20000)
+                done_two = await two.evaluate(
+                    "window.mstarVoice.events.filter(e => e.type === 'response.done')[0].response.status")
+                await one.wait_for_function(
+                    "window.mstarVoice.events.some(e => e.type === 'response.done')", timeout=120000)
+                stats_one = await one.evaluate("window.mstarInboundStats()")
+                level_one = await one.evaluate("window.mstarVoice.maxLevel")
+                ttfa = await one.evaluate("window.mstarVoice.ttfaMs")
+                transcript = await one.inner_text("#transcript")
+                await asyncio.sleep(0.5)
+                blocks = c.kv_blocks_used()
+                before = await two.evaluate("window.mstarInboundStats()")
+                await asyncio.sleep(0.5)
+                after = await two.evaluate("window.mstarInboundStats()")
+                types_one = await _types(one)
+                await browser.close()
+                return (stats_one, level_one, ttfa, transcript, types_one, done_two, blocks, idle_blocks,
+                        before, after)
 
     stats_one, level, ttfa, transcript, types, done_two, blocks, idle_blocks, before, after = asyncio.run(main())
     assert stats_one["packetsReceived"] > 50 and stats_one["totalSamplesReceived"] > 48000 * 0.5, stats_one
@@ -103,23 +96,19 @@ def test_a_fake_microphone_speaking_over_the_response_interrupts_it(orpheus, tmp
         w.writeframes(np.concatenate([np.zeros(rate * 2, np.int16), speech, np.zeros(rate * 2, np.int16)]).tobytes())
 
     async def main():
-        async with Conductor(orpheus.graph(), orpheus.modules()) as c:
+        async with gateway_for(orpheus) as (c, _, url):
             idle = c.kv_blocks_used()
-            runner, url = await serve_gateway(VoiceGateway(orpheus, c))
-            try:
-                async with async_playwright() as pw:
-                    browser, page = await open_with_microphone(pw, url, mic)
-                    await page.fill("#text", "A long answer that the user talks over. " * 4)
-                    await page.click("#speak")
-                    await page.wait_for_function(
-                        "window.mstarVoice.events.some(e => e.type === 'input_audio_buffer.speech_started') && "
-                        "window.mstarVoice.events.some(e => e.type === 'response.done')", timeout=60000)
-                    events = await page.evaluate("window.mstarVoice.events")
-                    await asyncio.sleep(0.3)
-                    await browser.close()
-                    return events, c.kv_blocks_used(), idle
-            finally:
-                await runner.cleanup()
+            async with async_playwright() as pw:
+                browser, page = await open_with_microphone(pw, url, mic)
+                await page.fill("#text", "A long answer that the user talks over. " * 4)
+                await page.click("#speak")
+                await page.wait_for_function(
+                    "window.mstarVoice.events.some(e => e.type === 'input_audio_buffer.speech_started') && "
+                    "window.mstarVoice.events.some(e => e.type === 'response.done')", timeout=60000)
+                events = await page.evaluate("window.mstarVoice.events")
+                await asyncio.sleep(0.3)
+                await browser.close()
+                return events, c.kv_blocks_used(), idle
 
     events, blocks, idle = asyncio.run(main())
     types = [e["type"] for e in events]
