@@ -26,7 +26,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from mstar.graph.node import NodeCall, NodeSubmodule
+from mstar_graphs.qwen3_omni.audio_features import HOP, MAX_SECONDS, SAMPLE_RATE, floor_and_scale
 from mstar_graphs.qwen3_omni.config import AudioEncoderConfig
+
+MAX_FRAMES = int(MAX_SECONDS * SAMPLE_RATE) // HOP
 
 
 def tokens_for_frames(frames: int, n_window: int = 50) -> int:
@@ -92,7 +95,8 @@ class AudioEncoderLayer(nn.Module):
 
 
 class AudioEncoder(NodeSubmodule):
-    """A stateless node: input ``features`` [128, frames] per call -> output ``embeds`` [tokens, hidden]."""
+    """A stateless node: input ``features`` [128, frames] per call, or a streamed turn's unfloored
+    ``log_mel`` frames (a list of pieces) -> output ``embeds`` [tokens, hidden]."""
 
     def __init__(self, cfg: AudioEncoderConfig) -> None:
         super().__init__()
@@ -120,7 +124,13 @@ class AudioEncoder(NodeSubmodule):
     def prepare_inputs(self, calls: Sequence[NodeCall]) -> dict:
         feats = []
         for c in calls:
-            f = c.inputs["features"]
+            if "log_mel" in c.inputs:  # a streamed turn's frames (mstar_graphs.qwen3_omni.audio_stream), whole now
+                frames = torch.cat(list(c.inputs["log_mel"]), dim=1)
+                if frames.shape[1] > MAX_FRAMES:
+                    raise ValueError(f"audio of {frames.shape[1]} frames is over the {MAX_FRAMES} frame limit")
+                f = floor_and_scale(frames) if frames.shape[1] else frames
+            else:
+                f = c.inputs["features"]
             if f.dim() != 2 or f.shape[0] != self.cfg.num_mel_bins or f.shape[1] == 0:
                 raise ValueError(f"audio features must be [{self.cfg.num_mel_bins}, frames > 0], got {tuple(f.shape)}")
             if not torch.isfinite(f).all():

@@ -7,9 +7,14 @@
                          code predictor -> frame) --frame~> code2wav [LeftContext(25, 25)] --audio--> output.audio
                                                                                 \\--frame--> output.codes
 
+    input.pcm ~> audio_frames --log_mel~> audio_encoder --embeds--> audio_prompt --input_ids, embed_mask-->
+    thinker (a turn streamed in as it is said: mstar_graphs.qwen3_omni.audio_stream)
+
 Walks, chosen by ``next_walk``: ``talk`` alone for a request that gives the text to say
-(``say_ids``: text to speech without the Thinker); else ``prefill_audio`` (the audio encoder, then the Thinker's prompt with
-its rows at ``<|audio_pad|>``) or ``prefill_text``; ``think`` (the Thinker's decode Loop until
+(``say_ids``: text to speech without the Thinker); else ``prefill_stream`` (wait for the streamed turn's
+end, its frames having been computed as it came, then encode it and widen the prompt's audio slot),
+``prefill_audio`` (the audio encoder, then the Thinker's prompt with its rows at ``<|audio_pad|>``) or
+``prefill_text``; ``think`` (the Thinker's decode Loop until
 ``<|im_end|>``); ``talk`` (the Talker's inputs from the Thinker's rows, then the Talker's Loop until
 codec EOS, each iteration's frame streamed to Code2Wav) unless the request wants text only. The
 Talker starts when the Thinker's reply is complete, as the reference does; it reads one text row per
@@ -17,8 +22,10 @@ frame, so its output equals the reference's.
 """
 from __future__ import annotations
 
-from mstar.graph import (Call, DynamicLoop, GraphEdge, GraphNode, LeftContextChunkPolicy, ModelGraph,
-                         PartitionConnection, PartitionTopology, Sequential, StopOnValues, StreamingGraphEdge)
+from mstar.graph import (AwaitInput, Call, DynamicLoop, GraphEdge, GraphNode, LeftContextChunkPolicy, ModelGraph,
+                         PartitionConnection, PartitionTopology, Sequential, StopOnValues, StreamingGraphEdge,
+                         WholeStreamPolicy)
+from mstar_graphs.qwen3_omni.audio_stream import CHUNK_ITEMS, CONTEXT_ITEMS
 
 CHUNK_FRAMES, LEFT_CONTEXT_FRAMES = 25, 25
 
@@ -30,8 +37,10 @@ def walk_chooser(im_end: int):
         if last is None:
             if "say_ids" in state.request.inputs:  # speak the given text: the Talker alone
                 return "talk"
+            if "pcm" in state.request.inputs:
+                return "prefill_stream"
             return "prefill_audio" if "features" in state.request.inputs else "prefill_text"
-        if last in ("prefill_audio", "prefill_text"):
+        if last in ("prefill_stream", "prefill_audio", "prefill_text"):
             first = state.value("thinker.token")
             if first is not None and int(first) == im_end:
                 return None  # an empty reply: nothing to say
@@ -49,7 +58,9 @@ def qwen3_omni_graph(im_end: int, codec_eos: int, first_chunk: int | None = None
     return ModelGraph(
         name="qwen3_omni",
         nodes=[
-            GraphNode("audio_encoder", inputs=["features"], outputs=["embeds"]),
+            GraphNode("audio_frames", inputs=["pcm"], outputs=["log_mel"]),
+            GraphNode("audio_encoder", inputs=["features", "log_mel"], outputs=["embeds"], optional_inputs=["features"]),
+            GraphNode("audio_prompt", inputs=["prompt_ids", "embeds"], outputs=["input_ids", "embed_mask"]),
             GraphNode("thinker", inputs=["input_ids", "embeds", "embed_mask"], outputs=["token", "rows"], engine="ar",
                       optional_inputs=["embeds", "embed_mask"]),
             GraphNode("talker_inputs", inputs=["prompt_ids", "rows", "say_ids"],
@@ -64,6 +75,13 @@ def qwen3_omni_graph(im_end: int, codec_eos: int, first_chunk: int | None = None
             GraphEdge("input.prompt_ids", "thinker.input_ids"),
             GraphEdge("input.embed_mask", "thinker.embed_mask"),
             GraphEdge("audio_encoder.embeds", "thinker.embeds"),
+            StreamingGraphEdge("input.pcm", "audio_frames.pcm", target_partition="thinker"),
+            StreamingGraphEdge("audio_frames.log_mel", "audio_encoder.log_mel", target_partition="thinker"),
+            GraphEdge("input.prompt_ids", "audio_prompt.prompt_ids"),
+            GraphEdge("audio_encoder.embeds", "audio_prompt.embeds"),
+            GraphEdge("audio_prompt.input_ids", "thinker.input_ids"),
+            GraphEdge("audio_prompt.embed_mask", "thinker.embed_mask"),
+            GraphEdge("audio_prompt.input_ids", "talker_inputs.prompt_ids"),
             GraphEdge("thinker.token", "thinker.input_ids"),
             GraphEdge("thinker.token", "output.text_ids"),
             GraphEdge("input.prompt_ids", "talker_inputs.prompt_ids"),
@@ -78,6 +96,7 @@ def qwen3_omni_graph(im_end: int, codec_eos: int, first_chunk: int | None = None
         ],
         walks={
             "prefill_text": Call("thinker"),
+            "prefill_stream": Sequential(AwaitInput("pcm"), Call("audio_prompt"), Call("thinker")),
             "prefill_audio": Sequential(Call("audio_encoder"), Call("thinker")),
             "think": DynamicLoop("thinker", trip_count=lambda s: s.request.meta.get("thinker_max_tokens", 1024) - 1,
                                  stop=StopOnValues("thinker.token", (im_end,))),
@@ -86,11 +105,14 @@ def qwen3_omni_graph(im_end: int, codec_eos: int, first_chunk: int | None = None
                                            stop=StopOnValues("talker.token", (codec_eos,)))),
         },
         topology=PartitionTopology(
-            partitions={"thinker": ["audio_encoder", "thinker"], "talker": ["talker_inputs", "talker"],
-                        "vocoder": ["code2wav"]},
-            connections=[PartitionConnection("talker", "vocoder",
+            partitions={"thinker": ["audio_frames", "audio_encoder", "audio_prompt", "thinker"],
+                        "talker": ["talker_inputs", "talker"], "vocoder": ["code2wav"]},
+            connections=[PartitionConnection("input", "thinker", LeftContextChunkPolicy(CHUNK_ITEMS, CONTEXT_ITEMS,
+                                                                                        edges=True)),
+                         PartitionConnection("thinker", "thinker", WholeStreamPolicy()),
+                         PartitionConnection("talker", "vocoder",
                                              LeftContextChunkPolicy(CHUNK_FRAMES, LEFT_CONTEXT_FRAMES, first_chunk))],
         ),
-        required_inputs=("prompt_ids",),  # features and embed_mask come with audio prompts only
+        required_inputs=("prompt_ids",),  # features and embed_mask (or pcm) come with audio prompts only
         next_walk=walk_chooser(im_end),
     )

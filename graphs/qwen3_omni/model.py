@@ -1,7 +1,8 @@
 """Qwen3-Omni as a servable model: its graph, its submodules, and its requests.
 
 A request is a prompt's token ids (with ``<|audio_pad|>`` rows for a clip's audio-encoder
-embeddings, whose log-mel ``features`` come with it) and how much to say: the Thinker's reply is
+embeddings, whose log-mel ``features`` come with it; or one such slot, for a turn whose samples stream
+in as ``pcm`` while it is said) and how much to say: the Thinker's reply is
 greedy by default (the reference's generation config is empty), the Talker samples as the
 reference's ``generate`` does (temperature 0.9, top-k 50, repetition penalty 1.05) unless told otherwise.
 Outputs: ``text_ids`` (each reply token as it is decided), ``codes`` (each 16-code frame) and
@@ -20,7 +21,9 @@ import torch
 from mstar.conductor import Request
 from mstar.engine.device_loop import run_on_device
 from mstar.engine.sampling_params import SamplingParams
+from mstar.conductor.stream_input import StreamInput
 from mstar_graphs.qwen3_omni.audio_encoder import tokens_for_frames
+from mstar_graphs.qwen3_omni.audio_stream import AudioFramesNode, AudioPromptNode
 from mstar_graphs.qwen3_omni.checkpoints import ensure_tiny_qwen3_omni, load_component
 from mstar_graphs.qwen3_omni.config import Qwen3OmniConfig
 from mstar_graphs.qwen3_omni.graph import qwen3_omni_graph
@@ -71,16 +74,18 @@ class Qwen3Omni:
     def modules(self) -> dict[str, torch.nn.Module]:
         return {"audio_encoder": self.audio_encoder, "thinker": self.thinker,
                 "talker_inputs": TalkerInputsNode(self.talker, self.thinker.model.embed_tokens, self.speaker),
-                "talker": self.talker, "code2wav": self.code2wav}
+                "talker": self.talker, "code2wav": self.code2wav, **stream_nodes(self.config)}
 
-    def request(self, prompt_ids: list[int], *, features: torch.Tensor | None = None, audio: bool = True,
+    def request(self, prompt_ids: list[int], *, features: torch.Tensor | None = None, pcm: StreamInput | None = None,
+                audio: bool = True,
                 say_ids: list[int] | None = None,
                 thinker_max_tokens: int = 256, talker_max_tokens: int = 1024, speaker: str | None = None,
                 sampling: SamplingParams | None = None, talker_sampling: SamplingParams | None = None,
                 seed: int | None = None, request_id: str | None = None,
                 outputs: frozenset[str] | None = None) -> Request:
         """``features``: one clip's log-mel frames [128, T] (mstar_graphs.qwen3_omni.audio_features.log_mel);
-        the prompt must then hold exactly ``tokens_for_frames(T)`` audio pad tokens."""
+        the prompt must then hold exactly ``tokens_for_frames(T)`` audio pad tokens. ``pcm``: a turn's 16 kHz
+        samples, streamed in (``audio_stream.turn_stream()``); the prompt then holds one pad, its slot."""
         cfg = self.config
         ids = torch.tensor(prompt_ids, dtype=torch.long)
         if ids.dim() != 1 or ids.numel() == 0:
@@ -99,10 +104,14 @@ class Qwen3Omni:
                 raise ValueError(f"{features.shape[1]} audio frames make {want} audio tokens; the prompt has "
                                  f"{int(pads.sum())} <|audio_pad|>")
             inputs["features"], inputs["embed_mask"] = features.float(), pads
+        elif pcm is not None:
+            if int(pads.sum()) != 1:
+                raise ValueError(f"a streamed turn's prompt holds one <|audio_pad|> (its slot), not {int(pads.sum())}")
+            inputs["pcm"] = pcm  # type: ignore[assignment]
         elif bool(pads.any()):
             raise ValueError("the prompt has <|audio_pad|> tokens but no audio features came with it")
         if say_ids is not None:  # text to speech: the Talker speaks these tokens, as a reply ending with <|im_end|>
-            if not say_ids or features is not None:
+            if not say_ids or features is not None or pcm is not None:
                 raise ValueError("say_ids needs at least one token, and no audio")
             inputs["say_ids"] = torch.tensor(say_ids, dtype=torch.long)
         thinker = sampling or THINKER_SAMPLING
@@ -122,3 +131,10 @@ class Qwen3Omni:
         return Request(inputs=inputs, sampling=thinker, request_id=request_id or uuid.uuid4().hex[:12], meta=meta,
                        outputs=outputs)
 
+
+def stream_nodes(config: Qwen3OmniConfig) -> dict[str, torch.nn.Module]:
+    """The weightless nodes of a streamed turn (mstar_graphs.qwen3_omni.audio_stream)."""
+    thinker, talker = config.thinker_config, config.talker_config
+    room = min(thinker.text_config.max_position_embeddings - 1, talker.text_config.max_position_embeddings - 10)
+    return {"audio_frames": AudioFramesNode(thinker.audio_config.num_mel_bins),
+            "audio_prompt": AudioPromptNode(thinker.audio_token_id, room)}

@@ -1,7 +1,9 @@
 """Qwen3-Omni as a conversational speech model: what the voice gateway and the OpenAI-compatible HTTP serve.
 
 A speech model that *answers* (``conversational``): a turn is the user's text or a clip of their
-voice (16 kHz samples, ``audio_input_rate``) with the conversation so far (text turns); the reply's
+voice (16 kHz samples, ``audio_input_rate``) with the conversation so far (text turns), or a turn
+whose voice streams in while it is said (:meth:`listen_request`: the request starts with the turn,
+its frames are computed as the samples come, and the answer starts when the stream closes); the reply's
 text streams out on ``text_output`` (token ids, :meth:`decode_text` makes text of them) and its
 voice on ``audio_output`` at ``sample_rate``.
 """
@@ -12,10 +14,12 @@ from pathlib import Path
 import torch
 
 from mstar.conductor import Request
+from mstar.conductor.stream_input import SampleStream
 from mstar.engine.sampling_params import SamplingParams
 from mstar_graphs.qwen3_omni.audio_encoder import tokens_for_frames
 from mstar_graphs.qwen3_omni.audio_features import SAMPLE_RATE as INPUT_RATE
 from mstar_graphs.qwen3_omni.audio_features import log_mel
+from mstar_graphs.qwen3_omni.audio_stream import turn_stream
 from mstar_graphs.qwen3_omni.chat import Turn, decode, load_tokenizer, prompt_ids
 from mstar_graphs.qwen3_omni.model import TALKER_SAMPLING, Qwen3Omni
 
@@ -80,11 +84,22 @@ class Qwen3OmniChat:
             audio_tokens = tokens_for_frames(features.shape[1], self.model.config.thinker_config.audio_config.n_window)
         if not audio_tokens and not (text and text.strip()):
             raise ValueError("an empty turn: give text or audio")
+        return self._turn(text, features, audio_tokens, None, history, voice, sampling, request_id, outputs, speak)
+
+    def listen_request(self, *, history: list[tuple[str, str]] = (), voice: str | None = None,
+                       sampling: SamplingParams | None = None, request_id: str | None = None,
+                       outputs: frozenset[str] | None = None, speak: bool = True) -> tuple[Request, SampleStream]:
+        """A spoken turn that streams in: the request (submit it as the turn starts) and the stream its
+        16 kHz samples go into (``push`` as they come, ``close`` at the end of the turn)."""
+        stream = turn_stream()
+        return self._turn(None, None, 1, stream, history, voice, sampling, request_id, outputs, speak), stream
+
+    def _turn(self, text, features, audio_tokens, pcm, history, voice, sampling, request_id, outputs, speak) -> Request:
         turns = [Turn(role, said) for role, said in history] + [Turn("user", text or "", audio_tokens)]
         ids = prompt_ids(self.tokenizer, self.model.config, turns)
         talker = sampling or TALKER_SAMPLING
         # max_tokens caps both the reply's text tokens and its audio frames (the Realtime API's max_output_tokens)
-        return self.model.request(ids, features=features, audio=speak, speaker=voice,
+        return self.model.request(ids, features=features, pcm=pcm, audio=speak, speaker=voice,
                                   thinker_max_tokens=min(self.max_reply_tokens, talker.max_tokens),
                                   talker_max_tokens=talker.max_tokens,
                                   talker_sampling=talker, seed=talker.seed, request_id=request_id, outputs=outputs)

@@ -5,6 +5,11 @@ silero-vad (its wheel ships the model) scores 512-sample windows (32 ms at 16 kH
 ``silence_duration_ms`` of silence (the end of a turn). Times are ms of the peer's audio. A stop
 carries the turn's audio (16 kHz float, from ``PRE_ROLL_MS`` before the start to the stop), for a
 model that listens; a turn longer than ``MAX_TURN_S`` keeps its last ``MAX_TURN_S``.
+
+For a model that hears a turn while it is said, :meth:`SpeechDetector.fresh_turn_audio` hands out
+the turn's samples as they come, holding back the last ``silence_duration_ms`` (and a window): the
+VAD places the turn's end in there, before the silence that ended it. The stop's ``tail`` is the
+rest, so what was handed out is exactly the stop's ``audio``.
 """
 from __future__ import annotations
 
@@ -25,6 +30,7 @@ class SpeechEvent:
     kind: str   # "started" or "stopped"
     ms: int     # position in the peer's audio
     audio: np.ndarray | None = None  # "stopped": the turn's 16 kHz float samples
+    tail: np.ndarray | None = None   # "stopped": those fresh_turn_audio had not handed out yet
 
 
 class SpeechDetector:
@@ -33,6 +39,9 @@ class SpeechDetector:
 
         self._vad = VADIterator(load_silero_vad(), threshold=threshold, sampling_rate=VAD_RATE,
                                 min_silence_duration_ms=silence_duration_ms)
+        # the VAD's end lies up to a window before the silence it waited out began
+        self._hold_back = silence_duration_ms * VAD_RATE // 1000 + 2 * WINDOW
+        self._handed = 0  # stream position up to which the turn's samples were handed out
         self._resampler = av.AudioResampler(format="s16", layout="mono", rate=VAD_RATE)
         self._pending = np.zeros(0, dtype=np.float32)
         self.speaking = False
@@ -55,13 +64,28 @@ class SpeechDetector:
             if found and "start" in found:
                 self.speaking = True
                 self._turn_start = max(self._kept_from, int(found["start"]) - PRE_ROLL_MS * VAD_RATE // 1000)
+                self._handed = self._turn_start
                 events.append(SpeechEvent("started", int(found["start"]) * 1000 // VAD_RATE))
             elif found and "end" in found:
                 self.speaking = False
                 end = int(found["end"])
-                turn = self._kept[max(0, self._turn_start - self._kept_from):max(0, end - self._kept_from)].copy()
-                events.append(SpeechEvent("stopped", end * 1000 // VAD_RATE, turn))
+                turn = self._slice(self._turn_start, end)
+                tail = self._slice(self._handed, end)
+                self._handed = end
+                events.append(SpeechEvent("stopped", end * 1000 // VAD_RATE, turn, tail))
         return events
+
+    def _slice(self, start: int, end: int) -> np.ndarray:
+        return self._kept[max(0, start - self._kept_from):max(0, end - self._kept_from)].copy()
+
+    def fresh_turn_audio(self) -> np.ndarray:
+        """While a turn goes on: its samples not handed out yet, but for the last ``silence_duration_ms``."""
+        if not self.speaking:
+            return np.zeros(0, dtype=np.float32)
+        upto = self._fed - self._hold_back
+        fresh = self._slice(max(self._handed, self._kept_from), upto)
+        self._handed = max(self._handed, upto)
+        return fresh
 
     def _keep(self, window: np.ndarray) -> None:
         self._kept = np.concatenate([self._kept, window])

@@ -6,7 +6,9 @@ the peer's track as they are decoded (mstar_ros.webrtc.audio_out), and the event
 data channel. ``response.cancel`` (or the peer leaving) cancels the request in the runtime: its
 KV blocks are freed and the queued audio is dropped, so the next turn starts clean. The peer's
 microphone goes through a VAD (mstar_ros.webrtc.audio_in): ``input_audio_buffer.speech_started`` /
-``speech_stopped``, and speech over a response interrupts it (barge-in).
+``speech_stopped``, and speech over a response interrupts it (barge-in). For a model that answers
+speech, a turn's audio goes to the graph: streamed into its request while the turn is said when the
+model has ``listen_request`` (the graph's streamed input), else as one clip when the turn ends.
 """
 from __future__ import annotations
 
@@ -24,6 +26,15 @@ from mstar_ros.webrtc.events import EventError, SessionUpdate, parse_client_even
 
 log = logging.getLogger("mstar_ros.webrtc")
 MAX_TEXT_CHARS = 2000
+
+
+@dataclass
+class StreamedTurn:
+    """A spoken turn whose samples stream into its request while it is said."""
+    request: object
+    stream: object   # its SampleStream: push samples, close at the turn's end
+    ended: asyncio.Future  # the time (time.monotonic()) the turn ended
+    streamed_before_end: int = 0  # samples that went in while the user was still speaking
 
 
 @dataclass
@@ -71,6 +82,9 @@ class VoicePeer:
         self.history: list[tuple[str, str]] = []  # a conversational model's earlier turns, as text
         self.conversational = bool(getattr(model, "conversational", False))
         self.listens = self.conversational and getattr(model, "audio_input_rate", None) is not None
+        self.streams_turns = self.listens and hasattr(model, "listen_request")
+        self.turn: StreamedTurn | None = None  # the spoken turn streaming in now
+        self.last_turn: StreamedTurn | None = None
         self.sampling = model.default_sampling  # session.update changes it for the peer's later responses
         self._listener: asyncio.Task | None = None
         pc.addTrack(self.track)
@@ -154,12 +168,21 @@ class VoicePeer:
                 "seed": s.seed, "turn_detection": {"type": "server_vad", "silence_duration_ms": self.silence_duration_ms}}
 
     async def _respond(self, text: str | None, voice: str | None, sampling, received: float,
-                       audio=None) -> None:
-        rid = f"resp_{uuid.uuid4().hex[:12]}"
+                       audio=None, turn: StreamedTurn | None = None) -> None:
+        rid = turn.request.request_id if turn is not None else f"resp_{uuid.uuid4().hex[:12]}"
         self.response_id = rid
-        self.responses += 1
         model, audio_port = self.model, self.model.audio_output
         text_port = getattr(model, "text_output", None) if self.conversational else None
+        if turn is not None:  # the request runs from the turn's start; the response starts at its end
+            outputs = self.conductor.submit(turn.request)
+            try:
+                received = await turn.ended
+            except asyncio.CancelledError:  # cancelled while the turn went on (cancel_response freed it)
+                if self.response_id == rid:
+                    self.response_id = None
+                raise
+            await self._stream_response(rid, text, text_port, audio_port, received, outputs)
+            return
         try:
             if self.conversational:  # a turn of the conversation: the model answers it
                 request = model.request(text, audio=audio, history=list(self.history), voice=voice, sampling=sampling,
@@ -171,6 +194,13 @@ class VoicePeer:
             self.response_id = None
             self.send("error", error={"type": "invalid_request_error", "message": str(exc)})
             return
+        await self._stream_response(rid, text, text_port, audio_port, received, self.conductor.submit(request))
+
+    async def _stream_response(self, rid: str, text: str | None, text_port, audio_port, received: float,
+                               outputs) -> None:
+        """The response's outputs to the peer as they come: audio to its track, events on its channel."""
+        model = self.model
+        self.responses += 1
         timing = ResponseTiming(rid, received)
         self.timings.append(timing)
         underruns_before = self.track.underruns
@@ -182,7 +212,7 @@ class VoicePeer:
         self.track.begin()
         status = "completed"
         try:
-            async for out in self.conductor.submit(request):
+            async for out in outputs:
                 if out.name == audio_port:
                     timing.last_chunk = time.monotonic()
                     timing.first_chunk = timing.first_chunk or timing.last_chunk
@@ -234,10 +264,56 @@ class VoicePeer:
                     self.send("input_audio_buffer.speech_started", audio_start_ms=event.ms)
                     if self.response_id is not None or self.track.queued_ms > 0:
                         await self.cancel_response()  # barge-in: the user speaks over the response
+                    if self.streams_turns:
+                        self._begin_turn()
                 else:
                     self.send("input_audio_buffer.speech_stopped", audio_end_ms=event.ms)
-                    if self.listens and event.audio is not None and len(event.audio):
+                    if self.turn is not None:
+                        self._end_turn(event.tail)
+                    elif self.listens and event.audio is not None and len(event.audio):
                         await self._answer_turn(event.audio)
+            if self.turn is not None:
+                self._push(self.turn, detector.fresh_turn_audio())
+
+    def _begin_turn(self) -> None:
+        """The user starts speaking: the turn's request starts now, its audio streaming in as it comes."""
+        rid = f"resp_{uuid.uuid4().hex[:12]}"
+        try:
+            request, stream = self.model.listen_request(history=list(self.history), voice=self.voice,
+                                                        sampling=self.sampling, request_id=rid,
+                                                        outputs=frozenset({self.model.audio_output, self.model.text_output}))
+        except ValueError as exc:
+            self.send("error", error={"type": "invalid_request_error", "message": str(exc)})
+            return
+        self.turn = StreamedTurn(request, stream, asyncio.get_running_loop().create_future())
+        self._task = asyncio.ensure_future(self._respond(None, self.voice, self.sampling, time.monotonic(),
+                                                         turn=self.turn))
+
+    def _push(self, turn: StreamedTurn, samples) -> None:
+        if not len(samples) or turn.stream.closed:
+            return
+        try:
+            turn.stream.push(samples)
+        except ValueError as exc:  # over the model's limit: the stream failed, and the request with it
+            self.turn = None
+            self.send("error", error={"type": "invalid_request_error", "message": str(exc)})
+            if not turn.ended.done():
+                turn.ended.set_result(time.monotonic())  # the response reports the failure
+
+    def _end_turn(self, tail) -> None:
+        """The turn ends: its last samples go in and its stream closes; the answer starts."""
+        turn, self.turn = self.turn, None
+        turn.streamed_before_end = turn.stream.samples
+        self.last_turn = turn
+        self._push(turn, tail)
+        if turn.stream.closed:
+            return
+        turn.stream.close()
+        item = f"item_{uuid.uuid4().hex[:12]}"
+        rate = self.model.audio_input_rate
+        self.send("input_audio_buffer.committed", item_id=item, audio_ms=turn.stream.samples * 1000 // rate)
+        if not turn.ended.done():
+            turn.ended.set_result(time.monotonic())
 
     MAX_HISTORY_TURNS = 20
 
@@ -260,6 +336,7 @@ class VoicePeer:
     async def cancel_response(self) -> None:
         """Barge-in: the request is cancelled in the runtime (its KV freed) and queued audio dropped."""
         rid, task = self.response_id, self._task
+        self.turn = None  # a turn streaming in goes with its request
         self.track.clear()
         if rid is not None:
             try:

@@ -215,8 +215,9 @@ class Conductor:
     async def _run(self, rs: RequestState) -> None:
         rid = rs.request_id
         outcome: RequestError | None = None
-        feeds = [asyncio.ensure_future(self._feed(rs, name, value)) for name, value in rs.request.inputs.items()
-                 if isinstance(value, StreamInput)]
+        rs.input_feeds = {name: asyncio.ensure_future(self._feed(rs, name, value))
+                          for name, value in rs.request.inputs.items() if isinstance(value, StreamInput)}
+        feeds = list(rs.input_feeds.values())
         for feed in feeds:
             feed.add_done_callback(lambda task: self._feed_done(rs, task))
         try:

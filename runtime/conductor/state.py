@@ -23,6 +23,7 @@ class StreamState:
     cursor: int = 0
     closed: bool = False
     last_delivery: asyncio.Future | None = None  # chunks deliver their outputs in order
+    tasks: set[asyncio.Task] = field(default_factory=set)  # its chunks still running
 
 
 @dataclass
@@ -42,6 +43,7 @@ class RequestState:
     output_counts: dict[str, int] = field(default_factory=dict)
     streams: dict[str, StreamState] = field(default_factory=dict)
     chunk_tasks: set[asyncio.Task] = field(default_factory=set)
+    input_feeds: dict[str, asyncio.Task] = field(default_factory=dict)  # streamed input -> the task feeding it
     user: dict[str, Any] = field(default_factory=dict)
 
     @property

@@ -75,3 +75,37 @@ class StreamInput:
                 if isinstance(item, StreamInputError):
                     raise item
                 yield item  # type: ignore[misc]
+
+
+class SampleStream(StreamInput):
+    """A StreamInput of 1-D samples (a microphone's), cut into items of ``item`` samples whatever sizes
+    arrive; ``close`` sends the rest as a shorter last item. Past ``max_samples`` it fails: the request
+    fails with a message saying so, and ``push`` raises ValueError."""
+
+    def __init__(self, item: int, max_samples: int | None = None) -> None:
+        super().__init__()
+        if item < 1:
+            raise ValueError(f"SampleStream item must be >= 1 samples, got {item}")
+        self.item, self.max_samples = item, max_samples
+        self._held = torch.zeros(0)
+        self.samples = 0
+
+    def push(self, samples) -> None:
+        """Samples (a 1-D tensor or array of floats) join the stream; whole items go out now."""
+        chunk = torch.as_tensor(samples, dtype=torch.float32).reshape(-1)
+        if self.max_samples is not None and self.samples + chunk.numel() > self.max_samples:
+            message = f"the streamed audio is over its limit of {self.max_samples} samples"
+            self.fail(message)
+            raise ValueError(message)
+        self.samples += chunk.numel()
+        held = torch.cat([self._held, chunk])
+        whole = held.numel() // self.item * self.item
+        for start in range(0, whole, self.item):
+            self.put(held[start:start + self.item].clone())
+        self._held = held[whole:]
+
+    def close(self) -> None:
+        if self._held.numel():
+            self.put(self._held)
+            self._held = torch.zeros(0)
+        super().close()

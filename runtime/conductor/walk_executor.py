@@ -1,4 +1,4 @@
-"""Runs one request's Walk tree: Sequential, Parallel, Loop / DynamicLoop, and streaming edges.
+"""Runs one request's Walk tree: Sequential, Parallel, Loop / DynamicLoop, AwaitInput, and streaming edges.
 
 Values move along edges as tensor handles; only stop checks and graph outputs
 look at tensor contents. A Loop whose body is one AR node fed by its own output
@@ -14,7 +14,7 @@ from mstar.conductor.state import RequestState, StreamState
 from mstar.graph.chunk_policies import Chunk
 from mstar.graph.edges import GRAPH_INPUT, GRAPH_OUTPUT, StreamingGraphEdge
 from mstar.graph.model_graph import ModelGraph
-from mstar.graph.walks import Call, Loop, Parallel, Sequential, StopOnValues, StopWhen, WalkStep
+from mstar.graph.walks import AwaitInput, Call, Loop, Parallel, Sequential, StopOnValues, StopWhen, WalkStep
 from mstar.worker.messages import ExecuteNode, LoopSpec, NodeOutput, TensorHandle, TensorRef
 
 Dispatch = Callable[[ExecuteNode, Callable[[NodeOutput], None]], Awaitable[None]]
@@ -46,6 +46,8 @@ class WalkExecutor:
             await asyncio.gather(*(self.run(b, rs, watches) for b in step.branches))
         elif isinstance(step, Loop):
             await self._loop(step, rs, watches)
+        elif isinstance(step, AwaitInput):
+            await self._await_input(step.name, rs)
         else:
             raise TypeError(f"unknown walk step {step!r}")
 
@@ -172,6 +174,8 @@ class WalkExecutor:
         state.last_delivery = asyncio.get_running_loop().create_future()
         task = asyncio.ensure_future(self._deliver_chunk(rs, state, chunk, previous, state.last_delivery))
         rs.chunk_tasks.add(task)
+        state.tasks.add(task)
+        task.add_done_callback(state.tasks.discard)
         task.add_done_callback(lambda t: self._chunk_done(rs, t))
 
     @staticmethod
@@ -210,13 +214,43 @@ class WalkExecutor:
             if not done.done():
                 done.set_result(None)
 
+    def _close(self, rs: RequestState, state: StreamState) -> None:
+        """The stream's producer is done: the policy sends what it held back, and its final chunk."""
+        if state.closed:
+            return
+        state.closed = True
+        self._pump(rs, state)
+        last = state.policy.final(state.cursor, len(state.items))
+        if last is not None:
+            self._send(rs, state, last)
+
+    async def _await_input(self, name: str, rs: RequestState) -> None:
+        """AwaitInput: the streamed input ends; its streams, then the streams their consumers feed, are
+        closed in turn and their chunks run, so every value they lead to is in place."""
+        feed = rs.input_feeds.get(name)
+        if feed is None:
+            raise RequestError(rs.request_id, f"walk {rs.current_walk!r} waits for the streamed input {name!r}, "
+                                              "which this request does not stream")
+        await feed  # a failed input stream raises here
+        pending = [e for e in self.graph.edges_from(GRAPH_INPUT, name) if isinstance(e, StreamingGraphEdge)]
+        done: set[str] = set()
+        while pending:
+            edge = pending.pop(0)
+            if str(edge) in done:
+                continue
+            done.add(str(edge))
+            state = self._stream(rs, edge)
+            if not state.items:
+                raise RequestError(rs.request_id, f"the streamed input {name!r} ended with nothing on {edge}")
+            self._close(rs, state)
+            if state.tasks:
+                await asyncio.gather(*list(state.tasks))  # a failed chunk raises here
+            if edge.target.node != GRAPH_OUTPUT:
+                pending += [e for e in self.graph.streaming_edges() if e.source.node == edge.target.node]
+
     async def close_streams(self, rs: RequestState) -> None:
         """The producers are done: flush what the policies hold back, wait for every chunk."""
         for state in list(rs.streams.values()):
-            state.closed = True
-            self._pump(rs, state)
-            last = state.policy.final(state.cursor, len(state.items))
-            if last is not None:
-                self._send(rs, state, last)
+            self._close(rs, state)
         while rs.chunk_tasks:
             await asyncio.gather(*list(rs.chunk_tasks))

@@ -1,15 +1,16 @@
 """The Walk Graph API a model author writes against."""
-from mstar.graph.chunk_policies import Chunk, ChunkPolicy, FixedChunkPolicy, LeftContextChunkPolicy, SlidingWindowChunkPolicy
+from mstar.graph.chunk_policies import (Chunk, ChunkPolicy, FixedChunkPolicy, LeftContextChunkPolicy,
+                                        SlidingWindowChunkPolicy, WholeStreamPolicy)
 from mstar.graph.edges import GRAPH_INPUT, GRAPH_OUTPUT, GraphEdge, StreamingGraphEdge
 from mstar.graph.model_graph import ModelGraph
 from mstar.graph.node import GraphNode, NodeCall, NodeSubmodule
 from mstar.graph.topology import PartitionConnection, PartitionTopology
 from mstar.graph.validation import GraphError
-from mstar.graph.walks import Call, DynamicLoop, Loop, Parallel, Sequential, StopOnValues, StopWhen
+from mstar.graph.walks import AwaitInput, Call, DynamicLoop, Loop, Parallel, Sequential, StopOnValues, StopWhen
 
 __all__ = [
-    "Call", "Chunk", "ChunkPolicy", "DynamicLoop", "FixedChunkPolicy", "GRAPH_INPUT", "GRAPH_OUTPUT",
+    "AwaitInput", "Call", "Chunk", "ChunkPolicy", "DynamicLoop", "FixedChunkPolicy", "GRAPH_INPUT", "GRAPH_OUTPUT",
     "GraphEdge", "GraphError", "GraphNode", "LeftContextChunkPolicy", "Loop", "ModelGraph", "NodeCall",
     "NodeSubmodule", "Parallel", "PartitionConnection", "PartitionTopology", "Sequential",
-    "SlidingWindowChunkPolicy", "StopOnValues", "StopWhen", "StreamingGraphEdge",
+    "SlidingWindowChunkPolicy", "StopOnValues", "StopWhen", "StreamingGraphEdge", "WholeStreamPolicy",
 ]

@@ -64,29 +64,52 @@ class FixedChunkPolicy(ChunkPolicy):
 class LeftContextChunkPolicy(ChunkPolicy):
     """Chunks of ``chunk`` new items, each preceded by up to ``left_context`` earlier items
     (Qwen3-Omni Talker -> Code2Wav: 25 frames with 25 frames of left context). ``first_chunk``
-    (default ``chunk``) makes the first chunk shorter, for a lower time to first output."""
+    (default ``chunk``) makes the first chunk shorter, for a lower time to first output.
+
+    ``edges``: for a consumer whose output at the stream's end differs (an STFT reflects the signal
+    there), the first chunk is marked ``first``, and the stream's last chunk ``final``: when it closes,
+    what is left goes as that chunk after its left context (nothing new left: the last
+    ``left_context`` items, all context)."""
 
     chunk: int
     left_context: int
     first_chunk: int | None = None
+    edges: bool = False
 
     def __post_init__(self) -> None:
         if self.chunk < 1 or self.left_context < 0 or (self.first_chunk is not None and self.first_chunk < 1):
             raise ValueError(f"LeftContextChunkPolicy needs chunk >= 1, left_context >= 0 and first_chunk >= 1, got "
                              f"{self.chunk}, {self.left_context}, {self.first_chunk}")
+        if self.edges and self.left_context < 1:
+            raise ValueError("LeftContextChunkPolicy with edges needs left_context >= 1 (its final chunk is context)")
 
     def _chunk(self, cursor: int, end: int) -> Chunk:
         start = max(0, cursor - self.left_context)
-        return Chunk(start, end, cursor - start)
+        return Chunk(start, end, cursor - start, first=self.edges and cursor == 0)
+
+    def final(self, cursor: int, available: int) -> Chunk | None:
+        if not self.edges or not available:
+            return None
+        start = max(0, cursor - self.left_context)
+        return Chunk(start, available, cursor - start, first=cursor == 0, final=True)
 
     def ready(self, cursor: int, available: int, closed: bool) -> list[Chunk]:
         chunks = []
         while available - cursor >= (size := self.chunk if cursor or self.first_chunk is None else self.first_chunk):
             chunks.append(self._chunk(cursor, cursor + size))
             cursor += size
-        if closed and available > cursor:
+        if closed and available > cursor and not self.edges:
             chunks.append(self._chunk(cursor, available))
         return chunks
+
+
+@dataclass(frozen=True)
+class WholeStreamPolicy(ChunkPolicy):
+    """One chunk of every item, when the stream closes: for a consumer that needs all of it at once
+    (an encoder whose input is normalised over the whole clip), fed by a stage that streams."""
+
+    def ready(self, cursor: int, available: int, closed: bool) -> list[Chunk]:
+        return [Chunk(cursor, available)] if closed and available > cursor else []
 
 
 @dataclass(frozen=True)

@@ -89,7 +89,12 @@ def split_partition(graph: ModelGraph, partition: str) -> ModelGraph:
                              "run on its own needs walks of its own nodes only")
         if called <= inside:
             walks[name] = step
-    connections += [c for c in topo.connections if c.source == c.target == partition]
+    # its own streams, and those of the graph's input into it (one policy for everything it takes as input streams)
+    own_inputs = [c for c in topo.connections if c.source == GRAPH_INPUT and c.target == partition]
+    if own_inputs and connections and own_inputs[0].policy != connections[0].policy:
+        raise GraphError(f"graph {graph.name!r}: partition {partition!r} takes streams under two different chunk "
+                         "policies; it cannot be cut out on its own")
+    connections = (connections or own_inputs) + [c for c in topo.connections if c.source == c.target == partition]
     return ModelGraph(
         name=f"{graph.name}.{partition}",
         nodes=[n for n in graph.nodes if n.name in inside],

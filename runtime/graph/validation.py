@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from mstar.graph.edges import GRAPH_INPUT, GRAPH_OUTPUT, Endpoint, StreamingGraphEdge
-from mstar.graph.walks import Call, Loop, StopOnValues
+from mstar.graph.walks import AwaitInput, Call, Loop, StopOnValues
 
 if TYPE_CHECKING:
     from mstar.graph.model_graph import ModelGraph
@@ -63,6 +63,9 @@ def _check_walks(graph: "ModelGraph") -> None:
         for step in walk.iter_steps():
             if isinstance(step, Call) and step.node not in graph.node_by_name:
                 raise GraphError(f"graph {graph.name!r}: walk {walk_name!r} calls unknown node {step.node!r}")
+            if isinstance(step, AwaitInput) and step.name not in graph.stream_input_names:
+                raise GraphError(f"graph {graph.name!r}: walk {walk_name!r} awaits {step.name!r}, which is no streamed "
+                                 f"input (streamed inputs: {graph.stream_input_names})")
             if isinstance(step, Loop) and isinstance(step.stop, StopOnValues):
                 try:
                     src = Endpoint.parse(step.stop.edge)

@@ -1,4 +1,4 @@
-"""The four Walk primitives: Sequential, Parallel, Loop / DynamicLoop (streaming edges live in edges.py)."""
+"""The Walk primitives: Sequential, Parallel, Loop / DynamicLoop, and AwaitInput (streaming edges live in edges.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -39,6 +39,15 @@ class Call(WalkStep):
     """Run one node once, on the current values of its input edges."""
 
     node: str
+
+
+@dataclass(frozen=True)
+class AwaitInput(WalkStep):
+    """Wait until the streamed graph input ``name`` has ended and every chunk cut from it, and from the
+    streams its consumers feed, has run: what the rest of the Walk reads is then whole (a spoken turn's
+    audio, streamed in as it is said, is heard before the answer starts)."""
+
+    name: str
 
 
 class Sequential(WalkStep):

@@ -33,9 +33,14 @@ class InProcessTensorStore:
         except KeyError:
             raise KeyError(f"tensor {handle.key} is not (or no longer) in the in-process store") from None
 
-    def resolve(self, ref: TensorRef) -> torch.Tensor:
+    def resolve(self, ref: TensorRef) -> torch.Tensor | list[torch.Tensor]:
+        """A handle's tensor; a chunk's handles stacked, or as a list when their shapes differ (ragged
+        items: a stream of audio pieces, the shorter last one)."""
         if isinstance(ref, list):
-            return torch.stack([self.get(h) for h in ref])
+            items = [self.get(h) for h in ref]
+            if len({(t.shape, t.dtype) for t in items}) > 1:
+                return items
+            return torch.stack(items)
         return self.get(ref)
 
     def free_owner(self, owner: str) -> int:

@@ -1,6 +1,6 @@
 """Voice chat through the gateway with a model that answers (tiny Qwen3-Omni, random weights): a spoken
-turn from an aiortc microphone goes to the Thinker's audio encoder and is answered in voice with its
-transcript; a typed turn too; speaking over the answer cancels every stage and frees their KV."""
+turn from an aiortc microphone streams into the graph as it is said (its streamed input) and is answered
+in voice with its transcript; a typed turn too; speaking over the answer cancels every stage and frees their KV."""
 from __future__ import annotations
 
 import asyncio
@@ -61,6 +61,11 @@ def test_a_spoken_turn_is_answered_in_voice_with_its_transcript(qwen3_omni, spee
     assert types.index("input_audio_buffer.speech_started") < types.index("input_audio_buffer.speech_stopped") < spoken
     committed = events[spoken]
     assert 1000 < committed["audio_ms"] < 6000, committed  # the sentence, with the VAD's pre-roll and pad
+    assert spoken < types.index("response.created")  # the answer starts when the turn ends
+    # the turn streamed into its request while it was said: all but its last ~0.6 s before it ended
+    turn = peer.last_turn
+    assert turn is not None and turn.stream.samples == committed["audio_ms"] * 16 + turn.stream.samples % 16
+    assert turn.stream.samples - turn.streamed_before_end < 16_000 * 0.7 < turn.streamed_before_end
     done = [e for e in events if e["type"] == "response.done"]
     assert [d["response"]["status"] for d in done] == ["completed", "completed"], types
     transcripts = [e["transcript"] for e in events if e["type"] == "response.output_audio_transcript.done"]

@@ -3,7 +3,7 @@ import random
 
 import pytest
 
-from mstar.graph import Chunk, FixedChunkPolicy, LeftContextChunkPolicy, SlidingWindowChunkPolicy
+from mstar.graph import Chunk, FixedChunkPolicy, LeftContextChunkPolicy, SlidingWindowChunkPolicy, WholeStreamPolicy
 
 
 def drive(policy, total, steps, close=True):
@@ -21,6 +21,13 @@ def drive(policy, total, steps, close=True):
             chunks.append(c)
             cursor = c.end
     return chunks
+
+
+def closing(policy, chunks, total):
+    """``chunks`` and what the policy sends when the stream of ``total`` items closes."""
+    cursor = chunks[-1].end if chunks else 0
+    last = policy.final(cursor, total)
+    return chunks + ([last] if last is not None else [])
 
 
 # -- FixedChunkPolicy ------------------------------------------------------------------------
@@ -178,9 +185,36 @@ def test_window_equal_to_stride_has_no_context():
     (lambda: LeftContextChunkPolicy(0, 2), "chunk >= 1, left_context >= 0"),
     (lambda: LeftContextChunkPolicy(4, -1), "chunk >= 1, left_context >= 0"),
     (lambda: LeftContextChunkPolicy(4, 2, first_chunk=0), "first_chunk >= 1"),
+    (lambda: LeftContextChunkPolicy(4, 0, edges=True), "edges needs left_context >= 1"),
     (lambda: SlidingWindowChunkPolicy(28, 0), "1 <= stride <= window, got window=28, stride=0"),
     (lambda: SlidingWindowChunkPolicy(7, 28), "1 <= stride <= window, got window=7, stride=28"),
 ])
 def test_invalid_arguments(make, fragment):
     with pytest.raises(ValueError, match=fragment):
         make()
+
+
+# -- LeftContextChunkPolicy with edges, WholeStreamPolicy -------------------------------------
+@pytest.mark.parametrize("total", [1, 3, 4, 5, 8, 9, 13])
+def test_left_context_edges_mark_the_first_chunk_and_end_with_a_final_one(total):
+    policy = LeftContextChunkPolicy(4, 3, edges=True)
+    chunks = closing(policy, drive(policy, total, [1, 2, 3]), total)
+    assert [c.first for c in chunks] == [True] + [False] * (len(chunks) - 1)
+    assert [c.final for c in chunks] == [False] * (len(chunks) - 1) + [True]
+    assert chunks[-1].end == total
+    news = [i for c in chunks for i in range(c.start + c.left_context, c.end)]
+    assert news == list(range(total))  # each item new exactly once
+    assert all(c.left_context == min(3, c.start + c.left_context) for c in chunks)
+
+
+def test_left_context_edges_closing_on_a_chunk_boundary_sends_context_only():
+    policy = LeftContextChunkPolicy(4, 3, edges=True)
+    assert policy.ready(4, 8, True) == [Chunk(1, 8, 3)]
+    assert policy.final(8, 8) == Chunk(5, 8, 3, final=True)
+
+
+def test_whole_stream_is_one_chunk_at_the_close():
+    policy = WholeStreamPolicy()
+    assert policy.ready(0, 5, False) == []
+    assert policy.ready(0, 5, True) == [Chunk(0, 5)]
+    assert policy.ready(0, 0, True) == []

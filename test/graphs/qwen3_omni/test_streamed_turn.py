@@ -1,0 +1,187 @@
+"""A spoken turn streamed into the Qwen3-Omni graph while it is said (input.pcm, AwaitInput): its frames are
+computed chunk by chunk as the samples come, the answer starts when the stream closes, and it is the
+answer to the same clip given whole; bad streams fail their request with a message, others still run."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+
+from mstar.conductor import Conductor
+from mstar.conductor.request import RequestError
+from mstar.engine.sampling_params import SamplingParams
+from mstar_graphs.qwen3_omni.audio_stream import turn_stream
+from mstar_graphs.qwen3_omni.chat import Turn, prompt_ids
+from mstar_graphs.qwen3_omni.model import Qwen3Omni
+from mstar_graphs.qwen3_omni.speech import Qwen3OmniChat
+
+GREEDY_TALKER = SamplingParams(temperature=0.0, repetition_penalty=1.05, max_tokens=30)
+
+
+def speechlike(seconds: float, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    t = torch.arange(int(16000 * seconds)) / 16000
+    return 0.3 * torch.sin(2 * torch.pi * 220 * t) * (1 + torch.sin(2 * torch.pi * 3 * t)) + \
+        0.01 * torch.randn(t.shape, generator=g)
+
+
+@pytest.fixture(scope="module")
+def chat(q3_ckpt):
+    return Qwen3OmniChat.load(q3_ckpt, progress=False)
+
+
+async def push_slowly(stream, samples: torch.Tensor, seed: int) -> int:
+    """The samples in pieces of uneven sizes (as a microphone's resampler gives them), with pauses;
+    returns how many pieces went in."""
+    g = torch.Generator().manual_seed(seed)
+    at = pieces = 0
+    while at < samples.numel():
+        size = int(torch.randint(50, 2500, (1,), generator=g))
+        stream.push(samples[at:at + size])
+        at += size
+        pieces += 1
+        await asyncio.sleep(0.002)
+    stream.close()
+    return pieces
+
+
+def test_a_streamed_turn_is_answered_as_the_whole_clip_is(chat):
+    clips = [speechlike(1.73, 1), speechlike(0.45, 2)]  # neither a whole number of 20 ms items
+
+    async def main():
+        async with Conductor(chat.graph(), chat.modules()) as c:
+            idle = c.kv_blocks_used()
+            whole = [await c.submit(chat.request(audio=clip, sampling=GREEDY_TALKER)).collect() for clip in clips]
+            streamed = []
+            for i, clip in enumerate(clips):
+                request, stream = chat.listen_request(sampling=GREEDY_TALKER)
+                outputs = c.submit(request)
+                pushing = asyncio.ensure_future(push_slowly(stream, clip, i))
+                result = await outputs.collect()
+                await pushing
+                streamed.append(result)
+            # two turns streaming at once, beside a typed one
+            pairs = [chat.listen_request(sampling=GREEDY_TALKER) for _ in clips]
+            typed = c.submit(chat.request("hello there", sampling=GREEDY_TALKER))
+            runs = [c.submit(r) for r, _ in pairs]
+            pushes = [asyncio.ensure_future(push_slowly(s, clip, 7 + i)) for (_, s), clip in zip(pairs, clips)]
+            together = await asyncio.gather(*(r.collect() for r in runs), typed.collect(), *pushes)
+            for _ in range(200):
+                if c.kv_blocks_used() == idle:
+                    break
+                await asyncio.sleep(0.01)
+            return whole, streamed, together[:2], c.kv_blocks_used(), idle
+
+    whole, streamed, together, used, idle = asyncio.run(main())
+    for got in (streamed, together):
+        for out, ref in zip(got, whole):
+            assert [int(t) for t in out["text_ids"]] == [int(t) for t in ref["text_ids"]]
+            assert torch.equal(torch.stack(out["codes"]), torch.stack(ref["codes"]))
+            assert torch.equal(torch.cat(out["audio"]), torch.cat(ref["audio"]))
+    assert all(len(out["text_ids"]) > 1 and out["audio"] for out in whole)
+    assert used == idle
+
+
+def test_the_frames_are_computed_while_the_turn_goes_on(chat):
+    """Before the stream closes, the graph has already run audio_frames on what came: the answer then
+    waits only for the turn's last chunk."""
+    clip = speechlike(1.6, 5)
+
+    async def main():
+        async with Conductor(chat.graph(), chat.modules()) as c:
+            request, stream = chat.listen_request(sampling=GREEDY_TALKER)
+            outputs = c.submit(request)
+            stream.push(clip[:16000])  # 1 s: two 0.5 s chunks' worth
+            state = c._states[request.request_id]
+            for _ in range(500):
+                frames = [s for s in state.streams.values() if s.edge.target.node == "audio_encoder"]
+                if frames and len(frames[0].items) == 2:
+                    break
+                await asyncio.sleep(0.01)
+            before_close = {k: (s.cursor, len(s.items)) for k, s in state.streams.items()}
+            nothing_yet = c.kv_blocks_used()
+            stream.push(clip[16000:])
+            stream.close()
+            out = await outputs.collect()
+            return before_close, nothing_yet, out
+
+    before_close, blocks_while_speaking, out = asyncio.run(main())
+    frames = before_close["input.pcm ~> audio_frames.pcm [thinker]"]
+    assert frames == (50, 50)  # both chunks of the first second ran before the turn ended
+    log_mels = before_close["audio_frames.log_mel ~> audio_encoder.log_mel [thinker]"]
+    assert log_mels == (0, 2)  # their frames wait for the whole turn at the encoder
+    assert blocks_while_speaking == 0  # the Thinker has not started: it answers the whole turn
+    assert out["text_ids"] and out["audio"]
+
+
+def test_bad_streams_fail_their_request_and_leave_others_served(chat):
+    async def main():
+        async with Conductor(chat.graph(), chat.modules()) as c:
+            empty, empty_stream = chat.listen_request(sampling=GREEDY_TALKER)
+            nan, nan_stream = chat.listen_request(sampling=GREEDY_TALKER)
+            failed, failed_stream = chat.listen_request(sampling=GREEDY_TALKER)
+            good, good_stream = chat.listen_request(sampling=GREEDY_TALKER)
+            runs = [c.submit(r) for r in (empty, nan, failed, good)]
+            empty_stream.close()
+            bad = speechlike(0.5, 3)
+            bad[1000] = float("nan")
+            nan_stream.push(bad)
+            nan_stream.close()
+            failed_stream.push(speechlike(0.3, 4))
+            failed_stream.fail("the microphone went away")
+            good_stream.push(speechlike(0.6, 6))
+            good_stream.close()
+            results = []
+            for run in runs:
+                try:
+                    results.append(await run.collect())
+                except RequestError as exc:
+                    results.append(str(exc))
+            return results
+
+    empty, nan, failed, good = asyncio.run(main())
+    assert "ended with nothing" in empty
+    assert "NaN" in nan
+    assert "the microphone went away" in failed
+    assert good["text_ids"] and good["audio"]
+
+
+def test_a_stream_over_the_limit_is_refused_with_a_message():
+    stream = turn_stream()
+    with pytest.raises(ValueError, match="over its limit"):
+        stream.push(torch.zeros(stream.max_samples + 1))
+
+
+def test_a_streamed_prompt_has_one_audio_slot(q3_ckpt, chat):
+    model: Qwen3Omni = chat.model
+    ids = prompt_ids(chat.tokenizer, model.config, [Turn("user", "", 2)])
+    with pytest.raises(ValueError, match="one <\\|audio_pad\\|>"):
+        model.request(ids, pcm=turn_stream())
+
+
+@pytest.mark.parametrize("samples", [401, 7200, 25 * 320, 25 * 320 + 100, 49 * 320 + 100, 86 * 320 + 77])
+def test_streamed_frames_are_the_whole_clips_frames(samples):
+    """Items arriving one by one, chunked as the graph's policy chunks them (the shorter last item may end a
+    chunk before the close), give log_mel's features of the whole clip."""
+    from mstar_graphs.qwen3_omni.audio_features import floor_and_scale, log_mel, streamed_log10_mel
+    from mstar_graphs.qwen3_omni.audio_stream import CHUNK_ITEMS, CONTEXT_ITEMS, ITEM_SAMPLES
+    from mstar_graphs.qwen3_omni.graph import qwen3_omni_graph
+
+    clip = speechlike(samples / 16000, samples)
+    items = list(clip.split(ITEM_SAMPLES))
+    policy = qwen3_omni_graph(1, 2).topology.policy("input", "thinker")
+    assert (policy.chunk, policy.left_context, policy.edges) == (CHUNK_ITEMS, CONTEXT_ITEMS, True)
+    chunks, cursor = [], 0
+    for available in range(1, len(items) + 1):
+        for chunk in policy.ready(cursor, available, False):
+            chunks.append(chunk)
+            cursor = chunk.end
+    chunks.append(policy.final(cursor, len(items)))
+    parts = []
+    for c in chunks:
+        got = items[c.start:c.end]
+        parts.append(streamed_log10_mel(torch.cat(got), sum(t.numel() for t in got[:c.left_context]), c.first, c.final))
+    streamed, whole = floor_and_scale(torch.cat(parts, dim=1)), log_mel(clip)
+    assert streamed.shape == whole.shape
+    assert (streamed - whole).abs().max() < 1e-6
