@@ -82,6 +82,12 @@ class OrpheusTTS:
     def graph(self):
         return orpheus_graph()
 
+    def worker_spec(self):
+        """What Worker processes build to serve this model (``Conductor.distributed``)."""
+        from mstar_graphs.orpheus.components import orpheus_spec
+
+        return orpheus_spec(self.paths.llm, self.paths.snac, constrain=self.llm.constrain)
+
     def modules(self) -> dict[str, torch.nn.Module]:
         return {"llm": self.llm, "snac": self.snac}
 

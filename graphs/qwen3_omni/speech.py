@@ -52,6 +52,12 @@ class Qwen3OmniChat:
     def graph(self):
         return self.model.graph()
 
+    def worker_spec(self):
+        """What Worker processes build to serve this model (``Conductor.distributed``)."""
+        from mstar_graphs.qwen3_omni.components import qwen3_omni_spec
+
+        return qwen3_omni_spec(self.model.path, first_chunk=self.model.first_chunk)
+
     def modules(self):
         return self.model.modules()
 

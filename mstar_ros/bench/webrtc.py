@@ -47,6 +47,7 @@ class WebrtcBenchOptions:
     preset: str = "bench"
     seed: int = 0
     dtype: str = "bfloat16"        # as `bench orpheus`: bf16 matmuls are ~4x fp32 on these CPUs
+    placement: Path | None = None  # the model in Worker processes (off the gateway's interpreter)
 
 
 @dataclass
@@ -136,14 +137,14 @@ async def _whole_file_level(conductor_url: str, n: int, opts: WebrtcBenchOptions
 
 
 async def _bench(model, opts: WebrtcBenchOptions) -> dict:
-    from mstar.conductor import Conductor
     from mstar.engine.config import EngineConfig
     from mstar_ros.webrtc.server import VoiceGateway, serve_on_free_port
+    from mstar_ros.webrtc.speech_models import speech_conductor
 
     levels: dict[str, dict] = {}
     bar = tqdm(total=len(opts.peers) * opts.rounds, desc="bench webrtc", unit="round")
     config = EngineConfig(dtype=opts.dtype)
-    async with Conductor(model.graph(), model.modules(), config=config) as conductor:
+    async with speech_conductor(model, config, opts.placement) as conductor:
         warm = conductor.submit(model.request("Warm up.", sampling=None))
         await warm.collect()
         for n in opts.peers:
@@ -175,7 +176,8 @@ def run_webrtc_bench(opts: WebrtcBenchOptions) -> dict:
                   "weights": str(opts.weights) if opts.weights else None,
                   "random_weights": bool(getattr(model, "random_weights", False))},
         "options": {"peers": opts.peers, "rounds": opts.rounds, "max_tokens": opts.max_tokens, "seed": opts.seed,
-                    "dtype": opts.dtype, "jitter_prefetch_frames": JITTER_PREFETCH},
+                    "dtype": opts.dtype, "jitter_prefetch_frames": JITTER_PREFETCH,
+                    "placement": str(opts.placement) if opts.placement else None},
         "machine": {"cpu_threads": model_threads(), "python": platform.python_version(), "torch": torch.__version__},
         "levels": levels,
         f"ttfa_overhead_p95_ms_{top}_peers": levels[top]["ttfa_overhead_ms"]["p95"],

@@ -26,6 +26,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--weights", type=Path, help="a real checkpoint directory instead")
     p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"],
                    help="compute dtype (default bfloat16, as bench orpheus)")
+    p.add_argument("--placement", type=Path,
+                   help="placement YAML: the model's nodes in Worker processes, off the gateway's interpreter "
+                        "(e.g. config/placement/orpheus-one-worker.yaml)")
     p.add_argument("--json", type=Path, default=Path("bench-webrtc.json"), help="where to write the figures")
     p.add_argument("--plot", type=Path, default=Path("bench-webrtc.png"), help="where to write the plot")
     p.add_argument("--quick", action="store_true", help="a small run for smoke tests (tiny preset, 1,2 peers, 1 round)")
@@ -39,7 +42,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.rounds < 1 or args.max_tokens < 7:
         raise ValueError("--rounds >= 1 and --max-tokens >= 7 (one SNAC frame) are needed")
     opts = WebrtcBenchOptions(peers=args.peers, rounds=args.rounds, max_tokens=args.max_tokens, model=args.model,
-                              weights=args.weights, preset=args.preset, dtype=args.dtype)
+                              weights=args.weights, preset=args.preset, dtype=args.dtype, placement=args.placement)
     if args.quick:
         opts.preset, opts.peers, opts.rounds, opts.max_tokens = "tiny", [1, 2], 1, 70
     report = run_webrtc_bench(opts)

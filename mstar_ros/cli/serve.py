@@ -23,7 +23,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="speech model: orpheus (text to speech) or qwen3-omni (answers speech and text) (default orpheus)")
     v.add_argument("--weights", help="checkpoint directory (default: the generated tiny one, RANDOM weights)")
     v.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; others need --token)")
-    v.add_argument("--port", type=int, default=8080, help="port (default 8080)")
+    v.add_argument("--port", type=int, default=8080, help="port (default 8080; 0: any free one, printed)")
     v.add_argument("--token", help="Bearer token every endpoint requires (needed with a non-loopback --host)")
     v.add_argument("--max-peers", type=int, default=8, help="peers at once; the next one gets 503 (default 8)")
     v.add_argument("--peer-lost-s", type=float, default=1.5,
@@ -33,6 +33,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="compute dtype (default: from --engine-config, else float32; bfloat16 is ~4x faster on CPUs "
                         "with AMX/AVX-512 bf16)")
     v.add_argument("--engine-config", type=Path, help="engine settings YAML (see config/engine.yaml)")
+    v.add_argument("--placement", type=Path,
+                   help="placement YAML (see config/placement/): run the model's nodes in Worker processes per rank, "
+                        "off the process that runs the peers' media (e.g. orpheus-one-worker.yaml)")
     v.add_argument("--duration", type=float, default=0.0, help="stop after this many seconds (0: until Ctrl-C)")
     v.set_defaults(run=_run_voice)
 
@@ -42,10 +45,9 @@ def _run_voice(args: argparse.Namespace) -> int:
 
     import msgspec
 
-    from mstar.conductor import Conductor
     from mstar.engine.config import EngineConfig, load_engine_config
     from mstar_ros.webrtc.server import GatewayLimits, VoiceGateway
-    from mstar_ros.webrtc.speech_models import load_speech_model
+    from mstar_ros.webrtc.speech_models import load_speech_model, speech_conductor
 
     if args.max_peers < 1 or args.peer_lost_s <= 0.5:
         raise ValueError("--max-peers must be >= 1 and --peer-lost-s > 0.5 (one consent check's timeout)")
@@ -56,15 +58,17 @@ def _run_voice(args: argparse.Namespace) -> int:
     log = logging.getLogger("mstar_ros.webrtc")
 
     async def main() -> None:
-        async with Conductor(model.graph(), model.modules(), config=config) as conductor:
+        async with speech_conductor(model, config, args.placement) as conductor:
             gateway = VoiceGateway(model, conductor, host=args.host, token=args.token,
                                    limits=GatewayLimits(max_peers=args.max_peers, peer_lost_s=args.peer_lost_s),
                                    model_name=args.model)
             runner = web.AppRunner(gateway.app())
             await runner.setup()
             await web.TCPSite(runner, args.host, args.port).start()
+            port = runner.addresses[0][1]  # --port 0: the one the system gave
             note = " (RANDOM weights: the audio is noise)" if getattr(model, "random_weights", False) else ""
-            print(f"serving {args.model}{note} to WebRTC peers: POST http://{args.host}:{args.port}/offer", flush=True)
+            where = f" in Worker processes per {args.placement}" if args.placement else ""
+            print(f"serving {args.model}{note}{where} to WebRTC peers: POST http://{args.host}:{port}/offer", flush=True)
             try:
                 await asyncio.sleep(args.duration or 1e9)
             finally:

@@ -3,7 +3,8 @@
 A speech model (graph side) has ``load(weights, ...)``, ``graph()``, ``modules()``,
 ``request(text, voice=..., sampling=..., request_id=..., outputs=...)`` and says which graph
 output carries its audio (``audio_output``) at which ``sample_rate``: the gateway needs nothing else,
-so it has no per-model code.
+so it has no per-model code. ``worker_spec()`` (optional) names what Worker processes build to serve
+it under a placement (``--placement``).
 """
 from __future__ import annotations
 
@@ -24,3 +25,15 @@ def load_speech_model(name: str, weights: str | None = None, **kwargs):
         if not hasattr(model, attr):
             raise TypeError(f"speech model {name!r} lacks {attr!r}")
     return model
+
+
+def speech_conductor(model, config, placement=None):
+    """The Conductor serving ``model``: in this process, or in Worker processes per ``placement`` (a YAML
+    path), which keeps the model's compute off the interpreter that runs the peers' media."""
+    from mstar.conductor import Conductor
+
+    if placement is None:
+        return Conductor(model.graph(), model.modules(), config=config)
+    if not hasattr(model, "worker_spec"):
+        raise ValueError(f"speech model {type(model).__name__} cannot run in Worker processes (no worker_spec)")
+    return Conductor.distributed(model.worker_spec(), placement, config=config)
