@@ -95,8 +95,9 @@ class AudioEncoderLayer(nn.Module):
 
 
 class AudioEncoder(NodeSubmodule):
-    """A stateless node: input ``features`` [128, frames] per call, or a streamed turn's unfloored
-    ``log_mel`` frames (a list of pieces) -> output ``embeds`` [tokens, hidden]."""
+    """A stateless node: input ``features`` [128, frames] per call (several clips, split by
+    ``clip_frames``), and/or a streamed turn's unfloored ``log_mel`` frames (a list of pieces) -> output
+    ``embeds`` [tokens, hidden], every clip's back to back."""
 
     def __init__(self, cfg: AudioEncoderConfig) -> None:
         super().__init__()
@@ -122,21 +123,36 @@ class AudioEncoder(NodeSubmodule):
 
     # -- the node's batch: clips of any lengths --------------------------------------------------
     def prepare_inputs(self, calls: Sequence[NodeCall]) -> dict:
-        feats = []
+        """Per call, its clips in prompt order: ``features`` (one clip, or several back to back, as
+        ``clip_frames`` splits them: a conversation's earlier spoken turns), then a streamed turn's frames."""
+        clips, counts = [], []
         for c in calls:
+            mine = []
+            if "features" in c.inputs:
+                f = c.inputs["features"]
+                if f.dim() != 2 or f.shape[0] != self.cfg.num_mel_bins:
+                    raise ValueError(f"audio features must be [{self.cfg.num_mel_bins}, frames], got {tuple(f.shape)}")
+                lengths = [int(n) for n in c.inputs["clip_frames"]] if "clip_frames" in c.inputs else [f.shape[1]]
+                if sum(lengths) != f.shape[1] or min(lengths, default=0) < 1:
+                    raise ValueError(f"clip_frames {lengths} must be positive and add up to the {f.shape[1]} frames")
+                mine += list(f.split(lengths, dim=1))
             if "log_mel" in c.inputs:  # a streamed turn's frames (mstar_graphs.qwen3_omni.audio_stream), whole now
                 frames = torch.cat(list(c.inputs["log_mel"]), dim=1)
                 if frames.shape[1] > MAX_FRAMES:
                     raise ValueError(f"audio of {frames.shape[1]} frames is over the {MAX_FRAMES} frame limit")
-                f = floor_and_scale(frames) if frames.shape[1] else frames
-            else:
-                f = c.inputs["features"]
-            if f.dim() != 2 or f.shape[0] != self.cfg.num_mel_bins or f.shape[1] == 0:
-                raise ValueError(f"audio features must be [{self.cfg.num_mel_bins}, frames > 0], got {tuple(f.shape)}")
-            if not torch.isfinite(f).all():
-                raise ValueError("audio features contain NaN or infinite values")
-            feats.append(f)
-        return {"clips": feats}
+                if frames.shape[1] == 0:
+                    raise ValueError("the streamed turn made no audio frames")
+                mine.append(floor_and_scale(frames))
+            for f in mine:
+                if f.shape[1] == 0:
+                    raise ValueError("an audio clip has no frames")
+                if not torch.isfinite(f).all():
+                    raise ValueError("audio features contain NaN or infinite values")
+            if not mine:
+                raise ValueError("an audio encoder call without audio")
+            clips += mine
+            counts.append(len(mine))
+        return {"clips": clips, "counts": counts}
 
     def split_outputs(self, outputs, calls):
         return [{"embeds": e} for e in outputs["embeds"]]
@@ -144,8 +160,14 @@ class AudioEncoder(NodeSubmodule):
     def batch_key(self, call: NodeCall):
         return "audio"  # any lengths batch together
 
-    def forward(self, clips: list[torch.Tensor]) -> dict[str, list[torch.Tensor]]:  # type: ignore[override]
-        return {"embeds": self.encode(clips)}
+    def forward(self, clips: list[torch.Tensor], counts: list[int]) -> dict[str, list[torch.Tensor]]:  # type: ignore[override]
+        """Each clip encoded as it is alone; a call's clips' embeddings back to back, in order."""
+        per_clip = self.encode(clips)
+        out, at = [], 0
+        for n in counts:
+            out.append(torch.cat(per_clip[at:at + n]))
+            at += n
+        return {"embeds": out}
 
     # -- the computation -----------------------------------------------------------------------------
     def encode(self, clips: list[torch.Tensor]) -> list[torch.Tensor]:

@@ -67,8 +67,9 @@ class AudioFramesNode(NodeSubmodule):
 
 
 class AudioPromptNode(NodeSubmodule):
-    """Stateless: the prompt with one ``<|audio_pad|>`` slot and the turn's embeddings -> the prompt with one
-    pad per embedding, and the mask of their positions (what the Thinker's prefill takes)."""
+    """Stateless: the prompt with one ``<|audio_pad|>`` slot (at ``meta["slot"]``; earlier spoken turns
+    have their pads already) and the embeddings of all its audio -> the prompt with one pad per
+    embedding, and the mask of their positions (what the Thinker's prefill takes)."""
 
     def __init__(self, audio_token_id: int, max_prompt: int) -> None:
         super().__init__()
@@ -78,14 +79,17 @@ class AudioPromptNode(NodeSubmodule):
         prompts = []
         for c in calls:
             ids, embeds = c.inputs["prompt_ids"].long(), c.inputs["embeds"]
-            slots = (ids == self.audio_token_id).nonzero().reshape(-1)
-            if slots.numel() != 1:
-                raise ValueError(f"a streamed turn's prompt holds one <|audio_pad|> slot, got {slots.numel()}")
-            length = ids.numel() - 1 + embeds.shape[0]
+            slot = int(c.meta.get("slot", -1))
+            if not 0 <= slot < ids.numel() or int(ids[slot]) != self.audio_token_id:
+                raise ValueError(f"meta slot {slot} is not an <|audio_pad|> of the prompt")
+            known = int((ids == self.audio_token_id).sum()) - 1  # earlier turns' pads
+            if embeds.shape[0] <= known:
+                raise ValueError(f"{embeds.shape[0]} audio embeddings for {known} earlier pads and a turn")
+            length = ids.numel() - 1 + embeds.shape[0] - known
             if length > self.max_prompt:
                 raise ValueError(f"the spoken turn makes a prompt of {length} tokens, over the {self.max_prompt} "
                                  "the context leaves for it: speak for less time")
-            prompts.append((ids, int(slots[0]), embeds.shape[0]))
+            prompts.append((ids, slot, embeds.shape[0] - known))
         return {"prompts": prompts}
 
     def batch_key(self, call: NodeCall):

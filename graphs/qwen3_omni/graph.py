@@ -59,7 +59,8 @@ def qwen3_omni_graph(im_end: int, codec_eos: int, first_chunk: int | None = None
         name="qwen3_omni",
         nodes=[
             GraphNode("audio_frames", inputs=["pcm"], outputs=["log_mel"]),
-            GraphNode("audio_encoder", inputs=["features", "log_mel"], outputs=["embeds"], optional_inputs=["features"]),
+            GraphNode("audio_encoder", inputs=["features", "clip_frames", "log_mel"], outputs=["embeds"],
+                      optional_inputs=["features", "clip_frames"]),
             GraphNode("audio_prompt", inputs=["prompt_ids", "embeds"], outputs=["input_ids", "embed_mask"]),
             GraphNode("thinker", inputs=["input_ids", "embeds", "embed_mask"], outputs=["token", "rows"], engine="ar",
                       optional_inputs=["embeds", "embed_mask"]),
@@ -72,6 +73,7 @@ def qwen3_omni_graph(im_end: int, codec_eos: int, first_chunk: int | None = None
         ],
         edges=[
             GraphEdge("input.features", "audio_encoder.features"),
+            GraphEdge("input.clip_frames", "audio_encoder.clip_frames"),
             GraphEdge("input.prompt_ids", "thinker.input_ids"),
             GraphEdge("input.embed_mask", "thinker.embed_mask"),
             GraphEdge("audio_encoder.embeds", "thinker.embeds"),
@@ -113,6 +115,6 @@ def qwen3_omni_graph(im_end: int, codec_eos: int, first_chunk: int | None = None
                          PartitionConnection("talker", "vocoder",
                                              LeftContextChunkPolicy(CHUNK_FRAMES, LEFT_CONTEXT_FRAMES, first_chunk))],
         ),
-        required_inputs=("prompt_ids",),  # features and embed_mask (or pcm) come with audio prompts only
+        required_inputs=("prompt_ids",),  # features, clip_frames and embed_mask (or pcm) come with audio prompts only
         next_walk=walk_chooser(im_end),
     )

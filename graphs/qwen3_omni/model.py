@@ -76,16 +76,18 @@ class Qwen3Omni:
                 "talker_inputs": TalkerInputsNode(self.talker, self.thinker.model.embed_tokens, self.speaker),
                 "talker": self.talker, "code2wav": self.code2wav, **stream_nodes(self.config)}
 
-    def request(self, prompt_ids: list[int], *, features: torch.Tensor | None = None, pcm: StreamInput | None = None,
+    def request(self, prompt_ids: list[int], *, features: torch.Tensor | list[torch.Tensor] | None = None,
+                pcm: StreamInput | None = None,
                 audio: bool = True,
                 say_ids: list[int] | None = None,
                 thinker_max_tokens: int = 256, talker_max_tokens: int = 1024, speaker: str | None = None,
                 sampling: SamplingParams | None = None, talker_sampling: SamplingParams | None = None,
                 seed: int | None = None, request_id: str | None = None,
                 outputs: frozenset[str] | None = None) -> Request:
-        """``features``: one clip's log-mel frames [128, T] (mstar_graphs.qwen3_omni.audio_features.log_mel);
-        the prompt must then hold exactly ``tokens_for_frames(T)`` audio pad tokens. ``pcm``: a turn's 16 kHz
-        samples, streamed in (``audio_stream.turn_stream()``); the prompt then holds one pad, its slot."""
+        """``features``: one clip's log-mel frames [128, T] (mstar_graphs.qwen3_omni.audio_features.log_mel), or
+        the clips of several turns in prompt order; the prompt then holds exactly ``tokens_for_frames(T)``
+        audio pad tokens per clip. ``pcm``: the last turn's 16 kHz samples, streamed in
+        (``audio_stream.turn_stream()``); its turn then holds one pad, its slot, after the clips' pads."""
         cfg = self.config
         ids = torch.tensor(prompt_ids, dtype=torch.long)
         if ids.dim() != 1 or ids.numel() == 0:
@@ -95,23 +97,29 @@ class Qwen3Omni:
             raise ValueError(f"prompt token ids must be in [0, {vocab})")
         pads = ids == cfg.thinker_config.audio_token_id
         inputs: dict[str, torch.Tensor] = {"prompt_ids": ids}
-        if features is not None:
-            mels = cfg.thinker_config.audio_config.num_mel_bins
-            if features.dim() != 2 or features.shape[0] != mels:
-                raise ValueError(f"audio features must be [{mels}, frames], got {tuple(features.shape)}")
-            want = tokens_for_frames(features.shape[1], cfg.thinker_config.audio_config.n_window)
-            if int(pads.sum()) != want:
-                raise ValueError(f"{features.shape[1]} audio frames make {want} audio tokens; the prompt has "
-                                 f"{int(pads.sum())} <|audio_pad|>")
-            inputs["features"], inputs["embed_mask"] = features.float(), pads
-        elif pcm is not None:
-            if int(pads.sum()) != 1:
-                raise ValueError(f"a streamed turn's prompt holds one <|audio_pad|> (its slot), not {int(pads.sum())}")
-            inputs["pcm"] = pcm  # type: ignore[assignment]
-        elif bool(pads.any()):
+        meta: dict = {}
+        clips = [] if features is None else [features] if isinstance(features, torch.Tensor) else list(features)
+        mels = cfg.thinker_config.audio_config.num_mel_bins
+        for clip in clips:
+            if clip.dim() != 2 or clip.shape[0] != mels or clip.shape[1] == 0:
+                raise ValueError(f"audio features must be [{mels}, frames > 0], got {tuple(clip.shape)}")
+        want = sum(tokens_for_frames(clip.shape[1], cfg.thinker_config.audio_config.n_window) for clip in clips)
+        if not clips and pcm is None and bool(pads.any()):
             raise ValueError("the prompt has <|audio_pad|> tokens but no audio features came with it")
+        if int(pads.sum()) != want + (pcm is not None):
+            slot = " and one slot for the streamed turn" if pcm is not None else ""
+            raise ValueError(f"{sum(c.shape[1] for c in clips)} audio frames make {want} audio tokens{slot}; "
+                             f"the prompt has {int(pads.sum())} <|audio_pad|>")
+        if clips:
+            inputs["features"] = torch.cat(clips, dim=1).float()
+            inputs["clip_frames"] = torch.tensor([clip.shape[1] for clip in clips], dtype=torch.long)
+        if pcm is not None:
+            inputs["pcm"] = pcm  # type: ignore[assignment]
+            meta["audio_prompt.slot"] = int(pads.nonzero().reshape(-1)[-1])  # the last turn's one pad
+        elif clips:
+            inputs["embed_mask"] = pads
         if say_ids is not None:  # text to speech: the Talker speaks these tokens, as a reply ending with <|im_end|>
-            if not say_ids or features is not None or pcm is not None:
+            if not say_ids or clips or pcm is not None:
                 raise ValueError("say_ids needs at least one token, and no audio")
             inputs["say_ids"] = torch.tensor(say_ids, dtype=torch.long)
         thinker = sampling or THINKER_SAMPLING
@@ -124,7 +132,7 @@ class Qwen3Omni:
         if thinker_room < 1 or talker_room < 1:
             raise ValueError(f"a prompt of {len(prompt_ids)} tokens leaves no room to answer (context limit "
                              f"{cfg.thinker_config.text_config.max_position_embeddings})")
-        meta = {"thinker_max_tokens": min(thinker_max_tokens, thinker_room),
+        meta |= {"thinker_max_tokens": min(thinker_max_tokens, thinker_room),
                 "talker_max_tokens": min(talker_max_tokens, talker_room), "audio": audio,
                 "talker.sampling": talker,
                 "talker_inputs.speaker": speaker_code(cfg, speaker or self.speaker)}

@@ -29,7 +29,8 @@ class ReferenceReply:
 
 
 @torch.inference_mode()
-def reference_generate(model, prompt_ids: list[int], *, input_features: torch.Tensor | None = None,
+def reference_generate(model, prompt_ids: list[int], *,
+                       input_features: torch.Tensor | list[torch.Tensor] | None = None,
                        thinker_max_new_tokens: int = 32, talker_max_new_tokens: int = 64,
                        speaker: str = "Ethan", sample: bool = False, seed: int = 0) -> ReferenceReply:
     """One request through ``generate(return_audio=True)``; greedy unless ``sample`` (the Talker's defaults)."""
@@ -42,9 +43,11 @@ def reference_generate(model, prompt_ids: list[int], *, input_features: torch.Te
 
     model.code2wav.chunked_decode = capture
     kwargs = {}
-    if input_features is not None:  # one clip: [mels, frames]
-        kwargs["input_features"] = input_features[None]
-        kwargs["feature_attention_mask"] = torch.ones(1, input_features.shape[1], dtype=torch.long)
+    if input_features is not None:  # clips [mels, frames], in prompt order: padded to the longest, masked
+        clips = [input_features] if isinstance(input_features, torch.Tensor) else list(input_features)
+        longest = max(c.shape[1] for c in clips)
+        kwargs["input_features"] = torch.stack([torch.nn.functional.pad(c, (0, longest - c.shape[1])) for c in clips])
+        kwargs["feature_attention_mask"] = torch.stack([(torch.arange(longest) < c.shape[1]).long() for c in clips])
     try:
         torch.manual_seed(seed)
         sequences, wav = model.generate(input_ids=torch.tensor([prompt_ids]), speaker=speaker,

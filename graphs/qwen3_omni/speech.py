@@ -1,7 +1,8 @@
 """Qwen3-Omni as a conversational speech model: what the voice gateway and the OpenAI-compatible HTTP serve.
 
 A speech model that *answers* (``conversational``): a turn is the user's text or a clip of their
-voice (16 kHz samples, ``audio_input_rate``) with the conversation so far (text turns), or a turn
+voice (16 kHz samples, ``audio_input_rate``) with the conversation so far (text turns, and spoken
+ones with their audio, which the Thinker hears again as the reference does), or a turn
 whose voice streams in while it is said (:meth:`listen_request`: the request starts with the turn,
 its frames are computed as the samples come, and the answer starts when the stream closes); the reply's
 text streams out on ``text_output`` (token ids, :meth:`decode_text` makes text of them) and its
@@ -10,6 +11,7 @@ voice on ``audio_output`` at ``sample_rate``.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Sequence, Union
 
 import torch
 
@@ -24,6 +26,7 @@ from mstar_graphs.qwen3_omni.chat import Turn, decode, load_tokenizer, prompt_id
 from mstar_graphs.qwen3_omni.model import TALKER_SAMPLING, Qwen3Omni
 
 
+HistoryTurn = Union[tuple[str, str], tuple[str, str, "torch.Tensor | None"]]  # (role, text[, its audio])
 FIRST_CHUNK = 5  # a voice chat starts speaking after 5 frames (0.4 s of audio), not 25 (2 s)
 
 
@@ -77,35 +80,42 @@ class Qwen3OmniChat:
                                   seed=talker.seed, request_id=request_id, outputs=outputs)
 
     def request(self, text: str | None = None, *, audio: torch.Tensor | None = None,
-                history: list[tuple[str, str]] = (), voice: str | None = None,
+                history: Sequence[HistoryTurn] = (), voice: str | None = None,
                 sampling: SamplingParams | None = None, request_id: str | None = None,
                 outputs: frozenset[str] | None = None, speak: bool = True) -> Request:
         """One user turn (``text``, or ``audio``: 16 kHz mono float samples, or both) after ``history``
-        ((role, text) turns) -> the request. ``sampling`` samples the voice; its max_tokens caps the reply's
-        text tokens (at most ``max_reply_tokens``) and its audio frames."""
-        features = None
-        audio_tokens = 0
-        if audio is not None:
-            features = log_mel(audio.reshape(-1).float())
-            audio_tokens = tokens_for_frames(features.shape[1], self.model.config.thinker_config.audio_config.n_window)
-        if not audio_tokens and not (text and text.strip()):
+        ((role, text) turns, or (role, text, audio) for a spoken one) -> the request. ``sampling`` samples
+        the voice; its max_tokens caps the reply's text tokens (at most ``max_reply_tokens``) and its
+        audio frames."""
+        features = None if audio is None else log_mel(audio.reshape(-1).float())
+        if features is None and not (text and text.strip()):
             raise ValueError("an empty turn: give text or audio")
-        return self._turn(text, features, audio_tokens, None, history, voice, sampling, request_id, outputs, speak)
+        return self._turn(text, features, None, history, voice, sampling, request_id, outputs, speak)
 
-    def listen_request(self, *, history: list[tuple[str, str]] = (), voice: str | None = None,
+    def listen_request(self, *, history: Sequence[HistoryTurn] = (), voice: str | None = None,
                        sampling: SamplingParams | None = None, request_id: str | None = None,
                        outputs: frozenset[str] | None = None, speak: bool = True) -> tuple[Request, SampleStream]:
         """A spoken turn that streams in: the request (submit it as the turn starts) and the stream its
         16 kHz samples go into (``push`` as they come, ``close`` at the end of the turn)."""
         stream = turn_stream()
-        return self._turn(None, None, 1, stream, history, voice, sampling, request_id, outputs, speak), stream
+        return self._turn(None, None, stream, history, voice, sampling, request_id, outputs, speak), stream
 
-    def _turn(self, text, features, audio_tokens, pcm, history, voice, sampling, request_id, outputs, speak) -> Request:
-        turns = [Turn(role, said) for role, said in history] + [Turn("user", text or "", audio_tokens)]
-        ids = prompt_ids(self.tokenizer, self.model.config, turns)
+    def _tokens(self, features: torch.Tensor) -> int:
+        return tokens_for_frames(features.shape[1], self.model.config.thinker_config.audio_config.n_window)
+
+    def _turn(self, text, features, pcm, history, voice, sampling, request_id, outputs, speak) -> Request:
+        clips, turns = [], []
+        for role, said, *heard in history:  # a spoken turn's audio goes in again, as the reference takes it
+            audio = heard[0] if heard else None
+            clip = None if audio is None else log_mel(torch.as_tensor(audio).reshape(-1).float())
+            clips += [] if clip is None else [clip]
+            turns.append(Turn(role, said, 0 if clip is None else self._tokens(clip)))
+        clips += [] if features is None else [features]
+        last = 1 if pcm is not None else 0 if features is None else self._tokens(features)
+        ids = prompt_ids(self.tokenizer, self.model.config, turns + [Turn("user", text or "", last)])
         talker = sampling or TALKER_SAMPLING
         # max_tokens caps both the reply's text tokens and its audio frames (the Realtime API's max_output_tokens)
-        return self.model.request(ids, features=features, pcm=pcm, audio=speak, speaker=voice,
+        return self.model.request(ids, features=clips or None, pcm=pcm, audio=speak, speaker=voice,
                                   thinker_max_tokens=min(self.max_reply_tokens, talker.max_tokens),
                                   talker_max_tokens=talker.max_tokens,
                                   talker_sampling=talker, seed=talker.seed, request_id=request_id, outputs=outputs)

@@ -46,6 +46,7 @@ class OmniBenchOptions:
     first_chunk: int | None = None
     dtype: str = "bfloat16"          # ours: bf16 matmuls and convolutions are faster on these CPUs
     baseline_dtype: str = "float32"  # transformers' faster one here (2.09 s vs 2.25 s per request in bf16)
+    placement: str | None = None     # ours in Worker processes (e.g. the two-rank disaggregation)
 
 
 def _stats(values: list[float]) -> dict[str, float]:
@@ -131,11 +132,11 @@ def _queued_ttfa(per_request_s: float, c: int) -> dict[str, float]:
 
 
 async def _ours(chat, opts: OmniBenchOptions, bar) -> dict:
-    from mstar.conductor import Conductor
     from mstar.engine.config import EngineConfig
+    from mstar_ros.webrtc.speech_models import speech_conductor
 
     levels = {}
-    async with Conductor(chat.graph(), chat.modules(), config=EngineConfig(dtype=opts.dtype)) as conductor:
+    async with speech_conductor(chat, EngineConfig(dtype=opts.dtype), opts.placement) as conductor:
         warm = chat.request("hello", sampling=_talker(chat, opts, seed=0))
         warm.meta["thinker_max_tokens"] = 4
         await conductor.submit(warm).collect()
@@ -170,7 +171,7 @@ def run_omni_bench(opts: OmniBenchOptions) -> dict:
     report = {
         "model": {"preset": opts.preset if opts.weights is None else None, "weights": str(chat.model.path),
                   "random_weights": chat.random_weights, "first_chunk_frames": opts.first_chunk or 25,
-                  "dtype": opts.dtype, "baseline_dtype": opts.baseline_dtype},
+                  "dtype": opts.dtype, "baseline_dtype": opts.baseline_dtype, "placement": opts.placement},
         "options": {"concurrency": opts.concurrency, "rounds": opts.rounds, "thinker_tokens": opts.thinker_tokens,
                     "talker_tokens": opts.talker_tokens},
         "machine": {"cpu_threads": model_threads(), "python": platform.python_version(), "torch": torch.__version__},

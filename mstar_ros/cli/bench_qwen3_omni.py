@@ -29,6 +29,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="our compute dtype (default bfloat16, as bench orpheus)")
     p.add_argument("--baseline-dtype", default="float32", choices=["float32", "bfloat16"],
                    help="transformers' dtype (default float32: its faster one on these CPUs)")
+    p.add_argument("--placement", type=Path,
+                   help="ours in Worker processes per this placement (e.g. config/placement/qwen3-omni-two-ranks.yaml)")
     p.add_argument("--json", type=Path, default=Path("bench-qwen3-omni.json"), help="where to write the figures")
     p.add_argument("--plot", type=Path, default=Path("bench-qwen3-omni.png"), help="where to write the plot")
     p.add_argument("--quick", action="store_true", help="a small run for smoke tests (tiny preset, C 1,2, 1 round)")
@@ -44,7 +46,8 @@ def _run(args: argparse.Namespace) -> int:
     opts = OmniBenchOptions(concurrency=args.concurrency, rounds=args.rounds, thinker_tokens=args.thinker_tokens,
                             talker_tokens=args.talker_tokens, baseline_requests=args.baseline_requests,
                             preset=args.preset, weights=str(args.weights) if args.weights else None,
-                            first_chunk=args.first_chunk, dtype=args.dtype, baseline_dtype=args.baseline_dtype)
+                            first_chunk=args.first_chunk, dtype=args.dtype, baseline_dtype=args.baseline_dtype,
+                            placement=str(args.placement) if args.placement else None)
     if args.quick:
         opts.preset, opts.concurrency, opts.rounds, opts.talker_tokens, opts.baseline_requests = "tiny", [1, 2], 1, 30, 2
     report = run_omni_bench(opts)

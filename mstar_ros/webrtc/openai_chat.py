@@ -1,7 +1,8 @@
 """OpenAI-compatible ``POST /v1/chat/completions`` for a model that answers (``conversational``).
 
-``messages`` (system / user / assistant; the last one the user's, whose content may be text parts
-and one ``input_audio`` part: base64 ``wav`` or ``pcm16`` at 24 kHz, as OpenAI takes it),
+``messages`` (system / user / assistant; the last one the user's; a user message's content may be
+text parts and one ``input_audio`` part: base64 ``wav`` or ``pcm16`` at 24 kHz, as OpenAI takes it;
+earlier spoken turns are heard again, as the reference takes a conversation's audio),
 ``modalities`` ``["text"]`` or ``["text", "audio"]``, ``audio.voice``, ``audio.format`` (``pcm16``
 or ``wav``), ``stream``, ``max_tokens`` (of the text), ``seed``. Streaming (SSE) sends
 ``chat.completion.chunk`` deltas as the model makes them: ``delta.content`` for text-only,
@@ -9,7 +10,7 @@ or ``wav``), ``stream``, ``max_tokens`` (of the text), ``seed``. Streaming (SSE)
 then ``finish_reason`` and ``[DONE]``; a streaming client that leaves cancels the request. Without
 streaming the whole message comes at the end (``message.audio.data`` a whole WAV or pcm16).
 An assistant message may carry ``content: null`` with its ``audio.transcript`` (as OpenAI clients
-send an earlier audio answer back); messages without text are left out of the prompt.
+send an earlier audio answer back); messages without text or audio are left out of the prompt.
 """
 from __future__ import annotations
 
@@ -140,8 +141,8 @@ class OpenAIChat:
         role, text, audio = turns[-1]
         if role != "user":
             raise BadRequest("the last message must be the user's")
-        if any(a is not None for _, _, a in turns[:-1]):
-            raise BadRequest("audio is taken in the last message only")
+        if any(a is not None and r != "user" for r, _, a in turns[:-1]):
+            raise BadRequest("audio is taken in user messages only")
         if sum(len(t) for _, t, _ in turns) > self.max_text_chars:
             raise BadRequest(f"the messages' text is over the {self.max_text_chars}-character limit")
         speak = "audio" in body.modalities
@@ -150,7 +151,9 @@ class OpenAIChat:
         if body.seed is not None:
             sampling = msgspec.structs.replace(sampling, seed=body.seed)
         outputs = {self.model.text_output} | ({self.model.audio_output} if speak else set())
-        request = self.model.request(text, audio=audio, history=[(r, t) for r, t, _ in turns[:-1] if t.strip()],
+        # earlier turns: text, and a user's audio (heard again, as the reference takes a conversation's audio)
+        history = [(r, t) if a is None else (r, t, a) for r, t, a in turns[:-1] if t.strip() or a is not None]
+        request = self.model.request(text, audio=audio, history=history,
                                      voice=body.audio.voice if body.audio else None, sampling=sampling,
                                      outputs=frozenset(outputs), speak=speak)
         if limit is not None:

@@ -34,6 +34,7 @@ class StreamedTurn:
     request: object
     stream: object   # its SampleStream: push samples, close at the turn's end
     ended: asyncio.Future  # the time (time.monotonic()) the turn ended
+    audio: object = None   # the whole turn's samples, once it ended
     streamed_before_end: int = 0  # samples that went in while the user was still speaking
 
 
@@ -79,7 +80,8 @@ class VoicePeer:
         self.silence_duration_ms = silence_duration_ms
         self.speech_events = 0
         self.voice: str | None = None
-        self.history: list[tuple[str, str]] = []  # a conversational model's earlier turns, as text
+        # a conversational model's earlier turns: (role, text), and a spoken one's audio (role, text, samples)
+        self.history: list[tuple] = []
         self.conversational = bool(getattr(model, "conversational", False))
         self.listens = self.conversational and getattr(model, "audio_input_rate", None) is not None
         self.streams_turns = self.listens and hasattr(model, "listen_request")
@@ -181,7 +183,7 @@ class VoicePeer:
                 if self.response_id == rid:
                     self.response_id = None
                 raise
-            await self._stream_response(rid, text, text_port, audio_port, received, outputs)
+            await self._stream_response(rid, text, text_port, audio_port, received, outputs, turn.audio)
             return
         try:
             if self.conversational:  # a turn of the conversation: the model answers it
@@ -194,10 +196,10 @@ class VoicePeer:
             self.response_id = None
             self.send("error", error={"type": "invalid_request_error", "message": str(exc)})
             return
-        await self._stream_response(rid, text, text_port, audio_port, received, self.conductor.submit(request))
+        await self._stream_response(rid, text, text_port, audio_port, received, self.conductor.submit(request), audio)
 
     async def _stream_response(self, rid: str, text: str | None, text_port, audio_port, received: float,
-                               outputs) -> None:
+                               outputs, heard=None) -> None:
         """The response's outputs to the peer as they come: audio to its track, events on its channel."""
         model = self.model
         self.responses += 1
@@ -229,7 +231,7 @@ class VoicePeer:
             if text_port is not None:
                 said = model.decode_text(reply_ids)
                 self.send("response.output_audio_transcript.done", response_id=rid, transcript=said)
-                self._remember(text, said)
+                self._remember(text, said, heard)
             while self.track.queued_ms > 0 and not self.closed:  # done when the peer has heard it
                 await asyncio.sleep(0.02)
             self.send("response.output_audio.done", response_id=rid)
@@ -269,7 +271,7 @@ class VoicePeer:
                 else:
                     self.send("input_audio_buffer.speech_stopped", audio_end_ms=event.ms)
                     if self.turn is not None:
-                        self._end_turn(event.tail)
+                        self._end_turn(event.tail, event.audio)
                     elif self.listens and event.audio is not None and len(event.audio):
                         await self._answer_turn(event.audio)
             if self.turn is not None:
@@ -300,9 +302,10 @@ class VoicePeer:
             if not turn.ended.done():
                 turn.ended.set_result(time.monotonic())  # the response reports the failure
 
-    def _end_turn(self, tail) -> None:
+    def _end_turn(self, tail, audio) -> None:
         """The turn ends: its last samples go in and its stream closes; the answer starts."""
         turn, self.turn = self.turn, None
+        turn.audio = audio  # the whole turn, kept with its answer in the conversation
         turn.streamed_before_end = turn.stream.samples
         self.last_turn = turn
         self._push(turn, tail)
@@ -316,12 +319,24 @@ class VoicePeer:
             turn.ended.set_result(time.monotonic())
 
     MAX_HISTORY_TURNS = 20
+    MAX_HISTORY_AUDIO_S = 120.0  # spoken turns the model hears again with each new one
 
-    def _remember(self, text: str | None, said: str) -> None:
-        """A typed turn and its answer join the conversation (as text). A spoken turn is not kept: its
-        audio is not text, and its answer alone would leave a reply to nothing in the next prompt."""
-        if text and text.strip() and said.strip():
-            self.history = (self.history + [("user", text), ("assistant", said)])[-self.MAX_HISTORY_TURNS:]
+    def _remember(self, text: str | None, said: str, heard=None) -> None:
+        """A turn and its answer join the conversation: a typed one as text, a spoken one with its audio
+        (the model hears it again next turn, as the reference takes a conversation's audio). The oldest
+        turns go first past MAX_HISTORY_TURNS, or past MAX_HISTORY_AUDIO_S of kept audio."""
+        if not said.strip() or (heard is None and not (text and text.strip())):
+            return
+        user = ("user", text or "") if heard is None else ("user", text or "", heard)
+        history = (self.history + [user, ("assistant", said)])[-self.MAX_HISTORY_TURNS:]
+        rate = self.model.audio_input_rate or 16_000
+
+        def audio_s(turns) -> float:
+            return sum(len(t[2]) for t in turns if len(t) > 2) / rate
+
+        while len(history) > 2 and audio_s(history) > self.MAX_HISTORY_AUDIO_S:
+            history = history[2:]
+        self.history = history
 
     async def _answer_turn(self, samples) -> None:
         """The end of the user's spoken turn: its audio goes to the model, which answers it."""

@@ -13,6 +13,7 @@ import torch
 from aiohttp import ClientSession
 
 from mstar.conductor import Conductor
+from mstar_ros.webrtc.openai_chat import decode_audio
 from mstar_ros.webrtc.server import VoiceGateway
 from support.webrtc_gateway import serve_gateway
 
@@ -32,12 +33,24 @@ def test_chat_completions_stream_text_and_audio_and_take_a_spoken_turn(qwen3_omn
             "messages": [{"role": "system", "content": "You are brief."},
                          {"role": "user", "content": "hello there, how are you today"}]}
 
+    audio_part = {"type": "input_audio", "input_audio": {"data": wav_b64(path), "format": "wav"}}
+    conversation = {"modalities": ["text"], "max_tokens": 6, "seed": 4, "stream": False,
+                    "messages": [{"role": "user", "content": [audio_part]},
+                                 {"role": "assistant", "content": "hello there"},
+                                 {"role": "user", "content": "how are you"}]}
+
     async def main():
         async with Conductor(qwen3_omni.graph(), qwen3_omni.modules()) as c:
             same = qwen3_omni.request("hello there, how are you today", history=[("system", "You are brief.")],
                                       sampling=msgspec.structs.replace(qwen3_omni.default_sampling, seed=11))
             same.meta["thinker_max_tokens"] = 8  # max_tokens caps the text
             direct = await c.submit(same).collect()
+            heard = decode_audio(audio_part, qwen3_omni.audio_input_rate)
+            again = qwen3_omni.request("how are you", history=[("user", "", heard), ("assistant", "hello there")],
+                                       sampling=msgspec.structs.replace(qwen3_omni.default_sampling, seed=4),
+                                       outputs=frozenset({"text_ids"}), speak=False)
+            again.meta["thinker_max_tokens"] = 6
+            direct_conversation = await c.submit(again).collect()
             runner, url = await serve_gateway(VoiceGateway(qwen3_omni, c, model_name="qwen3-omni"))
             got = {}
             try:
@@ -52,11 +65,15 @@ def test_chat_completions_stream_text_and_audio_and_take_a_spoken_turn(qwen3_omn
                                   {"type": "input_audio", "input_audio": {"data": wav_b64(path), "format": "wav"}}]}]}
                     async with http.post(f"{url}/v1/chat/completions", json=spoken) as r:
                         got["spoken"] = (r.status, await r.json())
+                    # a conversation whose first turn was spoken: the model hears it again
+                    async with http.post(f"{url}/v1/chat/completions", json=conversation) as r:
+                        got["conversation"] = (r.status, await r.json())
                     bad = [{"messages": [{"role": "user", "content": [{"type": "input_audio",
                                                                        "input_audio": {"data": "%%%", "format": "wav"}}]}]},
                            {"messages": [{"role": "assistant", "content": "hi"}]},
                            {"modalities": ["video"], "messages": [{"role": "user", "content": "hi"}]},
-                           {"messages": [{"role": "user", "content": "   "}]}]
+                           {"messages": [{"role": "user", "content": "   "}]},
+                           {"messages": [{"role": "assistant", "content": [audio_part]}, {"role": "user", "content": "hi"}]}]
                     got["bad"] = []
                     for body in bad:
                         async with http.post(f"{url}/v1/chat/completions", json=body) as r:
@@ -66,9 +83,9 @@ def test_chat_completions_stream_text_and_audio_and_take_a_spoken_turn(qwen3_omn
                         got["speech"] = (r.status, await r.read())
             finally:
                 await runner.cleanup()
-            return direct, got
+            return direct, got, direct_conversation
 
-    direct, got = asyncio.run(main())
+    direct, got, direct_conversation = asyncio.run(main())
     status, kind, body = got["stream"]
     assert status == 200 and kind.startswith("text/event-stream")
     events = sse(body)
@@ -89,8 +106,13 @@ def test_chat_completions_stream_text_and_audio_and_take_a_spoken_turn(qwen3_omn
     assert status == 200 and message["audio"]["transcript"]
     with wave.open(io.BytesIO(base64.b64decode(message["audio"]["data"]))) as w:
         assert w.getframerate() == 24000 and w.getnframes() > 0
+    status, answer = got["conversation"]
+    assert status == 200, answer
+    assert answer["choices"][0]["message"]["content"] == qwen3_omni.decode_text(
+        [int(t) for t in direct_conversation["text_ids"]])
     messages = [m for _, m in got["bad"]]
-    assert [s for s, _ in got["bad"]] == [400, 400, 400, 400], got["bad"]
+    assert [s for s, _ in got["bad"]] == [400, 400, 400, 400, 400], got["bad"]
+    assert "audio is taken in user messages only" in messages[4]
     assert "not valid base64" in messages[0] and "the last message must be the user's" in messages[1]
     assert "modalities" in messages[2] and "empty turn" in messages[3]
     status, speech = got["speech"]

@@ -73,9 +73,12 @@ def test_a_spoken_turn_is_answered_in_voice_with_its_transcript(qwen3_omni, spee
     assert len(transcripts) == 2 and all(transcripts) and "".join(deltas) == "".join(transcripts)
     assert heard > 10  # the spoken answer's frames reached the peer
     assert peer.timings[0].audio_s > 0 and peer.timings[1].audio_s > 0
-    # the typed turn and its answer are kept as text; the spoken one is not (its audio is not text)
-    assert [(role, said) for role, said in peer.history] == [("user", "hello there, how are you today"),
-                                                             ("assistant", transcripts[1])]
+    # both turns are kept with their answers: the spoken one with its audio (heard again next turn, with the
+    # typed one's prompt), the typed one as text
+    assert [entry[:2] for entry in peer.history] == [("user", ""), ("assistant", transcripts[0]),
+                                                     ("user", "hello there, how are you today"),
+                                                     ("assistant", transcripts[1])]
+    assert len(peer.history[0][2]) == turn.stream.samples and len(peer.history[2]) == 2
     assert blocks == idle  # Thinker's and Talker's KV freed
 
 
