@@ -52,6 +52,17 @@ def walk_chooser(im_end: int):
     return next_walk
 
 
+def budget(state, key: str, default: int) -> int:
+    """The request's ``key`` budget, less what a streamed turn's widened prompt took of the room the request
+    left for it (the request sized it with the turn's one-pad slot; ``meta["<key>_room"]`` is that room)."""
+    want = state.request.meta.get(key, default)
+    widened = state.value("audio_prompt.input_ids")
+    room = state.request.meta.get(f"{key}_room")
+    if widened is None or room is None:
+        return want
+    return max(1, min(want, room - (widened.numel() - state.request.inputs["prompt_ids"].numel())))
+
+
 def qwen3_omni_graph(im_end: int, codec_eos: int, first_chunk: int | None = None) -> ModelGraph:
     """``first_chunk``: frames of Code2Wav's first chunk (default 25, as later ones; fewer: audio starts
     sooner, and that chunk's edge moves, so the audio differs from the reference's decode there)."""
@@ -100,10 +111,10 @@ def qwen3_omni_graph(im_end: int, codec_eos: int, first_chunk: int | None = None
             "prefill_text": Call("thinker"),
             "prefill_stream": Sequential(AwaitInput("pcm"), Call("audio_prompt"), Call("thinker")),
             "prefill_audio": Sequential(Call("audio_encoder"), Call("thinker")),
-            "think": DynamicLoop("thinker", trip_count=lambda s: s.request.meta.get("thinker_max_tokens", 1024) - 1,
+            "think": DynamicLoop("thinker", trip_count=lambda s: budget(s, "thinker_max_tokens", 1024) - 1,
                                  stop=StopOnValues("thinker.token", (im_end,))),
             "talk": Sequential(Call("talker_inputs"),
-                               DynamicLoop("talker", trip_count=lambda s: s.request.meta.get("talker_max_tokens", 4096),
+                               DynamicLoop("talker", trip_count=lambda s: budget(s, "talker_max_tokens", 4096),
                                            stop=StopOnValues("talker.token", (codec_eos,)))),
         },
         topology=PartitionTopology(

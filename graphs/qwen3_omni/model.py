@@ -132,6 +132,8 @@ class Qwen3Omni:
         if thinker_room < 1 or talker_room < 1:
             raise ValueError(f"a prompt of {len(prompt_ids)} tokens leaves no room to answer (context limit "
                              f"{cfg.thinker_config.text_config.max_position_embeddings})")
+        if pcm is not None:  # the streamed turn's pads come later: the graph takes them off these rooms
+            meta |= {"thinker_max_tokens_room": thinker_room, "talker_max_tokens_room": talker_room}
         meta |= {"thinker_max_tokens": min(thinker_max_tokens, thinker_room),
                 "talker_max_tokens": min(talker_max_tokens, talker_room), "audio": audio,
                 "talker.sampling": talker,

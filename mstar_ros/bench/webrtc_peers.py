@@ -5,7 +5,8 @@ to the gateway at URL, set their sampling (``session.update``), then ROUNDS time
 response at once and wait for every ``response.done``. It prints one JSON line per response
 (``pc_id``, ``round``, ``sent``, ``heard``: time.monotonic() of ``response.create`` and of the
 first audible decoded frame, comparable with the gateway process's clock on one host), then one
-line with each peer's RTP jitter. Running them apart keeps their Opus decoding, SRTP and event
+line with each peer's RTP jitter; then ``{"idle": true}``, and they stay connected (idle) until a line
+comes on stdin. Running them apart keeps their Opus decoding, SRTP and event
 loop off the gateway process's interpreter, as a browser's are.
 """
 from __future__ import annotations
@@ -63,6 +64,10 @@ async def run_peers(url: str, n: int, rounds: int, max_tokens: int, seed: int) -
                 print(json.dumps({"pc_id": a["pc_id"], "round": r, "sent": t, "heard": c.first_loud_after(t)}),
                       flush=True)
         print(json.dumps({"jitter_ms": [await _jitter_ms(c) for c in clients]}), flush=True)
+        # connected and idle (the gateway sends them silence) while the bench times the whole-file path at
+        # the same load; a line on stdin lets them go
+        print(json.dumps({"idle": True}), flush=True)
+        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
     finally:
         for c in clients:
             await c.close()

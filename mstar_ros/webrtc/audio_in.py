@@ -7,9 +7,11 @@ carries the turn's audio (16 kHz float, from ``PRE_ROLL_MS`` before the start to
 model that listens; a turn longer than ``MAX_TURN_S`` keeps its last ``MAX_TURN_S``.
 
 For a model that hears a turn while it is said, :meth:`SpeechDetector.fresh_turn_audio` hands out
-the turn's samples as they come, holding back the last ``silence_duration_ms`` (and a window): the
-VAD places the turn's end in there, before the silence that ended it. The stop's ``tail`` is the
-rest, so what was handed out is exactly the stop's ``audio``.
+the turn's samples as they come. While the VAD hears speech, the turn's end will lie after every
+sample scored so far; once it hears a pause (its ``temp_end``), the end can be no earlier than that
+pause's start plus its pad, and nothing past it is handed out until the speech goes on. The stop's
+``tail`` is the rest, so what was handed out is exactly the stop's ``audio`` (for turns up to
+``MAX_TURN_S``).
 """
 from __future__ import annotations
 
@@ -39,8 +41,6 @@ class SpeechDetector:
 
         self._vad = VADIterator(load_silero_vad(), threshold=threshold, sampling_rate=VAD_RATE,
                                 min_silence_duration_ms=silence_duration_ms)
-        # the VAD's end lies up to a window before the silence it waited out began
-        self._hold_back = silence_duration_ms * VAD_RATE // 1000 + 2 * WINDOW
         self._handed = 0  # stream position up to which the turn's samples were handed out
         self._resampler = av.AudioResampler(format="s16", layout="mono", rate=VAD_RATE)
         self._pending = np.zeros(0, dtype=np.float32)
@@ -79,10 +79,13 @@ class SpeechDetector:
         return self._kept[max(0, start - self._kept_from):max(0, end - self._kept_from)].copy()
 
     def fresh_turn_audio(self) -> np.ndarray:
-        """While a turn goes on: its samples not handed out yet, but for the last ``silence_duration_ms``."""
+        """While a turn goes on: its samples not handed out yet, up to where its end may still fall (silero's
+        VADIterator ends a turn at ``temp_end + speech_pad_samples - window``, ``temp_end`` being the
+        sample count when the pause began, and 0 while it hears speech)."""
         if not self.speaking:
             return np.zeros(0, dtype=np.float32)
-        upto = self._fed - self._hold_back
+        pause = int(self._vad.temp_end)
+        upto = self._fed if not pause else pause + int(self._vad.speech_pad_samples) - WINDOW
         fresh = self._slice(max(self._handed, self._kept_from), upto)
         self._handed = max(self._handed, upto)
         return fresh

@@ -116,6 +116,9 @@ def turn_of(message: dict[str, Any], rate: int | None) -> tuple[str, str, torch.
     return ("system" if role == "developer" else role), " ".join(t for t in texts if t), audio
 
 
+MAX_AUDIO_S = 300.0  # of all the messages' audio together (the Thinker hears it all, every request)
+
+
 class OpenAIChat:
     def __init__(self, model, conductor, model_name: str, max_text_chars: int) -> None:
         self.model, self.conductor, self.name, self.max_text_chars = model, conductor, model_name, max_text_chars
@@ -145,6 +148,9 @@ class OpenAIChat:
             raise BadRequest("audio is taken in user messages only")
         if sum(len(t) for _, t, _ in turns) > self.max_text_chars:
             raise BadRequest(f"the messages' text is over the {self.max_text_chars}-character limit")
+        heard_s = sum(len(a) for _, _, a in turns if a is not None) / (rate or 1)
+        if heard_s > MAX_AUDIO_S:
+            raise BadRequest(f"the messages' audio is {heard_s:.0f} s, over the {MAX_AUDIO_S:g} s limit")
         speak = "audio" in body.modalities
         limit = body.max_completion_tokens or body.max_tokens
         sampling = self.model.default_sampling

@@ -16,7 +16,7 @@ import asyncio
 import logging
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import msgspec
 
@@ -34,8 +34,15 @@ class StreamedTurn:
     request: object
     stream: object   # its SampleStream: push samples, close at the turn's end
     ended: asyncio.Future  # the time (time.monotonic()) the turn ended
-    audio: object = None   # the whole turn's samples, once it ended
+    pieces: list = field(default_factory=list)  # the samples that went in: the turn the conversation keeps
+    failed: bool = False   # its stream failed (over the limit): the rest of the turn is dropped
     streamed_before_end: int = 0  # samples that went in while the user was still speaking
+
+    @property
+    def audio(self):
+        import numpy as np
+
+        return np.concatenate(self.pieces) if self.pieces else None
 
 
 @dataclass
@@ -89,6 +96,7 @@ class VoicePeer:
         self.last_turn: StreamedTurn | None = None
         self.sampling = model.default_sampling  # session.update changes it for the peer's later responses
         self._listener: asyncio.Task | None = None
+        self._switch = asyncio.Lock()  # one response replaces another at a time (typed text, speech)
         pc.addTrack(self.track)
 
         @pc.on("track")
@@ -127,9 +135,10 @@ class VoicePeer:
                 if spec is not None and spec.max_output_tokens is not None:
                     sampling = self._sampling_with(max_tokens=spec.max_output_tokens)
                 received = time.monotonic()
-                await self.cancel_response()  # one response at a time: a new one replaces it
                 voice = (spec.voice if spec else None) or self.voice
-                self._task = asyncio.ensure_future(self._respond(text, voice, sampling, received))
+                async with self._switch:
+                    await self.cancel_response()  # one response at a time: a new one replaces it
+                    self._task = asyncio.ensure_future(self._respond(text, voice, sampling, received))
             elif event.type == "input_audio_buffer.commit":
                 raise EventError("the turn ends on its own here (server VAD): speak, then pause")
             elif event.type == "response.cancel":
@@ -179,7 +188,9 @@ class VoicePeer:
             outputs = self.conductor.submit(turn.request)
             try:
                 received = await turn.ended
-            except asyncio.CancelledError:  # cancelled while the turn went on (cancel_response freed it)
+            except asyncio.CancelledError:  # cancelled while the turn went on: its request goes too
+                if not turn.stream.closed:
+                    turn.stream.fail("the turn's response was cancelled")
                 if self.response_id == rid:
                     self.response_id = None
                 raise
@@ -254,28 +265,33 @@ class VoicePeer:
         from mstar_ros.webrtc.audio_in import SpeechDetector
 
         detector = SpeechDetector(self.silence_duration_ms)
-        while not self.closed:
-            try:
-                frame = await track.recv()
-            except MediaStreamError:
-                return
-            for event in detector.feed(frame):
-                self.speech_events += 1
-                self.last_activity = time.monotonic()
-                if event.kind == "started":
-                    self.send("input_audio_buffer.speech_started", audio_start_ms=event.ms)
-                    if self.response_id is not None or self.track.queued_ms > 0:
-                        await self.cancel_response()  # barge-in: the user speaks over the response
-                    if self.streams_turns:
-                        self._begin_turn()
-                else:
-                    self.send("input_audio_buffer.speech_stopped", audio_end_ms=event.ms)
-                    if self.turn is not None:
-                        self._end_turn(event.tail, event.audio)
-                    elif self.listens and event.audio is not None and len(event.audio):
-                        await self._answer_turn(event.audio)
-            if self.turn is not None:
-                self._push(self.turn, detector.fresh_turn_audio())
+        try:
+            while not self.closed:
+                try:
+                    frame = await track.recv()
+                except MediaStreamError:
+                    return
+                for event in detector.feed(frame):
+                    self.speech_events += 1
+                    self.last_activity = time.monotonic()
+                    if event.kind == "started":
+                        self.send("input_audio_buffer.speech_started", audio_start_ms=event.ms)
+                        async with self._switch:
+                            if self.response_id is not None or self.track.queued_ms > 0:
+                                await self.cancel_response()  # barge-in: the user speaks over the response
+                            if self.streams_turns:
+                                self._begin_turn()
+                    else:
+                        self.send("input_audio_buffer.speech_stopped", audio_end_ms=event.ms)
+                        if self.turn is not None:
+                            self._end_turn(event.tail)
+                        elif self.listens and not self.streams_turns and event.audio is not None and len(event.audio):
+                            await self._answer_turn(event.audio)
+                if self.turn is not None:
+                    self._push(self.turn, detector.fresh_turn_audio())
+        finally:
+            if self.turn is not None and not self.closed:  # the microphone stopped mid-turn: what came is answered
+                self._end_turn([])
 
     def _begin_turn(self) -> None:
         """The user starts speaking: the turn's request starts now, its audio streaming in as it comes."""
@@ -296,16 +312,15 @@ class VoicePeer:
             return
         try:
             turn.stream.push(samples)
-        except ValueError as exc:  # over the model's limit: the stream failed, and the request with it
-            self.turn = None
-            self.send("error", error={"type": "invalid_request_error", "message": str(exc)})
+            turn.pieces.append(samples)
+        except ValueError:  # over the model's limit: the stream failed, the request with it; its response says so
+            turn.failed = True  # the rest of the turn is dropped, its stop ends nothing
             if not turn.ended.done():
-                turn.ended.set_result(time.monotonic())  # the response reports the failure
+                turn.ended.set_result(time.monotonic())
 
-    def _end_turn(self, tail, audio) -> None:
+    def _end_turn(self, tail) -> None:
         """The turn ends: its last samples go in and its stream closes; the answer starts."""
         turn, self.turn = self.turn, None
-        turn.audio = audio  # the whole turn, kept with its answer in the conversation
         turn.streamed_before_end = turn.stream.samples
         self.last_turn = turn
         self._push(turn, tail)
@@ -344,9 +359,10 @@ class VoicePeer:
 
         item = f"item_{uuid.uuid4().hex[:12]}"
         self.send("input_audio_buffer.committed", item_id=item, audio_ms=len(samples) * 1000 // 16_000)
-        await self.cancel_response()
-        self._task = asyncio.ensure_future(self._respond(None, self.voice, self.sampling, time.monotonic(),
-                                                         audio=torch.from_numpy(samples)))
+        async with self._switch:
+            await self.cancel_response()
+            self._task = asyncio.ensure_future(self._respond(None, self.voice, self.sampling, time.monotonic(),
+                                                             audio=torch.from_numpy(samples)))
 
     async def cancel_response(self) -> None:
         """Barge-in: the request is cancelled in the runtime (its KV freed) and queued audio dropped."""

@@ -19,6 +19,8 @@ def test_bench_webrtc_quick(tmp_path):
         peer, model = level["ttfa_peer_ms"]["p50"], level["ttfa_in_process_ms"]["p50"]
         assert 0 < model < peer  # the peer hears it after the Conductor made it
         assert level["ttfa_overhead_ms"]["max"] > 0 and level["whole_file_ms"]["p50"] > 0
+        assert level["whole_file_with_peers_ms"]["p50"] > 0  # timed with the peers still connected, idle
+        assert level["ttfa_ratio_stream_vs_file"] == round(peer / level["whole_file_with_peers_ms"]["p50"], 4)
         assert level["audio_s_per_response"] > 0 and level["jitter_ms_max"] >= 0
     assert report["ttfa_overhead_p95_ms_2_peers"] == report["levels"]["2"]["ttfa_overhead_ms"]["p95"]
     assert report["model"]["random_weights"] is True

@@ -218,3 +218,29 @@ def test_a_spoken_turn_in_the_history_is_heard_again_as_the_reference_hears_it(c
     assert torch.equal(torch.stack(got["codes"], dim=1), ref.codes[:, :len(got["codes"])])
     assert [int(t) for t in streamed["text_ids"]] == text
     assert torch.equal(torch.stack(streamed["codes"]), torch.stack(got["codes"]))
+
+
+def test_a_streamed_turn_near_the_context_limit_gets_a_shorter_answer(chat):
+    """The request sizes the reply on the prompt with the turn's one-pad slot; once the turn's pads are
+    known the graph takes them off that room, so the answer is shorter instead of a context error."""
+    model: Qwen3Omni = chat.model
+    context = model.config.thinker_config.text_config.max_position_embeddings
+    slot = prompt_ids(chat.tokenizer, model.config, [Turn("user", "hello", 1)])
+    filler = chat.tokenizer.encode("hello", add_special_tokens=False).ids[0]
+    ids = slot[:3] + [filler] * (context - len(slot) - 276) + slot[3:]  # 276 positions left: a 256-token reply fits
+    clip = speechlike(3.0, 9)  # 39 audio tokens: then it does not
+    talker = SamplingParams(temperature=0.0, repetition_penalty=1.05)
+    stream = turn_stream()
+    request = model.request(ids, pcm=stream, thinker_max_tokens=256, talker_max_tokens=4, talker_sampling=talker)
+    assert request.meta["thinker_max_tokens"] == 256
+
+    async def main():
+        async with Conductor(chat.graph(), chat.modules()) as c:
+            run = c.submit(request)
+            await push_slowly(stream, clip, 1)
+            return await run.collect()
+
+    out = asyncio.run(main())
+    widened = len(ids) - 1 + 39
+    assert len(out["text_ids"]) == context - widened  # every position the context had left
+    assert out["audio"]
