@@ -318,6 +318,11 @@ class VoicePeer:
             if not turn.ended.done():
                 turn.ended.set_result(time.monotonic())
 
+    def _committed(self, samples: int) -> None:
+        """The user's turn is the model's input now (its length at the model's input rate)."""
+        self.send("input_audio_buffer.committed", item_id=f"item_{uuid.uuid4().hex[:12]}",
+                  audio_ms=samples * 1000 // self.model.audio_input_rate)
+
     def _end_turn(self, tail) -> None:
         """The turn ends: its last samples go in and its stream closes; the answer starts."""
         turn, self.turn = self.turn, None
@@ -327,9 +332,7 @@ class VoicePeer:
         if turn.stream.closed:
             return
         turn.stream.close()
-        item = f"item_{uuid.uuid4().hex[:12]}"
-        rate = self.model.audio_input_rate
-        self.send("input_audio_buffer.committed", item_id=item, audio_ms=turn.stream.samples * 1000 // rate)
+        self._committed(turn.stream.samples)
         if not turn.ended.done():
             turn.ended.set_result(time.monotonic())
 
@@ -357,8 +360,7 @@ class VoicePeer:
         """The end of the user's spoken turn: its audio goes to the model, which answers it."""
         import torch
 
-        item = f"item_{uuid.uuid4().hex[:12]}"
-        self.send("input_audio_buffer.committed", item_id=item, audio_ms=len(samples) * 1000 // 16_000)
+        self._committed(len(samples))
         async with self._switch:
             await self.cancel_response()
             self._task = asyncio.ensure_future(self._respond(None, self.voice, self.sampling, time.monotonic(),
