@@ -4,7 +4,13 @@ Chunks arrive as the graph decodes them (Orpheus: 24 kHz float PCM). ``push`` re
 with one ``av.AudioResampler`` per utterance (its filter state carries across chunks, so chunk
 seams are clean) into a queue of 48 kHz s16 samples. ``recv`` (aiortc's encoder pulls it) hands
 out exactly one 20 ms frame per 20 ms of wall clock: queued audio while there is some, silence
-otherwise, so the stream neither bursts nor stalls; aiortc encodes each frame to Opus. The one
+otherwise, so the stream neither bursts nor stalls. The track hands aiortc Opus packets, not frames:
+frames with audio (and the two after, which flush the encoder's look-ahead) go through the peer's own
+mono libopus encoder, and every other silent frame is one packet of digital silence encoded once for
+the process. An idle peer then costs no encoding at all: aiortc would encode each of its 50 silent
+frames a second in a worker thread and measure each one's audio level (about 0.3 ms a frame in all),
+CPU the model's threads need on a small machine. (So the packets carry no RTP audio-level header
+extension, an optional one; receivers measure levels from the decoded audio.) The one
 exception is an utterance's first audio: it goes out as soon as it is queued, not at the next
 20 ms slot, and the clock restarts from it (a receiver's jitter buffer takes one early packet in
 its stride; waiting for the slot would add 10 ms on average to the time to first audio). ``clear``
@@ -26,6 +32,45 @@ from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 RATE = 48_000
 FRAME_MS = 20
 FRAME_SAMPLES = RATE * FRAME_MS // 1000  # 960
+TIME_BASE = fractions.Fraction(1, RATE)
+OPUS_BIT_RATE = 64_000  # mono speech; aiortc's own encoder spends 96 kb/s on stereo
+FLUSH_FRAMES = 2        # silent frames through the encoder after audio: its look-ahead (6.5 ms) comes out
+
+
+def _opus_encoder() -> av.CodecContext:
+    codec = av.CodecContext.create("libopus", "w")
+    codec.bit_rate = OPUS_BIT_RATE
+    codec.format = "s16"
+    codec.layout = "mono"   # RFC 7587: a stereo-negotiated receiver decodes mono packets
+    codec.options = {"application": "voip"}
+    codec.sample_rate = RATE
+    codec.time_base = TIME_BASE
+    return codec
+
+
+def _s16_frame(samples: np.ndarray) -> av.AudioFrame:
+    frame = av.AudioFrame.from_ndarray(samples[None, :], format="s16", layout="mono")
+    frame.sample_rate = RATE
+    return frame
+
+
+def _encode(codec: av.CodecContext, samples: np.ndarray) -> bytes | None:
+    packets = codec.encode(_s16_frame(samples))
+    return bytes(packets[-1]) if packets else None
+
+
+_SILENT_PACKET: bytes | None = None
+
+
+def silent_packet() -> bytes:
+    """One Opus packet of a 20 ms digital-silence frame (decodes to zeros), encoded once per process."""
+    global _SILENT_PACKET
+    if _SILENT_PACKET is None:
+        codec = _opus_encoder()
+        for _ in range(3):  # past the encoder's start-up frames
+            _SILENT_PACKET = _encode(codec, np.zeros(FRAME_SAMPLES, dtype=np.int16)) or _SILENT_PACKET
+    assert _SILENT_PACKET is not None
+    return _SILENT_PACKET
 
 
 def pcm_s16(chunk: torch.Tensor) -> np.ndarray:
@@ -46,6 +91,8 @@ class PacedAudioTrack(MediaStreamTrack):
         self._sent = 0
         self._slot0 = 0          # the frame count at which the clock last restarted
         self._audio_ready = asyncio.Event()
+        self._encoder: av.CodecContext | None = None
+        self._flush_left = 0
         self.speaking = False          # an utterance is under way (pushed audio, not ended)
         self.frames_with_audio = 0
         self.underruns = 0             # silent frames sent while an utterance was under way
@@ -94,7 +141,7 @@ class PacedAudioTrack(MediaStreamTrack):
         return len(self._queue) * 1000 // RATE
 
     # -- aiortc's side ------------------------------------------------------------------------------------
-    async def recv(self) -> av.AudioFrame:
+    async def recv(self) -> av.Packet:
         if self.readyState != "live":
             raise MediaStreamError
         if self._start is None:
@@ -120,11 +167,22 @@ class PacedAudioTrack(MediaStreamTrack):
                 self.first_audio_at = time.monotonic()
         elif self.speaking and self.first_audio_at is not None:
             self.underruns += 1
-        if len(out) < FRAME_SAMPLES:
-            out = np.concatenate([out, np.zeros(FRAME_SAMPLES - len(out), dtype=np.int16)])
-        frame = av.AudioFrame.from_ndarray(out[None, :], format="s16", layout="mono")
-        frame.sample_rate = RATE
-        frame.pts = self._sent * FRAME_SAMPLES
-        frame.time_base = fractions.Fraction(1, RATE)
+        packet = av.Packet(self._opus(out))
+        packet.pts = self._sent * FRAME_SAMPLES
+        packet.time_base = TIME_BASE
         self._sent += 1
-        return frame
+        return packet
+
+    def _opus(self, samples: np.ndarray) -> bytes:
+        """This frame's Opus packet: the peer's encoder for audio and the frames that flush it, else silence."""
+        if len(samples):
+            self._flush_left = FLUSH_FRAMES
+        elif self._flush_left:
+            self._flush_left -= 1
+        else:
+            return silent_packet()
+        if len(samples) < FRAME_SAMPLES:
+            samples = np.concatenate([samples, np.zeros(FRAME_SAMPLES - len(samples), dtype=np.int16)])
+        if self._encoder is None:
+            self._encoder = _opus_encoder()
+        return _encode(self._encoder, samples) or silent_packet()
