@@ -5,7 +5,9 @@ Registered as the model ``qwen3_omni`` (setup.py entry_points["mstar.models"]), 
 gives it (the Conductor with none). ``talker_inputs`` shares the Talker's projections, so the two
 sit on one rank (config/placement/qwen3-omni-two-ranks.yaml: the Thinker and its audio encoder on
 rank 0, Talker and Code2Wav on rank 1); it also reads the Thinker's token embeddings, which a rank
-without the Thinker loads alone.
+without the Thinker loads alone. With ``tp`` (a tensor-parallel group, e.g.
+config/placement/qwen3-omni-thinker-tp2.yaml) the Thinker is loaded whole and sharded
+(``tensor_parallel.shard_thinker``); the Talker's nodes then sit on a rank outside the group.
 """
 from __future__ import annotations
 
@@ -43,8 +45,11 @@ def thinker_embeddings(path: Path, config: Qwen3OmniConfig) -> torch.nn.Embeddin
 def qwen3_omni_components(nodes: set[str], weights: str | None = None, preset: str = "tiny",
                           first_chunk: int | None = None, progress: bool = False,
                           tp=None) -> tuple[ModelGraph, dict[str, NodeSubmodule]]:
-    if tp is not None:
-        raise ValueError("Qwen3-Omni does not support tensor parallelism yet")
+    sharded = tp is not None and tp.size > 1
+    if sharded and nodes & {"talker", "talker_inputs", "code2wav"} and "thinker" in nodes:
+        raise ValueError("tensor parallelism shards the Thinker: place the Talker's nodes on a rank of their own")
+    if sharded and "thinker" not in nodes:
+        raise ValueError(f"a tensor-parallel group of Qwen3-Omni shards the Thinker; this rank's nodes are {sorted(nodes)}")
     path = Path(weights) if weights is not None else ensure_tiny_qwen3_omni(preset)
     config = Qwen3OmniConfig.from_dir(path)
     graph = qwen3_omni_graph(config.im_end_token_id, config.talker_config.codec_eos_token_id, first_chunk)
@@ -52,6 +57,10 @@ def qwen3_omni_components(nodes: set[str], weights: str | None = None, preset: s
     for name in ("audio_encoder", "thinker", "talker", "code2wav"):
         if name in nodes or (name == "talker" and "talker_inputs" in nodes):
             modules[name] = load_component(name, path, progress=progress)
+    if sharded:
+        from mstar_graphs.qwen3_omni.tensor_parallel import shard_thinker
+
+        modules["thinker"] = shard_thinker(modules["thinker"], tp)
     if "talker_inputs" in nodes:
         from mstar_graphs.qwen3_omni.talker_inputs_node import TalkerInputsNode
 

@@ -123,9 +123,10 @@ class DecoderARModule(ARModule):
 
     text: TextConfig
     model: DecoderStack
+    tp_size: int = 1  # tensor-parallel shards: this rank's KV holds its share of the KV heads
 
     def kv_spec(self) -> KVSpec:
-        return KVSpec(num_layers=self.text.num_hidden_layers, num_kv_heads=self.text.num_key_value_heads,
+        return KVSpec(num_layers=self.text.num_hidden_layers, num_kv_heads=self.text.num_key_value_heads // self.tp_size,
                       head_dim=self.text.dim_per_head)
 
     @property

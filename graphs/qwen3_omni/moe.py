@@ -42,6 +42,7 @@ class SparseMoE(nn.Module):
             self.shared_expert_gate = nn.Linear(hidden, 1, bias=False, **factory)
         self.gate_up: torch.Tensor | None = None   # [E, 2I, H] after fuse()
         self.down: torch.Tensor | None = None      # [E, H, I]
+        self.tp = None  # a TPGroup once sharded (tensor_parallel.shard_moe): each rank holds a slice of I
 
     def fuse(self) -> None:
         """Stack the loaded experts (after loading: the per-expert names are gone)."""
@@ -77,6 +78,8 @@ class SparseMoE(nn.Module):
             y = self._expert(expert, x.index_select(0, picked))
             out.index_add_(0, picked, y * slot_weights[start:start + n, None])
             start += n
+        if self.tp is not None:  # every rank summed its slice of each expert's inner width
+            self.tp.all_reduce_(out)
         if hasattr(self, "shared_expert"):
             out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
         return out

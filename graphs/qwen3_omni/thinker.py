@@ -54,6 +54,8 @@ class Thinker(DecoderARModule):
         return out
 
     def compute_logits(self, hidden: torch.Tensor, token_ids: torch.Tensor | None = None) -> torch.Tensor:
+        if self.tp_size > 1:  # a ParallelLMHead: every rank computes its vocabulary slice
+            return self.lm_head(hidden, token_ids)
         if token_ids is None:
             return self.lm_head(hidden)
         return hidden @ self.lm_head.weight.index_select(0, token_ids).T

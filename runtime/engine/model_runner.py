@@ -13,7 +13,8 @@ from mstar.engine.block_manager import BlockManager
 from mstar.engine.scheduler import ScheduledSeq
 
 # (ids, positions, per-sequence attention, slot mapping on CPU) of a step, before its forward
-PlanHook = Callable[[list[int], list[int], list[SeqAttention], torch.Tensor], None]
+# ids, positions, per-sequence attention, slot mapping, embeds [T, W] | None, embed_mask [T] | None
+PlanHook = Callable[[list[int], list[int], list[SeqAttention], torch.Tensor, torch.Tensor | None, torch.Tensor | None], None]
 
 
 class ModelRunner:
@@ -50,7 +51,7 @@ class ModelRunner:
         embeds, embed_mask = self._embeds(batch)
         slot_mapping = torch.cat(slots)
         if self.plan_hook is not None:
-            self.plan_hook(ids, positions, seqs, slot_mapping)
+            self.plan_hook(ids, positions, seqs, slot_mapping, embeds, embed_mask)
         meta = AttentionMetadata(seqs=seqs, slot_mapping=slot_mapping.to(self.device))
         self.backend.plan(meta)
         input_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
@@ -67,8 +68,6 @@ class ModelRunner:
         """Rows that enter as embeddings (image tokens), packed like the ids; None when no row does."""
         if all(item.seq.embeds is None for item in batch):
             return None, None
-        if self.plan_hook is not None:
-            raise ValueError("embedding inputs are not supported with tensor parallelism yet")
         width = next(item.seq.embeds.shape[1] for item in batch if item.seq.embeds is not None)
         rows, masks = [], []
         for item in batch:

@@ -18,7 +18,7 @@ from mstar.engine.intra_op import claim_team
 from mstar.engine.kv_cache import PagedKVCache
 from mstar.engine.linear_packing import pack_linears
 from mstar.parallel.group import TPGroup
-from mstar.parallel.plan import Hello, PlanKind, StepPlan, plan_metadata
+from mstar.parallel.plan import Hello, PlanKind, StepPlan, plan_embeds, plan_metadata
 
 log = logging.getLogger("mstar.parallel")
 
@@ -73,7 +73,7 @@ class TPFollower:
                     backend.plan(plan_metadata(plan, self.device))
                     ids = torch.tensor(plan.ids, dtype=torch.long, device=self.device)
                     pos = torch.tensor(plan.positions, dtype=torch.long, device=self.device)
-                    hidden = self.module(ids, pos, attn)
+                    hidden = self.module(ids, pos, attn, **plan_embeds(plan, self.device))
                     self.steps += 1
                 elif plan.kind == PlanKind.LOGITS:
                     if hidden is None:

@@ -5,7 +5,9 @@ it broadcasts a plan so every follower makes the same call on its own shard:
 
 - ``Hello`` once, when the engine is built: KV pool size, dtypes, attention backend.
 - FORWARD per step: the KV block copies the scheduler made (copy-on-write), the packed
-  ids / positions, the attention metadata (per sequence + slot mapping).
+  ids / positions, the attention metadata (per sequence + slot mapping), and the rows that
+  enter as embeddings (an audio prompt's encoder rows): which rows, and their values as raw
+  float32 bytes (msgpack bin, not a list of floats).
 - LOGITS when the step samples: which hidden rows and which vocabulary subset.
 - SHUTDOWN when the engine closes: followers return from their loop.
 """
@@ -58,6 +60,23 @@ class StepPlan(msgspec.Struct, array_like=True):
     slots: list[int] = []
     rows: list[int] = []
     vocab: list[tuple[int, int]] | None = None  # [lo, hi) runs of the vocabulary subset; None: all
+    embed_rows: list[int] = []   # packed rows that enter as embeddings
+    embed_width: int = 0
+    embeds: bytes = b""          # float32 [len(embed_rows), embed_width], row-major
+
+
+def plan_embeds(plan: StepPlan, device: torch.device) -> dict[str, torch.Tensor]:
+    """The module's ``embeds`` / ``embed_mask`` inputs of a FORWARD plan ({} when no row has one)."""
+    if not plan.embed_rows:
+        return {}
+    n, width = len(plan.ids), plan.embed_width
+    rows = torch.tensor(plan.embed_rows, dtype=torch.long)
+    values = torch.frombuffer(bytearray(plan.embeds), dtype=torch.float32).reshape(len(plan.embed_rows), width)
+    embeds = torch.zeros(n, width)
+    embeds[rows] = values
+    mask = torch.zeros(n, dtype=torch.bool)
+    mask[rows] = True
+    return {"embeds": embeds.to(device), "embed_mask": mask.to(device)}
 
 
 def plan_metadata(plan: StepPlan, device: torch.device) -> AttentionMetadata:
@@ -103,11 +122,18 @@ class TPLeader:
         self.tp.broadcast(plan, StepPlan)
 
     def forward_plan(self, ids: list[int], positions: list[int], seqs: list[SeqAttention],
-                     slot_mapping: torch.Tensor) -> None:
+                     slot_mapping: torch.Tensor, embeds: torch.Tensor | None = None,
+                     embed_mask: torch.Tensor | None = None) -> None:
         copies, self._copies[:] = list(self._copies), []
+        rows: list[int] = []
+        values, width = b"", 0
+        if embeds is not None and embed_mask is not None and bool(embed_mask.any()):
+            picked = embed_mask.nonzero().reshape(-1).cpu()
+            rows, width = picked.tolist(), embeds.shape[1]
+            values = embeds.index_select(0, picked.to(embeds.device)).float().cpu().contiguous().numpy().tobytes()
         self._send(StepPlan(PlanKind.FORWARD, copies, ids, positions, [
             SeqPlan(s.query_start, s.query_len, s.context_len, s.block_table, s.first_position, int(s.mask), s.mask_arg)
-            for s in seqs], slot_mapping.tolist()))
+            for s in seqs], slot_mapping.tolist(), embed_rows=rows, embed_width=width, embeds=values))
 
     def logits_plan(self, rows: list[int], vocab: torch.Tensor | None) -> None:
         runs = None if vocab is None else contiguous_runs(vocab, max_runs=max(1, vocab.numel()))

@@ -1,13 +1,15 @@
 """Qwen3-Omni across Worker processes, as the paper disaggregates it: the Thinker on rank 0, the Talker
 and Code2Wav on rank 1 (config/placement/qwen3-omni-two-ranks.yaml); the Thinker's rows cross processes
-over shared memory; a spoken turn streams into rank 0 as it is said. Same text, codes and audio as in
-one process."""
+over shared memory; a spoken turn streams into rank 0 as it is said; and the Thinker at tensor
+parallelism 2 (config/placement/qwen3-omni-thinker-tp2.yaml). Same text, codes and audio as in one
+process."""
 from __future__ import annotations
 
 import asyncio
 from pathlib import Path
 
 import msgspec
+import pytest
 import torch
 
 from mstar.conductor import Conductor
@@ -17,40 +19,85 @@ from mstar_graphs.qwen3_omni.model import Qwen3Omni
 from mstar_graphs.qwen3_omni.speech import Qwen3OmniChat
 from support.qwen3_omni_prompts import TEXT_PROMPT
 
-PLACEMENT = Path(__file__).parents[3] / "config" / "placement" / "qwen3-omni-two-ranks.yaml"
 GREEDY_TALKER = SamplingParams(temperature=0.0, repetition_penalty=1.05)
 
 
-def test_thinker_and_talker_on_two_ranks_give_what_one_process_gives(q3_ckpt):
-    model = Qwen3Omni.load(q3_ckpt, progress=False)
-    prompts = [TEXT_PROMPT, TEXT_PROMPT[:4] + TEXT_PROMPT[5:]]
+PLACEMENTS = Path(__file__).parents[3] / "config" / "placement"
 
-    chat = Qwen3OmniChat(model)
+
+async def _serve(model: Qwen3Omni, conductor, ranks: list | None = None) -> list[dict]:
+    """Two typed turns and a spoken turn streamed in (its frames computed as its samples come), at once.
+    ``ranks`` gets the Workers' status while they serve."""
+    prompts = [TEXT_PROMPT, TEXT_PROMPT[:4] + TEXT_PROMPT[5:]]
     t = torch.arange(11_000) / 16000
     clip = 0.3 * torch.sin(2 * torch.pi * 220 * t) * (1 + torch.sin(2 * torch.pi * 3 * t))
+    async with conductor:
+        streams = [conductor.submit(model.request(p, thinker_max_tokens=6, talker_max_tokens=30 + 10 * i,
+                                                  talker_sampling=GREEDY_TALKER, request_id=f"q{i}"))
+                   for i, p in enumerate(prompts)]
+        turn, samples = Qwen3OmniChat(model).listen_request(
+            sampling=msgspec.structs.replace(GREEDY_TALKER, max_tokens=25), request_id="spoken")
+        streams.append(conductor.submit(turn))
+        for piece in clip.split(1234):
+            samples.push(piece)
+            await asyncio.sleep(0.005)
+        samples.close()
+        out = await asyncio.gather(*(s.collect() for s in streams))
+        if ranks is not None:
+            ranks.extend(conductor.worker_status())
+        await conductor.wait_idle(timeout=10)
+        return out
 
-    async def serve(conductor):
-        async with conductor:
-            streams = [conductor.submit(model.request(p, thinker_max_tokens=6, talker_max_tokens=30 + 10 * i,
-                                                      talker_sampling=GREEDY_TALKER, request_id=f"q{i}"))
-                       for i, p in enumerate(prompts)]
-            # a spoken turn streamed in: its frames are computed on rank 0 as its samples come
-            turn, samples = chat.listen_request(sampling=msgspec.structs.replace(GREEDY_TALKER, max_tokens=25),
-                                                request_id="spoken")
-            streams.append(conductor.submit(turn))
-            for piece in clip.split(1234):
-                samples.push(piece)
-                await asyncio.sleep(0.005)
-            samples.close()
-            out = await asyncio.gather(*(s.collect() for s in streams))
-            await conductor.wait_idle(timeout=10)
-            return out
 
-    alone = asyncio.run(serve(Conductor(model.graph(), model.modules())))
-    apart = asyncio.run(serve(Conductor.distributed(qwen3_omni_spec(q3_ckpt), PLACEMENT)))
+@pytest.fixture(scope="module")
+def in_one_process(q3_ckpt) -> tuple[Qwen3Omni, list[dict]]:
+    model = Qwen3Omni.load(q3_ckpt, progress=False)
+    return model, asyncio.run(_serve(model, Conductor(model.graph(), model.modules())))
+
+
+def _same(apart: list[dict], alone: list[dict]) -> None:
     assert len(apart) == len(alone) == 3 and alone[2]["audio"]
     for a, b in zip(apart, alone):
         assert [int(t) for t in a["text_ids"]] == [int(t) for t in b["text_ids"]]
         assert torch.equal(torch.stack(a["codes"]), torch.stack(b["codes"]))
         ours, ref = torch.cat(a["audio"]), torch.cat(b["audio"])
         assert ours.shape == ref.shape and (ours - ref).abs().max() / ref.abs().max() < 1e-4
+
+
+def test_thinker_and_talker_on_two_ranks_give_what_one_process_gives(q3_ckpt, in_one_process):
+    model, alone = in_one_process
+    placement = PLACEMENTS / "qwen3-omni-two-ranks.yaml"
+    _same(asyncio.run(_serve(model, Conductor.distributed(qwen3_omni_spec(q3_ckpt), placement))), alone)
+
+
+def test_thinker_at_tensor_parallel_2_gives_what_one_process_gives(q3_ckpt, in_one_process):
+    """The Thinker sharded over ranks 0 and 1 (heads, the experts' inner width, the vocabulary), the Talker
+    and Code2Wav on rank 2. The spoken turn's encoder rows reach rank 1 in the step plans."""
+    model, alone = in_one_process
+    placement = PLACEMENTS / "qwen3-omni-thinker-tp2.yaml"
+    ranks: list = []
+    _same(asyncio.run(_serve(model, Conductor.distributed(qwen3_omni_spec(q3_ckpt), placement), ranks)), alone)
+    assert [(r.rank, r.up) for r in ranks] == [(0, True), (1, True), (2, True)]
+    assert "thinker" in ranks[1].nodes and "talker" in ranks[2].nodes and len({r.pid for r in ranks}) == 3
+
+
+def test_a_tensor_parallel_thinker_shard_halves_heads_experts_and_vocabulary(q3_ckpt):
+    from mstar.parallel.group import TPGroup
+    from mstar_graphs.qwen3_omni.checkpoints import load_component
+    from mstar_graphs.qwen3_omni.tensor_parallel import shard_thinker
+
+    whole = load_component("thinker", q3_ckpt, progress=False)
+    shard = shard_thinker(load_component("thinker", q3_ckpt, progress=False), TPGroup(1, 2))
+    text = whole.text
+    assert shard.kv_spec().num_kv_heads == text.num_key_value_heads // 2
+    moe, part = whole.model.layers[0].mlp, shard.model.layers[0].mlp
+    inner = text.moe_intermediate_size
+    assert part.gate_up.shape == (text.num_experts, inner, text.hidden_size)
+    # rank 1 keeps the second half of the gate's rows and of the up projection's rows
+    assert torch.equal(part.gate_up[:, :inner // 2], moe.gate_up[:, inner // 2:inner])
+    assert torch.equal(part.gate_up[:, inner // 2:], moe.gate_up[:, inner + inner // 2:])
+    assert torch.equal(part.down, moe.down[:, :, inner // 2:])
+    assert shard.lm_head.weight.shape[0] == text.vocab_size // 2 and shard.lm_head.vocab_start == text.vocab_size // 2
+    with pytest.raises(ValueError, match="place the Talker's nodes on a rank of their own"):
+        from mstar_graphs.qwen3_omni.components import qwen3_omni_components
+        qwen3_omni_components({"thinker", "talker"}, str(q3_ckpt), tp=TPGroup(0, 2))

@@ -1,0 +1,63 @@
+"""The Thinker sharded for tensor parallelism (Megatron-style), after its experts are fused.
+
+- Attention: q / k / v column-parallel by whole heads (q_norm and k_norm act per head, so they
+  stay whole), o_proj row-parallel. A rank's paged KV holds its own KV heads only.
+- MoE: the router stays whole. Every rank routes every row alike, because the rows are the
+  same on every rank after each all-reduce. Each expert keeps a slice of its inner width I:
+  ``gate_up`` [E, 2I, H] keeps the gate's and the up projection's rows of that slice, ``down``
+  [E, H, I] its columns. The experts' partial sums meet in one all-reduce per layer.
+- Dense SwiGLU layers (``mlp_only_layers``): gate and up column-parallel, down row-parallel.
+- Token embeddings and the LM head vocab-parallel: the logits are gathered, or summed for a
+  restricted id set.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from mstar.parallel.group import TPGroup
+from mstar.parallel.layers import (ParallelLMHead, RowParallelLinear, VocabParallelEmbedding, check_divisible,
+                                   column_parallel, shard_range, vocab_slice)
+from mstar_graphs.qwen3_omni.moe import Expert, SparseMoE
+
+
+def shard_expert(mlp: Expert, tp: TPGroup) -> None:
+    mlp.gate_proj = column_parallel(mlp.gate_proj, tp, "intermediate_size")
+    mlp.up_proj = column_parallel(mlp.up_proj, tp, "intermediate_size")
+    mlp.down_proj = RowParallelLinear(mlp.down_proj, tp, "intermediate_size")  # type: ignore[assignment]
+
+
+def shard_moe(moe: SparseMoE, tp: TPGroup) -> None:
+    if moe.gate_up is None or moe.down is None:
+        raise RuntimeError("shard the MoE after fuse(): the sharding slices the fused expert tensors")
+    check_divisible(tp, moe_intermediate_size=moe.inner)
+    lo, hi = shard_range(moe.inner, tp)
+    gate_up = moe.gate_up.detach()
+    moe.gate_up = nn.Parameter(torch.cat([gate_up[:, lo:hi], gate_up[:, moe.inner + lo:moe.inner + hi]], dim=1),
+                               requires_grad=False)
+    moe.down = nn.Parameter(moe.down.detach()[:, :, lo:hi].contiguous(), requires_grad=False)
+    moe.inner = hi - lo
+    if hasattr(moe, "shared_expert"):
+        shard_expert(moe.shared_expert, tp)  # its own down all-reduces; it joins after the experts' sum
+    moe.tp = tp
+
+
+def shard_thinker(thinker, tp: TPGroup):
+    """``thinker`` (a loaded, fused :class:`~mstar_graphs.qwen3_omni.thinker.Thinker`) -> this rank's shard."""
+    text = thinker.text
+    check_divisible(tp, num_attention_heads=text.num_attention_heads, num_key_value_heads=text.num_key_value_heads,
+                    vocab_size=text.vocab_size)
+    for layer in thinker.model.layers:
+        attn = layer.self_attn
+        attn.q_proj, attn.k_proj, attn.v_proj = (column_parallel(p, tp) for p in (attn.q_proj, attn.k_proj, attn.v_proj))
+        attn.o_proj = RowParallelLinear(attn.o_proj, tp)
+        attn.num_heads, attn.num_kv_heads = attn.num_heads // tp.size, attn.num_kv_heads // tp.size
+        if isinstance(layer.mlp, SparseMoE):
+            shard_moe(layer.mlp, tp)
+        else:
+            shard_expert(layer.mlp, tp)
+    embed, start = vocab_slice(thinker.model.embed_tokens.weight, tp)
+    thinker.model.embed_tokens = VocabParallelEmbedding(embed, start, text.vocab_size, tp)
+    thinker.lm_head = ParallelLMHead(vocab_slice(thinker.lm_head.weight, tp)[0], start, text.vocab_size, tp)
+    thinker.tp_size = tp.size
+    return thinker
