@@ -30,6 +30,7 @@ from mstar.engine.model_runner import ModelRunner
 from mstar.engine.sampler import Sampler
 from mstar.engine.scheduler import ScheduledSeq, Scheduler
 from mstar.engine.sequence import ActiveCall, Sequence, SeqStatus
+from mstar.engine.rope_positions import set_rope_positions
 from mstar.engine.step_feedback import CORE_INPUTS, append_embed_row, feedback_rows, keep_rows, row_outputs
 from mstar.engine.vocab_constraint import union_vocab
 from mstar.parallel.group import TPGroup
@@ -200,6 +201,10 @@ class AREngine(EngineInbox):
         context_before = len(seq.token_ids)
         if "embeds" in msg.inputs:
             self._append_embeds(seq, msg, len(ids), context_before)
+        if "rope_positions" in msg.inputs:
+            if not getattr(self.module, "accepts_rope_positions", False):
+                raise ValueError(f"node {msg.node!r}: this model takes no rope_positions")
+            set_rope_positions(seq, self.store.resolve(msg.inputs["rope_positions"]), len(ids), context_before, msg.node)
         seq.token_ids.extend(ids)
         if self.module.prompt_in_history:
             seq.history.extend(ids)
@@ -231,6 +236,7 @@ class AREngine(EngineInbox):
             if source.embeds is not None:
                 n = len(seq.token_ids)
                 seq.embeds, seq.embed_mask = source.embeds[:n], source.embed_mask[:n]
+            seq.rope_positions = source.rope_positions
             seq.num_generated = source.num_generated
             seq.arrival = source.arrival
         node_salt = sum(ord(c) * 31**i for i, c in enumerate(msg.node)) % 1_000_003  # stable across runs
@@ -274,9 +280,9 @@ class AREngine(EngineInbox):
                                                                       f"of node {msg.node!r} for {msg.owner!r}"))
         if seq.call is not None:
             return reply(KVExported(msg.call_id, msg.request_id, error=f"node {msg.node!r} of {msg.owner!r} is still running"))
-        if seq.embeds is not None:  # its embedding rows would be needed for any recompute there
+        if seq.embeds is not None or seq.rope_positions is not None:  # needed for any recompute there
             return reply(KVExported(msg.call_id, msg.request_id, error=f"node {msg.node!r}: a sequence with "
-                                                                      f"embedding inputs cannot move between Workers yet"))
+                                                                      f"embedding or rope_positions inputs cannot move between Workers yet"))
         if self.tp_leader is not None:  # the other ranks' KV heads would stay behind
             return reply(KVExported(msg.call_id, msg.request_id, error=f"node {msg.node!r} is tensor-parallel: "
                                                                       f"moving its KV between Workers is not supported"))

@@ -10,11 +10,14 @@ from mstar.engine.ar_module import ARModule
 from mstar.engine.attention.backend import AttentionBackend, AttentionContext
 from mstar.engine.attention.metadata import AttentionMetadata, MaskKind, SeqAttention
 from mstar.engine.block_manager import BlockManager
+from mstar.engine.rope_positions import packed_rope_positions
 from mstar.engine.scheduler import ScheduledSeq
 
 # (ids, positions, per-sequence attention, slot mapping on CPU) of a step, before its forward
-# ids, positions, per-sequence attention, slot mapping, embeds [T, W] | None, embed_mask [T] | None
-PlanHook = Callable[[list[int], list[int], list[SeqAttention], torch.Tensor, torch.Tensor | None, torch.Tensor | None], None]
+# ids, positions, per-sequence attention, slot mapping, embeds [T, W] | None, embed_mask [T] | None,
+# rope_positions [axes, T] | None
+PlanHook = Callable[[list[int], list[int], list[SeqAttention], torch.Tensor, torch.Tensor | None,
+                     torch.Tensor | None, torch.Tensor | None], None]
 
 
 class ModelRunner:
@@ -49,15 +52,18 @@ class ModelRunner:
             slots.append(self.blocks.slot_mapping(seq.table, item.start, item.end))
             last_rows.append(len(ids) - 1)
         embeds, embed_mask = self._embeds(batch)
+        rope = packed_rope_positions(batch)
         slot_mapping = torch.cat(slots)
         if self.plan_hook is not None:
-            self.plan_hook(ids, positions, seqs, slot_mapping, embeds, embed_mask)
+            self.plan_hook(ids, positions, seqs, slot_mapping, embeds, embed_mask, rope)
         meta = AttentionMetadata(seqs=seqs, slot_mapping=slot_mapping.to(self.device))
         self.backend.plan(meta)
         input_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
         pos = torch.tensor(positions, dtype=torch.long, device=self.device)
         started = time.perf_counter()
         extra: dict = {} if embeds is None else {"embeds": embeds, "embed_mask": embed_mask}
+        if rope is not None:
+            extra["rope_positions"] = rope.to(self.device)
         if not need_hidden and getattr(self.module, "accepts_need_hidden", False):
             extra["need_hidden"] = False
         hidden = self.module(input_ids, pos, self._attn, **extra)
@@ -68,7 +74,9 @@ class ModelRunner:
         """Rows that enter as embeddings (image tokens), packed like the ids; None when no row does."""
         if all(item.seq.embeds is None for item in batch):
             return None, None
-        width = next(item.seq.embeds.shape[1] for item in batch if item.seq.embeds is not None)
+        # rows of several widths (an audio prompt's [H], an image's [H * (1 + deepstack)]) share one tensor,
+        # the narrower zero-padded: a module reads what it needs of a row
+        width = max(item.seq.embeds.shape[1] for item in batch if item.seq.embeds is not None)
         rows, masks = [], []
         for item in batch:
             seq = item.seq
@@ -77,6 +85,8 @@ class ModelRunner:
                 masks.append(torch.zeros(item.num_tokens, dtype=torch.bool))
             else:  # tokens appended after the embedding rows (a decode after an image / audio prompt) have none
                 part, mask = seq.embeds[item.start:item.end], seq.embed_mask[item.start:item.end]
+                if part.shape[1] < width:
+                    part = torch.nn.functional.pad(part, (0, width - part.shape[1]))
                 short = item.num_tokens - part.shape[0]
                 if short:
                     part = torch.cat([part, torch.zeros(short, width, dtype=part.dtype)])

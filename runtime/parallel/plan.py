@@ -7,7 +7,8 @@ it broadcasts a plan so every follower makes the same call on its own shard:
 - FORWARD per step: the KV block copies the scheduler made (copy-on-write), the packed
   ids / positions, the attention metadata (per sequence + slot mapping), and the rows that
   enter as embeddings (an audio prompt's encoder rows): which rows, and their values as raw
-  float32 bytes (msgpack bin, not a list of floats).
+  float32 bytes (msgpack bin, not a list of floats); and the rows' multi-axis RoPE positions
+  when a sequence has some (mstar.engine.rope_positions).
 - LOGITS when the step samples: which hidden rows and which vocabulary subset.
 - SHUTDOWN when the engine closes: followers return from their loop.
 """
@@ -63,12 +64,17 @@ class StepPlan(msgspec.Struct, array_like=True):
     embed_rows: list[int] = []   # packed rows that enter as embeddings
     embed_width: int = 0
     embeds: bytes = b""          # float32 [len(embed_rows), embed_width], row-major
+    rope_axes: int = 0           # > 0: rope_positions [rope_axes, len(ids)], flattened row-major
+    rope_positions: list[int] = []
 
 
 def plan_embeds(plan: StepPlan, device: torch.device) -> dict[str, torch.Tensor]:
-    """The module's ``embeds`` / ``embed_mask`` inputs of a FORWARD plan ({} when no row has one)."""
+    """The module's ``embeds`` / ``embed_mask`` / ``rope_positions`` inputs of a FORWARD plan (those it has)."""
+    out: dict[str, torch.Tensor] = {}
+    if plan.rope_axes:
+        out["rope_positions"] = torch.tensor(plan.rope_positions, dtype=torch.long).reshape(plan.rope_axes, -1).to(device)
     if not plan.embed_rows:
-        return {}
+        return out
     n, width = len(plan.ids), plan.embed_width
     rows = torch.tensor(plan.embed_rows, dtype=torch.long)
     values = torch.frombuffer(bytearray(plan.embeds), dtype=torch.float32).reshape(len(plan.embed_rows), width)
@@ -76,7 +82,7 @@ def plan_embeds(plan: StepPlan, device: torch.device) -> dict[str, torch.Tensor]
     embeds[rows] = values
     mask = torch.zeros(n, dtype=torch.bool)
     mask[rows] = True
-    return {"embeds": embeds.to(device), "embed_mask": mask.to(device)}
+    return {**out, "embeds": embeds.to(device), "embed_mask": mask.to(device)}
 
 
 def plan_metadata(plan: StepPlan, device: torch.device) -> AttentionMetadata:
@@ -123,7 +129,7 @@ class TPLeader:
 
     def forward_plan(self, ids: list[int], positions: list[int], seqs: list[SeqAttention],
                      slot_mapping: torch.Tensor, embeds: torch.Tensor | None = None,
-                     embed_mask: torch.Tensor | None = None) -> None:
+                     embed_mask: torch.Tensor | None = None, rope_positions: torch.Tensor | None = None) -> None:
         copies, self._copies[:] = list(self._copies), []
         rows: list[int] = []
         values, width = b"", 0
@@ -133,7 +139,9 @@ class TPLeader:
             values = embeds.index_select(0, picked.to(embeds.device)).float().cpu().contiguous().numpy().tobytes()
         self._send(StepPlan(PlanKind.FORWARD, copies, ids, positions, [
             SeqPlan(s.query_start, s.query_len, s.context_len, s.block_table, s.first_position, int(s.mask), s.mask_arg)
-            for s in seqs], slot_mapping.tolist(), embed_rows=rows, embed_width=width, embeds=values))
+            for s in seqs], slot_mapping.tolist(), embed_rows=rows, embed_width=width, embeds=values,
+            rope_axes=0 if rope_positions is None else rope_positions.shape[0],
+            rope_positions=[] if rope_positions is None else rope_positions.reshape(-1).tolist()))
 
     def logits_plan(self, rows: list[int], vocab: torch.Tensor | None) -> None:
         runs = None if vocab is None else contiguous_runs(vocab, max_runs=max(1, vocab.numel()))
