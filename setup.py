@@ -86,7 +86,8 @@ setup(
         "tokenizers>=0.15",
         # PaliGemma's tokenizer as openpi ships it (paligemma_tokenizer.model, a SentencePiece model)
         "sentencepiece>=0.2",
-        # frames that are not the model's size, resized as openpi's training pipeline does (PIL bilinear)
+        # frames that are not the model's size, resized as openpi's training pipeline does (PIL bilinear);
+        # Qwen3-Omni images (PIL bicubic, as the Qwen2-VL image processor)
         "pillow>=10",
         "numpy>=1.24",
         "tqdm>=4.60",

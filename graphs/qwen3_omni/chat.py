@@ -1,7 +1,8 @@
 """Qwen3-Omni chat prompts: turns -> the Thinker's token ids, and reply ids -> text.
 
 ChatML, as Qwen's template lays it out: ``<|im_start|>{role}\\n{content}<|im_end|>\\n`` per turn, an
-audio clip as ``<|audio_start|><|audio_pad|> x N<|audio_end|>`` (N: the clip's audio-encoder rows),
+image as ``<|vision_start|><|image_pad|> x N<|vision_end|>`` (N: its merged patches), an audio clip as
+``<|audio_start|><|audio_pad|> x N<|audio_end|>`` (N: the clip's audio-encoder rows), in that order,
 then the generation prompt ``<|im_start|>assistant\\n``. The tokenizer is the checkpoint's
 ``tokenizer.json`` (Qwen's byte-level BPE; special tokens at their ids). The tiny checkpoint gets a
 small byte-level one with every special token at its real id, and the rest of the vocabulary as
@@ -29,6 +30,7 @@ class Turn:
     role: str                 # "system", "user" or "assistant"
     text: str = ""
     audio_tokens: int = 0     # an audio clip of this many encoder rows, before the text
+    image_pads: tuple[int, ...] = ()  # images of this many merged patches each, before the audio
 
 
 def load_tokenizer(directory: str | Path) -> tokenizers.Tokenizer:
@@ -47,9 +49,11 @@ def prompt_ids(tokenizer: tokenizers.Tokenizer, cfg: Qwen3OmniConfig, turns: lis
     for turn in turns:
         if turn.role not in ("system", "user", "assistant"):
             raise ValueError(f"unknown role {turn.role!r}")
-        if not turn.text.strip() and not turn.audio_tokens:
+        if not turn.text.strip() and not turn.audio_tokens and not turn.image_pads:
             raise ValueError(f"an empty {turn.role} turn")
         ids += [cfg.im_start_token_id, roles[turn.role], *newline]
+        for pads in turn.image_pads:
+            ids += [SPECIALS["<|vision_start|>"], *[SPECIALS["<|image_pad|>"]] * pads, SPECIALS["<|vision_end|>"]]
         if turn.audio_tokens:
             ids += [audio.audio_start_token_id, *[audio.audio_token_id] * turn.audio_tokens, SPECIALS["<|audio_end|>"]]
         if turn.text:

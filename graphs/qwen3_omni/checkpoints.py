@@ -25,7 +25,7 @@ from mstar_graphs.common.cache import cached_dir
 from mstar_graphs.qwen3_omni.config import Qwen3OmniConfig
 
 log = logging.getLogger("mstar_graphs.qwen3_omni")
-TINY_VERSION = 3
+TINY_VERSION = 4
 SEED = 20260
 
 # component -> (checkpoint prefix, names under it that belong elsewhere)
@@ -34,6 +34,7 @@ PREFIXES = {
     "audio_encoder": ("thinker.audio_tower.", ()),
     "talker": ("talker.", ()),
     "code2wav": ("code2wav.", ()),
+    "vision_encoder": ("thinker.visual.", ()),
 }
 
 
@@ -42,10 +43,10 @@ PREFIXES = {
 SIZES = {
     "tiny": {"hidden": 32, "heads": 4, "kv": 2, "head_dim": 16, "thinker_layers": 3, "talker_layers": 2,
              "predictor_layers": 2, "experts": 4, "top_k": 2, "moe_inter": 16, "audio": 32, "audio_layers": 2,
-             "c2w_hidden": 32, "c2w_layers": 2, "decoder_dim": 64, "mrope": [4, 2, 2]},
+             "vision": 32, "vision_layers": 3, "deepstack": [0, 1], "c2w_hidden": 32, "c2w_layers": 2, "decoder_dim": 64, "mrope": [4, 2, 2]},
     "bench": {"hidden": 256, "heads": 8, "kv": 2, "head_dim": 32, "thinker_layers": 6, "talker_layers": 4,
               "predictor_layers": 2, "experts": 16, "top_k": 4, "moe_inter": 128, "audio": 128, "audio_layers": 4,
-              "c2w_hidden": 128, "c2w_layers": 2, "decoder_dim": 192, "mrope": [8, 4, 4]},
+              "vision": 128, "vision_layers": 4, "deepstack": [1, 2, 3], "c2w_hidden": 128, "c2w_layers": 2, "decoder_dim": 192, "mrope": [8, 4, 4]},
 }
 
 
@@ -77,10 +78,10 @@ def tiny_config(preset: str = "tiny") -> dict[str, Any]:
                              "n_window": 50,
                              "n_window_infer": 800, "conv_chunksize": 500, "downsample_hidden_size": 8,
                              "max_source_positions": 1500},
-            "vision_config": {"depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "in_channels": 3,
-                              "patch_size": 16, "spatial_merge_size": 2, "temporal_patch_size": 2,
-                              "out_hidden_size": z["hidden"], "num_position_embeddings": 2304,
-                              "deepstack_visual_indexes": [0]},
+            "vision_config": {"depth": z["vision_layers"], "hidden_size": z["vision"], "intermediate_size": 2 * z["vision"],
+                              "num_heads": 2, "in_channels": 3, "patch_size": 16, "spatial_merge_size": 2,
+                              "temporal_patch_size": 2, "out_hidden_size": z["hidden"], "num_position_embeddings": 2304,
+                              "deepstack_visual_indexes": z["deepstack"]},
             "user_token_id": 872, "tie_word_embeddings": False, **media,
         },
         "talker_config": {
@@ -117,6 +118,10 @@ def build_component(name: str, config: Qwen3OmniConfig, dtype: torch.dtype = tor
         return Thinker(config, dtype=dtype, device=device)
     if name == "talker":
         return Talker(config, dtype=dtype, device=device)
+    if name == "vision_encoder":
+        from mstar_graphs.qwen3_omni.vision_encoder import VisionEncoder
+
+        return VisionEncoder(config.thinker_config.vision_config).to(device=device, dtype=dtype)
     if name == "audio_encoder":
         return AudioEncoder(config.thinker_config.audio_config).to(device=device, dtype=dtype)
     if name == "code2wav":
@@ -194,15 +199,20 @@ def write_tiny_checkpoint(directory: str | Path, seed: int = SEED, preset: str =
     config = Qwen3OmniConfig.from_json(json.dumps(cfg_dict))
     generator = torch.Generator().manual_seed(seed)
     modules = {name: build_component(name, config) for name in PREFIXES}
-    for module in modules.values():
-        _randomise(module, generator)
+    for name, module in modules.items():
+        if name != "vision_encoder":
+            _randomise(module, generator)
     _quieten(modules["code2wav"], generator)
+    _randomise(modules["vision_encoder"], torch.Generator().manual_seed(seed + 1))  # added later: the others' draws stay
     save_safetensors(component_state_dicts(modules), directory)
     (directory / "config.json").write_text(json.dumps(cfg_dict, indent=2) + "\n")
     (directory / "generation_config.json").write_text(json.dumps({"_from_model_config": True}) + "\n")
     from mstar_graphs.qwen3_omni.chat import build_tiny_tokenizer
 
     build_tiny_tokenizer(config.thinker_config.text_config.vocab_size).save(str(directory / "tokenizer.json"))
+    from mstar_graphs.qwen3_omni.image_processor import write_preprocessor_config
+
+    write_preprocessor_config(directory)  # the released model's image (and audio) preprocessing
     return directory
 
 

@@ -54,7 +54,7 @@ def qwen3_omni_components(nodes: set[str], weights: str | None = None, preset: s
     config = Qwen3OmniConfig.from_dir(path)
     graph = qwen3_omni_graph(config.im_end_token_id, config.talker_config.codec_eos_token_id, first_chunk)
     modules: dict[str, NodeSubmodule] = {}
-    for name in ("audio_encoder", "thinker", "talker", "code2wav"):
+    for name in ("audio_encoder", "vision_encoder", "thinker", "talker", "code2wav"):
         if name in nodes or (name == "talker" and "talker_inputs" in nodes):
             modules[name] = load_component(name, path, progress=progress)
     if sharded:
@@ -68,7 +68,7 @@ def qwen3_omni_components(nodes: set[str], weights: str | None = None, preset: s
             raise ValueError("talker_inputs shares the Talker's projections: place it on the Talker's rank")
         embed = modules["thinker"].model.embed_tokens if "thinker" in modules else thinker_embeddings(path, config)
         modules["talker_inputs"] = TalkerInputsNode(modules["talker"], embed)
-    if nodes & {"audio_frames", "audio_prompt"}:
+    if nodes & {"audio_frames", "audio_prompt", "image_positions"}:
         from mstar_graphs.qwen3_omni.model import stream_nodes
 
         modules.update(stream_nodes(config))

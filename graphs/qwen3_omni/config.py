@@ -9,7 +9,6 @@ read where the checkpoint writes them. Errors name the bad field with its path
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import msgspec
 
@@ -82,10 +81,28 @@ class AudioEncoderConfig(msgspec.Struct, kw_only=True):
     activation_function: str = "gelu"
 
 
+class VisionEncoderConfig(msgspec.Struct, kw_only=True):
+    """The Thinker's vision encoder (transformers' defaults are the released model's)."""
+    depth: int = 27
+    hidden_size: int = 1152
+    hidden_act: str = "gelu_pytorch_tanh"
+    intermediate_size: int = 4304
+    num_heads: int = 16
+    in_channels: int = 3
+    patch_size: int = 16
+    spatial_merge_size: int = 2
+    temporal_patch_size: int = 2
+    out_hidden_size: int = 3584
+    num_position_embeddings: int = 2304   # a learned square grid (48 x 48), resampled to each image's
+    deepstack_visual_indexes: list[int] = msgspec.field(default_factory=lambda: [8, 16, 24])
+    rope_parameters: RopeParameters = msgspec.field(default_factory=lambda: RopeParameters(rope_type="axial"))
+
+
 class ThinkerConfig(msgspec.Struct, kw_only=True):
     text_config: TextConfig
     audio_config: AudioEncoderConfig = msgspec.field(default_factory=AudioEncoderConfig)
-    vision_config: dict[str, Any] | None = None
+    vision_config: VisionEncoderConfig = msgspec.field(default_factory=VisionEncoderConfig)
+    vision_start_token_id: int = 151652
     audio_token_id: int = 151646
     image_token_id: int = 151655
     video_token_id: int = 151656
@@ -221,6 +238,24 @@ class Qwen3OmniConfig(msgspec.Struct, kw_only=True):
         if thinker.audio_config.output_dim != thinker.text_config.hidden_size:
             raise bad("thinker_config.audio_config.output_dim",
                       f"must equal the Thinker's hidden_size {thinker.text_config.hidden_size}")
+        vision = thinker.vision_config
+        if vision.out_hidden_size != thinker.text_config.hidden_size:
+            raise bad("thinker_config.vision_config.out_hidden_size",
+                      f"must equal the Thinker's hidden_size {thinker.text_config.hidden_size}")
+        if vision.hidden_size % vision.num_heads or (vision.hidden_size // vision.num_heads) % 4:
+            raise bad("thinker_config.vision_config.num_heads",
+                      f"head size {vision.hidden_size} / {vision.num_heads} must be a whole multiple of 4 (2-D RoPE)")
+        if int(vision.num_position_embeddings ** 0.5) ** 2 != vision.num_position_embeddings:
+            raise bad("thinker_config.vision_config.num_position_embeddings",
+                      f"{vision.num_position_embeddings} is not a square grid")
+        layers = thinker.text_config.num_hidden_layers
+        if any(not 0 <= i < vision.depth for i in vision.deepstack_visual_indexes) \
+                or len(vision.deepstack_visual_indexes) > layers:
+            raise bad("thinker_config.vision_config.deepstack_visual_indexes",
+                      f"{vision.deepstack_visual_indexes}: each must be a vision layer (depth {vision.depth}), "
+                      f"and at most {layers} (the Thinker's layers take one each)")
+        if vision.hidden_act != "gelu_pytorch_tanh":
+            raise bad("thinker_config.vision_config.hidden_act", f"{vision.hidden_act!r}: only gelu_pytorch_tanh is implemented")
         if talker.num_code_groups != self.code2wav_config.num_quantizers:
             raise bad("talker_config.num_code_groups",
                       f"{talker.num_code_groups} codebooks per frame, but Code2Wav has "

@@ -107,13 +107,19 @@ class DecoderStack(nn.Module):
                 layer.mlp.fuse()
 
     def run(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: AttnFn,
-            capture: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """-> (final-normed hidden, the hidden after ``capture`` layers (0: the input) or None)."""
+            capture: int | None = None, deepstack: tuple[torch.Tensor, torch.Tensor] | None = None,
+            ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """-> (final-normed hidden, the hidden after ``capture`` layers (0: the input) or None).
+        ``deepstack`` (rows mask [T], features [D, rows, H]): feature i is added at the masked rows
+        after layer i (an image's deepstack rows, as the reference adds them)."""
         captured = h if capture == 0 else None
         for i, layer in enumerate(self.layers):
             h = layer(h, cos, sin, attn)
-            if capture == i + 1:
+            if capture == i + 1:  # the layer's own output: the reference records it before the deepstack add
                 captured = h
+            if deepstack is not None and i < deepstack[1].shape[0]:
+                h = h.clone()
+                h[deepstack[0]] = h[deepstack[0]] + deepstack[1][i].to(h.dtype)
         return self.norm(h), captured
 
 
@@ -123,6 +129,7 @@ class DecoderARModule(ARModule):
 
     text: TextConfig
     model: DecoderStack
+    accepts_rope_positions = True  # M-RoPE (t, h, w) positions of prompts with images
     tp_size: int = 1  # tensor-parallel shards: this rank's KV holds its share of the KV heads
 
     def kv_spec(self) -> KVSpec:
@@ -153,6 +160,16 @@ class DecoderARModule(ARModule):
             h = h.clone()
             h[embed_mask] = embeds[embed_mask].to(h.dtype)
         return h
+
+    def cos_sin(self, positions: torch.Tensor, rope_positions: torch.Tensor | None,
+                dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """1-D RoPE from the engine's positions, or interleaved M-RoPE from a request's ``rope_positions`` [3, T]."""
+        if rope_positions is None:
+            return rope_cos_sin(positions, self.text.dim_per_head, self.text.theta, dtype)
+        rope = self.text.rope_parameters
+        if rope is None or rope.mrope_section is None or rope_positions.shape[0] != 3:
+            raise ValueError("rope_positions need an M-RoPE model (rope_parameters.mrope_section) and 3 axes")
+        return mrope_cos_sin(rope_positions, self.text.dim_per_head, self.text.theta, rope.mrope_section, dtype)
 
     def _positions_check(self, input_ids: torch.Tensor, positions: torch.Tensor) -> None:
         if input_ids.dim() != 1 or positions.shape != input_ids.shape:

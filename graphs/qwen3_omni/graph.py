@@ -10,10 +10,15 @@
     input.pcm ~> audio_frames --log_mel~> audio_encoder --embeds--> audio_prompt --input_ids, embed_mask-->
     thinker (a turn streamed in as it is said: mstar_graphs.qwen3_omni.audio_stream)
 
+    input.pixel_values, image_grid_thw --> vision_encoder --embeds (+ deepstack rows)--> thinker
+    input.prompt_ids, image_grid_thw --> image_positions --rope_positions (M-RoPE t/h/w)--> thinker
+    talker_inputs --rope_positions--> talker
+
 Walks, chosen by ``next_walk``: ``talk`` alone for a request that gives the text to say
 (``say_ids``: text to speech without the Thinker); else ``prefill_stream`` (wait for the streamed turn's
 end, its frames having been computed as it came, then encode it and widen the prompt's audio slot),
-``prefill_audio`` (the audio encoder, then the Thinker's prompt with its rows at ``<|audio_pad|>``) or
+``prefill_audio`` (the audio encoder, then the Thinker's prompt with its rows at ``<|audio_pad|>``),
+``prefill_vision`` (the vision encoder, then the prompt with its rows at ``<|image_pad|>``) or
 ``prefill_text``; ``think`` (the Thinker's decode Loop until
 ``<|im_end|>``); ``talk`` (the Talker's inputs from the Thinker's rows, then the Talker's Loop until
 codec EOS, each iteration's frame streamed to Code2Wav) unless the request wants text only. The
@@ -39,8 +44,10 @@ def walk_chooser(im_end: int):
                 return "talk"
             if "pcm" in state.request.inputs:
                 return "prefill_stream"
+            if "pixel_values" in state.request.inputs:
+                return "prefill_vision"
             return "prefill_audio" if "features" in state.request.inputs else "prefill_text"
-        if last in ("prefill_stream", "prefill_audio", "prefill_text"):
+        if last in ("prefill_stream", "prefill_audio", "prefill_vision", "prefill_text"):
             first = state.value("thinker.token")
             if first is not None and int(first) == im_end:
                 return None  # an empty reply: nothing to say
@@ -73,13 +80,15 @@ def qwen3_omni_graph(im_end: int, codec_eos: int, first_chunk: int | None = None
             GraphNode("audio_encoder", inputs=["features", "clip_frames", "log_mel"], outputs=["embeds"],
                       optional_inputs=["features", "clip_frames"]),
             GraphNode("audio_prompt", inputs=["prompt_ids", "embeds"], outputs=["input_ids", "embed_mask"]),
-            GraphNode("thinker", inputs=["input_ids", "embeds", "embed_mask"], outputs=["token", "rows"], engine="ar",
-                      optional_inputs=["embeds", "embed_mask"]),
-            GraphNode("talker_inputs", inputs=["prompt_ids", "rows", "say_ids"],
-                      outputs=["input_ids", "embeds", "embed_mask", "trailing", "tts_pad"],
-                      optional_inputs=["rows", "say_ids"]),
-            GraphNode("talker", inputs=["input_ids", "embeds", "embed_mask", "trailing", "tts_pad"],
-                      outputs=["token", "frame"], engine="ar"),
+            GraphNode("vision_encoder", inputs=["pixel_values", "image_grid_thw"], outputs=["embeds"]),
+            GraphNode("image_positions", inputs=["prompt_ids", "image_grid_thw"], outputs=["rope_positions"]),
+            GraphNode("thinker", inputs=["input_ids", "embeds", "embed_mask", "rope_positions"], outputs=["token", "rows"],
+                      engine="ar", optional_inputs=["embeds", "embed_mask", "rope_positions"]),
+            GraphNode("talker_inputs", inputs=["prompt_ids", "rows", "say_ids", "image_grid_thw"],
+                      outputs=["input_ids", "embeds", "embed_mask", "trailing", "tts_pad", "rope_positions"],
+                      optional_inputs=["rows", "say_ids", "image_grid_thw"]),
+            GraphNode("talker", inputs=["input_ids", "embeds", "embed_mask", "trailing", "tts_pad", "rope_positions"],
+                      outputs=["token", "frame"], engine="ar", optional_inputs=["rope_positions"]),
             GraphNode("code2wav", inputs=["codes"], outputs=["audio"]),
         ],
         edges=[
@@ -88,6 +97,14 @@ def qwen3_omni_graph(im_end: int, codec_eos: int, first_chunk: int | None = None
             GraphEdge("input.prompt_ids", "thinker.input_ids"),
             GraphEdge("input.embed_mask", "thinker.embed_mask"),
             GraphEdge("audio_encoder.embeds", "thinker.embeds"),
+            GraphEdge("input.pixel_values", "vision_encoder.pixel_values"),
+            GraphEdge("input.image_grid_thw", "vision_encoder.image_grid_thw"),
+            GraphEdge("vision_encoder.embeds", "thinker.embeds"),
+            GraphEdge("input.prompt_ids", "image_positions.prompt_ids"),
+            GraphEdge("input.image_grid_thw", "image_positions.image_grid_thw"),
+            GraphEdge("image_positions.rope_positions", "thinker.rope_positions"),
+            GraphEdge("input.image_grid_thw", "talker_inputs.image_grid_thw"),
+            GraphEdge("talker_inputs.rope_positions", "talker.rope_positions"),
             StreamingGraphEdge("input.pcm", "audio_frames.pcm", target_partition="thinker"),
             StreamingGraphEdge("audio_frames.log_mel", "audio_encoder.log_mel", target_partition="thinker"),
             GraphEdge("input.prompt_ids", "audio_prompt.prompt_ids"),
@@ -111,6 +128,7 @@ def qwen3_omni_graph(im_end: int, codec_eos: int, first_chunk: int | None = None
             "prefill_text": Call("thinker"),
             "prefill_stream": Sequential(AwaitInput("pcm"), Call("audio_prompt"), Call("thinker")),
             "prefill_audio": Sequential(Call("audio_encoder"), Call("thinker")),
+            "prefill_vision": Sequential(Call("vision_encoder"), Call("image_positions"), Call("thinker")),
             "think": DynamicLoop("thinker", trip_count=lambda s: budget(s, "thinker_max_tokens", 1024) - 1,
                                  stop=StopOnValues("thinker.token", (im_end,))),
             "talk": Sequential(Call("talker_inputs"),
@@ -118,7 +136,8 @@ def qwen3_omni_graph(im_end: int, codec_eos: int, first_chunk: int | None = None
                                            stop=StopOnValues("talker.token", (codec_eos,)))),
         },
         topology=PartitionTopology(
-            partitions={"thinker": ["audio_frames", "audio_encoder", "audio_prompt", "thinker"],
+            partitions={"thinker": ["audio_frames", "audio_encoder", "audio_prompt", "vision_encoder", "image_positions",
+                                    "thinker"],
                         "talker": ["talker_inputs", "talker"], "vocoder": ["code2wav"]},
             connections=[PartitionConnection("input", "thinker", LeftContextChunkPolicy(CHUNK_ITEMS, CONTEXT_ITEMS,
                                                                                         edges=True)),
@@ -126,6 +145,8 @@ def qwen3_omni_graph(im_end: int, codec_eos: int, first_chunk: int | None = None
                          PartitionConnection("talker", "vocoder",
                                              LeftContextChunkPolicy(CHUNK_FRAMES, LEFT_CONTEXT_FRAMES, first_chunk))],
         ),
-        required_inputs=("prompt_ids",),  # features, clip_frames and embed_mask (or pcm) come with audio prompts only
+        # features, clip_frames and embed_mask (or pcm) come with audio prompts only; pixel_values,
+        # image_grid_thw and embed_mask with images
+        required_inputs=("prompt_ids",),
         next_walk=walk_chooser(im_end),
     )

@@ -2,7 +2,8 @@
 
 A request is a prompt's token ids (with ``<|audio_pad|>`` rows for a clip's audio-encoder
 embeddings, whose log-mel ``features`` come with it; or one such slot, for a turn whose samples stream
-in as ``pcm`` while it is said) and how much to say: the Thinker's reply is
+in as ``pcm`` while it is said; or ``<|image_pad|>`` rows for an image's vision-encoder embeddings) and
+how much to say: the Thinker's reply is
 greedy by default (the reference's generation config is empty), the Talker samples as the
 reference's ``generate`` does (temperature 0.9, top-k 50, repetition penalty 1.05) unless told otherwise.
 Outputs: ``text_ids`` (each reply token as it is decided), ``codes`` (each 16-code frame) and
@@ -27,6 +28,8 @@ from mstar_graphs.qwen3_omni.audio_stream import AudioFramesNode, AudioPromptNod
 from mstar_graphs.qwen3_omni.checkpoints import ensure_tiny_qwen3_omni, load_component
 from mstar_graphs.qwen3_omni.config import Qwen3OmniConfig
 from mstar_graphs.qwen3_omni.graph import qwen3_omni_graph
+from mstar_graphs.qwen3_omni.image_prompt import ImagePositionsNode
+from mstar_graphs.qwen3_omni.mrope_positions import thinker_positions
 from mstar_graphs.qwen3_omni.talker_inputs_node import TalkerInputsNode
 from mstar_graphs.qwen3_omni.talker_prompt import speaker_code
 
@@ -42,6 +45,7 @@ class Qwen3Omni:
     config: Qwen3OmniConfig
     thinker: torch.nn.Module
     audio_encoder: torch.nn.Module
+    vision_encoder: torch.nn.Module
     talker: torch.nn.Module
     code2wav: torch.nn.Module
     speaker: str = "ethan"
@@ -59,7 +63,7 @@ class Qwen3Omni:
         if config.mstar_random_weights:
             log.warning("Qwen3-Omni weights in %s are RANDOM (generated for tests): text and audio are noise", path)
         parts = {name: run_on_device(load_component, name, path, progress=progress)
-                 for name in ("thinker", "audio_encoder", "talker", "code2wav")}
+                 for name in ("thinker", "audio_encoder", "vision_encoder", "talker", "code2wav")}
         speaker_code(config, speaker)  # an unknown default speaker fails here, not on the first request
         return cls(path, config, speaker=speaker, first_chunk=first_chunk, **parts)
 
@@ -72,12 +76,13 @@ class Qwen3Omni:
                                 self.first_chunk)
 
     def modules(self) -> dict[str, torch.nn.Module]:
-        return {"audio_encoder": self.audio_encoder, "thinker": self.thinker,
+        return {"audio_encoder": self.audio_encoder, "vision_encoder": self.vision_encoder, "thinker": self.thinker,
                 "talker_inputs": TalkerInputsNode(self.talker, self.thinker.model.embed_tokens, self.speaker),
                 "talker": self.talker, "code2wav": self.code2wav, **stream_nodes(self.config)}
 
     def request(self, prompt_ids: list[int], *, features: torch.Tensor | list[torch.Tensor] | None = None,
                 pcm: StreamInput | None = None,
+                images: list[tuple[torch.Tensor, tuple[int, int, int]]] | None = None,
                 audio: bool = True,
                 say_ids: list[int] | None = None,
                 thinker_max_tokens: int = 256, talker_max_tokens: int = 1024, speaker: str | None = None,
@@ -87,7 +92,9 @@ class Qwen3Omni:
         """``features``: one clip's log-mel frames [128, T] (mstar_graphs.qwen3_omni.audio_features.log_mel), or
         the clips of several turns in prompt order; the prompt then holds exactly ``tokens_for_frames(T)``
         audio pad tokens per clip. ``pcm``: the last turn's 16 kHz samples, streamed in
-        (``audio_stream.turn_stream()``); its turn then holds one pad, its slot, after the clips' pads."""
+        (``audio_stream.turn_stream()``); its turn then holds one pad, its slot, after the clips' pads.
+        ``images``: (pixel_values, grid_thw) per image in prompt order, as ``image_processor.ImagePreprocessor``
+        makes them; the prompt then holds ``<|vision_start|>`` and ``t*h*w/4`` image pad tokens per image."""
         cfg = self.config
         ids = torch.tensor(prompt_ids, dtype=torch.long)
         if ids.dim() != 1 or ids.numel() == 0:
@@ -118,9 +125,13 @@ class Qwen3Omni:
             meta["audio_prompt.slot"] = int(pads.nonzero().reshape(-1)[-1])  # the last turn's one pad
         elif clips:
             inputs["embed_mask"] = pads
+        if images or bool((ids == cfg.thinker_config.image_token_id).any()):
+            if clips or pcm is not None:
+                raise ValueError("a prompt with both images and audio is not supported yet")
+            inputs |= self._image_inputs(ids, images or [])
         if say_ids is not None:  # text to speech: the Talker speaks these tokens, as a reply ending with <|im_end|>
-            if not say_ids or clips or pcm is not None:
-                raise ValueError("say_ids needs at least one token, and no audio")
+            if not say_ids or clips or pcm is not None or images:
+                raise ValueError("say_ids needs at least one token, and no audio or images")
             inputs["say_ids"] = torch.tensor(say_ids, dtype=torch.long)
         thinker = sampling or THINKER_SAMPLING
         talker = talker_sampling or TALKER_SAMPLING
@@ -141,10 +152,29 @@ class Qwen3Omni:
         return Request(inputs=inputs, sampling=thinker, request_id=request_id or uuid.uuid4().hex[:12], meta=meta,
                        outputs=outputs)
 
+    def _image_inputs(self, ids: torch.Tensor, images: list[tuple[torch.Tensor, tuple[int, int, int]]]) -> dict:
+        """The vision encoder's inputs, the rows its embeddings take, and the prompt's M-RoPE positions."""
+        thinker = self.config.thinker_config
+        vision = thinker.vision_config
+        if not images:
+            raise ValueError("the prompt has <|image_pad|> tokens but no image came with it")
+        per_patch = vision.in_channels * vision.temporal_patch_size * vision.patch_size ** 2
+        grids = []
+        for values, grid in images:
+            grid = tuple(int(g) for g in grid)
+            if len(grid) != 3 or values.dim() != 2 or values.shape != (grid[0] * grid[1] * grid[2], per_patch):
+                raise ValueError(f"an image's pixel_values {tuple(values.shape)} do not fit its grid {grid} "
+                                 f"({per_patch} values per patch)")
+            grids.append(grid)
+        thinker_positions(ids, self.config, grids)  # checks each image's pads against its grid, here and now
+        return {"pixel_values": torch.cat([v for v, _ in images]).float(),
+                "image_grid_thw": torch.tensor(grids, dtype=torch.long), "embed_mask": ids == thinker.image_token_id}
+
 
 def stream_nodes(config: Qwen3OmniConfig) -> dict[str, torch.nn.Module]:
-    """The weightless nodes of a streamed turn (mstar_graphs.qwen3_omni.audio_stream)."""
+    """The weightless nodes: a streamed turn's (mstar_graphs.qwen3_omni.audio_stream), an image prompt's positions."""
     thinker, talker = config.thinker_config, config.talker_config
     room = min(thinker.text_config.max_position_embeddings - 1, talker.text_config.max_position_embeddings - 10)
     return {"audio_frames": AudioFramesNode(thinker.audio_config.num_mel_bins),
-            "audio_prompt": AudioPromptNode(thinker.audio_token_id, room)}
+            "audio_prompt": AudioPromptNode(thinker.audio_token_id, room),
+            "image_positions": ImagePositionsNode(config)}

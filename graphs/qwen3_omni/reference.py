@@ -16,7 +16,7 @@ def load_reference(path: str | Path, dtype: torch.dtype = torch.float32):
     from transformers import Qwen3OmniMoeForConditionalGeneration
     from transformers.utils import logging as hf_logging
 
-    hf_logging.set_verbosity_error()  # the vision tower's weights are not in our tiny checkpoint
+    hf_logging.set_verbosity_error()
     return Qwen3OmniMoeForConditionalGeneration.from_pretrained(
         str(path), dtype=dtype, attn_implementation="eager", experts_implementation="eager").eval()
 
@@ -31,6 +31,7 @@ class ReferenceReply:
 @torch.inference_mode()
 def reference_generate(model, prompt_ids: list[int], *,
                        input_features: torch.Tensor | list[torch.Tensor] | None = None,
+                       images: list[tuple[torch.Tensor, tuple[int, int, int]]] | None = None,
                        thinker_max_new_tokens: int = 32, talker_max_new_tokens: int = 64,
                        speaker: str = "Ethan", sample: bool = False, seed: int = 0) -> ReferenceReply:
     """One request through ``generate(return_audio=True)``; greedy unless ``sample`` (the Talker's defaults)."""
@@ -48,6 +49,9 @@ def reference_generate(model, prompt_ids: list[int], *,
         longest = max(c.shape[1] for c in clips)
         kwargs["input_features"] = torch.stack([torch.nn.functional.pad(c, (0, longest - c.shape[1])) for c in clips])
         kwargs["feature_attention_mask"] = torch.stack([(torch.arange(longest) < c.shape[1]).long() for c in clips])
+    if images:  # (pixel_values, grid_thw) per image, as our image preprocessor makes them
+        kwargs["pixel_values"] = torch.cat([v for v, _ in images])
+        kwargs["image_grid_thw"] = torch.tensor([list(g) for _, g in images])
     try:
         torch.manual_seed(seed)
         sequences, wav = model.generate(input_ids=torch.tensor([prompt_ids]), speaker=speaker,

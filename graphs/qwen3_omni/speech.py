@@ -1,7 +1,7 @@
 """Qwen3-Omni as a conversational speech model: what the voice gateway and the OpenAI-compatible HTTP serve.
 
 A speech model that *answers* (``conversational``): a turn is the user's text or a clip of their
-voice (16 kHz samples, ``audio_input_rate``) with the conversation so far (text turns, and spoken
+voice (16 kHz samples, ``audio_input_rate``), with images if they like, and the conversation so far (text turns, and spoken
 ones with their audio, which the Thinker hears again as the reference does), or a turn
 whose voice streams in while it is said (:meth:`listen_request`: the request starts with the turn,
 its frames are computed as the samples come, and the answer starts when the stream closes); the reply's
@@ -23,10 +23,12 @@ from mstar_graphs.qwen3_omni.audio_features import SAMPLE_RATE as INPUT_RATE
 from mstar_graphs.qwen3_omni.audio_features import log_mel
 from mstar_graphs.qwen3_omni.audio_stream import turn_stream
 from mstar_graphs.qwen3_omni.chat import Turn, decode, load_tokenizer, prompt_ids
+from mstar_graphs.qwen3_omni.image_processor import ImagePreprocessor, image_pad_count
 from mstar_graphs.qwen3_omni.model import TALKER_SAMPLING, Qwen3Omni
 
 
-HistoryTurn = Union[tuple[str, str], tuple[str, str, "torch.Tensor | None"]]  # (role, text[, its audio])
+# (role, text[, its audio[, its images]]): an image is what ImagePreprocessor takes (PIL, uint8 array)
+HistoryTurn = Union[tuple[str, str], tuple[str, str, "torch.Tensor | None"], tuple[str, str, "torch.Tensor | None", Sequence]]
 FIRST_CHUNK = 5  # a voice chat starts speaking after 5 frames (0.4 s of audio), not 25 (2 s)
 
 
@@ -36,12 +38,14 @@ class Qwen3OmniChat:
     text_output = "text_ids"
     sample_rate = 24_000
     audio_input_rate = INPUT_RATE
+    image_input = True  # a turn may show images (request(images=...)), as /v1/chat/completions' image_url parts
     default_sampling = TALKER_SAMPLING  # what session.update changes: the voice's sampling
     max_reply_tokens = 256
 
     def __init__(self, model: Qwen3Omni) -> None:
         self.model = model
         self.tokenizer = load_tokenizer(model.path)
+        self.images = ImagePreprocessor.from_dir(model.path)  # the checkpoint's preprocessor_config.json
 
     @classmethod
     def load(cls, weights: str | Path | None = None, *, progress: bool = True, preset: str = "tiny",
@@ -79,18 +83,19 @@ class Qwen3OmniChat:
                                   speaker=voice, talker_max_tokens=talker.max_tokens, talker_sampling=talker,
                                   seed=talker.seed, request_id=request_id, outputs=outputs)
 
-    def request(self, text: str | None = None, *, audio: torch.Tensor | None = None,
+    def request(self, text: str | None = None, *, audio: torch.Tensor | None = None, images: Sequence = (),
                 history: Sequence[HistoryTurn] = (), voice: str | None = None,
                 sampling: SamplingParams | None = None, request_id: str | None = None,
                 outputs: frozenset[str] | None = None, speak: bool = True) -> Request:
         """One user turn (``text``, or ``audio``: 16 kHz mono float samples, or both) after ``history``
-        ((role, text) turns, or (role, text, audio) for a spoken one) -> the request. ``sampling`` samples
-        the voice; its max_tokens caps the reply's text tokens (at most ``max_reply_tokens``) and its
-        audio frames."""
+        ((role, text) turns, or (role, text, audio) for a spoken one, (role, text, audio, images) with
+        images) -> the request. ``images``: the turn's images (PIL images or uint8 arrays [H, W, 3]),
+        shown before its text. ``sampling`` samples the voice; its max_tokens caps the reply's text
+        tokens (at most ``max_reply_tokens``) and its audio frames."""
         features = None if audio is None else log_mel(audio.reshape(-1).float())
-        if features is None and not (text and text.strip()):
-            raise ValueError("an empty turn: give text or audio")
-        return self._turn(text, features, None, history, voice, sampling, request_id, outputs, speak)
+        if features is None and not images and not (text and text.strip()):
+            raise ValueError("an empty turn: give text, audio or an image")
+        return self._turn(text, features, None, history, voice, sampling, request_id, outputs, speak, images)
 
     def listen_request(self, *, history: Sequence[HistoryTurn] = (), voice: str | None = None,
                        sampling: SamplingParams | None = None, request_id: str | None = None,
@@ -103,19 +108,29 @@ class Qwen3OmniChat:
     def _tokens(self, features: torch.Tensor) -> int:
         return tokens_for_frames(features.shape[1], self.model.config.thinker_config.audio_config.n_window)
 
-    def _turn(self, text, features, pcm, history, voice, sampling, request_id, outputs, speak) -> Request:
-        clips, turns = [], []
+    def _pictures(self, images: Sequence) -> tuple[list, tuple[int, ...]]:
+        """Images -> (pixel_values, grid) each, and each one's image pad count."""
+        made = [self.images(image) for image in images]
+        return made, tuple(image_pad_count(grid, self.images.merge_size) for _, grid in made)
+
+    def _turn(self, text, features, pcm, history, voice, sampling, request_id, outputs, speak, images=()) -> Request:
+        clips, pictures, turns = [], [], []
         for role, said, *heard in history:  # a spoken turn's audio goes in again, as the reference takes it
             audio = heard[0] if heard else None
             clip = None if audio is None else log_mel(torch.as_tensor(audio).reshape(-1).float())
             clips += [] if clip is None else [clip]
-            turns.append(Turn(role, said, 0 if clip is None else self._tokens(clip)))
+            shown, pads = self._pictures(heard[1] if len(heard) > 1 else ())
+            pictures += shown
+            turns.append(Turn(role, said, 0 if clip is None else self._tokens(clip), pads))
         clips += [] if features is None else [features]
         last = 1 if pcm is not None else 0 if features is None else self._tokens(features)
-        ids = prompt_ids(self.tokenizer, self.model.config, turns + [Turn("user", text or "", last)])
+        shown, pads = self._pictures(images)
+        pictures += shown
+        ids = prompt_ids(self.tokenizer, self.model.config, turns + [Turn("user", text or "", last, pads)])
         talker = sampling or TALKER_SAMPLING
         # max_tokens caps both the reply's text tokens and its audio frames (the Realtime API's max_output_tokens)
-        return self.model.request(ids, features=clips or None, pcm=pcm, audio=speak, speaker=voice,
+        return self.model.request(ids, features=clips or None, pcm=pcm, images=pictures or None, audio=speak,
+                                  speaker=voice,
                                   thinker_max_tokens=min(self.max_reply_tokens, talker.max_tokens),
                                   talker_max_tokens=talker.max_tokens,
                                   talker_sampling=talker, seed=talker.seed, request_id=request_id, outputs=outputs)

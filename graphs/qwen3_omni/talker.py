@@ -24,7 +24,7 @@ from torch import nn
 from mstar.engine.attention.backend import AttentionContext
 from mstar_graphs.qwen3_omni.code_predictor import CodePredictor
 from mstar_graphs.qwen3_omni.config import Qwen3OmniConfig
-from mstar_graphs.qwen3_omni.decoder import DecoderARModule, DecoderStack, rope_cos_sin
+from mstar_graphs.qwen3_omni.decoder import DecoderARModule, DecoderStack
 
 SUPPRESSED_TAIL = 1024  # the codec vocabulary's last 1024 ids (special codes), EOS excepted
 
@@ -71,10 +71,10 @@ class Talker(DecoderARModule):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,  # type: ignore[override]
                 attn: AttentionContext, embeds: torch.Tensor | None = None,
-                embed_mask: torch.Tensor | None = None) -> torch.Tensor:
+                embed_mask: torch.Tensor | None = None, rope_positions: torch.Tensor | None = None) -> torch.Tensor:
         self._positions_check(input_ids, positions)
         h = self.rows(self.model.codec_embedding, input_ids, embeds, embed_mask)
-        cos, sin = rope_cos_sin(positions, self.text.dim_per_head, self.text.theta, h.dtype)
+        cos, sin = self.cos_sin(positions, rope_positions, h.dtype)
         out, _ = self.model.run(h, cos, sin, attn)
         return out
 

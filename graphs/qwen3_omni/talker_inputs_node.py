@@ -6,8 +6,10 @@ the Thinker (``/v1/audio/speech``), ``say_ids``: the rows are then the token emb
 and the text, as the Thinker's would be for that reply (the hidden half is read at audio rows only,
 and a spoken text's prompt has none); outputs the Talker call's
 ``input_ids`` (placeholders), ``embeds`` and ``embed_mask`` (every row an embedding), and the
-``trailing`` text rows and ``tts_pad`` row its feedback reads. It shares the Talker's projections and
-the Thinker's token embeddings (same process: same weights).
+``trailing`` text rows and ``tts_pad`` row its feedback reads. With ``image_grid_thw`` (a prompt with
+images) also the Talker's M-RoPE ``rope_positions``: the reference numbers the Talker's prompt (the user
+turns' tokens, then its 9 assistant rows) as it numbers the Thinker's. It shares the Talker's projections
+and the Thinker's token embeddings (same process: same weights).
 """
 from __future__ import annotations
 
@@ -16,7 +18,8 @@ from typing import Sequence
 import torch
 
 from mstar.graph.node import NodeCall, NodeSubmodule
-from mstar_graphs.qwen3_omni.talker_prompt import talker_inputs
+from mstar_graphs.qwen3_omni.mrope_positions import thinker_positions
+from mstar_graphs.qwen3_omni.talker_prompt import ASSISTANT_ROWS, talker_inputs, user_rows
 
 
 class TalkerInputsNode(NodeSubmodule):
@@ -51,7 +54,11 @@ class TalkerInputsNode(NodeSubmodule):
             made = talker_inputs(talker, embed, cfg, call.inputs["prompt_ids"].reshape(-1).tolist(),
                                  rows[:, :width], rows[:, width:], speaker)
             n = made.prefill.shape[0]
-            each.append({"input_ids": torch.zeros(n, dtype=torch.long), "embeds": made.prefill,
-                         "embed_mask": torch.ones(n, dtype=torch.bool), "trailing": made.trailing,
-                         "tts_pad": made.tts_pad})
+            out = {"input_ids": torch.zeros(n, dtype=torch.long), "embeds": made.prefill,
+                   "embed_mask": torch.ones(n, dtype=torch.bool), "trailing": made.trailing, "tts_pad": made.tts_pad}
+            if "image_grid_thw" in call.inputs:
+                prompt = call.inputs["prompt_ids"].reshape(-1).tolist()
+                ids = [prompt[i] for i in user_rows(prompt, cfg)] + [0] * ASSISTANT_ROWS  # codec rows: plain text axes
+                out["rope_positions"] = thinker_positions(ids, cfg, call.inputs["image_grid_thw"].reshape(-1, 3).tolist())[0]
+            each.append(out)
         return {"each": each}

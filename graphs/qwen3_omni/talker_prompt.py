@@ -25,6 +25,9 @@ import torch
 from mstar_graphs.qwen3_omni.config import Qwen3OmniConfig
 
 
+ASSISTANT_ROWS = 9  # the Talker's prompt rows after the user turns
+
+
 @dataclass
 class TalkerInputs:
     prefill: torch.Tensor    # [user rows + 9, H_talker]

@@ -3,7 +3,8 @@
 Token embeddings, or, where the engine marks rows (``embed_mask``), the audio encoder's embeddings
 in their place (the prompt's ``<|audio_pad|>`` tokens); MoE decoder layers; the LM head. Text and
 audio positions are the same on M-RoPE's three axes, so the engine's 1-D positions are the
-positions. ``capture_layer`` keeps the hidden state after that many layers of the last forward
+positions; a prompt with images gives its (t, h, w) positions (``rope_positions``), and an
+image's rows carry its deepstack features, added to the hidden states after the first layers. ``capture_layer`` keeps the hidden state after that many layers of the last forward
 (the Talker reads layer ``accept_hidden_layer`` at the prompt's audio rows).
 
 Module names are the checkpoint's under ``thinker.`` (``model.embed_tokens``, ``model.layers.N``,
@@ -16,7 +17,7 @@ from torch import nn
 
 from mstar.engine.attention.backend import AttentionContext
 from mstar_graphs.qwen3_omni.config import Qwen3OmniConfig
-from mstar_graphs.qwen3_omni.decoder import DecoderARModule, DecoderStack, rope_cos_sin
+from mstar_graphs.qwen3_omni.decoder import DecoderARModule, DecoderStack
 
 
 class Thinker(DecoderARModule):
@@ -43,13 +44,24 @@ class Thinker(DecoderARModule):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,  # type: ignore[override]
                 attn: AttentionContext, embeds: torch.Tensor | None = None,
-                embed_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """input_ids, positions [T]; embeds [T, H] with embed_mask [T] -> final-normed hidden [T, H]."""
+                embed_mask: torch.Tensor | None = None, rope_positions: torch.Tensor | None = None) -> torch.Tensor:
+        """input_ids, positions [T]; embeds [T, H * (1 + D)] with embed_mask [T] (an image's rows carry D
+        deepstack features after the embedding; audio rows none, or zeros); rope_positions [3, T] for
+        M-RoPE (a prompt with images) -> final-normed hidden [T, H]."""
         self._positions_check(input_ids, positions)
+        hidden = self.text.hidden_size
+        deepstack = None
+        if embeds is not None and embeds.shape[1] > hidden:
+            if embeds.shape[1] % hidden:
+                raise ValueError(f"embeds of width {embeds.shape[1]} are not whole rows of {hidden}")
+            if embed_mask is not None and bool(embed_mask.any()):
+                rows = embeds[embed_mask, hidden:]
+                deepstack = (embed_mask, rows.reshape(rows.shape[0], -1, hidden).transpose(0, 1))
+            embeds = embeds[:, :hidden]
         h = self.embed(input_ids, embeds, embed_mask)
         self.embedded = h
-        cos, sin = rope_cos_sin(positions, self.text.dim_per_head, self.text.theta, h.dtype)
-        out, self.captured = self.model.run(h, cos, sin, attn, capture=self.capture_layer)
+        cos, sin = self.cos_sin(positions, rope_positions, h.dtype)
+        out, self.captured = self.model.run(h, cos, sin, attn, capture=self.capture_layer, deepstack=deepstack)
         self.rows_out = {"rows": torch.cat([h, self.captured], dim=-1)}
         return out
 

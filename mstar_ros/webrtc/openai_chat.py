@@ -2,7 +2,9 @@
 
 ``messages`` (system / user / assistant; the last one the user's; a user message's content may be
 text parts and one ``input_audio`` part: base64 ``wav`` or ``pcm16`` at 24 kHz, as OpenAI takes it;
-earlier spoken turns are heard again, as the reference takes a conversation's audio),
+earlier spoken turns are heard again, as the reference takes a conversation's audio; and, for a model
+that takes images (``image_input``), ``image_url`` parts with a ``data:`` URL (PNG, JPEG, WebP, GIF:
+this server fetches nothing)),
 ``modalities`` ``["text"]`` or ``["text", "audio"]``, ``audio.voice``, ``audio.format`` (``pcm16``
 or ``wav``), ``stream``, ``max_tokens`` (of the text), ``seed``. Streaming (SSE) sends
 ``chat.completion.chunk`` deltas as the model makes them: ``delta.content`` for text-only,
@@ -88,8 +90,45 @@ def decode_audio(part: dict[str, Any], rate: int) -> torch.Tensor:
     return samples
 
 
-def turn_of(message: dict[str, Any], rate: int | None) -> tuple[str, str, torch.Tensor | None]:
-    """A message -> (role, its text, its audio or None)."""
+MAX_IMAGES = 8                  # per request, all messages together
+MAX_IMAGE_PIXELS = 8192 * 8192  # a declared size over this is refused before the image is decoded
+IMAGE_FORMATS = ("PNG", "JPEG", "WEBP", "GIF")
+
+
+def decode_image(part: dict[str, Any]):
+    """An ``image_url`` part (a base64 ``data:`` URL) -> a decoded PIL image."""
+    import PIL.Image
+
+    url = (part.get("image_url") or {}).get("url", "") if isinstance(part.get("image_url"), dict) else part.get("image_url")
+    if not isinstance(url, str) or not url.startswith("data:"):
+        raise BadRequest("image_url.url must be a data: URL (data:image/png;base64,...): this server fetches nothing")
+    head, _, data = url.partition(",")
+    if not head.endswith(";base64"):
+        raise BadRequest("an image data: URL must be base64 (data:image/png;base64,...)")
+    try:
+        raw = base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError):
+        raise BadRequest("the image data: URL is not valid base64") from None
+    try:
+        image = PIL.Image.open(io.BytesIO(raw), formats=IMAGE_FORMATS)  # reads the header only
+    except PIL.Image.DecompressionBombError as exc:
+        raise BadRequest(f"the image is too large: {exc}") from None
+    except (PIL.UnidentifiedImageError, OSError):
+        raise BadRequest(f"the image is not a readable {', '.join(IMAGE_FORMATS)} file") from None
+    width, height = image.size
+    if width * height > MAX_IMAGE_PIXELS:
+        raise BadRequest(f"the image is {width} x {height} = {width * height} pixels, over the limit of "
+                         f"{MAX_IMAGE_PIXELS}")
+    try:
+        image.load()
+    except (OSError, ValueError) as exc:
+        raise BadRequest(f"the image could not be decoded: {exc}") from None
+    return image
+
+
+def turn_of(message: dict[str, Any], rate: int | None,
+            images_ok: bool = False) -> tuple[str, str, torch.Tensor | None, list]:
+    """A message -> (role, its text, its audio or None, its images)."""
     role = message.get("role")
     if role not in ("system", "user", "assistant", "developer"):
         raise BadRequest(f"message role {role!r}: system, user or assistant")
@@ -97,10 +136,10 @@ def turn_of(message: dict[str, Any], rate: int | None) -> tuple[str, str, torch.
     if content is None and role == "assistant":  # an audio answer sent back in a multi-turn conversation
         content = ((message.get("audio") or {}).get("transcript")) or ""
     if isinstance(content, str):
-        return ("system" if role == "developer" else role), content, None
+        return ("system" if role == "developer" else role), content, None, []
     if not isinstance(content, list):
         raise BadRequest("message content must be a string or a list of parts")
-    texts, audio = [], None
+    texts, audio, images = [], None, []
     for part in content:
         kind = part.get("type") if isinstance(part, dict) else None
         if kind == "text":
@@ -111,9 +150,13 @@ def turn_of(message: dict[str, Any], rate: int | None) -> tuple[str, str, torch.
             if audio is not None:
                 raise BadRequest("one input_audio part per message")
             audio = decode_audio(part, rate)
+        elif kind == "image_url":
+            if not images_ok:
+                raise BadRequest("this model takes no image input")
+            images.append(decode_image(part))
         else:
-            raise BadRequest(f"content part type {kind!r}: text or input_audio")
-    return ("system" if role == "developer" else role), " ".join(t for t in texts if t), audio
+            raise BadRequest(f"content part type {kind!r}: text, input_audio or image_url")
+    return ("system" if role == "developer" else role), " ".join(t for t in texts if t), audio, images
 
 
 MAX_AUDIO_S = 300.0  # of all the messages' audio together (the Thinker hears it all, every request)
@@ -140,15 +183,20 @@ class OpenAIChat:
         if not body.messages:
             raise BadRequest("messages is empty")
         rate = getattr(self.model, "audio_input_rate", None)
-        turns = [turn_of(m, rate) for m in body.messages]
-        role, text, audio = turns[-1]
+        images_ok = bool(getattr(self.model, "image_input", False))
+        image_parts = sum(1 for m in body.messages if isinstance(m.get("content"), list)
+                          for p in m["content"] if isinstance(p, dict) and p.get("type") == "image_url")
+        if image_parts > MAX_IMAGES:  # counted before any is decoded
+            raise BadRequest(f"{image_parts} images, over the limit of {MAX_IMAGES} per request")
+        turns = [turn_of(m, rate, images_ok) for m in body.messages]
+        role, text, audio, images = turns[-1]
         if role != "user":
             raise BadRequest("the last message must be the user's")
-        if any(a is not None and r != "user" for r, _, a in turns[:-1]):
-            raise BadRequest("audio is taken in user messages only")
-        if sum(len(t) for _, t, _ in turns) > self.max_text_chars:
+        if any((a is not None or i) and r != "user" for r, _, a, i in turns[:-1]):
+            raise BadRequest("audio and images are taken in user messages only")
+        if sum(len(t) for _, t, _, _ in turns) > self.max_text_chars:
             raise BadRequest(f"the messages' text is over the {self.max_text_chars}-character limit")
-        heard_s = sum(len(a) for _, _, a in turns if a is not None) / (rate or 1)
+        heard_s = sum(len(a) for _, _, a, _ in turns if a is not None) / (rate or 1)
         if heard_s > MAX_AUDIO_S:
             raise BadRequest(f"the messages' audio is {heard_s:.0f} s, over the {MAX_AUDIO_S:g} s limit")
         speak = "audio" in body.modalities
@@ -158,8 +206,10 @@ class OpenAIChat:
             sampling = msgspec.structs.replace(sampling, seed=body.seed)
         outputs = {self.model.text_output} | ({self.model.audio_output} if speak else set())
         # earlier turns: text, and a user's audio (heard again, as the reference takes a conversation's audio)
-        history = [(r, t) if a is None else (r, t, a) for r, t, a in turns[:-1] if t.strip() or a is not None]
-        request = self.model.request(text, audio=audio, history=history,
+        history = [(r, t) if a is None and not i else (r, t, a, i) if i else (r, t, a)
+                   for r, t, a, i in turns[:-1] if t.strip() or a is not None or i]
+        extra = {"images": images} if images else {}
+        request = self.model.request(text, audio=audio, history=history, **extra,
                                      voice=body.audio.voice if body.audio else None, sampling=sampling,
                                      outputs=frozenset(outputs), speak=speak)
         if limit is not None:

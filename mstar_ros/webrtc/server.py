@@ -36,7 +36,7 @@ PAGE = Path(__file__).with_name("static") / "index.html"
 class GatewayLimits:
     max_peers: int = 8
     max_body_bytes: int = 64 * 1024
-    max_audio_body_bytes: int = 16 * 2**20  # /v1/chat/completions with input audio (base64): ~4 min at 24 kHz
+    max_audio_body_bytes: int = 16 * 2**20  # /v1/chat/completions with input audio or images (base64): ~4 min at 24 kHz
     max_sdp_bytes: int = 32 * 1024
     max_text_chars: int = 2000
     idle_timeout_s: float = 300.0  # a peer with no event and nothing playing for this long is dropped

@@ -26,7 +26,7 @@ PLACEMENTS = Path(__file__).parents[3] / "config" / "placement"
 
 
 async def _serve(model: Qwen3Omni, conductor, ranks: list | None = None) -> list[dict]:
-    """Two typed turns and a spoken turn streamed in (its frames computed as its samples come), at once.
+    """Two typed turns, a spoken turn streamed in (its frames computed as its samples come) and an image turn, at once.
     ``ranks`` gets the Workers' status while they serve."""
     prompts = [TEXT_PROMPT, TEXT_PROMPT[:4] + TEXT_PROMPT[5:]]
     t = torch.arange(11_000) / 16000
@@ -38,6 +38,12 @@ async def _serve(model: Qwen3Omni, conductor, ranks: list | None = None) -> list
         turn, samples = Qwen3OmniChat(model).listen_request(
             sampling=msgspec.structs.replace(GREEDY_TALKER, max_tokens=25), request_id="spoken")
         streams.append(conductor.submit(turn))
+        # an image's rows are wider (its deepstack features) and its prompt has M-RoPE positions
+        pixels = torch.randn(24, 3 * 2 * 16 * 16, generator=torch.Generator().manual_seed(5))
+        image = [151644, 872, 198, 151652, *[151655] * 6, 151653, 100, 151645, 198, 151644, 77091, 198]
+        streams.append(conductor.submit(model.request(image, images=[(pixels, (1, 4, 6))], thinker_max_tokens=5,
+                                                      talker_max_tokens=20, talker_sampling=GREEDY_TALKER,
+                                                      request_id="image")))
         for piece in clip.split(1234):
             samples.push(piece)
             await asyncio.sleep(0.005)
@@ -56,7 +62,7 @@ def in_one_process(q3_ckpt) -> tuple[Qwen3Omni, list[dict]]:
 
 
 def _same(apart: list[dict], alone: list[dict]) -> None:
-    assert len(apart) == len(alone) == 3 and alone[2]["audio"]
+    assert len(apart) == len(alone) == 4 and alone[2]["audio"] and alone[3]["audio"]
     for a, b in zip(apart, alone):
         assert [int(t) for t in a["text_ids"]] == [int(t) for t in b["text_ids"]]
         assert torch.equal(torch.stack(a["codes"]), torch.stack(b["codes"]))
@@ -72,7 +78,8 @@ def test_thinker_and_talker_on_two_ranks_give_what_one_process_gives(q3_ckpt, in
 
 def test_thinker_at_tensor_parallel_2_gives_what_one_process_gives(q3_ckpt, in_one_process):
     """The Thinker sharded over ranks 0 and 1 (heads, the experts' inner width, the vocabulary), the Talker
-    and Code2Wav on rank 2. The spoken turn's encoder rows reach rank 1 in the step plans."""
+    and Code2Wav on rank 2. The spoken turn's encoder rows and the image's rows and positions reach rank 1 in
+    the step plans."""
     model, alone = in_one_process
     placement = PLACEMENTS / "qwen3-omni-thinker-tp2.yaml"
     ranks: list = []

@@ -15,6 +15,7 @@ from aiohttp import ClientSession
 from mstar.conductor import Conductor
 from mstar_ros.webrtc.openai_chat import decode_audio
 from mstar_ros.webrtc.server import VoiceGateway
+from support.images import bomb_png
 from support.webrtc_gateway import serve_gateway
 
 
@@ -112,8 +113,72 @@ def test_chat_completions_stream_text_and_audio_and_take_a_spoken_turn(qwen3_omn
         [int(t) for t in direct_conversation["text_ids"]])
     messages = [m for _, m in got["bad"]]
     assert [s for s, _ in got["bad"]] == [400, 400, 400, 400, 400], got["bad"]
-    assert "audio is taken in user messages only" in messages[4]
+    assert "audio and images are taken in user messages only" in messages[4]
     assert "not valid base64" in messages[0] and "the last message must be the user's" in messages[1]
     assert "modalities" in messages[2] and "empty turn" in messages[3]
     status, speech = got["speech"]
     assert status == 200 and len(speech) > 0
+
+
+def _png_data_url(image) -> str:
+    buf = io.BytesIO()
+    image.save(buf, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+def test_chat_completions_take_images_as_data_urls_and_refuse_bad_ones(qwen3_omni):
+    import PIL.Image
+
+    rng = np.random.default_rng(0)
+    image = PIL.Image.fromarray(rng.integers(0, 256, (48, 64, 3), dtype=np.uint8))
+    url = _png_data_url(image)
+    shown = {"modalities": ["text"], "max_tokens": 6, "seed": 3,
+             "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
+                                                       {"type": "text", "text": "what is this"}]}]}
+    later = {"modalities": ["text"], "max_tokens": 5, "seed": 3,  # the image stays in the conversation
+             "messages": [shown["messages"][0], {"role": "assistant", "content": "a picture"},
+                          {"role": "user", "content": "and its colours"}]}
+
+    def body(part) -> dict:
+        return {"messages": [{"role": "user", "content": [part, {"type": "text", "text": "what"}]}]}
+    bomb = "data:image/png;base64," + base64.b64encode(bomb_png(9000, 8000)).decode()
+    bad = [body({"type": "image_url", "image_url": {"url": "http://127.0.0.1:1/cat.png"}}),
+           body({"type": "image_url", "image_url": {"url": "data:image/png;base64,%%%"}}),
+           body({"type": "image_url", "image_url": {"url": "data:image/png;base64," + base64.b64encode(b"no").decode()}}),
+           body({"type": "image_url", "image_url": {"url": bomb}}),
+           {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}] * 9}]},
+           {"messages": [{"role": "assistant", "content": [{"type": "image_url", "image_url": {"url": url}}]},
+                         {"role": "user", "content": "hi"}]}]
+
+    async def main():
+        async with Conductor(qwen3_omni.graph(), qwen3_omni.modules()) as c:
+            sampling = msgspec.structs.replace(qwen3_omni.default_sampling, seed=3)
+            decoded = PIL.Image.open(io.BytesIO(base64.b64decode(url.partition(",")[2])))
+            first = qwen3_omni.request("what is this", images=[decoded], sampling=sampling,
+                                       outputs=frozenset({"text_ids"}), speak=False)
+            first.meta["thinker_max_tokens"] = 6
+            second = qwen3_omni.request("and its colours", history=[("user", "what is this", None, [decoded]),
+                                                                    ("assistant", "a picture")],
+                                        sampling=sampling, outputs=frozenset({"text_ids"}), speak=False)
+            second.meta["thinker_max_tokens"] = 5
+            direct = [await c.submit(first).collect(), await c.submit(second).collect()]
+            runner, gateway = await serve_gateway(VoiceGateway(qwen3_omni, c, model_name="qwen3-omni"))
+            got = []
+            try:
+                async with ClientSession() as http:
+                    for b in (shown, later, *bad):
+                        async with http.post(f"{gateway}/v1/chat/completions", json=b) as r:
+                            got.append((r.status, await r.json()))
+            finally:
+                await runner.cleanup()
+            return direct, got
+
+    direct, got = asyncio.run(main())
+    for (status, answer), want in zip(got[:2], direct):
+        assert status == 200, answer
+        assert answer["choices"][0]["message"]["content"] == qwen3_omni.decode_text([int(t) for t in want["text_ids"]])
+    errors = [(s, a["error"]["message"]) for s, a in got[2:]]
+    assert [s for s, _ in errors] == [400] * 6, errors
+    assert "fetches nothing" in errors[0][1] and "not valid base64" in errors[1][1]
+    assert "not a readable" in errors[2][1] and "9000 x 8000 = 72000000 pixels, over the limit" in errors[3][1]
+    assert "9 images, over the limit of 8" in errors[4][1] and "user messages only" in errors[5][1]

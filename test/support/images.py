@@ -1,0 +1,14 @@
+"""Images for the tests, made by code: a decompression bomb (a PNG that declares a huge size in a few bytes)."""
+from __future__ import annotations
+
+import struct
+import zlib
+
+
+def bomb_png(width: int, height: int) -> bytes:
+    """A valid 1-bit grayscale PNG of width x height whose zlib stream is tiny: only its header says how big."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+    rows = zlib.compress(b"\0" * ((width + 7) // 8 + 1) * height, 9)
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 1, 0, 0, 0, 0))
+            + chunk(b"IDAT", rows) + chunk(b"IEND", b""))
