@@ -113,8 +113,21 @@ class Qwen3OmniChat:
         made = [self.images(image) for image in images]
         return made, tuple(image_pad_count(grid, self.images.merge_size) for _, grid in made)
 
+    def _check_image_room(self, images: Sequence) -> None:
+        """The images' pads from their sizes alone, against the context: refused before any is resized."""
+        sizes = [(image.height, image.width) if hasattr(image, "height") else tuple(image.shape[:2])
+                 for image in images]
+        pads = sum(image_pad_count(self.images.grid_thw(h, w), self.images.merge_size) for h, w in sizes)
+        room = self.model.config.thinker_config.text_config.max_position_embeddings - 64  # the turn's text, a reply
+        if pads > room:
+            raise ValueError(f"the images make {pads} image tokens, over the {room} the context has room for")
+
     def _turn(self, text, features, pcm, history, voice, sampling, request_id, outputs, speak, images=()) -> Request:
         clips, pictures, turns = [], [], []
+        shown_before = [images for role, _, *heard in history for images in heard[1:2] if images]
+        if any(len(heard) > 1 and heard[1] and role != "user" for role, _, *heard in history):
+            raise ValueError("images are taken in user turns only")
+        self._check_image_room([image for group in shown_before for image in group] + list(images))
         for role, said, *heard in history:  # a spoken turn's audio goes in again, as the reference takes it
             audio = heard[0] if heard else None
             clip = None if audio is None else log_mel(torch.as_tensor(audio).reshape(-1).float())

@@ -16,6 +16,7 @@ send an earlier audio answer back); messages without text or audio are left out 
 """
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import io
@@ -92,11 +93,13 @@ def decode_audio(part: dict[str, Any], rate: int) -> torch.Tensor:
 
 MAX_IMAGES = 8                  # per request, all messages together
 MAX_IMAGE_PIXELS = 8192 * 8192  # a declared size over this is refused before the image is decoded
+MAX_REQUEST_IMAGE_PIXELS = 2 * MAX_IMAGE_PIXELS  # all of a request's images: what decoding them may hold
 IMAGE_FORMATS = ("PNG", "JPEG", "WEBP", "GIF")
 
 
-def decode_image(part: dict[str, Any]):
-    """An ``image_url`` part (a base64 ``data:`` URL) -> a decoded PIL image."""
+def decode_image(part: dict[str, Any], budget: list[int] | None = None):
+    """An ``image_url`` part (a base64 ``data:`` URL) -> a decoded PIL image. ``budget`` ([pixels left]):
+    the request's images share it, checked against each declared size before that image is decoded."""
     import PIL.Image
 
     url = (part.get("image_url") or {}).get("url", "") if isinstance(part.get("image_url"), dict) else part.get("image_url")
@@ -113,21 +116,25 @@ def decode_image(part: dict[str, Any]):
         image = PIL.Image.open(io.BytesIO(raw), formats=IMAGE_FORMATS)  # reads the header only
     except PIL.Image.DecompressionBombError as exc:
         raise BadRequest(f"the image is too large: {exc}") from None
-    except (PIL.UnidentifiedImageError, OSError):
+    except Exception:  # PIL raises OSError, SyntaxError, ValueError ... for a file it cannot parse
         raise BadRequest(f"the image is not a readable {', '.join(IMAGE_FORMATS)} file") from None
     width, height = image.size
     if width * height > MAX_IMAGE_PIXELS:
         raise BadRequest(f"the image is {width} x {height} = {width * height} pixels, over the limit of "
                          f"{MAX_IMAGE_PIXELS}")
+    if budget is not None:
+        if width * height > budget[0]:
+            raise BadRequest(f"the request's images are over {MAX_REQUEST_IMAGE_PIXELS} pixels together")
+        budget[0] -= width * height
     try:
         image.load()
-    except (OSError, ValueError) as exc:
+    except Exception as exc:  # a corrupt chunk: SyntaxError("broken PNG file"), OSError (truncated) ...
         raise BadRequest(f"the image could not be decoded: {exc}") from None
     return image
 
 
-def turn_of(message: dict[str, Any], rate: int | None,
-            images_ok: bool = False) -> tuple[str, str, torch.Tensor | None, list]:
+def turn_of(message: dict[str, Any], rate: int | None, images_ok: bool = False,
+            budget: list[int] | None = None) -> tuple[str, str, torch.Tensor | None, list]:
     """A message -> (role, its text, its audio or None, its images)."""
     role = message.get("role")
     if role not in ("system", "user", "assistant", "developer"):
@@ -153,7 +160,7 @@ def turn_of(message: dict[str, Any], rate: int | None,
         elif kind == "image_url":
             if not images_ok:
                 raise BadRequest("this model takes no image input")
-            images.append(decode_image(part))
+            images.append(decode_image(part, budget))
         else:
             raise BadRequest(f"content part type {kind!r}: text, input_audio or image_url")
     return ("system" if role == "developer" else role), " ".join(t for t in texts if t), audio, images
@@ -188,7 +195,8 @@ class OpenAIChat:
                           for p in m["content"] if isinstance(p, dict) and p.get("type") == "image_url")
         if image_parts > MAX_IMAGES:  # counted before any is decoded
             raise BadRequest(f"{image_parts} images, over the limit of {MAX_IMAGES} per request")
-        turns = [turn_of(m, rate, images_ok) for m in body.messages]
+        budget = [MAX_REQUEST_IMAGE_PIXELS]
+        turns = [turn_of(m, rate, images_ok, budget) for m in body.messages]
         role, text, audio, images = turns[-1]
         if role != "user":
             raise BadRequest("the last message must be the user's")
@@ -221,7 +229,8 @@ class OpenAIChat:
     async def completions(self, http: web.Request) -> web.StreamResponse:
         try:
             body = msgspec.json.decode(await http.read(), type=ChatBody)
-            request, speak = self._request(body)
+            # decoding images and audio and preparing them is CPU work: off the loop that serves every peer
+            request, speak = await asyncio.to_thread(self._request, body)
         except msgspec.DecodeError as exc:
             return self._error(400, f"bad request body: {exc}")
         except ValueError as exc:  # BadRequest, and the model's own refusals (empty turn, audio too long)

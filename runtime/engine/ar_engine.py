@@ -204,6 +204,8 @@ class AREngine(EngineInbox):
         if "rope_positions" in msg.inputs:
             if not getattr(self.module, "accepts_rope_positions", False):
                 raise ValueError(f"node {msg.node!r}: this model takes no rope_positions")
+            if msg.kv_window is not None:  # eviction would shift token indices under the kept positions
+                raise ValueError(f"node {msg.node!r}: rope_positions do not support a kv_window yet")
             set_rope_positions(seq, self.store.resolve(msg.inputs["rope_positions"]), len(ids), context_before, msg.node)
         seq.token_ids.extend(ids)
         if self.module.prompt_in_history:

@@ -42,7 +42,8 @@ def rope_positions_of(seq: Sequence, start: int, end: int, axes: int) -> torch.T
     n = given.shape[1]
     head = given[:, start:min(end, n)]
     after = int(given.max()) + 1 - n if n else 0  # token j >= n sits at j + after
-    tail = torch.arange(max(start, n), end) + after
+    lo = max(start, n)
+    tail = torch.arange(lo, max(end, lo)) + after  # empty when the range ends inside the given positions
     return torch.cat([head, tail.expand(axes, -1)], dim=1)
 
 

@@ -87,6 +87,27 @@ def test_an_image_prompt_served_gives_what_the_reference_generates(chat, q3_ref,
     assert audio.shape == want.shape and (audio - want).abs().max() / want.abs().max() < 1e-4
 
 
+def test_an_image_prompt_split_over_steps_and_preempted_gives_what_the_reference_generates(chat, q3_ref, two_images):
+    """A token budget of 7 cuts the image prompt into chunks that end inside its given positions, and a
+    pool of 24 blocks of 4 preempts and recomputes sequences: the same text and codes."""
+    from mstar.engine.config import EngineConfig
+
+    model = chat.model
+    prompt = image_prompt(chat, two_images)
+    ref = reference_generate(q3_ref, prompt, images=two_images, thinker_max_new_tokens=6, talker_max_new_tokens=10)
+
+    async def main():
+        config = EngineConfig(max_batched_tokens=7, num_kv_blocks=24, block_size=4)
+        async with Conductor(model.graph(), model.modules(), config=config) as c:
+            return await asyncio.gather(*(c.submit(model.request(prompt, images=two_images, thinker_max_tokens=6,
+                                                                 talker_max_tokens=10, talker_sampling=GREEDY_TALKER))
+                                          .collect() for _ in range(2)))
+
+    for out in asyncio.run(main()):
+        assert [int(t) for t in out["text_ids"]] == ref.text_ids
+        assert torch.equal(torch.stack(out["codes"]).T, ref.codes)
+
+
 def test_an_image_request_batched_beside_text_and_audio_gets_what_it_gets_alone(chat, two_images):
     model = chat.model
     features = log_mel(0.3 * torch.sin(2 * torch.pi * 300 * torch.arange(16000) / 16000))
@@ -145,6 +166,10 @@ def test_bad_images_get_clear_errors_and_the_others_are_served(chat, two_images,
     with pytest.raises(ValueError, match="do not fit its grid"):
         model.request(prompt, images=[(two_images[0][0][:-1], two_images[0][1]), two_images[1]])
     assert ImagePreprocessor().max_input_pixels == 8192 * 8192
+    with pytest.raises(ValueError, match=r"the images make 12544 image tokens, over the 8128"):
+        chat.request("look", images=[np.zeros((4000, 4000, 3), dtype=np.uint8)])  # counted before any resize
+    with pytest.raises(ValueError, match="images are taken in user turns only"):
+        chat.request("and now", history=[("assistant", "look at this", None, [picture(64, 64, 0)])])
 
     nan = [(torch.full_like(v, float("nan")), g) for v, g in two_images]
 

@@ -15,7 +15,7 @@ from aiohttp import ClientSession
 from mstar.conductor import Conductor
 from mstar_ros.webrtc.openai_chat import decode_audio
 from mstar_ros.webrtc.server import VoiceGateway
-from support.images import bomb_png
+from support.images import bomb_png, broken_png
 from support.webrtc_gateway import serve_gateway
 
 
@@ -142,13 +142,16 @@ def test_chat_completions_take_images_as_data_urls_and_refuse_bad_ones(qwen3_omn
     def body(part) -> dict:
         return {"messages": [{"role": "user", "content": [part, {"type": "text", "text": "what"}]}]}
     bomb = "data:image/png;base64," + base64.b64encode(bomb_png(9000, 8000)).decode()
+    big = "data:image/png;base64," + base64.b64encode(bomb_png(8000, 8000)).decode()  # 3 are over 2 x 8192^2
     bad = [body({"type": "image_url", "image_url": {"url": "http://127.0.0.1:1/cat.png"}}),
            body({"type": "image_url", "image_url": {"url": "data:image/png;base64,%%%"}}),
            body({"type": "image_url", "image_url": {"url": "data:image/png;base64," + base64.b64encode(b"no").decode()}}),
            body({"type": "image_url", "image_url": {"url": bomb}}),
            {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}] * 9}]},
            {"messages": [{"role": "assistant", "content": [{"type": "image_url", "image_url": {"url": url}}]},
-                         {"role": "user", "content": "hi"}]}]
+                         {"role": "user", "content": "hi"}]},
+           body({"type": "image_url", "image_url": {"url": "data:image/png;base64," + base64.b64encode(broken_png()).decode()}}),
+           {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": big}}] * 3}]}]
 
     async def main():
         async with Conductor(qwen3_omni.graph(), qwen3_omni.modules()) as c:
@@ -178,7 +181,9 @@ def test_chat_completions_take_images_as_data_urls_and_refuse_bad_ones(qwen3_omn
         assert status == 200, answer
         assert answer["choices"][0]["message"]["content"] == qwen3_omni.decode_text([int(t) for t in want["text_ids"]])
     errors = [(s, a["error"]["message"]) for s, a in got[2:]]
-    assert [s for s, _ in errors] == [400] * 6, errors
+    assert [s for s, _ in errors] == [400] * 8, errors
     assert "fetches nothing" in errors[0][1] and "not valid base64" in errors[1][1]
     assert "not a readable" in errors[2][1] and "9000 x 8000 = 72000000 pixels, over the limit" in errors[3][1]
     assert "9 images, over the limit of 8" in errors[4][1] and "user messages only" in errors[5][1]
+    assert "could not be decoded" in errors[6][1] or "not a readable" in errors[6][1]  # not a 500
+    assert "images are over 134217728 pixels together" in errors[7][1]

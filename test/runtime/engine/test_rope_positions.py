@@ -26,6 +26,9 @@ def test_tokens_after_the_given_ones_continue_from_the_largest_position():
     assert torch.equal(rope_positions_of(s, 0, 6, 3), given)
     assert rope_positions_of(s, 6, 9, 3).tolist() == [[5, 6, 7]] * 3  # decode: index + (max + 1 - n)
     assert rope_positions_of(s, 4, 8, 3).tolist() == [[1, 4, 5, 6], [2, 4, 5, 6], [2, 4, 5, 6]]
+    # a chunk of a prompt split over steps, inside the given positions
+    assert torch.equal(rope_positions_of(s, 1, 4, 3), given[:, 1:4])
+    assert torch.equal(rope_positions_of(s, 0, 2, 3), given[:, :2])
 
 
 def test_a_later_call_keeps_the_earlier_tokens_at_their_index():
