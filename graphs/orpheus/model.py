@@ -14,6 +14,7 @@ from mstar.parallel.group import TPGroup
 from mstar_graphs.orpheus.checkpoints import OrpheusPaths, resolve_paths
 from mstar_graphs.orpheus.graph import orpheus_graph
 from mstar_graphs.orpheus.llama import LlamaForCausalLM
+from mstar_graphs.orpheus.llama_config import LlamaConfig
 from mstar_graphs.orpheus.prompt import build_prompt_ids, load_tokenizer
 from mstar_graphs.orpheus.snac_stage import OrpheusSnacStage
 from mstar_graphs.orpheus.tokens import FRAME_TOKENS, allowed_token_ranges
@@ -54,18 +55,25 @@ class OrpheusTTS:
 
     paths: OrpheusPaths
     llm: OrpheusLLM
-    snac: OrpheusSnacStage
+    snac: OrpheusSnacStage | None
     voice: str | None = "tara"
 
     @classmethod
     def load(cls, weights: str | Path | None = None, snac_weights: str | Path | None = None, *,
              preset: str = "tiny", constrain: bool = True, progress: bool = True, voice: str | None = "tara",
-             tp: TPGroup | None = None) -> "OrpheusTTS":
+             tp: TPGroup | None = None, requests_only: bool = False) -> "OrpheusTTS":
         """Real weights from ``weights`` (and ``snac_weights``), else the generated tiny checkpoint.
-        ``tp``: the LLM is this rank's tensor-parallel shard (rank 0 serves it with ``AREngine(tp=...)``)."""
+        ``tp``: the LLM is this rank's tensor-parallel shard (rank 0 serves it with ``AREngine(tp=...)``).
+        ``requests_only``: read the config and tokenizer, not the weights (Worker processes serve the model:
+        the gateway of a placement builds requests only); ``modules()`` then refuses."""
         paths = resolve_paths(weights, snac_weights, preset)
         if paths.random_weights:
             log.warning("Orpheus weights in %s are RANDOM (generated for tests): the audio is noise", paths.llm.parent)
+        if requests_only:
+            model = cls(paths, OrpheusLLM(LlamaConfig.from_dir(paths.llm), device="meta"), None, voice)
+            model.llm.constrain = constrain
+            model.tokenizer = load_tokenizer(paths.llm)
+            return model
         # on the engines' thread: one thread runs parallel torch work (see mstar.engine.device_loop)
         llm = run_on_device(OrpheusLLM.from_pretrained_dir, paths.llm, progress=progress, tp=tp)
         run_on_device(llm.fuse_projections)
@@ -89,6 +97,8 @@ class OrpheusTTS:
         return orpheus_spec(self.paths.llm, self.paths.snac, constrain=self.llm.constrain)
 
     def modules(self) -> dict[str, torch.nn.Module]:
+        if self.snac is None:
+            raise RuntimeError("this Orpheus was loaded with requests_only: Worker processes hold its weights")
         return {"llm": self.llm, "snac": self.snac}
 
     def prompt_ids(self, text: str, voice: str | None = None) -> list[int]:

@@ -25,7 +25,7 @@ from mstar.engine.sampling_params import SamplingParams
 from mstar.conductor.stream_input import StreamInput
 from mstar_graphs.qwen3_omni.audio_encoder import tokens_for_frames
 from mstar_graphs.qwen3_omni.audio_stream import AudioFramesNode, AudioPromptNode
-from mstar_graphs.qwen3_omni.checkpoints import ensure_tiny_qwen3_omni, load_component
+from mstar_graphs.qwen3_omni.checkpoints import build_component, ensure_tiny_qwen3_omni, load_component
 from mstar_graphs.qwen3_omni.config import Qwen3OmniConfig
 from mstar_graphs.qwen3_omni.graph import qwen3_omni_graph
 from mstar_graphs.qwen3_omni.image_prompt import ImagePositionsNode
@@ -56,14 +56,20 @@ class Qwen3Omni:
 
     @classmethod
     def load(cls, weights: str | Path | None = None, *, progress: bool = True, speaker: str = "ethan",
-             preset: str = "tiny", first_chunk: int | None = None) -> "Qwen3Omni":
-        """Real weights from ``weights`` (transformers' layout), else the generated ``preset`` checkpoint."""
+             preset: str = "tiny", first_chunk: int | None = None, requests_only: bool = False) -> "Qwen3Omni":
+        """Real weights from ``weights`` (transformers' layout), else the generated ``preset`` checkpoint.
+        ``requests_only``: the config, not the weights (the components are built on the meta device): what
+        a gateway needs whose Worker processes serve the model; ``modules()`` then refuses."""
         path = Path(weights) if weights is not None else ensure_tiny_qwen3_omni(preset)
         config = Qwen3OmniConfig.from_dir(path)
         if config.mstar_random_weights:
             log.warning("Qwen3-Omni weights in %s are RANDOM (generated for tests): text and audio are noise", path)
-        parts = {name: run_on_device(load_component, name, path, progress=progress)
-                 for name in ("thinker", "audio_encoder", "vision_encoder", "talker", "code2wav")}
+        names = ("thinker", "audio_encoder", "vision_encoder", "talker", "code2wav")
+        if requests_only:
+            with torch.device("meta"):  # no init, no memory: the shapes alone
+                parts = {name: build_component(name, config) for name in names}
+        else:
+            parts = {name: run_on_device(load_component, name, path, progress=progress) for name in names}
         speaker_code(config, speaker)  # an unknown default speaker fails here, not on the first request
         return cls(path, config, speaker=speaker, first_chunk=first_chunk, **parts)
 
@@ -75,7 +81,13 @@ class Qwen3Omni:
         return qwen3_omni_graph(self.config.im_end_token_id, self.config.talker_config.codec_eos_token_id,
                                 self.first_chunk)
 
+    @property
+    def requests_only(self) -> bool:
+        return self.thinker.lm_head.weight.is_meta
+
     def modules(self) -> dict[str, torch.nn.Module]:
+        if self.requests_only:
+            raise RuntimeError("this Qwen3-Omni was loaded with requests_only: Worker processes hold its weights")
         return {"audio_encoder": self.audio_encoder, "vision_encoder": self.vision_encoder, "thinker": self.thinker,
                 "talker_inputs": TalkerInputsNode(self.talker, self.thinker.model.embed_tokens, self.speaker),
                 "talker": self.talker, "code2wav": self.code2wav, **stream_nodes(self.config)}

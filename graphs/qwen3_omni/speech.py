@@ -49,8 +49,9 @@ class Qwen3OmniChat:
 
     @classmethod
     def load(cls, weights: str | Path | None = None, *, progress: bool = True, preset: str = "tiny",
-             first_chunk: int | None = FIRST_CHUNK) -> "Qwen3OmniChat":
-        return cls(Qwen3Omni.load(weights, progress=progress, preset=preset, first_chunk=first_chunk))
+             first_chunk: int | None = FIRST_CHUNK, requests_only: bool = False) -> "Qwen3OmniChat":
+        return cls(Qwen3Omni.load(weights, progress=progress, preset=preset, first_chunk=first_chunk,
+                                  requests_only=requests_only))
 
     @property
     def random_weights(self) -> bool:

@@ -178,6 +178,8 @@ def run_webrtc_bench(opts: WebrtcBenchOptions) -> dict:
     from mstar_ros.webrtc.speech_models import load_speech_model
 
     kwargs = {"preset": opts.preset} if opts.weights is None else {}
+    if opts.placement is not None:  # the Worker processes load the weights; this process builds requests
+        kwargs["requests_only"] = True
     model = load_speech_model(opts.model, str(opts.weights) if opts.weights else None, **kwargs)
     levels = asyncio.run(_bench(model, opts))
     top = str(max(opts.peers))

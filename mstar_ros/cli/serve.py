@@ -51,7 +51,8 @@ def _run_voice(args: argparse.Namespace) -> int:
 
     if args.max_peers < 1 or args.peer_lost_s <= 0.5:
         raise ValueError("--max-peers must be >= 1 and --peer-lost-s > 0.5 (one consent check's timeout)")
-    model = load_speech_model(args.model, args.weights)
+    # under a placement the Worker processes load the weights; this process only builds requests
+    model = load_speech_model(args.model, args.weights, requests_only=args.placement is not None)
     config = load_engine_config(args.engine_config) if args.engine_config else EngineConfig()
     if args.dtype:
         config = msgspec.structs.replace(config, dtype=args.dtype)

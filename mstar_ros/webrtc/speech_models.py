@@ -4,7 +4,8 @@ A speech model (graph side) has ``load(weights, ...)``, ``graph()``, ``modules()
 ``request(text, voice=..., sampling=..., request_id=..., outputs=...)`` and says which graph
 output carries its audio (``audio_output``) at which ``sample_rate``: the gateway needs nothing else,
 so it has no per-model code. ``worker_spec()`` (optional) names what Worker processes build to serve
-it under a placement (``--placement``).
+it under a placement (``--placement``); a model loaded with ``requests_only=True`` then reads no weights
+in the gateway's process (it builds requests; the Workers hold the weights).
 """
 from __future__ import annotations
 

@@ -89,3 +89,25 @@ def test_qwen3_omni_on_two_ranks_answers_a_typed_turn_in_voice():
     transcript = [e["transcript"] for e in events if e["type"] == "response.output_audio_transcript.done"]
     assert len(transcript) == 1 and transcript[0]
     assert heard > 10
+
+
+@pytest.mark.parametrize("name", ["orpheus", "qwen3-omni"])
+def test_the_gateway_of_a_placement_reads_no_weights_and_builds_the_same_requests(name):
+    """serve voice --placement loads the model requests_only: shapes on the meta device, no weights read
+    (a 30B checkpoint is not held twice); its requests are those of the loaded model."""
+    import torch
+
+    from mstar_ros.webrtc.speech_models import load_speech_model
+
+    light = load_speech_model(name, requests_only=True, progress=False)
+    full = load_speech_model(name, progress=False)
+    params = [p for part in vars(light).values() if isinstance(part, torch.nn.Module) for p in part.parameters()]
+    params += [p for part in vars(getattr(light, "model", light)).values() if isinstance(part, torch.nn.Module)
+               for p in part.parameters()]
+    assert params and all(p.is_meta for p in params)
+    with pytest.raises(RuntimeError, match="requests_only"):
+        light.modules()
+    a, b = light.request("hello there"), full.request("hello there")
+    assert a.inputs.keys() == b.inputs.keys() and a.meta.keys() == b.meta.keys()
+    assert all(torch.equal(a.inputs[k], b.inputs[k]) for k in a.inputs)
+    assert light.worker_spec() == full.worker_spec()
