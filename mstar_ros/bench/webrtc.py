@@ -119,6 +119,9 @@ async def _peers_level(model, conductor, n: int, opts: WebrtcBenchOptions, bar) 
         "rtf_p50": round(percentile([r.rtf for r in responses], 50), 3), "rtf_max": round(rtf_max, 3),
         "underruns": sum(r.underruns for r in responses),
         "underrun_ms": sum(r.underruns for r in responses) * 20,
+        # per response: one that the model made faster than real time must have had no gap
+        "responses_below_rtf_1": sum(r.rtf < 1 for r in responses),
+        "underruns_in_responses_below_rtf_1": sum(r.underruns for r in responses if r.rtf < 1),
         "audio_s_per_response": round(sum(r.audio_s for r in responses) / len(responses), 3),
         "jitter_ms_max": round(max(jitter), 2),
         "whole_file_with_peers_ms": loaded_file["whole_file_ms"],
@@ -195,6 +198,8 @@ def run_webrtc_bench(opts: WebrtcBenchOptions) -> dict:
         "levels": levels,
         f"ttfa_overhead_p95_ms_{top}_peers": levels[top]["ttfa_overhead_ms"]["p95"],
         "underruns_where_rtf_below_1": sum(lv["underruns"] for n, lv in levels.items() if n not in slow_levels),
+        "responses_below_rtf_1": sum(lv["responses_below_rtf_1"] for lv in levels.values()),
+        "underruns_in_responses_below_rtf_1": sum(lv["underruns_in_responses_below_rtf_1"] for lv in levels.values()),
         "levels_with_rtf_at_or_above_1": slow_levels,
         "ttfa_ratio_stream_vs_file": max(lv["ttfa_ratio_stream_vs_file"] for lv in levels.values()),
         "ttfa_ratio_stream_vs_file_no_peers": max(lv["ttfa_ratio_stream_vs_file_no_peers"] for lv in levels.values()),
@@ -218,6 +223,9 @@ def summary_lines(report: dict) -> list[str]:
     goals = report["goals"]
     lines.append(f"gateway overhead p95 at {top} peers: {overhead:.0f} ms (goal <= {goals['ttfa_overhead_p95_ms']:g}): "
                  f"{'met' if overhead <= goals['ttfa_overhead_p95_ms'] else 'NOT met'}")
+    below, gaps = report["responses_below_rtf_1"], report["underruns_in_responses_below_rtf_1"]
+    lines.append(f"underruns in the {below} responses made at RTF < 1: {gaps} (goal 0): "
+                 f"{'met' if gaps == 0 and below else 'not exercised (no response at RTF < 1)' if not below else 'NOT met'}")
     under = report["underruns_where_rtf_below_1"]
     lines.append(f"underruns where RTF < 1: {under} (goal 0): {'met' if under == 0 else 'NOT met'}"
                  + (f"; levels at RTF >= 1: {', '.join(report['levels_with_rtf_at_or_above_1'])}"

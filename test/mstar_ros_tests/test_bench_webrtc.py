@@ -22,7 +22,11 @@ def test_bench_webrtc_quick(tmp_path):
         assert level["whole_file_with_peers_ms"]["p50"] > 0  # timed with the peers still connected, idle
         assert level["ttfa_ratio_stream_vs_file"] == round(peer / level["whole_file_with_peers_ms"]["p50"], 4)
         assert level["audio_s_per_response"] > 0 and level["jitter_ms_max"] >= 0
+        assert 0 <= level["responses_below_rtf_1"] <= level["responses"]
+        assert 0 <= level["underruns_in_responses_below_rtf_1"] <= level["underruns"]
     assert report["ttfa_overhead_p95_ms_2_peers"] == report["levels"]["2"]["ttfa_overhead_ms"]["p95"]
     assert report["model"]["random_weights"] is True
     assert png.stat().st_size > 10_000
     assert "gateway overhead p95 at 2 peers" in run.stdout
+    assert report["responses_below_rtf_1"] == sum(lv["responses_below_rtf_1"] for lv in report["levels"].values())
+    assert "responses made at RTF < 1" in run.stdout
