@@ -68,7 +68,7 @@ def qwen3_omni_components(nodes: set[str], weights: str | None = None, preset: s
             raise ValueError("talker_inputs shares the Talker's projections: place it on the Talker's rank")
         embed = modules["thinker"].model.embed_tokens if "thinker" in modules else thinker_embeddings(path, config)
         modules["talker_inputs"] = TalkerInputsNode(modules["talker"], embed)
-    if nodes & {"audio_frames", "audio_prompt", "image_positions"}:
+    if nodes & {"audio_frames", "audio_prompt", "image_positions", "media_prompt"}:
         from mstar_graphs.qwen3_omni.model import stream_nodes
 
         modules.update(stream_nodes(config))

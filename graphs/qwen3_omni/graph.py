@@ -18,7 +18,8 @@ Walks, chosen by ``next_walk``: ``talk`` alone for a request that gives the text
 (``say_ids``: text to speech without the Thinker); else ``prefill_stream`` (wait for the streamed turn's
 end, its frames having been computed as it came, then encode it and widen the prompt's audio slot),
 ``prefill_audio`` (the audio encoder, then the Thinker's prompt with its rows at ``<|audio_pad|>``),
-``prefill_vision`` (the vision encoder, then the prompt with its rows at ``<|image_pad|>``) or
+``prefill_vision`` (the vision encoder, then the prompt with its rows at ``<|image_pad|>``),
+``prefill_media`` (both encoders, their rows merged in prompt order by ``media_prompt``) or
 ``prefill_text``; ``think`` (the Thinker's decode Loop until
 ``<|im_end|>``); ``talk`` (the Talker's inputs from the Thinker's rows, then the Talker's Loop until
 codec EOS, each iteration's frame streamed to Code2Wav) unless the request wants text only. The
@@ -45,9 +46,9 @@ def walk_chooser(im_end: int):
             if "pcm" in state.request.inputs:
                 return "prefill_stream"
             if "pixel_values" in state.request.inputs:
-                return "prefill_vision"
+                return "prefill_media" if "features" in state.request.inputs else "prefill_vision"
             return "prefill_audio" if "features" in state.request.inputs else "prefill_text"
-        if last in ("prefill_stream", "prefill_audio", "prefill_vision", "prefill_text"):
+        if last in ("prefill_stream", "prefill_audio", "prefill_vision", "prefill_media", "prefill_text"):
             first = state.value("thinker.token")
             if first is not None and int(first) == im_end:
                 return None  # an empty reply: nothing to say
@@ -82,6 +83,7 @@ def qwen3_omni_graph(im_end: int, codec_eos: int, first_chunk: int | None = None
             GraphNode("audio_prompt", inputs=["prompt_ids", "embeds"], outputs=["input_ids", "embed_mask"]),
             GraphNode("vision_encoder", inputs=["pixel_values", "image_grid_thw"], outputs=["embeds"]),
             GraphNode("image_positions", inputs=["prompt_ids", "image_grid_thw"], outputs=["rope_positions"]),
+            GraphNode("media_prompt", inputs=["prompt_ids", "audio_embeds", "image_embeds"], outputs=["embeds"]),
             GraphNode("thinker", inputs=["input_ids", "embeds", "embed_mask", "rope_positions"], outputs=["token", "rows"],
                       engine="ar", optional_inputs=["embeds", "embed_mask", "rope_positions"]),
             GraphNode("talker_inputs", inputs=["prompt_ids", "rows", "say_ids", "image_grid_thw"],
@@ -103,6 +105,12 @@ def qwen3_omni_graph(im_end: int, codec_eos: int, first_chunk: int | None = None
             GraphEdge("input.prompt_ids", "image_positions.prompt_ids"),
             GraphEdge("input.image_grid_thw", "image_positions.image_grid_thw"),
             GraphEdge("image_positions.rope_positions", "thinker.rope_positions"),
+            # audio and images in one prompt: both encoders' rows in prompt order (media_prompt runs last
+            # in its walk, so its value is the one the Thinker's embeds port holds)
+            GraphEdge("input.prompt_ids", "media_prompt.prompt_ids"),
+            GraphEdge("audio_encoder.embeds", "media_prompt.audio_embeds"),
+            GraphEdge("vision_encoder.embeds", "media_prompt.image_embeds"),
+            GraphEdge("media_prompt.embeds", "thinker.embeds"),
             GraphEdge("input.image_grid_thw", "talker_inputs.image_grid_thw"),
             GraphEdge("talker_inputs.rope_positions", "talker.rope_positions"),
             StreamingGraphEdge("input.pcm", "audio_frames.pcm", target_partition="thinker"),
@@ -129,6 +137,8 @@ def qwen3_omni_graph(im_end: int, codec_eos: int, first_chunk: int | None = None
             "prefill_stream": Sequential(AwaitInput("pcm"), Call("audio_prompt"), Call("thinker")),
             "prefill_audio": Sequential(Call("audio_encoder"), Call("thinker")),
             "prefill_vision": Sequential(Call("vision_encoder"), Call("image_positions"), Call("thinker")),
+            "prefill_media": Sequential(Call("audio_encoder"), Call("vision_encoder"), Call("image_positions"),
+                                        Call("media_prompt"), Call("thinker")),
             "think": DynamicLoop("thinker", trip_count=lambda s: budget(s, "thinker_max_tokens", 1024) - 1,
                                  stop=StopOnValues("thinker.token", (im_end,))),
             "talk": Sequential(Call("talker_inputs"),
@@ -137,7 +147,7 @@ def qwen3_omni_graph(im_end: int, codec_eos: int, first_chunk: int | None = None
         },
         topology=PartitionTopology(
             partitions={"thinker": ["audio_frames", "audio_encoder", "audio_prompt", "vision_encoder", "image_positions",
-                                    "thinker"],
+                                    "media_prompt", "thinker"],
                         "talker": ["talker_inputs", "talker"], "vocoder": ["code2wav"]},
             connections=[PartitionConnection("input", "thinker", LeftContextChunkPolicy(CHUNK_ITEMS, CONTEXT_ITEMS,
                                                                                         edges=True)),

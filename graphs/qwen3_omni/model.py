@@ -28,7 +28,7 @@ from mstar_graphs.qwen3_omni.audio_stream import AudioFramesNode, AudioPromptNod
 from mstar_graphs.qwen3_omni.checkpoints import build_component, ensure_tiny_qwen3_omni, load_component
 from mstar_graphs.qwen3_omni.config import Qwen3OmniConfig
 from mstar_graphs.qwen3_omni.graph import qwen3_omni_graph
-from mstar_graphs.qwen3_omni.image_prompt import ImagePositionsNode
+from mstar_graphs.qwen3_omni.image_prompt import ImagePositionsNode, MediaPromptNode
 from mstar_graphs.qwen3_omni.mrope_positions import thinker_positions
 from mstar_graphs.qwen3_omni.talker_inputs_node import TalkerInputsNode
 from mstar_graphs.qwen3_omni.talker_prompt import speaker_code
@@ -138,9 +138,11 @@ class Qwen3Omni:
         elif clips:
             inputs["embed_mask"] = pads
         if images or bool((ids == cfg.thinker_config.image_token_id).any()):
-            if clips or pcm is not None:
-                raise ValueError("a prompt with both images and audio is not supported yet")
+            if pcm is not None:
+                raise ValueError("a streamed spoken turn with images is not supported yet")
             inputs |= self._image_inputs(ids, images or [])
+            if clips:  # audio and images: every pad's row, in prompt order (media_prompt)
+                inputs["embed_mask"] = inputs["embed_mask"] | pads
         if say_ids is not None:  # text to speech: the Talker speaks these tokens, as a reply ending with <|im_end|>
             if not say_ids or clips or pcm is not None or images:
                 raise ValueError("say_ids needs at least one token, and no audio or images")
@@ -189,4 +191,4 @@ def stream_nodes(config: Qwen3OmniConfig) -> dict[str, torch.nn.Module]:
     room = min(thinker.text_config.max_position_embeddings - 1, talker.text_config.max_position_embeddings - 10)
     return {"audio_frames": AudioFramesNode(thinker.audio_config.num_mel_bins),
             "audio_prompt": AudioPromptNode(thinker.audio_token_id, room),
-            "image_positions": ImagePositionsNode(config)}
+            "image_positions": ImagePositionsNode(config), "media_prompt": MediaPromptNode(config)}

@@ -108,6 +108,36 @@ def test_an_image_prompt_split_over_steps_and_preempted_gives_what_the_reference
         assert torch.equal(torch.stack(out["codes"]).T, ref.codes)
 
 
+def test_images_and_audio_in_one_turn_give_the_reference_thinkers_text(chat, q3_ref, two_images):
+    """A turn that shows two images and speaks a clip: both encoders' rows in prompt order (media_prompt),
+    M-RoPE positions over images and audio. The reference's generate fails on such a prompt (its Talker's
+    get_rope_index reads an audio_config its config lacks); its Thinker's generate gives the text ours does,
+    and ours speaks it."""
+    model = chat.model
+    features = log_mel(0.3 * torch.sin(2 * torch.pi * 250 * torch.arange(12000) / 16000))
+    pads = tuple(image_pad_count(grid) for _, grid in two_images)
+    prompt = prompt_ids(chat.tokenizer, model.config,
+                        [Turn("user", "what do you see and hear", tokens_for_frames(features.shape[1]), pads)])
+    with pytest.raises(AttributeError, match="audio_config"):
+        reference_generate(q3_ref, prompt, input_features=features, images=two_images, thinker_max_new_tokens=6,
+                           talker_max_new_tokens=12)
+    with torch.inference_mode():
+        ref = q3_ref.thinker.generate(input_ids=torch.tensor([prompt]), input_features=features[None],
+                                      feature_attention_mask=torch.ones(1, features.shape[1], dtype=torch.long),
+                                      pixel_values=torch.cat([v for v, _ in two_images]),
+                                      image_grid_thw=torch.tensor([list(g) for _, g in two_images]),
+                                      max_new_tokens=6, do_sample=False)[0, len(prompt):].tolist()
+
+    async def main():
+        async with Conductor(model.graph(), model.modules()) as c:
+            return await c.submit(model.request(prompt, features=features, images=two_images, thinker_max_tokens=6,
+                                                talker_max_tokens=12, talker_sampling=GREEDY_TALKER)).collect()
+
+    out = asyncio.run(main())
+    assert [int(t) for t in out["text_ids"]] == ref and len(ref) == 6
+    assert len(out["codes"]) >= 10 and out["audio"]
+
+
 def test_an_image_request_batched_beside_text_and_audio_gets_what_it_gets_alone(chat, two_images):
     model = chat.model
     features = log_mel(0.3 * torch.sin(2 * torch.pi * 300 * torch.arange(16000) / 16000))
@@ -159,10 +189,12 @@ def test_bad_images_get_clear_errors_and_the_others_are_served(chat, two_images,
         model.request(prompt)
     with pytest.raises(ValueError, match="image"):
         model.request(prompt, images=two_images[:1])  # two images' pads, one image
+    from mstar_graphs.qwen3_omni.audio_stream import turn_stream
+
     pads = tuple(image_pad_count(grid) for _, grid in two_images)
-    both = prompt_ids(chat.tokenizer, model.config, [Turn("user", "and this", tokens_for_frames(100), pads)])
-    with pytest.raises(ValueError, match="both images and audio"):
-        model.request(both, images=two_images, features=torch.zeros(128, 100))
+    both = prompt_ids(chat.tokenizer, model.config, [Turn("user", "and this", 1, pads)])
+    with pytest.raises(ValueError, match="a streamed spoken turn with images is not supported yet"):
+        model.request(both, images=two_images, pcm=turn_stream())
     with pytest.raises(ValueError, match="do not fit its grid"):
         model.request(prompt, images=[(two_images[0][0][:-1], two_images[0][1]), two_images[1]])
     assert ImagePreprocessor().max_input_pixels == 8192 * 8192
