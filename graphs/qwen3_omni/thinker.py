@@ -4,8 +4,9 @@ Token embeddings, or, where the engine marks rows (``embed_mask``), the audio en
 in their place (the prompt's ``<|audio_pad|>`` tokens); MoE decoder layers; the LM head. Text and
 audio positions are the same on M-RoPE's three axes, so the engine's 1-D positions are the
 positions; a prompt with images gives its (t, h, w) positions (``rope_positions``), and an
-image's rows carry its deepstack features, added to the hidden states after the first layers. ``capture_layer`` keeps the hidden state after that many layers of the last forward
-(the Talker reads layer ``accept_hidden_layer`` at the prompt's audio rows).
+image's rows carry its deepstack features, added to the hidden states after the first layers.
+``capture_layer`` keeps the hidden state after that many layers of the last forward (the Talker
+reads layer ``accept_hidden_layer`` at the prompt's audio and image rows).
 
 Module names are the checkpoint's under ``thinker.`` (``model.embed_tokens``, ``model.layers.N``,
 ``model.norm``, ``lm_head``), with the experts fused after loading.

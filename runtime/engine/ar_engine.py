@@ -238,7 +238,7 @@ class AREngine(EngineInbox):
             if source.embeds is not None:
                 n = len(seq.token_ids)
                 seq.embeds, seq.embed_mask = source.embeds[:n], source.embed_mask[:n]
-            seq.rope_positions = source.rope_positions
+            seq.rope_positions, seq.rope_after = source.rope_positions, source.rope_after
             seq.num_generated = source.num_generated
             seq.arrival = source.arrival
         node_salt = sum(ord(c) * 31**i for i, c in enumerate(msg.node)) % 1_000_003  # stable across runs

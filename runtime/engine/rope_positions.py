@@ -29,6 +29,8 @@ def set_rope_positions(seq: Sequence, given: torch.Tensor, count: int, before: i
         raise ValueError(f"node {node!r}: rope_positions must not be negative")
     earlier = rope_positions_of(seq, 0, before, axes=given.shape[0])
     seq.rope_positions = torch.cat([earlier, given.long().cpu()], dim=1)
+    n = seq.rope_positions.shape[1]
+    seq.rope_after = int(seq.rope_positions.max()) + 1 - n if n else 0  # once, not on every decode step
 
 
 def rope_positions_of(seq: Sequence, start: int, end: int, axes: int) -> torch.Tensor:
@@ -41,9 +43,9 @@ def rope_positions_of(seq: Sequence, start: int, end: int, axes: int) -> torch.T
         raise ValueError(f"a step mixes rope_positions of {given.shape[0]} and {axes} axes")
     n = given.shape[1]
     head = given[:, start:min(end, n)]
-    after = int(given.max()) + 1 - n if n else 0  # token j >= n sits at j + after
     lo = max(start, n)
-    tail = torch.arange(lo, max(end, lo)) + after  # empty when the range ends inside the given positions
+    tail = torch.arange(lo, max(end, lo)) + seq.rope_after  # token j >= n sits at j + rope_after (empty when
+    # the range ends inside the given positions)
     return torch.cat([head, tail.expand(axes, -1)], dim=1)
 
 

@@ -61,6 +61,7 @@ class Sequence:
     embeds: torch.Tensor | None = None       # [len(token_ids), H]
     embed_mask: torch.Tensor | None = None   # [len(token_ids)] bool
     rope_positions: torch.Tensor | None = None  # [axes, n]: given positions of the first n tokens (mstar.engine.rope_positions)
+    rope_after: int = 0                          # token j >= n sits at j + rope_after on every axis
     flow: "FlowState | None" = None          # an active flow Loop (mstar.engine.flow_loop)
     phase_waits: int = 0                     # steps held back to start in phase (mstar.engine.scheduler)
     side_inputs: dict[str, torch.Tensor] = field(default_factory=dict)  # call inputs a feedback hook reads
