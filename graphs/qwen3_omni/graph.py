@@ -2,8 +2,9 @@
 
     input.features --> audio_encoder --embeds--> thinker <--token-- (decode Loop feedback)
     input.prompt_ids -----------------------------^  |--token--> output.text_ids
-                                                     \\--rows (every computed row, at each call's end)-->
-    input.prompt_ids --> talker_inputs --prefill rows, trailing text, tts_pad--> talker (Loop, feedback:
+                                                     |--rows (every computed row, at each call's end)-->
+                                                     \\--step_rows~> talker.reply_rows [Fixed(1), fed to its Loop]
+    input.prompt_ids --> talker_inputs --prefill rows, trailing text, tts_eos, tts_pad--> talker (Loop, feedback:
                          code predictor -> frame) --frame~> code2wav [LeftContext(25, 25)] --audio--> output.audio
                                                                                 \\--frame--> output.codes
 
@@ -20,17 +21,21 @@ end, its frames having been computed as it came, then encode it and widen the pr
 ``prefill_audio`` (the audio encoder, then the Thinker's prompt with its rows at ``<|audio_pad|>``),
 ``prefill_vision`` (the vision encoder, then the prompt with its rows at ``<|image_pad|>``),
 ``prefill_media`` (both encoders, their rows merged in prompt order by ``media_prompt``) or
-``prefill_text``; ``think`` (the Thinker's decode Loop until
-``<|im_end|>``); ``talk`` (the Talker's inputs from the Thinker's rows, then the Talker's Loop until
-codec EOS, each iteration's frame streamed to Code2Wav) unless the request wants text only. The
-Talker starts when the Thinker's reply is complete, as the reference does; it reads one text row per
-frame, so its output equals the reference's.
+``prefill_text``; then ``think_and_talk``: the Talker's inputs from the prompt's rows and the reply's
+first token, then at once the Thinker's decode Loop until ``<|im_end|>`` and the Talker's Loop until
+codec EOS, each iteration's frame streamed to Code2Wav. The Thinker's Loop streams each step's row
+into the running Talker (``FixedChunkPolicy(1)``, a fed input): the Talker reads reply row i + 1 after
+its frame i, and waits for it when the Thinker is behind, so it is fed what the reference feeds it
+(the reference starts the Talker once the reply is complete); only each row's projection, made as it
+comes rather than in one batch, may differ in the last bit (1.3e-7 at most, measured). A text-only request runs ``think`` (the Thinker's Loop)
+alone; ``talker_after_reply`` runs ``think`` then ``talk`` (the Talker on the complete reply, as the
+reference orders it; its text rows then projected in one batch as the reference does, to the last bit).
 """
 from __future__ import annotations
 
-from mstar.graph import (AwaitInput, Call, DynamicLoop, GraphEdge, GraphNode, LeftContextChunkPolicy, ModelGraph,
-                         PartitionConnection, PartitionTopology, Sequential, StopOnValues, StreamingGraphEdge,
-                         WholeStreamPolicy)
+from mstar.graph import (AwaitInput, Call, DynamicLoop, FixedChunkPolicy, GraphEdge, GraphNode, LeftContextChunkPolicy,
+                         ModelGraph, Parallel, PartitionConnection, PartitionTopology, Sequential, StopOnValues,
+                         StreamingGraphEdge, WholeStreamPolicy)
 from mstar_graphs.qwen3_omni.audio_stream import CHUNK_ITEMS, CONTEXT_ITEMS
 
 CHUNK_FRAMES, LEFT_CONTEXT_FRAMES = 25, 25
@@ -53,7 +58,10 @@ def walk_chooser(im_end: int):
             if first is not None and int(first) == im_end:
                 return None  # an empty reply: nothing to say
             # the Talker needs two reply tokens (its first row and one more): a one-token reply stays text
-            return "think" if meta.get("thinker_max_tokens", 1024) > 1 else None
+            if meta.get("thinker_max_tokens", 1024) <= 1:
+                return None
+            # the Talker streams the reply as it is made, unless asked to start once it is complete
+            return "think_and_talk" if audio and not meta.get("talker_after_reply", False) else "think"
         if last == "think" and audio:
             return "talk"
         return None
@@ -74,6 +82,10 @@ def budget(state, key: str, default: int) -> int:
 def qwen3_omni_graph(im_end: int, codec_eos: int, first_chunk: int | None = None) -> ModelGraph:
     """``first_chunk``: frames of Code2Wav's first chunk (default 25, as later ones; fewer: audio starts
     sooner, and that chunk's edge moves, so the audio differs from the reference's decode there)."""
+    thinker_loop = DynamicLoop("thinker", trip_count=lambda s: budget(s, "thinker_max_tokens", 1024) - 1,
+                               stop=StopOnValues("thinker.token", (im_end,)))
+    talker_loop = DynamicLoop("talker", trip_count=lambda s: budget(s, "talker_max_tokens", 4096),
+                              stop=StopOnValues("talker.token", (codec_eos,)))
     return ModelGraph(
         name="qwen3_omni",
         nodes=[
@@ -84,13 +96,16 @@ def qwen3_omni_graph(im_end: int, codec_eos: int, first_chunk: int | None = None
             GraphNode("vision_encoder", inputs=["pixel_values", "image_grid_thw"], outputs=["embeds"]),
             GraphNode("image_positions", inputs=["prompt_ids", "image_grid_thw"], outputs=["rope_positions"]),
             GraphNode("media_prompt", inputs=["prompt_ids", "audio_embeds", "image_embeds"], outputs=["embeds"]),
-            GraphNode("thinker", inputs=["input_ids", "embeds", "embed_mask", "rope_positions"], outputs=["token", "rows"],
-                      engine="ar", optional_inputs=["embeds", "embed_mask", "rope_positions"]),
-            GraphNode("talker_inputs", inputs=["prompt_ids", "rows", "say_ids", "image_grid_thw"],
-                      outputs=["input_ids", "embeds", "embed_mask", "trailing", "tts_pad", "rope_positions"],
-                      optional_inputs=["rows", "say_ids", "image_grid_thw"]),
-            GraphNode("talker", inputs=["input_ids", "embeds", "embed_mask", "trailing", "tts_pad", "rope_positions"],
-                      outputs=["token", "frame"], engine="ar", optional_inputs=["rope_positions"]),
+            GraphNode("thinker", inputs=["input_ids", "embeds", "embed_mask", "rope_positions"],
+                      outputs=["token", "rows", "step_rows"], engine="ar",
+                      optional_inputs=["embeds", "embed_mask", "rope_positions"]),
+            GraphNode("talker_inputs", inputs=["prompt_ids", "rows", "first_token", "say_ids", "image_grid_thw"],
+                      outputs=["input_ids", "embeds", "embed_mask", "trailing", "tts_eos", "tts_pad", "rope_positions"],
+                      optional_inputs=["rows", "first_token", "say_ids", "image_grid_thw"]),
+            GraphNode("talker", inputs=["input_ids", "embeds", "embed_mask", "trailing", "reply_rows", "tts_eos", "tts_pad",
+                                        "rope_positions"],
+                      outputs=["token", "frame"], engine="ar", fed_inputs=["reply_rows"],
+                      optional_inputs=["trailing", "reply_rows", "tts_eos", "rope_positions"]),
             GraphNode("code2wav", inputs=["codes"], outputs=["audio"]),
         ],
         edges=[
@@ -124,9 +139,12 @@ def qwen3_omni_graph(im_end: int, codec_eos: int, first_chunk: int | None = None
             GraphEdge("thinker.token", "output.text_ids"),
             GraphEdge("input.prompt_ids", "talker_inputs.prompt_ids"),
             GraphEdge("thinker.rows", "talker_inputs.rows"),
+            GraphEdge("thinker.token", "talker_inputs.first_token"),
+            # the reply's rows, as the Thinker makes them, into the Talker's running Loop
+            StreamingGraphEdge("thinker.step_rows", "talker.reply_rows", target_partition="talker"),
             GraphEdge("input.say_ids", "talker_inputs.say_ids"),
             *(GraphEdge(f"talker_inputs.{p}", f"talker.{p}") for p in ("input_ids", "embeds", "embed_mask",
-                                                                      "trailing", "tts_pad")),
+                                                                      "trailing", "tts_eos", "tts_pad")),
             GraphEdge("talker.token", "talker.input_ids"),  # the Loop's feedback (its row: Talker.feedback)
             GraphEdge("talker.frame", "output.codes"),
             StreamingGraphEdge("talker.frame", "code2wav.codes", target_partition="vocoder"),
@@ -139,11 +157,10 @@ def qwen3_omni_graph(im_end: int, codec_eos: int, first_chunk: int | None = None
             "prefill_vision": Sequential(Call("vision_encoder"), Call("image_positions"), Call("thinker")),
             "prefill_media": Sequential(Call("audio_encoder"), Call("vision_encoder"), Call("image_positions"),
                                         Call("media_prompt"), Call("thinker")),
-            "think": DynamicLoop("thinker", trip_count=lambda s: budget(s, "thinker_max_tokens", 1024) - 1,
-                                 stop=StopOnValues("thinker.token", (im_end,))),
-            "talk": Sequential(Call("talker_inputs"),
-                               DynamicLoop("talker", trip_count=lambda s: budget(s, "talker_max_tokens", 4096),
-                                           stop=StopOnValues("talker.token", (codec_eos,)))),
+            "think": thinker_loop,
+            "talk": Sequential(Call("talker_inputs"), talker_loop),
+            # the Talker starts on the reply's first token and reads each later one as the Thinker makes it
+            "think_and_talk": Sequential(Call("talker_inputs"), Parallel(thinker_loop, talker_loop)),
         },
         topology=PartitionTopology(
             partitions={"thinker": ["audio_frames", "audio_encoder", "audio_prompt", "vision_encoder", "image_positions",
@@ -152,6 +169,7 @@ def qwen3_omni_graph(im_end: int, codec_eos: int, first_chunk: int | None = None
             connections=[PartitionConnection("input", "thinker", LeftContextChunkPolicy(CHUNK_ITEMS, CONTEXT_ITEMS,
                                                                                         edges=True)),
                          PartitionConnection("thinker", "thinker", WholeStreamPolicy()),
+                         PartitionConnection("thinker", "talker", FixedChunkPolicy(1)),
                          PartitionConnection("talker", "vocoder",
                                              LeftContextChunkPolicy(CHUNK_FRAMES, LEFT_CONTEXT_FRAMES, first_chunk))],
         ),

@@ -100,13 +100,16 @@ class Qwen3Omni:
                 thinker_max_tokens: int = 256, talker_max_tokens: int = 1024, speaker: str | None = None,
                 sampling: SamplingParams | None = None, talker_sampling: SamplingParams | None = None,
                 seed: int | None = None, request_id: str | None = None,
-                outputs: frozenset[str] | None = None) -> Request:
+                outputs: frozenset[str] | None = None, talker_after_reply: bool = False) -> Request:
         """``features``: one clip's log-mel frames [128, T] (mstar_graphs.qwen3_omni.audio_features.log_mel), or
         the clips of several turns in prompt order; the prompt then holds exactly ``tokens_for_frames(T)``
         audio pad tokens per clip. ``pcm``: the last turn's 16 kHz samples, streamed in
         (``audio_stream.turn_stream()``); its turn then holds one pad, its slot, after the clips' pads.
         ``images``: (pixel_values, grid_thw) per image in prompt order, as ``image_processor.ImagePreprocessor``
-        makes them; the prompt then holds ``<|vision_start|>`` and ``t*h*w/4`` image pad tokens per image."""
+        makes them; the prompt then holds ``<|vision_start|>`` and ``t*h*w/4`` image pad tokens per image.
+        The Talker starts on the reply's first token and reads each later one as the Thinker makes it;
+        ``talker_after_reply``: it starts once the reply is complete, as the reference does (the same codes;
+        its text rows are then projected in one batch, as the reference projects them, to the last bit)."""
         cfg = self.config
         ids = torch.tensor(prompt_ids, dtype=torch.long)
         if ids.dim() != 1 or ids.numel() == 0:
@@ -161,6 +164,7 @@ class Qwen3Omni:
             meta |= {"thinker_max_tokens_room": thinker_room, "talker_max_tokens_room": talker_room}
         meta |= {"thinker_max_tokens": min(thinker_max_tokens, thinker_room),
                 "talker_max_tokens": min(talker_max_tokens, talker_room), "audio": audio,
+                "talker_after_reply": bool(talker_after_reply),
                 "talker.sampling": talker,
                 "talker_inputs.speaker": speaker_code(cfg, speaker or self.speaker)}
         return Request(inputs=inputs, sampling=thinker, request_id=request_id or uuid.uuid4().hex[:12], meta=meta,

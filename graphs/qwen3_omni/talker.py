@@ -83,21 +83,54 @@ class Talker(DecoderARModule):
             return self.codec_head(hidden)
         return hidden @ self.codec_head.weight.index_select(0, token_ids).T
 
+    def feedback_ready(self, call) -> bool:
+        """A Talker streamed the Thinker's reply (``reply_rows`` fed) reads reply row ``iteration + 1``
+        after the frame it samples: it waits for that row unless the reply has ended."""
+        if "trailing" in call.inputs or "reply_rows" not in call.open_inputs:
+            return True
+        rows = call.inputs.get("reply_rows")
+        return rows is not None and call.iteration + 1 < rows.shape[0]
+
     def feedback(self, hidden: torch.Tensor, tokens: torch.Tensor, calls) -> tuple[torch.Tensor, list[dict]]:
         """The code predictor for the step's frames (one per sequence), and each one's next input row:
-        the frame's 16 code embeddings summed, plus text row ``iteration`` of its ``trailing`` input
-        (then ``tts_pad``). Output ``frame``: the frame's 16 codes."""
+        the frame's 16 code embeddings summed, plus the next text row. Output ``frame``: the frame's 16 codes.
+
+        The text row of iteration i: row i of ``trailing`` (the reply's later rows, projected, ``tts_eos``
+        last), then ``tts_pad``; or, for a Talker streamed the reply as it is made (``reply_rows``: the
+        Thinker's rows of the reply tokens, the first one's in the prefill), ``text_projection`` of reply
+        row i + 1, ``tts_eos`` once the reply has ended, then ``tts_pad``."""
         code0 = self.model.codec_embedding(tokens)
         residual, frame_embeds = self.code_predictor.predict(hidden.to(code0.dtype), code0,
                                                              [not c.greedy for c in calls],
                                                              [c.generator for c in calls])
-        texts = []
-        for c in calls:
-            trailing = c.inputs["trailing"]
-            texts.append(trailing[c.iteration] if c.iteration < trailing.shape[0] else c.inputs["tts_pad"].reshape(-1))
-        rows = self.next_input(frame_embeds, torch.stack(texts).to(device=code0.device, dtype=code0.dtype))
+        rows = self.next_input(frame_embeds, self._text_rows(calls, code0.dtype, code0.device))
         frames = torch.cat([tokens[:, None], residual], dim=1)
         return rows, [{"frame": f} for f in frames]
+
+    def _text_rows(self, calls, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        texts: list[torch.Tensor | None] = []
+        streamed: list[tuple[int, torch.Tensor]] = []  # reply rows to project, in one batch
+        width = self.config.talker_config.thinker_hidden_size
+        for c in calls:
+            pad = c.inputs["tts_pad"].reshape(-1)
+            if "trailing" in c.inputs:
+                trailing = c.inputs["trailing"]
+                texts.append(trailing[c.iteration] if c.iteration < trailing.shape[0] else pad)
+                continue
+            reply = c.inputs.get("reply_rows")
+            have, k = (0 if reply is None else reply.shape[0]), c.iteration + 1
+            if k < have:
+                streamed.append((len(texts), reply[k, :width]))
+                texts.append(None)
+            elif "reply_rows" in c.open_inputs:
+                raise RuntimeError(f"the Talker's text row {k} has not arrived (feedback_ready was not asked)")
+            else:
+                texts.append(c.inputs["tts_eos"].reshape(-1) if k == have else pad)
+        if streamed:
+            projected = self.text_projection(torch.stack([r for _, r in streamed]).to(device=device, dtype=dtype))
+            for (i, _), row in zip(streamed, projected):
+                texts[i] = row
+        return torch.stack([t.to(device=device, dtype=dtype) for t in texts])  # type: ignore[union-attr]
 
     # -- the rows the reference feeds -------------------------------------------------------------------
     def codec_rows(self, ids: list[int]) -> torch.Tensor:

@@ -286,8 +286,10 @@ class Conductor:
         self._tasks.pop(rid, None)
 
     # -- worker calls -----------------------------------------------------------------
-    async def _dispatch(self, msg: ExecuteNode, on_output: Callable[[NodeOutput], None]) -> None:
+    async def _dispatch(self, msg: ExecuteNode, on_output: Callable[[NodeOutput], None],
+                        on_sent: Callable[[object], None] | None = None) -> None:
         """Sends one call to the node's worker; feeds each NodeOutput to ``on_output`` until final.
+        ``on_sent(worker)`` runs right after the call went out (what follows it there goes after it).
 
         Outputs are handled in the event loop's reply drain itself (no queue, no coroutine
         switch per token); this coroutine only waits for the end of the call."""
@@ -318,6 +320,8 @@ class Conductor:
 
         replies = self._replies
         worker.execute(msg, lambda out: replies.push(deliver, out))
+        if on_sent is not None:
+            on_sent(worker)
         await done
 
     async def _move_kv(self, msg: ExecuteNode, rank: int) -> None:

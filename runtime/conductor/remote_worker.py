@@ -14,7 +14,7 @@ import subprocess
 import time
 from typing import Awaitable, Callable
 
-from mstar.worker.messages import (CloseSession, ExecuteNode, ExportKV, KVExported, NodeOutput,
+from mstar.worker.messages import (CloseSession, ExecuteNode, ExportKV, FeedInput, KVExported, NodeOutput,
                                    ReleaseRequest)
 from mstar.worker.protocol import (HEADER_SIZE, Message, Ready, StatsRequest, WorkerStats, decode_body,
                                    encode_frame, frame_length)
@@ -152,8 +152,8 @@ class RemoteWorker:
             reply(NodeOutput(msg.call_id, msg.request_id, 0, final=True,
                              error=f"{self!r} {self.death or 'is gone'}; node {msg.node!r} did not run"))
 
-    def handle(self, msg: ReleaseRequest | CloseSession) -> None:
-        self._send(msg)
+    def handle(self, msg: ReleaseRequest | CloseSession | FeedInput) -> None:
+        self._send(msg)  # after the calls sent before it: one connection keeps the order
 
     def export_kv(self, msg: ExportKV, reply: Callable[[KVExported], None]) -> None:
         self._kv_exports[msg.call_id] = reply

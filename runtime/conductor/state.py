@@ -24,6 +24,11 @@ class StreamState:
     closed: bool = False
     last_delivery: asyncio.Future | None = None  # chunks deliver their outputs in order
     tasks: set[asyncio.Task] = field(default_factory=set)  # its chunks still running
+    # into a fed input (a running Loop's port): items wait in ``fed`` until the call is sent, then
+    # ``sink(items, final)`` passes them on; ``feed_open``: the call was sent with the port open
+    fed: list[TensorHandle] = field(default_factory=list)
+    sink: Callable[[list[TensorHandle], bool], None] | None = None
+    feed_open: bool = False
 
 
 @dataclass

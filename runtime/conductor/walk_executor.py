@@ -3,11 +3,13 @@
 Values move along edges as tensor handles; only stop checks and graph outputs
 look at tensor contents. A Loop whose body is one AR node fed by its own output
 is handed to the engine whole (engine-resident loop); any other Loop is iterated here.
+A streaming edge into a node's fed input passes its chunks to that node's running call
+(FeedInput) instead of starting a call per chunk; it closes when its producer's call ends.
 """
 from __future__ import annotations
 
 import asyncio
-from typing import Awaitable, Callable
+from typing import Any, Awaitable, Callable, Optional
 
 from mstar.conductor.request import RequestError, RequestOutput
 from mstar.conductor.state import RequestState, StreamState
@@ -15,9 +17,10 @@ from mstar.graph.chunk_policies import Chunk
 from mstar.graph.edges import GRAPH_INPUT, GRAPH_OUTPUT, StreamingGraphEdge
 from mstar.graph.model_graph import ModelGraph
 from mstar.graph.walks import AwaitInput, Call, Loop, Parallel, Sequential, StopOnValues, StopWhen, WalkStep
-from mstar.worker.messages import ExecuteNode, LoopSpec, NodeOutput, TensorHandle, TensorRef
+from mstar.worker.messages import ExecuteNode, FeedInput, LoopSpec, NodeOutput, TensorHandle, TensorRef
 
-Dispatch = Callable[[ExecuteNode, Callable[[NodeOutput], None]], Awaitable[None]]
+# (call, its outputs' handler, what to do right after the call went to its Worker: given the Worker)
+Dispatch = Callable[[ExecuteNode, Callable[[NodeOutput], None], Optional[Callable[[Any], None]]], Awaitable[None]]
 
 
 _CALL_FIELDS = frozenset({"mask", "mask_arg", "kv_window"})  # request meta read into ExecuteNode fields
@@ -43,13 +46,28 @@ class WalkExecutor:
             for child in step.steps:
                 await self.run(child, rs, watches)
         elif isinstance(step, Parallel):
-            await asyncio.gather(*(self.run(b, rs, watches) for b in step.branches))
+            await self._parallel(step, rs, watches)
         elif isinstance(step, Loop):
             await self._loop(step, rs, watches)
         elif isinstance(step, AwaitInput):
             await self._await_input(step.name, rs)
         else:
             raise TypeError(f"unknown walk step {step!r}")
+
+    async def _parallel(self, step: Parallel, rs: RequestState, watches: tuple[_StopWatch, ...]) -> None:
+        """All branches at once; the first to fail cancels the others (none is left running on its own)."""
+        tasks = [asyncio.ensure_future(self.run(b, rs, watches)) for b in step.branches]
+        try:
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        finally:
+            pending = [t for t in tasks if not t.done()]
+            for task in pending:
+                task.cancel()
+            if pending:
+                await asyncio.gather(*pending, return_exceptions=True)
+        for task in tasks:
+            if not task.cancelled() and task.exception() is not None:
+                raise task.exception()  # type: ignore[misc]
 
     # -- loops -----------------------------------------------------------------------
     async def _loop(self, loop: Loop, rs: RequestState, watches: tuple[_StopWatch, ...]) -> None:
@@ -84,6 +102,7 @@ class WalkExecutor:
                  meta: dict[str, int] | None = None) -> ExecuteNode:
         gnode = self.graph.node(node)
         req = rs.request
+        walk_nodes = set(self.graph.walk(rs.current_walk).node_names()) if rs.current_walk else set()
         # request meta "node.key" (an int, not one of the fields below) reaches that node's calls
         prefix = f"{node}."
         node_meta = {k[len(prefix):]: int(v) for k, v in req.meta.items()
@@ -96,19 +115,56 @@ class WalkExecutor:
             loop=loop, session_id=req.session_id, meta={**node_meta, **(meta or {})},
             mask=int(req.meta.get(f"{node}.mask", 0)), mask_arg=int(req.meta.get(f"{node}.mask_arg", 0)),
             kv_window=req.meta.get(f"{node}.kv_window"), kv_from=gnode.kv_from, flow=gnode.flow,
-            frames=gnode.frames)
+            frames=gnode.frames, step_rows=any(self._step_streams(node, walk_nodes)))
+
+    def _step_streams(self, node: str, walk_nodes: set[str]) -> list[StreamingGraphEdge]:
+        """The streaming edges from ``node``'s step rows into a node of the current walk."""
+        return [e for port in self.graph.node(node).outputs if port.startswith("step_")
+                for e in self.graph.edges_from(node, port)
+                if isinstance(e, StreamingGraphEdge) and e.target.node in walk_nodes]
 
     async def _call(self, node: str, rs: RequestState, watches: tuple[_StopWatch, ...] = (),
                     loop: LoopSpec | None = None) -> None:
         inputs = self._inputs(node, rs)
+        fed = {e.target.port: self._stream(rs, e) for e in self.graph.edges_into(node)  # type: ignore[arg-type]
+               if e.target.port in self.graph.node(node).fed_inputs}
+        walk_nodes = set(self.graph.walk(rs.current_walk).node_names()) if rs.current_walk else set()
+        for port, state in fed.items():  # what has come so far goes with the call
+            if state.edge.source.node not in walk_nodes:  # no producer runs beside it: nothing more comes
+                self._close(rs, state)
+            if state.fed:
+                inputs[port], state.fed = list(state.fed), []
         missing = [p for p in self.graph.node(node).inputs if p not in inputs and self._required(node, p)]
         if missing:
             raise RequestError(rs.request_id, f"walk {rs.current_walk!r}: node {node!r} has no value for input(s) {missing}")
         msg = self._message(node, rs, inputs, loop)
+        msg.fed_inputs = tuple(fed)  # a stream already closed: its end follows at once (the engine's rows one shape)
         for port in inputs:  # a value is consumed by the call it feeds, unless the request's input is
-            if not self._request_constant(node, port):  # its only source (a Loop body reads it every time)
+            if port not in fed and not self._request_constant(node, port):  # its only source (a Loop body reads it every time)
                 rs.values.pop((node, port), None)
-        await self.dispatch(msg, lambda out: self.propagate(rs, node, out.outputs, watches))
+
+        def sent(worker) -> None:  # from now on the rest goes to the running call, in order after it
+            for port, state in fed.items():
+                state.feed_open, state.sink = True, self._sink(worker, msg, port)
+                if state.fed or state.closed:
+                    items, state.fed = state.fed, []
+                    state.sink(items, state.closed)
+                    state.feed_open = not state.closed
+
+        try:
+            await self.dispatch(msg, lambda out: self.propagate(rs, node, out.outputs, watches), sent if fed else None)
+        finally:
+            for state in fed.values():  # the call is over: later rows are not needed
+                state.sink, state.feed_open = (lambda items, final: None), False
+        if msg.step_rows:  # the producer's call ended: its streams of step rows end with it
+            for edge in self._step_streams(node, walk_nodes):
+                self._close(rs, self._stream(rs, edge))
+
+    @staticmethod
+    def _sink(worker, msg: ExecuteNode, port: str) -> Callable[[list[TensorHandle], bool], None]:
+        def send(items: list[TensorHandle], final: bool) -> None:
+            worker.handle(FeedInput(msg.request_id, msg.node, port, list(items), final, msg.session_id))
+        return send
 
     def _request_constant(self, node: str, port: str) -> bool:
         sources = [e for e in self.graph.edges_into(node) if e.target.port == port]
@@ -170,6 +226,14 @@ class WalkExecutor:
             self._send(rs, state, chunk)
 
     def _send(self, rs: RequestState, state: StreamState, chunk: Chunk) -> None:
+        edge = state.edge
+        if edge.target.node != GRAPH_OUTPUT and edge.target.port in self.graph.node(edge.target.node).fed_inputs:
+            items = state.items[chunk.start + chunk.left_context:chunk.end]
+            if state.sink is not None:
+                state.sink(items, False)
+            else:  # its call is not sent yet
+                state.fed.extend(items)
+            return
         previous = state.last_delivery
         state.last_delivery = asyncio.get_running_loop().create_future()
         task = asyncio.ensure_future(self._deliver_chunk(rs, state, chunk, previous, state.last_delivery))
@@ -223,6 +287,9 @@ class WalkExecutor:
         last = state.policy.final(state.cursor, len(state.items))
         if last is not None:
             self._send(rs, state, last)
+        if state.sink is not None and state.feed_open:  # the running call hears that no more rows come
+            state.sink([], True)
+            state.feed_open = False
 
     async def _await_input(self, name: str, rs: RequestState) -> None:
         """AwaitInput: the streamed input ends; its streams, then the streams their consumers feed, are

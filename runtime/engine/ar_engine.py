@@ -20,6 +20,7 @@ from mstar.engine.block_manager import BlockManager, BlockTable
 from mstar.engine.config import EngineConfig
 from mstar.engine.device_loop import run_on_device
 from mstar.engine.engine_inbox import EngineInbox, Reply
+from mstar.engine.fed_inputs import append_fed, as_rows, waits_for_rows
 from mstar.engine.flow_loop import FlowLoops
 from mstar.engine.frame_loop import FrameLoops
 from mstar.engine.frame_module import FrameModule
@@ -36,7 +37,7 @@ from mstar.engine.vocab_constraint import union_vocab
 from mstar.parallel.group import TPGroup
 from mstar.parallel.plan import Hello, TPLeader
 from mstar.transport.inprocess import InProcessTensorStore
-from mstar.worker.messages import ExecuteNode, ExportKV, KVExported, NodeOutput
+from mstar.worker.messages import ExecuteNode, ExportKV, FeedInput, KVExported, NodeOutput
 
 log = logging.getLogger("mstar.engine.ar")
 
@@ -83,7 +84,8 @@ class AREngine(EngineInbox):
         self.tp_leader = TPLeader(tp) if tp is not None and tp.size > 1 else None
         leader = self.tp_leader
         self.scheduler = Scheduler(self.blocks, leader.track_copies(self.cache) if leader else self.cache, self.config,
-                                   period=module.decode_period() if self.config.phase_align else 1)
+                                   period=module.decode_period() if self.config.phase_align else 1,
+                                   waits=lambda seq: waits_for_rows(self.module, seq))
         self.runner = ModelRunner(self.module, self.backend, self.blocks, self.device,
                                   plan_hook=leader.forward_plan if leader else None)
         if leader is not None:  # followers size their KV pools and pick dtypes from this
@@ -113,6 +115,10 @@ class AREngine(EngineInbox):
         super().stop()
         self.close()
 
+    def feed(self, msg: FeedInput) -> None:
+        """More rows for a fed input of a running call (mstar.engine.fed_inputs)."""
+        self._post("feed", msg)
+
     def export_kv(self, msg: ExportKV, reply) -> None:
         """Hands a sequence to another Worker: replies KVExported and forgets the sequence."""
         self._post("export_kv", msg, reply)
@@ -121,7 +127,7 @@ class AREngine(EngineInbox):
         return {"kv_blocks_total": self.blocks.num_blocks, "kv_blocks_used": self.blocks.num_used_blocks,
                 "sequences": len(self.scheduler.seqs), "steps": self.steps,
                 "tokens_computed": self.tokens_computed, "preemptions": self.scheduler.num_preemptions,
-                "phase_waits": self.scheduler.phase_waits,
+                "phase_waits": self.scheduler.phase_waits, "feed_waits": self.scheduler.feed_waits,
                 "busy_ms": int(self.busy_seconds * 1000), "forward_ms": int(self.runner.forward_seconds * 1000),
                 **(self.frame_loops.stats() if isinstance(self.module, FrameModule) else {})}
 
@@ -140,6 +146,8 @@ class AREngine(EngineInbox):
                 self._on_call(arg, reply)
             elif kind == "release":
                 self._on_release(arg)
+            elif kind == "feed":
+                self._on_feed(arg)
             elif kind == "export_kv":
                 self._on_export_kv(arg, reply)
             elif kind == "close_session":
@@ -153,6 +161,17 @@ class AREngine(EngineInbox):
                 reply(NodeOutput(arg.call_id, arg.request_id, 0, final=True, error=f"{type(exc).__name__}: {exc}"))
             elif kind == "export_kv" and reply is not None:
                 reply(KVExported(arg.call_id, arg.request_id, error=f"{type(exc).__name__}: {exc}"))
+
+    def _on_feed(self, msg: FeedInput) -> None:
+        seq = self.scheduler.seqs.get((msg.session_id or msg.request_id, msg.node))
+        if seq is None or seq.call is None or seq.request_id != msg.request_id:
+            return  # the call ended (its Loop stopped, or it was cancelled): the rest is not needed
+        try:
+            rows = as_rows(self.store.resolve(msg.items)) if msg.items else None
+            append_fed(seq, msg, rows)
+        except Exception as exc:  # bad rows fail this call alone
+            self._fail_call(seq, f"{type(exc).__name__}: {exc}")
+            self.scheduler.drop(seq)
 
     def _on_call(self, msg: ExecuteNode, reply: Reply) -> None:
         def fail(text: str) -> None:
@@ -210,11 +229,17 @@ class AREngine(EngineInbox):
         seq.token_ids.extend(ids)
         if self.module.prompt_in_history:
             seq.history.extend(ids)
+        unknown = [p for p in msg.fed_inputs if p in CORE_INPUTS]
+        if unknown or (msg.fed_inputs and (msg.loop is None or not self.module.has_feedback)):
+            raise ValueError(f"node {msg.node!r}: fed inputs {list(msg.fed_inputs)} need a Loop call of a module with "
+                             f"feedback, and cannot be {list(CORE_INPUTS)}")
         for name, ref in msg.inputs.items():  # a feedback hook reads them on every later iteration
             if name not in CORE_INPUTS and self.module.has_feedback:
-                seq.side_inputs[name] = self.store.resolve(ref)
+                value = self.store.resolve(ref)
+                seq.side_inputs[name] = as_rows(value) if name in msg.fed_inputs else value
+        seq.open_inputs = set(msg.fed_inputs)
         seq.mask, seq.mask_arg, seq.kv_window = msg.mask, msg.mask_arg, msg.kv_window
-        seq.call = ActiveCall(msg, reply, context_before=context_before)
+        seq.call = ActiveCall(msg, reply, context_before=context_before, rows_sent=context_before)
         seq.status = SeqStatus.RUNNING if seq.table.blocks else SeqStatus.WAITING
         if msg.session_id is not None:
             seq.arrival = time.monotonic()  # a session's new message queues behind earlier requests
@@ -433,11 +458,22 @@ class AREngine(EngineInbox):
             return False
         return seq.kv_window is not None or seq.table.first_position + len(seq.token_ids) + 1 < self.module.max_positions
 
-    def _rows(self, seq: Sequence, outputs: dict | None = None) -> dict:
-        """``outputs`` plus the sequence's row outputs (every computed row), as tensor handles."""
+    def _rows(self, seq: Sequence, outputs: dict | None = None, call: ActiveCall | None = None) -> dict:
+        """``outputs`` plus the sequence's row outputs (every computed row), as tensor handles; for a
+        call that streams its step rows, only the rows since its last output (``step_<name>``)."""
         outputs = dict(outputs or {})
+        if call is not None and call.msg.step_rows:
+            return self._step_rows(seq, call, outputs)
         for name, rows in row_outputs(seq).items():
             outputs[name] = self.store.put(rows, owner=seq.request_id)
+        return outputs
+
+    def _step_rows(self, seq: Sequence, call: ActiveCall, outputs: dict) -> dict:
+        end = seq.num_computed
+        if end > call.rows_sent:
+            for name, rows in seq.rows.items():
+                outputs[f"step_{name}"] = self.store.put(rows[call.rows_sent:end].clone(), owner=seq.request_id)
+            call.rows_sent = end
         return outputs
 
     def _advance(self, seq: Sequence, token: int, fed: tuple[torch.Tensor, dict] | None = None) -> None:
@@ -448,7 +484,7 @@ class AREngine(EngineInbox):
         call.iteration += 1
         if msg.loop is not None and token in msg.loop.stop_values:
             seq.call, seq.status = None, SeqStatus.IDLE
-            call.reply(NodeOutput(msg.call_id, msg.request_id, iteration, self._rows(seq), final=True,
+            call.reply(NodeOutput(msg.call_id, msg.request_id, iteration, self._rows(seq, call=call), final=True,
                                   finish_reason="stop"))
             return
         seq.num_generated += 1
@@ -457,8 +493,10 @@ class AREngine(EngineInbox):
         last = not continues
         if last:
             seq.call, seq.status = None, SeqStatus.IDLE
-            outputs = self._rows(seq, outputs)
+            outputs = self._rows(seq, outputs, call)
         else:
+            if msg.step_rows:
+                self._step_rows(seq, call, outputs)
             seq.token_ids.append(token)  # loop feedback: next iteration's input
             if fed is not None:  # ... as the row the module computed for it
                 row, extra = fed

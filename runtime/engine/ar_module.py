@@ -20,6 +20,7 @@ class FeedbackCall:
     inputs: Mapping[str, torch.Tensor]  # the sequence's side inputs (its calls' inputs other than ids / embeds)
     greedy: bool                        # the call samples greedily
     generator: torch.Generator | None   # the sequence's seeded generator
+    open_inputs: frozenset[str] = frozenset()  # side inputs whose rows are still arriving (FeedInput)
 
 
 class ARModule(NodeSubmodule):
@@ -66,6 +67,11 @@ class ARModule(NodeSubmodule):
         """Loop feedback (``has_feedback``): hidden [B, H] of the rows just sampled, their tokens [B] ->
         (the next iteration's input rows [B, H], per sequence extra outputs of this iteration)."""
         raise NotImplementedError
+
+    def feedback_ready(self, call: FeedbackCall) -> bool:
+        """Whether ``feedback`` for ``call`` (its next sample) can run with the rows of its side inputs
+        that have arrived; False holds the sequence back until more arrive or their stream ends."""
+        return True
 
     def allowed_token_ranges(self, num_generated: int) -> list[tuple[int, int]] | None:
         """Constrained decoding: the [lo, hi) id ranges allowed for the next token of a

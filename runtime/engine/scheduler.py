@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
+from typing import Callable
 
 from mstar.engine.attention.metadata import MaskKind
 from mstar.engine.block_manager import BlockManager
@@ -37,24 +38,43 @@ class ScheduledSeq:
 
 
 class Scheduler:
-    def __init__(self, blocks: BlockManager, cache: PagedKVCache, config: EngineConfig, period: int = 1) -> None:
+    def __init__(self, blocks: BlockManager, cache: PagedKVCache, config: EngineConfig, period: int = 1,
+                 waits: Callable[[Sequence], bool] | None = None) -> None:
+        """``waits(seq)``: the sequence's next sampling step must wait (for rows fed to its Loop,
+        mstar.engine.fed_inputs); its tokens before the sampling one may still be computed."""
         if period < 1:
             raise ValueError(f"decode period must be >= 1, got {period}")
         self.blocks = blocks
         self.cache = cache
         self.config = config
         self.period = period
+        self.waits = waits or (lambda seq: False)
+        self.feed_waits = 0  # steps a sequence's sampling token was held back for fed rows
         self.phase_waits = 0  # steps sequences were held back for phase alignment (all of them)
         self.seqs: dict[tuple[str, str], Sequence] = {}
         self.num_preemptions = 0
         self._stuck: list[Sequence] = []
 
     def has_work(self) -> bool:
-        return any(s.call is not None and s.num_pending > 0 for s in self.seqs.values())
+        return any(self._computable(s) > 0 for s in self.seqs.values())
+
+    def _computable(self, seq: Sequence) -> int:
+        """Tokens of ``seq`` that may be computed now: a waiting sequence's sampling token is not."""
+        if seq.call is None or seq.num_pending == 0:
+            return 0
+        return seq.num_pending - 1 if self.waits(seq) else seq.num_pending
 
     def schedule(self) -> list[ScheduledSeq]:
-        ready = sorted((s for s in self.seqs.values() if s.call is not None and s.num_pending > 0),
-                       key=lambda s: s.arrival)
+        ready = []
+        for s in self.seqs.values():
+            if s.call is None or s.num_pending == 0:
+                continue
+            if self.waits(s):
+                self.feed_waits += 1
+                if s.num_pending == 1:
+                    continue
+            ready.append(s)
+        ready.sort(key=lambda s: s.arrival)
         budget = self.config.max_batched_tokens
         batch: list[ScheduledSeq] = []
         phase = self._running_phase(ready)
@@ -63,7 +83,7 @@ class Scheduler:
                 break
             if phase is not None and self._hold_for_phase(seq, phase, budget):
                 continue
-            n = min(seq.num_pending, budget)
+            n = min(self._computable(seq), budget)
             whole = self._bidirectional_rest(seq)
             if n < whole:  # a bidirectional prefix cannot be split over steps: its tokens see each other
                 if batch:

@@ -27,6 +27,7 @@ class ActiveCall:
     reply: Callable[[NodeOutput], None]
     iteration: int = 0
     context_before: int = 0  # len(token_ids) before this call's inputs (to undo a cancelled call)
+    rows_sent: int = 0       # row outputs up to this token index went out as step rows (ExecuteNode.step_rows)
 
     @property
     def wants_token(self) -> bool:
@@ -65,6 +66,7 @@ class Sequence:
     flow: "FlowState | None" = None          # an active flow Loop (mstar.engine.flow_loop)
     phase_waits: int = 0                     # steps held back to start in phase (mstar.engine.scheduler)
     side_inputs: dict[str, torch.Tensor] = field(default_factory=dict)  # call inputs a feedback hook reads
+    open_inputs: set[str] = field(default_factory=set)  # side inputs still growing (mstar.engine.fed_inputs)
     rows: dict[str, torch.Tensor] = field(default_factory=dict)         # row outputs by token position
 
     @property

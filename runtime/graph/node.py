@@ -73,11 +73,18 @@ class GraphNode:
     flow: bool = False  # AR flow node: its Loop integrates input/output "x" over the KV of ``kv_from``
     frames: bool = False  # AR frame node: rows come in frames (a world model; mstar.engine.frame_loop)
     optional_inputs: tuple[str, ...] = ()  # ports a call may go without (the engine has a default)
+    # ports whose streaming edge feeds the node's running Loop call (its chunks join the call's side input
+    # as they come, mstar.engine.fed_inputs) instead of starting a call per chunk
+    fed_inputs: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "inputs", tuple(self.inputs))
         object.__setattr__(self, "outputs", tuple(self.outputs))
         object.__setattr__(self, "optional_inputs", tuple(self.optional_inputs))
+        object.__setattr__(self, "fed_inputs", tuple(self.fed_inputs))
+        if any(p not in self.inputs for p in self.fed_inputs) or (self.fed_inputs and self.engine != "ar"):
+            raise ValueError(f"node {self.name!r}: fed inputs {list(self.fed_inputs)} must be inputs of an AR node "
+                             f"(inputs: {list(self.inputs)}, engine {self.engine!r})")
         unknown = [p for p in self.optional_inputs if p not in self.inputs]
         if unknown:
             raise ValueError(f"node {self.name!r}: optional inputs {unknown} are not among its inputs {list(self.inputs)}")

@@ -21,6 +21,7 @@ def check_graph(graph: "ModelGraph") -> None:
     _check_topology(graph)
     _check_cycles(graph)
     _check_views(graph)
+    _check_fed_inputs(graph)
 
 
 def _check_edges(graph: "ModelGraph") -> None:
@@ -172,3 +173,13 @@ def _check_views(graph: "ModelGraph") -> None:
         kinds = {graph.node_by_name[n].engine for n in names}
         if len(kinds) > 1:
             raise GraphError(f"graph {graph.name!r}: module {module!r} is viewed by nodes {names} with different engine kinds {sorted(kinds)}")
+
+
+def _check_fed_inputs(graph: "ModelGraph") -> None:
+    """A fed input is reached by exactly one streaming edge, from a node's ``step_*`` output."""
+    for node in graph.nodes:
+        for port in node.fed_inputs:
+            into = [e for e in graph.edges_into(node.name) if e.target.port == port]
+            if len(into) != 1 or not isinstance(into[0], StreamingGraphEdge) or not into[0].source.port.startswith("step_"):
+                raise GraphError(f"graph {graph.name!r}: fed input {node.name}.{port} needs exactly one streaming edge "
+                                 f"into it, from a node's 'step_<rows>' output (has: {[str(e) for e in into]})")

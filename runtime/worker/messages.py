@@ -82,6 +82,8 @@ class ExecuteNode(msgspec.Struct, tag=True):
     kv_import: KVState | None = None
     flow: bool = False  # a flow node: its Loop takes Euler steps of input "x" (mstar.engine.flow_loop)
     frames: bool = False  # a frame node: a world model's frame context or rollout (mstar.engine.frame_loop)
+    fed_inputs: tuple[str, ...] = ()  # ports that grow while the call runs: FeedInput messages follow
+    step_rows: bool = False  # each iteration's output carries the rows it computed ("step_<row output>")
 
 
 class NodeOutput(msgspec.Struct, tag=True):
@@ -94,6 +96,18 @@ class NodeOutput(msgspec.Struct, tag=True):
     final: bool = False
     finish_reason: str | None = None
     error: str | None = None
+
+
+class FeedInput(msgspec.Struct, tag=True):
+    """More rows for port ``port`` of the running call of ``node`` (a streaming edge into a Loop:
+    the Thinker's reply rows reaching the Talker as they are made); ``final``: the stream ended."""
+
+    request_id: str
+    node: str
+    port: str
+    items: list[TensorHandle] = []
+    final: bool = False
+    session_id: str | None = None
 
 
 class ReleaseRequest(msgspec.Struct, tag=True):

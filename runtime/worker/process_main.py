@@ -21,7 +21,7 @@ import sys
 import msgspec
 
 from mstar.worker import handshake, registry
-from mstar.worker.messages import CloseSession, ExecuteNode, ExportKV, KVExported, NodeOutput, ReleaseRequest
+from mstar.worker.messages import CloseSession, ExecuteNode, ExportKV, FeedInput, KVExported, NodeOutput, ReleaseRequest
 from mstar.worker.protocol import (MAX_HELLO, TOKEN_ENV, BlockingChannel, Challenge, FrameTooLarge, Ready, Setup,
                                    SetupFailed, Shutdown, StatsRequest, Welcome, WorkerStats, worker_tag)
 
@@ -68,7 +68,7 @@ def serve(channel: BlockingChannel, host) -> None:
             return
         if isinstance(msg, ExecuteNode):
             worker.execute(msg, reply)
-        elif isinstance(msg, (ReleaseRequest, CloseSession)):
+        elif isinstance(msg, (ReleaseRequest, CloseSession, FeedInput)):
             worker.handle(msg)
         elif isinstance(msg, ExportKV):
             worker.export_kv(msg, reply)

@@ -21,7 +21,7 @@ import msgspec
 
 from mstar.engine.config import EngineConfig
 from mstar.transport.tcp import SECRET_ENV
-from mstar.worker.messages import (CloseSession, ExecuteNode, ExportKV, KVExported, NodeOutput,
+from mstar.worker.messages import (CloseSession, ExecuteNode, ExportKV, FeedInput, KVExported, NodeOutput,
                                    ReleaseRequest)
 
 MAX_FRAME = 1 << 30  # a corrupt length must not make us allocate the world
@@ -109,7 +109,7 @@ class Shutdown(msgspec.Struct, tag=True):
 
 
 Message = Union[Challenge, Hello, Welcome, Setup, Ready, SetupFailed, StatsRequest, WorkerStats, Shutdown,
-                ExecuteNode, NodeOutput, ReleaseRequest, CloseSession, ExportKV, KVExported]
+                ExecuteNode, NodeOutput, ReleaseRequest, CloseSession, ExportKV, KVExported, FeedInput]
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Message)

@@ -1,7 +1,7 @@
 """A Worker hosts graph nodes on one device: one AR engine per AR module (shared by its
 views, each view with its own KV), and one stateless engine for the rest.
 
-The Conductor reaches a Worker only through messages (ExecuteNode, ReleaseRequest,
+The Conductor reaches a Worker only through messages (ExecuteNode, FeedInput, ReleaseRequest,
 CloseSession) and tensor handles, so a Worker can live in another process.
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ from mstar.engine.stateless_engine import StatelessEngine
 from mstar.graph.model_graph import ModelGraph
 from mstar.graph.node import NodeSubmodule
 from mstar.transport.inprocess import InProcessTensorStore
-from mstar.worker.messages import CloseSession, ExecuteNode, ExportKV, KVExported, NodeOutput, ReleaseRequest
+from mstar.worker.messages import CloseSession, ExecuteNode, ExportKV, FeedInput, KVExported, NodeOutput, ReleaseRequest
 
 log = logging.getLogger("mstar.worker")
 
@@ -111,8 +111,14 @@ class Worker:
             return
         engine.export_kv(msg, reply)
 
-    def handle(self, msg: ReleaseRequest | CloseSession) -> None:
-        if isinstance(msg, ReleaseRequest):
+    def handle(self, msg: ReleaseRequest | CloseSession | FeedInput) -> None:
+        if isinstance(msg, FeedInput):
+            engine = self._engine_of.get(msg.node)
+            if isinstance(engine, AREngine):
+                engine.feed(msg)
+            else:
+                log.warning("worker %d: rows for node %r, which no AR engine here serves, dropped", self.rank, msg.node)
+        elif isinstance(msg, ReleaseRequest):
             for engine in self._engines():
                 engine.release(msg.request_id)
         elif isinstance(msg, CloseSession):

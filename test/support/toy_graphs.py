@@ -48,3 +48,37 @@ def streaming_lm_graph(policy, consumer: str = "sum", consumer_outputs=("y", "n"
         topology=PartitionTopology(partitions={"lm": ["llm"], "sink": [consumer]},
                                    connections=[PartitionConnection("lm", "sink", policy)]),
     )
+
+
+def fed_loop_graph() -> ModelGraph:
+    """A ``producer`` LM (RowsLM) whose decode Loop streams its rows into the running Loop of a
+    ``consumer`` LM (FedLM, fed input ``text``). Walks: ``prefill`` (the producer's prompt), then
+    ``together`` (both Loops at once: the consumer reads rows as they are made) or, with request meta
+    ``after``, ``after`` (the consumer starts once the producer is done: every row is there)."""
+    from mstar.graph import FixedChunkPolicy, Parallel, PartitionConnection, PartitionTopology, Sequential, StreamingGraphEdge
+
+    def next_walk(state):
+        if state.last_walk is None:
+            return "prefill"
+        if state.last_walk == "prefill":
+            return "after" if state.request.meta.get("after") else "together"
+        return None
+
+    produce = DynamicLoop("producer", trip_count=lambda s: s.request.meta.get("produce", 8) - 1,
+                          stop=StopOnValues("producer.token", (0,)))
+    consume = DynamicLoop("consumer", trip_count=lambda s: s.request.meta.get("consume", 12))
+    return ModelGraph(
+        name="toy_fed_loop",
+        nodes=[GraphNode("producer", inputs=["input_ids"], outputs=["token", "rows", "step_rows"], engine="ar"),
+               GraphNode("consumer", inputs=["input_ids", "text"], outputs=["token"], engine="ar",
+                         fed_inputs=["text"], optional_inputs=["text"])],
+        edges=[GraphEdge("input.prompt", "producer.input_ids"), GraphEdge("producer.token", "producer.input_ids"),
+               GraphEdge("producer.token", "output.text"),
+               GraphEdge("input.prompt2", "consumer.input_ids"), GraphEdge("consumer.token", "consumer.input_ids"),
+               GraphEdge("consumer.token", "output.spoken"),
+               StreamingGraphEdge("producer.step_rows", "consumer.text", target_partition="b")],
+        walks={"prefill": Call("producer"), "together": Parallel(produce, consume), "after": Sequential(produce, consume)},
+        topology=PartitionTopology(partitions={"a": ["producer"], "b": ["consumer"]},
+                                   connections=[PartitionConnection("a", "b", FixedChunkPolicy(1))]),
+        next_walk=next_walk,
+    )

@@ -1,6 +1,8 @@
 """Small synthetic components and graphs for runtime tests (no real model needed)."""
 from __future__ import annotations
 
+import time
+
 import torch
 import torch.nn.functional as F
 
@@ -38,7 +40,9 @@ class ToyLM(ARModule):
         return self._max
 
     def forward(self, input_ids, positions, attn: AttentionContext):
-        x = self.embed[input_ids] + self.pos[positions]
+        return self.layers(self.embed[input_ids] + self.pos[positions], attn)
+
+    def layers(self, x, attn: AttentionContext):
         d = self.head_dim
         for layer, (w, o) in enumerate(zip(self.qkv, self.out)):
             q, k, v = (x @ w).split([self.heads * d, self.kv_heads * d, self.kv_heads * d], dim=-1)
@@ -162,3 +166,58 @@ class RangeConstrainedLM(ToyLM):
 
     def allowed_token_ranges(self, num_generated: int):
         return self.ranges[num_generated % len(self.ranges)]
+
+
+class RowsLM(ToyLM):
+    """ToyLM that leaves each row's input embedding in ``rows_out`` (row output ``rows``, streamed by a
+    Loop as ``step_rows``); ``delay_s`` slows every step (a producer slower than its consumer)."""
+
+    row_outputs = ("rows",)
+
+    def __init__(self, delay_s: float = 0.0, **kw) -> None:
+        super().__init__(**kw)
+        self.delay_s = delay_s
+
+    def forward(self, input_ids, positions, attn: AttentionContext):
+        if self.delay_s:
+            time.sleep(self.delay_s)
+        self.rows_out = {"rows": self.embed[input_ids]}
+        return super().forward(input_ids, positions, attn)
+
+
+class FedLM(ToyLM):
+    """ToyLM whose Loop feeds back the sampled token's embedding plus row ``iteration + 1`` of its side
+    input ``text`` (rows that may still be arriving: a fed input), an end row once the text has ended,
+    then nothing: the Talker's use of the Thinker's reply, in small."""
+
+    has_feedback = True
+
+    def __init__(self, **kw) -> None:
+        super().__init__(seed=1, **kw)
+        self.end_row = torch.nn.Parameter(torch.randn(self.embed.shape[1], generator=torch.Generator().manual_seed(5)))
+
+    def forward(self, input_ids, positions, attn: AttentionContext, embeds=None, embed_mask=None):
+        x = self.embed[input_ids]
+        if embeds is not None and embed_mask is not None and bool(embed_mask.any()):
+            x = x.clone()
+            x[embed_mask] = embeds[embed_mask].to(x.dtype)
+        return self.layers(x + self.pos[positions], attn)
+
+    def feedback_ready(self, call) -> bool:
+        if "text" not in call.open_inputs:
+            return True
+        text = call.inputs.get("text")
+        return text is not None and call.iteration + 1 < text.shape[0]
+
+    def feedback(self, hidden, tokens, calls):
+        rows = []
+        for token, c in zip(tokens, calls):
+            text, k = c.inputs.get("text"), c.iteration + 1
+            have = 0 if text is None else text.shape[0]
+            if k < have:
+                extra = text[k]
+            else:
+                assert "text" not in c.open_inputs, "feedback ran before its text row came"
+                extra = self.end_row if k == have else torch.zeros_like(self.end_row)
+            rows.append(self.embed[token] + extra.to(self.embed.dtype))
+        return torch.stack(rows), [{} for _ in calls]

@@ -87,3 +87,43 @@ def test_text_to_speech_is_the_talker_alone_on_the_texts_rows(q3_ckpt):
     out = asyncio.run(main())
     assert "text_ids" not in out  # the Thinker did not run
     assert torch.equal(torch.stack(out["codes"], dim=1), codes)
+
+
+def test_the_talker_speaks_while_the_thinker_still_replies(q3_ckpt):
+    """Walk think_and_talk: the Talker starts on the reply's first token and reads the later ones as the
+    Thinker makes them (streamed to its running Loop). Its codes are the reference's (the Talker waits for
+    a row it needs), equal to a Talker started once the reply is complete; its first frame comes out
+    before the Thinker's last token."""
+    model = Qwen3Omni.load(q3_ckpt, progress=False)
+    graph = model.graph()
+    walks: list[str | None] = []
+    choose = graph.next_walk
+
+    def recording(state):
+        walks.append(choose(state))
+        return walks[-1]
+
+    graph.next_walk = recording
+    with torch.inference_mode():
+        ref = generate(model.thinker, model.talker, model.code2wav, TEXT_PROMPT, thinker_max_new_tokens=40,
+                       talker_max_new_tokens=30)
+
+    async def main():
+        async with Conductor(graph, model.modules()) as c:
+            order = []
+            async for out in c.submit(model.request(TEXT_PROMPT, thinker_max_tokens=40, talker_max_tokens=30,
+                                                    talker_sampling=GREEDY_TALKER)):
+                order.append((out.name, out.data))
+            after = await c.submit(model.request(TEXT_PROMPT, thinker_max_tokens=40, talker_max_tokens=30,
+                                                 talker_sampling=GREEDY_TALKER, talker_after_reply=True)).collect()
+            await c.wait_idle()
+            return order, after
+
+    order, after = asyncio.run(main())
+    names = [n for n, _ in order]
+    text = [int(d) for n, d in order if n == "text_ids"]
+    codes = torch.stack([d for n, d in order if n == "codes"], dim=1)
+    assert walks[:2] == ["prefill_text", "think_and_talk"] and "talk" in walks[2:]  # the second request
+    assert text == ref.text_ids and len(text) > 20
+    assert torch.equal(codes, ref.codes) and torch.equal(torch.stack(after["codes"], dim=1), ref.codes)
+    assert names.index("codes") < len(names) - 1 - names[::-1].index("text_ids")  # a frame before the last text

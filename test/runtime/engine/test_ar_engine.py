@@ -17,7 +17,7 @@ from mstar.engine.config import EngineConfig
 from mstar.engine.device_loop import run_on_device
 from mstar.engine.sampling_params import SamplingParams
 from mstar.transport.inprocess import InProcessTensorStore
-from mstar.worker.messages import ExecuteNode, LoopSpec, NodeOutput
+from mstar.worker.messages import ExecuteNode, FeedInput, LoopSpec, NodeOutput
 from support.toy_models import ToyLM
 
 GREEDY = SamplingParams()
@@ -338,3 +338,68 @@ def test_cancelling_a_preempted_session_message_keeps_the_session_history():
     assert st.seq().token_ids == P1, "the session lost its history"
     st.call("r3", P3)
     assert st.drain() == LM.reference_greedy(P1 + P3, 1)[0]
+
+
+def _fed_call(h: "Harness", request_id: str, prompt, iters: int) -> "queue.Queue[NodeOutput]":
+    replies: queue.Queue[NodeOutput] = queue.Queue()
+    msg = ExecuteNode(call_id=next(h.ids), request_id=request_id, node="llm",
+                      inputs={"input_ids": h.store.put(torch.tensor(prompt), owner=request_id)}, sampling=GREEDY,
+                      loop=LoopSpec(max_iters=iters), fed_inputs=("text",))
+    h.engine.submit(msg, replies.put)
+    return replies
+
+
+def _feed(h: "Harness", request_id: str, rows: torch.Tensor | None, final: bool = False, port: str = "text") -> None:
+    items = [] if rows is None else [h.store.put(rows, owner=request_id)]
+    h.engine.feed(FeedInput(request_id, "llm", port, items, final))
+
+
+def test_a_loop_waits_for_its_fed_rows_and_goes_on_as_they_come():
+    from support.toy_models import FedLM
+
+    lm = FedLM()
+    with Harness(lm) as h:
+        rows = torch.randn(4, 32, generator=torch.Generator().manual_seed(3))
+        replies = _fed_call(h, "a", [5, 6, 7], 6)
+        time.sleep(0.3)  # no row yet: its first sample would need row 1, so nothing is sampled
+        assert replies.empty() and h.engine.stats()["feed_waits"] > 0
+        _feed(h, "a", rows[:2])  # rows 0 and 1: one more token, then it waits for row 2
+        first = replies.get(timeout=5)
+        time.sleep(0.2)
+        assert not first.final and replies.empty()
+        _feed(h, "a", rows[2:])
+        _feed(h, "a", None, final=True)  # the text ended: the end row, then nothing
+        streamed = [first] + h.wait(replies)
+        # the same rows given whole, as a closed stream, give the same tokens
+        whole = _fed_call(h, "b", [5, 6, 7], 6)
+        _feed(h, "b", rows, final=True)
+        assert h.tokens(streamed) == h.tokens(h.wait(whole)) and len(h.tokens(streamed)) == 6
+
+
+@pytest.mark.parametrize("bad, error", [
+    (torch.full((1, 32), float("nan")), "NaN or infinite"),
+    (torch.zeros(1, 8), "8 wide, earlier ones 32"),
+])
+def test_bad_fed_rows_fail_that_call_and_the_engine_keeps_serving(bad, error):
+    from support.toy_models import FedLM
+
+    with Harness(FedLM()) as h:
+        replies = _fed_call(h, "a", [5, 6, 7], 6)
+        _feed(h, "a", torch.zeros(2, 32))
+        _feed(h, "a", bad)
+        outs = h.wait(replies)
+        assert outs[-1].error is not None and error in outs[-1].error
+        _feed(h, "gone", torch.zeros(1, 32))  # rows for a call that is not there: dropped
+        other = _fed_call(h, "b", [1, 2], 3)
+        _feed(h, "b", None, final=True)
+        assert len(h.tokens(h.wait(other))) == 3
+        h.until(lambda: h.engine.blocks.num_used_blocks == len(h.engine.scheduler.seqs["b", "llm"].table.blocks))
+
+
+def test_rows_for_a_port_the_call_does_not_take_fed_fail_it():
+    from support.toy_models import FedLM
+
+    with Harness(FedLM()) as h:
+        replies = _fed_call(h, "a", [5, 6, 7], 6)
+        _feed(h, "a", torch.zeros(1, 32), port="other")
+        assert "does not take as a fed input" in h.wait(replies)[-1].error
