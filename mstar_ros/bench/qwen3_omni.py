@@ -47,6 +47,7 @@ class OmniBenchOptions:
     dtype: str = "bfloat16"          # ours: bf16 matmuls and convolutions are faster on these CPUs
     baseline_dtype: str = "float32"  # transformers' faster one here (2.09 s vs 2.25 s per request in bf16)
     placement: str | None = None     # ours in Worker processes (e.g. the two-rank disaggregation)
+    talker_after_reply: bool = False  # ours starts the Talker once the reply is complete (the reference's order)
 
 
 def _stats(values: list[float]) -> dict[str, float]:
@@ -61,6 +62,7 @@ async def _ours_level(chat, conductor, c: int, opts: OmniBenchOptions, bar) -> d
             nonlocal audio_s
             request = chat.request(PROMPTS[(i + r) % len(PROMPTS)], sampling=_talker(chat, opts, seed=i + 100 * r))
             request.meta["thinker_max_tokens"] = opts.thinker_tokens
+            request.meta["talker_after_reply"] = opts.talker_after_reply
             t0 = time.perf_counter()
             first, last, samples = None, None, 0
             async for out in conductor.submit(request):
@@ -171,6 +173,7 @@ def run_omni_bench(opts: OmniBenchOptions) -> dict:
     report = {
         "model": {"preset": opts.preset if opts.weights is None else None, "weights": str(chat.model.path),
                   "random_weights": chat.random_weights, "first_chunk_frames": opts.first_chunk or 25,
+                  "talker_after_reply": opts.talker_after_reply,
                   "dtype": opts.dtype, "baseline_dtype": opts.baseline_dtype, "placement": opts.placement},
         "options": {"concurrency": opts.concurrency, "rounds": opts.rounds, "thinker_tokens": opts.thinker_tokens,
                     "talker_tokens": opts.talker_tokens},

@@ -31,6 +31,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="transformers' dtype (default float32: its faster one on these CPUs)")
     p.add_argument("--placement", type=Path,
                    help="ours in Worker processes per this placement (e.g. config/placement/qwen3-omni-two-ranks.yaml)")
+    p.add_argument("--talker-after-reply", action="store_true",
+                   help="start our Talker once the Thinker's reply is complete, as the reference does (default: the "
+                        "Talker starts on the reply's first token and reads the rest as it is made)")
     p.add_argument("--json", type=Path, default=Path("bench-qwen3-omni.json"), help="where to write the figures")
     p.add_argument("--plot", type=Path, default=Path("bench-qwen3-omni.png"), help="where to write the plot")
     p.add_argument("--quick", action="store_true", help="a small run for smoke tests (tiny preset, C 1,2, 1 round)")
@@ -47,7 +50,8 @@ def _run(args: argparse.Namespace) -> int:
                             talker_tokens=args.talker_tokens, baseline_requests=args.baseline_requests,
                             preset=args.preset, weights=str(args.weights) if args.weights else None,
                             first_chunk=args.first_chunk, dtype=args.dtype, baseline_dtype=args.baseline_dtype,
-                            placement=str(args.placement) if args.placement else None)
+                            placement=str(args.placement) if args.placement else None,
+                            talker_after_reply=args.talker_after_reply)
     if args.quick:
         opts.preset, opts.concurrency, opts.rounds, opts.talker_tokens, opts.baseline_requests = "tiny", [1, 2], 1, 30, 2
     report = run_omni_bench(opts)
