@@ -36,6 +36,7 @@ class WalkExecutor:
         self.graph = graph
         self.dispatch = dispatch
         self.new_call_id = new_call_id
+        self._nodes_of_walk: dict[str, frozenset[str]] = {}
 
     async def run(self, step: WalkStep, rs: RequestState, watches: tuple[_StopWatch, ...] = ()) -> None:
         if any(w.fired for w in watches):
@@ -102,7 +103,7 @@ class WalkExecutor:
                  meta: dict[str, int] | None = None) -> ExecuteNode:
         gnode = self.graph.node(node)
         req = rs.request
-        walk_nodes = set(self.graph.walk(rs.current_walk).node_names()) if rs.current_walk else set()
+        walk_nodes = self._walk_nodes(rs.current_walk)
         # request meta "node.key" (an int, not one of the fields below) reaches that node's calls
         prefix = f"{node}."
         node_meta = {k[len(prefix):]: int(v) for k, v in req.meta.items()
@@ -117,7 +118,16 @@ class WalkExecutor:
             kv_window=req.meta.get(f"{node}.kv_window"), kv_from=gnode.kv_from, flow=gnode.flow,
             frames=gnode.frames, step_rows=any(self._step_streams(node, walk_nodes)))
 
-    def _step_streams(self, node: str, walk_nodes: set[str]) -> list[StreamingGraphEdge]:
+    def _walk_nodes(self, walk: str | None) -> frozenset[str]:
+        """The nodes a walk calls (cached: every call of a node asks)."""
+        if walk is None:
+            return frozenset()
+        nodes = self._nodes_of_walk.get(walk)
+        if nodes is None:
+            nodes = self._nodes_of_walk[walk] = frozenset(self.graph.walk(walk).node_names())
+        return nodes
+
+    def _step_streams(self, node: str, walk_nodes: frozenset[str]) -> list[StreamingGraphEdge]:
         """The streaming edges from ``node``'s step rows into a node of the current walk."""
         return [e for port in self.graph.node(node).outputs if port.startswith("step_")
                 for e in self.graph.edges_from(node, port)
@@ -128,7 +138,7 @@ class WalkExecutor:
         inputs = self._inputs(node, rs)
         fed = {e.target.port: self._stream(rs, e) for e in self.graph.edges_into(node)  # type: ignore[arg-type]
                if e.target.port in self.graph.node(node).fed_inputs}
-        walk_nodes = set(self.graph.walk(rs.current_walk).node_names()) if rs.current_walk else set()
+        walk_nodes = self._walk_nodes(rs.current_walk)
         for port, state in fed.items():  # what has come so far goes with the call
             if state.edge.source.node not in walk_nodes:  # no producer runs beside it: nothing more comes
                 self._close(rs, state)

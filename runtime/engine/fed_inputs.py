@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import torch
 
-from mstar.engine.ar_module import ARModule, FeedbackCall
+from mstar.engine.ar_module import ARModule
 from mstar.engine.sequence import Sequence
+from mstar.engine.step_feedback import feedback_call
 from mstar.worker.messages import FeedInput
 
 
@@ -47,6 +48,4 @@ def waits_for_rows(module: ARModule, seq: Sequence) -> bool:
         return False
     if call.iteration + 1 >= call.max_iters:  # its last sample: no feedback follows
         return False
-    return not module.feedback_ready(FeedbackCall(iteration=call.iteration, inputs=seq.side_inputs,
-                                                  greedy=call.msg.sampling.greedy, generator=seq.generator,
-                                                  open_inputs=frozenset(seq.open_inputs)))
+    return not module.feedback_ready(feedback_call(seq))

@@ -53,6 +53,14 @@ def row_outputs(seq: Sequence) -> dict[str, torch.Tensor]:
     return {name: rows[:seq.num_computed].clone() for name, rows in seq.rows.items()}
 
 
+def feedback_call(seq: Sequence) -> FeedbackCall:
+    """``seq``'s running call as its module's feedback hooks see it."""
+    call = seq.call
+    assert call is not None and call.msg.sampling is not None
+    return FeedbackCall(iteration=call.iteration, inputs=seq.side_inputs, greedy=call.msg.sampling.greedy,
+                        generator=seq.generator, open_inputs=frozenset(seq.open_inputs))
+
+
 def feedback_rows(module: ARModule, seqs: list[Sequence], tokens: list[int], hidden: torch.Tensor,
                   rows: list[int], continuing: list[bool]) -> dict[tuple[str, str], tuple[torch.Tensor, dict[str, torch.Tensor]]]:
     """For the sequences whose Loop goes on: (next input row, extra outputs), by sequence key.
@@ -62,8 +70,7 @@ def feedback_rows(module: ARModule, seqs: list[Sequence], tokens: list[int], hid
     picked = [i for i, c in enumerate(continuing) if c]
     if not picked:
         return {}
-    calls = [FeedbackCall(iteration=seqs[i].call.iteration, inputs=seqs[i].side_inputs,
-                          greedy=seqs[i].call.msg.sampling.greedy, generator=seqs[i].generator) for i in picked]
+    calls = [feedback_call(seqs[i]) for i in picked]
     next_rows, outs = module.feedback(hidden[[rows[i] for i in picked]], torch.tensor([tokens[i] for i in picked], device=hidden.device),
                                       calls)
     return {seqs[i].key: (next_rows[j].detach().to("cpu", torch.float32), outs[j]) for j, i in enumerate(picked)}
