@@ -1,6 +1,10 @@
 """Voice chat in a real headless Chromium (Debian's, playwright): the page's fake microphone says a sentence,
 tiny Qwen3-Omni (random weights) answers it in voice with its transcript; speaking over an answer cancels
-it and every stage's KV is freed."""
+it and every stage's KV is freed.
+
+Chromium loops the microphone file: the pause after the sentence must outlast the spoken answer, or the
+sentence's next loop barges in on every answer and none completes (on a slow CI machine with a 1.5 s
+pause, it did)."""
 from __future__ import annotations
 
 import asyncio
@@ -13,11 +17,29 @@ from support.chromium import open_with_microphone
 from support.webrtc_gateway import serve_gateway
 
 
+STAMP_EVENTS = ("(() => { const events = window.mstarVoice.events, push = events.push.bind(events);"
+                " events.push = (e) => { e.received_ms = Math.round(performance.now()); return push(e); }; })()")
+
+
+async def wait_for_response(page, status: str) -> None:
+    """Until a ``response.done`` with ``status`` came; on a timeout, the error lists what did come, and when."""
+    from playwright.async_api import TimeoutError as PlaywrightTimeout
+
+    try:
+        await page.wait_for_function("window.mstarVoice.events.some(e => e.type === 'response.done' && "
+                                     f"e.response.status === '{status}')", timeout=90000)
+    except PlaywrightTimeout:
+        events = await page.evaluate("window.mstarVoice.events")
+        came = [(e.get("received_ms"), e["type"], e.get("response", {}).get("status")) for e in events
+                if not e["type"].endswith(".delta")]
+        raise AssertionError(f"no response.done {status!r} in 90 s; the events: {came}") from None
+
+
 @pytest.mark.timeout(240)
-def test_a_spoken_turn_in_the_browser_is_answered_and_a_barge_in_frees_every_stage(qwen3_omni, speech_wav):
+def test_a_spoken_turn_in_the_browser_is_answered_and_a_barge_in_frees_every_stage(qwen3_omni, speech_wav_long_pause):
     from playwright.async_api import async_playwright
 
-    mic, _ = speech_wav  # 2.5 s silence, a sentence, 1.5 s silence; Chromium plays it in a loop
+    mic, _ = speech_wav_long_pause  # 2.5 s silence, a sentence, 8 s silence; Chromium plays it in a loop
 
     async def main():
         async with Conductor(qwen3_omni.graph(), qwen3_omni.modules()) as c:
@@ -26,12 +48,11 @@ def test_a_spoken_turn_in_the_browser_is_answered_and_a_barge_in_frees_every_sta
             try:
                 async with async_playwright() as pw:
                     browser, page = await open_with_microphone(pw, url, mic)
+                    await page.evaluate(STAMP_EVENTS)
                     # short answers: each is done before the looped sentence comes round again
                     await page.evaluate("window.mstarVoice.channel.send(JSON.stringify({type: 'session.update', "
                                         "session: {max_output_tokens: 25, seed: 5}}))")
-                    await page.wait_for_function(
-                        "window.mstarVoice.events.some(e => e.type === 'response.done' && "
-                        "e.response.status === 'completed')", timeout=90000)
+                    await wait_for_response(page, "completed")
                     transcript = await page.inner_text("#transcript")
                     heard = await page.evaluate("""async () => {
                         const stats = await window.mstarVoice.pc.getStats();
@@ -43,9 +64,7 @@ def test_a_spoken_turn_in_the_browser_is_answered_and_a_barge_in_frees_every_sta
                                         "session: {max_output_tokens: 1000}}))")
                     await page.fill("#text", "tell me a long story about robots")
                     await page.click("#speak")
-                    await page.wait_for_function(
-                        "window.mstarVoice.events.some(e => e.type === 'response.done' && "
-                        "e.response.status === 'cancelled')", timeout=90000)
+                    await wait_for_response(page, "cancelled")
                     events = await page.evaluate("window.mstarVoice.events")
                     await browser.close()
                 for _ in range(300):
