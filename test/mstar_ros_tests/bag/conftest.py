@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import random
 import subprocess
 import sys
 import threading
@@ -14,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from mstar_ros.bag.ros_env import apply_localhost_defaults
+from support.ros_domain import next_domain
 from mstar_ros.bag.synthetic import SyntheticBagSpec, write_synthetic_bag
 
 CLI = [sys.executable, "-m", "mstar_ros.cli"]
@@ -35,7 +35,7 @@ def ros_env(monkeypatch) -> dict[str, str]:
     The domain keeps concurrent test runs on one host (DDS shared memory crosses
     network namespaces) from seeing each other's topics.
     """
-    domain = random.Random(os.getpid() ^ time.monotonic_ns()).randint(30, 100)
+    domain = next_domain()
     monkeypatch.setenv("ROS_DOMAIN_ID", str(domain))
     for key in ("ROS_AUTOMATIC_DISCOVERY_RANGE", "FASTDDS_DEFAULT_PROFILES_FILE"):
         monkeypatch.delenv(key, raising=False)

@@ -7,7 +7,6 @@ discovery. The test client runs in the test process: its own rclpy context, spun
 from __future__ import annotations
 
 import os
-import random
 import signal
 import subprocess
 import sys
@@ -19,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from mstar_ros.bag.ros_env import apply_localhost_defaults
+from support.ros_domain import next_domain
 from mstar_ros.bag.synthetic import SyntheticBagSpec, write_synthetic_bag
 
 PY = sys.executable
@@ -34,7 +34,7 @@ def short_bag(tmp_path_factory) -> Path:
 
 @pytest.fixture
 def ros_env(monkeypatch) -> dict[str, str]:
-    domain = random.Random(os.getpid() ^ time.monotonic_ns()).randint(101, 200)
+    domain = next_domain()
     monkeypatch.setenv("ROS_DOMAIN_ID", str(domain))
     for key in ("ROS_AUTOMATIC_DISCOVERY_RANGE", "FASTDDS_DEFAULT_PROFILES_FILE", "RMW_IMPLEMENTATION"):
         monkeypatch.delenv(key, raising=False)
