@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from mstar_ros.bag.ros_env import apply_localhost_defaults
-from support.ros_domain import next_domain
 from mstar_ros.bag.synthetic import SyntheticBagSpec, write_synthetic_bag
+from support.ros_domain import next_domain
 
 PY = sys.executable
 
