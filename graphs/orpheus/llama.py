@@ -20,7 +20,7 @@ from mstar.engine.kv_cache import KVSpec
 from mstar.parallel.group import TPGroup
 from mstar.parallel.layers import (ParallelLMHead, RowParallelLinear, VocabParallelEmbedding, check_divisible,
                                    column_parallel, restricted_logits, vocab_slice)
-from mstar.weights import load_weights
+from mstar.weights import load_weights, no_random_init
 from mstar_graphs.orpheus.llama_config import LlamaConfig
 from mstar_graphs.common.rms_norm import RMSNorm
 from mstar_graphs.common.rope import apply_rope
@@ -193,7 +193,8 @@ class LlamaForCausalLM(ARModule):
         config = LlamaConfig.from_dir(path)
         # Build on the meta device and materialise without random init: the 3B model's
         # default init alone would take longer than reading its weights.
-        module = cls(config, dtype=dtype, device="meta", tp=tp)
+        with no_random_init():
+            module = cls(config, dtype=dtype, device="meta", tp=tp)
         module.to_empty(device="cpu")
         module._tie()
         module._reset_rope("cpu")

@@ -11,6 +11,7 @@ from mstar.conductor import Request
 from mstar.engine.device_loop import run_on_device
 from mstar.engine.sampling_params import SamplingParams
 from mstar.parallel.group import TPGroup
+from mstar.weights import no_random_init
 from mstar_graphs.orpheus.checkpoints import OrpheusPaths, resolve_paths
 from mstar_graphs.orpheus.graph import orpheus_graph
 from mstar_graphs.orpheus.llama import LlamaForCausalLM
@@ -70,7 +71,9 @@ class OrpheusTTS:
         if paths.random_weights:
             log.warning("Orpheus weights in %s are RANDOM (generated for tests): the audio is noise", paths.llm.parent)
         if requests_only:
-            model = cls(paths, OrpheusLLM(LlamaConfig.from_dir(paths.llm), device="meta"), None, voice)
+            with no_random_init():
+                llm = OrpheusLLM(LlamaConfig.from_dir(paths.llm), device="meta")
+            model = cls(paths, llm, None, voice)
             model.llm.constrain = constrain
             model.tokenizer = load_tokenizer(paths.llm)
             return model

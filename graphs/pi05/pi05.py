@@ -23,6 +23,7 @@ from mstar.engine.ar_module import ARModule
 from mstar.engine.attention.backend import AttentionContext
 from mstar.engine.kv_cache import KVSpec
 from mstar.parallel.layers import restricted_logits
+from mstar.weights import no_random_init
 from mstar_graphs.pi05.config import Pi05Config
 from mstar_graphs.pi05.expert import ActionExpert
 from mstar_graphs.pi05.gemma import GemmaPrefixLM, rope_tables
@@ -74,7 +75,8 @@ class Pi05Model(ARModule):
         """Config + prefix LM + expert weights from a pi0.5 checkpoint directory, on CPU in ``dtype``."""
         from mstar_graphs.pi05.checkpoints import load_part  # checkpoints imports this module
 
-        module = cls(Pi05Config.from_dir(path), dtype=dtype, device="meta")
+        with no_random_init():
+            module = cls(Pi05Config.from_dir(path), dtype=dtype, device="meta")
         module.to_empty(device="cpu")
         module._reset_rope("cpu")
         load_part(module, path, "model", dtype=dtype, progress=progress)

@@ -21,6 +21,7 @@ from mstar.conductor import Request
 from mstar.engine.attention.metadata import MaskKind
 from mstar.engine.device_loop import run_on_device
 from mstar.engine.sampling_params import SamplingParams
+from mstar.weights import no_random_init
 from mstar_graphs.pi05.checkpoint_layout import CheckpointLayout, inspect_checkpoint
 from mstar_graphs.pi05.checkpoints import resolve_path
 from mstar_graphs.pi05.graph import pi05_graph
@@ -61,8 +62,9 @@ class Pi05Policy:
         prompts = PromptEncoder(text, bos_id=config.bos_token_id, max_len=config.max_token_len,
                                 state_in_prompt=config.discrete_state_input)
         if not load_weights:
-            model = Pi05Model(config, device="meta")
-            return cls(path, model, Pi05ImageEncoder(config, device="meta"), text, layout, prompts)
+            with no_random_init():
+                model, encoder = Pi05Model(config, device="meta"), Pi05ImageEncoder(config, device="meta")
+            return cls(path, model, encoder, text, layout, prompts)
         # on the engines' thread: one thread runs parallel torch work (see mstar.engine.device_loop)
         model = run_on_device(Pi05Model.from_pretrained_dir, path, progress=progress)
         encoder = run_on_device(Pi05ImageEncoder.from_pretrained_dir, path, progress=progress)

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mstar.graph.node import NodeCall, NodeSubmodule
+from mstar.weights import no_random_init
 from mstar_graphs.pi05.config import Pi05Config, VisionDims
 from mstar_graphs.pi05.image_resize import to_model_size
 
@@ -138,7 +139,8 @@ class Pi05ImageEncoder(NodeSubmodule):
                             progress: bool = True) -> Pi05ImageEncoder:
         from mstar_graphs.pi05.checkpoints import load_part  # checkpoints imports this module
 
-        module = cls(Pi05Config.from_dir(path), dtype=dtype, device="meta")
+        with no_random_init():
+            module = cls(Pi05Config.from_dir(path), dtype=dtype, device="meta")
         module.to_empty(device="cpu")
         load_part(module, path, "vision", dtype=dtype, progress=progress)
         return module.eval()

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from mstar.weights import load_weights
+from mstar.weights import load_weights, no_random_init
 from mstar.weights.save import save_safetensors
 from mstar_graphs.common.cache import cached_dir
 from mstar_graphs.qwen3_omni.config import Qwen3OmniConfig
@@ -135,7 +135,7 @@ def load_component(name: str, path: str | Path, dtype: torch.dtype = torch.float
     path = Path(path)
     config = Qwen3OmniConfig.from_dir(path)
     prefix, elsewhere = PREFIXES[name]
-    with torch.device("meta"):
+    with torch.device("meta"), no_random_init():
         module = build_component(name, config, dtype=dtype)
     module.to_empty(device="cpu")
     if hasattr(module, "reset_buffers"):  # non-persistent buffers are in no checkpoint: rebuilt

@@ -22,6 +22,7 @@ import torch
 from mstar.conductor import Request
 from mstar.engine.device_loop import run_on_device
 from mstar.engine.sampling_params import SamplingParams
+from mstar.weights import no_random_init
 from mstar.conductor.stream_input import StreamInput
 from mstar_graphs.qwen3_omni.audio_encoder import tokens_for_frames
 from mstar_graphs.qwen3_omni.audio_stream import AudioFramesNode, AudioPromptNode
@@ -66,7 +67,7 @@ class Qwen3Omni:
             log.warning("Qwen3-Omni weights in %s are RANDOM (generated for tests): text and audio are noise", path)
         names = ("thinker", "audio_encoder", "vision_encoder", "talker", "code2wav")
         if requests_only:
-            with torch.device("meta"):  # no init, no memory: the shapes alone
+            with torch.device("meta"), no_random_init():  # no memory: the shapes alone
                 parts = {name: build_component(name, config) for name in names}
         else:
             parts = {name: run_on_device(load_component, name, path, progress=progress) for name in names}

@@ -7,6 +7,7 @@ from mstar.weights.checkpoint_files import (
 )
 from mstar.weights.loader import LoadReport, load_weights
 from mstar.weights.save import save_safetensors
+from mstar.weights.no_random_init import no_random_init
 
 __all__ = [
     "CheckpointReader",
@@ -16,4 +17,5 @@ __all__ = [
     "iter_checkpoint_tensors",
     "load_weights",
     "save_safetensors",
+    "no_random_init",
 ]
