@@ -50,10 +50,12 @@ def _full_chunk_tokens(chunk: int) -> int:
 
 
 def sinusoid_table(length: int, channels: int) -> torch.Tensor:
-    """[length, channels]: sin of the first half of the frequencies, then cos (Whisper's table)."""
+    """[length, channels]: sin of the first half of the frequencies, then cos (Whisper's table).
+
+    On the CPU even inside a meta-device build: meta kernels for these ops import torch._dynamo (2 s)."""
     increment = math.log(10000) / (channels // 2 - 1)
-    inv = torch.exp(-increment * torch.arange(channels // 2).float())
-    angles = torch.arange(length)[:, None].float() * inv[None, :]
+    inv = torch.exp(-increment * torch.arange(channels // 2, device="cpu").float())
+    angles = torch.arange(length, device="cpu")[:, None].float() * inv[None, :]
     return torch.cat([angles.sin(), angles.cos()], dim=1)
 
 

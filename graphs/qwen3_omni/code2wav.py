@@ -177,7 +177,8 @@ class Code2Wav(NodeSubmodule):
         self.register_buffer("code_offset", self._offsets(), persistent=False)
 
     def _offsets(self) -> torch.Tensor:
-        return torch.arange(self.cfg.num_quantizers)[None, :, None] * self.cfg.codebook_size
+        # On the CPU even inside a meta-device build (a meta arange imports torch._dynamo, 2 s).
+        return torch.arange(self.cfg.num_quantizers, device="cpu")[None, :, None] * self.cfg.codebook_size
 
     def reset_buffers(self) -> None:
         self.code_offset = self._offsets()

@@ -125,7 +125,9 @@ class VisionEncoder(NodeSubmodule):
 
     def _inv_freq(self, head_dim: int) -> torch.Tensor:
         quarter = head_dim // 2  # row and column angles share the frequencies of half the rotary pairs
-        return 1.0 / (self.cfg.rope_parameters.rope_theta ** (torch.arange(0, quarter, 2).float() / quarter))
+        # On the CPU even inside a meta-device build (a meta division imports torch._dynamo, 2 s).
+        steps = torch.arange(0, quarter, 2, device="cpu").float()
+        return 1.0 / (self.cfg.rope_parameters.rope_theta ** (steps / quarter))
 
     def reset_buffers(self) -> None:
         self.inv_freq = self._inv_freq(self.cfg.hidden_size // self.cfg.num_heads)
