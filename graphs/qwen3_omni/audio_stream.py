@@ -69,11 +69,12 @@ class AudioFramesNode(NodeSubmodule):
 class AudioPromptNode(NodeSubmodule):
     """Stateless: the prompt with one ``<|audio_pad|>`` slot (at ``meta["slot"]``; earlier spoken turns
     have their pads already) and the embeddings of all its audio -> the prompt with one pad per
-    embedding, and the mask of their positions (what the Thinker's prefill takes)."""
+    embedding, and the mask of the rows given as embeddings (what the Thinker's prefill takes): the
+    audio pads, and the image pads of a prompt with images (their rows: ``media_prompt``)."""
 
-    def __init__(self, audio_token_id: int, max_prompt: int) -> None:
+    def __init__(self, audio_token_id: int, max_prompt: int, image_token_id: int | None = None) -> None:
         super().__init__()
-        self.audio_token_id, self.max_prompt = audio_token_id, max_prompt
+        self.audio_token_id, self.max_prompt, self.image_token_id = audio_token_id, max_prompt, image_token_id
 
     def prepare_inputs(self, calls: Sequence[NodeCall]) -> dict:
         prompts = []
@@ -100,7 +101,10 @@ class AudioPromptNode(NodeSubmodule):
         for ids, slot, tokens in prompts:
             pads = torch.full((tokens,), self.audio_token_id, dtype=ids.dtype)
             wide = torch.cat([ids[:slot], pads, ids[slot + 1:]])
-            out.append((wide, wide == self.audio_token_id))
+            given = wide == self.audio_token_id
+            if self.image_token_id is not None:
+                given |= wide == self.image_token_id
+            out.append((wide, given))
         return {"pairs": out}
 
     def split_outputs(self, outputs, calls):

@@ -18,7 +18,8 @@
 Walks, chosen by ``next_walk``: ``talk`` alone for a request that gives the text to say
 (``say_ids``: text to speech without the Thinker); else ``prefill_stream`` (wait for the streamed turn's
 end, its frames having been computed as it came, then encode it and widen the prompt's audio slot),
-``prefill_audio`` (the audio encoder, then the Thinker's prompt with its rows at ``<|audio_pad|>``),
+``prefill_stream_media`` (the same with images: the vision encoder runs while the turn is said, and
+the images' positions and rows follow the widened prompt), ``prefill_audio`` (the audio encoder, then the Thinker's prompt with its rows at ``<|audio_pad|>``),
 ``prefill_vision`` (the vision encoder, then the prompt with its rows at ``<|image_pad|>``),
 ``prefill_media`` (both encoders, their rows merged in prompt order by ``media_prompt``) or
 ``prefill_text``; then ``think_and_talk``: the Talker's inputs from the prompt's rows and the reply's
@@ -49,11 +50,11 @@ def walk_chooser(im_end: int):
             if "say_ids" in state.request.inputs:  # speak the given text: the Talker alone
                 return "talk"
             if "pcm" in state.request.inputs:
-                return "prefill_stream"
+                return "prefill_stream_media" if "pixel_values" in state.request.inputs else "prefill_stream"
             if "pixel_values" in state.request.inputs:
                 return "prefill_media" if "features" in state.request.inputs else "prefill_vision"
             return "prefill_audio" if "features" in state.request.inputs else "prefill_text"
-        if last in ("prefill_stream", "prefill_audio", "prefill_vision", "prefill_media", "prefill_text"):
+        if last in ("prefill_stream", "prefill_stream_media", "prefill_audio", "prefill_vision", "prefill_media", "prefill_text"):
             first = state.value("thinker.token")
             if first is not None and int(first) == im_end:
                 return None  # an empty reply: nothing to say
@@ -135,6 +136,9 @@ def qwen3_omni_graph(im_end: int, codec_eos: int, first_chunk: int | None = None
             GraphEdge("audio_prompt.input_ids", "thinker.input_ids"),
             GraphEdge("audio_prompt.embed_mask", "thinker.embed_mask"),
             GraphEdge("audio_prompt.input_ids", "talker_inputs.prompt_ids"),
+            # a streamed turn with images: their positions and the merged rows follow the widened prompt
+            GraphEdge("audio_prompt.input_ids", "image_positions.prompt_ids"),
+            GraphEdge("audio_prompt.input_ids", "media_prompt.prompt_ids"),
             GraphEdge("thinker.token", "thinker.input_ids"),
             GraphEdge("thinker.token", "output.text_ids"),
             GraphEdge("input.prompt_ids", "talker_inputs.prompt_ids"),
@@ -153,6 +157,9 @@ def qwen3_omni_graph(im_end: int, codec_eos: int, first_chunk: int | None = None
         walks={
             "prefill_text": Call("thinker"),
             "prefill_stream": Sequential(AwaitInput("pcm"), Call("audio_prompt"), Call("thinker")),
+            # the images are encoded while the turn is said; their positions wait for the widened prompt
+            "prefill_stream_media": Sequential(Parallel(AwaitInput("pcm"), Call("vision_encoder")), Call("audio_prompt"),
+                                               Call("image_positions"), Call("media_prompt"), Call("thinker")),
             "prefill_audio": Sequential(Call("audio_encoder"), Call("thinker")),
             "prefill_vision": Sequential(Call("vision_encoder"), Call("image_positions"), Call("thinker")),
             "prefill_media": Sequential(Call("audio_encoder"), Call("vision_encoder"), Call("image_positions"),

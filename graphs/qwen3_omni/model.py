@@ -142,10 +142,10 @@ class Qwen3Omni:
         elif clips:
             inputs["embed_mask"] = pads
         if images or bool((ids == cfg.thinker_config.image_token_id).any()):
-            if pcm is not None:
-                raise ValueError("a streamed spoken turn with images is not supported yet")
             inputs |= self._image_inputs(ids, images or [])
-            if clips:  # audio and images: every pad's row, in prompt order (media_prompt)
+            if pcm is not None:  # the widened prompt's mask comes from the graph (audio_prompt)
+                del inputs["embed_mask"]
+            elif clips:  # audio and images: every pad's row, in prompt order (media_prompt)
                 inputs["embed_mask"] = inputs["embed_mask"] | pads
         if say_ids is not None:  # text to speech: the Talker speaks these tokens, as a reply ending with <|im_end|>
             if not say_ids or clips or pcm is not None or images:
@@ -195,5 +195,5 @@ def stream_nodes(config: Qwen3OmniConfig) -> dict[str, torch.nn.Module]:
     thinker, talker = config.thinker_config, config.talker_config
     room = min(thinker.text_config.max_position_embeddings - 1, talker.text_config.max_position_embeddings - 10)
     return {"audio_frames": AudioFramesNode(thinker.audio_config.num_mel_bins),
-            "audio_prompt": AudioPromptNode(thinker.audio_token_id, room),
+            "audio_prompt": AudioPromptNode(thinker.audio_token_id, room, thinker.image_token_id),
             "image_positions": ImagePositionsNode(config), "media_prompt": MediaPromptNode(config)}

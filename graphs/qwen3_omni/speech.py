@@ -98,13 +98,14 @@ class Qwen3OmniChat:
             raise ValueError("an empty turn: give text, audio or an image")
         return self._turn(text, features, None, history, voice, sampling, request_id, outputs, speak, images)
 
-    def listen_request(self, *, history: Sequence[HistoryTurn] = (), voice: str | None = None,
+    def listen_request(self, *, history: Sequence[HistoryTurn] = (), images: Sequence = (), voice: str | None = None,
                        sampling: SamplingParams | None = None, request_id: str | None = None,
                        outputs: frozenset[str] | None = None, speak: bool = True) -> tuple[Request, SampleStream]:
         """A spoken turn that streams in: the request (submit it as the turn starts) and the stream its
-        16 kHz samples go into (``push`` as they come, ``close`` at the end of the turn)."""
+        16 kHz samples go into (``push`` as they come, ``close`` at the end of the turn). ``images``: the
+        turn's own, shown before it (encoded while it is said, as are the history's)."""
         stream = turn_stream()
-        return self._turn(None, None, stream, history, voice, sampling, request_id, outputs, speak), stream
+        return self._turn(None, None, stream, history, voice, sampling, request_id, outputs, speak, images), stream
 
     def _tokens(self, features: torch.Tensor) -> int:
         return tokens_for_frames(features.shape[1], self.model.config.thinker_config.audio_config.n_window)

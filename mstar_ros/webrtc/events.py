@@ -4,7 +4,8 @@ Server: ``session.created``, ``input_audio_buffer.speech_started`` / ``speech_st
 microphone), ``response.created``, ``response.output_audio_transcript.delta``,
 ``response.output_audio.done``, ``response.done``, ``error``. Client: ``response.create`` (the text to
 speak in ``response.instructions``, or ``text``; ``response.voice`` and ``response.max_output_tokens``
-for this response only), ``response.cancel``, ``session.update`` (``voice``, ``max_output_tokens``,
+for this response only; a model that answers takes it as the user's turn, or, without text, answers the
+conversation as it stands), ``conversation.item.create`` (mstar_ros.webrtc.conversation_items), ``response.cancel``, ``session.update`` (``voice``, ``max_output_tokens``,
 ``turn_detection.silence_duration_ms``, and our extensions ``temperature``, ``top_p``,
 ``repetition_penalty``, ``seed``: the sampling of the peer's later responses).
 Every client event is validated (msgspec); a bad one gets an ``error`` event naming the field.
@@ -18,6 +19,8 @@ from typing import Any
 import msgspec
 
 MAX_EVENT_BYTES = 64 * 1024
+# an item may carry an image: up to the SCTP message size aiortc announces (a=max-message-size)
+MAX_ITEM_EVENT_BYTES = 256 * 1024
 _ids = itertools.count(1)
 
 
@@ -57,6 +60,7 @@ class ClientEvent(msgspec.Struct, forbid_unknown_fields=False):
     response: ResponseSpec | None = None
     text: str | None = None          # a shorthand for response.instructions
     session: SessionUpdate | None = None
+    item: dict | None = None         # conversation.item.create's message (checked by conversation_items)
 
 
 class EventError(ValueError):
@@ -64,17 +68,23 @@ class EventError(ValueError):
 
 
 def parse_client_event(raw: str | bytes) -> ClientEvent:
-    if len(raw) > MAX_EVENT_BYTES:
-        raise EventError(f"event of {len(raw)} bytes is over the {MAX_EVENT_BYTES}-byte limit")
+    if len(raw) > MAX_ITEM_EVENT_BYTES:
+        raise EventError(f"event of {len(raw)} bytes is over the {MAX_ITEM_EVENT_BYTES}-byte limit")
     try:
         event = msgspec.json.decode(raw if isinstance(raw, bytes) else raw.encode(), type=ClientEvent)
     except msgspec.DecodeError as exc:
         raise EventError(f"not a valid event: {exc}") from None
+    if len(raw) > MAX_EVENT_BYTES and event.type != "conversation.item.create":
+        raise EventError(f"event of {len(raw)} bytes is over the {MAX_EVENT_BYTES}-byte limit "
+                         f"({MAX_ITEM_EVENT_BYTES} for conversation.item.create)")
     return event
 
 
-def response_text(event: ClientEvent) -> str:
+def response_text(event: ClientEvent, required: bool = True) -> str | None:
+    """The text of ``response.create``; None where it has none and need not (a model answering its conversation)."""
     text = event.text if event.text is not None else (event.response.instructions if event.response else None)
     if not text or not text.strip():
+        if not required:
+            return None
         raise EventError("response.create needs the text to speak (response.instructions or text)")
     return text

@@ -9,6 +9,8 @@ microphone goes through a VAD (mstar_ros.webrtc.audio_in): ``input_audio_buffer.
 ``speech_stopped``, and speech over a response interrupts it (barge-in). For a model that answers
 speech, a turn's audio goes to the graph: streamed into its request while the turn is said when the
 model has ``listen_request`` (the graph's streamed input), else as one clip when the turn ends.
+``conversation.item.create`` adds a message (text, and images for a model that takes them) to the
+conversation the model sees on its next turn (mstar_ros.webrtc.conversation_items).
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ import msgspec
 
 from mstar.conductor.request import RequestCancelled, RequestError, UnknownRequest
 from mstar_ros.webrtc.audio_out import PacedAudioTrack
+from mstar_ros.webrtc.conversation_items import conversation_item
 from mstar_ros.webrtc.events import EventError, SessionUpdate, parse_client_event, response_text, server_event
 
 log = logging.getLogger("mstar_ros.webrtc")
@@ -92,6 +95,8 @@ class VoicePeer:
         self.conversational = bool(getattr(model, "conversational", False))
         self.listens = self.conversational and getattr(model, "audio_input_rate", None) is not None
         self.streams_turns = self.listens and hasattr(model, "listen_request")
+        self.takes_images = self.conversational and bool(getattr(model, "image_input", False))
+        self._in_order = asyncio.Lock()  # the peer's events take effect in the order they came
         self.turn: StreamedTurn | None = None  # the spoken turn streaming in now
         self.last_turn: StreamedTurn | None = None
         self.sampling = model.default_sampling  # session.update changes it for the peer's later responses
@@ -124,11 +129,15 @@ class VoicePeer:
             self.channel.send(server_event(kind, **fields))
 
     async def on_event(self, message) -> None:
+        async with self._in_order:  # an item decoding its image is in the conversation before a later response.create
+            await self._on_event(message)
+
+    async def _on_event(self, message) -> None:
         try:
             event = parse_client_event(message)
             if event.type == "response.create":
-                text = response_text(event)
-                if len(text) > self.max_text_chars:
+                text = response_text(event, required=not self.conversational)
+                if text is not None and len(text) > self.max_text_chars:
                     raise EventError(f"text of {len(text)} characters is over the {self.max_text_chars} limit")
                 spec = event.response
                 sampling = self.sampling
@@ -136,9 +145,23 @@ class VoicePeer:
                     sampling = self._sampling_with(max_tokens=spec.max_output_tokens)
                 received = time.monotonic()
                 voice = (spec.voice if spec else None) or self.voice
+                history, item = list(self.history), None
+                if self.conversational and text is None:  # answer the conversation: its last item is the turn
+                    if not history or history[-1][0] != "user":
+                        raise EventError("response.create needs text, or a user item to answer "
+                                         "(conversation.item.create) as the conversation's last")
+                    *history, item = history
                 async with self._switch:
                     await self.cancel_response()  # one response at a time: a new one replaces it
-                    self._task = asyncio.ensure_future(self._respond(text, voice, sampling, received))
+                    self._task = asyncio.ensure_future(self._respond(text, voice, sampling, received,
+                                                                     history=history, item=item))
+            elif event.type == "conversation.item.create":
+                if not self.conversational:
+                    raise EventError("this model keeps no conversation: it speaks the text of response.create")
+                added = await asyncio.to_thread(conversation_item, event.item, f"item_{uuid.uuid4().hex[:12]}",
+                                                images_ok=self.takes_images)  # decoding an image: off the loop
+                self.history = self._trimmed(self.history + [added.history_turn()])
+                self.send("conversation.item.created", item=added.summary())
             elif event.type == "input_audio_buffer.commit":
                 raise EventError("the turn ends on its own here (server VAD): speak, then pause")
             elif event.type == "response.cancel":
@@ -175,11 +198,14 @@ class VoicePeer:
     def session_state(self) -> dict:
         s = self.sampling
         return {"id": self.session, "voice": self.voice, "max_output_tokens": s.max_tokens,
+                "input_image": self.takes_images,  # conversation.item.create takes input_image parts
                 "temperature": s.temperature, "top_p": s.top_p, "repetition_penalty": s.repetition_penalty,
                 "seed": s.seed, "turn_detection": {"type": "server_vad", "silence_duration_ms": self.silence_duration_ms}}
 
     async def _respond(self, text: str | None, voice: str | None, sampling, received: float,
-                       audio=None, turn: StreamedTurn | None = None) -> None:
+                       audio=None, turn: StreamedTurn | None = None, history: list | None = None,
+                       item: tuple | None = None) -> None:
+        """``item``: the conversation's last user item, answered (its turn), ``history`` the turns before it."""
         rid = turn.request.request_id if turn is not None else f"resp_{uuid.uuid4().hex[:12]}"
         self.response_id = rid
         model, audio_port = self.model, self.model.audio_output
@@ -194,12 +220,19 @@ class VoicePeer:
                 if self.response_id == rid:
                     self.response_id = None
                 raise
-            await self._stream_response(rid, text, text_port, audio_port, received, outputs, turn.audio)
+            heard = turn.audio
+            await self._stream_response(rid, text, text_port, audio_port, received, outputs,
+                                        ("user", "") if heard is None else ("user", "", heard))
             return
         try:
             if self.conversational:  # a turn of the conversation: the model answers it
-                request = model.request(text, audio=audio, history=list(self.history), voice=voice, sampling=sampling,
-                                        request_id=rid, outputs=frozenset({audio_port, text_port} - {None}))
+                history = list(self.history) if history is None else history
+                images = ()
+                if item is not None:
+                    text, images = item[1], (item[3] if len(item) > 3 else ())
+                request = model.request(text, audio=audio, images=images, history=history, voice=voice,
+                                        sampling=sampling, request_id=rid,
+                                        outputs=frozenset({audio_port, text_port} - {None}))
             else:  # a text-to-speech model speaks the text itself
                 request = model.request(text, voice=voice, sampling=sampling, request_id=rid,
                                         outputs=frozenset({audio_port}))
@@ -207,18 +240,20 @@ class VoicePeer:
             self.response_id = None
             self.send("error", error={"type": "invalid_request_error", "message": str(exc)})
             return
-        await self._stream_response(rid, text, text_port, audio_port, received, self.conductor.submit(request), audio)
+        user = None if item is not None else ("user", text or "") if audio is None else ("user", text or "", audio)
+        await self._stream_response(rid, text, text_port, audio_port, received, self.conductor.submit(request), user)
 
     async def _stream_response(self, rid: str, text: str | None, text_port, audio_port, received: float,
-                               outputs, heard=None) -> None:
-        """The response's outputs to the peer as they come: audio to its track, events on its channel."""
+                               outputs, user: tuple | None = None) -> None:
+        """The response's outputs to the peer as they come: audio to its track, events on its channel.
+        ``user``: the turn answered, which joins the conversation with the answer (None: it is in it already)."""
         model = self.model
         self.responses += 1
         timing = ResponseTiming(rid, received)
         self.timings.append(timing)
         underruns_before = self.track.underruns
         self.send("response.created", response={"id": rid, "status": "in_progress"})
-        if text_port is None:
+        if text_port is None:  # a text-to-speech model says the text itself
             self.send("response.output_audio_transcript.delta", response_id=rid, delta=text)
         reply_ids: list[int] = []
         said = ""
@@ -242,7 +277,7 @@ class VoicePeer:
             if text_port is not None:
                 said = model.decode_text(reply_ids)
                 self.send("response.output_audio_transcript.done", response_id=rid, transcript=said)
-                self._remember(text, said, heard)
+                self._remember(user, said)
             while self.track.queued_ms > 0 and not self.closed:  # done when the peer has heard it
                 await asyncio.sleep(0.02)
             self.send("response.output_audio.done", response_id=rid)
@@ -338,23 +373,32 @@ class VoicePeer:
 
     MAX_HISTORY_TURNS = 20
     MAX_HISTORY_AUDIO_S = 120.0  # spoken turns the model hears again with each new one
+    MAX_HISTORY_IMAGES = 8       # and images it sees again
 
-    def _remember(self, text: str | None, said: str, heard=None) -> None:
+    def _remember(self, user: tuple | None, said: str) -> None:
         """A turn and its answer join the conversation: a typed one as text, a spoken one with its audio
-        (the model hears it again next turn, as the reference takes a conversation's audio). The oldest
-        turns go first past MAX_HISTORY_TURNS, or past MAX_HISTORY_AUDIO_S of kept audio."""
-        if not said.strip() or (heard is None and not (text and text.strip())):
+        (the model hears it again next turn, as the reference takes a conversation's audio); an item
+        answered is in it already, and its answer follows it."""
+        if not said.strip() or (user is not None and len(user) == 2 and not user[1].strip()):
             return
-        user = ("user", text or "") if heard is None else ("user", text or "", heard)
-        history = (self.history + [user, ("assistant", said)])[-self.MAX_HISTORY_TURNS:]
+        self.history = self._trimmed(self.history + ([] if user is None else [user]) + [("assistant", said)])
+
+    def _trimmed(self, history: list) -> list:
+        """The oldest turns go first past MAX_HISTORY_TURNS, MAX_HISTORY_AUDIO_S of kept audio or
+        MAX_HISTORY_IMAGES kept images; the conversation then starts at a user turn."""
         rate = self.model.audio_input_rate or 16_000
 
-        def audio_s(turns) -> float:
-            return sum(len(t[2]) for t in turns if len(t) > 2) / rate
+        def over(turns) -> bool:
+            audio_s = sum(len(t[2]) for t in turns if len(t) > 2 and t[2] is not None) / rate
+            images = sum(len(t[3]) for t in turns if len(t) > 3)
+            return len(turns) > self.MAX_HISTORY_TURNS or audio_s > self.MAX_HISTORY_AUDIO_S or \
+                images > self.MAX_HISTORY_IMAGES
 
-        while len(history) > 2 and audio_s(history) > self.MAX_HISTORY_AUDIO_S:
-            history = history[2:]
-        self.history = history
+        while len(history) > 1 and over(history):
+            history = history[1:]
+            while history and history[0][0] == "assistant":
+                history = history[1:]
+        return history
 
     async def _answer_turn(self, samples) -> None:
         """The end of the user's spoken turn: its audio goes to the model, which answers it."""

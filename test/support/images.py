@@ -1,5 +1,5 @@
-"""Images for the tests, made by code: a decompression bomb (a PNG that declares a huge size in a few bytes)
-and a PNG whose chunks are broken."""
+"""Images for the tests, made by code: a camera-like picture, a decompression bomb (a PNG that declares a
+huge size in a few bytes) and a PNG whose chunks are broken."""
 from __future__ import annotations
 
 import struct
@@ -29,3 +29,14 @@ def broken_png() -> bytes:
     at = raw.index(b"IDAT")
     raw[at - 4:at] = (int.from_bytes(raw[at - 4:at], "big") // 2).to_bytes(4, "big")
     return bytes(raw)
+
+
+def picture(width: int, height: int, seed: int):
+    """A smooth colour field with some texture (a PIL image): what a camera frame looks like to the resize, not noise."""
+    import numpy as np
+    import PIL.Image
+
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:height, 0:width]
+    rgb = np.stack([128 + 100 * np.sin(x / (7 + seed)), 128 + 100 * np.cos(y / 5), (x + y) % 256], axis=-1)
+    return PIL.Image.fromarray((rgb + rng.normal(0, 8, rgb.shape)).clip(0, 255).astype(np.uint8))

@@ -1,6 +1,6 @@
 """Qwen3-Omni across Worker processes, as the paper disaggregates it: the Thinker on rank 0, the Talker
 and Code2Wav on rank 1 (config/placement/qwen3-omni-two-ranks.yaml); the Thinker's rows cross processes
-over shared memory; a spoken turn streams into rank 0 as it is said; and the Thinker at tensor
+over shared memory; a spoken turn streams into rank 0 as it is said, alone and after an image; and the Thinker at tensor
 parallelism 2 (config/placement/qwen3-omni-thinker-tp2.yaml). Same text, codes and audio as in one
 process."""
 from __future__ import annotations
@@ -17,6 +17,7 @@ from mstar.engine.sampling_params import SamplingParams
 from mstar_graphs.qwen3_omni.components import qwen3_omni_spec
 from mstar_graphs.qwen3_omni.model import Qwen3Omni
 from mstar_graphs.qwen3_omni.speech import Qwen3OmniChat
+from support.images import picture
 from support.qwen3_omni_prompts import TEXT_PROMPT
 
 GREEDY_TALKER = SamplingParams(temperature=0.0, repetition_penalty=1.05)
@@ -26,7 +27,8 @@ PLACEMENTS = Path(__file__).parents[3] / "config" / "placement"
 
 
 async def _serve(model: Qwen3Omni, conductor, ranks: list | None = None) -> list[dict]:
-    """Two typed turns, a spoken turn streamed in (its frames computed as its samples come) and an image turn, at once.
+    """Two typed turns, two spoken turns streamed in (their frames computed as their samples come; one shows an
+    image: the vision encoder runs on rank 0 while it is said) and an image turn, at once.
     ``ranks`` gets the Workers' status while they serve."""
     prompts = [TEXT_PROMPT, TEXT_PROMPT[:4] + TEXT_PROMPT[5:]]
     t = torch.arange(11_000) / 16000
@@ -35,9 +37,12 @@ async def _serve(model: Qwen3Omni, conductor, ranks: list | None = None) -> list
         streams = [conductor.submit(model.request(p, thinker_max_tokens=6, talker_max_tokens=30 + 10 * i,
                                                   talker_sampling=GREEDY_TALKER, request_id=f"q{i}"))
                    for i, p in enumerate(prompts)]
-        turn, samples = Qwen3OmniChat(model).listen_request(
-            sampling=msgspec.structs.replace(GREEDY_TALKER, max_tokens=25), request_id="spoken")
-        streams.append(conductor.submit(turn))
+        chat = Qwen3OmniChat(model)
+        turn, samples = chat.listen_request(sampling=msgspec.structs.replace(GREEDY_TALKER, max_tokens=25),
+                                            request_id="spoken")
+        seeing, seen_samples = chat.listen_request(images=[picture(40, 30, 6)], request_id="spoken_image",
+                                                   sampling=msgspec.structs.replace(GREEDY_TALKER, max_tokens=20))
+        streams += [conductor.submit(turn), conductor.submit(seeing)]
         # an image's rows are wider (its deepstack features) and its prompt has M-RoPE positions
         pixels = torch.randn(24, 3 * 2 * 16 * 16, generator=torch.Generator().manual_seed(5))
         image = [151644, 872, 198, 151652, *[151655] * 6, 151653, 100, 151645, 198, 151644, 77091, 198]
@@ -46,8 +51,10 @@ async def _serve(model: Qwen3Omni, conductor, ranks: list | None = None) -> list
                                                       request_id="image")))
         for piece in clip.split(1234):
             samples.push(piece)
+            seen_samples.push(piece)
             await asyncio.sleep(0.005)
         samples.close()
+        seen_samples.close()
         out = await asyncio.gather(*(s.collect() for s in streams))
         if ranks is not None:
             ranks.extend(conductor.worker_status())
@@ -62,7 +69,7 @@ def in_one_process(q3_ckpt) -> tuple[Qwen3Omni, list[dict]]:
 
 
 def _same(apart: list[dict], alone: list[dict]) -> None:
-    assert len(apart) == len(alone) == 4 and alone[2]["audio"] and alone[3]["audio"]
+    assert len(apart) == len(alone) == 5 and all(out["audio"] for out in alone[2:])
     for a, b in zip(apart, alone):
         assert [int(t) for t in a["text_ids"]] == [int(t) for t in b["text_ids"]]
         assert torch.equal(torch.stack(a["codes"]), torch.stack(b["codes"]))

@@ -16,6 +16,7 @@ from mstar_graphs.qwen3_omni.audio_stream import turn_stream
 from mstar_graphs.qwen3_omni.chat import Turn, prompt_ids
 from mstar_graphs.qwen3_omni.model import Qwen3Omni
 from mstar_graphs.qwen3_omni.speech import Qwen3OmniChat
+from support.images import picture
 
 GREEDY_TALKER = SamplingParams(temperature=0.0, repetition_penalty=1.05, max_tokens=30)
 
@@ -81,6 +82,49 @@ def test_a_streamed_turn_is_answered_as_the_whole_clip_is(chat):
             assert torch.equal(torch.stack(out["codes"]), torch.stack(ref["codes"]))
             assert torch.equal(torch.cat(out["audio"]), torch.cat(ref["audio"]))
     assert all(len(out["text_ids"]) > 1 and out["audio"] for out in whole)
+    assert used == idle
+
+
+def test_a_streamed_turn_with_images_is_answered_as_the_whole_clip_with_them_is(chat):
+    """Images shown before the spoken turn (one in an earlier turn, one in this one) are encoded while it
+    streams in; their M-RoPE positions and rows follow the widened prompt: the same answer as the clip
+    given whole with the same images, alone and batched beside the same turn without images."""
+    clip = speechlike(1.3, 4)
+    history = [("user", "look at this", None, [picture(60, 44, 1)]), ("assistant", "a colour field")]
+    shown = [picture(36, 70, 2)]
+
+    async def main():
+        async with Conductor(chat.graph(), chat.modules()) as c:
+            idle = c.kv_blocks_used()
+            whole = await c.submit(chat.request(audio=clip, images=shown, history=history,
+                                                sampling=GREEDY_TALKER)).collect()
+            blind = await c.submit(chat.request(audio=clip, sampling=GREEDY_TALKER)).collect()
+            request, stream = chat.listen_request(images=shown, history=history, sampling=GREEDY_TALKER)
+            alone = c.submit(request)
+            pushing = asyncio.ensure_future(push_slowly(stream, clip, 3))
+            alone = await alone.collect()
+            await pushing
+            pairs = [chat.listen_request(images=shown, history=history, sampling=GREEDY_TALKER),
+                     chat.listen_request(sampling=GREEDY_TALKER)]
+            runs = [c.submit(r) for r, _ in pairs]
+            pushes = [asyncio.ensure_future(push_slowly(s, clip, 5 + i)) for i, (_, s) in enumerate(pairs)]
+            together = await asyncio.gather(*(r.collect() for r in runs), *pushes)
+            for _ in range(200):
+                if c.kv_blocks_used() == idle:
+                    break
+                await asyncio.sleep(0.01)
+            return whole, blind, alone, together[:2], c.kv_blocks_used(), idle
+
+    whole, blind, alone, (batched, batched_blind), used, idle = asyncio.run(main())
+    codes = lambda out: torch.stack(out["codes"])  # noqa: E731
+    assert [int(t) for t in whole["text_ids"]] != [int(t) for t in blind["text_ids"]]  # the images count
+    for out, ref in ((alone, whole), (batched, whole), (batched_blind, blind)):
+        assert [int(t) for t in out["text_ids"]] == [int(t) for t in ref["text_ids"]]
+        assert torch.equal(codes(out), codes(ref))
+    assert torch.equal(torch.cat(alone["audio"]), torch.cat(whole["audio"]))
+    for out, ref in ((batched, whole), (batched_blind, blind)):  # Code2Wav batched their chunks: its convolutions
+        ref = torch.cat(ref["audio"])                              # sum in another order
+        assert (torch.cat(out["audio"]) - ref).abs().max() / ref.abs().max() < 1e-4
     assert used == idle
 
 

@@ -20,18 +20,10 @@ from mstar_graphs.qwen3_omni.direct import chunked_decode
 from mstar_graphs.qwen3_omni.image_processor import ImagePreprocessor, image_pad_count
 from mstar_graphs.qwen3_omni.reference import reference_generate
 from mstar_graphs.qwen3_omni.speech import Qwen3OmniChat
-from support.images import bomb_png
+from support.images import bomb_png, picture
 from support.qwen3_omni_prompts import TEXT_PROMPT, audio_prompt
 
 GREEDY_TALKER = SamplingParams(temperature=0.0, repetition_penalty=1.05)
-
-
-def picture(width: int, height: int, seed: int) -> PIL.Image.Image:
-    """A smooth colour field with some texture: what a camera frame looks like to the resize, not noise."""
-    rng = np.random.default_rng(seed)
-    y, x = np.mgrid[0:height, 0:width]
-    rgb = np.stack([128 + 100 * np.sin(x / (7 + seed)), 128 + 100 * np.cos(y / 5), (x + y) % 256], axis=-1)
-    return PIL.Image.fromarray((rgb + rng.normal(0, 8, rgb.shape)).clip(0, 255).astype(np.uint8))
 
 
 @pytest.fixture(scope="module")
@@ -193,8 +185,9 @@ def test_bad_images_get_clear_errors_and_the_others_are_served(chat, two_images,
 
     pads = tuple(image_pad_count(grid) for _, grid in two_images)
     both = prompt_ids(chat.tokenizer, model.config, [Turn("user", "and this", 1, pads)])
-    with pytest.raises(ValueError, match="a streamed spoken turn with images is not supported yet"):
-        model.request(both, images=two_images, pcm=turn_stream())
+    assert "pixel_values" in model.request(both, images=two_images, pcm=turn_stream()).inputs
+    with pytest.raises(ValueError, match="image"):  # a streamed turn's images are checked as any others
+        model.request(both, images=two_images[:1], pcm=turn_stream())
     with pytest.raises(ValueError, match="do not fit its grid"):
         model.request(prompt, images=[(two_images[0][0][:-1], two_images[0][1]), two_images[1]])
     assert ImagePreprocessor().max_input_pixels == 8192 * 8192

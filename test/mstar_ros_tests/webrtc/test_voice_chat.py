@@ -1,10 +1,13 @@
 """Voice chat through the gateway with a model that answers (tiny Qwen3-Omni, random weights): a spoken
 turn from an aiortc microphone streams into the graph as it is said (its streamed input) and is answered
-in voice with its transcript; a typed turn too; speaking over the answer cancels every stage and frees their KV."""
+in voice with its transcript; a typed turn too; an image shown first (conversation.item.create) is seen
+with the spoken turn; speaking over the answer cancels every stage and frees their KV."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
+import io
 
 import pytest
 from aiohttp import ClientSession
@@ -13,6 +16,7 @@ from aiortc.contrib.media import MediaPlayer
 from mstar.conductor import Conductor
 from mstar_ros.webrtc.client import GatewayClient
 from mstar_ros.webrtc.server import VoiceGateway
+from support.images import picture
 from support.webrtc_gateway import serve_gateway
 
 
@@ -98,3 +102,64 @@ def test_speaking_over_the_answer_cancels_every_stage(qwen3_omni, speech_wav):
     first, during, idle = asyncio.run(main())
     assert first["response"]["status"] == "cancelled"
     assert during is None or during == idle  # no stage holds the cancelled answer's KV
+
+
+def png_data_url(image) -> str:
+    buf = io.BytesIO()
+    image.save(buf, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+@pytest.mark.timeout(180)
+def test_an_image_shown_before_a_spoken_turn_is_seen_with_it_and_items_can_be_answered(qwen3_omni, speech_wav):
+    import torch
+
+    path, _ = speech_wav
+    shown = picture(80, 60, 3)
+
+    async def answer(c, **turn) -> str:
+        out = await c.submit(qwen3_omni.request(**turn, speak=False)).collect()
+        return qwen3_omni.decode_text([int(t) for t in out["text_ids"]])
+
+    async def main():
+        async with chatting(qwen3_omni, path) as (c, idle, client, player, peer):
+            client.send(type="session.update", session={"max_output_tokens": 40, "seed": 3})
+            client.send(type="conversation.item.create", item={"type": "message", "role": "user", "content": [
+                {"type": "input_image", "image_url": png_data_url(shown)}]})
+            await client.until(lambda: "response.done" in client.types(), 120, "the spoken turn's answer")
+            player.audio.stop()
+            # bad items are errors; the peer keeps its conversation and goes on serving
+            for item in ({"type": "message", "role": "user", "content": [{"type": "input_image",
+                                                                           "image_url": "https://example.com/a.png"}]},
+                         {"type": "message", "role": "assistant", "content": [{"type": "input_image",
+                                                                                "image_url": png_data_url(shown)}]}):
+                client.send(type="conversation.item.create", item=item)
+            await client.until(lambda: client.types().count("error") == 2, 30, "the bad items' errors")
+            # a typed item, then response.create without text: the conversation's last item is answered
+            client.send(type="conversation.item.create", item={"type": "message", "role": "user", "content": [
+                {"type": "input_text", "text": "and what colour is it"}]})
+            client.send(type="response.create")
+            await client.until(lambda: client.types().count("response.done") == 2, 120, "the item's answer")
+            history = list(peer.history)
+            heard = torch.from_numpy(peer.last_turn.audio)
+            seen = history[0]
+            expected = [await answer(c, audio=heard, history=[seen], sampling=peer.sampling),
+                        await answer(c, text="and what colour is it", history=history[:3], sampling=peer.sampling)]
+            blind = await answer(c, audio=heard, sampling=peer.sampling)
+            return client.events, history, expected, blind
+
+    events, history, expected, blind = asyncio.run(main())
+    types = [e["type"] for e in events]
+    created = [e for e in events if e["type"] == "conversation.item.created"]
+    assert types.index("conversation.item.created") < types.index("input_audio_buffer.speech_started")
+    assert created[0]["item"]["content"] == [{"type": "input_image", "width": 80, "height": 60}]
+    errors = [e["error"]["message"] for e in events if e["type"] == "error"]
+    assert "data: URL" in errors[0] and "user messages only" in errors[1]
+    transcripts = [e["transcript"] for e in events if e["type"] == "response.output_audio_transcript.done"]
+    done = [e["response"]["status"] for e in events if e["type"] == "response.done"]
+    assert done == ["completed", "completed"]
+    assert transcripts == expected and expected[0] != blind  # the spoken turn's answer saw the image
+    roles = [(turn[0], turn[1]) for turn in history]
+    assert roles == [("user", ""), ("user", ""), ("assistant", transcripts[0]), ("user", "and what colour is it"),
+                     ("assistant", transcripts[1])]
+    assert history[0][3][0].tobytes() == shown.tobytes() and history[1][2] is not None
