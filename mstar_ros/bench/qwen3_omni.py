@@ -13,12 +13,15 @@ of audio in both systems). The Talker samples as the reference's ``generate`` do
   time to first audio at concurrency C is when its whole waveform is back after the requests
   queued before it (``generate`` returns no audio before the end).
 
-Keys ``ttfa_growth_1_to_8`` (ours, p50 at 8 / p50 at 1) and ``throughput_ratio_c8``.
+Keys ``ttfa_growth_1_to_8`` (ours, p50 at 8 / p50 at 1) and ``throughput_ratio_c8``. Each level also has
+``cpu_cores_busy``: CPU seconds per wall second of this process and, under a placement, of each Worker
+rank, which shows a rank that is the bottleneck and one that waits.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import platform
 import time
 from dataclasses import dataclass, field
@@ -54,9 +57,27 @@ def _stats(values: list[float]) -> dict[str, float]:
     return {"p50": round(percentile(values, 50), 1), "p95": round(percentile(values, 95), 1)}
 
 
+def _cpu_seconds(conductor) -> dict[str, float]:
+    """CPU time so far of this process and of each Worker process (Linux /proc; ranks whose stat cannot be read
+    are left out): where a placement's ranks are busy and where they wait."""
+    times = os.times()
+    out = {"this process": times.user + times.system}
+    if conductor.pool is not None:
+        tick = os.sysconf("SC_CLK_TCK")
+        for status in conductor.worker_status():
+            try:
+                with open(f"/proc/{status.pid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                out[f"rank {status.rank}"] = (int(fields[11]) + int(fields[12])) / tick  # utime + stime
+            except (OSError, IndexError, ValueError, TypeError):
+                continue
+    return out
+
+
 async def _ours_level(chat, conductor, c: int, opts: OmniBenchOptions, bar) -> dict:
     ttfa, rtf, audio_s = [], [], 0.0
     start = time.perf_counter()
+    cpu_before = _cpu_seconds(conductor)
     for r in range(opts.rounds):
         async def one(i: int) -> None:
             nonlocal audio_s
@@ -78,8 +99,11 @@ async def _ours_level(chat, conductor, c: int, opts: OmniBenchOptions, bar) -> d
         await asyncio.gather(*(one(i) for i in range(c)))
         bar.update(1)
     wall = time.perf_counter() - start
+    cpu_after = _cpu_seconds(conductor)
+    busy = {name: round((cpu_after[name] - cpu_before[name]) / wall, 3) for name in cpu_after if name in cpu_before}
     return {"requests": c * opts.rounds, "ttfa_ms": _stats(ttfa), "rtf": _stats(rtf),
-            "audio_s": round(audio_s, 2), "wall_s": round(wall, 2), "throughput_audio_s_per_s": round(audio_s / wall, 3)}
+            "audio_s": round(audio_s, 2), "wall_s": round(wall, 2), "throughput_audio_s_per_s": round(audio_s / wall, 3),
+            "cpu_cores_busy": busy}
 
 
 def _talker(chat, opts: OmniBenchOptions, seed: int):
@@ -198,6 +222,10 @@ def summary_lines(report: dict) -> list[str]:
         lines.append(f"{c:>3} {o['ttfa_ms']['p50']:>8.0f}/{o['ttfa_ms']['p95']:<6.0f}ms {o['rtf']['p50']:>8.2f}/"
                      f"{o['rtf']['p95']:<7.2f} {o['throughput_audio_s_per_s']:>14.2f} "
                      f"{lv['baseline_sequential']['ttfa_ms']['p50']:>15.0f}ms {lv['throughput_ratio']:>6.2f}x")
+    for c, lv in sorted(report["levels"].items(), key=lambda kv: int(kv[0])):
+        busy = lv["ours"].get("cpu_cores_busy", {})
+        if any(name.startswith("rank") for name in busy):
+            lines.append(f"{c:>3} CPU cores busy: " + ", ".join(f"{name} {v:.2f}" for name, v in sorted(busy.items())))
     growth = next(v for k, v in report.items() if k.startswith("ttfa_growth_"))
     ratio = next(v for k, v in report.items() if k.startswith("throughput_ratio_c"))
     g = report["goals"]
