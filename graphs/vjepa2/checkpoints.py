@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Callable, Mapping
 
 import torch
-from tqdm import tqdm
 
+from mstar.progress import progress_bar
 from mstar.weights import WeightsError
 from mstar.weights.checkpoint_files import iter_checkpoint_tensors
 from mstar_graphs.common.cache import cached_dir
@@ -121,7 +121,7 @@ def copy_strict(module: torch.nn.Module, tensors: Mapping[str, torch.Tensor], wh
     params = dict(module.named_parameters())
     params.update(dict(module.named_buffers()))
     with torch.no_grad():
-        for name in tqdm(sorted(targets), desc=f"loading {what}", disable=not progress, unit="tensor"):
+        for name in progress_bar(sorted(targets), desc=f"loading {what}", disable=not progress, unit="tensor"):
             params[name].copy_(tensors[name].to(params[name].dtype))
 
 

@@ -22,7 +22,6 @@ import platform
 import time
 
 import torch
-from tqdm import tqdm
 
 from mstar.conductor import Conductor
 from mstar.engine.config import EngineConfig
@@ -30,6 +29,7 @@ from mstar.engine.device_loop import run_on_device
 from mstar.engine.intra_op import model_threads
 from mstar.engine.linear_packing import parameter_count
 from mstar.engine.sampling_params import SamplingParams
+from mstar.progress import progress_bar
 from mstar_ros.bench.workload import JobResult, TTSJob, summarize, tts_workload
 
 log = logging.getLogger("mstar_ros.bench")
@@ -47,7 +47,7 @@ async def _ours(tts, jobs: list[TTSJob], concurrency: int, config: EngineConfig,
         gate = asyncio.Semaphore(concurrency)
         t0 = time.perf_counter()
         results: list[JobResult] = []
-        bar = tqdm(total=len(jobs), desc=f"{label:<6} c={concurrency:<2}", unit="req", leave=False)
+        bar = progress_bar(total=len(jobs), desc=f"{label:<6} c={concurrency:<2}", unit="req", leave=False)
 
         async def one(job: TTSJob) -> None:
             await asyncio.sleep(max(0.0, job.arrival - (time.perf_counter() - t0)))
@@ -77,7 +77,7 @@ def _baseline(hf, snac_model, tts, jobs: list[TTSJob], batch: int, label: str) -
 
     results: list[JobResult] = []
     pending = list(jobs)
-    bar = tqdm(total=len(jobs), desc=f"{label:<7}", unit="req", leave=False)
+    bar = progress_bar(total=len(jobs), desc=f"{label:<7}", unit="req", leave=False)
     t0 = time.perf_counter()
     while pending:
         now = time.perf_counter() - t0

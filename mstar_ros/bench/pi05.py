@@ -23,13 +23,13 @@ import json
 import platform
 
 import torch
-from tqdm import tqdm
 
 from mstar.conductor import Conductor
 from mstar.engine.config import EngineConfig
 from mstar.engine.device_loop import run_on_device
 from mstar.engine.intra_op import model_threads
 from mstar.engine.linear_packing import pack_linears, parameter_count
+from mstar.progress import progress_bar
 from mstar_graphs.pi05.tiny import JOINT_LOWER, JOINT_UPPER  # the synthetic robot's, for a checkpoint without stats
 from mstar_ros.bench.pi05_loads import (clock, direct_call, direct_closed, direct_open, ours_closed, ours_open,
                                         request_for, synchronized)
@@ -112,7 +112,7 @@ async def _run_levels(policy, config: EngineConfig, observations, levels: list[i
         print(f"batching bound: a direct call takes {bound['direct_forward_ms']:.0f} ms, its prefix pass alone "
               f"{bound['prefix_pass_ms']:.0f} ms: no batching can beat {bound['throughput_ratio_bound']:.2f}x here")
         for n in levels:
-            bar = tqdm(desc=f"robots={n:<2}", unit="chunk", leave=False)
+            bar = progress_bar(desc=f"robots={n:<2}", unit="chunk", leave=False)
             before = conductor.stats()["workers"][0]
             closed, open_ = await _measure(policy, conductor, observations[:n], args, bar)
             await conductor.wait_idle(timeout=30)

@@ -27,8 +27,8 @@ import time
 from dataclasses import dataclass, field
 
 import torch
-from tqdm import tqdm
 
+from mstar.progress import progress_bar
 from mstar_ros.bench.workload import percentile
 
 log = logging.getLogger("mstar_ros.bench")
@@ -176,7 +176,7 @@ def run_omni_bench(opts: OmniBenchOptions) -> dict:
     from mstar_graphs.qwen3_omni.speech import Qwen3OmniChat
 
     chat = Qwen3OmniChat.load(opts.weights, progress=True, preset=opts.preset, first_chunk=opts.first_chunk)
-    bar = tqdm(total=len(opts.concurrency) * opts.rounds + opts.baseline_requests, desc="bench qwen3-omni",
+    bar = progress_bar(total=len(opts.concurrency) * opts.rounds + opts.baseline_requests, desc="bench qwen3-omni",
                unit="round")
     reference = Baseline(chat.model.path, opts.baseline_dtype)
     before = (opts.baseline_requests + 1) // 2

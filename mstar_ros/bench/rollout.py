@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
+
+from mstar.progress import progress_bar
 
 GOALS = {4: 2.5, 15: 5.0, 30: 15.0}     # speedup goals at those horizons (issue 13)
 GOAL_FRACTION_OF_BOUND = 0.8
@@ -185,7 +186,7 @@ def run_rollout_bench(opts: RolloutBenchOptions) -> dict:
             raise ValueError(f"horizon {H} after {opts.context} context frames needs {opts.context + H} frame "
                              f"positions; the model holds {capacity}")
     total = opts.repeats * (len(opts.horizons) + len(opts.plan_sessions))
-    with tqdm(total=total, desc="bench rollout", unit="run") as bar:
+    with progress_bar(total=total, desc="bench rollout", unit="run") as bar:
         rollouts = asyncio.run(_rollouts(sys, episodes, opts, bar))
         plans = asyncio.run(_plans(sys, episodes, opts, bar)) if opts.plan_sessions else []
     c = sys.predictor.config

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
+from mstar.progress import progress_bar
 from mstar.transport.codec import memcpy
 from mstar.transport.exchange import TensorExchange
 from mstar.transport.tcp import SECRET_ENV
@@ -189,7 +190,7 @@ def run_transport_bench(args: argparse.Namespace) -> int:
     limits: dict[str, dict[str, float]] = {}
     tables: dict[str, dict[str, dict[str, float]]] = {k: {} for k in kinds}
     try:
-        with tqdm(total=len(sizes) * ROUNDS * (len(kinds) + 1), desc="transport", unit="block") as bar:
+        with progress_bar(total=len(sizes) * ROUNDS * (len(kinds) + 1), desc="transport", unit="block") as bar:
             for nbytes in sizes:
                 limits[str(nbytes)], rows = _measure_size(exchange, channel, kinds, nbytes, args.repeats, bar)
                 for kind, row in rows.items():

@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
 
+from mstar.progress import progress_bar
 from mstar_ros.bench.webrtc_peers import JITTER_PREFETCH, TEXTS
 from mstar_ros.bench.workload import percentile
 
@@ -154,7 +154,7 @@ async def _bench(model, opts: WebrtcBenchOptions) -> dict:
     from mstar_ros.webrtc.speech_models import speech_conductor
 
     levels: dict[str, dict] = {}
-    bar = tqdm(total=len(opts.peers) * opts.rounds, desc="bench webrtc", unit="round")
+    bar = progress_bar(total=len(opts.peers) * opts.rounds, desc="bench webrtc", unit="round")
     config = EngineConfig(dtype=opts.dtype)
     async with speech_conductor(model, config, opts.placement) as conductor:
         warm = conductor.submit(model.request("Warm up.", sampling=None))

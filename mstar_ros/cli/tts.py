@@ -9,11 +9,11 @@ from pathlib import Path
 
 import msgspec
 import torch
-from tqdm import tqdm
 
 from mstar.conductor import Conductor
 from mstar.engine.config import EngineConfig, load_engine_config
 from mstar.engine.sampling_params import SamplingParams
+from mstar.progress import progress_bar
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -77,7 +77,7 @@ async def _speak(conductor: Conductor, request) -> tuple[list[torch.Tensor], dic
     ttfa = None
     async with conductor:
         start = time.perf_counter()
-        with tqdm(desc="audio", unit="s", unit_scale=False, bar_format="{desc}: {n:.2f} s [{elapsed}]") as bar:
+        with progress_bar(desc="audio", unit="s", unit_scale=False, bar_format="{desc}: {n:.2f} s [{elapsed}]") as bar:
             async for out in conductor.submit(request):
                 if out.name == "tokens":
                     tokens += 1

@@ -3,14 +3,13 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import torch
-from tqdm import tqdm
 
+from mstar.progress import progress_bar
 from mstar.weights.checkpoint_files import CheckpointReader, WeightsError
 
 logger = logging.getLogger("mstar.weights")
@@ -86,8 +85,8 @@ def load_weights(module: torch.nn.Module, path: str | os.PathLike, *,
         _convert_floating(targets, groups, dtype)
 
     loaded = nbytes = 0
-    bar = tqdm(total=len(plan), desc=desc or "loading weights", unit="tensor",
-               file=sys.stderr, disable=not progress, leave=False)
+    bar = progress_bar(total=len(plan), desc=desc or "loading weights", unit="tensor",
+                       disable=not progress, leave=False)
     with bar, torch.no_grad():
         for ckpt_name, tensor in reader.tensors(only=plan):
             target = targets[plan[ckpt_name]]

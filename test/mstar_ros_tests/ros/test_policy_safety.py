@@ -169,3 +169,20 @@ def test_bad_parameters_end_the_node_set_with_one_line(procs, ros_args, message,
     assert node_set.proc.wait(timeout=90) == 2, node_set.output
     node_set.interrupt()
     assert message in node_set.output and "Traceback" not in node_set.output, node_set.output
+
+
+@pytest.mark.timeout(120)
+def test_a_bad_parameter_ends_the_node_set_whose_reader_went_away(ros_env, tmp_path):
+    """Its output pipe closed by the reader (``| head``, a supervisor gone): the node set still exits with 2.
+    It used to hang at exit: a progress bar whose write failed kept tqdm's lock (mstar.progress)."""
+    import subprocess
+
+    (spec,) = pi05_processes("/robot1", extra_arguments=["--duration", "150"],
+                             ros_arguments=["-p", "on_sensor_loss:=stop"])
+    proc = subprocess.Popen(spec.command(python=sys.executable), env=ros_env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    proc.stdout.close()
+    try:
+        assert proc.wait(timeout=90) in (1, 2)  # 2; 1 where the error line itself could not be written
+    finally:
+        proc.kill()
