@@ -38,8 +38,11 @@ class DenseCausalCache:
             k, v = torch.cat([self.k[layer], k], dim=2), torch.cat([self.v[layer], v], dim=2)
         self.k[layer], self.v[layer] = k, v
         past = k.shape[2] - t
-        mask = torch.ones(t, k.shape[2], dtype=torch.bool, device=q.device).tril(diagonal=past)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
+        # one new position sees every key; a first block is plainly causal: no mask to build (15 steps a frame)
+        mask = None if t == 1 or past == 0 else \
+            torch.ones(t, k.shape[2], dtype=torch.bool, device=q.device).tril(diagonal=past)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=past == 0 and t > 1, scale=scale,
+                                             enable_gqa=q.shape[1] != k.shape[1])
         return out.transpose(1, 2).reshape(b * t, q.shape[1], q.shape[3])
 
 
@@ -69,12 +72,23 @@ class CodePredictor(nn.Module):
                                                    for _ in range(groups - 1))
         self.lm_head = nn.ModuleList(nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False, **factory)
                                      for _ in range(groups - 1))
+        self._rope: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}  # (dtype, device) -> cos, sin [groups+1, D/2]
+
+    def _rope_rows(self, start: int, t: int, b: int, dtype: torch.dtype, device: torch.device):
+        """cos, sin of positions start.. for b rows: one table per dtype and device, made once (a frame's 15
+        steps each rebuilt it: ~10 small ops a step), equal to computing them per step."""
+        table = self._rope.get((dtype, device))
+        if table is None:
+            table = rope_cos_sin(torch.arange(self.groups + 1, device=device), self.cfg.dim_per_head, self.cfg.theta,
+                                 dtype)
+            self._rope[(dtype, device)] = table
+        cos, sin = table
+        return cos[start:start + t].repeat(b, 1), sin[start:start + t].repeat(b, 1)
 
     def _run(self, x: torch.Tensor, start: int, cache: DenseCausalCache) -> torch.Tensor:
         """x [B, T, H] at positions start.. -> final-normed hidden of the last position [B, H]."""
         b, t, h = x.shape
-        positions = torch.arange(start, start + t, device=x.device).repeat(b)
-        cos, sin = rope_cos_sin(positions, self.cfg.dim_per_head, self.cfg.theta, x.dtype)
+        cos, sin = self._rope_rows(start, t, b, x.dtype, x.device)
         out, _ = self.model.run(x.reshape(b * t, h), cos, sin, cache)
         return out.reshape(b, t, h)[:, -1]
 
