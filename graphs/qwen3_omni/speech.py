@@ -10,6 +10,7 @@ voice on ``audio_output`` at ``sample_rate``.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence, Union
 
@@ -27,7 +28,17 @@ from mstar_graphs.qwen3_omni.image_processor import ImagePreprocessor, image_pad
 from mstar_graphs.qwen3_omni.model import TALKER_SAMPLING, Qwen3Omni
 
 
-# (role, text[, its audio[, its images]]): an image is what ImagePreprocessor takes (PIL, uint8 array)
+@dataclass(frozen=True)
+class PreparedImage:
+    """An image already through the checkpoint's preprocessor (:meth:`Qwen3OmniChat.prepare_image`): a
+    conversation that shows it again each turn does not resize and patch it again, nor keep its pixels."""
+    pixel_values: torch.Tensor
+    grid: tuple[int, int, int]
+    pixels: int  # of the resized image the patches cover
+
+
+# (role, text[, its audio[, its images]]): an image is what ImagePreprocessor takes (PIL, uint8 array), or a
+# PreparedImage
 HistoryTurn = Union[tuple[str, str], tuple[str, str, "torch.Tensor | None"], tuple[str, str, "torch.Tensor | None", Sequence]]
 FIRST_CHUNK = 5  # a voice chat starts speaking after 5 frames (0.4 s of audio), not 25 (2 s)
 
@@ -110,16 +121,25 @@ class Qwen3OmniChat:
     def _tokens(self, features: torch.Tensor) -> int:
         return tokens_for_frames(features.shape[1], self.model.config.thinker_config.audio_config.n_window)
 
+    def prepare_image(self, image) -> PreparedImage:
+        """An image resized and patched once, for a conversation to show again on every turn."""
+        values, grid = self.images(image)
+        t, h, w = (int(g) for g in grid)
+        return PreparedImage(values, (t, h, w), h * w * self.images.patch_size ** 2)
+
     def _pictures(self, images: Sequence) -> tuple[list, tuple[int, ...]]:
         """Images -> (pixel_values, grid) each, and each one's image pad count."""
-        made = [self.images(image) for image in images]
+        made = [(image.pixel_values, image.grid) if isinstance(image, PreparedImage) else self.images(image)
+                for image in images]
         return made, tuple(image_pad_count(grid, self.images.merge_size) for _, grid in made)
 
     def _check_image_room(self, images: Sequence) -> None:
         """The images' pads from their sizes alone, against the context: refused before any is resized."""
-        sizes = [(image.height, image.width) if hasattr(image, "height") else tuple(image.shape[:2])
+        grids = [image.grid if isinstance(image, PreparedImage) else
+                 self.images.grid_thw(*((image.height, image.width) if hasattr(image, "height")
+                                        else tuple(image.shape[:2])))
                  for image in images]
-        pads = sum(image_pad_count(self.images.grid_thw(h, w), self.images.merge_size) for h, w in sizes)
+        pads = sum(image_pad_count(grid, self.images.merge_size) for grid in grids)
         room = self.model.config.thinker_config.text_config.max_position_embeddings - 64  # the turn's text, a reply
         if pads > room:
             raise ValueError(f"the images make {pads} image tokens, over the {room} the context has room for")

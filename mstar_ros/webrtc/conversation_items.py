@@ -18,16 +18,24 @@ MAX_ITEM_IMAGES = 4        # per item
 MAX_ITEM_TEXT_CHARS = 2000
 
 
+def image_pixels(image: Any) -> int:
+    """An image's pixels: a decoded one's, or what a model's prepared image covers (its ``pixels``)."""
+    pixels = getattr(image, "pixels", None)
+    return int(pixels) if pixels is not None else image.width * image.height
+
+
 @dataclass
 class ConversationItem:
     id: str
     role: str
     text: str
-    images: list = field(default_factory=list)  # decoded PIL images
+    images: list = field(default_factory=list)    # decoded PIL images
+    prepared: list | None = None                  # the same through the model's prepare_image, where it has one
 
     def history_turn(self) -> tuple:
         """The model's history entry: (role, text) or (role, text, no audio, images)."""
-        return (self.role, self.text, None, self.images) if self.images else (self.role, self.text)
+        images = self.prepared if self.prepared is not None else self.images
+        return (self.role, self.text, None, images) if images else (self.role, self.text)
 
     def summary(self) -> dict:
         """The item as ``conversation.item.created`` echoes it: its images' sizes, not their bytes."""
@@ -38,8 +46,9 @@ class ConversationItem:
         return {"id": self.id, "type": "message", "role": self.role, "status": "completed", "content": content}
 
 
-def conversation_item(raw: Any, item_id: str, *, images_ok: bool) -> ConversationItem:
-    """The event's ``item`` -> a checked item with its images decoded (CPU work: call it off the event loop)."""
+def conversation_item(raw: Any, item_id: str, *, images_ok: bool, pixels_left: int | None = None) -> ConversationItem:
+    """The event's ``item`` -> a checked item with its images decoded (CPU work: call it off the event loop).
+    ``pixels_left``: what its images may hold together, checked against their declared sizes before decoding."""
     from mstar_ros.webrtc.openai_chat import MAX_REQUEST_IMAGE_PIXELS, decode_image
 
     if not isinstance(raw, dict):
@@ -59,7 +68,9 @@ def conversation_item(raw: Any, item_id: str, *, images_ok: bool) -> Conversatio
                                                               if images_ok else "this model takes no image input"))
     if len(pictures) > MAX_ITEM_IMAGES:  # counted before any is decoded
         raise EventError(f"item.content has {len(pictures)} images, over the limit of {MAX_ITEM_IMAGES} per item")
-    texts, images, budget = [], [], [MAX_REQUEST_IMAGE_PIXELS]
+    texts, images = [], []
+    limit = MAX_REQUEST_IMAGE_PIXELS if pixels_left is None else min(pixels_left, MAX_REQUEST_IMAGE_PIXELS)
+    budget = [limit]
     for i, (part, kind) in enumerate(zip(content, kinds)):
         if kind in ("input_text", "text"):
             text = part.get("text")
@@ -68,7 +79,7 @@ def conversation_item(raw: Any, item_id: str, *, images_ok: bool) -> Conversatio
             texts.append(text)
         elif kind == "input_image":
             try:
-                images.append(decode_image(part, budget))
+                images.append(decode_image(part, budget, what="the conversation's images", limit=limit))
             except ValueError as exc:
                 raise EventError(f"item.content[{i}]: {exc}") from None
         else:

@@ -74,6 +74,8 @@ def parse_client_event(raw: str | bytes) -> ClientEvent:
         event = msgspec.json.decode(raw if isinstance(raw, bytes) else raw.encode(), type=ClientEvent)
     except msgspec.DecodeError as exc:
         raise EventError(f"not a valid event: {exc}") from None
+    except RecursionError:
+        raise EventError("not a valid event: nested too deeply") from None
     if len(raw) > MAX_EVENT_BYTES and event.type != "conversation.item.create":
         raise EventError(f"event of {len(raw)} bytes is over the {MAX_EVENT_BYTES}-byte limit "
                          f"({MAX_ITEM_EVENT_BYTES} for conversation.item.create)")

@@ -97,9 +97,11 @@ MAX_REQUEST_IMAGE_PIXELS = 2 * MAX_IMAGE_PIXELS  # all of a request's images: wh
 IMAGE_FORMATS = ("PNG", "JPEG", "WEBP", "GIF")
 
 
-def decode_image(part: dict[str, Any], budget: list[int] | None = None):
+def decode_image(part: dict[str, Any], budget: list[int] | None = None, what: str = "the request's images",
+                 limit: int = 0):
     """An ``image_url`` part (a base64 ``data:`` URL) -> a decoded PIL image. ``budget`` ([pixels left]):
-    the request's images share it, checked against each declared size before that image is decoded."""
+    the request's images share it, checked against each declared size before that image is decoded; ``what``
+    and ``limit`` (default MAX_REQUEST_IMAGE_PIXELS) name it in the error."""
     import PIL.Image
 
     url = (part.get("image_url") or {}).get("url", "") if isinstance(part.get("image_url"), dict) else part.get("image_url")
@@ -124,7 +126,7 @@ def decode_image(part: dict[str, Any], budget: list[int] | None = None):
                          f"{MAX_IMAGE_PIXELS}")
     if budget is not None:
         if width * height > budget[0]:
-            raise BadRequest(f"the request's images are over {MAX_REQUEST_IMAGE_PIXELS} pixels together")
+            raise BadRequest(f"{what} are over {limit or MAX_REQUEST_IMAGE_PIXELS} pixels together")
         budget[0] -= width * height
     try:
         image.load()

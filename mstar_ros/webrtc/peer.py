@@ -24,7 +24,7 @@ import msgspec
 
 from mstar.conductor.request import RequestCancelled, RequestError, UnknownRequest
 from mstar_ros.webrtc.audio_out import PacedAudioTrack
-from mstar_ros.webrtc.conversation_items import conversation_item
+from mstar_ros.webrtc.conversation_items import conversation_item, image_pixels
 from mstar_ros.webrtc.events import EventError, SessionUpdate, parse_client_event, response_text, server_event
 
 log = logging.getLogger("mstar_ros.webrtc")
@@ -130,7 +130,8 @@ class VoicePeer:
 
     async def on_event(self, message) -> None:
         async with self._in_order:  # an item decoding its image is in the conversation before a later response.create
-            await self._on_event(message)
+            if not self.closed:     # events queued behind a slow one are dropped once the peer has gone
+                await self._on_event(message)
 
     async def _on_event(self, message) -> None:
         try:
@@ -145,22 +146,27 @@ class VoicePeer:
                     sampling = self._sampling_with(max_tokens=spec.max_output_tokens)
                 received = time.monotonic()
                 voice = (spec.voice if spec else None) or self.voice
-                history, item = list(self.history), None
-                if self.conversational and text is None:  # answer the conversation: its last item is the turn
-                    if not history or history[-1][0] != "user":
-                        raise EventError("response.create needs text, or a user item to answer "
-                                         "(conversation.item.create) as the conversation's last")
-                    *history, item = history
+                if self.conversational and text is None and (not self.history or self.history[-1][0] != "user"):
+                    raise EventError("response.create needs text, or a user item to answer "
+                                     "(conversation.item.create) as the conversation's last")
                 async with self._switch:
                     await self.cancel_response()  # one response at a time: a new one replaces it
+                    # the conversation as it is now: a response that ended during the cancel is in it
+                    history, item = list(self.history), None
+                    if self.conversational and text is None:  # answer the conversation: its last item is the turn
+                        if not history or history[-1][0] != "user":
+                            raise EventError("the conversation's last item is no longer the user's")
+                        *history, item = history
                     self._task = asyncio.ensure_future(self._respond(text, voice, sampling, received,
                                                                      history=history, item=item))
             elif event.type == "conversation.item.create":
                 if not self.conversational:
                     raise EventError("this model keeps no conversation: it speaks the text of response.create")
-                added = await asyncio.to_thread(conversation_item, event.item, f"item_{uuid.uuid4().hex[:12]}",
-                                                images_ok=self.takes_images)  # decoding an image: off the loop
-                self.history = self._trimmed(self.history + [added.history_turn()])
+                # decoding, preparing and checking it against the conversation is CPU work: off the loop
+                added, turn = await asyncio.to_thread(self._checked_item, event.item, list(self.history))
+                if self.closed:
+                    return
+                self.history = self._trimmed(self.history + [turn])
                 self.send("conversation.item.created", item=added.summary())
             elif event.type == "input_audio_buffer.commit":
                 raise EventError("the turn ends on its own here (server VAD): speak, then pause")
@@ -172,6 +178,22 @@ class VoicePeer:
                 raise EventError(f"unknown event type {event.type!r}")
         except (EventError, ValueError) as exc:
             self.send("error", error={"type": "invalid_request_error", "message": str(exc)})
+
+    def _checked_item(self, raw, history: list) -> tuple:
+        """(the item, its history turn): decoded, its images prepared once for every later turn (when the model
+        can), and refused unless the model takes the conversation with it (a text that makes a special token,
+        images over the context): an item that joins the conversation never breaks a later turn."""
+        added = conversation_item(raw, f"item_{uuid.uuid4().hex[:12]}", images_ok=self.takes_images,
+                                  pixels_left=self.MAX_HISTORY_IMAGE_PIXELS)
+        prepare = getattr(self.model, "prepare_image", None)
+        if added.images and prepare is not None:
+            added.prepared = [prepare(image) for image in added.images]
+        turn = added.history_turn()
+        last = turn if added.role == "user" else ("user", "and?")  # any request ends with a user turn
+        before = history + ([] if added.role == "user" else [turn])
+        self.model.request(last[1] or None, images=last[3] if len(last) > 3 else (), history=before,
+                           sampling=self.sampling)
+        return added, turn
 
     def _sampling_with(self, **changes):
         """The session's sampling with ``changes``; a bad value is an error naming the field."""
@@ -241,10 +263,11 @@ class VoicePeer:
             self.send("error", error={"type": "invalid_request_error", "message": str(exc)})
             return
         user = None if item is not None else ("user", text or "") if audio is None else ("user", text or "", audio)
-        await self._stream_response(rid, text, text_port, audio_port, received, self.conductor.submit(request), user)
+        await self._stream_response(rid, text, text_port, audio_port, received, self.conductor.submit(request), user,
+                                    item_turn=item)
 
     async def _stream_response(self, rid: str, text: str | None, text_port, audio_port, received: float,
-                               outputs, user: tuple | None = None) -> None:
+                               outputs, user: tuple | None = None, item_turn: tuple | None = None) -> None:
         """The response's outputs to the peer as they come: audio to its track, events on its channel.
         ``user``: the turn answered, which joins the conversation with the answer (None: it is in it already)."""
         model = self.model
@@ -277,7 +300,7 @@ class VoicePeer:
             if text_port is not None:
                 said = model.decode_text(reply_ids)
                 self.send("response.output_audio_transcript.done", response_id=rid, transcript=said)
-                self._remember(user, said)
+                self._remember(user, said, answered=item_turn)
             while self.track.queued_ms > 0 and not self.closed:  # done when the peer has heard it
                 await asyncio.sleep(0.02)
             self.send("response.output_audio.done", response_id=rid)
@@ -373,32 +396,44 @@ class VoicePeer:
 
     MAX_HISTORY_TURNS = 20
     MAX_HISTORY_AUDIO_S = 120.0  # spoken turns the model hears again with each new one
-    MAX_HISTORY_IMAGES = 8       # and images it sees again
+    MAX_HISTORY_IMAGES = 8       # and images it sees again,
+    MAX_HISTORY_IMAGE_PIXELS = 2048 * 2048  # of this many pixels together (an item's own are refused past it)
 
-    def _remember(self, user: tuple | None, said: str) -> None:
+    def _remember(self, user: tuple | None, said: str, answered: tuple | None = None) -> None:
         """A turn and its answer join the conversation: a typed one as text, a spoken one with its audio
         (the model hears it again next turn, as the reference takes a conversation's audio); an item
-        answered is in it already, and its answer follows it."""
+        ``answered`` is in it already, and its answer goes right after it (items added meanwhile follow)."""
         if not said.strip() or (user is not None and len(user) == 2 and not user[1].strip()):
             return
-        self.history = self._trimmed(self.history + ([] if user is None else [user]) + [("assistant", said)])
+        history = list(self.history)
+        at = next((i for i, turn in enumerate(history) if turn is answered), None) if answered is not None else None
+        if at is not None:
+            history.insert(at + 1, ("assistant", said))
+        else:
+            history += ([] if user is None else [user]) + [("assistant", said)]
+        self.history = self._trimmed(history)
 
     def _trimmed(self, history: list) -> list:
-        """The oldest turns go first past MAX_HISTORY_TURNS, MAX_HISTORY_AUDIO_S of kept audio or
-        MAX_HISTORY_IMAGES kept images; the conversation then starts at a user turn."""
+        """The oldest turns go first past MAX_HISTORY_TURNS, MAX_HISTORY_AUDIO_S of kept audio, or
+        MAX_HISTORY_IMAGES or MAX_HISTORY_IMAGE_PIXELS of kept images; system turns stay, and the
+        rest then starts at a user turn. The newest turn always stays."""
         rate = self.model.audio_input_rate or 16_000
 
         def over(turns) -> bool:
             audio_s = sum(len(t[2]) for t in turns if len(t) > 2 and t[2] is not None) / rate
-            images = sum(len(t[3]) for t in turns if len(t) > 3)
+            images = [image for t in turns if len(t) > 3 for image in t[3]]
             return len(turns) > self.MAX_HISTORY_TURNS or audio_s > self.MAX_HISTORY_AUDIO_S or \
-                images > self.MAX_HISTORY_IMAGES
+                len(images) > self.MAX_HISTORY_IMAGES or sum(map(image_pixels, images)) > self.MAX_HISTORY_IMAGE_PIXELS
 
-        while len(history) > 1 and over(history):
-            history = history[1:]
-            while history and history[0][0] == "assistant":
-                history = history[1:]
-        return history
+        if not over(history):
+            return history
+        system = [t for t in history if t[0] == "system"]
+        rest = [t for t in history if t[0] != "system"]
+        while len(rest) > 1 and over(system + rest):
+            rest = rest[1:]
+            while len(rest) > 1 and rest[0][0] == "assistant":
+                rest = rest[1:]
+        return system + rest
 
     async def _answer_turn(self, samples) -> None:
         """The end of the user's spoken turn: its audio goes to the model, which answers it."""

@@ -132,9 +132,12 @@ def test_an_image_shown_before_a_spoken_turn_is_seen_with_it_and_items_can_be_an
             for item in ({"type": "message", "role": "user", "content": [{"type": "input_image",
                                                                            "image_url": "https://example.com/a.png"}]},
                          {"type": "message", "role": "assistant", "content": [{"type": "input_image",
-                                                                                "image_url": png_data_url(shown)}]}):
+                                                                                "image_url": png_data_url(shown)}]},
+                         # a special token in its text: the model refuses the conversation with it, so it stays out
+                         {"type": "message", "role": "user", "content": [{"type": "input_text",
+                                                                           "text": "hear <|audio_pad|> this"}]}):
                 client.send(type="conversation.item.create", item=item)
-            await client.until(lambda: client.types().count("error") == 2, 30, "the bad items' errors")
+            await client.until(lambda: client.types().count("error") == 3, 30, "the bad items' errors")
             # a typed item, then response.create without text: the conversation's last item is answered
             client.send(type="conversation.item.create", item={"type": "message", "role": "user", "content": [
                 {"type": "input_text", "text": "and what colour is it"}]})
@@ -154,7 +157,7 @@ def test_an_image_shown_before_a_spoken_turn_is_seen_with_it_and_items_can_be_an
     assert types.index("conversation.item.created") < types.index("input_audio_buffer.speech_started")
     assert created[0]["item"]["content"] == [{"type": "input_image", "width": 80, "height": 60}]
     errors = [e["error"]["message"] for e in events if e["type"] == "error"]
-    assert "data: URL" in errors[0] and "user messages only" in errors[1]
+    assert "data: URL" in errors[0] and "user messages only" in errors[1] and "audio_pad" in errors[2]
     transcripts = [e["transcript"] for e in events if e["type"] == "response.output_audio_transcript.done"]
     done = [e["response"]["status"] for e in events if e["type"] == "response.done"]
     assert done == ["completed", "completed"]
@@ -162,4 +165,7 @@ def test_an_image_shown_before_a_spoken_turn_is_seen_with_it_and_items_can_be_an
     roles = [(turn[0], turn[1]) for turn in history]
     assert roles == [("user", ""), ("user", ""), ("assistant", transcripts[0]), ("user", "and what colour is it"),
                      ("assistant", transcripts[1])]
-    assert history[0][3][0].tobytes() == shown.tobytes() and history[1][2] is not None
+    # the image is kept prepared (resized and patched once, not again each turn): as the model prepares it
+    prepared = history[0][3][0]
+    assert torch.equal(prepared.pixel_values, qwen3_omni.prepare_image(shown).pixel_values)
+    assert history[1][2] is not None
