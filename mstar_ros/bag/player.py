@@ -447,16 +447,20 @@ def format_report(r: PlayReport, rate: float) -> str:
 
 def play(bag: str | Path, options: PlayOptions | None = None,
          out: Callable[[str], None] | None = None) -> PlayReport:
-    """Plays ``bag``; SIGTERM and Ctrl-C stop it with a summary (main thread only)."""
+    """Plays ``bag``; SIGTERM and Ctrl-C stop it with a summary (main thread only). Ctrl-C works even where
+    the player was started with SIGINT ignored (a background job of a script: Python then installs no
+    handler of its own), as the node sets' rclpy handlers do."""
     player = BagPlayer(bag, options, out)
     restore = None
     if threading.current_thread() is threading.main_thread():
-        restore = signal.signal(signal.SIGTERM, lambda *_: player.stop())
+        restore = (signal.signal(signal.SIGTERM, lambda *_: player.stop()),
+                   signal.signal(signal.SIGINT, signal.default_int_handler))
     try:
         return player.run()
     finally:
         if restore is not None:
-            signal.signal(signal.SIGTERM, restore)
+            signal.signal(signal.SIGTERM, restore[0])
+            signal.signal(signal.SIGINT, restore[1])
 
 
 __all__ = ["BagPlayer", "NoSubscribersError", "PlayOptions", "PlayReport", "format_report", "parse_remaps",

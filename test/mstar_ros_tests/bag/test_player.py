@@ -196,3 +196,27 @@ def test_a_bag_naming_an_unknown_type_is_refused_for_that_topic_without_importin
     played = subprocess.run(play + ["--topics", "/chatter"], env=env, capture_output=True, text=True, timeout=60)
     assert played.returncode == 0 and "published 1 messages on 1 topics" in played.stdout, played.stdout + played.stderr
     assert not marker.exists()
+
+
+def test_ctrl_c_stops_a_player_started_with_sigint_ignored(small_bag, ros_env):
+    """Started as a script's background job (SIGINT ignored, inherited): Ctrl-C still stops it with its
+    summary. Python installs no SIGINT handler of its own there; the player installs one while it plays."""
+    import signal
+    import subprocess
+    import sys
+
+    path, _ = small_bag
+    proc = subprocess.Popen([sys.executable, "-m", "mstar_ros.cli", "bag", "play", str(path), "--no-wait", "--loop", "--progress", "0"], env=ros_env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:  # its topics are listed once its publishers exist
+            if "keep last" in line:
+                break
+        time.sleep(1.0)
+        proc.send_signal(signal.SIGINT)
+        rest, _ = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0 and "stopped: published" in rest, rest
