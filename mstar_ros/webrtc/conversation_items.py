@@ -18,6 +18,11 @@ MAX_ITEM_IMAGES = 4        # per item
 MAX_ITEM_TEXT_CHARS = 2000
 
 
+def turn_images(turn: tuple) -> list:
+    """A history turn's images: (role, text, audio, images) has them, shorter turns none."""
+    return list(turn[3]) if len(turn) > 3 else []
+
+
 def image_pixels(image: Any) -> int:
     """An image's pixels: a decoded one's, or what a model's prepared image covers (its ``pixels``)."""
     pixels = getattr(image, "pixels", None)

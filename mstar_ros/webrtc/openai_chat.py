@@ -98,7 +98,7 @@ IMAGE_FORMATS = ("PNG", "JPEG", "WEBP", "GIF")
 
 
 def decode_image(part: dict[str, Any], budget: list[int] | None = None, what: str = "the request's images",
-                 limit: int = 0):
+                 limit: int | None = None):
     """An ``image_url`` part (a base64 ``data:`` URL) -> a decoded PIL image. ``budget`` ([pixels left]):
     the request's images share it, checked against each declared size before that image is decoded; ``what``
     and ``limit`` (default MAX_REQUEST_IMAGE_PIXELS) name it in the error."""
@@ -126,7 +126,7 @@ def decode_image(part: dict[str, Any], budget: list[int] | None = None, what: st
                          f"{MAX_IMAGE_PIXELS}")
     if budget is not None:
         if width * height > budget[0]:
-            raise BadRequest(f"{what} are over {limit or MAX_REQUEST_IMAGE_PIXELS} pixels together")
+            raise BadRequest(f"{what} are over {MAX_REQUEST_IMAGE_PIXELS if limit is None else limit} pixels together")
         budget[0] -= width * height
     try:
         image.load()

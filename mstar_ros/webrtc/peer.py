@@ -24,7 +24,7 @@ import msgspec
 
 from mstar.conductor.request import RequestCancelled, RequestError, UnknownRequest
 from mstar_ros.webrtc.audio_out import PacedAudioTrack
-from mstar_ros.webrtc.conversation_items import conversation_item, image_pixels
+from mstar_ros.webrtc.conversation_items import conversation_item, image_pixels, turn_images
 from mstar_ros.webrtc.events import EventError, SessionUpdate, parse_client_event, response_text, server_event
 
 log = logging.getLogger("mstar_ros.webrtc")
@@ -146,17 +146,13 @@ class VoicePeer:
                     sampling = self._sampling_with(max_tokens=spec.max_output_tokens)
                 received = time.monotonic()
                 voice = (spec.voice if spec else None) or self.voice
-                if self.conversational and text is None and (not self.history or self.history[-1][0] != "user"):
-                    raise EventError("response.create needs text, or a user item to answer "
-                                     "(conversation.item.create) as the conversation's last")
+                answers_item = self.conversational and text is None
+                if answers_item:
+                    self._split_last_item()  # refused here, before the response playing now is cancelled
                 async with self._switch:
                     await self.cancel_response()  # one response at a time: a new one replaces it
                     # the conversation as it is now: a response that ended during the cancel is in it
-                    history, item = list(self.history), None
-                    if self.conversational and text is None:  # answer the conversation: its last item is the turn
-                        if not history or history[-1][0] != "user":
-                            raise EventError("the conversation's last item is no longer the user's")
-                        *history, item = history
+                    history, item = self._split_last_item() if answers_item else (list(self.history), None)
                     self._task = asyncio.ensure_future(self._respond(text, voice, sampling, received,
                                                                      history=history, item=item))
             elif event.type == "conversation.item.create":
@@ -179,6 +175,13 @@ class VoicePeer:
         except (EventError, ValueError) as exc:
             self.send("error", error={"type": "invalid_request_error", "message": str(exc)})
 
+    def _split_last_item(self) -> tuple[list, tuple]:
+        """(the turns before it, the conversation's last item): the user's turn a text-less response.create answers."""
+        if not self.history or self.history[-1][0] != "user":
+            raise EventError("response.create needs text, or a user item to answer "
+                             "(conversation.item.create) as the conversation's last")
+        return list(self.history[:-1]), self.history[-1]
+
     def _checked_item(self, raw, history: list) -> tuple:
         """(the item, its history turn): decoded, its images prepared once for every later turn (when the model
         can), and refused unless the model takes the conversation with it (a text that makes a special token,
@@ -191,8 +194,7 @@ class VoicePeer:
         turn = added.history_turn()
         last = turn if added.role == "user" else ("user", "and?")  # any request ends with a user turn
         before = history + ([] if added.role == "user" else [turn])
-        self.model.request(last[1] or None, images=last[3] if len(last) > 3 else (), history=before,
-                           sampling=self.sampling)
+        self.model.request(last[1] or None, images=turn_images(last), history=before, sampling=self.sampling)
         return added, turn
 
     def _sampling_with(self, **changes):
@@ -249,9 +251,9 @@ class VoicePeer:
         try:
             if self.conversational:  # a turn of the conversation: the model answers it
                 history = list(self.history) if history is None else history
-                images = ()
+                images = []
                 if item is not None:
-                    text, images = item[1], (item[3] if len(item) > 3 else ())
+                    text, images = item[1], turn_images(item)
                 request = model.request(text, audio=audio, images=images, history=history, voice=voice,
                                         sampling=sampling, request_id=rid,
                                         outputs=frozenset({audio_port, text_port} - {None}))
@@ -421,7 +423,7 @@ class VoicePeer:
 
         def over(turns) -> bool:
             audio_s = sum(len(t[2]) for t in turns if len(t) > 2 and t[2] is not None) / rate
-            images = [image for t in turns if len(t) > 3 for image in t[3]]
+            images = [image for t in turns for image in turn_images(t)]
             return len(turns) > self.MAX_HISTORY_TURNS or audio_s > self.MAX_HISTORY_AUDIO_S or \
                 len(images) > self.MAX_HISTORY_IMAGES or sum(map(image_pixels, images)) > self.MAX_HISTORY_IMAGE_PIXELS
 
