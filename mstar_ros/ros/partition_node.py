@@ -236,7 +236,7 @@ def make_partition_node(conductor: Conductor, graph: ModelGraph, loop: asyncio.A
             sid = request.request_id
             seed = request.sampling.seed or 0
             seqs = {name: 0 for name in graph.output_names}
-            failed = False
+            error: str | None = None
             with self._lock:
                 self._active.add(sid)
                 self.stats.requests += 1
@@ -246,9 +246,8 @@ def make_partition_node(conductor: Conductor, graph: ModelGraph, loop: asyncio.A
                     self.pubs[out.name].publish(item_message(out.data, StreamHeader(sid, seqs[out.name], seed)))
                     seqs[out.name] += 1
             except Exception as exc:  # a bad request or a failed node: this request only
-                failed = True
-                if not self.closing:
-                    self.report(str(exc) if isinstance(exc, RequestError) else f"request {sid} failed: {exc}")
+                error = str(exc) if isinstance(exc, RequestError) else f"request {sid} failed: {exc}"
+            failed = error is not None
             with self._lock:
                 self._active.discard(sid)
                 if sid in self._incoming:  # it failed before its streams ended: ignore the rest of them
@@ -257,7 +256,10 @@ def make_partition_node(conductor: Conductor, graph: ModelGraph, loop: asyncio.A
                 self.stats.finished += not failed
                 for name, seq in seqs.items():
                     self.stats.published[name] += seq
+            # the streams end before the error is told: a reader that sees the error finds them closed
             self._publish_ends(sid, seqs, failed)
+            if error is not None and not self.closing:
+                self.report(error)
 
         async def _readers_ready(self) -> None:
             waiting = [n for n in wait_for_readers if self.pubs[n].get_subscription_count() == 0]
