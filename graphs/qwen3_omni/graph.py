@@ -5,7 +5,7 @@
                                                      |--rows (every computed row, at each call's end)-->
                                                      \\--step_rows~> talker.reply_rows [Fixed(1), fed to its Loop]
     input.prompt_ids --> talker_inputs --prefill rows, trailing text, tts_eos, tts_pad--> talker (Loop, feedback:
-                         code predictor -> frame) --frame~> code2wav [LeftContext(25, 25)] --audio--> output.audio
+                         code predictor -> frame) --frame~> code2wav [25-frame chunks] --audio--> output.audio
                                                                                 \\--frame--> output.codes
 
     input.pcm ~> audio_frames --log_mel~> audio_encoder --embeds--> audio_prompt --input_ids, embed_mask-->
@@ -24,7 +24,8 @@ the images' positions and rows follow the widened prompt), ``prefill_audio`` (th
 ``prefill_media`` (both encoders, their rows merged in prompt order by ``media_prompt``) or
 ``prefill_text``; then ``think_and_talk``: the Talker's inputs from the prompt's rows and the reply's
 first token, then at once the Thinker's decode Loop until ``<|im_end|>`` and the Talker's Loop until
-codec EOS, each iteration's frame streamed to Code2Wav. The Thinker's Loop streams each step's row
+codec EOS, each iteration's frame streamed to Code2Wav, which keeps each request's stream between
+its chunks (``code2wav_stream``: the samples of the reference's decode, whatever the chunks). The Thinker's Loop streams each step's row
 into the running Talker (``FixedChunkPolicy(1)``, a fed input): the Talker reads reply row i + 1 after
 its frame i, and waits for it when the Thinker is behind, so it is fed what the reference feeds it
 (the reference starts the Talker once the reply is complete); only each row's projection, made as it
@@ -39,7 +40,7 @@ from mstar.graph import (AwaitInput, Call, DynamicLoop, FixedChunkPolicy, GraphE
                          StreamingGraphEdge, WholeStreamPolicy)
 from mstar_graphs.qwen3_omni.audio_stream import CHUNK_ITEMS, CONTEXT_ITEMS
 
-CHUNK_FRAMES, LEFT_CONTEXT_FRAMES = 25, 25
+CHUNK_FRAMES = 25  # Code2Wav's chunks carry no left context: it keeps each stream's itself
 
 
 def walk_chooser(im_end: int):
@@ -82,7 +83,7 @@ def budget(state, key: str, default: int) -> int:
 
 def qwen3_omni_graph(im_end: int, codec_eos: int, first_chunk: int | None = None) -> ModelGraph:
     """``first_chunk``: frames of Code2Wav's first chunk (default 25, as later ones; fewer: audio starts
-    sooner, and that chunk's edge moves, so the audio differs from the reference's decode there)."""
+    sooner, and the same audio comes)."""
     thinker_loop = DynamicLoop("thinker", trip_count=lambda s: budget(s, "thinker_max_tokens", 1024) - 1,
                                stop=StopOnValues("thinker.token", (im_end,)))
     talker_loop = DynamicLoop("talker", trip_count=lambda s: budget(s, "talker_max_tokens", 4096),
@@ -178,7 +179,7 @@ def qwen3_omni_graph(im_end: int, codec_eos: int, first_chunk: int | None = None
                          PartitionConnection("thinker", "thinker", WholeStreamPolicy()),
                          PartitionConnection("thinker", "talker", FixedChunkPolicy(1)),
                          PartitionConnection("talker", "vocoder",
-                                             LeftContextChunkPolicy(CHUNK_FRAMES, LEFT_CONTEXT_FRAMES, first_chunk))],
+                                             LeftContextChunkPolicy(CHUNK_FRAMES, 0, first_chunk))],
         ),
         # features, clip_frames and embed_mask (or pcm) come with audio prompts only; pixel_values,
         # image_grid_thw and embed_mask with images

@@ -4,6 +4,8 @@ First chunks go first: a call that is a request's first (index 0) jumps ahead of
 later chunks of other requests, so time to first output stays low under load.
 Later chunks may wait up to ``max_wait_s`` to be batched with others.
 A batch that fails is retried call by call, so one bad input fails one request.
+A node with ``sequential_calls`` (state kept between a request's calls) gets a request's
+calls one at a time, in index order, whatever order they come in.
 """
 from __future__ import annotations
 
@@ -51,6 +53,8 @@ class StatelessEngine(EngineInbox):
         self.max_wait_s = max_wait_s
         self.name = name
         self._pending: list[_Pending] = []
+        # (node, request) -> the index of its next call, for nodes with sequential_calls
+        self._next_index: dict[tuple[str, str], int] = {}
         self.batches = 0
         self.calls = 0
         self.busy_seconds = 0.0
@@ -64,14 +68,25 @@ class StatelessEngine(EngineInbox):
         """A batch is due: a first chunk waits (time to first output), a full batch is ready,
         or the oldest call has waited ``max_wait_s``. Otherwise waiting a little gathers a
         bigger batch, which costs less per call; the device loop still runs us when idle."""
-        if not self._pending:
+        ready = self._ready()
+        if not ready:
             return False
-        if len(self._pending) >= self.max_batch or any(p.call.index == 0 for p in self._pending):
+        if len(ready) >= self.max_batch or any(p.call.index == 0 for p in ready):
             return True
-        return time.monotonic() - min(p.arrival for p in self._pending) >= self.max_wait_s
+        return time.monotonic() - min(p.arrival for p in ready) >= self.max_wait_s
 
     def has_pending(self) -> bool:
         return bool(self._pending)
+
+    def _ready(self) -> list[_Pending]:
+        """The calls that may run now: a sequential node's call waits for its request's previous one."""
+        return [p for p in self._pending if not self.nodes[p.msg.node].sequential_calls
+                or p.call.index == self._next_index.get((p.msg.node, p.msg.request_id), 0)]
+
+    def _answer(self, item: _Pending, out: NodeOutput) -> None:
+        if self.nodes[item.msg.node].sequential_calls:
+            self._next_index[(item.msg.node, item.msg.request_id)] = item.call.index + 1
+        item.reply(out)
 
     def step(self) -> None:
         batch = self._next_batch()
@@ -82,6 +97,10 @@ class StatelessEngine(EngineInbox):
         if kind == "release":
             self.store.free_owner(arg)  # outputs made after the Conductor let go of the request
             self._pending = [p for p in self._pending if p.msg.request_id != arg]
+            for node, module in self.nodes.items():
+                if module.sequential_calls:
+                    self._next_index.pop((node, arg), None)
+                    module.release(arg)
             return
         if kind != "call":
             return
@@ -103,14 +122,17 @@ class StatelessEngine(EngineInbox):
             return exc
 
     def _next_batch(self) -> list[_Pending]:
-        head = min(self._pending, key=lambda p: p.priority)
+        ready = self._ready()
+        if not ready:
+            return []
+        head = min(ready, key=lambda p: p.priority)
         key = self._key(head)
         if isinstance(key, Exception):
             self._pending.remove(head)
-            head.reply(NodeOutput(head.msg.call_id, head.msg.request_id, 0, final=True,
-                                  error=f"node {head.msg.node!r}: {type(key).__name__}: {key}"))
+            self._answer(head, NodeOutput(head.msg.call_id, head.msg.request_id, 0, final=True,
+                                          error=f"node {head.msg.node!r}: {type(key).__name__}: {key}"))
             return []
-        same = sorted((p for p in self._pending if p.msg.node == head.msg.node and self._key(p) == key),
+        same = sorted((p for p in ready if p.msg.node == head.msg.node and self._key(p) == key),
                       key=lambda p: p.priority)[: self.max_batch]
         chosen = {id(p) for p in same}
         self._pending = [p for p in self._pending if id(p) not in chosen]
@@ -128,15 +150,16 @@ class StatelessEngine(EngineInbox):
                 return
             item = batch[0]
             log.warning("%s: call of %s for %s failed: %s", self.name, item.msg.node, item.msg.request_id, exc)
-            item.reply(NodeOutput(item.msg.call_id, item.msg.request_id, 0, final=True,
-                                  error=f"node {item.msg.node!r}: {type(exc).__name__}: {exc}"))
+            self._answer(item, NodeOutput(item.msg.call_id, item.msg.request_id, 0, final=True,
+                                          error=f"node {item.msg.node!r}: {type(exc).__name__}: {exc}"))
             return
         self.busy_seconds += time.perf_counter() - started
         self.batches += 1
         self.calls += len(batch)
         for item, outputs in zip(batch, results):
             handles = {k: self.store.put(v, owner=item.msg.request_id) for k, v in outputs.items()}
-            item.reply(NodeOutput(item.msg.call_id, item.msg.request_id, 0, handles, final=True, finish_reason="done"))
+            self._answer(item, NodeOutput(item.msg.call_id, item.msg.request_id, 0, handles, final=True,
+                                          finish_reason="done"))
 
     def _forward(self, module: NodeSubmodule, batch: list[_Pending]) -> list[dict[str, torch.Tensor]]:
         calls = [p.call for p in batch]

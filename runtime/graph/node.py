@@ -37,6 +37,13 @@ class NodeSubmodule(torch.nn.Module):
     # Linear submodules whose ``.weight`` the module reads itself: the engine keeps them
     # plain when it packs the others (see mstar.engine.linear_packing).
     plain_linears: ClassVar[tuple[str, ...]] = ()
+    # Calls of one request that build on each other (a streaming decoder that keeps its caches between
+    # chunks): the engine runs them one at a time per request, in ``NodeCall.index`` order, and calls
+    # ``release`` when the request ends, finished, failed or cancelled.
+    sequential_calls: ClassVar[bool] = False
+
+    def release(self, request_id: str) -> None:
+        """Frees what the module keeps for ``request_id`` between its calls (``sequential_calls``)."""
 
     def prepare_inputs(self, calls: Sequence[NodeCall]) -> dict[str, torch.Tensor]:
         keys = list(calls[0].inputs)
