@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+from mstar.engine.dtype_names import DTYPE_NAMES
 from mstar_ros.config_files import PACKAGE, config_candidates, find_config
 
 PARAMS_FILE = "pi05.yaml"
@@ -30,6 +31,18 @@ class LaunchArgument:
     name: str
     default: str
     description: str
+
+
+DTYPE_ARGUMENT = LaunchArgument("dtype", "auto", f"compute dtype: {', '.join(DTYPE_NAMES)} (auto: the fastest this "
+                                                 "machine runs natively -- bfloat16 with AVX512-BF16/AMX or a bf16 GPU, "
+                                                 "float32 where bf16 would be emulated; logged with its reason)")
+
+
+def _dtype_arguments(dtype: str) -> list[str]:
+    """``--dtype NAME`` for a node set (nothing for auto, its default); an unknown name is an error."""
+    if dtype not in ("", *DTYPE_NAMES):
+        raise ValueError(f"dtype: expected one of {', '.join(DTYPE_NAMES)}, got {dtype!r}")
+    return ["--dtype", dtype] if dtype not in ("", "auto") else []
 
 
 #: ``ros2 launch mstar_ros pi05.launch.py NAME:=VALUE`` / ``mstar-ros launch pi05 --NAME VALUE``
@@ -53,6 +66,7 @@ LAUNCH_ARGUMENTS = (
                                     "then in openpi's download cache)"),
     LaunchArgument("asset_id", "", "openpi checkpoints: which assets/<asset_id>/norm_stats.json (empty: the only "
                                    "one)"),
+    DTYPE_ARGUMENT,
 )
 
 
@@ -107,7 +121,8 @@ def default_params_file() -> Path:
 
 def pi05_processes(robots: str | Sequence[str] = "/robot1", weights: str = "", placement: str = "",
                    rate: str | float = "", params_file: str = "", max_inflight: str | int = "0",
-                   prompt: str = "", status_every: str | float = "0", tokenizer: str = "", asset_id: str = "", *,
+                   prompt: str = "", status_every: str | float = "0", tokenizer: str = "", asset_id: str = "",
+                   dtype: str = "auto", *,
                    extra_arguments: Sequence[str] = (), remappings: Sequence[tuple[str, str]] = (),
                    ros_arguments: Sequence[str] = ()) -> list[ProcessSpec]:
     """The pi0.5 node set's processes. Launch arguments come as strings (empty = default);
@@ -149,6 +164,7 @@ def pi05_processes(robots: str | Sequence[str] = "/robot1", weights: str = "", p
         args += ["--tokenizer", str(tokenizer)]
     if asset_id:
         args += [f"--asset-id={asset_id}"]
+    args += _dtype_arguments(dtype)
     params = Path(params_file) if params_file else default_params_file()
     if not params.is_file():
         raise FileNotFoundError(f"params_file: no file {params}")
@@ -166,6 +182,7 @@ ORPHEUS_LAUNCH_ARGUMENTS = (
     LaunchArgument("weights", "", "Orpheus checkpoint directory (empty: a generated tiny checkpoint with RANDOM "
                                   "weights)"),
     LaunchArgument("snac_weights", "", "SNAC 24 kHz checkpoint directory (empty: WEIGHTS/snac)"),
+    DTYPE_ARGUMENT,
 )
 
 
@@ -177,7 +194,7 @@ def _flag(name: str, text: str | bool) -> bool:
 
 
 def orpheus_processes(split: str | bool = "true", namespace: str = "/tts", weights: str = "", snac_weights: str = "",
-                      *, extra_arguments: Sequence[str] = (), ros_arguments: Sequence[str] = ()) -> list[ProcessSpec]:
+                      dtype: str = "auto", *, extra_arguments: Sequence[str] = (), ros_arguments: Sequence[str] = ()) -> list[ProcessSpec]:
     """Orpheus TTS as ROS nodes (mstar_ros.ros.orpheus_node): one per partition when ``split``."""
     try:
         (ns,) = parse_robots(namespace)  # the same rules as any namespace
@@ -189,6 +206,7 @@ def orpheus_processes(split: str | bool = "true", namespace: str = "/tts", weigh
             if not Path(path).is_dir():
                 raise FileNotFoundError(f"{flag.lstrip('-').replace('-', '_')}: no directory {path}")
             args += [flag, str(path)]
+    args += _dtype_arguments(dtype)
     partitions = ["talker", "vocoder"] if _flag("split", split) else ["all"]
     return [ProcessSpec(name="orpheus" if part == "all" else f"orpheus_{part}", executable="mstar_orpheus_node",
                         module="mstar_ros.ros.orpheus_node",
@@ -204,10 +222,12 @@ VJEPA2_LAUNCH_ARGUMENTS = (
                                   "checkpoint with RANDOM weights)"),
     LaunchArgument("params_file", "", f"ROS params file for the world-model nodes (empty: config/{VJEPA2_PARAMS_FILE} "
                                       "as installed)"),
+    DTYPE_ARGUMENT,
 )
 
 
-def vjepa2_processes(robots: str | Sequence[str] = "/robot1", weights: str = "", params_file: str = "", *,
+def vjepa2_processes(robots: str | Sequence[str] = "/robot1", weights: str = "", params_file: str = "",
+                     dtype: str = "auto", *,
                      extra_arguments: Sequence[str] = (), ros_arguments: Sequence[str] = ()) -> list[ProcessSpec]:
     """The V-JEPA 2-AC node set's process (mstar_ros.ros.vjepa2_node_set)."""
     args = ["--robots", *parse_robots(robots)]
@@ -215,6 +235,7 @@ def vjepa2_processes(robots: str | Sequence[str] = "/robot1", weights: str = "",
         if not Path(weights).exists():
             raise FileNotFoundError(f"weights: no file or directory {weights}")
         args += ["--weights", str(weights)]
+    args += _dtype_arguments(dtype)
     if params_file:
         params = Path(params_file)
     else:

@@ -2,17 +2,14 @@
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 import tempfile
 from pathlib import Path
 from typing import Callable
 
+from mstar.cache_dir import cache_root
+
 log = logging.getLogger("mstar_graphs")
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("MSTAR_CACHE", Path.home() / ".cache" / "mstar_ros"))
 
 
 def cached_dir(name: str, make: Callable[[Path], None], what: str) -> Path:

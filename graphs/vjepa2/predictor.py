@@ -124,8 +124,10 @@ class VJepa2Predictor(FrameModule):
 
     def native_forward(self, latents: torch.Tensor, actions: torch.Tensor, states: torch.Tensor) -> torch.Tensor:
         """Meta's forward over whole contexts: [B, T, P, D], [B, T, 7], [B, T, 7] -> predictions
-        [B, T, P, D] (frame t's is the prediction of frame t + 1), frames at positions 0 .. T-1."""
+        [B, T, P, D] (frame t's is the prediction of frame t + 1), frames at positions 0 .. T-1.
+        Inputs are cast to the module's dtype, as the engine casts them."""
         b, t = latents.shape[:2]
+        latents, actions, states = (x.to(self.dtype) for x in (latents, actions, states))
         rows = self._rows(latents.flatten(0, 1), actions.flatten(0, 1), states.flatten(0, 1))
         cos, sin = self._rope(torch.arange(t, device=latents.device))
         cos, sin = cos.repeat(b, 1), sin.repeat(b, 1)

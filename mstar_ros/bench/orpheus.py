@@ -18,7 +18,6 @@ import argparse
 import asyncio
 import json
 import logging
-import platform
 import time
 
 import torch
@@ -26,15 +25,14 @@ import torch
 from mstar.conductor import Conductor
 from mstar.engine.config import EngineConfig
 from mstar.engine.device_loop import run_on_device
-from mstar.engine.intra_op import model_threads
 from mstar.engine.linear_packing import parameter_count
 from mstar.engine.sampling_params import SamplingParams
 from mstar.progress import progress_bar
+from mstar_ros.bench.machine import dtypes_section, header_line, machine_section, ours_dtype
 from mstar_ros.bench.workload import JobResult, TTSJob, summarize, tts_workload
 
 log = logging.getLogger("mstar_ros.bench")
 SAMPLE_RATE = 24_000
-OURS_DTYPE = "bfloat16"  # bf16 matmuls are ~4x fp32 on these CPUs; attention still runs in fp32
 
 
 async def _ours(tts, jobs: list[TTSJob], concurrency: int, config: EngineConfig,
@@ -143,7 +141,9 @@ def run_orpheus_bench(args: argparse.Namespace) -> int:
     snac_model = run_on_device(lambda: load_reference_snac(paths.snac).to(device, base_dtype))
     warm = [tts.prompt_ids("Warm up.")]  # first calls are slow for everyone; ours is warmed too
     run_on_device(lambda: snac_whole(snac_model, hf_generate(hf, warm, max_new_tokens=35, do_sample=False)[0]))
-    config = EngineConfig(dtype=OURS_DTYPE, kv_cache_mb=256)
+    config = EngineConfig(dtype=args.dtype, kv_cache_mb=256)  # auto: the engines decide, as ours_dtype says
+    ours_choice = ours_dtype(args.dtype, device)
+    base_name = str(base_dtype).removeprefix("torch.")
     report: dict = {
         "model": {"preset": args.preset if args.weights is None else None, "weights": str(paths.llm),
                   "random_weights": paths.random_weights,
@@ -151,13 +151,16 @@ def run_orpheus_bench(args: argparse.Namespace) -> int:
                   "snac_params_m": round(parameter_count(tts.snac) / 1e6, 2)},
         "workload": {"requests_per_level": n, "arrival": f"Poisson, {rate} req/s", "texts": "2-10 words",
                      "audio_tokens": "7 * (4 + 3 * words)", "sampling": "greedy", "seed": args.seed},
-        "ours": {"dtype": OURS_DTYPE, "config": {"block_size": config.block_size, "max_batched_tokens": config.max_batched_tokens,
-                                                     "pack_linears": config.pack_linears}},
-        "baseline": {"dtype": str(base_dtype).removeprefix("torch."), "calibration_s_24_tokens_b4": calibration},
-        "machine": {"device": device if device == "cpu" else f"{device} ({torch.cuda.get_device_name(device)})",
-                    "cpu_threads": model_threads(), "python": platform.python_version(), "torch": torch.__version__},
+        "ours": {"dtype": ours_choice.dtype, "config": {"block_size": config.block_size,
+                                                        "max_batched_tokens": config.max_batched_tokens,
+                                                        "pack_linears": config.pack_linears}},
+        "baseline": {"dtype": base_name, "calibration_s_24_tokens_b4": calibration},
+        "machine": machine_section(device),
+        "dtypes": dtypes_section(ours_choice, base_name, "the faster of float32 and bfloat16 for transformers, "
+                                                         f"timed now (24 tokens, batch 4: {calibration})"),
         "levels": {},
     }
+    print(header_line(report))
     placement = getattr(args, "placement", None)
     if placement:
         report["ours"]["placement"] = {"file": str(placement), "text": placement.read_text()}
@@ -217,6 +220,7 @@ def run_orpheus_bench(args: argparse.Namespace) -> int:
     args.json.write_text(json.dumps(report, indent=2) + "\n")
     from mstar_ros.bench.plot import plot_orpheus
     plot_orpheus(report, args.plot)
+    print(header_line(report))
     print(f"wrote {args.json} and {args.plot}")
     if paths.random_weights:
         print("NOTE: random weights (generated checkpoint): timings are real, the audio is noise.")

@@ -12,7 +12,8 @@ from pathlib import Path
 from mstar.conductor import Conductor
 from mstar.engine.config import EngineConfig
 from mstar_graphs.orpheus.components import orpheus_spec
-from mstar_ros.bench.orpheus import OURS_DTYPE, _ours
+from mstar_ros.bench.machine import ours_dtype
+from mstar_ros.bench.orpheus import _ours
 from mstar_ros.bench.workload import summarize, tts_workload
 
 SPLIT_PLACEMENT = """world_size: 2
@@ -24,11 +25,11 @@ transport: {default: %s}
 
 
 async def orpheus_split_comparison(preset: str = "bench", concurrency: int = 8, requests: int = 16,
-                                   rate: float = 10.0, seed: int = 0, transport: str = "shm") -> dict:
+                                   rate: float = 10.0, seed: int = 0, transport: str = "shm", dtype: str = "auto") -> dict:
     from mstar_graphs.orpheus.model import OrpheusTTS
 
     tts = OrpheusTTS.load(preset=preset, progress=False)
-    config = EngineConfig(dtype=OURS_DTYPE, kv_cache_mb=256)
+    config = EngineConfig(dtype=dtype, kv_cache_mb=256)
     jobs = tts_workload(requests, rate, seed)
     single, _ = await _ours(tts, jobs, concurrency, config, label="1 proc")
     with tempfile.TemporaryDirectory() as tmp:
@@ -38,6 +39,7 @@ async def orpheus_split_comparison(preset: str = "bench", concurrency: int = 8, 
         split, _ = await _ours(tts, jobs, concurrency, config, conductor=conductor, label="2 proc")
     one, two = summarize(single), summarize(split)
     return {"preset": preset, "concurrency": concurrency, "requests": requests, "transport": transport,
+            "dtype": ours_dtype(dtype).as_dict(),
             "single_process": one, "two_processes": two,
             "two_vs_single_throughput": round(two["throughput_audio_s_per_s"] / one["throughput_audio_s_per_s"], 3),
             "two_vs_single_ttfa_p50": round(two["ttfa_p50_ms"] / one["ttfa_p50_ms"], 3)}

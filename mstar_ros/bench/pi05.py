@@ -20,17 +20,17 @@ import argparse
 import asyncio
 import copy
 import json
-import platform
 
 import torch
 
 from mstar.conductor import Conductor
 from mstar.engine.config import EngineConfig
 from mstar.engine.device_loop import run_on_device
-from mstar.engine.intra_op import model_threads
 from mstar.engine.linear_packing import pack_linears, parameter_count
+from mstar.engine.dtype_choice import DtypeChoice
 from mstar.progress import progress_bar
 from mstar_graphs.pi05.tiny import JOINT_LOWER, JOINT_UPPER  # the synthetic robot's, for a checkpoint without stats
+from mstar_ros.bench.machine import dtypes_section, header_line, machine_section, ours_dtype
 from mstar_ros.bench.pi05_loads import (clock, direct_call, direct_closed, direct_open, ours_closed, ours_open,
                                         request_for, synchronized)
 from mstar_ros.bench.pi05_plot import plot_pi05, print_level
@@ -69,8 +69,11 @@ def _packed(module: torch.nn.Module) -> torch.nn.Module:
     return module
 
 
-def pick_dtype(policy, o: Observation) -> tuple[torch.dtype, dict[str, float], object]:
-    """A CPU user would try fp32 and bf16: the faster one (measured now) is used by both systems."""
+def pick_dtype(policy, o: Observation, name: str = "auto",
+               device: str = "cpu") -> tuple[DtypeChoice, dict[str, float], object]:
+    """Both systems run the same modules, so the same dtype: ``name`` as the engines decide it. A CPU user
+    would try fp32 and bf16, so both are timed (one direct call each, best of 2) and reported beside it."""
+    choice = ours_dtype(name, device)
     timings, models = {}, {}
     for dtype in (torch.float32, torch.bfloat16):
         cand = policy if dtype == torch.float32 else run_on_device(
@@ -78,9 +81,11 @@ def pick_dtype(policy, o: Observation) -> tuple[torch.dtype, dict[str, float], o
                                         _packed(copy.deepcopy(policy.encoder).to(dtype))))
         direct_call(cand, o)  # warm
         timings[str(dtype).removeprefix("torch.")] = round(min(direct_call(cand, o) for _ in range(2)), 4)
-        models[dtype] = cand
-    best = torch.float32 if timings["float32"] <= timings["bfloat16"] else torch.bfloat16
-    return best, timings, models[best]
+        models[str(dtype).removeprefix("torch.")] = cand
+    if choice.dtype not in models:  # float16: not timed, converted as asked
+        models[choice.dtype] = run_on_device(lambda: policy.with_modules(
+            copy.deepcopy(policy.model).to(choice.torch_dtype), copy.deepcopy(policy.encoder).to(choice.torch_dtype)))
+    return choice, timings, models[choice.dtype]
 
 
 async def _measure(policy, conductor: Conductor, robots, args, bar) -> tuple[dict[str, Run], dict[str, Run]]:
@@ -142,10 +147,15 @@ def run_pi05_bench(args: argparse.Namespace) -> int:
         policy.model, policy.encoder = run_on_device(lambda: (policy.model.to(device), policy.encoder.to(device)))
     observations = bag_observations(max(levels), args.seconds + 1.0, args.hz, args.seed,
                                     normalize=policy.normalization(JOINT_LOWER, JOINT_UPPER).state.normalize)
-    dtype, calibration, policy = pick_dtype(policy, observations[0][0])
-    config = EngineConfig(dtype=str(dtype).removeprefix("torch."), kv_cache_mb=256)
+    choice, calibration, policy = pick_dtype(policy, observations[0][0], args.dtype, device)
+    config = EngineConfig(dtype=choice.dtype, kv_cache_mb=256)
     prefix_tokens = request_for(policy, observations[0][0]).inputs["input_ids"].numel()
     report = _header(args, policy, config, calibration, prefix_tokens)
+    report["dtypes"] = dtypes_section(choice, choice.dtype, "the same modules as ours (direct calls)")
+    report["dtypes"]["timed_now_s"] = calibration
+    report["dtypes"]["auto_was_faster"] = (None if choice.dtype not in calibration
+                                           else calibration[choice.dtype] <= min(calibration.values()))
+    print(header_line(report))
     report["levels"], report["batching_bound"] = asyncio.run(_run_levels(policy, config, observations, levels, args))
     top, one = report["levels"][str(max(levels))], report["levels"][str(min(levels))]
     bare = one["baseline"]["bare_forward_p50_ms"]
@@ -165,6 +175,7 @@ def run_pi05_bench(args: argparse.Namespace) -> int:
                                                       rounds=3)
     report["thread_slowdown_ratio"] = report["thread_slowdown"]["thread_slowdown_ratio"]
     print("\n".join(summary_lines(report["thread_slowdown"])))
+    print(header_line(report))
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(report, indent=2) + "\n")
     plot_pi05(report, args.plot)
@@ -197,6 +208,5 @@ def _header(args: argparse.Namespace, policy, config: EngineConfig, calibration:
                             "max_batched_tokens": config.max_batched_tokens}},
         "baseline": {"serving": "graphs/pi05/direct.py: the model called directly, batch 1, dense prefix K/V, "
                                 "robots one after another", "dtype_calibration_s": calibration},
-        "machine": {"cpu_threads": model_threads(), "python": platform.python_version(),
-                    "torch": torch.__version__},
+        "machine": machine_section(getattr(args, "device", "cpu")),
     }

@@ -36,6 +36,7 @@ class FloodOptions:
     control_rate_hz: float = 15.0  # the robots' rate (the node set's default)
     weights: str = ""
     preset: str = "tiny"
+    dtype: str = "auto"        # the node set's --dtype
 
 
 class _Flooder:
@@ -95,7 +96,7 @@ def run_flood(opts: FloodOptions, out=print) -> dict:
         serving = threading.Event()
         extra = ["--summary-json", str(summary_path), "--preset", opts.preset, "--duration", repr(total + 120)]
         (node_set,) = pi05_processes(robots="/robot1 /robot2", weights=opts.weights, rate=opts.control_rate_hz,
-                                     extra_arguments=extra)
+                                     dtype=opts.dtype, extra_arguments=extra)
         player = ProcessSpec("bag_player", "mstar-ros", "mstar_ros.cli",
                              arguments=("bag", "play", str(bundled_bag()), "--loop", "--restamp", "--progress", "0",
                                         "--wait-timeout", "120"))
@@ -128,6 +129,9 @@ def run_flood(opts: FloodOptions, out=print) -> dict:
             raise RuntimeError(f"the node set exited with {codes.get(node_set.name)} and no summary")
         summary = json.loads(summary_path.read_text())
     result = figures(summary, windows, flooder.sent, opts)
+    result["dtype"] = summary.get("dtype")  # what the node set's engines ran, and why
+    from mstar_ros.bench.machine import machine_section
+    result["machine"] = machine_section()
     per_window = {k: v / ORDER.count(k) for k, v in cpu.items()}
     result["node_set_cpu_s_per_window"] = {k: round(v, 2) for k, v in per_window.items()}
     if sent_in["flood"]:
@@ -175,6 +179,8 @@ def figures(summary: dict, windows: list[tuple[str, float, float]], sent: int, o
 
 
 def print_flood(result: dict, out=print) -> None:
+    from mstar_ros.bench.machine import header_line
+    out(header_line({"machine": result.get("machine", {})}) + f"; node set dtype {result.get('dtype')}")
     r = result["robot1"]
     out(f"robot 1 sensor-to-action latency, quiet: p50 {r['quiet']['p50_ms']:.1f} ms / p95 {r['quiet']['p95_ms']:.1f} "
         f"ms over {r['quiet']['chunks']} chunks; with robot 2 flooded: p50 {r['flood']['p50_ms']:.1f} ms / p95 "
@@ -191,7 +197,7 @@ def print_flood(result: dict, out=print) -> None:
 
 def main_flood(args) -> int:
     opts = FloodOptions(seconds=args.seconds, warmup_s=args.flood_warmup, rate_hz=args.flood_rate,
-                        weights=str(args.weights or ""), preset=args.preset)
+                        weights=str(args.weights or ""), preset=args.preset, dtype=args.dtype)
     result = run_flood(opts)
     print_flood(result)
     json_path = Path(args.json or "bench-pi05-flood.json")

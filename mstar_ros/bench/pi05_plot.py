@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from mstar_ros.bench.machine import layout_with_caption
+
 
 def plot_pi05(report: dict, path: Path) -> None:
     import matplotlib
@@ -42,7 +44,7 @@ def plot_pi05(report: dict, path: Path) -> None:
     note = ", random weights" if m.get("random_weights") else ""
     fig.suptitle(f"pi0.5 ({m.get('preset') or 'checkpoint'}, {m['dtype']}{note}) on mstar_ros "
                  "vs the model called directly")
-    fig.tight_layout()
+    layout_with_caption(fig, report)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)

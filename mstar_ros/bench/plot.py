@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from mstar_ros.bench.machine import layout_with_caption
+
 
 def plot_orpheus(report: dict, path: Path) -> None:
     import matplotlib
@@ -23,7 +25,7 @@ def plot_orpheus(report: dict, path: Path) -> None:
         ax.legend()
     note = " (random weights)" if report["model"].get("random_weights") else ""
     fig.suptitle(f"Orpheus TTS on mstar_ros vs transformers generate() + snac{note}")
-    fig.tight_layout()
+    layout_with_caption(fig, report)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)

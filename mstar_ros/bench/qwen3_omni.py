@@ -22,13 +22,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import platform
 import time
 from dataclasses import dataclass, field
 
 import torch
 
 from mstar.progress import progress_bar
+from mstar_ros.bench.machine import dtypes_section, header_line, machine_section, ours_dtype
 from mstar_ros.bench.workload import percentile
 
 log = logging.getLogger("mstar_ros.bench")
@@ -47,8 +47,8 @@ class OmniBenchOptions:
     preset: str = "bench"
     weights: str | None = None
     first_chunk: int | None = None
-    dtype: str = "bfloat16"          # ours: bf16 matmuls and convolutions are faster on these CPUs
-    baseline_dtype: str = "float32"  # transformers' faster one here (2.09 s vs 2.25 s per request in bf16)
+    dtype: str = "auto"              # ours: the fastest this machine runs natively (mstar.engine.dtype_choice)
+    baseline_dtype: str = "fastest"  # transformers: the faster of float32 and bfloat16, timed in this run
     placement: str | None = None     # ours in Worker processes (e.g. the two-rank disaggregation)
     talker_after_reply: bool = False  # ours starts the Talker once the reply is complete (the reference's order)
 
@@ -121,6 +121,7 @@ class Baseline:
         from mstar_graphs.qwen3_omni.config import Qwen3OmniConfig
         from mstar_graphs.qwen3_omni.reference import load_reference
 
+        self.dtype = dtype
         self.model = load_reference(path, dtype=getattr(torch, dtype))
         self.tokenizer, self.cfg = load_tokenizer(path), Qwen3OmniConfig.from_dir(path)
         self.times: list[float] = []
@@ -152,6 +153,23 @@ class Baseline:
                 "throughput_audio_s_per_s": round(audio / per_request, 3)}
 
 
+def _baseline(path, opts: OmniBenchOptions, bar) -> tuple[Baseline, dict[str, float] | None]:
+    """transformers in ``opts.baseline_dtype``; ``fastest``: one warm-up and one timed request in each of
+    float32 and bfloat16, and the faster kept (a CPU user would try both), with those timings."""
+    if opts.baseline_dtype != "fastest":
+        name = ours_dtype(opts.baseline_dtype).dtype  # auto: as our engines would decide here
+        return Baseline(path, name), None
+    timings, candidates = {}, {}
+    for name in ("float32", "bfloat16"):
+        candidate = Baseline(path, name)
+        candidate.run(1, opts, bar, warm=True)
+        timings[name] = round(candidate.times.pop(), 3)
+        candidate.audio.pop()
+        candidates[name] = candidate
+    best = min(timings, key=timings.get)
+    return candidates[best], timings
+
+
 def _queued_ttfa(per_request_s: float, c: int) -> dict[str, float]:
     """One after another: the k-th of C simultaneous requests has its audio after k whole requests."""
     return _stats([per_request_s * (k + 1) * 1000 for k in range(c)])
@@ -168,20 +186,22 @@ async def _ours(chat, opts: OmniBenchOptions, bar) -> dict:
         await conductor.submit(warm).collect()
         for c in opts.concurrency:
             levels[str(c)] = await _ours_level(chat, conductor, c, opts, bar)
-    return levels
+        workers = conductor.dtype_summary()  # with a placement, each Worker process decided for itself
+    return levels, workers
 
 
 def run_omni_bench(opts: OmniBenchOptions) -> dict:
-    from mstar.engine.intra_op import model_threads
     from mstar_graphs.qwen3_omni.speech import Qwen3OmniChat
 
     chat = Qwen3OmniChat.load(opts.weights, progress=True, preset=opts.preset, first_chunk=opts.first_chunk)
-    bar = progress_bar(total=len(opts.concurrency) * opts.rounds + opts.baseline_requests, desc="bench qwen3-omni",
-               unit="round")
-    reference = Baseline(chat.model.path, opts.baseline_dtype)
+    calibrating = 2 if opts.baseline_dtype == "fastest" else 0
+    bar = progress_bar(total=len(opts.concurrency) * opts.rounds + opts.baseline_requests + calibrating,
+                       desc="bench qwen3-omni", unit="round")
+    reference, calibration = _baseline(chat.model.path, opts, bar)
     before = (opts.baseline_requests + 1) // 2
-    reference.run(before, opts, bar, warm=True)
-    ours = asyncio.run(_ours(chat, opts, bar))
+    reference.run(before, opts, bar, warm=calibration is None)
+    ours_choice = ours_dtype(opts.dtype)
+    ours, ours_workers = asyncio.run(_ours(chat, opts, bar))
     reference.run(opts.baseline_requests - before, opts, bar)
     baseline = reference.report()
     bar.close()
@@ -194,14 +214,17 @@ def run_omni_bench(opts: OmniBenchOptions) -> dict:
                                           baseline["throughput_audio_s_per_s"], 3)
         levels[str(c)] = level
     lo, hi = str(min(opts.concurrency)), str(max(opts.concurrency))
+    base_why = (f"the faster of float32 and bfloat16 for transformers, one request each timed now: {calibration}"
+                if calibration else f"--baseline-dtype {opts.baseline_dtype}")
     report = {
         "model": {"preset": opts.preset if opts.weights is None else None, "weights": str(chat.model.path),
                   "random_weights": chat.random_weights, "first_chunk_frames": opts.first_chunk or 25,
                   "talker_after_reply": opts.talker_after_reply,
-                  "dtype": opts.dtype, "baseline_dtype": opts.baseline_dtype, "placement": opts.placement},
+                  "dtype": ours_choice.dtype, "baseline_dtype": reference.dtype, "placement": opts.placement},
         "options": {"concurrency": opts.concurrency, "rounds": opts.rounds, "thinker_tokens": opts.thinker_tokens,
                     "talker_tokens": opts.talker_tokens},
-        "machine": {"cpu_threads": model_threads(), "python": platform.python_version(), "torch": torch.__version__},
+        "machine": machine_section(),
+        "dtypes": {**dtypes_section(ours_choice, reference.dtype, base_why), "ours_workers": ours_workers},
         "baseline": baseline,
         "levels": levels,
         f"ttfa_growth_{lo}_to_{hi}": round(levels[hi]["ours"]["ttfa_ms"]["p50"] / levels[lo]["ours"]["ttfa_ms"]["p50"], 3),
@@ -212,7 +235,7 @@ def run_omni_bench(opts: OmniBenchOptions) -> dict:
 
 
 def summary_lines(report: dict) -> list[str]:
-    lines = [f"transformers generate(return_audio=True), one at a time: {report['baseline']['seconds_per_request']:.2f} s "
+    lines = [header_line(report), f"transformers generate(return_audio=True), one at a time: {report['baseline']['seconds_per_request']:.2f} s "
              f"per request for {report['baseline']['audio_s_per_request']:.2f} s of audio "
              f"({report['baseline']['throughput_audio_s_per_s']:.2f} audio s/s)",
              f"{'C':>3} {'ours ttfa p50/p95':>18} {'ours rtf p50/p95':>17} {'ours audio s/s':>14} "

@@ -1,6 +1,8 @@
 """The PNG of ``mstar-ros bench qwen3-omni``: time to first audio and throughput, ours vs transformers."""
 from __future__ import annotations
 
+from mstar_ros.bench.machine import layout_with_caption
+
 
 def plot_omni(report: dict, path) -> None:
     import matplotlib
@@ -25,7 +27,7 @@ def plot_omni(report: dict, path) -> None:
         ax.legend()
     note = " (random weights)" if report["model"].get("random_weights") else ""
     fig.suptitle(f"Qwen3-Omni on mstar_ros vs transformers generate(return_audio=True){note}")
-    fig.tight_layout()
+    layout_with_caption(fig, report)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -41,6 +41,7 @@ class RolloutBenchOptions:
     plan_iterations: int = 3
     plan_horizon: int = 2
     seed: int = 0
+    dtype: str = "auto"  # both systems: they run the same modules
 
 
 def token_bound(context: int, horizon: int) -> float:
@@ -86,7 +87,8 @@ class _Systems:
         # a step of about one robot's plan samples: on a CPU, bigger forwards cost more per row (measured
         # 794 ms for 32 samples of one frame vs 904-986 ms per robot with 4 robots in one forward)
         frame_rows = opts.plan_samples * (self.predictor.frame_tokens)
-        self.config = EngineConfig(num_kv_blocks=blocks + 8, max_num_seqs=1024, max_batched_tokens=max(1024, frame_rows))
+        self.config = EngineConfig(num_kv_blocks=blocks + 8, max_num_seqs=1024, max_batched_tokens=max(1024, frame_rows),
+                                   dtype=opts.dtype)
 
     def encode(self, frames: torch.Tensor) -> torch.Tensor:
         from mstar.engine.device_loop import run_on_device
@@ -127,7 +129,7 @@ async def _rollouts(sys: _Systems, episodes, opts: RolloutBenchOptions, bar) -> 
             speedup, bound = _ms(native) / _ms(ours), token_bound(C, H)
             rows.append({"horizon": H, "context_frames": C, "ours_ms": _ms(ours), "native_ms": _ms(native),
                          "speedup": speedup, "token_bound": bound, "fraction_of_bound": speedup / bound,
-                         "max_abs_diff": float((got - want).abs().max()),
+                         "max_abs_diff": float((got.float() - want.float()).abs().max()),
                          "ours_runs_ms": [x * 1000 for x in ours], "native_runs_ms": [x * 1000 for x in native]})
     return rows
 
@@ -166,7 +168,7 @@ async def _plans(sys: _Systems, episodes, opts: RolloutBenchOptions, bar) -> lis
                                        params.iterations)
                          for r, (lat, st, act, goal) in enumerate(robots)]  # Meta's planner serves one robot at a time
                 native.append(time.perf_counter() - t0)
-                diffs += [float((o["plan"][-1] - p["plan"]).abs().max()) for o, p in zip(outs, plans)]
+                diffs += [float((o["plan"][-1].float() - p["plan"].float()).abs().max()) for o, p in zip(outs, plans)]
                 bar.update(1)
         rows.append({"sessions": n, "ours_ms_per_action": _ms(ours) / n, "native_ms_per_action": _ms(native) / n,
                      "speedup": _ms(native) / _ms(ours), "max_plan_diff": max(diffs),
@@ -178,6 +180,8 @@ async def _plans(sys: _Systems, episodes, opts: RolloutBenchOptions, bar) -> lis
 def run_rollout_bench(opts: RolloutBenchOptions) -> dict:
     from mstar.engine.intra_op import model_threads
     from mstar_ros.bag.episodes import read_episodes
+    from mstar_ros.bench.machine import dtypes_section, machine_section, ours_dtype
+    choice = ours_dtype(opts.dtype)
     episodes = read_episodes(opts.bag, fps=opts.fps)
     sys = _Systems(opts)
     capacity = sys.predictor.max_frames
@@ -196,7 +200,8 @@ def run_rollout_bench(opts: RolloutBenchOptions) -> dict:
                   "random_weights": opts.weights is None, "predictor_width": c.predictor.width,
                   "predictor_depth": c.predictor.depth, "frame_tokens": c.frame_tokens, "max_frames": capacity},
         "bag": str(opts.bag), "fps": opts.fps, "robots_in_bag": len(episodes), "repeats": opts.repeats,
-        "rollouts": rollouts, "plans": plans, "threads": model_threads(),
+        "rollouts": rollouts, "plans": plans, "threads": model_threads(), "machine": machine_section(),
+        "dtypes": dtypes_section(choice, choice.dtype, "the same modules as ours (Meta's rollout and planner code)"),
     }
     for row in rollouts:
         report[f"speedup_h{row['horizon']}"] = row["speedup"]
@@ -207,7 +212,8 @@ def run_rollout_bench(opts: RolloutBenchOptions) -> dict:
 
 
 def summary_lines(report: dict) -> list[str]:
-    lines = ["rollout  H  ctx  ours ms  native ms  speedup  bound  of bound  goal   max|diff|"]
+    from mstar_ros.bench.machine import header_line
+    lines = [header_line(report), "rollout  H  ctx  ours ms  native ms  speedup  bound  of bound  goal   max|diff|"]
     for r in report["rollouts"]:
         goal = "-" if r["goal"] is None else f"{r['goal']:g}"
         met = "met" if r["goal_met"] else "NOT met"

@@ -33,7 +33,7 @@ MAX_RATIO = 1.3
 _OMP_ENV = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "MKL_NUM_THREADS")
 
 
-def thread_slowdown_check(*, preset: str = "bench", weights: Path | None = None, dtype: str = "bfloat16",
+def thread_slowdown_check(*, preset: str = "bench", weights: Path | None = None, dtype: str = "auto",
                           rounds: int = 6, helper_threads: int = 0, max_ratio: float = MAX_RATIO,
                           timeout_s: float = 900.0) -> dict:
     """Runs the check in a fresh child process and returns its figures (``ok`` the verdict)."""
@@ -69,20 +69,23 @@ def _measure(spec: dict) -> dict:
     import torch
 
     from mstar.engine.device_loop import run_on_device
+    from mstar.engine.dtype_choice import DtypeChoice, resolve_dtype
     from mstar.engine.linear_packing import pack_linears
+    from mstar_ros.bench.machine import machine_section
     from mstar_graphs.pi05.policy import Pi05Policy
     from mstar_ros.bench.pi05_loads import direct_call
     from mstar_ros.bench.pi05_workload import bag_observations
     from mstar_ros.bench.thread_probe import HelperThread, os_threads, settled_threads, voluntary_switches
 
     policy = Pi05Policy.load(spec["weights"], preset=spec["preset"], progress=False)
-    dtype = getattr(torch, spec["dtype"])
 
-    def convert() -> None:  # as bench pi05 runs them: bf16 CPU linears prepacked
-        for module in (policy.model.to(dtype), policy.encoder.to(dtype)):
+    def convert() -> DtypeChoice:  # as bench pi05 runs them: in the engines' dtype, bf16 CPU linears prepacked
+        choice = resolve_dtype(spec["dtype"])
+        for module in (policy.model.to(choice.torch_dtype), policy.encoder.to(choice.torch_dtype)):
             pack_linears(module, module.plain_linears)
+        return choice
 
-    run_on_device(convert)
+    choice = run_on_device(convert)
     observation = run_on_device(bag_observations, 1, 1.0)[0][0]  # on the device thread: the process stays fresh
 
     def build_observations() -> None:  # the triggering work of issue 16
@@ -117,7 +120,8 @@ def _measure(spec: dict) -> dict:
     def med(runs: list[tuple[float, int]], i: int = 0) -> float:
         return statistics.median(r[i] for r in runs)
 
-    return {"preset": spec["preset"], "weights": spec["weights"], "dtype": spec["dtype"], "rounds": spec["rounds"],
+    return {"preset": spec["preset"], "weights": spec["weights"], "dtype": choice.dtype, "rounds": spec["rounds"],
+            "dtype_choice": choice.as_dict(), "machine": machine_section(),
             "device_threads": run_on_device(torch.get_num_threads), "helper_width": helper_width,
             "main_width": torch.get_num_threads(), "cpus": len(os.sched_getaffinity(0)),
             "omp_env": {k: os.environ[k] for k in _OMP_ENV if k in os.environ},

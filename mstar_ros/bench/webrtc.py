@@ -24,15 +24,13 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import platform
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
-
 from mstar.progress import progress_bar
+from mstar_ros.bench.machine import dtypes_section, header_line, machine_section, ours_dtype
 from mstar_ros.bench.webrtc_peers import JITTER_PREFETCH, TEXTS
 from mstar_ros.bench.workload import percentile
 
@@ -49,7 +47,7 @@ class WebrtcBenchOptions:
     weights: Path | None = None
     preset: str = "bench"
     seed: int = 0
-    dtype: str = "bfloat16"        # as `bench orpheus`: bf16 matmuls are ~4x fp32 on these CPUs
+    dtype: str = "auto"            # the fastest this machine runs natively (mstar.engine.dtype_choice)
     placement: Path | None = None  # the model in Worker processes (off the gateway's interpreter)
 
 
@@ -177,7 +175,6 @@ async def _bench(model, opts: WebrtcBenchOptions) -> dict:
 
 
 def run_webrtc_bench(opts: WebrtcBenchOptions) -> dict:
-    from mstar.engine.intra_op import model_threads
     from mstar_ros.webrtc.speech_models import load_speech_model
 
     kwargs = {"preset": opts.preset} if opts.weights is None else {}
@@ -192,9 +189,10 @@ def run_webrtc_bench(opts: WebrtcBenchOptions) -> dict:
                   "weights": str(opts.weights) if opts.weights else None,
                   "random_weights": bool(getattr(model, "random_weights", False))},
         "options": {"peers": opts.peers, "rounds": opts.rounds, "max_tokens": opts.max_tokens, "seed": opts.seed,
-                    "dtype": opts.dtype, "jitter_prefetch_frames": JITTER_PREFETCH,
+                    "dtype": ours_dtype(opts.dtype).dtype, "jitter_prefetch_frames": JITTER_PREFETCH,
                     "placement": str(opts.placement) if opts.placement else None},
-        "machine": {"cpu_threads": model_threads(), "python": platform.python_version(), "torch": torch.__version__},
+        "machine": machine_section(),
+        "dtypes": dtypes_section(ours_dtype(opts.dtype), None, ""),
         "levels": levels,
         f"ttfa_overhead_p95_ms_{top}_peers": levels[top]["ttfa_overhead_ms"]["p95"],
         "underruns_where_rtf_below_1": sum(lv["underruns"] for n, lv in levels.items() if n not in slow_levels),
@@ -210,7 +208,7 @@ def run_webrtc_bench(opts: WebrtcBenchOptions) -> dict:
 
 def summary_lines(report: dict) -> list[str]:
     top = max(int(n) for n in report["levels"])
-    lines = [f"{'peers':>5} {'ttfa peer p50/p95':>18} {'in-process p50/p95':>19} {'overhead p50/p95':>17} "
+    lines = [header_line(report), f"{'peers':>5} {'ttfa peer p50/p95':>18} {'in-process p50/p95':>19} {'overhead p50/p95':>17} "
              f"{'file p50 (peers on / none)':>27} {'ratio on / none':>15} {'rtf max':>7} {'underruns':>9} {'jitter':>7}"]
     for n, lv in sorted(report["levels"].items(), key=lambda kv: int(kv[0])):
         lines.append(f"{n:>5} {lv['ttfa_peer_ms']['p50']:>8.0f}/{lv['ttfa_peer_ms']['p95']:<6.0f}ms "

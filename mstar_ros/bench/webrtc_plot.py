@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from mstar_ros.bench.machine import layout_with_caption
+
 
 def plot_webrtc(report: dict, path: Path) -> None:
     import matplotlib
@@ -37,7 +39,7 @@ def plot_webrtc(report: dict, path: Path) -> None:
         ax.legend(loc="upper left", fontsize=8)
     note = " (random weights)" if report["model"].get("random_weights") else ""
     fig.suptitle(f"Voice gateway: {report['model']['name']} to aiortc peers on loopback{note}")
-    fig.tight_layout()
+    layout_with_caption(fig, report)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -4,6 +4,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from mstar_ros.dtype_option import add_dtype_argument
+
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="benchmarks (ratios against a baseline measured in the same run)")
@@ -29,6 +31,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="also serve ours with this placement (e.g. config/placement/orpheus-two-ranks.yaml: LLM and "
                         "SNAC in two Worker processes); the headline ratios are then this configuration's")
     o.add_argument("--device", default="cpu", help="torch device for both systems (default cpu; cuda: the GPU paths, FlashInfer when installed)")
+    add_dtype_argument(o, what="our compute dtype (transformers runs the faster of float32 and bfloat16, timed in the "
+                               "same run)")
     o.add_argument("--quick", action="store_true", help="a small run for smoke tests")
     o.set_defaults(run=_run_orpheus)
 

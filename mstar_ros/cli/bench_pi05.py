@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from mstar_ros.dtype_option import add_dtype_argument
 from mstar_ros.cli.bench import bench_subparsers
 
 
@@ -14,7 +15,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         description="pi0.5 serving N robots from one embedded Conductor (in process: no ROS transport in the "
                     "timed path) against today's policy-server pattern measured in the same run: the model "
                     "called directly (graphs/pi05/direct.py), one observation per call, robots served one after "
-                    "another, no batching. Same checkpoint, dtype (fp32 or bf16, whichever is faster here), "
+                    "another, no batching. Same checkpoint, dtype (--dtype; both dtypes are timed and reported beside it), "
                     "observations (from the synthetic DROID-like bag) and flow noise. Per robot count: "
                     "aggregate chunks/s in a closed loop and sensor-to-action latency p50/p95 with observations "
                     "offered at --hz per robot (a robot acts on its newest observation, waiting for the next one "
@@ -47,6 +48,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--flood-rate", type=float, default=400.0, help="--flood: bad frames per second (default 400)")
     p.add_argument("--flood-warmup", type=float, default=8.0, help="--flood: seconds served before the first "
                                                                    "window (default 8)")
+    add_dtype_argument(p, what="compute dtype of both systems (they run the same modules)")
     p.add_argument("--device", default="cpu", help="torch device for both systems (default cpu; cuda: the GPU paths, FlashInfer when installed)")
     p.set_defaults(run=_run_pi05)
 

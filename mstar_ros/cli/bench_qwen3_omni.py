@@ -4,7 +4,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from mstar.engine.dtype_names import DTYPE_NAMES
 from mstar_ros.cli.bench import bench_subparsers, positive_ints, write_report
+from mstar_ros.dtype_option import add_dtype_argument
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -25,10 +27,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--weights", type=Path, help="a transformers Qwen3-Omni checkpoint directory instead")
     p.add_argument("--first-chunk", type=int, default=None,
                    help="frames in Code2Wav's first chunk (default 25, as the reference's chunking)")
-    p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"],
-                   help="our compute dtype (default bfloat16, as bench orpheus)")
-    p.add_argument("--baseline-dtype", default="float32", choices=["float32", "bfloat16"],
-                   help="transformers' dtype (default float32: its faster one on these CPUs)")
+    add_dtype_argument(p, what="our compute dtype")
+    p.add_argument("--baseline-dtype", default="fastest", choices=["fastest", *DTYPE_NAMES],
+                   help="transformers' dtype: fastest (default: float32 and bfloat16 timed on one request each, the "
+                        "faster kept), auto (as ours would decide here), or a dtype")
     p.add_argument("--placement", type=Path,
                    help="ours in Worker processes per this placement (e.g. config/placement/qwen3-omni-two-ranks.yaml)")
     p.add_argument("--talker-after-reply", action="store_true",

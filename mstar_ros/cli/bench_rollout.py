@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from mstar_ros.dtype_option import add_dtype_argument
 from mstar_ros.cli.bench import bench_subparsers, positive_ints, write_report
 
 DEFAULT_BAG = Path("out/world_model_synthetic")
@@ -32,6 +33,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--plan-samples", type=int, default=32, help="CEM samples per iteration (default 32; Meta 400)")
     p.add_argument("--plan-iterations", type=int, default=3, help="CEM iterations (default 3; Meta 10)")
     p.add_argument("--plan-horizon", type=int, default=2, help="planned actions (default 2, Meta's wrapper)")
+    add_dtype_argument(p, what="compute dtype of both systems (they run the same modules)")
     p.add_argument("--json", type=Path, default=Path("bench-rollout.json"), help="where to write the figures")
     p.add_argument("--plot", type=Path, default=Path("bench-rollout.png"), help="where to write the plot")
     p.add_argument("--quick", action="store_true", help="a small run for smoke tests (tiny preset, H 2,4, 1 repeat)")
@@ -56,7 +58,7 @@ def _run(args: argparse.Namespace) -> int:
                                preset=args.preset, weights=args.weights, fps=args.fps,
                                plan_sessions=args.plan_sessions, plan_samples=args.plan_samples,
                                plan_topk=min(8, args.plan_samples), plan_iterations=args.plan_iterations,
-                               plan_horizon=args.plan_horizon)
+                               plan_horizon=args.plan_horizon, dtype=args.dtype)
     if args.quick:
         opts.preset, opts.horizons, opts.repeats = "tiny", [2, 4], 1
         opts.plan_sessions, opts.plan_samples, opts.plan_topk, opts.plan_iterations = [1, 2], 8, 4, 2

@@ -5,6 +5,7 @@ import argparse
 import json
 from pathlib import Path
 
+from mstar_ros.dtype_option import add_dtype_argument
 from mstar_ros.cli.bench import bench_subparsers
 
 
@@ -22,7 +23,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     "when a team appeared or the ratio passes --max-ratio. About 20 s on the bench preset.")
     p.add_argument("--preset", default="bench", choices=["tiny", "bench"], help="generated checkpoint preset (default bench)")
     p.add_argument("--weights", type=Path, help="a real pi0.5 PyTorch checkpoint directory instead of the generated one")
-    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"], help="model dtype (default bfloat16)")
+    add_dtype_argument(p, what="model dtype")
     p.add_argument("--rounds", type=int, default=6, help="interleaved rounds with and without the helper (default 6)")
     p.add_argument("--max-ratio", type=float, default=MAX_RATIO,
                    help=f"fail when the forward after the other threads' work is slower than this (default {MAX_RATIO})")

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from mstar_ros.dtype_option import add_dtype_argument
 from mstar_ros.cli.bench import bench_subparsers, positive_ints, write_report
 
 
@@ -24,8 +25,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", default="orpheus", help="speech model (default orpheus)")
     p.add_argument("--preset", default="bench", choices=["tiny", "bench"], help="generated checkpoint (default bench)")
     p.add_argument("--weights", type=Path, help="a real checkpoint directory instead")
-    p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"],
-                   help="compute dtype (default bfloat16, as bench orpheus)")
+    add_dtype_argument(p)
     p.add_argument("--placement", type=Path,
                    help="placement YAML: the model's nodes in Worker processes, off the gateway's interpreter "
                         "(e.g. config/placement/orpheus-one-worker.yaml)")

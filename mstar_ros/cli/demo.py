@@ -102,6 +102,8 @@ def print_demo_summary(summary: dict, *, random_weights: bool) -> None:
     robots = summary["robots"]
     print(f"\npi0.5 node set served {len(robots)} robots for {summary['seconds']:.1f} s"
           + (" (tiny model, RANDOM weights: the actions are noise)" if random_weights else ""))
+    if summary.get("dtype"):
+        print(f"  dtype {summary['dtype']}")
     print(f"  action chunks per second, all robots: {summary['chunks_per_s']} (paced by the robots: each runs "
           f"its actions at the control rate and asks for the next chunk when refill_at are left)")
     for ns, r in robots.items():

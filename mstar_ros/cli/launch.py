@@ -17,6 +17,7 @@ import threading
 import time
 from typing import Callable, Sequence, TextIO
 
+from mstar.engine.dtype_names import DTYPE_NAMES
 from mstar_ros.launch_actions import NodeExit
 from mstar_ros.launch_spec import (LAUNCH_ARGUMENTS, ORPHEUS_LAUNCH_ARGUMENTS, VJEPA2_LAUNCH_ARGUMENTS, ProcessSpec,
                                    orpheus_processes, pi05_processes, vjepa2_processes)
@@ -60,6 +61,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--status-every", default="0", metavar="S", help=_HELP["status_every"])
     p.add_argument("--tokenizer", default="", help=_HELP["tokenizer"])
     p.add_argument("--asset-id", default="", help=_HELP["asset_id"])
+    p.add_argument("--dtype", default="auto", choices=DTYPE_NAMES, help=_HELP["dtype"])
     p.add_argument("--duration", type=float, help="stop after this many seconds (default: run until Ctrl-C)")
     p.add_argument("--summary-json", help="the node set writes its summary here as JSON when it stops")
     p.add_argument("--print-commands", action="store_true", help="print the commands and exit")
@@ -93,6 +95,7 @@ def _add_orpheus(targets: argparse._SubParsersAction) -> None:
     p.add_argument("--namespace", default="/tts", help=helps["namespace"] + " (default /tts)")
     p.add_argument("--weights", default="", help=helps["weights"])
     p.add_argument("--snac-weights", default="", help=helps["snac_weights"])
+    p.add_argument("--dtype", default="auto", choices=DTYPE_NAMES, help=helps["dtype"])
     p.add_argument("--duration", type=float, help="stop after this many seconds (default: run until Ctrl-C)")
     p.add_argument("--print-commands", action="store_true", help="print the commands and exit")
     p.add_argument("--ros-args", dest="ros_args", nargs=argparse.REMAINDER, default=[], metavar="ARG",
@@ -102,7 +105,8 @@ def _add_orpheus(targets: argparse._SubParsersAction) -> None:
 
 def run_orpheus(args: argparse.Namespace) -> int:
     extra = ["--duration", repr(float(args.duration))] if args.duration else []
-    specs = orpheus_processes(args.split, args.namespace, args.weights, args.snac_weights, extra_arguments=extra,
+    specs = orpheus_processes(args.split, args.namespace, args.weights, args.snac_weights, args.dtype,
+                              extra_arguments=extra,
                               ros_arguments=args.ros_args)
     return _start(specs, args.print_commands)
 
@@ -127,6 +131,7 @@ def _add_vjepa2(targets: argparse._SubParsersAction) -> None:
     p.add_argument("--robots", nargs="+", default=["/robot1"], help=helps["robots"] + " (default /robot1)")
     p.add_argument("--weights", default="", help=helps["weights"])
     p.add_argument("--params-file", default="", help=helps["params_file"])
+    p.add_argument("--dtype", default="auto", choices=DTYPE_NAMES, help=helps["dtype"])
     p.add_argument("--duration", type=float, help="stop after this many seconds (default: run until Ctrl-C)")
     p.add_argument("--summary-json", help="write the node set's summary as JSON to this file")
     p.add_argument("--print-commands", action="store_true", help="print the commands and exit")
@@ -139,7 +144,7 @@ def run_vjepa2(args: argparse.Namespace) -> int:
     extra = ["--duration", repr(float(args.duration))] if args.duration else []
     if args.summary_json:
         extra += ["--summary-json", args.summary_json]
-    specs = vjepa2_processes(" ".join(args.robots), args.weights, args.params_file, extra_arguments=extra,
+    specs = vjepa2_processes(" ".join(args.robots), args.weights, args.params_file, args.dtype, extra_arguments=extra,
                              ros_arguments=args.ros_args)
     return _start(specs, args.print_commands)
 
@@ -152,7 +157,7 @@ def run(args: argparse.Namespace) -> int:
         extra += ["--summary-json", args.summary_json]
     specs = pi05_processes(args.robots, args.weights, args.placement, args.rate, args.params_file,
                            args.max_inflight, args.prompt, args.status_every, args.tokenizer, args.asset_id,
-                           extra_arguments=extra,
+                           args.dtype, extra_arguments=extra,
                            ros_arguments=args.ros_args)
     return _start(specs, args.print_commands)
 

@@ -6,6 +6,8 @@ import asyncio
 import logging
 from pathlib import Path
 
+from mstar_ros.dtype_option import add_dtype_argument, engine_config
+
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="serve a model to WebRTC peers (browsers) over HTTP signalling")
@@ -29,9 +31,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     v.add_argument("--peer-lost-s", type=float, default=1.5,
                    help="a peer that stops answering ICE consent checks is dropped after about this long (default "
                         "1.5 s; on lossy or far networks use 5 or more, or a packet loss burst drops a peer)")
-    v.add_argument("--dtype", choices=["float32", "bfloat16"],
-                   help="compute dtype (default: from --engine-config, else float32; bfloat16 is ~4x faster on CPUs "
-                        "with AMX/AVX-512 bf16)")
+    add_dtype_argument(v, default=None)
     v.add_argument("--engine-config", type=Path, help="engine settings YAML (see config/engine.yaml)")
     v.add_argument("--placement", type=Path,
                    help="placement YAML (see config/placement/): run the model's nodes in Worker processes per rank, "
@@ -43,9 +43,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def _run_voice(args: argparse.Namespace) -> int:
     from aiohttp import web
 
-    import msgspec
-
-    from mstar.engine.config import EngineConfig, load_engine_config
     from mstar_ros.webrtc.server import GatewayLimits, VoiceGateway
     from mstar_ros.webrtc.speech_models import load_speech_model, speech_conductor
 
@@ -53,9 +50,7 @@ def _run_voice(args: argparse.Namespace) -> int:
         raise ValueError("--max-peers must be >= 1 and --peer-lost-s > 0.5 (one consent check's timeout)")
     # under a placement the Worker processes load the weights; this process only builds requests
     model = load_speech_model(args.model, args.weights, requests_only=args.placement is not None)
-    config = load_engine_config(args.engine_config) if args.engine_config else EngineConfig()
-    if args.dtype:
-        config = msgspec.structs.replace(config, dtype=args.dtype)
+    config = engine_config(args)
     log = logging.getLogger("mstar_ros.webrtc")
 
     async def main() -> None:
@@ -70,6 +65,7 @@ def _run_voice(args: argparse.Namespace) -> int:
             note = " (RANDOM weights: the audio is noise)" if getattr(model, "random_weights", False) else ""
             where = f" in Worker processes per {args.placement}" if args.placement else ""
             print(f"serving {args.model}{note}{where} to WebRTC peers: POST http://{args.host}:{port}/offer", flush=True)
+            print(f"  dtype {conductor.dtype_summary()}", flush=True)
             try:
                 await asyncio.sleep(args.duration or 1e9)
             finally:

@@ -7,13 +7,12 @@ import time
 import wave
 from pathlib import Path
 
-import msgspec
 import torch
 
 from mstar.conductor import Conductor
-from mstar.engine.config import EngineConfig, load_engine_config
 from mstar.engine.sampling_params import SamplingParams
 from mstar.progress import progress_bar
+from mstar_ros.dtype_option import add_dtype_argument, engine_config
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -32,7 +31,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--repetition-penalty", type=float, default=1.3, help="(default 1.3)")
     p.add_argument("--max-tokens", type=int, default=1200, help="most audio tokens to generate, 7 per 85 ms frame (default 1200)")
     p.add_argument("--seed", type=int, help="fixes sampling and SNAC noise, for reproducible audio")
-    p.add_argument("--dtype", choices=["float32", "bfloat16"], help="compute dtype (default: from --engine-config, else float32)")
+    add_dtype_argument(p, default=None)
     p.add_argument("--engine-config", type=Path, help="engine settings YAML (see config/engine.yaml)")
     p.add_argument("--placement", type=Path,
                    help="placement YAML (see config/placement/): run the nodes in Worker processes per rank "
@@ -49,9 +48,7 @@ def run(args: argparse.Namespace) -> int:
                               repetition_penalty=args.repetition_penalty, max_tokens=args.max_tokens, seed=args.seed)
     tts = OrpheusTTS.load(args.weights, args.snac_weights, constrain=not args.no_constrain, voice=args.voice or None)
     request = tts.request(args.text, sampling=sampling)
-    config = load_engine_config(args.engine_config) if args.engine_config else EngineConfig()
-    if args.dtype:
-        config = msgspec.structs.replace(config, dtype=args.dtype)
+    config = engine_config(args)
     if args.placement:
         from mstar_graphs.orpheus.components import orpheus_spec
         spec = orpheus_spec(args.weights, args.snac_weights, preset="tiny", constrain=not args.no_constrain)
@@ -66,6 +63,7 @@ def run(args: argparse.Namespace) -> int:
     if summary["ttfa"] is not None:
         print(f"time to first audio {summary['ttfa'] * 1000:.0f} ms, wall {summary['wall']:.2f} s, "
               f"RTF {summary['wall'] / seconds if seconds else float('nan'):.2f} (wall / audio; < 1 is faster than real time)")
+    print(f"dtype {summary['dtype']}")
     if tts.random_weights:
         print("NOTE: the weights are RANDOM (generated tiny checkpoint): the audio is noise. Pass --weights DIR for real speech.")
     return 0
@@ -87,7 +85,8 @@ async def _speak(conductor: Conductor, request) -> tuple[list[torch.Tensor], dic
                     chunks.append(out.data.float())
                     bar.update(out.data.numel() / 24_000)
         wall = time.perf_counter() - start
-    return chunks, {"tokens": tokens, "ttfa": ttfa, "wall": wall}
+        dtype = conductor.dtype_summary()
+    return chunks, {"tokens": tokens, "ttfa": ttfa, "wall": wall, "dtype": dtype}
 
 
 def _write_wav(path: Path, audio: torch.Tensor, rate: int) -> None:

@@ -21,6 +21,7 @@ import logging
 import sys
 import time
 
+from mstar_ros.dtype_option import add_dtype_argument  # no torch import either
 from mstar_ros.ros.ros_process import split_ros_args  # stdlib only: torch is not imported yet
 
 log = logging.getLogger("mstar_ros.node_set")
@@ -40,6 +41,7 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--asset-id", help="openpi checkpoints: which assets/<asset_id>/norm_stats.json to use "
                                            "(needed when there are several)")
     parser.add_argument("--placement", help="placement YAML: Workers in their own processes")
+    add_dtype_argument(parser)
     parser.add_argument("--rate", type=float, help="control rate in Hz for every robot (wins over the params file)")
     parser.add_argument("--prompt", help="task prompt for every robot (wins over the params file)")
     parser.add_argument("--max-inflight", type=int, default=0, metavar="K",
@@ -92,6 +94,7 @@ def summarize(nodes, elapsed: float) -> dict:
 
 async def serve(args: argparse.Namespace, ros_args: list[str]) -> dict:
     from mstar.conductor import Conductor
+    from mstar.engine.config import EngineConfig
     from mstar_graphs.pi05.policy import Pi05Policy
     from mstar_ros.ros.conductor_node import conductor_node
     from mstar_ros.policy.admission import ChunkAdmission
@@ -105,9 +108,10 @@ async def serve(args: argparse.Namespace, ros_args: list[str]) -> dict:
         from mstar_graphs.pi05.components import pi05_spec
         from mstar_ros.ros.worker_diagnostics import PLUGIN
         conductor = Conductor.distributed(pi05_spec(args.weights, preset=args.preset), args.placement,
+                                          config=EngineConfig(dtype=args.dtype),
                                           plugins=(PLUGIN,))  # each Worker process reports on /diagnostics
     else:
-        conductor = Conductor(policy.graph(), policy.modules())
+        conductor = Conductor(policy.graph(), policy.modules(), config=EngineConfig(dtype=args.dtype))
     async with RosProcess("mstar_pi05_node_set", ros_args) as ros:
         async with conductor:
             admission = ChunkAdmission(args.max_inflight)
@@ -118,9 +122,11 @@ async def serve(args: argparse.Namespace, ros_args: list[str]) -> dict:
             names = ", ".join(n.get_fully_qualified_name() for n in nodes)
             print(f"serving pi0.5 ({'RANDOM tiny weights' if policy.random_weights else policy.path}) for {names}",
                   flush=True)
+            print(f"  dtype {conductor.dtype_summary()}", flush=True)
             started = time.monotonic()
             await _run_until_stopped(ros.stop, nodes, started, args.duration, args.status_every)
             summary = summarize(nodes, time.monotonic() - started)
+            summary["dtype"] = conductor.dtype_summary()
             for node in nodes:
                 node.closing = True  # chunks still in flight are cancelled quietly
     return summary
@@ -142,7 +148,7 @@ async def _run_until_stopped(stop: asyncio.Event, nodes, started: float, duratio
 
 
 def print_summary(summary: dict) -> None:
-    print(f"served {summary['chunks_per_s']} chunks/s in all over {summary['seconds']} s")
+    print(f"served {summary['chunks_per_s']} chunks/s in all over {summary['seconds']} s, dtype {summary['dtype']}")
     for ns, r in summary["robots"].items():
         print(f"  {ns}: {r['chunks']} chunks ({r['chunks_per_s']}/s), sensor-to-action p50 {r['latency_p50_ms']} ms, "
               f"p95 {r['latency_p95_ms']} ms, {r['horizon']} actions @ {r['rate_hz']} Hz; "

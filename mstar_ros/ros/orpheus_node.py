@@ -28,6 +28,7 @@ import msgspec
 import torch
 
 from mstar.engine.sampling_params import SamplingParams
+from mstar_ros.dtype_option import add_dtype_argument
 from mstar_ros.ros.ros_process import split_ros_args
 
 log = logging.getLogger("mstar_ros.orpheus_node")
@@ -50,6 +51,7 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--weights", help="Orpheus checkpoint dir (default: generated tiny, RANDOM weights)")
     parser.add_argument("--snac-weights", help="SNAC 24 kHz checkpoint dir (default: WEIGHTS/snac)")
     parser.add_argument("--preset", default="tiny", help="generated checkpoint preset when --weights is not given")
+    add_dtype_argument(parser)
     # the talker's defaults; also its ROS parameters (-p NAME:=VALUE after --ros-args wins, ros2 param set)
     parser.add_argument("--voice", default="tara", help="voice put before each text ('' for none; parameter voice)")
     parser.add_argument("--temperature", type=float, default=0.6,
@@ -152,12 +154,13 @@ def load_partition(args: argparse.Namespace):
 
 async def serve(args: argparse.Namespace, ros_args: list[str]) -> dict:
     from mstar.conductor import Conductor
+    from mstar.engine.config import EngineConfig
     from mstar_ros.ros.conductor_node import conductor_node
     from mstar_ros.ros.partition_node import make_partition_node
     from mstar_ros.ros.ros_process import RosProcess
 
     graph, modules, factory, defaults, random_weights = load_partition(args)
-    conductor = Conductor(graph, modules)
+    conductor = Conductor(graph, modules, config=EngineConfig(dtype=args.dtype))
     name = "orpheus" if args.partition == "all" else f"orpheus_{args.partition}"
     async with RosProcess("mstar_orpheus_node", ros_args) as ros, conductor:
         node = make_partition_node(conductor, graph, asyncio.get_running_loop(), node_name=name,
@@ -173,6 +176,7 @@ async def serve(args: argparse.Namespace, ros_args: list[str]) -> dict:
         outs = [node.resolve_topic_name(n) for n in graph.output_names]
         print(f"serving {graph.name} ({'RANDOM tiny weights' if random_weights else 'weights'}) as "
               f"{node.get_fully_qualified_name()}: in {', '.join(ins)}; out {', '.join(outs)}", flush=True)
+        print(f"  dtype {conductor.dtype_summary()}", flush=True)
         started = time.monotonic()
         await ros.stopped(args.duration)
         node.closing = True

@@ -16,6 +16,7 @@ import statistics
 import sys
 import time
 
+from mstar_ros.dtype_option import add_dtype_argument
 from mstar_ros.ros.ros_process import split_ros_args
 
 log = logging.getLogger("mstar_ros.vjepa2_node_set")
@@ -29,6 +30,7 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--weights", help="Meta's vjepa2-ac-vitg.pt or a checkpoint directory (default: generated "
                                           "tiny, RANDOM weights)")
     parser.add_argument("--preset", default="tiny", help="generated checkpoint preset when --weights is not given")
+    add_dtype_argument(parser)
     parser.add_argument("--duration", type=float, default=0.0, help="exit after this many seconds (0: until stopped)")
     parser.add_argument("--summary-json", help="also write the summary as JSON to this file")
     return parser.parse_args(argv), ros_args
@@ -47,19 +49,19 @@ def summarize(nodes, elapsed: float) -> dict:
     return {"seconds": round(elapsed, 2), "robots": robots}
 
 
-def pool_config(nodes, predictor):
+def pool_config(nodes, predictor, dtype: str = "auto"):
     """KV pool for every robot's window plus one plan's samples x horizon (a frame per block):
     the default pool would hold 5 frames of the released model in fp32 (48 MiB each)."""
-    import torch
-
     from mstar.engine.config import EngineConfig
 
     blocks = sum(node.kv_frames_needed for node in nodes) + 4
-    per_block = predictor.kv_spec().bytes_per_token(torch.float32) * predictor.frame_tokens
     most_samples = max(node.cem.samples for node in nodes)
-    log.info("KV pool: %d frame blocks, %.0f MiB (per robot: its window + plan samples x horizon)",
-             blocks, blocks * per_block / 2**20)
-    return EngineConfig(num_kv_blocks=blocks, max_batched_tokens=max(1024, most_samples * predictor.frame_tokens))
+    config, choice = EngineConfig(num_kv_blocks=blocks, dtype=dtype,
+                                  max_batched_tokens=max(1024, most_samples * predictor.frame_tokens)).for_device("cpu")
+    per_block = predictor.kv_spec().bytes_per_token(choice.torch_dtype) * predictor.frame_tokens
+    log.info("KV pool: %d frame blocks, %.0f MiB in %s (per robot: its window + plan samples x horizon)",
+             blocks, blocks * per_block / 2**20, choice.dtype)
+    return config
 
 
 async def serve(args: argparse.Namespace, ros_args: list[str]) -> dict:
@@ -76,7 +78,7 @@ async def serve(args: argparse.Namespace, ros_args: list[str]) -> dict:
     async with RosProcess("mstar_vjepa2_node_set", ros_args) as ros:
         loop = asyncio.get_running_loop()
         nodes = [make_world_model_node(loop, ns, predictor.max_frames) for ns in args.robots]
-        config = pool_config(nodes, predictor)
+        config = pool_config(nodes, predictor, args.dtype)
         async with Conductor(graph, modules, config=config) as conductor:
             for node in nodes:
                 node.conductor = conductor
@@ -85,16 +87,18 @@ async def serve(args: argparse.Namespace, ros_args: list[str]) -> dict:
             what = "RANDOM tiny weights" if args.weights is None else args.weights
             print(f"serving V-JEPA 2-AC ({what}) for {', '.join(n.get_fully_qualified_name() for n in nodes)}",
                   flush=True)
+            print(f"  dtype {conductor.dtype_summary()}", flush=True)
             started = time.monotonic()
             await ros.stopped(args.duration)
             summary = summarize(nodes, time.monotonic() - started)
+            summary["dtype"] = conductor.dtype_summary()
             for node in nodes:
                 node.close()
     return summary
 
 
 def print_summary(summary: dict) -> None:
-    print(f"served {len(summary['robots'])} robot(s) for {summary['seconds']} s")
+    print(f"served {len(summary['robots'])} robot(s) for {summary['seconds']} s, dtype {summary.get('dtype', '?')}")
     for ns, r in summary["robots"].items():
         print(f"  {ns}: {r['frames']} frames ({r['frames_skipped']} skipped: the model was busy), {r['plans']} plans (p50 {r['plan_p50_ms']} ms), best energy "
               f"{r['last_energy']}, {r['dropped']} bad messages dropped, {r['frames_failed']} frames and "

@@ -34,7 +34,8 @@ def rank_report(status: WorkerStatus, prefix: str = "mstar: conductor") -> RankR
         message = f"{s.state}: {s.last_death or 'lost'}"
     values = {"state": s.state, "pid": s.pid if s.pid is not None else "", "host": s.host or "",
               "nodes": ",".join(s.nodes), "restarts": s.restarts, "last_death": s.last_death or "",
-              "heartbeat_age_s": f"{s.heartbeat_age_s:.2f}" if s.heartbeat_age_s is not None else ""}
+              "heartbeat_age_s": f"{s.heartbeat_age_s:.2f}" if s.heartbeat_age_s is not None else "",
+              "dtype": s.dtype_reason or s.dtype or ""}
     return RankReport(f"{prefix}: worker rank {s.rank}", f"rank{s.rank}", _LEVEL[s.state], message, values)
 
 

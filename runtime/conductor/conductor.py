@@ -363,7 +363,16 @@ class Conductor:
         worker = self._local[0]
         return [WorkerStatus(rank=0, state="alive" if self.started else "dead", pid=os.getpid(),
                              host=socket.gethostname(), nodes=tuple(sorted(worker.nodes)), restarts=0,
-                             last_death=None, heartbeat_age_s=None)]
+                             last_death=None, heartbeat_age_s=None, dtype=worker.dtype_choice.dtype,
+                             dtype_reason=worker.dtype_choice.describe())]
+
+    def dtype_summary(self) -> str:
+        """What the Workers run and why: "bfloat16 (auto: native bf16 (avx512_bf16))", or per rank when
+        they differ (each Worker decides ``dtype: auto`` for its own device)."""
+        said = {s.rank: s.dtype_reason or s.dtype for s in self.worker_status() if s.dtype}
+        if len(set(said.values())) == 1:
+            return next(iter(said.values()))
+        return "; ".join(f"rank {rank}: {what}" for rank, what in sorted(said.items())) or "not known yet"
 
     async def refresh(self) -> None:
         """Fetches the Worker processes' counters (stats(), kv_blocks_used() read the last ones)."""

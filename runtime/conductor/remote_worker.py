@@ -35,6 +35,7 @@ class RemoteWorker:
         self.host = host
         self.endpoints = dict(ready.endpoints)
         self.segment_prefix = ready.segment_prefix
+        self.dtype, self.dtype_reason = ready.dtype or None, ready.dtype_reason or None
         self.process = process
         self._reader = reader
         self._writer = writer

@@ -212,8 +212,8 @@ class WorkerPool:
         worker.start()
         self._task(self._watch(worker))
         self._ready[rank].set()
-        log.info("worker rank %d ready (pid %d on %s): nodes %s, serves %s", rank, hello.pid, hello.host,
-                 setup.nodes, sorted(reply.endpoints))
+        log.info("worker rank %d ready (pid %d on %s): nodes %s, serves %s, runs %s", rank, hello.pid, hello.host,
+                 setup.nodes, sorted(reply.endpoints), worker.dtype or "?")
 
     # -- failures ----------------------------------------------------------------------
     async def _explain(self, worker: RemoteWorker) -> str | None:
@@ -339,7 +339,9 @@ class WorkerPool:
                 rank=rank, state=state, pid=pid, host=worker.host if worker is not None else None,
                 nodes=tuple(sorted({n for (n, _), p in self.placement.items() if rank in p.ranks})),
                 restarts=self._rank_restarts.get(rank, 0), last_death=last_death,
-                heartbeat_age_s=now - worker.last_heard if alive else None))
+                heartbeat_age_s=now - worker.last_heard if alive else None,
+                dtype=worker.dtype if worker is not None else None,
+                dtype_reason=worker.dtype_reason if worker is not None else None))
         return out
 
     # -- stop --------------------------------------------------------------------------

@@ -20,6 +20,8 @@ class WorkerStatus:
     restarts: int                 # processes started for this rank to replace a lost one
     last_death: str | None        # why its last lost process went, e.g. "died (killed by SIGKILL)"
     heartbeat_age_s: float | None  # since its last heartbeat reply; None when no process answers
+    dtype: str | None = None       # what its engines run, once it said (dtype auto is decided per Worker)
+    dtype_reason: str | None = None
 
     @property
     def up(self) -> bool:

@@ -65,10 +65,10 @@ class AREngine(EngineInbox):
         """``tp``: this engine is rank 0 of a tensor-parallel group whose other ranks run
         ``mstar.parallel.TPFollower``; ``module`` is rank 0's shard. Blocks until they follow."""
         super().__init__()
-        self.config = config or EngineConfig()
+        self.device = torch.device(device)
+        self.config, _ = (config or EngineConfig()).for_device(self.device)
         self.name = name
         self.views = list(views)
-        self.device = torch.device(device)
         self.store = store
         dtype = _dtype(self.config.dtype)
         kv_dtype = _dtype(self.config.kv_dtype or self.config.dtype)

@@ -4,13 +4,18 @@ from __future__ import annotations
 from pathlib import Path
 
 import msgspec
+import torch
 import yaml
+
+from mstar.engine.dtype_choice import DTYPE_NAMES, DtypeChoice, resolve_dtype
 
 
 class EngineConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     """KV pool and batch limits of one AR engine (and the stateless engine's batch size).
 
-    ``num_kv_blocks`` sizes the pool directly; else ``kv_cache_mb`` does.
+    ``num_kv_blocks`` sizes the pool directly; else ``kv_cache_mb`` does. ``dtype: auto`` (the default)
+    runs the fastest dtype the device runs natively (mstar.engine.dtype_choice); ``kv_dtype`` follows
+    ``dtype`` unless set.
     """
 
     block_size: int = 16
@@ -20,7 +25,7 @@ class EngineConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     max_num_seqs: int = 64
     stateless_max_batch: int = 16
     stateless_max_wait_ms: float = 40.0  # later chunks may wait this long to share a batch
-    dtype: str = "float32"
+    dtype: str = "auto"
     kv_dtype: str | None = None
     attention_backend: str | None = None
     pack_linears: bool = True  # bf16 on CPU: weights reordered once for oneDNN (same results, faster)
@@ -35,12 +40,18 @@ class EngineConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
             ("max_num_seqs", self.max_num_seqs >= 1),
             ("stateless_max_batch", self.stateless_max_batch >= 1),
             ("stateless_max_wait_ms", self.stateless_max_wait_ms >= 0),
-            ("dtype", self.dtype in ("float32", "bfloat16", "float16")),
+            ("dtype", self.dtype in DTYPE_NAMES),
             ("kv_dtype", self.kv_dtype in (None, "float32", "bfloat16", "float16")),
         ]
         for name, ok in checks:
             if not ok:
-                raise ValueError(f"engine config: {name} = {getattr(self, name)!r} is invalid")
+                raise ValueError(f"engine config: {name} = {getattr(self, name)!r} is invalid"
+                                 + (f" (expected one of {', '.join(DTYPE_NAMES)})" if name == "dtype" else ""))
+
+    def for_device(self, device: str | torch.device) -> tuple["EngineConfig", DtypeChoice]:
+        """This config with ``dtype`` made concrete for ``device`` (``auto`` decided), and the choice."""
+        choice = resolve_dtype(self.dtype, device)
+        return msgspec.structs.replace(self, dtype=choice.dtype), choice
 
 
 def load_engine_config(path: str | Path) -> EngineConfig:

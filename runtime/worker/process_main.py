@@ -152,7 +152,8 @@ def main(argv: list[str] | None = None) -> int:
             log.error("setup failed: %s: %s (and the Conductor is gone)", type(exc).__name__, exc)
         return 1
     try:
-        channel.send(Ready(host.exchange.endpoints(), host.segment_prefix))
+        choice = host.worker.dtype_choice
+        channel.send(Ready(host.exchange.endpoints(), host.segment_prefix, choice.dtype, choice.describe()))
         serve(channel, host)
     except (ConnectionError, OSError) as exc:
         log.warning("conductor connection lost: %s", exc)

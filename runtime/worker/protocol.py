@@ -87,6 +87,8 @@ class Setup(msgspec.Struct, tag=True):
 class Ready(msgspec.Struct, tag=True):
     endpoints: dict[str, str]
     segment_prefix: str  # shared-memory segments this process creates start with it
+    dtype: str = ""         # what its engines run (``auto`` decided for its own device) ...
+    dtype_reason: str = ""  # ... and why
 
 
 class SetupFailed(msgspec.Struct, tag=True):

@@ -31,7 +31,8 @@ class Worker:
         """``tp``: a TPGroup whose rank 0 this Worker is; its AR engines shard over it."""
         self.rank = rank
         self.store = store
-        self.config = config or EngineConfig()
+        # dtype auto is decided here, for this Worker's device (each Worker process for its own)
+        self.config, self.dtype_choice = (config or EngineConfig()).for_device(device)
         hosted = list(nodes) if nodes is not None else [n.name for n in graph.nodes]
         self._engine_of: dict[str, AREngine | StatelessEngine] = {}
         self.ar_engines: dict[str, AREngine] = {}

@@ -5,6 +5,8 @@ import json
 import subprocess
 import sys
 
+from support.bench_reports import assert_machine_and_dtypes
+
 
 def test_bench_orpheus_quick_writes_json_and_plot(tmp_path):
     out_json, out_png = tmp_path / "b.json", tmp_path / "b.png"
@@ -30,3 +32,8 @@ def test_bench_orpheus_quick_writes_json_and_plot(tmp_path):
         assert len(level["throughput_ratio_runs"]) == 2 and all(r > 0 for r in level["throughput_ratio_runs"])
     assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "concurrency 8" in run.stdout
+    assert_machine_and_dtypes(report)
+    assert report["ours"]["dtype"] == report["dtypes"]["ours"]["dtype"]
+    assert report["baseline"]["dtype"] == report["dtypes"]["baseline"]["dtype"]  # transformers' faster one, timed
+    assert set(report["baseline"]["calibration_s_24_tokens_b4"]) == {"float32", "bfloat16"}
+    assert "machine: " in run.stdout and f"ours {report['ours']['dtype']} (auto: " in run.stdout

@@ -5,6 +5,8 @@ import json
 import subprocess
 import sys
 
+from support.bench_reports import assert_machine_and_dtypes
+
 
 def test_bench_pi05_writes_json_and_plot(tmp_path):
     out_json, out_png = tmp_path / "p.json", tmp_path / "p.png"
@@ -36,3 +38,6 @@ def test_bench_pi05_writes_json_and_plot(tmp_path):
     assert "thread_slowdown_ratio B/A" in run.stdout
     assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "2 robot(s)" in run.stdout
+    assert_machine_and_dtypes(report)
+    assert report["model"]["dtype"] == report["dtypes"]["ours"]["dtype"] == report["dtypes"]["baseline"]["dtype"]
+    assert set(report["dtypes"]["timed_now_s"]) == {"float32", "bfloat16"}  # both timed beside the choice

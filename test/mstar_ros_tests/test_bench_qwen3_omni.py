@@ -11,6 +11,8 @@ from types import SimpleNamespace
 
 from mstar_ros.bench.qwen3_omni import _cpu_seconds
 
+from support.bench_reports import assert_machine_and_dtypes
+
 
 def test_bench_qwen3_omni_quick(tmp_path):
     out, png = tmp_path / "q.json", tmp_path / "q.png"
@@ -32,6 +34,11 @@ def test_bench_qwen3_omni_quick(tmp_path):
     assert report["model"]["random_weights"] is True
     assert png.stat().st_size > 10_000
     assert "throughput vs transformers" in run.stdout
+    assert_machine_and_dtypes(report)
+    # transformers in the faster of float32 and bfloat16, timed in the same run (--baseline-dtype fastest)
+    assert report["model"]["baseline_dtype"] == report["dtypes"]["baseline"]["dtype"]
+    assert "the faster of float32 and bfloat16" in report["dtypes"]["baseline"]["why"]
+    assert report["dtypes"]["ours_workers"].startswith(report["dtypes"]["ours"]["dtype"])
 
 
 def test_each_worker_rank_s_cpu_time_is_read_from_its_process():

@@ -19,6 +19,7 @@ def test_bench_rollout_quick_from_a_bag(tmp_path):
     write_end_effector_bag(bag, EndEffectorBagSpec(robots=2, seconds=3.0, width=32, height=32))
     out, png = tmp_path / "r.json", tmp_path / "r.png"
     run = subprocess.run([sys.executable, "-m", "mstar_ros.cli", "-q", "bench", "rollout", "--quick", "--bag", str(bag),
+                          "--dtype", "float32",  # parity of the two systems' outputs below: float32
                           "--json", str(out), "--plot", str(png)], capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     report = json.loads(out.read_text())
@@ -31,4 +32,7 @@ def test_bench_rollout_quick_from_a_bag(tmp_path):
     assert all(p["max_plan_diff"] < 1e-4 for p in report["plans"])  # our plans equal Meta's planner's
     assert report["robots_in_bag"] == 2 and report["model"]["random_weights"] is True
     assert png.stat().st_size > 10_000
+    assert report["dtypes"]["ours"] == {"dtype": "float32", "requested": "float32", "reason": "set explicitly"}
+    assert report["dtypes"]["baseline"]["dtype"] == "float32"
+    assert report["machine"]["cpu_capability"] and report["machine"]["threads"] >= 1
     assert "speedup" in run.stdout and "ms per action" in run.stdout

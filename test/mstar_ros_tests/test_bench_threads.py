@@ -30,6 +30,8 @@ def test_other_threads_torch_work_builds_no_team_and_the_ratio_is_reported(tmp_p
     for key in ("fresh_ms", "a_ms", "b_ms", "after_main_ms"):
         assert report[key] > 0, key
     assert "thread_slowdown_ratio B/A" in run.stdout
+    assert report["dtype_choice"]["requested"] == "auto" and report["dtype"] == report["dtype_choice"]["dtype"]
+    assert report["machine"]["cpu_capability"]
 
 
 def test_the_check_fails_when_another_thread_builds_a_team(tmp_path):

@@ -6,6 +6,8 @@ import json
 import subprocess
 import sys
 
+from support.bench_reports import assert_machine_and_dtypes
+
 
 def test_bench_webrtc_quick(tmp_path):
     out, png = tmp_path / "w.json", tmp_path / "w.png"
@@ -30,3 +32,5 @@ def test_bench_webrtc_quick(tmp_path):
     assert "gateway overhead p95 at 2 peers" in run.stdout
     assert report["responses_below_rtf_1"] == sum(lv["responses_below_rtf_1"] for lv in report["levels"].values())
     assert "responses made at RTF < 1" in run.stdout
+    assert_machine_and_dtypes(report, baseline=False)
+    assert report["options"]["dtype"] == report["dtypes"]["ours"]["dtype"]

@@ -10,6 +10,7 @@ from mstar.conductor import Conductor
 from mstar.engine.sampling_params import SamplingParams
 from mstar_graphs.orpheus.components import orpheus_spec
 from mstar_graphs.orpheus.model import OrpheusTTS
+from support.parity import FP32
 
 GREEDY = SamplingParams(max_tokens=64, seed=7)
 TEXTS = ["Hello there.", "The quick brown fox jumps over the lazy dog, twice.", "Robots and voices"]
@@ -44,7 +45,7 @@ async def _serve(tts: OrpheusTTS, conductor: Conductor, outputs=None):
 
 @pytest.fixture(scope="module")
 def single_process(tts):
-    return asyncio.run(_serve(tts, Conductor(tts.graph(), tts.modules())))
+    return asyncio.run(_serve(tts, Conductor(tts.graph(), tts.modules(), config=FP32)))
 
 
 def _same_audio(got, expected) -> None:
@@ -58,7 +59,7 @@ def _same_audio(got, expected) -> None:
 def test_llm_and_snac_in_two_processes_stream_the_same_audio(tts, single_process, tmp_path, transport):
     path = tmp_path / "split.yaml"
     path.write_text(SPLIT % transport)
-    conductor = Conductor.distributed(orpheus_spec(), path)
+    conductor = Conductor.distributed(orpheus_spec(), path, config=FP32)
     got = asyncio.run(_serve(tts, conductor, outputs=frozenset({"audio"})))
     assert conductor.router.exports("llm", 0, frozenset({"audio"})) == {"token": transport}
     _same_audio(got, single_process)
@@ -67,7 +68,7 @@ def test_llm_and_snac_in_two_processes_stream_the_same_audio(tts, single_process
 def test_prefill_and_decode_on_two_ranks_give_the_same_tokens(tts, single_process, tmp_path):
     path = tmp_path / "pd.yaml"
     path.write_text(PD)
-    got = asyncio.run(_serve(tts, Conductor.distributed(orpheus_spec(), path)))
+    got = asyncio.run(_serve(tts, Conductor.distributed(orpheus_spec(), path, config=FP32)))
     for g, e in zip(got, single_process):
         assert [int(t) for t in g["tokens"]] == [int(t) for t in e["tokens"]]
     _same_audio(got, single_process)
@@ -76,7 +77,7 @@ def test_prefill_and_decode_on_two_ranks_give_the_same_tokens(tts, single_proces
 def test_tensor_parallel_llm_over_two_processes_gives_the_same_tokens(tts, single_process):
     from pathlib import Path
     path = Path(__file__).parents[3] / "config" / "placement" / "orpheus-tp2.yaml"
-    conductor = Conductor.distributed(orpheus_spec(), path)
+    conductor = Conductor.distributed(orpheus_spec(), path, config=FP32)
     got = asyncio.run(_serve(tts, conductor))
     for g, e in zip(got, single_process):
         assert [int(t) for t in g["tokens"]] == [int(t) for t in e["tokens"]]
@@ -93,7 +94,7 @@ def test_killing_a_tensor_parallel_rank_fails_fast_and_restarts_the_group(tts):
     path = Path(__file__).parents[3] / "config" / "placement" / "orpheus-tp2.yaml"
 
     async def go():
-        conductor = Conductor.distributed(orpheus_spec(), path)
+        conductor = Conductor.distributed(orpheus_spec(), path, config=FP32)
         async with conductor:
             old = {r: w.pid for r, w in conductor.pool.workers.items()}
             stream = conductor.submit(tts.request(TEXTS[1], sampling=SamplingParams(max_tokens=600, seed=1),

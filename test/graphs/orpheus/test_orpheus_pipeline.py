@@ -11,6 +11,7 @@ from mstar.engine.config import EngineConfig
 from mstar.engine.sampling_params import SamplingParams
 from mstar_graphs.orpheus.model import OrpheusTTS
 from mstar_graphs.orpheus.reference import hf_generate, load_hf_llm, load_reference_snac, snac_windows
+from support.parity import FP32, fp32
 
 GREEDY = SamplingParams(max_tokens=64, seed=1234)
 TEXTS = ["Hello there.", "The quick brown fox jumps over the lazy dog, twice.", "Hi", "One two three four five six seven",
@@ -24,7 +25,7 @@ def tts() -> OrpheusTTS:
 
 async def _run(tts: OrpheusTTS, texts: list[str], sampling: SamplingParams, config: EngineConfig | None = None,
                stagger_s: float = 0.0):
-    async with Conductor(tts.graph(), tts.modules(), config=config) as c:
+    async with Conductor(tts.graph(), tts.modules(), config=config or FP32) as c:
         streams = []
         for t in texts:
             streams.append(c.submit(tts.request(t, sampling=sampling)))
@@ -87,7 +88,7 @@ def test_sixteen_concurrent_requests_equal_each_alone(tts):
     assert [t for t, _ in staggered] == [t for t, _ in alone[:6]]
     assert stats["workers"][0]["ar:llm"]["phase_waits"] > 0
     # A pool too small for all of them at once: requests wait or are preempted, answers unchanged.
-    small = EngineConfig(num_kv_blocks=24, block_size=8)
+    small = fp32(num_kv_blocks=24, block_size=8)
     squeezed, stats = asyncio.run(_run(tts, texts, GREEDY, small))
     assert [t for t, _ in squeezed] == [t for t, _ in alone]
     assert stats["workers"][0]["ar:llm"]["preemptions"] > 0
@@ -100,7 +101,7 @@ def test_bad_inputs_give_clear_errors_and_serving_continues(tts):
         tts.request("word " * 3000, sampling=SamplingParams(max_tokens=64))
 
     async def scenario():
-        async with Conductor(tts.graph(), tts.modules()) as c:
+        async with Conductor(tts.graph(), tts.modules(), config=FP32) as c:
             from mstar.conductor import Request, UnknownRequest
             with pytest.raises(UnknownRequest):
                 await c.cancel("no-such-request")
@@ -115,7 +116,7 @@ def test_bad_inputs_give_clear_errors_and_serving_continues(tts):
 
 def test_cancel_mid_stream_frees_everything(tts):
     async def scenario():
-        async with Conductor(tts.graph(), tts.modules()) as c:
+        async with Conductor(tts.graph(), tts.modules(), config=FP32) as c:
             keep = c.submit(tts.request(TEXTS[2], sampling=GREEDY))
             victim_req = tts.request(TEXTS[3], sampling=SamplingParams(max_tokens=400, seed=1))
             victim = c.submit(victim_req)

@@ -9,6 +9,7 @@ import torch
 from mstar.conductor import Conductor
 from mstar_graphs.pi05.direct import DenseKV, sample_actions_direct
 from mstar_graphs.pi05.policy import Pi05Policy
+from support.parity import FP32
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +28,7 @@ def test_direct_equals_the_served_chunk(policy):
                 for s, cameras, prompt in ((0, 2, "pick up the cup"), (1, 1, "open the top drawer"))]
 
     async def serve():
-        async with Conductor(policy.graph(), policy.modules()) as c:
+        async with Conductor(policy.graph(), policy.modules(), config=FP32) as c:
             outs = await asyncio.gather(*(c.submit(r).collect() for r in requests))
             await c.wait_idle()
             return [out["actions"][0] for out in outs]

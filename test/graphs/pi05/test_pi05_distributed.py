@@ -8,6 +8,7 @@ import torch
 from mstar.conductor import Conductor
 from mstar_graphs.pi05.components import pi05_spec
 from mstar_graphs.pi05.policy import Pi05Policy
+from support.parity import FP32
 
 SPLIT = """world_size: 2
 node_groups:
@@ -29,10 +30,10 @@ def test_vision_on_another_process_gives_the_same_chunks(tmp_path):
             await conductor.wait_idle(timeout=10)
         return [o["actions"][0] for o in outs]
 
-    here = asyncio.run(serve(Conductor(policy.graph(), policy.modules())))
+    here = asyncio.run(serve(Conductor(policy.graph(), policy.modules(), config=FP32)))
     path = tmp_path / "split.yaml"
     path.write_text(SPLIT)
-    conductor = Conductor.distributed(pi05_spec(), path)
+    conductor = Conductor.distributed(pi05_spec(), path, config=FP32)
     there = asyncio.run(serve(conductor))
     assert conductor.router.exports("vision", 1, frozenset({"actions"})) == {"embeds": "shm"}
     for a, b in zip(here, there):

@@ -9,6 +9,7 @@ import torch
 from mstar.conductor import Conductor, RequestError
 from mstar_graphs.pi05.policy import Pi05Policy
 from mstar_graphs.pi05.reference import sample_actions
+from support.parity import FP32
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +30,7 @@ def test_chunks_for_several_robots_equal_the_reference(policy):
     requests = [policy.request(img, st, p, seed=i) for i, ((img, st), p) in enumerate(zip(observations, prompts))]
 
     async def go():
-        async with Conductor(policy.graph(), policy.modules()) as c:
+        async with Conductor(policy.graph(), policy.modules(), config=FP32) as c:
             outs = await asyncio.gather(*(c.submit(r).collect() for r in requests))
             await c.wait_idle()
             return outs
@@ -60,7 +61,7 @@ def test_bad_observations_are_refused_and_serving_goes_on(policy):
         policy.request(images[..., :2], state, "go")
 
     async def go():
-        async with Conductor(policy.graph(), policy.modules()) as c:
+        async with Conductor(policy.graph(), policy.modules(), config=FP32) as c:
             bad = policy.request(torch.zeros(2, 224, 224, 3, dtype=torch.uint8), state, "go", seed=1)
             bad.inputs["noise"] = torch.full_like(bad.inputs["noise"], float("nan"))
             with pytest.raises(RequestError, match="NaN"):

@@ -10,6 +10,7 @@ from mstar.conductor import Conductor
 from mstar.conductor.request import RequestError
 from mstar_graphs.qwen3_omni.audio_features import log_mel
 from mstar_graphs.qwen3_omni.speech import Qwen3OmniChat
+from support.parity import FP32
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +44,7 @@ def test_a_failing_request_leaves_the_others_served(chat):
     good = dict(thinker_max_tokens=4, talker_max_tokens=6, seed=7)  # the Talker samples: same seed, same codes
 
     async def main():
-        async with Conductor(chat.graph(), chat.modules()) as c:
+        async with Conductor(chat.graph(), chat.modules(), config=FP32) as c:
             alone = await c.submit(chat.model.request([151644, 872, 198, 100, 151645, 198, 151644, 77091, 198],
                                                       **good)).collect()
             features = torch.full((128, 100), float("nan"))

@@ -13,6 +13,7 @@ from mstar.conductor.stream_input import StreamInput
 from mstar.graph import (AwaitInput, GraphEdge, GraphNode, LeftContextChunkPolicy, ModelGraph, PartitionConnection,
                          PartitionTopology, StreamingGraphEdge)
 from mstar_graphs.qwen3_omni.code2wav_stream import Code2WavStream, decode_streams, stream_step
+from support.parity import FP32
 
 FRAMES = 620  # three of the reference's 300-frame segments
 
@@ -86,7 +87,7 @@ def test_served_streams_give_the_references_audio_and_are_freed(q3, q3_ref):
     bad[3, 30] = 4096  # not a code: that request fails at its second chunk
 
     async def main():
-        async with Conductor(served_graph(), {"code2wav": code2wav}) as c:
+        async with Conductor(served_graph(), {"code2wav": code2wav}, config=FP32) as c:
             feeds = [StreamInput() for _ in range(3)]
             runs = [c.submit(Request(inputs={"codes": f})) for f in feeds]
             for feed, frames in zip(feeds, [*codes, bad]):  # all at once: every chunk is sent together

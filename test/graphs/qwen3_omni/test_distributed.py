@@ -19,6 +19,7 @@ from mstar_graphs.qwen3_omni.model import Qwen3Omni
 from mstar_graphs.qwen3_omni.speech import Qwen3OmniChat
 from support.images import picture
 from support.qwen3_omni_prompts import TEXT_PROMPT
+from support.parity import FP32
 
 GREEDY_TALKER = SamplingParams(temperature=0.0, repetition_penalty=1.05)
 
@@ -65,7 +66,7 @@ async def _serve(model: Qwen3Omni, conductor, ranks: list | None = None) -> list
 @pytest.fixture(scope="module")
 def in_one_process(q3_ckpt) -> tuple[Qwen3Omni, list[dict]]:
     model = Qwen3Omni.load(q3_ckpt, progress=False)
-    return model, asyncio.run(_serve(model, Conductor(model.graph(), model.modules())))
+    return model, asyncio.run(_serve(model, Conductor(model.graph(), model.modules(), config=FP32)))
 
 
 def _same(apart: list[dict], alone: list[dict]) -> None:
@@ -80,7 +81,7 @@ def _same(apart: list[dict], alone: list[dict]) -> None:
 def test_thinker_and_talker_on_two_ranks_give_what_one_process_gives(q3_ckpt, in_one_process):
     model, alone = in_one_process
     placement = PLACEMENTS / "qwen3-omni-two-ranks.yaml"
-    _same(asyncio.run(_serve(model, Conductor.distributed(qwen3_omni_spec(q3_ckpt), placement))), alone)
+    _same(asyncio.run(_serve(model, Conductor.distributed(qwen3_omni_spec(q3_ckpt), placement, config=FP32))), alone)
 
 
 def test_thinker_at_tensor_parallel_2_gives_what_one_process_gives(q3_ckpt, in_one_process):
@@ -90,7 +91,7 @@ def test_thinker_at_tensor_parallel_2_gives_what_one_process_gives(q3_ckpt, in_o
     model, alone = in_one_process
     placement = PLACEMENTS / "qwen3-omni-thinker-tp2.yaml"
     ranks: list = []
-    _same(asyncio.run(_serve(model, Conductor.distributed(qwen3_omni_spec(q3_ckpt), placement), ranks)), alone)
+    _same(asyncio.run(_serve(model, Conductor.distributed(qwen3_omni_spec(q3_ckpt), placement, config=FP32), ranks)), alone)
     assert [(r.rank, r.up) for r in ranks] == [(0, True), (1, True), (2, True)]
     assert "thinker" in ranks[1].nodes and "talker" in ranks[2].nodes and len({r.pid for r in ranks}) == 3
 

@@ -14,6 +14,7 @@ from mstar_graphs.qwen3_omni.audio_features import log_mel
 from mstar_graphs.qwen3_omni.direct import chunked_decode, generate
 from mstar_graphs.qwen3_omni.model import Qwen3Omni
 from support.qwen3_omni_prompts import TEXT_PROMPT, audio_prompt
+from support.parity import FP32
 
 GREEDY_TALKER = SamplingParams(temperature=0.0, repetition_penalty=1.05)  # the reference's talker_do_sample=False
 
@@ -44,7 +45,7 @@ def test_served_graph_equals_the_model_end_to_end_alone_and_batched(q3_ckpt):
                              talker_sampling=GREEDY_TALKER)
 
     async def main():
-        async with Conductor(model.graph(), model.modules()) as c:
+        async with Conductor(model.graph(), model.modules(), config=FP32) as c:
             idle = c.kv_blocks_used()
             alone = [await c.submit(request(i)).collect() for i in range(len(prompts))]
             together = await asyncio.gather(*(c.submit(request(i)).collect() for i in range(len(prompts))))
@@ -80,7 +81,7 @@ def test_text_to_speech_is_the_talker_alone_on_the_texts_rows(q3_ckpt):
         codes = talk(model.talker, inputs, 20, 1.05)
 
     async def main():
-        async with Conductor(model.graph(), model.modules()) as c:
+        async with Conductor(model.graph(), model.modules(), config=FP32) as c:
             return await c.submit(model.request(TEXT_PROMPT, say_ids=say, talker_max_tokens=20,
                                                 talker_sampling=GREEDY_TALKER)).collect()
 
@@ -109,7 +110,7 @@ def test_the_talker_speaks_while_the_thinker_still_replies(q3_ckpt):
                        talker_max_new_tokens=30)
 
     async def main():
-        async with Conductor(graph, model.modules()) as c:
+        async with Conductor(graph, model.modules(), config=FP32) as c:
             order = []
             async for out in c.submit(model.request(TEXT_PROMPT, thinker_max_tokens=40, talker_max_tokens=30,
                                                     talker_sampling=GREEDY_TALKER)):

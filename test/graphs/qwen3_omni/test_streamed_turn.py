@@ -17,6 +17,7 @@ from mstar_graphs.qwen3_omni.chat import Turn, prompt_ids
 from mstar_graphs.qwen3_omni.model import Qwen3Omni
 from mstar_graphs.qwen3_omni.speech import Qwen3OmniChat
 from support.images import picture
+from support.parity import FP32
 
 GREEDY_TALKER = SamplingParams(temperature=0.0, repetition_penalty=1.05, max_tokens=30)
 
@@ -52,7 +53,7 @@ def test_a_streamed_turn_is_answered_as_the_whole_clip_is(chat):
     clips = [speechlike(1.73, 1), speechlike(0.45, 2)]  # neither a whole number of 20 ms items
 
     async def main():
-        async with Conductor(chat.graph(), chat.modules()) as c:
+        async with Conductor(chat.graph(), chat.modules(), config=FP32) as c:
             idle = c.kv_blocks_used()
             whole = [await c.submit(chat.request(audio=clip, sampling=GREEDY_TALKER)).collect() for clip in clips]
             streamed = []
@@ -94,7 +95,7 @@ def test_a_streamed_turn_with_images_is_answered_as_the_whole_clip_with_them_is(
     shown = [picture(36, 70, 2)]
 
     async def main():
-        async with Conductor(chat.graph(), chat.modules()) as c:
+        async with Conductor(chat.graph(), chat.modules(), config=FP32) as c:
             idle = c.kv_blocks_used()
             whole = await c.submit(chat.request(audio=clip, images=shown, history=history,
                                                 sampling=GREEDY_TALKER)).collect()
@@ -134,7 +135,7 @@ def test_the_frames_are_computed_while_the_turn_goes_on(chat):
     clip = speechlike(1.6, 5)
 
     async def main():
-        async with Conductor(chat.graph(), chat.modules()) as c:
+        async with Conductor(chat.graph(), chat.modules(), config=FP32) as c:
             request, stream = chat.listen_request(sampling=GREEDY_TALKER)
             outputs = c.submit(request)
             stream.push(clip[:16000])  # 1 s: two 0.5 s chunks' worth
@@ -162,7 +163,7 @@ def test_the_frames_are_computed_while_the_turn_goes_on(chat):
 
 def test_bad_streams_fail_their_request_and_leave_others_served(chat):
     async def main():
-        async with Conductor(chat.graph(), chat.modules()) as c:
+        async with Conductor(chat.graph(), chat.modules(), config=FP32) as c:
             empty, empty_stream = chat.listen_request(sampling=GREEDY_TALKER)
             nan, nan_stream = chat.listen_request(sampling=GREEDY_TALKER)
             failed, failed_stream = chat.listen_request(sampling=GREEDY_TALKER)
@@ -243,7 +244,7 @@ def test_a_spoken_turn_in_the_history_is_heard_again_as_the_reference_hears_it(c
     greedy = SamplingParams(temperature=0.0, repetition_penalty=1.05, max_tokens=12)
 
     async def main():
-        async with Conductor(chat.graph(), chat.modules()) as c:
+        async with Conductor(chat.graph(), chat.modules(), config=FP32) as c:
             whole = chat.request(audio=second, history=history, sampling=greedy)
             got = await c.submit(whole).collect()
             request, stream = chat.listen_request(history=history, sampling=greedy)
@@ -279,7 +280,7 @@ def test_a_streamed_turn_near_the_context_limit_gets_a_shorter_answer(chat):
     assert request.meta["thinker_max_tokens"] == 256
 
     async def main():
-        async with Conductor(chat.graph(), chat.modules()) as c:
+        async with Conductor(chat.graph(), chat.modules(), config=FP32) as c:
             run = c.submit(request)
             await push_slowly(stream, clip, 1)
             return await run.collect()

@@ -22,6 +22,7 @@ from mstar_graphs.qwen3_omni.reference import reference_generate
 from mstar_graphs.qwen3_omni.speech import Qwen3OmniChat
 from support.images import bomb_png, picture
 from support.qwen3_omni_prompts import TEXT_PROMPT, audio_prompt
+from support.parity import FP32, fp32
 
 GREEDY_TALKER = SamplingParams(temperature=0.0, repetition_penalty=1.05)
 
@@ -65,7 +66,7 @@ def test_an_image_prompt_served_gives_what_the_reference_generates(chat, q3_ref,
     ref = reference_generate(q3_ref, prompt, images=two_images, thinker_max_new_tokens=6, talker_max_new_tokens=14)
 
     async def main():
-        async with Conductor(model.graph(), model.modules()) as c:
+        async with Conductor(model.graph(), model.modules(), config=FP32) as c:
             return await c.submit(model.request(prompt, images=two_images, thinker_max_tokens=6, talker_max_tokens=14,
                                                 talker_sampling=GREEDY_TALKER)).collect()
 
@@ -82,14 +83,13 @@ def test_an_image_prompt_served_gives_what_the_reference_generates(chat, q3_ref,
 def test_an_image_prompt_split_over_steps_and_preempted_gives_what_the_reference_generates(chat, q3_ref, two_images):
     """A token budget of 7 cuts the image prompt into chunks that end inside its given positions, and a
     pool of 24 blocks of 4 preempts and recomputes sequences: the same text and codes."""
-    from mstar.engine.config import EngineConfig
 
     model = chat.model
     prompt = image_prompt(chat, two_images)
     ref = reference_generate(q3_ref, prompt, images=two_images, thinker_max_new_tokens=6, talker_max_new_tokens=10)
 
     async def main():
-        config = EngineConfig(max_batched_tokens=7, num_kv_blocks=24, block_size=4)
+        config = fp32(max_batched_tokens=7, num_kv_blocks=24, block_size=4)
         async with Conductor(model.graph(), model.modules(), config=config) as c:
             return await asyncio.gather(*(c.submit(model.request(prompt, images=two_images, thinker_max_tokens=6,
                                                                  talker_max_tokens=10, talker_sampling=GREEDY_TALKER))
@@ -121,7 +121,7 @@ def test_images_and_audio_in_one_turn_give_the_reference_thinkers_text(chat, q3_
                                       max_new_tokens=6, do_sample=False)[0, len(prompt):].tolist()
 
     async def main():
-        async with Conductor(model.graph(), model.modules()) as c:
+        async with Conductor(model.graph(), model.modules(), config=FP32) as c:
             return await c.submit(model.request(prompt, features=features, images=two_images, thinker_max_tokens=6,
                                                 talker_max_tokens=12, talker_sampling=GREEDY_TALKER)).collect()
 
@@ -144,7 +144,7 @@ def test_an_image_request_batched_beside_text_and_audio_gets_what_it_gets_alone(
                              talker_sampling=GREEDY_TALKER)
 
     async def main():
-        async with Conductor(model.graph(), model.modules()) as c:
+        async with Conductor(model.graph(), model.modules(), config=FP32) as c:
             idle = c.kv_blocks_used()
             alone = [await c.submit(request(i)).collect() for i in range(len(prompts))]
             together = await asyncio.gather(*(c.submit(request(i)).collect() for i in range(len(prompts))))
@@ -199,7 +199,7 @@ def test_bad_images_get_clear_errors_and_the_others_are_served(chat, two_images,
     nan = [(torch.full_like(v, float("nan")), g) for v, g in two_images]
 
     async def main():
-        async with Conductor(model.graph(), model.modules()) as c:
+        async with Conductor(model.graph(), model.modules(), config=FP32) as c:
             ok = model.request(TEXT_PROMPT, thinker_max_tokens=4, talker_max_tokens=6, talker_sampling=GREEDY_TALKER)
             alone = await c.submit(ok).collect()
             bad = model.request(prompt, images=nan, thinker_max_tokens=4, talker_max_tokens=6)

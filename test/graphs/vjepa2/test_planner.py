@@ -12,6 +12,7 @@ from mstar.engine.sampling_params import SamplingParams
 from mstar_graphs.vjepa2.graph import vjepa2_graph
 from mstar_graphs.vjepa2.planner import (CemEnergy, CemParams, CemRefit, CemSample, initial_belief, plan_from_belief,
                                          refit_belief, sample_actions)
+from support.parity import FP32
 
 PARAMS = CemParams(samples=12, topk=3, iterations=3, maxnorm=0.05)
 
@@ -61,7 +62,7 @@ def test_cem_with_a_fixed_seed_plans_the_same_batched_as_alone(vj_encoder, vj_pr
     mean, std = initial_belief(3, PARAMS)
 
     async def plans(names: list[str]):
-        async with Conductor(vjepa2_graph(), _modules(vj_encoder, vj_predictor)) as c:
+        async with Conductor(vjepa2_graph(), _modules(vj_encoder, vj_predictor), config=FP32) as c:
             goal = (await c.submit(Request({"frames": goal_image}, meta={"walk": "encode"})).collect())["latents"][0]
             for n in names:
                 images, states, actions = robots[n]

@@ -10,12 +10,12 @@ import torch
 from mstar.conductor import Conductor
 from mstar.conductor.request import Request, RequestError
 from mstar.engine.ar_engine import AREngine
-from mstar.engine.config import EngineConfig
 from mstar.transport.inprocess import InProcessTensorStore
 from mstar.worker.messages import ExecuteNode, LoopSpec
 from mstar_graphs.vjepa2.graph import vjepa2_graph
 from mstar_graphs.vjepa2.reference import native_rollout as reference_rollout
 from mstar_graphs.vjepa2.planner import CemEnergy, CemRefit, CemSample
+from support.parity import FP32, fp32
 
 F_CTX, H = 4, 6
 
@@ -49,7 +49,7 @@ def test_rollout_with_persistent_kv_equals_native_recompute_at_every_step(vj_enc
     roll = torch.randn(2, H, 7, generator=g) * 0.05
 
     async def main():
-        async with Conductor(vjepa2_graph(), _modules(vj_encoder, vj_predictor)) as c:
+        async with Conductor(vjepa2_graph(), _modules(vj_encoder, vj_predictor), config=FP32) as c:
             latents = (await c.submit(Request({"frames": images}, meta={"walk": "encode"})).collect())["latents"][0]
             await c.submit(Request({"frames": images, "states": states, "actions": actions}, session_id="s")).collect()
             used = c.kv_blocks_used()
@@ -78,7 +78,7 @@ def test_each_frame_is_computed_once_and_the_window_slides_exactly(vj_encoder, v
     roll = torch.randn(1, 1, 7, generator=torch.Generator().manual_seed(3)) * 0.05
 
     async def main():
-        async with Conductor(vjepa2_graph(), _modules(vj_encoder, vj_predictor)) as c:
+        async with Conductor(vjepa2_graph(), _modules(vj_encoder, vj_predictor), config=FP32) as c:
             engine = c._local[0].ar_engines["predictor"]
             seen = []
             for i in range(6):
@@ -110,7 +110,7 @@ def test_each_frame_is_computed_once_and_the_window_slides_exactly(vj_encoder, v
 
 def test_plan_samples_share_exactly_the_blocks_before_their_first_action(vj_predictor):
     store = InProcessTensorStore()
-    engine = AREngine(vj_predictor, ["context", "rollout"], store, EngineConfig())
+    engine = AREngine(vj_predictor, ["context", "rollout"], store, fp32())
     replies = []
     latents = torch.randn(3, 16, 64)
     put = lambda t: store.put(t, owner="r")  # noqa: E731
@@ -142,7 +142,7 @@ def test_bad_input_is_reported_and_the_session_keeps_serving(vj_encoder, vj_pred
     roll = torch.randn(1, 2, 7) * 0.05
 
     async def main():
-        async with Conductor(vjepa2_graph(), _modules(vj_encoder, vj_predictor)) as c:
+        async with Conductor(vjepa2_graph(), _modules(vj_encoder, vj_predictor), config=FP32) as c:
             errors = []
             for req in [Request({"actions": roll}, session_id="s"),  # before any frame
                         Request({"frames": images, "states": states.clone().fill_(float("nan")), "actions": actions},
@@ -169,7 +169,7 @@ def test_rollout_longer_than_the_frame_capacity_is_refused(vj_encoder, vj_predic
     roll = torch.zeros(1, vj_predictor.max_frames, 7)
 
     async def main():
-        async with Conductor(vjepa2_graph(), _modules(vj_encoder, vj_predictor)) as c:
+        async with Conductor(vjepa2_graph(), _modules(vj_encoder, vj_predictor), config=FP32) as c:
             await c.submit(Request({"frames": images, "states": states, "actions": actions}, session_id="s")).collect()
             with pytest.raises(RequestError, match="frame positions"):
                 await c.submit(Request({"actions": roll}, session_id="s")).collect()
@@ -183,7 +183,7 @@ def test_a_rollout_the_pool_cannot_hold_fails_at_once_and_two_that_fit_one_by_on
     """Every frame a rollout computes is reserved when it forks: no rollout waits forever on blocks
     another holds (two rollouts that each took their first frames could otherwise deadlock)."""
     store = InProcessTensorStore()
-    engine = AREngine(vj_predictor, ["context", "rollout"], store, EngineConfig(num_kv_blocks=10))
+    engine = AREngine(vj_predictor, ["context", "rollout"], store, fp32(num_kv_blocks=10))
     put = lambda t: store.put(t, owner="r")  # noqa: E731
     replies: dict[int, list] = {}
     for i, session in enumerate(("s1", "s2")):

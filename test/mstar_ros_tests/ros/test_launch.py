@@ -196,6 +196,28 @@ def test_tokenizer_and_asset_id_reach_the_node_set(tmp_path, capsys):
     assert f"--tokenizer {tok} --asset-id=droid" in capsys.readouterr().out
 
 
+def test_the_dtype_launch_argument_reaches_every_node_set(capsys):
+    from mstar_ros.cli import main
+    from mstar_ros.ros import node_set, orpheus_node, vjepa2_node_set
+
+    for processes, parse in ((pi05_processes, node_set.parse_args), (vjepa2_processes, vjepa2_node_set.parse_args),
+                             (orpheus_processes, orpheus_node.parse_args)):
+        for spec in processes(dtype="float32"):
+            args, _ = parse(list(spec.arguments))
+            assert args.dtype == "float32"
+        for spec in processes():  # auto, the default: nothing passed, the node set's own default is auto
+            assert "--dtype" not in spec.arguments and parse(list(spec.arguments))[0].dtype == "auto"
+        with pytest.raises(ValueError, match="dtype: expected one of auto, float32, bfloat16, float16, got 'bf16'"):
+            processes(dtype="bf16")
+    for arguments in (LAUNCH_ARGUMENTS, ORPHEUS_LAUNCH_ARGUMENTS, VJEPA2_LAUNCH_ARGUMENTS):
+        assert {a.name: a.default for a in arguments}["dtype"] == "auto"  # ros2 launch ... dtype:=float32
+    assert main(["launch", "vjepa2", "--dtype", "bfloat16", "--print-commands"]) == 0
+    assert "--dtype bfloat16" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exit_:  # argparse names the choices
+        main(["launch", "orpheus", "--dtype", "bf16", "--print-commands"])
+    assert exit_.value.code == 2 and "invalid choice: 'bf16'" in capsys.readouterr().err
+
+
 # -- `mstar-ros launch pi05` for real: remapping and parameters reach the nodes -----------------------
 
 @pytest.mark.timeout(120)

@@ -96,8 +96,8 @@ def test_published_actions_are_the_references_for_a_raw_state(layout, procs, ros
         weights = openpi_checkpoint(tmp_path / "ck", ckpt, None)
         norm, back, extra = _limits, _limits_back, ["-p", "cameras.right_wrist_0_rgb:=''"]
     ros_client.subscribe(JointTrajectory, "/robot1/action_chunk")
-    (spec,) = pi05_processes("/robot1", weights=str(weights), extra_arguments=["--duration", "120"],
-                             ros_arguments=extra)
+    (spec,) = pi05_processes("/robot1", weights=str(weights), dtype="float32",  # parity: float32
+                             extra_arguments=["--duration", "120"], ros_arguments=extra)
     node_set = procs(*spec.command(python=sys.executable))
     feed = robot_feed("/robot1", CAMERAS, JOINTS, positions=RAW_STATE.tolist()).start()
     ros_client.wait_for(lambda: any(g.msg.points for g in ros_client.got("/robot1/action_chunk")), 90,
@@ -115,3 +115,4 @@ def test_published_actions_are_the_references_for_a_raw_state(layout, procs, ros
     assert node_set.interrupt() == 0, node_set.output
     said = "JOINT_LIMITS (state and actions) from joint limits" if layout.endswith("assets") else "QUANTILES"
     assert f"normalisation: {said}" in node_set.output
+    assert "dtype float32 (set explicitly)" in node_set.output  # the launch argument reached the engines

@@ -96,7 +96,7 @@ def test_chat_completions_stream_text_and_audio_and_take_a_spoken_turn(qwen3_omn
     pcm = b"".join(base64.b64decode(d["audio"]["data"]) for d in deltas if "data" in d.get("audio", {}))
     # the same request and seed as in process: the same text and the same samples
     assert transcript and transcript == qwen3_omni.decode_text([int(t) for t in direct["text_ids"]])
-    ref = (torch.cat(direct["audio"]).clamp(-1, 1) * 32767).round().to(torch.int16).numpy()
+    ref = (torch.cat(direct["audio"]).float().clamp(-1, 1) * 32767).round().to(torch.int16).numpy()
     ours = np.frombuffer(pcm, dtype=np.int16)
     assert len(ours) == len(ref) > 0 and np.abs(ours.astype(int) - ref.astype(int)).max() <= 1
     assert events[-2]["choices"][0]["finish_reason"] == "stop"

@@ -285,6 +285,20 @@ def test_a_worker_that_stops_answering_is_taken_down_and_replaced(tmp_path):
     assert len(after["token"]) == 8
 
 
+def test_each_worker_process_decides_its_dtype_and_says_so(tmp_path):
+    """dtype auto is decided by each Worker for its own device and reported in its Ready: /diagnostics and
+    the node sets' output say what every rank runs."""
+    from mstar.engine.dtype_choice import resolve_dtype
+
+    async def go(dtype: str):
+        async with Conductor.distributed(toy_spec(), placement(tmp_path, SPLIT), config=config(dtype=dtype)) as c:
+            return [(s.dtype, s.dtype_reason) for s in c.worker_status()], c.dtype_summary()
+
+    here = resolve_dtype("auto")  # the Workers run on this machine: they decide as this process does
+    assert run(go("auto")) == ([(here.dtype, here.describe())] * 2, here.describe())
+    assert run(go("float32")) == ([("float32", "float32 (set explicitly)")] * 2, "float32 (set explicitly)")
+
+
 def test_worker_status_follows_a_killed_rank_through_its_restart(tmp_path):
     async def go():
         c = Conductor.distributed(toy_spec(), placement(tmp_path, SPLIT), config=config(), heartbeat_s=0.2)

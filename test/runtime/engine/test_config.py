@@ -8,7 +8,7 @@ from mstar.engine.config import EngineConfig, load_engine_config
 def test_shipped_engine_yaml_loads():
     from pathlib import Path
     cfg = load_engine_config(Path(__file__).parents[3] / "config" / "engine.yaml")
-    assert cfg.block_size == 16 and cfg.dtype == "float32"
+    assert cfg.block_size == 16 and cfg.dtype == "auto"
 
 
 @pytest.mark.parametrize("text, needle", [

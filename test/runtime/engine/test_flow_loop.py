@@ -42,7 +42,7 @@ def reference(lm: ToyFlowLM, obs):
 
 
 async def serve(lm, observations, **cfg):
-    async with Conductor(flow_graph(STEPS), {"lm": lm}, config=config(**cfg)) as c:
+    async with Conductor(flow_graph(STEPS), {"lm": lm}, config=config(dtype="float32", **cfg)) as c:
         outs = await asyncio.gather(*(c.submit(request(o, f"r{i}")).collect() for i, o in enumerate(observations)))
         await c.wait_idle()
         stats = c.stats()["workers"][0]["ar:lm"]
@@ -66,7 +66,7 @@ def test_concurrent_flows_share_batched_evaluations():
     observations = [observation(9, seed) for seed in range(6)]
 
     async def go():
-        async with Conductor(flow_graph(STEPS), {"lm": lm}, config=config()) as c:
+        async with Conductor(flow_graph(STEPS), {"lm": lm}, config=config(dtype="float32")) as c:
             engine = c.workers[0].ar_engines["lm"]
             outs = await asyncio.gather(*(c.submit(request(o, f"r{i}")).collect() for i, o in enumerate(observations)))
             return outs, engine.flows.evaluations
@@ -106,7 +106,7 @@ def test_bad_flow_inputs_fail_clearly_and_the_next_request_is_served(bad, messag
     good = observation(6, 0)
 
     async def go():
-        async with Conductor(flow_graph(STEPS), {"lm": lm}, config=config()) as c:
+        async with Conductor(flow_graph(STEPS), {"lm": lm}, config=config(dtype="float32")) as c:
             req = request(good, "bad")
             req.inputs.update(bad)
             with pytest.raises(RequestError, match=message):

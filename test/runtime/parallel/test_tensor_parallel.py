@@ -31,7 +31,8 @@ from mstar_graphs.orpheus.model import OrpheusLLM
 from mstar_graphs.orpheus.tiny_llm import config_dict
 
 # small blocks and a small token budget: long prompts are chunked and share steps with decodes
-CONFIG = EngineConfig(num_kv_blocks=48, block_size=4, max_batched_tokens=16)
+# (float32: a parity test; this file is also a script, so support.parity is not importable here)
+CONFIG = EngineConfig(dtype="float32", num_kv_blocks=48, block_size=4, max_batched_tokens=16)
 VIEWS = ["llm", "llm2"]
 TP = 2
 
