@@ -203,7 +203,8 @@ def run_transport_bench(args: argparse.Namespace) -> int:
         channel.sock.close()
         exchange.close()
     section = _section(args, sizes, limits, tables, skipped)
-    report = {"transport": section, **extra_sections(args)}
+    from mstar_ros.bench.machine import machine_section
+    report = {"transport": section, "machine": machine_section(), **extra_sections(args)}
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(report, indent=2) + "\n")
     from mstar_ros.bench.transport_plot import plot_transport

@@ -4,7 +4,9 @@ bfloat16 halves the bytes of every weight, and where the CPU has bf16 dot-produc
 (AVX512-BF16, AMX-BF16) the engines' bf16 linears ran 3-8x faster than fp32 (an MLP block of width
 1024 on an AMD EPYC with AVX512-BF16). A CPU without them emulates bf16: on an AVX2-only EPYC whole
 benchmarks ran 2.5-2.7x *slower* in bf16 than in fp32 (Qwen3-Omni at 8 streams: 2.24 against 6.15
-audio seconds per second). So no dtype is right everywhere; ``auto`` decides from the machine:
+audio seconds per second), and with ATen and oneDNN held to AVX2, 1.2-4x slower from 8 rows on (only
+one stream's decode, which streams every weight for one row, gained from the halved bytes). So no
+dtype is right everywhere; ``auto`` decides from the machine:
 
 CPU, x86-64, in order:
   1. ATen dispatches below AVX512 (an AVX2-only CPU, or ``ATEN_CPU_CAPABILITY`` lowered it): float32,
@@ -144,7 +146,7 @@ def decide_cpu(profile: CpuProfile, measure: Callable[[], dict]) -> DtypeChoice:
         if not profile.capability.startswith("AVX512"):
             why = (f"ATen dispatches {profile.capability} kernels" if profile.bf16_instructions
                    else f"{profile.capability} CPU without bf16 instructions")
-            return pick("float32", f"{why}: bf16 would be emulated, measured 2.5-2.7x slower than float32 on such CPUs")
+            return pick("float32", f"{why}: bf16 would be emulated, 1.2-4x slower than float32 at 8 rows and more")
         if not profile.onednn_bf16:
             return pick("float32", "oneDNN has no bf16 path here: bf16 would be emulated")
         if profile.bf16_instructions:

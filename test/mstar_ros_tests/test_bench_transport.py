@@ -32,7 +32,8 @@ def test_bench_transport_quick_measures_every_transport_and_writes_report_and_pl
     assert section["shm_latency_4kb_us"] == section["transports"]["shm"]["4096"]["latency_us_p50"]
     assert section["shm_vs_memcpy_64mb"] is None  # 64MB is not among the quick sizes
     split = report["orpheus_split"]
-    assert split["preset"] == "tiny"
+    assert split["preset"] == "tiny" and split["dtype"]["requested"] == "auto"  # as every bench: dtype auto
+    assert report["machine"]["cpu_capability"] and report["machine"]["threads"] >= 1
     for side in ("single_process", "two_processes"):
         assert split[side]["requests"] == 2 and split[side]["throughput_audio_s_per_s"] > 0
     assert png.read_bytes()[:4] == b"\x89PNG" and png.stat().st_size > 1000
