@@ -9,17 +9,12 @@ import platform
 
 import torch
 
-from mstar.engine.dtype_choice import DtypeChoice, machine_report, resolve_dtype
+from mstar.engine.dtype_choice import DtypeChoice, machine_report
 
 
 def machine_section(device: str | torch.device = "cpu") -> dict:
     """CPU, its capability (ATen's dispatch), bf16 instructions, threads, torch, python, device."""
     return {**machine_report(device), "python": platform.python_version()}
-
-
-def ours_dtype(name: str, device: str | torch.device = "cpu") -> DtypeChoice:
-    """The dtype our engines run for ``--dtype name`` on ``device`` (``auto`` decided as the engines decide)."""
-    return resolve_dtype(name, device)
 
 
 def dtypes_section(ours: DtypeChoice, baseline: str | None, baseline_why: str) -> dict:
@@ -30,11 +25,16 @@ def dtypes_section(ours: DtypeChoice, baseline: str | None, baseline_why: str) -
     return out
 
 
+def _bf16_and_limits(m: dict, joiner: str, none: str) -> tuple[str, str]:
+    """A machine section's bf16 instructions (joined, or ``none``) and its ISA limits (", K=V" each)."""
+    return (joiner.join(m.get("bf16_instructions", [])) or none,
+            "".join(f", {k}={v}" for k, v in m.get("isa_limits", {}).items()))
+
+
 def header_line(report: dict) -> str:
     """One line for the printed summary: where it ran and in what dtypes."""
     m = report.get("machine", {})
-    bf16 = ", ".join(m.get("bf16_instructions", [])) or "none"
-    limits = "".join(f", {k}={v}" for k, v in m.get("isa_limits", {}).items())
+    bf16, limits = _bf16_and_limits(m, ", ", "none")
     line = (f"machine: {m.get('cpu', '?')}, {m.get('cpu_capability', '?')} dispatch, bf16 instructions: {bf16}{limits}, "
             f"{m.get('threads', '?')} threads, torch {m.get('torch', '?')}")
     d = report.get("dtypes", {})
@@ -49,8 +49,7 @@ def header_line(report: dict) -> str:
 def caption(report: dict) -> str:
     """A plot's footnote: the CPU, its dispatch and bf16 instructions, threads, and each system's dtype."""
     m, d = report.get("machine", {}), report.get("dtypes", {})
-    bf16 = "+".join(m.get("bf16_instructions", [])) or "no bf16 instructions"
-    limits = "".join(f", {k}={v}" for k, v in m.get("isa_limits", {}).items())
+    bf16, limits = _bf16_and_limits(m, "+", "no bf16 instructions")
     text = f"{m.get('cpu', '?')}, {m.get('cpu_capability', '?')} ({bf16}{limits}), {m.get('threads', '?')} threads"
     if "ours" in d:
         text += f"; ours {d['ours']['dtype']}" + (" (auto)" if d["ours"]["requested"] == "auto" else "")

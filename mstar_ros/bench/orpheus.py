@@ -25,10 +25,11 @@ import torch
 from mstar.conductor import Conductor
 from mstar.engine.config import EngineConfig
 from mstar.engine.device_loop import run_on_device
+from mstar.engine.dtype_choice import resolve_dtype
 from mstar.engine.linear_packing import parameter_count
 from mstar.engine.sampling_params import SamplingParams
 from mstar.progress import progress_bar
-from mstar_ros.bench.machine import dtypes_section, header_line, machine_section, ours_dtype
+from mstar_ros.bench.machine import dtypes_section, header_line, machine_section
 from mstar_ros.bench.workload import JobResult, TTSJob, summarize, tts_workload
 
 log = logging.getLogger("mstar_ros.bench")
@@ -141,8 +142,8 @@ def run_orpheus_bench(args: argparse.Namespace) -> int:
     snac_model = run_on_device(lambda: load_reference_snac(paths.snac).to(device, base_dtype))
     warm = [tts.prompt_ids("Warm up.")]  # first calls are slow for everyone; ours is warmed too
     run_on_device(lambda: snac_whole(snac_model, hf_generate(hf, warm, max_new_tokens=35, do_sample=False)[0]))
-    config = EngineConfig(dtype=args.dtype, kv_cache_mb=256)  # auto: the engines decide, as ours_dtype says
-    ours_choice = ours_dtype(args.dtype, device)
+    config = EngineConfig(dtype=args.dtype, kv_cache_mb=256)  # auto: the engines decide, as resolve_dtype says
+    ours_choice = resolve_dtype(args.dtype, device)
     base_name = str(base_dtype).removeprefix("torch.")
     report: dict = {
         "model": {"preset": args.preset if args.weights is None else None, "weights": str(paths.llm),

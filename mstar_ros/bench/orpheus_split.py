@@ -12,7 +12,7 @@ from pathlib import Path
 from mstar.conductor import Conductor
 from mstar.engine.config import EngineConfig
 from mstar_graphs.orpheus.components import orpheus_spec
-from mstar_ros.bench.machine import ours_dtype
+from mstar.engine.dtype_choice import resolve_dtype
 from mstar_ros.bench.orpheus import _ours
 from mstar_ros.bench.workload import summarize, tts_workload
 
@@ -39,7 +39,7 @@ async def orpheus_split_comparison(preset: str = "bench", concurrency: int = 8, 
         split, _ = await _ours(tts, jobs, concurrency, config, conductor=conductor, label="2 proc")
     one, two = summarize(single), summarize(split)
     return {"preset": preset, "concurrency": concurrency, "requests": requests, "transport": transport,
-            "dtype": ours_dtype(dtype).as_dict(),
+            "dtype": resolve_dtype(dtype).as_dict(),
             "single_process": one, "two_processes": two,
             "two_vs_single_throughput": round(two["throughput_audio_s_per_s"] / one["throughput_audio_s_per_s"], 3),
             "two_vs_single_ttfa_p50": round(two["ttfa_p50_ms"] / one["ttfa_p50_ms"], 3)}

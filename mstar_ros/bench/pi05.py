@@ -26,11 +26,11 @@ import torch
 from mstar.conductor import Conductor
 from mstar.engine.config import EngineConfig
 from mstar.engine.device_loop import run_on_device
+from mstar.engine.dtype_choice import DtypeChoice, resolve_dtype
 from mstar.engine.linear_packing import pack_linears, parameter_count
-from mstar.engine.dtype_choice import DtypeChoice
 from mstar.progress import progress_bar
 from mstar_graphs.pi05.tiny import JOINT_LOWER, JOINT_UPPER  # the synthetic robot's, for a checkpoint without stats
-from mstar_ros.bench.machine import dtypes_section, header_line, machine_section, ours_dtype
+from mstar_ros.bench.machine import dtypes_section, header_line, machine_section
 from mstar_ros.bench.pi05_loads import (clock, direct_call, direct_closed, direct_open, ours_closed, ours_open,
                                         request_for, synchronized)
 from mstar_ros.bench.pi05_plot import plot_pi05, print_level
@@ -73,7 +73,7 @@ def pick_dtype(policy, o: Observation, name: str = "auto",
                device: str = "cpu") -> tuple[DtypeChoice, dict[str, float], object]:
     """Both systems run the same modules, so the same dtype: ``name`` as the engines decide it. A CPU user
     would try fp32 and bf16, so both are timed (one direct call each, best of 2) and reported beside it."""
-    choice = ours_dtype(name, device)
+    choice = resolve_dtype(name, device)
     timings, models = {}, {}
     for dtype in (torch.float32, torch.bfloat16):
         cand = policy if dtype == torch.float32 else run_on_device(

@@ -27,8 +27,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from mstar.engine.dtype_choice import resolve_dtype
 from mstar.progress import progress_bar
-from mstar_ros.bench.machine import dtypes_section, header_line, machine_section, ours_dtype
+from mstar_ros.bench.machine import dtypes_section, header_line, machine_section
 from mstar_ros.bench.workload import percentile
 
 log = logging.getLogger("mstar_ros.bench")
@@ -157,7 +158,7 @@ def _baseline(path, opts: OmniBenchOptions, bar) -> tuple[Baseline, dict[str, fl
     """transformers in ``opts.baseline_dtype``; ``fastest``: one warm-up and one timed request in each of
     float32 and bfloat16, and the faster kept (a CPU user would try both), with those timings."""
     if opts.baseline_dtype != "fastest":
-        name = ours_dtype(opts.baseline_dtype).dtype  # auto: as our engines would decide here
+        name = resolve_dtype(opts.baseline_dtype).dtype  # auto: as our engines would decide here
         return Baseline(path, name), None
     timings, candidates = {}, {}
     for name in ("float32", "bfloat16"):
@@ -200,7 +201,7 @@ def run_omni_bench(opts: OmniBenchOptions) -> dict:
     reference, calibration = _baseline(chat.model.path, opts, bar)
     before = (opts.baseline_requests + 1) // 2
     reference.run(before, opts, bar, warm=calibration is None)
-    ours_choice = ours_dtype(opts.dtype)
+    ours_choice = resolve_dtype(opts.dtype)
     ours, ours_workers = asyncio.run(_ours(chat, opts, bar))
     reference.run(opts.baseline_requests - before, opts, bar)
     baseline = reference.report()

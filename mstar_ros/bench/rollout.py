@@ -180,8 +180,9 @@ async def _plans(sys: _Systems, episodes, opts: RolloutBenchOptions, bar) -> lis
 def run_rollout_bench(opts: RolloutBenchOptions) -> dict:
     from mstar.engine.intra_op import model_threads
     from mstar_ros.bag.episodes import read_episodes
-    from mstar_ros.bench.machine import dtypes_section, machine_section, ours_dtype
-    choice = ours_dtype(opts.dtype)
+    from mstar.engine.dtype_choice import resolve_dtype
+    from mstar_ros.bench.machine import dtypes_section, machine_section
+    choice = resolve_dtype(opts.dtype)
     episodes = read_episodes(opts.bag, fps=opts.fps)
     sys = _Systems(opts)
     capacity = sys.predictor.max_frames

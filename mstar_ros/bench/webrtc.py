@@ -29,8 +29,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from mstar.engine.dtype_choice import resolve_dtype
 from mstar.progress import progress_bar
-from mstar_ros.bench.machine import dtypes_section, header_line, machine_section, ours_dtype
+from mstar_ros.bench.machine import dtypes_section, header_line, machine_section
 from mstar_ros.bench.webrtc_peers import JITTER_PREFETCH, TEXTS
 from mstar_ros.bench.workload import percentile
 
@@ -189,10 +190,10 @@ def run_webrtc_bench(opts: WebrtcBenchOptions) -> dict:
                   "weights": str(opts.weights) if opts.weights else None,
                   "random_weights": bool(getattr(model, "random_weights", False))},
         "options": {"peers": opts.peers, "rounds": opts.rounds, "max_tokens": opts.max_tokens, "seed": opts.seed,
-                    "dtype": ours_dtype(opts.dtype).dtype, "jitter_prefetch_frames": JITTER_PREFETCH,
+                    "dtype": resolve_dtype(opts.dtype).dtype, "jitter_prefetch_frames": JITTER_PREFETCH,
                     "placement": str(opts.placement) if opts.placement else None},
         "machine": machine_section(),
-        "dtypes": dtypes_section(ours_dtype(opts.dtype), None, ""),
+        "dtypes": dtypes_section(resolve_dtype(opts.dtype), None, ""),
         "levels": levels,
         f"ttfa_overhead_p95_ms_{top}_peers": levels[top]["ttfa_overhead_ms"]["p95"],
         "underruns_where_rtf_below_1": sum(lv["underruns"] for n, lv in levels.items() if n not in slow_levels),
