@@ -53,15 +53,15 @@ def pool_config(nodes, predictor, dtype: str = "auto"):
     """KV pool for every robot's window plus one plan's samples x horizon (a frame per block):
     the default pool would hold 5 frames of the released model in fp32 (48 MiB each)."""
     from mstar.engine.config import EngineConfig
+    from mstar.engine.dtype_choice import resolve_dtype
 
     blocks = sum(node.kv_frames_needed for node in nodes) + 4
     most_samples = max(node.cem.samples for node in nodes)
-    config, choice = EngineConfig(num_kv_blocks=blocks, dtype=dtype,
-                                  max_batched_tokens=max(1024, most_samples * predictor.frame_tokens)).for_device("cpu")
+    choice = resolve_dtype(dtype, "cpu")  # the Worker decides the same (once per process); its reason is reported
     per_block = predictor.kv_spec().bytes_per_token(choice.torch_dtype) * predictor.frame_tokens
     log.info("KV pool: %d frame blocks, %.0f MiB in %s (per robot: its window + plan samples x horizon)",
              blocks, blocks * per_block / 2**20, choice.dtype)
-    return config
+    return EngineConfig(num_kv_blocks=blocks, dtype=dtype, max_batched_tokens=max(1024, most_samples * predictor.frame_tokens))
 
 
 async def serve(args: argparse.Namespace, ros_args: list[str]) -> dict:

@@ -116,7 +116,10 @@ def test_world_model_session_plans_toward_a_goal_and_drops_bad_input(procs, star
     assert max(blocks) <= WINDOW - 1, blocks
     assert any(later > earlier for earlier, later in zip(blocks, blocks[1:])), blocks
 
-    summary = json.loads(summary_path.read_text())["robots"]["/robot1"]
+    whole = json.loads(summary_path.read_text())
+    from mstar.engine.dtype_choice import resolve_dtype
+    assert whole["dtype"] == resolve_dtype("auto").describe()  # decided by the Worker, with its reason
+    summary = whole["robots"]["/robot1"]
     assert summary["plans"] >= 3 and summary["goals"] == 1 and summary["frames"] >= 5, summary
     assert summary["dropped"] >= 3, node_set.output
     assert summary["frames_failed"] == 0 and summary["plans_failed"] == 0, summary
