@@ -7,7 +7,8 @@ import msgspec
 import torch
 import yaml
 
-from mstar.engine.dtype_choice import DTYPE_NAMES, DtypeChoice, resolve_dtype
+from mstar.engine.dtype_choice import DtypeChoice, resolve_dtype
+from mstar.engine.dtype_names import DTYPE_NAMES
 
 
 class EngineConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
