@@ -39,10 +39,11 @@ class FloodOptions:
     dtype: str = "auto"        # the node set's --dtype
 
 
-class _Flooder:
-    """An rclpy publisher of malformed frames, at a steady rate while ``on`` is set."""
+class Flooder:
+    """An rclpy publisher of malformed frames (rgba8, which no node takes) on ``topic``, at a steady
+    rate while ``on`` is set."""
 
-    def __init__(self, rate_hz: float) -> None:
+    def __init__(self, rate_hz: float, topic: str = FLOOD_TOPIC) -> None:
         import rclpy
         from rclpy.context import Context
         from sensor_msgs.msg import Image
@@ -50,7 +51,8 @@ class _Flooder:
         self.context = Context()
         rclpy.init(args=[], context=self.context)
         self.node = rclpy.create_node("bench_flooder", context=self.context)
-        self.pub = self.node.create_publisher(Image, FLOOD_TOPIC, 10)
+        self.topic = topic
+        self.pub = self.node.create_publisher(Image, topic, 10)
         self.frame = Image(encoding="rgba8", width=224, height=224, step=224 * 4)
         self.frame.data = bytes(224 * 224 * 4)
         self.period = 1.0 / rate_hz
@@ -72,7 +74,7 @@ class _Flooder:
         deadline = time.monotonic() + timeout
         while self.pub.get_subscription_count() == 0:
             if time.monotonic() > deadline:
-                raise TimeoutError(f"nobody subscribed to {FLOOD_TOPIC} within {timeout:.0f} s")
+                raise TimeoutError(f"nobody subscribed to {self.topic} within {timeout:.0f} s")
             time.sleep(0.05)
 
     def close(self) -> None:
@@ -101,7 +103,7 @@ def run_flood(opts: FloodOptions, out=print) -> dict:
                              arguments=("bag", "play", str(bundled_bag()), "--loop", "--restamp", "--progress", "0",
                                         "--wait-timeout", "120"))
         group = ProcessGroup(out=lambda s: None)
-        flooder = _Flooder(opts.rate_hz)
+        flooder = Flooder(opts.rate_hz)
         windows: list[tuple[str, float, float]] = []
         cpu: dict[str, float] = {"quiet": 0.0, "flood": 0.0}  # the node set process's CPU seconds per condition
         sent_in: dict[str, int] = {"quiet": 0, "flood": 0}
