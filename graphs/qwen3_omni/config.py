@@ -1,7 +1,9 @@
 """Qwen3-Omni's config tree, read from a transformers ``config.json`` (model_type ``qwen3_omni_moe``).
 
 Field names are transformers' ``Qwen3OmniMoeConfig`` names so a released checkpoint's config
-reads as is; unknown fields are ignored. A few values the released model needs are not declared
+reads as is, and the other names transformers reads for a field (``num_local_experts``, which its
+``save_pretrained`` writes for the Talker's ``num_experts``) are read too: see config_aliases.py.
+Unknown fields are ignored. A few values the released model needs are not declared
 by the config classes (``head_dim``, the Talker's ``shared_expert_intermediate_size``): they are
 read where the checkpoint writes them. Errors name the bad field with its path
 (``talker_config.text_config.num_experts_per_tok``).
@@ -11,6 +13,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import msgspec
+
+from mstar_graphs.qwen3_omni.config_aliases import AliasConflict, canonical_fields
 
 
 class ConfigError(ValueError):
@@ -193,11 +197,15 @@ class Qwen3OmniConfig(msgspec.Struct, kw_only=True):
     @classmethod
     def from_json(cls, data: bytes | str, *, source: str = "config.json") -> "Qwen3OmniConfig":
         try:
-            cfg = msgspec.json.decode(data, type=cls)
-        except msgspec.ValidationError as exc:
-            raise ConfigError(f"{source}: {exc}") from None
+            raw = msgspec.json.decode(data)
         except msgspec.DecodeError as exc:
             raise ConfigError(f"{source}: not valid JSON: {exc}") from None
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{source}: expected a JSON object, got {type(raw).__name__}")
+        try:
+            cfg = msgspec.convert(canonical_fields(raw), type=cls)
+        except (msgspec.ValidationError, AliasConflict) as exc:
+            raise ConfigError(f"{source}: {exc}") from None
         cfg.check(source)
         return cfg
 
@@ -215,6 +223,10 @@ class Qwen3OmniConfig(msgspec.Struct, kw_only=True):
             if text.num_attention_heads % text.num_key_value_heads:
                 raise bad(f"{name}.num_key_value_heads", f"{text.num_key_value_heads} does not divide "
                                                          f"num_attention_heads {text.num_attention_heads}")
+            if text.num_experts == 0 and text.num_experts_per_tok > 0:
+                # would build no experts, and every expert tensor of the checkpoint would be "unexpected"
+                raise bad(f"{name}.num_experts", f"0 experts, but num_experts_per_tok is {text.num_experts_per_tok} "
+                                                 "(the expert count is read from num_experts or num_local_experts)")
             if text.num_experts and not 0 < text.num_experts_per_tok <= text.num_experts:
                 raise bad(f"{name}.num_experts_per_tok", f"must be in [1, num_experts={text.num_experts}], "
                                                          f"got {text.num_experts_per_tok}")

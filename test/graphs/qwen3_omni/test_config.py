@@ -41,3 +41,59 @@ def test_a_bad_field_is_named(path, value, message):
 def test_a_missing_config_says_what_it_expected(tmp_path):
     with pytest.raises(ConfigError, match="expected a Qwen3-Omni checkpoint directory with config.json"):
         Qwen3OmniConfig.from_dir(tmp_path)
+
+
+def _with(cfg: dict, path: tuple[str, ...], **fields) -> dict:
+    node = cfg
+    for key in path:
+        node = node[key]
+    node.update(fields)
+    return cfg
+
+
+def test_transformers_other_names_for_a_field_are_read():
+    """transformers' attribute maps: save_pretrained writes the Talker's num_experts as num_local_experts."""
+    cfg = tiny_config()
+    talker_text = cfg["talker_config"]["text_config"]
+    talker_text["num_local_experts"] = talker_text.pop("num_experts")
+    audio = cfg["thinker_config"]["audio_config"]
+    audio["hidden_size"], audio["num_hidden_layers"] = audio.pop("d_model"), audio.pop("encoder_layers")
+    audio["num_attention_heads"], audio["intermediate_size"] = audio.pop("encoder_attention_heads"), audio.pop("encoder_ffn_dim")
+    vision = cfg["thinker_config"]["vision_config"]
+    vision["num_attention_heads"], vision["num_hidden_layers"] = vision.pop("num_heads"), vision.pop("depth")
+    read = Qwen3OmniConfig.from_json(json.dumps(cfg))
+    assert read.talker_config.text_config.num_experts == 4
+    a = read.thinker_config.audio_config
+    assert (a.d_model, a.encoder_layers, a.encoder_attention_heads, a.encoder_ffn_dim) == (32, 2, 2, 64)
+    v = read.thinker_config.vision_config
+    assert (v.num_heads, v.depth) == (2, 3)
+
+
+def test_one_field_under_both_names_must_agree():
+    same = _with(tiny_config(), ("talker_config", "text_config"), num_local_experts=4)
+    assert Qwen3OmniConfig.from_json(json.dumps(same)).talker_config.text_config.num_experts == 4
+    differ = _with(tiny_config(), ("talker_config", "text_config"), num_local_experts=8)
+    with pytest.raises(ConfigError, match=r"talker_config\.text_config\.num_local_experts: 8, but "
+                                          r"talker_config\.text_config\.num_experts .* is 4"):
+        Qwen3OmniConfig.from_json(json.dumps(differ))
+
+
+def test_no_experts_with_a_top_k_is_refused():
+    cfg = tiny_config()
+    del cfg["talker_config"]["text_config"]["num_experts"]  # e.g. spelled in a way we do not read
+    with pytest.raises(ConfigError, match=r"talker_config\.text_config\.num_experts: 0 experts, but "
+                                          r"num_experts_per_tok is 2"):
+        Qwen3OmniConfig.from_json(json.dumps(cfg))
+
+
+def test_transformers_4_rope_scaling_is_read_with_its_rope_theta():
+    """Files written by transformers 4 put M-RoPE under rope_scaling and rope_theta beside it."""
+    cfg = tiny_config()
+    for text in (cfg["thinker_config"]["text_config"], cfg["talker_config"]["text_config"]):
+        rope = text.pop("rope_parameters")
+        text["rope_theta"] = rope.pop("rope_theta")
+        text["rope_scaling"] = {**rope, "type": rope.pop("rope_type")}
+    read = Qwen3OmniConfig.from_json(json.dumps(cfg))
+    for text in (read.thinker_config.text_config, read.talker_config.text_config):
+        assert text.rope_parameters.mrope_section == [4, 2, 2] and text.rope_parameters.interleaved
+        assert text.theta == 1_000_000.0 and text.rope_parameters.rope_type == "default"
