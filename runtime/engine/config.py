@@ -5,10 +5,10 @@ from pathlib import Path
 
 import msgspec
 import torch
-import yaml
 
 from mstar.engine.dtype_choice import DtypeChoice, resolve_dtype
 from mstar.engine.dtype_names import DTYPE_NAMES
+from mstar.user_yaml import load_user_yaml_file
 
 
 class EngineConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -58,10 +58,7 @@ class EngineConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
 def load_engine_config(path: str | Path) -> EngineConfig:
     """EngineConfig from a YAML file; errors name the file and the bad field."""
     path = Path(path)
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise ValueError(f"{path}: not valid YAML: {exc}") from None
+    data = load_user_yaml_file(path) or {}
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected a mapping of engine settings, got {type(data).__name__}")
     try:

@@ -22,10 +22,11 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
 
 import msgspec
 import yaml
+
+from mstar.user_yaml import UserYamlError, parse_user_yaml, read_user_yaml_text
 
 DEVICE = re.compile(r"^(cpu|cuda:\d+)$")
 TRANSPORTS = ("auto", "shm", "tcp", "mooncake")
@@ -58,11 +59,12 @@ class Placement(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
 
 
 class _Lines:
-    """Line numbers of the YAML nodes, by path (("node_groups", 1, "ranks") -> 12)."""
+    """Line numbers of the YAML nodes, by path (("node_groups", 1, "ranks") -> 12).
 
-    def __init__(self, text: str) -> None:
+    Walks the file's own tree: ``parse_user_yaml`` refuses aliases, so no node is visited twice."""
+
+    def __init__(self, root: yaml.Node | None) -> None:
         self.lines: dict[tuple, int] = {}
-        root = yaml.compose(text)
         if root is not None:
             self._walk(root, ())
 
@@ -121,10 +123,10 @@ class PlacementFile:
     @classmethod
     def parse(cls, text: str, source: str = "<placement>") -> "PlacementFile":
         try:
-            lines = _Lines(text)
-            data: Any = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            raise PlacementError(f"{source}: not valid YAML: {exc}") from None
+            root, data = parse_user_yaml(text, source)
+        except UserYamlError as exc:
+            raise PlacementError(str(exc)) from None
+        lines = _Lines(root)
         if not isinstance(data, dict):
             raise PlacementError(f"{source}: expected a mapping with world_size and node_groups")
         try:
@@ -140,8 +142,11 @@ class PlacementFile:
 
     @classmethod
     def load(cls, path: str | Path) -> "PlacementFile":
-        path = Path(path)
-        return cls.parse(path.read_text(), str(path))
+        try:
+            text = read_user_yaml_text(path)
+        except UserYamlError as exc:
+            raise PlacementError(str(exc)) from None
+        return cls.parse(text, str(path))
 
     def _check_shape(self) -> None:
         p = self.placement

@@ -17,7 +17,8 @@ def test_shipped_engine_yaml_loads():
     ("block_size: -3\n", "block_size"),
     ("dtype: float8\n", "dtype"),
     ("- 1\n- 2\n", "mapping"),
-    ("block_size: [1,\n", "not valid YAML"),
+    ("block_size: [1,\n", r"engine.yaml:2: not valid YAML: expected the node content, but found .<stream end>. \(column 1\)"),
+    ("size: &n 16\nblock_size: *n\n", r"engine.yaml:2: not valid YAML: aliases are not accepted \(\*n\)"),
 ])
 def test_bad_engine_yaml_names_the_field(tmp_path, text, needle):
     path = tmp_path / "engine.yaml"
