@@ -14,7 +14,9 @@ Two released layouts (and our generated one, which is LeRobot's):
   statistics.
 
 :func:`inspect_checkpoint` checks every file a load needs (config, weights index, statistics,
-tokenizer) and fails naming what is missing, before any weight is read.
+tokenizer) and fails naming what is missing, before any weight is read. LeRobot saves no
+tokenizer: ``checkpoint info`` inspects with ``tokenizer_required=False`` so it can show all it
+found before naming the missing tokenizer.
 """
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ import msgspec
 from mstar_graphs.pi05.config import ConfigError, Pi05Config
 from mstar_graphs.pi05.norm_stats import lerobot_normalization, openpi_normalization
 from mstar_graphs.pi05.normalization import Normalization
-from mstar_graphs.pi05.tokenizer import find_tokenizer
+from mstar_graphs.pi05.tokenizer import TokenizerError, find_tokenizer
 
 IMAGE_PREFIX = "observation.images."
 OPENPI_CAMERAS = ("base_0_rgb", "left_wrist_0_rgb", "right_wrist_0_rgb")
@@ -66,8 +68,9 @@ class CheckpointLayout:
     action_dim: int | None         # the dims a robot gets (the model computes config.action_dim); None: the
                                    # checkpoint does not say (no statistics): the robot's joints decide
     normalization: Normalization | None
-    tokenizer_file: Path
+    tokenizer_file: Path | None    # None only when inspected with tokenizer_required=False and none was found
     notes: tuple[str, ...] = field(default=())
+    tokenizer_missing: str | None = None  # then: which tokenizer is missing and every path tried
 
     @property
     def random_weights(self) -> bool:
@@ -113,20 +116,38 @@ def _dim(features: dict[str, _Feature], key: str, file: Path) -> int | None:
     return feature.shape[0]
 
 
-def inspect_checkpoint(path: str | Path, *, tokenizer: str | Path | None = None,
-                       asset_id: str | None = None) -> CheckpointLayout:
+def checkpoint_directory(path: str | Path) -> Path:
+    """``path`` if it is a directory with a config.json; else CheckpointError saying which is not so."""
+    directory = Path(path)
+    expected = "expected a pi0.5 PyTorch checkpoint directory: LeRobot's or openpi's conversion"
+    if not directory.exists():
+        raise CheckpointError(f"{directory}: no such directory ({expected})")
+    if not directory.is_dir():
+        raise CheckpointError(f"{directory}: not a directory ({expected}; give the folder that holds config.json)")
+    if not (directory / "config.json").is_file():
+        raise CheckpointError(f"{directory}: no config.json ({expected})")
+    return directory
+
+
+def inspect_checkpoint(path: str | Path, *, tokenizer: str | Path | None = None, asset_id: str | None = None,
+                       tokenizer_required: bool = True) -> CheckpointLayout:
     """The layout of the checkpoint at ``path`` and every file a load would use (nothing read but
     config, processor JSON, statistics and file names). Raises CheckpointError / ConfigError /
-    NormalizationError / TokenizerError naming the path at fault."""
-    directory = Path(path)
+    NormalizationError / TokenizerError naming the path at fault; with ``tokenizer_required=False``
+    a missing tokenizer is reported in ``tokenizer_missing`` instead."""
+    directory = checkpoint_directory(path)
     file = directory / "config.json"
-    if not file.is_file():
-        raise CheckpointError(f"{directory}: no config.json (expected a pi0.5 PyTorch checkpoint directory: "
-                              "LeRobot's or openpi's conversion)")
     config = Pi05Config.from_dir(directory)
     features = _read_features(file)
     weights = weight_files(directory)
-    tokenizer_file = find_tokenizer(directory, tokenizer)
+    tokenizer_file: Path | None = None
+    tokenizer_missing: str | None = None
+    try:
+        tokenizer_file = find_tokenizer(directory, tokenizer)
+    except TokenizerError as exc:
+        if tokenizer_required:
+            raise
+        tokenizer_missing = str(exc)
     notes: list[str] = []
     if features.type == "pi05":
         kind = "lerobot"
@@ -158,11 +179,13 @@ def inspect_checkpoint(path: str | Path, *, tokenizer: str | Path | None = None,
             if dim is not None and want is not None and dim != want:
                 raise CheckpointError(f"{directory}: {name} statistics have {dim} dims, the config says {want}")
     return CheckpointLayout(directory, kind, config, weights, cameras, placeholders, state_dim, action_dim,
-                            normalization, tokenizer_file, tuple(notes))
+                            normalization, tokenizer_file, tuple(notes), tokenizer_missing)
 
 
-def describe(layout: CheckpointLayout, sizes: dict[str, Any] | None = None) -> list[str]:
-    """What a load would use, as lines (``mstar-ros checkpoint info``)."""
+def describe(layout: CheckpointLayout, sizes: dict[str, Any] | None = None,
+             shapes: list[str] | None = None) -> list[str]:
+    """What a load would use, as lines (``mstar-ros checkpoint info``); ``shapes``: lines on how the
+    sizes compare with the tensors' shapes, printed after them."""
     c = layout.config
     lines = [f"checkpoint: {layout.path}",
              f"layout: {layout.kind}" + (" (generated, RANDOM weights)" if layout.random_weights else ""),
@@ -175,6 +198,7 @@ def describe(layout: CheckpointLayout, sizes: dict[str, Any] | None = None) -> l
               f"({c.prefix.num_kv_heads} KV), head_dim {c.prefix.head_dim}",
               f"action expert: {c.expert.width} wide, {c.expert.depth} layers; {c.num_steps} flow steps, "
               f"chunk {c.action_horizon} x {c.action_dim}",
+              *(shapes or []),
               f"cameras: {', '.join(layout.cameras)}"
               + (f" (+ always masked: {', '.join(layout.placeholder_cameras)})" if layout.placeholder_cameras else ""),
               f"state: {layout.state_dim if layout.state_dim is not None else 'any number of'} dims"
@@ -183,5 +207,5 @@ def describe(layout: CheckpointLayout, sizes: dict[str, Any] | None = None) -> l
               f"(of the model's {c.action_dim})",
               "normalisation: " + (layout.normalization.describe() if layout.normalization
                                    else "none in the checkpoint: scaled by the robot's joint limits"),
-              f"tokenizer: {layout.tokenizer_file} (prompt budget {c.max_token_len} tokens)"]
+              f"tokenizer: {layout.tokenizer_file or 'NONE FOUND'} (prompt budget {c.max_token_len} tokens)"]
     return lines + [f"note: {n}" for n in layout.notes]

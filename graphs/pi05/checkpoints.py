@@ -27,6 +27,7 @@ import torch
 
 from mstar_graphs.common.cache import cached_dir
 from mstar.weights import LoadReport, WeightsError, load_weights
+from mstar_graphs.pi05.checkpoint_layout import CheckpointError, checkpoint_directory
 from mstar_graphs.pi05.config import Pi05Config
 from mstar_graphs.pi05.tiny import PRESETS, write_tiny_pi05
 
@@ -112,9 +113,10 @@ def resolve_path(weights: str | Path | None, preset: str = "tiny") -> Path:
     if weights is None:
         path = ensure_tiny_pi05(preset)
     else:
-        path = Path(weights)
-        if not (path / "config.json").is_file():
-            raise FileNotFoundError(f"{path}: no config.json (expected a pi0.5 PyTorch checkpoint directory)")
+        try:
+            path = checkpoint_directory(weights)
+        except CheckpointError as exc:  # a path that is not there (kept a FileNotFoundError, as callers expect)
+            raise FileNotFoundError(str(exc)) from None
     if Pi05Config.from_dir(path).random_weights:
         log.warning("pi0.5 weights in %s are RANDOM (generated for tests): the actions are noise", path)
     return path

@@ -122,3 +122,22 @@ def test_a_sentencepiece_tokenizer_in_the_checkpoint_is_used(tmp_path, ckpt):
     model = train_sentencepiece(tmp_path / "sp")
     (path / "paligemma_tokenizer.model").write_bytes(model.read_bytes())
     assert inspect_checkpoint(path).tokenizer_file.name == "paligemma_tokenizer.model"
+
+
+def test_a_path_that_is_not_there_says_so(tmp_path):
+    with pytest.raises(CheckpointError, match=r"nowhere: no such directory \(expected a pi0.5"):
+        inspect_checkpoint(tmp_path / "nowhere")
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    with pytest.raises(CheckpointError, match="model.safetensors: not a directory .*holds config.json"):
+        inspect_checkpoint(tmp_path / "model.safetensors")
+
+
+def test_without_a_required_tokenizer_everything_else_is_found(tmp_path, ckpt, monkeypatch):
+    """LeRobot saves no tokenizer: `checkpoint info` still shows the rest, then names what is missing."""
+    monkeypatch.setenv("OPENPI_DATA_HOME", str(tmp_path / "nothing"))
+    path = lerobot_checkpoint(tmp_path / "ck", ckpt, {"observation.state": STATE, "action": ACTION}, tokenizer=False)
+    layout = inspect_checkpoint(path, tokenizer_required=False)
+    assert layout.tokenizer_file is None and layout.kind == "lerobot" and layout.normalization is not None
+    assert layout.tokenizer_missing.startswith(f"no tokenizer found (tried {path / 'tokenizer.model'}, ")
+    assert str(tmp_path / "nothing" / "big_vision" / "paligemma_tokenizer.model") in layout.tokenizer_missing
+    assert "tokenizer: NONE FOUND (prompt budget 200 tokens)" in describe(layout)

@@ -128,8 +128,10 @@ def test_generated_checkpoint_is_cached_and_logged_as_random(tmp_path, monkeypat
         assert resolve_path(None) == first
     assert (first / "model.safetensors").stat().st_mtime_ns == stamp  # reused, not regenerated
     assert "RANDOM" in caplog.text
-    with pytest.raises(FileNotFoundError, match="no config.json"):
+    with pytest.raises(FileNotFoundError, match="nothing: no such directory"):
         resolve_path(tmp_path / "nothing")
+    with pytest.raises(FileNotFoundError, match="no config.json"):
+        resolve_path(tmp_path)
     with pytest.raises(ValueError, match="unknown pi0.5 preset"):
         ensure_tiny_pi05("huge")
 

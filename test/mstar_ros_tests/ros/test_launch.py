@@ -282,7 +282,7 @@ def test_mstar_ros_launch_ends_with_the_failed_node_sets_status_and_one_line_err
                      "--duration", "30")
     assert launcher.proc.wait(timeout=50) == 2, launcher.output
     launcher._reader.join(timeout=5)
-    said = f"mstar_pi05_node_set: error: FileNotFoundError: {tmp_path / 'none'}: no config.json"
+    said = f"mstar_pi05_node_set: error: FileNotFoundError: {tmp_path / 'none'}: no such directory"
     assert launcher.lines[-1].startswith(f"mstar-ros launch: error: pi05_node_set (mstar_pi05_node_set) exited "
                                          f"with status 2: {said}"), launcher.output
     assert "[launch] pi05_node_set exited with status 2" in launcher.output and "Traceback" not in launcher.output
