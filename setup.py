@@ -96,9 +96,11 @@ setup(
         "audio": ["snac==1.2.1"],
         # ROS 2 Kilted from PyPI (no /opt/ros): rclpy needs its [fastrtps] extra to import; pinned,
         # never mixed with ros-jazzy-*. rosbags reads/writes rosbag2 (MCAP, sqlite3) in pure Python.
+        # rosgraph-msgs: /clock (bag play --clock); posix-ipc: Fast DDS port mutexes (mstar_ros.bag.shm_ports)
         "ros": ["ros-kilted-rclpy[fastrtps]==9.1.2", "ros-kilted-sensor-msgs==5.5.1", "ros-kilted-std-msgs==5.5.1",
                 "ros-kilted-geometry-msgs==5.5.1", "ros-kilted-trajectory-msgs==5.5.1",
-                "ros-kilted-diagnostic-msgs==5.5.1", "ros-kilted-nav-msgs==5.5.1", "rosbags==0.11.9"],
+                "ros-kilted-diagnostic-msgs==5.5.1", "ros-kilted-nav-msgs==5.5.1", "ros-kilted-rosgraph-msgs==2.3.0",
+                "rosbags==0.11.9", "posix-ipc==1.3.2"],
         # silero-vad: the voice activity detector of a peer's microphone (its wheel ships the model)
         "webrtc": ["aiortc==1.16.0", "av==18.1.0", "aiohttp==3.14.5", "silero-vad==6.2.3"],
         "gpu": ["flashinfer-python==0.6.13", "flashinfer-cubin==0.6.13"],
