@@ -5,6 +5,7 @@ which message; the caller reports it on /diagnostics and drops the frame.
 """
 from __future__ import annotations
 
+import array
 from typing import Sequence
 
 import numpy as np
@@ -102,9 +103,10 @@ def outside_limits(names: Sequence[str], values: np.ndarray, lower: Sequence[flo
 
 
 def trajectory_msg(joint_names: Sequence[str], positions: torch.Tensor | None, rate_hz: float, start_stamp,
-                   frame_id: str = ""):
-    """trajectory_msgs/JointTrajectory: one point per action, ``time_from_start`` = i / rate. With no
-    ``positions``, the empty trajectory that JointTrajectoryController takes as "stop and hold"."""
+                   frame_id: str = "", *, field: str = "positions"):
+    """trajectory_msgs/JointTrajectory: one point per action, ``time_from_start`` = i / rate, the
+    values in each point's ``field`` (positions, or velocities). With no ``positions``, the empty
+    trajectory that JointTrajectoryController takes as "stop and hold"."""
     from builtin_interfaces.msg import Duration
     from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
 
@@ -116,8 +118,24 @@ def trajectory_msg(joint_names: Sequence[str], positions: torch.Tensor | None, r
     for i, row in enumerate([] if positions is None else positions.tolist()):
         t = i / rate_hz
         point = JointTrajectoryPoint()
-        point.positions = row
+        setattr(point, field, row)
         point.time_from_start = Duration(sec=int(t), nanosec=int(round((t - int(t)) * 1e9)))
         points.append(point)
     msg.points = points
+    return msg
+
+
+def labelled_array_msg(names: Sequence[str], actions: torch.Tensor | None):
+    """std_msgs/Float32MultiArray [time, action] (row-major): ``layout.dim[0]`` "time" (one row per
+    action), ``layout.dim[1]`` labelled with the action names joined by commas. With no ``actions``,
+    zero rows: the hold."""
+    from std_msgs.msg import Float32MultiArray, MultiArrayDimension
+
+    rows = np.zeros((0, len(names)), dtype=np.float32) if actions is None else actions.float().numpy()
+    msg = Float32MultiArray()
+    msg.layout.dim = [MultiArrayDimension(label="time", size=rows.shape[0], stride=rows.size),
+                      MultiArrayDimension(label=",".join(names), size=len(names), stride=len(names))]
+    data = array.array("f")
+    data.frombytes(np.ascontiguousarray(rows, dtype=np.float32).tobytes())  # rclpy takes an array('f') as it is
+    msg.data = data
     return msg

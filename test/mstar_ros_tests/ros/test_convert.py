@@ -6,7 +6,8 @@ import math
 import numpy as np
 import pytest
 
-from mstar_ros.ros.convert import (ObservationError, check_image, image_to_array, joint_positions, trajectory_msg)
+from mstar_ros.ros.convert import (ObservationError, check_image, image_to_array, joint_positions, labelled_array_msg,
+                                   trajectory_msg)
 
 
 def _image(encoding: str, pixels: np.ndarray, pad: int = 0):
@@ -69,3 +70,26 @@ def test_trajectory_points_are_spaced_at_the_control_rate():
     msg = trajectory_msg(["a", "b"], torch.zeros(40, 2), 15.0, Time(sec=3))
     t = [p.time_from_start.sec + p.time_from_start.nanosec * 1e-9 for p in msg.points]
     assert len(t) == 40 and np.allclose(np.diff(t), 1 / 15.0, atol=1e-9) and msg.joint_names == ["a", "b"]
+
+
+def test_velocities_go_in_the_points_velocities():
+    import torch
+    from builtin_interfaces.msg import Time
+
+    msg = trajectory_msg(["a", "b"], torch.tensor([[0.5, -0.25], [1.0, 2.0]]), 10.0, Time(sec=3), field="velocities")
+    assert [list(p.velocities) for p in msg.points] == [[0.5, -0.25], [1.0, 2.0]]
+    assert all(len(p.positions) == 0 for p in msg.points)
+
+
+def test_a_labelled_array_is_time_by_action_with_the_names_in_its_layout():
+    import torch
+
+    actions = torch.arange(21, dtype=torch.float32).reshape(3, 7) / 8
+    names = ["x", "y", "z", "roll", "pitch", "yaw", "gripper"]
+    msg = labelled_array_msg(names, actions)
+    time, action = msg.layout.dim
+    assert (time.label, time.size, time.stride) == ("time", 3, 21)
+    assert (action.label.split(","), action.size, action.stride) == (names, 7, 7)
+    assert np.array_equal(np.asarray(msg.data, dtype=np.float32).reshape(time.size, action.size), actions.numpy())
+    hold = labelled_array_msg(names, None)
+    assert hold.layout.dim[0].size == 0 and len(hold.data) == 0 and hold.layout.dim[1].label.split(",") == names
