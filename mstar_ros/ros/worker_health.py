@@ -49,3 +49,12 @@ def summary_message(reports: Sequence[RankReport], statuses: Sequence[WorkerStat
         if report.level != "OK":
             return f"worker rank {status.rank} {report.message}"
     return "serving"
+
+
+def first_down(statuses: Sequence[WorkerStatus]) -> str | None:
+    """"worker rank 1 restarting: died (killed by SIGKILL)" for the first rank that is not alive
+    (nothing can be computed on it, so nothing that needs it is), or None when all are."""
+    for status in statuses:
+        if not status.up:
+            return f"worker rank {status.rank} {rank_report(status).message}"
+    return None

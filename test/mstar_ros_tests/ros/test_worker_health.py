@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from mstar.conductor import WorkerStatus
-from mstar_ros.ros.worker_health import rank_report, summary_message, worst_level
+from mstar_ros.ros.worker_health import first_down, rank_report, summary_message, worst_level
 
 
 def status(rank: int, state: str, **kw) -> WorkerStatus:
@@ -27,3 +27,10 @@ def test_each_rank_is_graded_by_its_state_and_says_why_it_is_down():
     assert worst_level(reports) == "ERROR" and worst_level(reports[:1]) == "OK" and worst_level(reports[:3:2]) == "WARN"
     assert summary_message(reports, ranks) == "worker rank 1 restarting: died (killed by SIGKILL)"
     assert summary_message(reports[:1], ranks[:1]) == "serving"
+
+
+def test_the_first_rank_down_is_named_with_why():
+    ranks = [status(0, "alive"), status(1, "restarting", last_death="died (killed by SIGKILL)"), status(2, "starting")]
+    assert first_down(ranks) == "worker rank 1 restarting: died (killed by SIGKILL)"
+    assert first_down(ranks[2:]) == "worker rank 2 starting"
+    assert first_down(ranks[:1]) is None
