@@ -10,7 +10,7 @@ serves every robot's requests, batched together. ``/mstar/conductor`` publishes 
 runtime's state on /diagnostics once a second. rclpy runs in its own thread; the
 Conductor runs on this process's asyncio loop. At exit (after --duration, Ctrl-C or
 SIGTERM) it prints what it served: chunks per second and sensor-to-action latency
-per robot, and the joint names it commanded.
+per robot, and the joint names it commanded (or the action names and space).
 """
 from __future__ import annotations
 
@@ -82,10 +82,12 @@ def summarize(nodes, elapsed: float) -> dict:
             "chunk_times_s": [round(t, 4) for t in s.published_at],  # time.monotonic() (one clock per host)
             "dropped_frames": s.dropped, "stale_frames": s.stale_frames, "chunks_failed": s.chunks_failed,
             "chunks_discarded": s.chunks_discarded, "prompts_refused": s.prompts_refused,
-            "sensor_losses": s.sensor_losses, "stops_published": s.stops_published, "topics_shut": s.topics_shut,
+            "sensor_losses": s.sensor_losses, "policy_outages": s.policy_outages, "chunks_overdue": s.chunks_overdue,
+            "stops_published": s.stops_published, "topics_shut": s.topics_shut,
             "states_outside_limits": s.states_outside_limits, "chunks_outside_limits": s.chunks_outside_limits,
             "fresh_waits": s.fresh_waits, "admission_waits": s.admission_waits,
-            "last_error": s.last_error, "joint_names": node.joint_names,
+            "last_error": s.last_error, "joint_names": node.joint_names, "action_names": node.action_names,
+            "action_space": node.output.space,
             "horizon": node.chunker.horizon, "refill_at": node.chunker.refill_at, "rate_hz": node.rate,
             "prompt": node.prompt, "normalisation": node.normalization.describe()}
     out["chunks_per_s"] = round(sum(r["chunks_per_s"] for r in out["robots"].values()), 2)
@@ -154,8 +156,10 @@ def print_summary(summary: dict) -> None:
               f"p95 {r['latency_p95_ms']} ms, {r['horizon']} actions @ {r['rate_hz']} Hz; "
               f"{r['dropped_frames']} bad messages dropped, {r['stale_frames']} stale frames not acted on, "
               f"{r['chunks_failed']} chunks failed, {r['prompts_refused']} prompts refused, "
-              f"{r['sensor_losses']} sensor losses; {r['fresh_waits']} waited for a fresher frame, "
-              f"{r['admission_waits']} for an in-flight slot; joints {', '.join(r['joint_names'])}")
+              f"{r['sensor_losses']} sensor losses, {r['policy_outages']} policy outages; {r['fresh_waits']} waited "
+              f"for a fresher frame, {r['admission_waits']} for an in-flight slot; joints {', '.join(r['joint_names'])}"
+              + ("" if r["action_names"] == r["joint_names"] and r["action_space"] == "joint_positions"
+                 else f"; actions ({r['action_space']}) {', '.join(r['action_names'])}"))
         if r["last_error"]:
             print(f"    last problem: {r['last_error']}")
     sys.stdout.flush()

@@ -7,15 +7,19 @@ states; takes the task from the ``prompt`` parameter and the ``prompt`` topic
 control rate it checks its action queue (mstar_ros.policy.chunking) and, when the queue runs
 low, submits the latest observation to the runtime: the state normalised with the
 checkpoint's own statistics (or, for a checkpoint without any, the joint limits), the chunk
-unnormalised with the action statistics. The chunk comes back as
-trajectory_msgs/JointTrajectory on ``action_chunk`` (one point per control tick). Several
-robots' requests are batched by the runtime, not here.
+unnormalised with the action statistics. The chunk comes back on ``action_chunk`` (one action per
+control tick), as ``action_space`` says (mstar_ros.ros.action_output): a
+trajectory_msgs/JointTrajectory of joint positions (the default) or velocities, or a labelled
+std_msgs/Float32MultiArray. Several robots' requests are batched by the runtime, not here.
 
 Safety: data is judged by ``header.stamp`` as well as arrival (mstar_ros.policy.sensor_watch):
 a stale, future-stamped or frozen-stamp frame is not acted on; when a sensor gives nothing
 fresh for ``sensor_timeout_s`` the node publishes an empty JointTrajectory (controllers stop
 and hold; ``on_sensor_loss: hold``), drops what was in flight, and says ERROR on /diagnostics
-until observations and chunks resume (then OK). A bad message is reported (the same problem
+until observations and chunks resume (then OK). When the policy cannot produce chunks (a
+Worker down, a chunk overdue by ``chunk_timeout_s`` or failed: mstar_ros.policy.chunk_watch)
+the robot holds and says ERROR the same way, until a chunk is published again; an overdue
+chunk is cancelled in the runtime. A bad message is reported (the same problem
 once per ``report_period_s`` with a count: mstar_ros.ros.report_throttle), dropped, and
 nothing else stops. Positions outside the joint limits are reported, never clamped.
 
@@ -27,6 +31,7 @@ its points start at ``header.stamp``, spaced 1 / rate.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import re
@@ -39,18 +44,22 @@ import numpy as np
 import torch
 
 from mstar.conductor import Conductor
-from mstar.conductor.request import RequestCancelled
+from mstar.conductor.request import RequestCancelled, UnknownRequest
 from mstar_graphs.pi05.prompt import PromptError
 from mstar_ros.policy.admission import ChunkAdmission
+from mstar_ros.policy.chunk_watch import ChunkWatch
 from mstar_ros.policy.chunking import ActionChunker
 from mstar_ros.policy.flood_guard import FloodGuard
 from mstar_ros.policy.freshness import FrameFreshness
 from mstar_ros.policy.sensor_watch import SensorWatch
+from mstar_ros.ros.action_output import ActionOutput
 from mstar_ros.ros.convert import (ObservationError, check_image, image_to_array, joint_positions, outside_limits,
-                                   stamp_seconds, trajectory_msg)
+                                   stamp_seconds)
 from mstar_ros.ros.diagnostics import publish_status
+from mstar_ros.ros.policy_fit import check_fits
 from mstar_ros.ros.policy_params import PARAMETERS, declare
 from mstar_ros.ros.report_throttle import ReportThrottle
+from mstar_ros.ros.worker_health import first_down
 
 log = logging.getLogger("mstar_ros.policy")
 LATENCY_SAMPLES = 20000
@@ -75,7 +84,9 @@ class RobotStats:
     prompts_refused: int = 0
     observations_refused: int = 0  # complete observations the model could not take (e.g. a state of wrong size)
     sensor_losses: int = 0
-    stops_published: int = 0   # empty JointTrajectory messages (stop and hold)
+    policy_outages: int = 0    # times the policy could not produce chunks (a Worker down, a chunk overdue or failed)
+    chunks_overdue: int = 0    # requests cancelled for not coming back within chunk_timeout_s
+    stops_published: int = 0   # empty action messages (stop and hold)
     topics_shut: int = 0       # sensor topics unsubscribed for a while: they flooded bad messages
     states_outside_limits: int = 0  # joint states with positions outside the joint limits (used as they are)
     chunks_outside_limits: int = 0  # chunks that leave the joint limits (published as they are)
@@ -103,7 +114,6 @@ def make_policy_node(policy, conductor: Conductor, loop: asyncio.AbstractEventLo
     from rclpy.qos import qos_profile_sensor_data
     from sensor_msgs.msg import Image, JointState
     from std_msgs.msg import String
-    from trajectory_msgs.msg import JointTrajectory
 
     class PolicyNode(Node):
         def __init__(self) -> None:
@@ -111,8 +121,9 @@ def make_policy_node(policy, conductor: Conductor, loop: asyncio.AbstractEventLo
             where = self.get_fully_qualified_name()
             self._resolved: dict[str, str] = {}
             p = self.params = declare(self, policy.cameras, policy.layout.placeholder_cameras, overrides)
-            self.joint_names = list(p.joint_names)
-            self._check_fits_checkpoint(where)
+            self.joint_names, self.action_names = list(p.joint_names), p.actions
+            check_fits(p, policy, where)
+            self.robot_dims = len(self.action_names)  # the first of the model's action dims (the checkpoint's)
             try:
                 self.normalization = policy.normalization(p.joint_lower, p.joint_upper)
             except ValueError as exc:
@@ -143,6 +154,10 @@ def make_policy_node(policy, conductor: Conductor, loop: asyncio.AbstractEventLo
             self._admitted_at: float | None = None  # ... and was admitted then (holds an in-flight slot)
             self.chunker = ActionChunker(policy.action_horizon, policy.action_dim, self.rate,
                                          refill_at=p.refill_at or None, smooth=p.smooth)
+            # by default one chunk's duration: a chunk later than that has every action in the past
+            self.chunk_watch = ChunkWatch(p.chunk_timeout_s or policy.action_horizon / self.rate)
+            self._action_limits = self._limits_of_actions(p.action_space)
+            self._inflight_id: str | None = None  # the runtime request in flight (cancelled when overdue)
             self.stats = RobotStats()
             self.closing = False  # set before the node is destroyed: late chunks are dropped quietly
             self._lock = threading.Lock()
@@ -164,7 +179,7 @@ def make_policy_node(policy, conductor: Conductor, loop: asyncio.AbstractEventLo
             self._sensor_subs = {topic: self._subscribe(topic) for topic in self._sensor_types}
             self.create_subscription(String, "prompt", self._on_prompt, 10)
             self.add_on_set_parameters_callback(self._on_set_parameters)
-            self.actions_pub = self.create_publisher(JointTrajectory, "action_chunk", 10)
+            self.output = ActionOutput(self, p.action_space, self.action_names, self.rate)
             self.diag_pub = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
             self.create_timer(1.0 / self.rate, self._tick)
             self.create_timer(1.0, self._publish_status)
@@ -172,20 +187,17 @@ def make_policy_node(policy, conductor: Conductor, loop: asyncio.AbstractEventLo
                 f"cameras {', '.join(f'{n} <- {self._full(t)}' for n, t in self.camera_topics.items())}"
                 + "".join(f"; {n}: none (left out, as the references mask a missing camera)"
                           for n, t in p.cameras.items() if not t)
-                + f"; normalisation: {self.normalization.describe()}")
+                + f"; normalisation: {self.normalization.describe()}"
+                + f"; actions: {p.action_space} {', '.join(self.action_names)} ({self.output.type_name})")
 
-        def _check_fits_checkpoint(self, where: str) -> None:
-            n, layout = len(self.joint_names), policy.layout
-            if layout.action_dim is not None and n != layout.action_dim:
-                raise ValueError(f"{where}: parameter joint_names: {n} joints, but the checkpoint's actions have "
-                                 f"{layout.action_dim} dims ({policy.path})")
-            if n > policy.action_dim:
-                raise ValueError(f"{where}: parameter joint_names: {n} joints, but the model acts in "
-                                 f"{policy.action_dim} dims")
-            self.robot_dims = n  # the first n of the model's action dims (the checkpoint's, or the robot's)
-            if layout.state_dim is not None and n != layout.state_dim:
-                raise ValueError(f"{where}: parameter joint_names: {n} joints, but the checkpoint's state has "
-                                 f"{layout.state_dim} dims ({policy.path})")
+        def _limits_of_actions(self, space: str) -> tuple[list[int], list[str], list[float], list[float]] | None:
+            """(columns, names, lower, upper) of the actions that are positions of joints with limits, or None."""
+            if space != "joint_positions" or not self.lower:
+                return None
+            cols = [i for i, n in enumerate(self.action_names) if n in self.joint_names]
+            joints = [self.joint_names.index(self.action_names[i]) for i in cols]
+            return (cols, [self.action_names[i] for i in cols], [self.lower[j] for j in joints],
+                    [self.upper[j] for j in joints])
 
         # -- inputs --------------------------------------------------------------------
         def _subscribe(self, topic: str):
@@ -310,9 +322,9 @@ def make_policy_node(policy, conductor: Conductor, loop: asyncio.AbstractEventLo
             return SetParametersResult(successful=True)
 
         # -- the control loop ------------------------------------------------------------
-        def _due_and_fed(self, now: float) -> bool:
-            """A chunk is due and every sensor has given recent data (called under the lock)."""
-            if self.closing or self._busy or not self.chunker.needs_request(now):
+        def _due_and_fed(self, now: float, worker_down: str | None) -> bool:
+            """A chunk is due, the Workers are up and every sensor has given recent data (under the lock)."""
+            if self.closing or self._busy or worker_down is not None or not self.chunker.needs_request(now):
                 return False
             if not self.watch.has_all():
                 return False  # waiting for every camera and the joint state
@@ -340,7 +352,7 @@ def make_policy_node(policy, conductor: Conductor, loop: asyncio.AbstractEventLo
             sensor = self.watch.oldest_sensor(now, self._clock_now())
             self._loss_text = (f"{self.get_namespace()}: sensor loss: no fresh data from {sensor} for "
                                f"{self.watch.age(now, self._clock_now()):.1f} s (sensor_timeout_s="
-                               f"{self.watch.timeout_s:g}); " + ("stopped (empty JointTrajectory: hold)"
+                               f"{self.watch.timeout_s:g}); " + (f"stopped ({self._hold_name}: hold)"
                                                                  if self.hold_on_loss else "the robot finishes its chunk"))
             if self.hold_on_loss:
                 self.chunker.reset()
@@ -351,15 +363,21 @@ def make_policy_node(policy, conductor: Conductor, loop: asyncio.AbstractEventLo
             chunk frees an admission slot: sends the request once it is due, admitted and fresh."""
             now = time.monotonic()
             request, refused, give_back, withdraw = None, None, False, False
+            worker_down = first_down(conductor.worker_status())  # (cheap: no message to the Workers)
             with self._lock:
                 loss_started = self._check_loss(now)
-                if self._due_and_fed(now):
+                outage_started, overdue_id = self._check_policy(now, worker_down)
+                if self._due_and_fed(now, worker_down):
                     request, refused = self._admitted_request(now)
                 elif self._due_since is not None:  # it was due, but its sensors went quiet (or it closes):
                     give_back, withdraw = self._admitted_at is not None, self._admitted_at is None
                     self._due_since, self._admitted_at = None, None  # others need not wait for it
             if loss_started:
                 self._on_sensor_loss()
+            if overdue_id is not None:  # the runtime stops computing it and frees its KV
+                asyncio.run_coroutine_threadsafe(_cancel(conductor, overdue_id), loop)
+            if outage_started:
+                self._on_policy_outage()
             if give_back or refused is not None:
                 self.admission.release()
             if withdraw:
@@ -375,15 +393,55 @@ def make_policy_node(policy, conductor: Conductor, loop: asyncio.AbstractEventLo
                               f"checkpoint's tokenizer_max_length={policy.layout.config.max_token_len} tokens: cut "
                               "to it, as the reference does (the state's end is lost: shorten the prompt)", "WARN")
                 oldest, epoch = request.oldest, request.epoch
+                self._inflight_id = request.request.request_id
                 future = asyncio.run_coroutine_threadsafe(_serve(conductor, request.request), loop)
                 future.add_done_callback(lambda f: self._on_chunk(f, oldest, epoch))
 
         def _on_sensor_loss(self) -> None:
-            if self.hold_on_loss and not self.closing:
-                self.actions_pub.publish(trajectory_msg(self.joint_names, None, self.rate,
-                                                        self.get_clock().now().to_msg()))
-                self.stats.stops_published += 1
+            if self.hold_on_loss:
+                self._hold()
             self._say(self._loss_text, "ERROR")
+
+        def _hold(self) -> None:
+            if not self.closing:
+                self.output.hold(self.get_clock().now().to_msg())
+                self.stats.stops_published += 1
+
+        @property
+        def _hold_name(self) -> str:
+            return f"empty {self.output.type_name.rpartition('/')[2]}"
+
+        def _check_policy(self, now: float, worker_down: str | None) -> tuple[bool, str | None]:
+            """Under the lock: (whether a policy outage starts now: the caller holds the robot, the id of
+            an overdue request to cancel). A Worker down or the chunk in flight overdue is an outage."""
+            pending = self.chunker.pending if self._busy else None
+            why = self.chunk_watch.problem(now, worker_down, pending.sent_at if pending is not None else None)
+            if why is None or self.closing:
+                return False, None
+            overdue = None
+            if worker_down is None:  # the chunk in flight is overdue: whatever it brings is too late
+                self.stats.chunks_overdue += 1
+                overdue = self._inflight_id
+            return self._begin_outage(now, why), overdue
+
+        def _begin_outage(self, now: float, why: str) -> bool:
+            """Under the lock: the policy cannot produce chunks (``why``). Drops what is in flight and
+            empties the action queue (the robot is told to hold); True when the outage starts now."""
+            self._epoch += 1
+            self.chunker.reset()
+            started = self.chunk_watch.begin(now, why)
+            self.stats.policy_outages += started
+            return started
+
+        def _outage_text(self) -> str:
+            return f"{self.get_namespace()}: {self.chunk_watch.why}; stopped ({self._hold_name}: hold)"
+
+        def _on_policy_outage(self) -> None:
+            self._hold()
+            text = self._outage_text()
+            with self._report_lock:
+                self.stats.last_error = text
+            self._say(text, "ERROR")
 
         def _admitted_request(self, now: float) -> tuple[_Outgoing | None, ValueError | None]:
             """Under the lock, a request being due: (the request to send, or None while it waits
@@ -427,13 +485,17 @@ def make_policy_node(policy, conductor: Conductor, loop: asyncio.AbstractEventLo
             try:
                 (chunk,) = future.result()["actions"]
             except Exception as exc:
+                failed = not self.closing and not isinstance(exc, (RequestCancelled, asyncio.CancelledError))
                 with self._lock:  # nothing else is in flight (_busy): its pending request is this one
                     self._busy, self._admitted_at, self.chunker.pending = False, None, None
-                if not self.closing and not isinstance(exc, (RequestCancelled, asyncio.CancelledError)):
+                    started = failed and self._begin_outage(now, f"chunk failed: {exc}")
+                if failed:
                     self._problem(("failed", self.get_namespace()), f"{self.get_namespace()}: chunk failed: {exc}",
                                   "ERROR", count="chunks_failed")
+                if started:
+                    self._on_policy_outage()
                 return
-            resumed = None
+            resumed, outage = None, None
             with self._lock:
                 self._busy, self._admitted_at = False, None
                 # a sensor loss came in between, or is under way: planned from data that stopped
@@ -445,20 +507,29 @@ def make_policy_node(policy, conductor: Conductor, loop: asyncio.AbstractEventLo
                 start_in = self.chunker.time_of(start_tick) - now
                 stamp = (self.get_clock().now() + _duration(max(0.0, start_in))).to_msg()
                 raw = self.normalization.action.unnormalize(actions[:, :self.robot_dims])
-                self.actions_pub.publish(trajectory_msg(self.joint_names, raw, self.rate, stamp))
+                self.output.chunk(raw, stamp)
                 self.stats.chunks += 1
+                outage = self.chunk_watch.end(now)
                 published = time.monotonic()
                 self.stats.latencies_s.append(published - oldest)
                 self.stats.published_at.append(published)
                 if self._loss_since is not None:
                     resumed, self._loss_since = now - self._loss_since, None
-            out = outside_limits(self.joint_names, raw.numpy(), self.lower, self.upper)
+            out = self._actions_outside_limits(raw)
             if out:
                 self._problem(("chunk limits", self.get_namespace()), f"{self.get_namespace()}: chunk goes outside "
                               f"the joint limits: {', '.join(out)}", "WARN", count="chunks_outside_limits")
             if resumed is not None:
                 self._say(f"{self.get_namespace()}: observations and chunks resumed after a {resumed:.1f} s sensor "
                           "loss", "OK")
+            if outage is not None:
+                self._say(f"{self.get_namespace()}: chunks resumed after {outage:.1f} s without a policy", "OK")
+
+        def _actions_outside_limits(self, raw: torch.Tensor) -> list[str]:
+            if self._action_limits is None:
+                return []
+            cols, names, lower, upper = self._action_limits
+            return outside_limits(names, raw.numpy()[:, cols], lower, upper)
 
         # -- reporting ---------------------------------------------------------------------
         def _problem(self, key, text: str, level: str, *, count: str | None) -> None:
@@ -502,6 +573,8 @@ def make_policy_node(policy, conductor: Conductor, loop: asyncio.AbstractEventLo
             with self._lock:
                 if self._loss_since is not None:
                     level, text = "ERROR", self._loss_text
+                elif self.chunk_watch.active:
+                    level, text = "ERROR", self._outage_text()
                 elif not self.watch.has_all():
                     level, text = "WARN", f"waiting for data from {self.watch.oldest_sensor(now, clock)}"
                 elif self.watch.age(now, clock) > self.watch.max_age_s:
@@ -518,6 +591,13 @@ def make_policy_node(policy, conductor: Conductor, loop: asyncio.AbstractEventLo
 async def _serve(conductor: Conductor, request) -> dict:
     """On the Conductor's loop: submit() starts tasks, so it must run there, not on an rclpy thread."""
     return await conductor.submit(request).collect()
+
+
+async def _cancel(conductor: Conductor, request_id: str) -> None:
+    """Stops an overdue request in the runtime (its caller then hears RequestCancelled); it may have
+    ended meanwhile."""
+    with contextlib.suppress(UnknownRequest):
+        await conductor.cancel(request_id)
 
 
 def _duration(seconds: float):

@@ -5,6 +5,13 @@ Cameras are the checkpoint's: one parameter ``cameras.<name>`` per camera its co
 this robot does not have (left out, as the references mask a missing camera). A camera
 without a topic, a name the checkpoint does not have, or the old list form is an error at
 start that names the fix. Errors name the parameter at fault.
+
+The actions are the state's joints by default (``joint_names``, positions, as a
+JointTrajectory). A checkpoint whose actions are something else (LIBERO: an 8-d state, 7-d
+end-effector deltas + gripper) names them in ``action_names`` and says what they are in
+``action_space``: joint positions or joint velocities (a JointTrajectory's points' positions
+or velocities) or any other space (a ``std_msgs/Float32MultiArray`` whose layout carries the
+names).
 """
 from __future__ import annotations
 
@@ -17,7 +24,14 @@ import msgspec
 PARAMETERS: dict[str, tuple[Any, str]] = {
     "joint_states_topic": ("joint_states", "sensor_msgs/JointState topic"),
     "joint_names": ([f"panda_joint{i}" for i in range(1, 8)] + ["robotiq_85_left_knuckle_joint"],
-                    "joints the policy reads (the state) and commands (the actions), in the checkpoint's order"),
+                    "joints the policy reads (the state, in the checkpoint's order) and, unless action_names says "
+                    "otherwise, commands"),
+    "action_names": (None, "the action dims in the checkpoint's order: joints for joint_positions / "
+                           "joint_velocities, labels for labelled_array (unset or []: joint_names)"),
+    "action_space": ("joint_positions", "what the actions are and how they go out on action_chunk: "
+                                        "joint_positions / joint_velocities (trajectory_msgs/JointTrajectory points' "
+                                        "positions / velocities) or labelled_array (std_msgs/Float32MultiArray "
+                                        "[time, action], the names in its layout)"),
     "joint_lower": (None, "lower joint limits: positions outside are reported; the state/action scaling only for "
                           "a checkpoint without normalisation statistics"),
     "joint_upper": (None, "upper joint limits (see joint_lower)"),
@@ -36,11 +50,16 @@ PARAMETERS: dict[str, tuple[Any, str]] = {
     "max_prompt_bytes": (4096, "longer prompts (UTF-8 bytes) are refused; the previous prompt is kept"),
     "max_prompt_tokens": (0, "prompts of more tokens (before the state) are refused (0: the checkpoint's "
                              "tokenizer_max_length)"),
+    "chunk_timeout_s": (0.0, "a chunk not back this long after its request is overdue: the robot holds (empty "
+                             "action message) and /diagnostics says ERROR until chunks come again, as when a Worker "
+                             "is down (0: one chunk's duration, horizon / control_rate_hz)"),
     "report_period_s": (5.0, "a repeated problem is reported once per this many seconds, with a count"),
     "max_bad_rate_hz": (100.0, "a sensor topic sending bad messages faster (over a quarter second) is unsubscribed "
                                "for a while (5 s, doubling while it goes on; 0: never): a flood costs others nothing"),
 }
-_ARRAYS = {"joint_lower", "joint_upper"}  # typed, without a default
+#: parameters typed, without a default (rclpy cannot tell an empty list's type)
+_ARRAYS = {"joint_lower": "DOUBLE_ARRAY", "joint_upper": "DOUBLE_ARRAY", "action_names": "STRING_ARRAY"}
+ActionSpace = Literal["joint_positions", "joint_velocities", "labelled_array"]
 
 
 class PolicyParams(msgspec.Struct, frozen=True, kw_only=True):
@@ -49,6 +68,8 @@ class PolicyParams(msgspec.Struct, frozen=True, kw_only=True):
     joint_names: Annotated[list[str], msgspec.Meta(min_length=1)]
     joint_lower: list[float]
     joint_upper: list[float]
+    action_names: list[str]
+    action_space: ActionSpace
     prompt: str
     control_rate_hz: Annotated[float, msgspec.Meta(gt=0)]
     refill_at: Annotated[int, msgspec.Meta(ge=0)]
@@ -63,6 +84,12 @@ class PolicyParams(msgspec.Struct, frozen=True, kw_only=True):
     max_prompt_tokens: Annotated[int, msgspec.Meta(ge=0)]
     report_period_s: Annotated[float, msgspec.Meta(ge=0)]
     max_bad_rate_hz: Annotated[float, msgspec.Meta(ge=0)]
+    chunk_timeout_s: Annotated[float, msgspec.Meta(ge=0)]
+
+    @property
+    def actions(self) -> list[str]:
+        """The names of the action dims: ``action_names``, or the joints when it is not set."""
+        return list(self.action_names or self.joint_names)
 
     @property
     def camera_topics(self) -> dict[str, str]:
@@ -92,7 +119,7 @@ def declare(node, cameras: Sequence[str], placeholders: Sequence[str] = (),
     values: dict[str, Any] = {}
     for name, default in defaults.items():
         if default is None and name in _ARRAYS:
-            node.declare_parameter(name, Parameter.Type.DOUBLE_ARRAY)
+            node.declare_parameter(name, getattr(Parameter.Type, _ARRAYS[name]))
         else:
             node.declare_parameter(name, default)
     for name in defaults:
@@ -135,6 +162,12 @@ def _checked(p: PolicyParams, where: str) -> PolicyParams:
     dupes = sorted({n for n in p.joint_names if p.joint_names.count(n) > 1})
     if dupes:
         raise ValueError(f"{where}: parameter joint_names: {dupes} appear more than once")
+    dupes = sorted({n for n in p.action_names if p.action_names.count(n) > 1})
+    if dupes:
+        raise ValueError(f"{where}: parameter action_names: {dupes} appear more than once")
+    if p.action_space == "labelled_array" and any("," in n or not n for n in p.actions):
+        raise ValueError(f"{where}: parameter action_names: {p.actions} (labelled_array joins the names with commas "
+                         "in its layout: give names without commas, none empty)")
     for name in ("joint_lower", "joint_upper"):
         values = getattr(p, name)
         if values and len(values) != len(p.joint_names):

@@ -37,8 +37,10 @@ def test_the_params_file_holds_every_policy_parameter_with_its_default_type():
     assert set(params) == set(PARAMETERS)
     for name, value in params.items():
         default = PARAMETERS[name][0]
-        if default is None:  # declared by type (joint limits): floats
-            assert isinstance(value, list) and {type(v) for v in value} == {float}, name
+        if default is None:  # declared by type: joint limits floats, action_names strings ([]: joint_names)
+            want = {str} if name == "action_names" else {float}
+            assert isinstance(value, list) and {type(v) for v in value} == (want if value else set()), name
+            assert value or name == "action_names", name
             continue
         assert type(value) is type(default), name  # rclpy refuses a type change (15 for 15.0)
         if isinstance(value, list):

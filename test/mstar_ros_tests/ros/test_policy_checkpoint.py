@@ -23,7 +23,7 @@ ACTION = {"q01": [-0.6, -0.2, -0.9, -2.5, -0.3, 0.5, -0.1, -0.01],
           "q99": [0.9, 0.4, 1.3, -1.1, 0.8, 2.4, 1.2, 0.09], "mean": [0.0] * 8, "std": [1.0] * 8}
 
 
-def _reference_actions(ckpt, state_n: np.ndarray, pixels: bytes, seed: int) -> torch.Tensor:
+def _reference_actions(ckpt, state_n: np.ndarray, pixels: bytes, seed: int, dims: int = 8) -> torch.Tensor:
     """The dense reference (prefix and actions recomputed jointly every Euler step) on the same inputs."""
     from mstar.graph.node import NodeCall
     from mstar_graphs.pi05.pi05 import Pi05Model
@@ -41,7 +41,7 @@ def _reference_actions(ckpt, state_n: np.ndarray, pixels: bytes, seed: int) -> t
     ids, mask = build_prefix(load_tokenizer(ckpt / "tokenizer.json"), 2, "pick up the object",
                              torch.from_numpy(state_n))
     noise = torch.randn((50, 32), generator=torch.Generator().manual_seed(seed))  # the node's first request
-    return sample_actions(model, ids, noise, embeds=embeds, embed_mask=mask)[:, :8].double()
+    return sample_actions(model, ids, noise, embeds=embeds, embed_mask=mask)[:, :dims].double()
 
 
 def _lerobot(x: np.ndarray, s: dict) -> np.ndarray:  # NormalizerProcessorStep, QUANTILES, float32
@@ -116,3 +116,35 @@ def test_published_actions_are_the_references_for_a_raw_state(layout, procs, ros
     said = "JOINT_LIMITS (state and actions) from joint limits" if layout.endswith("assets") else "QUANTILES"
     assert f"normalisation: {said}" in node_set.output
     assert "dtype float32 (set explicitly)" in node_set.output  # the launch argument reached the engines
+
+
+# LIBERO-style: the 8-d state is the joints, the actions 7 end-effector deltas and the gripper
+EE_NAMES = ["x", "y", "z", "roll", "pitch", "yaw", "gripper"]
+EE_ACTION = {k: v[:7] for k, v in ACTION.items()}
+
+
+@pytest.mark.timeout(150)
+def test_actions_that_are_not_the_states_joints_go_out_as_a_labelled_array(procs, ros_client, robot_feed, tmp_path):
+    from std_msgs.msg import Float32MultiArray
+
+    from mstar_graphs.pi05.checkpoints import ensure_tiny_pi05
+
+    weights = lerobot_checkpoint(tmp_path / "ck", ensure_tiny_pi05(), {"observation.state": STATE, "action": EE_ACTION},
+                                 cameras=("base_0_rgb", "left_wrist_0_rgb"), state_dim=8, action_dim=7)
+    ros_client.subscribe(Float32MultiArray, "/robot1/action_chunk")
+    (spec,) = pi05_processes("/robot1", weights=str(weights), dtype="float32", extra_arguments=["--duration", "120"],
+                             ros_arguments=["-p", "action_space:=labelled_array", "-p", f"action_names:={EE_NAMES}"])
+    node_set = procs(*spec.command(python=sys.executable))
+    feed = robot_feed("/robot1", CAMERAS, JOINTS, positions=RAW_STATE.tolist()).start()
+    ros_client.wait_for(lambda: any(g.msg.data for g in ros_client.got("/robot1/action_chunk")), 90,
+                        "the first labelled array", [node_set])
+    first = next(g.msg for g in ros_client.got("/robot1/action_chunk") if g.msg.data)
+    time_dim, action_dim = first.layout.dim
+    assert time_dim.label == "time" and action_dim.label.split(",") == EE_NAMES and action_dim.size == 7
+    published = np.asarray(first.data, dtype=np.float64).reshape(time_dim.size, 7)
+    skip = 50 - time_dim.size  # the actions whose time passed while the chunk was computed
+    actions = _reference_actions(weights, _lerobot(RAW_STATE, STATE), feed.pixels, seed=1, dims=7).numpy()
+    want = _lerobot_back(actions, EE_ACTION)[skip:]
+    assert np.abs(published - want).max() < 1e-4 * np.abs(want).max(), np.abs(published - want).max()
+    assert node_set.interrupt() == 0, node_set.output
+    assert "actions: labelled_array x, y, z, roll, pitch, yaw, gripper (std_msgs/Float32MultiArray)" in node_set.output

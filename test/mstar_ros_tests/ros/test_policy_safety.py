@@ -163,6 +163,12 @@ def test_a_huge_prompt_and_a_flood_of_bad_frames_leave_the_other_robot_served(pr
     (["-p", "cameras.left_wrist_0_rgb:=camera/exterior/image_raw"], "given for more than one sensor"),
     (["-p", "max_prompt_tokens:=500"], "parameter max_prompt_tokens: 500 is over the checkpoint's "
                                        "tokenizer_max_length=200"),
+    (["-p", "action_names:=['x', 'y', 'z']"], "parameter action_names: 3 names, but the checkpoint's actions have 8"),
+    (["-p", "action_space:=torques"], "parameter action_space: Invalid enum value 'torques' (one of joint_positions, "
+                                      "joint_velocities, labelled_array)"),
+    (["-p", "action_space:=labelled_array", "-p", "action_names:=['a,b', 'c', 'd', 'e', 'f', 'g', 'h', 'i']"],
+     "parameter action_names: ['a,b', 'c', 'd', 'e', 'f', 'g', 'h', 'i'] (labelled_array joins the names with commas"),
+    (["-p", "chunk_timeout_s:=-1.0"], "parameter chunk_timeout_s: Expected `float` >= 0.0"),
 ])
 def test_bad_parameters_end_the_node_set_with_one_line(procs, ros_args, message, tmp_path):
     node_set, _ = start_node_set(procs, tmp_path, ros_arguments=ros_args)
