@@ -11,7 +11,7 @@ from mstar.conductor.request import Request
 from mstar.engine.sampling_params import SamplingParams
 from mstar_graphs.vjepa2.graph import vjepa2_graph
 from mstar_graphs.vjepa2.planner import (CemEnergy, CemParams, CemRefit, CemSample, initial_belief, plan_from_belief,
-                                         refit_belief, sample_actions)
+                                         plan_request, refit_belief, sample_actions)
 from support.parity import FP32
 
 PARAMS = CemParams(samples=12, topk=3, iterations=3, maxnorm=0.05)
@@ -87,3 +87,31 @@ def test_cem_with_a_fixed_seed_plans_the_same_batched_as_alone(vj_encoder, vj_pr
     # the last energies are no worse than the first: CEM moved toward the goal
     for n in ("a", "b", "c"):
         assert float(together[n]["energies"][-1].min()) <= float(together[n]["energies"][0].min()) + 1e-6
+
+
+def test_a_seed_reproduces_a_plan_and_no_seed_draws_afresh(vj_encoder, vj_predictor):
+    """plan_request(seed=...): the same seed, session and goal give the same plan; another seed, or none (the
+    runtime draws one per request, as before), another plan (issue 28.19)."""
+    g = torch.Generator().manual_seed(1)
+    images = torch.randint(0, 256, (3, 32, 32, 3), generator=g, dtype=torch.uint8)
+    states, actions = torch.rand(3, 7, generator=g) * 0.2, torch.randn(3, 7, generator=g) * 0.05
+    goal_image = torch.randint(0, 256, (32, 32, 3), generator=g, dtype=torch.uint8)
+
+    async def plans(seeds: list[int | None]) -> list[torch.Tensor]:
+        async with Conductor(vjepa2_graph(), _modules(vj_encoder, vj_predictor), config=FP32) as c:
+            goal = (await c.submit(Request({"frames": goal_image}, meta={"walk": "encode"})).collect())["latents"][0]
+            await c.submit(Request({"frames": images, "states": states, "actions": actions}, session_id="r")).collect()
+            out = []
+            for seed in seeds:
+                got = await c.submit(plan_request(goal, 2, PARAMS, session_id="r", seed=seed)).collect()
+                assert len(got["plan"]) == PARAMS.iterations and got["energies"][-1].shape == (PARAMS.samples,)
+                out.append(got["plan"][-1])
+            return out
+
+    first, again, other, free1, free2 = asyncio.run(plans([3, 3, 4, None, None]))
+    assert torch.equal(first, again)
+    assert not torch.equal(first, other) and not torch.equal(free1, free2)
+    (later,) = asyncio.run(plans([3]))  # another process' worth of state: a fresh Conductor
+    assert torch.allclose(first, later, atol=1e-6)
+    with pytest.raises(ValueError, match="seed"):
+        plan_request(torch.zeros(4, 8), 2, PARAMS, session_id="r", seed=-1)
