@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from mstar_ros.bag.end_effector import world_model_topics
+from mstar_ros.bag.open_bag import bag_messages, open_bag
 
 
 @dataclass
@@ -41,6 +42,8 @@ def read_episodes(bag: str | Path, fps: float = 4.0, namespaces: list[str] | Non
 
     bag = Path(bag)
     streams: dict[str, dict[str, list]] = {}
+    with open_bag(bag):
+        pass  # a broken bag is one BagError naming the file, before AnyReader's own errors
     with AnyReader([bag]) as reader:
         topics = {c.topic for c in reader.connections}
         found = namespaces or sorted({t.rsplit("/ee_pose", 1)[0] for t in topics if t.endswith("/ee_pose")})
@@ -56,7 +59,7 @@ def read_episodes(bag: str | Path, fps: float = 4.0, namespaces: list[str] | Non
             for key in ("camera", "pose", "gripper"):
                 wanted[names[key]] = (ns, key)
         conns = [c for c in reader.connections if c.topic in wanted]
-        for conn, _t, raw in reader.messages(connections=conns):
+        for conn, _t, raw in bag_messages(reader, bag, conns):
             ns, key = wanted[conn.topic]
             msg = reader.deserialize(raw, conn.msgtype)
             stamp = msg.header.stamp.sec * 10**9 + msg.header.stamp.nanosec

@@ -1,11 +1,12 @@
-"""What a rosbag2 holds (``mstar-ros bag info``), read with ``rosbags``; no ROS install needed."""
+"""What a rosbag2 holds (``mstar-ros bag info``), read with ``rosbags``; no ROS install needed.
+A broken bag is one :class:`~mstar_ros.bag.open_bag.BagError` naming the file (see open_bag)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-import yaml
+from mstar_ros.bag.open_bag import open_bag, read_metadata
 
 
 @dataclass(frozen=True)
@@ -34,17 +35,9 @@ class BagInfo:
         return max(0, self.end_ns - self.start_ns) / 1e9
 
 
-def _metadata(path: Path) -> dict:
-    meta = path / "metadata.yaml"
-    if not meta.exists():
-        return {}
-    with meta.open() as f:
-        return (yaml.safe_load(f) or {}).get("rosbag2_bagfile_information", {}) or {}
-
-
 def bag_custom_data(path: str | Path) -> dict[str, str]:
     """The ``custom_data`` of a bag directory's metadata.yaml (empty when there is none)."""
-    return dict(_metadata(Path(path)).get("custom_data") or {})
+    return dict(read_metadata(path).get("custom_data") or {})
 
 
 def _qos_words(conn) -> str:
@@ -56,13 +49,9 @@ def _qos_words(conn) -> str:
 
 
 def read_info(path: str | Path) -> BagInfo:
-    from rosbags.rosbag2 import Reader
-
     path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"no bag at {path}")
-    meta = _metadata(path) if path.is_dir() else {}
-    with Reader(path) as reader:
+    with open_bag(path) as reader:
+        meta = read_metadata(path)
         counts: dict[str, int] = {}
         types: dict[str, str] = {}
         qos: dict[str, str] = {}

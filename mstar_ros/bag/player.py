@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Mapping, Sequence
 
+from mstar_ros.bag.open_bag import BagError, bag_messages, open_bag
 from mstar_ros.bag.ros_env import apply_localhost_defaults
 
 
@@ -305,15 +306,15 @@ class BagPlayer:
         return time.monotonic() - t0
 
     def run(self) -> PlayReport:
-        from rosbags.rosbag2 import Reader
-
         opts = self.options
-        with Reader(self.bag) as reader:
+        with open_bag(self.bag) as reader:
             selected, reports, by_conn = self._plan(reader)
             if not selected:
                 raise ValueError(f"{self.bag}: no topics to play")
             counts = {c.id: c.msgcount for c in selected}
             total = sum(counts.values())
+            if total == 0:
+                raise BagError(f"{self.bag}: holds no messages on the topics to play: nothing to publish")
             bag_start = reader.start_time
             bag_end = reader.end_time - 1
             periods = [(bag_end - bag_start) / (n - 1) for n in counts.values() if n > 1]
@@ -367,6 +368,7 @@ class BagPlayer:
         first_bag = last_bag = 0
         warned_restamp: set[str] = set()
         interrupted = False
+        broken: BagError | None = None  # the bag turned out unreadable part-way: said after the summary
         scale = 1e-9 / opts.rate
         t0 = time.monotonic()
         next_progress = t0 + opts.progress_every if opts.progress_every > 0 else math.inf
@@ -374,7 +376,7 @@ class BagPlayer:
             for pass_index in itertools.count():
                 passes += 1
                 offset = pass_index * span_ns
-                for conn, ts, data in reader.messages(connections=selected):
+                for conn, ts, data in bag_messages(reader, self.bag, selected):
                     bag_t = ts - bag_start + offset
                     target = t0 + bag_t * scale
                     if opts.stop_after is not None and target - t0 > opts.stop_after:
@@ -412,6 +414,8 @@ class BagPlayer:
             pass
         except KeyboardInterrupt:
             interrupted = True
+        except BagError as exc:
+            broken, interrupted = exc, True
         for topic, rep in reports.items():
             rep.subscribers = publishers[topic].get_subscription_count()
         wall = (last_wall - first_wall) if first_wall is not None else 0.0
@@ -420,6 +424,8 @@ class BagPlayer:
                             bag_s=bag_s, achieved_rate=(bag_s / wall) if wall > 0 else 0.0,
                             lateness_ms=lateness.summary(), waited_s=waited, interrupted=interrupted)
         self.out(format_report(report, opts.rate))
+        if broken is not None:
+            raise broken
         return report
 
     def _progress(self, wall: float, bag_t: int, span_ns: int, pass_index: int, published: int,

@@ -181,14 +181,25 @@ def _run_make(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bag_error(command: str, exc: Exception) -> int:
+    """A broken bag: one line naming the file (mstar_ros.bag.open_bag), exit status 2."""
+    print(f"mstar-ros bag {command}: error: {exc}", file=sys.stderr)
+    return 2
+
+
 def _run_info(args: argparse.Namespace) -> int:
     from mstar_ros.bag.info import format_info, read_info
+    from mstar_ros.bag.open_bag import BagError
 
-    print(format_info(read_info(args.bag)))
+    try:
+        print(format_info(read_info(args.bag)))
+    except BagError as exc:
+        return _bag_error("info", exc)
     return 0
 
 
 def _run_play(args: argparse.Namespace) -> int:
+    from mstar_ros.bag.open_bag import BagError
     from mstar_ros.bag.player import NoSubscribersError, PlayOptions, parse_remaps, play
 
     options = PlayOptions(rate=args.rate, loop=args.loop, topics=args.topics, remap=parse_remaps(args.remap),
@@ -200,4 +211,6 @@ def _run_play(args: argparse.Namespace) -> int:
     except NoSubscribersError as exc:
         print(f"mstar-ros bag play: {exc}", file=sys.stderr)
         return 1
+    except BagError as exc:
+        return _bag_error("play", exc)
     return 0
