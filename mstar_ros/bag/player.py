@@ -24,6 +24,8 @@ How it plays (what ``ros2 bag play`` does, minus the parts that are not on PyPI)
    (no drift). ``--loop`` repeats the bag (one typical message period between the
    passes). Optionally re-stamps ``header.stamp`` with the publish time (``restamp``).
 5. Reports progress and a summary: messages per topic, achieved rate, lateness.
+6. At exit removes the Fast DDS shared-memory ports it used that nobody uses any more
+   (mstar_ros.bag.shm_ports).
 """
 from __future__ import annotations
 
@@ -42,6 +44,7 @@ from typing import Callable, Iterable, Mapping, Sequence
 
 from mstar_ros.bag.open_bag import BagError, bag_messages, open_bag
 from mstar_ros.bag.ros_env import apply_localhost_defaults
+from mstar_ros.bag.shm_ports import shut_down_removing_ports
 
 
 class NoSubscribersError(TimeoutError):
@@ -329,9 +332,12 @@ class BagPlayer:
             from rclpy.context import Context
             from rclpy.event_handler import PublisherEventCallbacks
             from rclpy.executors import SingleThreadedExecutor
+            from rclpy.signals import SignalHandlerOptions
 
             context = Context()
-            rclpy.init(args=[], context=context)  # never let rcl read our command line as ROS args
+            # never let rcl read our command line as ROS args; signals are ours (play()): rclpy's own handler
+            # would shut the context down at Ctrl-C, before its Fast DDS ports could be seen and cleaned
+            rclpy.init(args=[], context=context, signal_handler_options=SignalHandlerOptions.NO)
             node = None
             try:
                 node = rclpy.create_node(opts.node_name, context=context)
@@ -353,9 +359,11 @@ class BagPlayer:
                 return self._play(reader, selected, reports, by_conn, publishers, node, headers,
                                   bag_start, span_ns, waited)
             finally:
-                if node is not None:
-                    node.destroy_node()
-                context.try_shutdown()
+                def close() -> None:
+                    if node is not None:
+                        node.destroy_node()
+                    context.try_shutdown()
+                shut_down_removing_ports(close)  # and the Fast DDS ports nobody uses now
 
     def _play(self, reader, selected, reports, by_conn, publishers, node, headers,
               bag_start: int, span_ns: int, waited: float) -> PlayReport:

@@ -8,6 +8,8 @@
 One executor thread: ROS callbacks take as little CPU from the model as they can. At exit the
 executor stops and its thread is joined before rclpy shuts down: a thread still inside rcl
 at interpreter exit aborts the process ("terminate called without an active exception").
+After the shutdown, the Fast DDS shared-memory ports the process used and nobody uses any more
+are removed (mstar_ros.bag.shm_ports).
 """
 from __future__ import annotations
 
@@ -81,6 +83,11 @@ class RosProcess:
             pass
 
     async def __aexit__(self, *exc: object) -> None:
+        from mstar_ros.bag.shm_ports import shut_down_removing_ports
+
+        shut_down_removing_ports(self._shut_down)
+
+    def _shut_down(self) -> None:
         import rclpy
 
         if self.executor is not None:
