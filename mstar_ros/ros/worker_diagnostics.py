@@ -45,6 +45,11 @@ class WorkerDiagnostics:
         self.thread.start()
 
     def close(self) -> None:
+        from mstar_ros.bag.shm_ports import shut_down_removing_ports
+
+        shut_down_removing_ports(self._shut_down)  # and the Fast DDS ports nobody uses now
+
+    def _shut_down(self) -> None:
         self.executor.shutdown()
         self.node.destroy_node()
         self.context.try_shutdown()
