@@ -63,11 +63,17 @@ def nodes(entities) -> list[Recorder]:
 
 def launch_ros_command(node: Recorder) -> list[str]:
     """The command launch_ros.actions.Node runs (no name, namespace or ros_arguments given):
-    executable, arguments, --ros-args, a --params-file per parameters entry, -r per remapping."""
+    executable, arguments, --ros-args, a --params-file per parameters entry, -r per remapping.
+    A dict entry launch_ros writes to a parameters file of its own, passed in its place in the
+    order; here it is the same parameters as ``-p NAME:=VALUE`` there."""
     kw = node.kwargs
     assert set(kw) <= {"package", "executable", "arguments", "parameters", "remappings", "output", "on_exit"}, kw
     cmd = [kw["executable"], *kw.get("arguments", []), "--ros-args"]
     for params in kw.get("parameters", []):
+        if isinstance(params, dict):
+            assert all(isinstance(v, bool) for v in params.values()), params  # typed, as YAML would read them
+            cmd += [arg for name, value in params.items() for arg in ("-p", f"{name}:={str(value).lower()}")]
+            continue
         assert isinstance(params, str)
         cmd += ["--params-file", params]
     for src, dst in kw.get("remappings", []):
