@@ -9,6 +9,7 @@ orpheus`` starts too where the ROS 2 launch tools are not installed. Each proces
 partition node and its Conductor's node, so no ``name``/``namespace`` is given to the Node
 action; the namespace is the ``namespace`` argument. When either process exits the launch
 ends (non-zero, with its one-line error, when it failed: see mstar_ros.launch_actions).
+use_sim_time:=true: the nodes keep time by /clock.
 """
 from launch import LaunchDescription
 from launch.actions import DeclareLaunchArgument, OpaqueFunction

@@ -1,8 +1,9 @@
 """The pi0.5 node set: ``ros2 launch mstar_ros pi05.launch.py [robots:='/robot1 /robot2'] ...``.
 
 Launch arguments (``ros2 launch mstar_ros pi05.launch.py --show-args``): robots, weights,
-placement, rate, max_inflight, params_file, prompt, status_every, tokenizer, asset_id, dtype -- see
-mstar_ros.launch_spec.LAUNCH_ARGUMENTS. The processes, their arguments, parameters file
+placement, rate, max_inflight, params_file, prompt, status_every, tokenizer, asset_id, dtype,
+use_sim_time -- see mstar_ros.launch_spec.LAUNCH_ARGUMENTS. With use_sim_time:=true every node
+keeps time by /clock, for a bag replayed with its recorded stamps (``bag play --clock``). The processes, their arguments, parameters file
 (config/pi05.yaml by default) and remappings come from mstar_ros.launch_spec, the one
 description of the node set that ``mstar-ros launch pi05`` starts too where the ROS 2 launch
 tools are not installed.

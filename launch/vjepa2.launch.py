@@ -7,6 +7,7 @@ mstar_ros/ros/world_model_node.py), with config/vjepa2.yaml. Launch arguments an
 come from mstar_ros.launch_spec (VJEPA2_LAUNCH_ARGUMENTS, vjepa2_processes), which ``mstar-ros
 launch vjepa2`` starts too where the ROS 2 launch tools are not installed. When the node set
 exits the launch ends (non-zero, with its one-line error, when it failed).
+use_sim_time:=true: the nodes keep time by /clock (a bag replayed with ``bag play --clock``).
 """
 from launch import LaunchDescription
 from launch.actions import DeclareLaunchArgument, OpaqueFunction

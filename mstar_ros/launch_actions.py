@@ -70,8 +70,9 @@ def node_actions(specs: Sequence[ProcessSpec]) -> list:
     actions: list = []
     for spec in specs:
         exit_ = NodeExit(spec)
+        # the spec's parameters as a dict after the params files: launch_ros passes it after them, so it wins
+        parameters = list(spec.params_files) + ([dict(spec.parameters)] if spec.parameters else [])
         node = Node(package=PACKAGE, executable=spec.executable, arguments=list(spec.arguments),
-                    parameters=list(spec.params_files), remappings=list(spec.remappings), output="screen",
-                    on_exit=exit_)
+                    parameters=parameters, remappings=list(spec.remappings), output="screen", on_exit=exit_)
         actions += [RegisterEventHandler(OnProcessIO(target_action=node, on_stderr=exit_.on_stderr)), node]
     return actions

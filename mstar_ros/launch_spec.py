@@ -38,6 +38,23 @@ DTYPE_ARGUMENT = LaunchArgument("dtype", "auto", f"compute dtype: {', '.join(DTY
                                                  "float32 where bf16 would be emulated; logged with its reason)")
 
 
+USE_SIM_TIME_ARGUMENT = LaunchArgument("use_sim_time", "false", "true: every node of the set keeps time by the "
+                                     "/clock topic (a bag replayed with `mstar-ros bag play --clock` or `ros2 bag play "
+                                     "--clock`), so recorded stamps are judged against the recording's time")
+
+
+def _flag(name: str, text: str | bool) -> bool:
+    value = str(text).strip().lower()
+    if value not in ("true", "false", "1", "0", "yes", "no"):
+        raise ValueError(f"{name}: expected true or false, got {text!r}")
+    return value in ("true", "1", "yes")
+
+
+def _sim_time_parameters(use_sim_time: str | bool) -> tuple[tuple[str, bool], ...]:
+    """``use_sim_time`` for every node of a process (rclpy's own parameter: its clock follows /clock)."""
+    return (("use_sim_time", True),) if _flag("use_sim_time", use_sim_time) else ()
+
+
 def _dtype_arguments(dtype: str) -> list[str]:
     """``--dtype NAME`` for a node set (nothing for auto, its default); an unknown name is an error."""
     if dtype not in ("", *DTYPE_NAMES):
@@ -67,6 +84,7 @@ LAUNCH_ARGUMENTS = (
     LaunchArgument("asset_id", "", "openpi checkpoints: which assets/<asset_id>/norm_stats.json (empty: the only "
                                    "one)"),
     DTYPE_ARGUMENT,
+    USE_SIM_TIME_ARGUMENT,
 )
 
 
@@ -77,6 +95,7 @@ class ProcessSpec:
     module: str                                  # the same program as ``python -m MODULE``
     arguments: tuple[str, ...] = ()
     params_files: tuple[str, ...] = ()
+    parameters: tuple[tuple[str, bool], ...] = ()  # ROS parameters of every node, over the params files
     remappings: tuple[tuple[str, str], ...] = ()
     ros_arguments: tuple[str, ...] = ()          # a user's own, after everything else
 
@@ -84,6 +103,8 @@ class ProcessSpec:
         out = []
         for path in self.params_files:
             out += ["--params-file", path]
+        for name, value in self.parameters:
+            out += ["-p", f"{name}:={str(value).lower()}"]  # YAML's true / false
         for src, dst in self.remappings:
             out += ["-r", f"{src}:={dst}"]
         out += self.ros_arguments
@@ -122,7 +143,7 @@ def default_params_file() -> Path:
 def pi05_processes(robots: str | Sequence[str] = "/robot1", weights: str = "", placement: str = "",
                    rate: str | float = "", params_file: str = "", max_inflight: str | int = "0",
                    prompt: str = "", status_every: str | float = "0", tokenizer: str = "", asset_id: str = "",
-                   dtype: str = "auto", *,
+                   dtype: str = "auto", use_sim_time: str | bool = "false", *,
                    extra_arguments: Sequence[str] = (), remappings: Sequence[tuple[str, str]] = (),
                    ros_arguments: Sequence[str] = ()) -> list[ProcessSpec]:
     """The pi0.5 node set's processes. Launch arguments come as strings (empty = default);
@@ -170,6 +191,7 @@ def pi05_processes(robots: str | Sequence[str] = "/robot1", weights: str = "", p
         raise FileNotFoundError(f"params_file: no file {params}")
     return [ProcessSpec(name="pi05_node_set", executable="mstar_pi05_node_set", module="mstar_ros.ros.node_set",
                         arguments=tuple(args) + tuple(extra_arguments), params_files=(str(params),),
+                        parameters=_sim_time_parameters(use_sim_time),
                         remappings=tuple((str(a), str(b)) for a, b in remappings),
                         ros_arguments=tuple(ros_arguments))]
 
@@ -183,18 +205,13 @@ ORPHEUS_LAUNCH_ARGUMENTS = (
                                   "weights)"),
     LaunchArgument("snac_weights", "", "SNAC 24 kHz checkpoint directory (empty: WEIGHTS/snac)"),
     DTYPE_ARGUMENT,
+    USE_SIM_TIME_ARGUMENT,
 )
 
 
-def _flag(name: str, text: str | bool) -> bool:
-    value = str(text).strip().lower()
-    if value not in ("true", "false", "1", "0", "yes", "no"):
-        raise ValueError(f"{name}: expected true or false, got {text!r}")
-    return value in ("true", "1", "yes")
-
-
 def orpheus_processes(split: str | bool = "true", namespace: str = "/tts", weights: str = "", snac_weights: str = "",
-                      dtype: str = "auto", *, extra_arguments: Sequence[str] = (), ros_arguments: Sequence[str] = ()) -> list[ProcessSpec]:
+                      dtype: str = "auto", use_sim_time: str | bool = "false", *, extra_arguments: Sequence[str] = (),
+                      ros_arguments: Sequence[str] = ()) -> list[ProcessSpec]:
     """Orpheus TTS as ROS nodes (mstar_ros.ros.orpheus_node): one per partition when ``split``."""
     try:
         (ns,) = parse_robots(namespace)  # the same rules as any namespace
@@ -210,7 +227,8 @@ def orpheus_processes(split: str | bool = "true", namespace: str = "/tts", weigh
     partitions = ["talker", "vocoder"] if _flag("split", split) else ["all"]
     return [ProcessSpec(name="orpheus" if part == "all" else f"orpheus_{part}", executable="mstar_orpheus_node",
                         module="mstar_ros.ros.orpheus_node",
-                        arguments=("--partition", part, *args, *extra_arguments), ros_arguments=tuple(ros_arguments))
+                        arguments=("--partition", part, *args, *extra_arguments),
+                        parameters=_sim_time_parameters(use_sim_time), ros_arguments=tuple(ros_arguments))
             for part in partitions]
 
 
@@ -223,11 +241,12 @@ VJEPA2_LAUNCH_ARGUMENTS = (
     LaunchArgument("params_file", "", f"ROS params file for the world-model nodes (empty: config/{VJEPA2_PARAMS_FILE} "
                                       "as installed)"),
     DTYPE_ARGUMENT,
+    USE_SIM_TIME_ARGUMENT,
 )
 
 
 def vjepa2_processes(robots: str | Sequence[str] = "/robot1", weights: str = "", params_file: str = "",
-                     dtype: str = "auto", *,
+                     dtype: str = "auto", use_sim_time: str | bool = "false", *,
                      extra_arguments: Sequence[str] = (), ros_arguments: Sequence[str] = ()) -> list[ProcessSpec]:
     """The V-JEPA 2-AC node set's process (mstar_ros.ros.vjepa2_node_set)."""
     args = ["--robots", *parse_robots(robots)]
@@ -247,4 +266,4 @@ def vjepa2_processes(robots: str | Sequence[str] = "/robot1", weights: str = "",
         raise FileNotFoundError(f"params_file: no file {params}")
     return [ProcessSpec(name="vjepa2_node_set", executable="mstar_vjepa2_node_set", module="mstar_ros.ros.vjepa2_node_set",
                         arguments=tuple(args) + tuple(extra_arguments), params_files=(str(params),),
-                        ros_arguments=tuple(ros_arguments))]
+                        parameters=_sim_time_parameters(use_sim_time), ros_arguments=tuple(ros_arguments))]

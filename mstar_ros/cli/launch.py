@@ -19,8 +19,9 @@ from typing import Callable, Sequence, TextIO
 
 from mstar.engine.dtype_names import DTYPE_NAMES
 from mstar_ros.launch_actions import NodeExit
-from mstar_ros.launch_spec import (LAUNCH_ARGUMENTS, ORPHEUS_LAUNCH_ARGUMENTS, VJEPA2_LAUNCH_ARGUMENTS, ProcessSpec,
-                                   orpheus_processes, pi05_processes, vjepa2_processes)
+from mstar_ros.launch_spec import (LAUNCH_ARGUMENTS, ORPHEUS_LAUNCH_ARGUMENTS, USE_SIM_TIME_ARGUMENT,
+                                   VJEPA2_LAUNCH_ARGUMENTS, ProcessSpec, orpheus_processes, pi05_processes,
+                                   vjepa2_processes)
 
 _HELP = {a.name: a.description for a in LAUNCH_ARGUMENTS}
 
@@ -62,6 +63,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tokenizer", default="", help=_HELP["tokenizer"])
     p.add_argument("--asset-id", default="", help=_HELP["asset_id"])
     p.add_argument("--dtype", default="auto", choices=DTYPE_NAMES, help=_HELP["dtype"])
+    _add_use_sim_time(p)
     p.add_argument("--duration", type=float, help="stop after this many seconds (default: run until Ctrl-C)")
     p.add_argument("--summary-json", help="the node set writes its summary here as JSON when it stops")
     p.add_argument("--print-commands", action="store_true", help="print the commands and exit")
@@ -87,6 +89,11 @@ layout.dim[0].label). --no-split: one node. The same processes as
   ros2 topic echo /tts/llm_token"""
 
 
+def _add_use_sim_time(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--use-sim-time", action="store_true",
+                   help=USE_SIM_TIME_ARGUMENT.description.replace("true: every", "every") + " (use_sim_time:=true)")
+
+
 def _add_orpheus(targets: argparse._SubParsersAction) -> None:
     helps = {a.name: a.description for a in ORPHEUS_LAUNCH_ARGUMENTS}
     p = targets.add_parser("orpheus", help="Orpheus TTS, one node per partition", description=ORPHEUS_DESCRIPTION,
@@ -96,6 +103,7 @@ def _add_orpheus(targets: argparse._SubParsersAction) -> None:
     p.add_argument("--weights", default="", help=helps["weights"])
     p.add_argument("--snac-weights", default="", help=helps["snac_weights"])
     p.add_argument("--dtype", default="auto", choices=DTYPE_NAMES, help=helps["dtype"])
+    _add_use_sim_time(p)
     p.add_argument("--duration", type=float, help="stop after this many seconds (default: run until Ctrl-C)")
     p.add_argument("--print-commands", action="store_true", help="print the commands and exit")
     p.add_argument("--ros-args", dest="ros_args", nargs=argparse.REMAINDER, default=[], metavar="ARG",
@@ -106,7 +114,7 @@ def _add_orpheus(targets: argparse._SubParsersAction) -> None:
 def run_orpheus(args: argparse.Namespace) -> int:
     extra = ["--duration", repr(float(args.duration))] if args.duration else []
     specs = orpheus_processes(args.split, args.namespace, args.weights, args.snac_weights, args.dtype,
-                              extra_arguments=extra,
+                              args.use_sim_time, extra_arguments=extra,
                               ros_arguments=args.ros_args)
     return _start(specs, args.print_commands)
 
@@ -132,6 +140,7 @@ def _add_vjepa2(targets: argparse._SubParsersAction) -> None:
     p.add_argument("--weights", default="", help=helps["weights"])
     p.add_argument("--params-file", default="", help=helps["params_file"])
     p.add_argument("--dtype", default="auto", choices=DTYPE_NAMES, help=helps["dtype"])
+    _add_use_sim_time(p)
     p.add_argument("--duration", type=float, help="stop after this many seconds (default: run until Ctrl-C)")
     p.add_argument("--summary-json", help="write the node set's summary as JSON to this file")
     p.add_argument("--print-commands", action="store_true", help="print the commands and exit")
@@ -144,7 +153,8 @@ def run_vjepa2(args: argparse.Namespace) -> int:
     extra = ["--duration", repr(float(args.duration))] if args.duration else []
     if args.summary_json:
         extra += ["--summary-json", args.summary_json]
-    specs = vjepa2_processes(" ".join(args.robots), args.weights, args.params_file, args.dtype, extra_arguments=extra,
+    specs = vjepa2_processes(" ".join(args.robots), args.weights, args.params_file, args.dtype, args.use_sim_time,
+                             extra_arguments=extra,
                              ros_arguments=args.ros_args)
     return _start(specs, args.print_commands)
 
@@ -157,7 +167,7 @@ def run(args: argparse.Namespace) -> int:
         extra += ["--summary-json", args.summary_json]
     specs = pi05_processes(args.robots, args.weights, args.placement, args.rate, args.params_file,
                            args.max_inflight, args.prompt, args.status_every, args.tokenizer, args.asset_id,
-                           args.dtype, extra_arguments=extra,
+                           args.dtype, args.use_sim_time, extra_arguments=extra,
                            ros_arguments=args.ros_args)
     return _start(specs, args.print_commands)
 
