@@ -43,9 +43,12 @@ def summarize(nodes, elapsed: float) -> dict:
         lat = sorted(s.plan_latencies_s)
         robots[node.get_namespace()] = {
             "frames": s.frames, "frames_skipped": s.frames_skipped, "plans": s.plans, "goals": s.goals, "dropped": s.dropped,
+            "dropped_by_topic": dict(s.dropped_by_topic), "stamps_refused": s.stamps_refused,
+            "topics_shut": s.topics_shut, "last_plan_seed": s.last_plan_seed,
             "frames_failed": s.frames_failed, "plans_failed": s.plans_failed, "last_energy": s.last_energy,
             "plan_p50_ms": round(1000 * statistics.median(lat), 1) if lat else None,
-            "window_frames": node.window, "last_error": s.last_error}
+            "window_frames": node.window, "last_error": s.last_error,
+            "plan_times_s": [round(t, 4) for t in s.plan_times_s]}  # monotonic: one clock for this host's processes
     return {"seconds": round(elapsed, 2), "robots": robots}
 
 
@@ -103,6 +106,9 @@ def print_summary(summary: dict) -> None:
         print(f"  {ns}: {r['frames']} frames ({r['frames_skipped']} skipped: the model was busy), {r['plans']} plans (p50 {r['plan_p50_ms']} ms), best energy "
               f"{r['last_energy']}, {r['dropped']} bad messages dropped, {r['frames_failed']} frames and "
               f"{r['plans_failed']} plans failed, window {r['window_frames']} frames")
+        if r["dropped_by_topic"]:
+            print(f"    dropped by topic: {', '.join(f'{t} {n}' for t, n in sorted(r['dropped_by_topic'].items()))} "
+                  f"({r['stamps_refused']} for their stamps); topics shut for flooding: {r['topics_shut']}")
         if r["last_error"]:
             print(f"    last problem: {r['last_error']}")
     sys.stdout.flush()

@@ -16,31 +16,42 @@ and publishes
 - ``plan/energy`` (std_msgs/Float64) and ``plan/energies`` (std_msgs/Float64MultiArray): the
   best and every sample's energy (mean L1 to the goal latent) of the last CEM iteration.
 
-Bad input (wrong image size or encoding, a NaN or non-unit pose, no pose near a frame, a goal
-before any frame) is reported (throttled) and dropped; the session keeps serving. A model
-slower than ``fps`` skips frames (the newest one waits, counted as skipped): frames never queue
-up behind it. Health on /diagnostics once a second.
+Bad input is refused on arrival, counted on its topic, reported (the same problem once per
+``report_period_s`` with a count) and dropped; the session keeps serving and nothing bad reaches
+the engine. Bad input: a wrong image size or encoding; a camera, pose or gripper message stamped
+more than ``max_observation_age_s`` before or after this node's clock, or with its last stamp
+again (as the pi0.5 node judges: mstar_ros.policy.sensor_watch); a pose or gripper reading that
+is not finite or out of bounds (mstar_ros.world_model.frames); no pose near a frame; a goal before
+any frame. A sensor topic flooding bad messages is unsubscribed for a while
+(``max_bad_rate_hz``, mstar_ros.policy.flood_guard), so a flood costs the other robots nothing.
+With ``image_height`` / ``image_width`` 0 the camera's first frame sets the size (logged once).
+Each plan is seeded (``seed``; /diagnostics says the last plan's seed), so a plan can be
+reproduced. A model slower than ``fps`` skips frames (the newest one waits, counted as
+skipped): frames never queue up behind it. Health on /diagnostics once a second.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
 
 import torch
 
 from mstar.conductor.request import Request, RequestCancelled, RequestError
-from mstar.engine.sampling_params import SamplingParams
-from mstar_graphs.vjepa2.planner import CemParams, initial_belief
+from mstar_graphs.vjepa2.planner import CemParams, plan_request
 from mstar_graphs.vjepa2.pose import pose_delta
+from mstar_ros.policy.flood_guard import FloodGuard
+from mstar_ros.policy.sensor_watch import SensorWatch
 from mstar_ros.ros.convert import ObservationError, check_image, image_to_array, stamp_seconds
 from mstar_ros.ros.diagnostics import publish_status
 from mstar_ros.ros.report_throttle import ReportThrottle
+from mstar_ros.ros.sensor_subscriptions import SensorSubscriptions
 from mstar_ros.ros.world_model_params import declare
-from mstar_ros.world_model.frames import FramePicker, StateError, pose_state
+from mstar_ros.world_model.frames import FramePicker, StateError, check_pose, gripper_state, pose_state
 from mstar_ros.world_model.plan_targets import plan_poses, pose_parts
 
 log = logging.getLogger("mstar_ros.world_model")
@@ -51,12 +62,17 @@ class WorldModelStats:
     frames: int = 0            # frames that extended the session
     frames_skipped: int = 0    # frames replaced by a newer one before the model took them (it was busy)
     dropped: int = 0           # bad messages dropped (images, poses, gripper readings, early goals)
+    dropped_by_topic: Counter = field(default_factory=Counter)  # the same, by resolved topic name
+    stamps_refused: int = 0    # of those: stamped too far from this node's clock, or a frozen stamp
+    topics_shut: int = 0       # sensor topics unsubscribed for a while: they flooded bad messages
+    last_plan_seed: int | None = None
     goals: int = 0
     plans: int = 0
     plans_failed: int = 0
     frames_failed: int = 0
     last_energy: float | None = None
     plan_latencies_s: deque = field(default_factory=lambda: deque(maxlen=10000))
+    plan_times_s: deque = field(default_factory=lambda: deque(maxlen=10000))  # time.monotonic() of each plan
     last_frame_at: float | None = None  # time.monotonic() of the newest frame taken
     last_error: str = ""
     last_drop_at: float = -1e9     # time.monotonic() of the newest drop / failure (for /diagnostics)
@@ -87,9 +103,19 @@ def make_world_model_node(loop: asyncio.AbstractEventLoop, namespace: str, max_f
                                  maxnorm=p.plan_maxnorm, momentum_mean=p.plan_momentum_mean,
                                  momentum_std=p.plan_momentum_std)
             self.stats = WorldModelStats()
-            self.picker = FramePicker(p.fps)
+            # stamps judged against the clock within max_observation_age_s either way: a monotonic clock then
+            # moves a taken stamp back by at most twice that; further back, the clock itself went back
+            self.picker = FramePicker(p.fps, max_back_s=2 * p.max_observation_age_s)
             self.throttle = ReportThrottle(p.report_period_s)
             self._lock = threading.Lock()
+            self._resolved = {t: self.resolve_topic_name(t)
+                              for t in (p.camera_topic, p.pose_topic, p.gripper_topic, p.goal_topic)}
+            # only its stamp verdicts are used (silence is judged below, in _diagnose)
+            self.watch = SensorWatch([self._resolved[t] for t in (p.camera_topic, p.pose_topic, p.gripper_topic)],
+                                     p.max_observation_age_s, 2.0 / p.fps + 1.0)
+            self._unstamped: set[str] = set()
+            self.flood_guard = FloodGuard(p.max_bad_rate_hz)
+            self._camera_hw = p.expect_hw   # (height, width); None until the first frame when not configured
             self._pose = None      # (stamp, position, orientation, frame_id)
             self._gripper = None   # (stamp, value in [0, 1])
             # the newest frame and goal not yet taken: a busy model skips frames, never queues them up
@@ -105,69 +131,127 @@ def make_world_model_node(loop: asyncio.AbstractEventLoop, namespace: str, max_f
             self.pub_energy = self.create_publisher(Float64, "plan/energy", 10)
             self.pub_energies = self.create_publisher(Float64MultiArray, "plan/energies", 10)
             self.pub_diag = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
-            self.create_subscription(Image, p.camera_topic, self._on_camera, qos_profile_sensor_data)
-            self.create_subscription(PoseStamped, p.pose_topic, self._on_pose, 10)
-            self.create_subscription(JointState, p.gripper_topic, self._on_gripper, 10)
+            self.sensors = SensorSubscriptions(self, {
+                p.camera_topic: lambda: self.create_subscription(Image, p.camera_topic, self._on_camera,
+                                                                 qos_profile_sensor_data),
+                p.pose_topic: lambda: self.create_subscription(PoseStamped, p.pose_topic, self._on_pose, 10),
+                p.gripper_topic: lambda: self.create_subscription(JointState, p.gripper_topic, self._on_gripper, 10),
+            }, on_reopen=lambda topic: self.flood_guard.reopened(topic, time.monotonic()),
+                closing=lambda: self.closing)
             self.create_subscription(Image, p.goal_topic, self._on_goal, 10)  # reliable: a goal is a command
             self.create_timer(1.0, self._diagnose)
             self._task = asyncio.run_coroutine_threadsafe(self._serve(), loop)
 
         # -- ROS callbacks (the executor thread): check, keep, hand over ---------------------------
-        def _bad(self, topic: str, text: str) -> None:
-            """A message not used (from the executor thread, or the asyncio side for an early goal)."""
+        def _bad(self, topic: str, text: str, *, stamp: bool = False, guard: bool = True) -> None:
+            """A message refused: counted on its topic, said throttled (per topic and kind of problem: the text
+            with its numbers left out) and, with ``guard`` (on the executor thread), counted against the topic's
+            flood limit (sensors only; never from the asyncio side, where an early goal is refused)."""
+            now = time.monotonic()
             with self._lock:
-                self.stats.dropped += 1
-                self.stats.last_error = text
-                self.stats.last_drop_at = time.monotonic()
-                said = self.throttle.report((topic, text.split(":")[-1][:40]), text, time.monotonic())
+                s = self.stats
+                s.dropped += 1
+                s.dropped_by_topic[self._resolved[topic]] += 1
+                s.stamps_refused += stamp
+                s.last_error, s.last_drop_at = text, now
+                said = self.throttle.report(("bad", topic, re.sub(r"[-\d.]+", "#", text)), text, now)
             if said:
                 self.get_logger().warning(f"{said} (dropped)")
+            hold = self.flood_guard.bad(topic, now) if guard else None
+            if hold is not None and self.sensors.hold(topic, hold):
+                self.stats.topics_shut += 1
+                self.get_logger().error(f"{self._resolved[topic]}: over max_bad_rate_hz="
+                                        f"{self.flood_guard.max_bad_per_s:g} bad messages a second: unsubscribed "
+                                        f"for {hold:g} s, then listening again")
+
+        def _judged_stamp(self, topic: str, msg) -> float | None:
+            """The message's stamp when the clock lets it be used (the clock's now for an unstamped one, which is
+            then judged by arrival); None when it was refused."""
+            full, stamp = self._resolved[topic], stamp_seconds(msg)
+            clock_now = self.get_clock().now().nanoseconds * 1e-9
+            verdict = self.watch.check(full, stamp, clock_now)
+            if verdict.kind == "unstamped":
+                if full not in self._unstamped:  # said once: such a sensor is judged by arrival alone
+                    self._unstamped.add(full)
+                    self.get_logger().warning(verdict.text)
+                return clock_now
+            if not verdict.usable:
+                return self._bad(topic, verdict.text, stamp=True)
+            self.watch.accept(full, stamp, time.monotonic())
+            return stamp
 
         def _on_pose(self, msg) -> None:
-            pos, ori = msg.pose.position, msg.pose.orientation
+            p, pos, ori = self.params, msg.pose.position, msg.pose.orientation
+            position, orientation = (pos.x, pos.y, pos.z), (ori.x, ori.y, ori.z, ori.w)
             try:  # checked on arrival: a bad pose never stands in for the last good one
-                pose_state((pos.x, pos.y, pos.z), (ori.x, ori.y, ori.z, ori.w), 0.0, topic=self.params.pose_topic)
+                check_pose(position, orientation, topic=self._resolved[p.pose_topic], max_position_m=p.max_position_m)
             except StateError as exc:
-                return self._bad(self.params.pose_topic, str(exc))
-            with self._lock:
-                self._pose = (stamp_seconds(msg), (pos.x, pos.y, pos.z), (ori.x, ori.y, ori.z, ori.w),
-                              msg.header.frame_id)
+                return self._bad(p.pose_topic, str(exc))
+            stamp = self._judged_stamp(p.pose_topic, msg)
+            if stamp is not None:
+                with self._lock:
+                    self._pose = (stamp, position, orientation, msg.header.frame_id)
 
         def _on_gripper(self, msg) -> None:
+            p = self.params
+            topic = self._resolved[p.gripper_topic]
             try:
-                i = list(msg.name).index(self.params.gripper_joint)
-                value = float(msg.position[i]) / self.params.gripper_max
+                i = list(msg.name).index(p.gripper_joint)
+                value = gripper_state(float(msg.position[i]), p.gripper_max, topic=topic)
+            except StateError as exc:
+                return self._bad(p.gripper_topic, f"{exc} (joint {p.gripper_joint!r})")
             except (ValueError, IndexError):
-                return self._bad(self.params.gripper_topic, f"{self.params.gripper_topic}: no position for joint "
-                                                            f"{self.params.gripper_joint!r}")
-            with self._lock:
-                self._gripper = (stamp_seconds(msg), value)
+                return self._bad(p.gripper_topic, f"{topic}: no position for joint {p.gripper_joint!r}")
+            stamp = self._judged_stamp(p.gripper_topic, msg)
+            if stamp is not None:
+                with self._lock:
+                    self._gripper = (stamp, value)
 
         def _on_camera(self, msg) -> None:
             p = self.params
+            topic = self._resolved[p.camera_topic]
             try:
-                check_image(msg, topic=p.camera_topic, expect_hw=p.expect_hw)
-                stamp = stamp_seconds(msg)
+                self._check_camera_image(msg, topic)
+            except ObservationError as exc:
+                return self._bad(p.camera_topic, str(exc))
+            stamp = self._judged_stamp(p.camera_topic, msg)
+            if stamp is None:
+                return
+            try:
                 with self._lock:
                     pose, grip = self._pose, self._gripper
                 if pose is None or grip is None:
-                    raise ObservationError(f"{p.camera_topic}: no end-effector pose or gripper reading yet")
+                    raise ObservationError(f"{topic}: no end-effector pose or gripper reading yet")
                 age = max(abs(stamp - pose[0]), abs(stamp - grip[0]))
                 if age > p.max_pose_age_s:
-                    raise ObservationError(f"{p.camera_topic}: the nearest pose or gripper reading is {age:.2f} s "
+                    raise ObservationError(f"{topic}: the nearest pose or gripper reading is {age:.2f} s "
                                            f"from the frame (max_pose_age_s {p.max_pose_age_s:g})")
-                state = pose_state(pose[1], pose[2], grip[1], topic=p.pose_topic)
+                state = pose_state(pose[1], pose[2], grip[1], topic=self._resolved[p.pose_topic])
             except (ObservationError, StateError) as exc:
                 return self._bad(p.camera_topic, str(exc))
             if not self.picker.due(stamp):
                 return  # between the model's frames
             loop.call_soon_threadsafe(self._offer, "frame", (image_to_array(msg), state, pose[3]))
 
+        def _check_camera_image(self, msg, topic: str) -> None:
+            """The image is readable and of the camera's size: the configured one, or else its first frame's."""
+            held = self._camera_hw is not None and self.params.expect_hw is None
+            check_image(msg, topic=topic, expect_hw=None if held else self._camera_hw)
+            size = (int(msg.height), int(msg.width))
+            if held and size != self._camera_hw:
+                (h, w), (held_h, held_w) = size, self._camera_hw
+                raise ObservationError(f"{topic}: image is {w}x{h}, this camera's frames are {held_w}x{held_h} "
+                                       "(its first frame's size: image_height/width are 0)")
+            if self._camera_hw is None:
+                self._camera_hw = size
+                self.get_logger().info(f"{topic}: taking {size[1]}x{size[0]} frames (the first frame's size; "
+                                       "image_height/width are 0): frames of another size will be dropped")
+
         def _on_goal(self, msg) -> None:
             try:
-                check_image(msg, topic=self.params.goal_topic)
-            except ObservationError as exc:
-                return self._bad(self.params.goal_topic, str(exc))
+                check_image(msg, topic=self._resolved[self.params.goal_topic])
+            except ObservationError as exc:  # a goal is a command: said, never shut out
+                return self._bad(self.params.goal_topic, str(exc), guard=False)
             loop.call_soon_threadsafe(self._offer, "goal", image_to_array(msg))
 
         # -- the runtime side (the asyncio loop) ------------------------------------------------
@@ -204,8 +288,12 @@ def make_world_model_node(loop: asyncio.AbstractEventLoop, namespace: str, max_f
                     raise
                 return False
             except Exception as exc:
-                self.stats.last_error = f"{type(exc).__name__}: {exc}"
-                self.get_logger().error(self.stats.last_error)
+                text = self.stats.last_error = f"{type(exc).__name__}: {exc}"
+                with self._lock:  # said throttled as bad input is: a failing engine fails every frame
+                    said = self.throttle.report(("failed", re.sub(r"[-\d.]+", "#", text[:80])), text,
+                                                time.monotonic())
+                if said:
+                    self.get_logger().error(said)
                 return False
 
         async def _add_frame(self, image, state: torch.Tensor) -> None:
@@ -224,28 +312,27 @@ def make_world_model_node(loop: asyncio.AbstractEventLoop, namespace: str, max_f
 
         async def _set_goal(self, image) -> None:
             if self.state is None:
-                return self._bad(self.params.goal_topic, f"{self.params.goal_topic}: a goal before any frame "
-                                                         f"(the session has nothing to plan from)")
+                return self._bad(self.params.goal_topic, f"{self._resolved[self.params.goal_topic]}: a goal before "
+                                 "any frame (the session has nothing to plan from)", guard=False)
             out = await self.conductor.submit(Request({"frames": torch.from_numpy(image)}, meta={"walk": "encode"})).collect()
             self.goal = out["latents"][0]
             self.stats.goals += 1
             self.get_logger().info(f"goal set: planning {self.params.plan_horizon} actions after every frame")
 
         async def _plan(self, frame_id: str) -> None:
-            mean, std = initial_belief(self.params.plan_horizon, self.cem)
             started = time.monotonic()
             state = self.state
+            seed = self.params.seed if self.params.seed >= 0 else self.stats.plans
+            self.stats.last_plan_seed = seed
             try:
-                out = await self.conductor.submit(Request(
-                    {"goal": self.goal, "mean": mean, "std": std, "params": self.cem.tensor()},
-                    session_id=self.session, sampling=SamplingParams(seed=self.stats.plans),
-                    meta={"walk": "plan", "iterations": self.cem.iterations},
-                    outputs=frozenset({"plan", "energies"}))).collect()
+                out = await self.conductor.submit(plan_request(self.goal, self.params.plan_horizon, self.cem,
+                                                               session_id=self.session, seed=seed)).collect()
             except RequestError:
                 self.stats.plans_failed += 1
                 self.stats.last_failure_at = time.monotonic()
                 raise
-            self.stats.plan_latencies_s.append(time.monotonic() - started)
+            self.stats.plan_times_s.append(time.monotonic())
+            self.stats.plan_latencies_s.append(self.stats.plan_times_s[-1] - started)
             self.stats.plans += 1
             self._publish(state, out["plan"][-1], out["energies"][-1], self.params.frame_id or frame_id)
 
@@ -274,10 +361,14 @@ def make_world_model_node(loop: asyncio.AbstractEventLoop, namespace: str, max_f
             return self.window + self.cem.samples * self.params.plan_horizon
 
         def _diagnose(self) -> None:
+            now = time.monotonic()
+            with self._lock:
+                repeats = self.throttle.flush(now)
+            for _key, text in repeats:  # the count of what was not said yet: nothing is lost silently
+                self.get_logger().warning(text)
             if self.conductor is None:
                 return
             s = self.stats
-            now = time.monotonic()
             silent = s.last_frame_at is not None and now - s.last_frame_at > 2.0 / self.params.fps + 1.0
             level = ("ERROR" if now - s.last_failure_at < RECENT_S else
                      "WARN" if now - s.last_drop_at < RECENT_S or silent else "OK")
@@ -290,6 +381,9 @@ def make_world_model_node(loop: asyncio.AbstractEventLoop, namespace: str, max_f
                             "last_frame_age_s": "" if s.last_frame_at is None else f"{now - s.last_frame_at:.2f}", "frames_skipped": s.frames_skipped,
                             "frames_failed": s.frames_failed,
                             "goals": s.goals, "plans": s.plans, "plans_failed": s.plans_failed,
+                            "stamps_refused": s.stamps_refused, "topics_shut": s.topics_shut,
+                            "last_plan_seed": "" if s.last_plan_seed is None else s.last_plan_seed,
+                            **{f"dropped {topic}": n for topic, n in sorted(s.dropped_by_topic.items())},
                             "last_energy": "" if s.last_energy is None else f"{s.last_energy:.5f}",
                             "window_frames": self.window,
                             "kv_blocks_used_all_robots": self.conductor.kv_blocks_used() if self.conductor else 0},
