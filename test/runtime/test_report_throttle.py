@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from mstar_ros.ros.report_throttle import ReportThrottle
+from mstar.report_throttle import ReportThrottle
 
 
 def test_first_at_once_then_a_count_per_period():
