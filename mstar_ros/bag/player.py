@@ -22,7 +22,9 @@ How it plays (what ``ros2 bag play`` does, minus the parts that are not on PyPI)
    its recorded time relative to the bag start, divided by ``rate``, scheduled
    against one monotonic start time: a late message never shifts the ones after it
    (no drift). ``--loop`` repeats the bag (one typical message period between the
-   passes). Optionally re-stamps ``header.stamp`` with the publish time (``restamp``).
+   passes). Optionally re-stamps ``header.stamp`` with the publish time (``restamp``),
+   or publishes the bag time being played on ``/clock`` (``--clock``, mstar_ros.bag.bag_clock)
+   for nodes that run on sim time.
 5. Reports progress and a summary: messages per topic, achieved rate, lateness.
 6. At exit removes the Fast DDS shared-memory ports it used that nobody uses any more
    (mstar_ros.bag.shm_ports).
@@ -42,6 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Mapping, Sequence
 
+from mstar_ros.bag.bag_clock import CLOCK_TOPIC, BagClock
 from mstar_ros.bag.open_bag import BagError, bag_messages, open_bag
 from mstar_ros.bag.ros_env import apply_localhost_defaults
 from mstar_ros.bag.shm_ports import shut_down_removing_ports
@@ -67,6 +70,7 @@ class PlayOptions:
     reliability: str = "reliable"  # or "best_effort"
     depth: int = 10
     restamp: bool = False
+    clock_hz: float | None = None  # publish the bag time on /clock at this rate (None: no /clock)
     stop_after: float | None = None  # wall-clock seconds of playback, then stop
     progress_every: float = 2.0  # seconds between progress lines; 0 = none
     node_name: str = "mstar_bag_player"
@@ -82,6 +86,12 @@ class PlayOptions:
             raise ValueError(f"--wait-timeout must be positive, got {self.wait_timeout}")
         if self.settle < 0:
             raise ValueError(f"--settle must not be negative, got {self.settle}")
+        if self.clock_hz is not None and not (self.clock_hz > 0 and math.isfinite(self.clock_hz)):
+            raise ValueError(f"--clock must be a positive number of Hz, got {self.clock_hz}")
+        if self.clock_hz is not None and self.restamp:
+            raise ValueError("--clock and --restamp contradict each other: --clock keeps the recorded stamps and "
+                             "publishes the recording's time on /clock (for nodes on use_sim_time); --restamp "
+                             "stamps with the time now")
         if self.stop_after is not None and self.stop_after <= 0:
             raise ValueError(f"--stop-after must be positive, got {self.stop_after}")
 
@@ -244,6 +254,7 @@ class BagPlayer:
         if not self.bag.exists():
             raise FileNotFoundError(f"no bag at {self.bag}")
         self._stop = threading.Event()
+        self._bag_clock = None  # BagClock with --clock
 
     def stop(self) -> None:
         """Ends playback after the current message (thread-safe)."""
@@ -299,6 +310,8 @@ class BagPlayer:
             # woken early by the publishers' matched events; the timeout bounds each check
             executor.spin_once(timeout_sec=min(0.1, deadline - now))
         matched = time.monotonic() - t0
+        if self._bag_clock is not None:
+            self._bag_clock.publish_start()  # the settle time lets it arrive before the first message
         if opts.settle > 0:
             # the subscriber side of discovery completes a moment after ours (see module doc)
             end = time.monotonic() + opts.settle
@@ -324,6 +337,10 @@ class BagPlayer:
             span_ns = (bag_end - bag_start) + int(min(periods) if periods else 0)  # one pass, for --loop
             headers = {c.id: _has_leading_header(c) for c in selected} if opts.restamp else {}
             classes = _message_classes(reports)
+            if opts.clock_hz is not None and CLOCK_TOPIC in reports:
+                raise ValueError(f"--clock: the bag plays a {CLOCK_TOPIC} topic of its own ("
+                                 f"{reports[CLOCK_TOPIC].source}); play it without --clock, or leave that topic out "
+                                 "with --topics")
 
             self.out(f"bag {self.bag}: {total} messages on {len(reports)} topics, {(bag_end - bag_start) / 1e9:.2f} s; "
                      f"rate {opts.rate:g}" + (", looping" if opts.loop else ""))
@@ -351,8 +368,15 @@ class BagPlayer:
                     publishers[topic] = node.create_publisher(classes[topic], topic, qos, event_callbacks=cb)
                     src = f" (from {rep.source})" if rep.source != topic else ""
                     self.out(f"  {topic}{src}  [{rep.msgtype}]  {opts.reliability}, keep last {opts.depth}")
+                awaited = publishers
+                if opts.clock_hz is not None:
+                    self._bag_clock = BagClock(node, opts.clock_hz, bag_start, opts.rate)
+                    # nodes on sim time subscribe to /clock: wait for them as for the topics
+                    awaited = {**publishers, CLOCK_TOPIC: self._bag_clock.publisher}
+                    self.out(f"  {CLOCK_TOPIC}  [rosgraph_msgs/msg/Clock]  the bag time being played, "
+                             f"{opts.clock_hz:g} Hz")
                 try:
-                    waited = self._wait_for_subscribers(executor, publishers) if opts.wait else 0.0
+                    waited = self._wait_for_subscribers(executor, awaited) if opts.wait else 0.0
                 except KeyboardInterrupt:
                     self.out("stopped while waiting for subscribers; nothing published")
                     raise
@@ -384,6 +408,8 @@ class BagPlayer:
             for pass_index in itertools.count():
                 passes += 1
                 offset = pass_index * span_ns
+                if self._bag_clock is not None:
+                    self._bag_clock.start_pass(t0 + offset * scale)
                 for conn, ts, data in bag_messages(reader, self.bag, selected):
                     bag_t = ts - bag_start + offset
                     target = t0 + bag_t * scale
@@ -391,12 +417,14 @@ class BagPlayer:
                         raise _StopAfter
                     now = time.monotonic()
                     if target > now:
-                        # sleeps until the scheduled time; wakes early only to stop
-                        if self._stop.wait(target - now):
+                        # sleeps until the scheduled time; wakes early only to stop (and for /clock)
+                        if self._sleep_until(target):
                             raise KeyboardInterrupt
                         now = time.monotonic()
                     elif self._stop.is_set():
                         raise KeyboardInterrupt
+                    if self._bag_clock is not None:
+                        self._bag_clock.tick(now)
                     lateness.add(max(0.0, now - target))
                     topic = by_conn[conn.id]
                     payload = data if isinstance(data, bytes) else bytes(data)
@@ -435,6 +463,15 @@ class BagPlayer:
         if broken is not None:
             raise broken
         return report
+
+    def _sleep_until(self, target: float) -> bool:
+        """Sleeps until monotonic time ``target``, publishing /clock when due; True when stopped."""
+        while (left := target - time.monotonic()) > 0:
+            if self._bag_clock is not None:
+                left = min(left, self._bag_clock.tick(time.monotonic()))
+            if self._stop.wait(max(0.0, left)):
+                return True
+        return False
 
     def _progress(self, wall: float, bag_t: int, span_ns: int, pass_index: int, published: int,
                   lateness: _Lateness) -> None:

@@ -6,6 +6,8 @@ import sys
 import time
 from pathlib import Path
 
+from mstar_ros.bag.bag_clock import DEFAULT_HZ as DEFAULT_CLOCK_HZ  # no rclpy import at import time
+
 BAG_DESCRIPTION = """\
 rosbag2 tools that need no ROS install beyond the PyPI wheels (the `ros` extra):
 
@@ -46,7 +48,8 @@ Examples:
   mstar-ros bag make out/droid_synthetic
   mstar-ros bag play out/droid_synthetic --rate 2
   mstar-ros bag play out/droid_synthetic --loop --topics /robot1 \\
-      --remap /robot1:=/arm_left --remap /arm_left/joint_states:=/arm_left/joints"""
+      --remap /robot1:=/arm_left --remap /arm_left/joint_states:=/arm_left/joints
+  mstar-ros launch pi05 --use-sim-time & mstar-ros bag play out/droid_synthetic --clock"""
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -128,6 +131,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--depth", type=int, default=10, help="publisher keep-last history depth (default 10)")
     p.add_argument("--restamp", action="store_true",
                    help="set header.stamp to the publish time (ROS clock) instead of the recorded stamp")
+    p.add_argument("--clock", nargs="?", type=float, const=DEFAULT_CLOCK_HZ, metavar="HZ",
+                   help=f"publish the bag time being played on /clock (rosgraph_msgs/Clock) at HZ (default "
+                        f"{DEFAULT_CLOCK_HZ:g}), as `ros2 bag play --clock`: nodes started with use_sim_time:=true "
+                        "(`mstar-ros launch ... --use-sim-time`) then judge the recorded stamps by the recording's "
+                        "time; it waits for a /clock subscriber as for the topics; with --loop the clock starts "
+                        "over with each pass (give BAG before --clock)")
     p.add_argument("--stop-after", type=float, metavar="SECONDS",
                    help="stop after this many seconds of playback (wall clock), e.g. with --loop")
     p.add_argument("--progress", type=float, default=2.0, metavar="SECONDS",
@@ -204,7 +213,7 @@ def _run_play(args: argparse.Namespace) -> int:
 
     options = PlayOptions(rate=args.rate, loop=args.loop, topics=args.topics, remap=parse_remaps(args.remap),
                           wait=not args.no_wait, wait_timeout=args.wait_timeout, settle=args.settle,
-                          reliability=args.reliability, depth=args.depth, restamp=args.restamp,
+                          reliability=args.reliability, depth=args.depth, restamp=args.restamp, clock_hz=args.clock,
                           stop_after=args.stop_after, progress_every=args.progress, node_name=args.node_name)
     try:
         play(args.bag, options)
