@@ -133,8 +133,9 @@ class Qwen3OmniChat:
                 for image in images]
         return made, tuple(image_pad_count(grid, self.images.merge_size) for _, grid in made)
 
-    def _check_image_room(self, images: Sequence) -> None:
-        """The images' pads from their sizes alone, against the context: refused before any is resized."""
+    def check_images(self, images: Sequence) -> None:
+        """The images' pads from their sizes alone (PIL images whose pixels are not decoded yet will do), against
+        the context: a front-end refuses images too large for it before it decodes any."""
         grids = [image.grid if isinstance(image, PreparedImage) else
                  self.images.grid_thw(*((image.height, image.width) if hasattr(image, "height")
                                         else tuple(image.shape[:2])))
@@ -149,7 +150,7 @@ class Qwen3OmniChat:
         shown_before = [images for role, _, *heard in history for images in heard[1:2] if images]
         if any(len(heard) > 1 and heard[1] and role != "user" for role, _, *heard in history):
             raise ValueError("images are taken in user turns only")
-        self._check_image_room([image for group in shown_before for image in group] + list(images))
+        self.check_images([image for group in shown_before for image in group] + list(images))
         for role, said, *heard in history:  # a spoken turn's audio goes in again, as the reference takes it
             audio = heard[0] if heard else None
             clip = None if audio is None else log_mel(torch.as_tensor(audio).reshape(-1).float())

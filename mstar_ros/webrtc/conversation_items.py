@@ -52,9 +52,10 @@ class ConversationItem:
 
 
 def conversation_item(raw: Any, item_id: str, *, images_ok: bool, pixels_left: int | None = None) -> ConversationItem:
-    """The event's ``item`` -> a checked item with its images decoded (CPU work: call it off the event loop).
-    ``pixels_left``: what its images may hold together, checked against their declared sizes before decoding."""
-    from mstar_ros.webrtc.openai_chat import MAX_REQUEST_IMAGE_PIXELS, decode_image
+    """The event's ``item`` -> a checked item with its images opened, their pixels not yet decoded (base64 and
+    header work: call it off the event loop). ``pixels_left``: what its images may hold together, checked
+    against their declared sizes."""
+    from mstar_ros.webrtc.media_parts import MAX_REQUEST_IMAGE_PIXELS, image_url, open_image
 
     if not isinstance(raw, dict):
         raise EventError("conversation.item.create needs an item object")
@@ -84,7 +85,7 @@ def conversation_item(raw: Any, item_id: str, *, images_ok: bool, pixels_left: i
             texts.append(text)
         elif kind == "input_image":
             try:
-                images.append(decode_image(part, budget, what="the conversation's images", limit=limit))
+                images.append(open_image(image_url(part), budget, what="the conversation's images", limit=limit))
             except ValueError as exc:
                 raise EventError(f"item.content[{i}]: {exc}") from None
         else:

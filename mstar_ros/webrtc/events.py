@@ -18,6 +18,8 @@ from typing import Any
 
 import msgspec
 
+from mstar_ros.webrtc.json_body import BadJSON, decode_json
+
 MAX_EVENT_BYTES = 64 * 1024
 # an item may carry an image: up to the SCTP message size aiortc announces (a=max-message-size)
 MAX_ITEM_EVENT_BYTES = 256 * 1024
@@ -71,11 +73,9 @@ def parse_client_event(raw: str | bytes) -> ClientEvent:
     if len(raw) > MAX_ITEM_EVENT_BYTES:
         raise EventError(f"event of {len(raw)} bytes is over the {MAX_ITEM_EVENT_BYTES}-byte limit")
     try:
-        event = msgspec.json.decode(raw if isinstance(raw, bytes) else raw.encode(), type=ClientEvent)
-    except msgspec.DecodeError as exc:
+        event = decode_json(raw if isinstance(raw, bytes) else raw.encode(), ClientEvent, what="the event")
+    except BadJSON as exc:
         raise EventError(f"not a valid event: {exc}") from None
-    except RecursionError:
-        raise EventError("not a valid event: nested too deeply") from None
     if len(raw) > MAX_EVENT_BYTES and event.type != "conversation.item.create":
         raise EventError(f"event of {len(raw)} bytes is over the {MAX_EVENT_BYTES}-byte limit "
                          f"({MAX_ITEM_EVENT_BYTES} for conversation.item.create)")

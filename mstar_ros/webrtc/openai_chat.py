@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import binascii
 import io
 import json
 import time
@@ -27,14 +26,18 @@ import wave
 from typing import Any
 
 import msgspec
-import numpy as np
 import torch
 from aiohttp import web
 
 from mstar.conductor.request import RequestError
 from mstar_ros.webrtc.audio_out import pcm_s16
+from mstar_ros.webrtc.budget import BudgetBusy, SharedBudget
+from mstar_ros.webrtc.http_guard import request_body
+from mstar_ros.webrtc.json_body import decode_json
+from mstar_ros.webrtc.media_parts import (MAX_AUDIO_S, MAX_REQUEST_IMAGE_PIXELS, BadRequest, decode_audio, image_url,
+                                          load_image, open_image, pixels)
 
-PCM16_INPUT_RATE = 24_000  # OpenAI's pcm16 input audio
+MAX_IMAGES = 8  # per request, all messages together
 
 
 class AudioSpec(msgspec.Struct, forbid_unknown_fields=False):
@@ -53,91 +56,11 @@ class ChatBody(msgspec.Struct, forbid_unknown_fields=False):
     seed: int | None = None
 
 
-class BadRequest(ValueError):
-    pass
-
-
-def decode_audio(part: dict[str, Any], rate: int) -> torch.Tensor:
-    """An ``input_audio`` part -> mono float samples at ``rate``."""
-    audio = part.get("input_audio") or {}
-    fmt = audio.get("format", "wav")
-    try:
-        raw = base64.b64decode(audio.get("data", ""), validate=True)
-    except (binascii.Error, ValueError):
-        raise BadRequest("input_audio.data is not valid base64") from None
-    if fmt == "wav":
-        try:
-            with wave.open(io.BytesIO(raw)) as w:
-                if w.getsampwidth() != 2:
-                    raise BadRequest("input_audio wav must be 16-bit PCM")
-                source_rate, channels = w.getframerate(), w.getnchannels()
-                pcm = np.frombuffer(w.readframes(w.getnframes()), dtype=np.int16)
-        except (wave.Error, EOFError) as exc:
-            raise BadRequest(f"input_audio is not a readable wav: {exc}") from None
-        pcm = pcm.reshape(-1, channels).mean(axis=1) if channels > 1 else pcm
-    elif fmt == "pcm16":
-        source_rate, pcm = PCM16_INPUT_RATE, np.frombuffer(raw[:len(raw) // 2 * 2], dtype=np.int16)
-    else:
-        raise BadRequest(f"input_audio.format {fmt!r}: wav or pcm16")
-    samples = torch.from_numpy(pcm.astype(np.float32) / 32768.0)
-    if source_rate != rate and samples.numel():
-        import av
-
-        frame = av.AudioFrame.from_ndarray(pcm.astype(np.int16).reshape(1, -1), format="s16", layout="mono")
-        frame.sample_rate = source_rate
-        resampler = av.AudioResampler(format="s16", layout="mono", rate=rate)
-        out = [f.to_ndarray().reshape(-1) for f in [*resampler.resample(frame), *resampler.resample(None)]]
-        samples = torch.from_numpy(np.concatenate(out).astype(np.float32) / 32768.0)
-    return samples
-
-
-MAX_IMAGES = 8                  # per request, all messages together
-MAX_IMAGE_PIXELS = 8192 * 8192  # a declared size over this is refused before the image is decoded
-MAX_REQUEST_IMAGE_PIXELS = 2 * MAX_IMAGE_PIXELS  # all of a request's images: what decoding them may hold
-IMAGE_FORMATS = ("PNG", "JPEG", "WEBP", "GIF")
-
-
-def decode_image(part: dict[str, Any], budget: list[int] | None = None, what: str = "the request's images",
-                 limit: int | None = None):
-    """An ``image_url`` part (a base64 ``data:`` URL) -> a decoded PIL image. ``budget`` ([pixels left]):
-    the request's images share it, checked against each declared size before that image is decoded; ``what``
-    and ``limit`` (default MAX_REQUEST_IMAGE_PIXELS) name it in the error."""
-    import PIL.Image
-
-    url = (part.get("image_url") or {}).get("url", "") if isinstance(part.get("image_url"), dict) else part.get("image_url")
-    if not isinstance(url, str) or not url.startswith("data:"):
-        raise BadRequest("image_url.url must be a data: URL (data:image/png;base64,...): this server fetches nothing")
-    head, _, data = url.partition(",")
-    if not head.endswith(";base64"):
-        raise BadRequest("an image data: URL must be base64 (data:image/png;base64,...)")
-    try:
-        raw = base64.b64decode(data, validate=True)
-    except (binascii.Error, ValueError):
-        raise BadRequest("the image data: URL is not valid base64") from None
-    try:
-        image = PIL.Image.open(io.BytesIO(raw), formats=IMAGE_FORMATS)  # reads the header only
-    except PIL.Image.DecompressionBombError as exc:
-        raise BadRequest(f"the image is too large: {exc}") from None
-    except Exception:  # PIL raises OSError, SyntaxError, ValueError ... for a file it cannot parse
-        raise BadRequest(f"the image is not a readable {', '.join(IMAGE_FORMATS)} file") from None
-    width, height = image.size
-    if width * height > MAX_IMAGE_PIXELS:
-        raise BadRequest(f"the image is {width} x {height} = {width * height} pixels, over the limit of "
-                         f"{MAX_IMAGE_PIXELS}")
-    if budget is not None:
-        if width * height > budget[0]:
-            raise BadRequest(f"{what} are over {MAX_REQUEST_IMAGE_PIXELS if limit is None else limit} pixels together")
-        budget[0] -= width * height
-    try:
-        image.load()
-    except Exception as exc:  # a corrupt chunk: SyntaxError("broken PNG file"), OSError (truncated) ...
-        raise BadRequest(f"the image could not be decoded: {exc}") from None
-    return image
-
-
 def turn_of(message: dict[str, Any], rate: int | None, images_ok: bool = False,
-            budget: list[int] | None = None) -> tuple[str, str, torch.Tensor | None, list]:
-    """A message -> (role, its text, its audio or None, its images)."""
+            budget: list[int] | None = None, seconds_left: list[float] | None = None
+            ) -> tuple[str, str, torch.Tensor | None, list]:
+    """A message -> (role, its text, its audio or None, its images: opened, their pixels not yet decoded).
+    ``budget`` ([pixels]) and ``seconds_left`` ([seconds]): what the request's images and audio may still take."""
     role = message.get("role")
     if role not in ("system", "user", "assistant", "developer"):
         raise BadRequest(f"message role {role!r}: system, user or assistant")
@@ -158,22 +81,22 @@ def turn_of(message: dict[str, Any], rate: int | None, images_ok: bool = False,
                 raise BadRequest("this model takes no audio input")
             if audio is not None:
                 raise BadRequest("one input_audio part per message")
-            audio = decode_audio(part, rate)
+            audio = decode_audio(part, rate, seconds_left)
         elif kind == "image_url":
             if not images_ok:
                 raise BadRequest("this model takes no image input")
-            images.append(decode_image(part, budget))
+            images.append(open_image(image_url(part), budget))
         else:
             raise BadRequest(f"content part type {kind!r}: text, input_audio or image_url")
     return ("system" if role == "developer" else role), " ".join(t for t in texts if t), audio, images
 
 
-MAX_AUDIO_S = 300.0  # of all the messages' audio together (the Thinker hears it all, every request)
-
-
 class OpenAIChat:
-    def __init__(self, model, conductor, model_name: str, max_text_chars: int) -> None:
+    def __init__(self, model, conductor, model_name: str, max_text_chars: int,
+                 decode_budget: SharedBudget | None = None) -> None:
         self.model, self.conductor, self.name, self.max_text_chars = model, conductor, model_name, max_text_chars
+        # pixels of images being decoded at once, shared with every route and peer that takes images
+        self.decode_budget = decode_budget or SharedBudget(MAX_REQUEST_IMAGE_PIXELS, "pixels of images being decoded")
 
     def add_routes(self, app: web.Application) -> None:
         app.router.add_post("/v1/chat/completions", self.completions)
@@ -182,7 +105,9 @@ class OpenAIChat:
     def _error(status: int, message: str) -> web.Response:
         return web.json_response({"error": {"message": message, "type": "invalid_request_error"}}, status=status)
 
-    def _request(self, body: ChatBody):
+    def _parse(self, body: ChatBody) -> list[tuple[str, str, torch.Tensor | None, list]]:
+        """The request's turns, checked, their audio decoded and their images opened (headers only) and
+        judged against the model's room for them: no image pixel is decoded here."""
         if body.model not in (None, self.name):
             raise BadRequest(f"model {body.model!r} is not served here (GET /v1/models: {self.name!r})")
         if not set(body.modalities) <= {"text", "audio"} or "text" not in body.modalities:
@@ -197,9 +122,9 @@ class OpenAIChat:
                           for p in m["content"] if isinstance(p, dict) and p.get("type") == "image_url")
         if image_parts > MAX_IMAGES:  # counted before any is decoded
             raise BadRequest(f"{image_parts} images, over the limit of {MAX_IMAGES} per request")
-        budget = [MAX_REQUEST_IMAGE_PIXELS]
-        turns = [turn_of(m, rate, images_ok, budget) for m in body.messages]
-        role, text, audio, images = turns[-1]
+        budget, seconds_left = [MAX_REQUEST_IMAGE_PIXELS], [MAX_AUDIO_S]
+        turns = [turn_of(m, rate, images_ok, budget, seconds_left) for m in body.messages]
+        role = turns[-1][0]
         if role != "user":
             raise BadRequest("the last message must be the user's")
         if any((a is not None or i) and r != "user" for r, _, a, i in turns[:-1]):
@@ -209,6 +134,19 @@ class OpenAIChat:
         heard_s = sum(len(a) for _, _, a, _ in turns if a is not None) / (rate or 1)
         if heard_s > MAX_AUDIO_S:
             raise BadRequest(f"the messages' audio is {heard_s:.0f} s, over the {MAX_AUDIO_S:g} s limit")
+        check_images = getattr(self.model, "check_images", None)  # their tokens against the context, from sizes
+        every_image = [image for *_, images in turns for image in images]
+        if every_image and check_images is not None:
+            check_images(every_image)
+        return turns
+
+    def _build(self, body: ChatBody, turns: list) -> tuple:
+        """(the request, whether it speaks): the images decoded (their pixels reserved by the caller), the
+        model's request made."""
+        for *_, images in turns:
+            for image in images:
+                load_image(image)
+        _, text, audio, images = turns[-1]
         speak = "audio" in body.modalities
         limit = body.max_completion_tokens or body.max_tokens
         sampling = self.model.default_sampling
@@ -230,12 +168,14 @@ class OpenAIChat:
 
     async def completions(self, http: web.Request) -> web.StreamResponse:
         try:
-            body = msgspec.json.decode(await http.read(), type=ChatBody)
+            body = decode_json(await request_body(http), ChatBody)
             # decoding images and audio and preparing them is CPU work: off the loop that serves every peer
-            request, speak = await asyncio.to_thread(self._request, body)
-        except msgspec.DecodeError as exc:
-            return self._error(400, f"bad request body: {exc}")
-        except ValueError as exc:  # BadRequest, and the model's own refusals (empty turn, audio too long)
+            turns = await asyncio.to_thread(self._parse, body)
+            async with self.decode_budget.reserve(pixels(image for *_, images in turns for image in images)):
+                request, speak = await asyncio.to_thread(self._build, body, turns)
+        except BudgetBusy as exc:
+            return self._error(503, str(exc))
+        except ValueError as exc:  # BadJSON, BadRequest, and the model's own refusals (empty turn, audio too long)
             return self._error(400, str(exc))
         cid, created = f"chatcmpl-{uuid.uuid4().hex[:16]}", int(time.time())
         fmt = body.audio.format if body.audio else "pcm16"

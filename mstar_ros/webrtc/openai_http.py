@@ -17,6 +17,8 @@ from aiohttp import web
 
 from mstar.conductor.request import RequestError
 from mstar_ros.webrtc.audio_out import pcm_s16
+from mstar_ros.webrtc.http_guard import request_body
+from mstar_ros.webrtc.json_body import BadJSON, decode_json
 
 
 class SpeechBody(msgspec.Struct, forbid_unknown_fields=False):
@@ -52,8 +54,8 @@ class OpenAISpeech:
 
     async def speech(self, request: web.Request) -> web.StreamResponse:
         try:
-            body = msgspec.json.decode(await request.read(), type=SpeechBody)
-        except msgspec.DecodeError as exc:
+            body = decode_json(await request_body(request), SpeechBody)
+        except BadJSON as exc:
             return self._error(400, f"bad request body: {exc}")
         if body.model not in (None, self.name):
             return self._error(400, f"model {body.model!r} is not served here (GET /v1/models: {self.name!r})")

@@ -24,8 +24,10 @@ import msgspec
 
 from mstar.conductor.request import RequestCancelled, RequestError, UnknownRequest
 from mstar_ros.webrtc.audio_out import PacedAudioTrack
+from mstar_ros.webrtc.budget import BudgetBusy, SharedBudget
 from mstar_ros.webrtc.conversation_items import conversation_item, image_pixels, turn_images
 from mstar_ros.webrtc.events import EventError, SessionUpdate, parse_client_event, response_text, server_event
+from mstar_ros.webrtc.media_parts import MAX_REQUEST_IMAGE_PIXELS, load_image, pixels
 
 log = logging.getLogger("mstar_ros.webrtc")
 MAX_TEXT_CHARS = 2000
@@ -74,8 +76,10 @@ class ResponseTiming:
 
 class VoicePeer:
     def __init__(self, pc, model, conductor, *, max_text_chars: int = MAX_TEXT_CHARS,
-                 silence_duration_ms: int = 500) -> None:
+                 silence_duration_ms: int = 500, decode_budget: SharedBudget | None = None) -> None:
         self.pc, self.model, self.conductor = pc, model, conductor
+        # pixels of images being decoded at once, shared with the gateway's other peers and routes
+        self.decode_budget = decode_budget or SharedBudget(MAX_REQUEST_IMAGE_PIXELS, "pixels of images being decoded")
         self.id = uuid.uuid4().hex[:12]
         self.session = f"webrtc:{self.id}"
         self.track = PacedAudioTrack()
@@ -158,8 +162,11 @@ class VoicePeer:
             elif event.type == "conversation.item.create":
                 if not self.conversational:
                     raise EventError("this model keeps no conversation: it speaks the text of response.create")
-                # decoding, preparing and checking it against the conversation is CPU work: off the loop
-                added, turn = await asyncio.to_thread(self._checked_item, event.item, list(self.history))
+                # decoding, preparing and checking it against the conversation is CPU work: off the loop;
+                # its images are judged from their headers first, and decoded once their pixels are reserved
+                added = await asyncio.to_thread(self._opened_item, event.item, list(self.history))
+                async with self.decode_budget.reserve(pixels(added.images)):
+                    turn = await asyncio.to_thread(self._checked_item, added, list(self.history))
                 if self.closed:
                     return
                 self.history = self._trimmed(self.history + [turn])
@@ -172,7 +179,7 @@ class VoicePeer:
                 self.update_session(event.session or SessionUpdate())
             else:
                 raise EventError(f"unknown event type {event.type!r}")
-        except (EventError, ValueError) as exc:
+        except (EventError, ValueError, BudgetBusy) as exc:
             self.send("error", error={"type": "invalid_request_error", "message": str(exc)})
 
     def _split_last_item(self) -> tuple[list, tuple]:
@@ -182,12 +189,22 @@ class VoicePeer:
                              "(conversation.item.create) as the conversation's last")
         return list(self.history[:-1]), self.history[-1]
 
-    def _checked_item(self, raw, history: list) -> tuple:
-        """(the item, its history turn): decoded, its images prepared once for every later turn (when the model
-        can), and refused unless the model takes the conversation with it (a text that makes a special token,
-        images over the context): an item that joins the conversation never breaks a later turn."""
+    def _opened_item(self, raw, history: list):
+        """The item, checked, its images opened (headers only) and judged against the model's room with the
+        conversation's: nothing decoded yet."""
         added = conversation_item(raw, f"item_{uuid.uuid4().hex[:12]}", images_ok=self.takes_images,
                                   pixels_left=self.MAX_HISTORY_IMAGE_PIXELS)
+        check_images = getattr(self.model, "check_images", None)
+        if added.images and check_images is not None:
+            check_images([image for turn in history for image in turn_images(turn)] + added.images)
+        return added
+
+    def _checked_item(self, added, history: list) -> tuple:
+        """The item's history turn: its images decoded and prepared once for every later turn (when the model
+        can), and refused unless the model takes the conversation with it (a text that makes a special token,
+        images over the context): an item that joins the conversation never breaks a later turn."""
+        for image in added.images:
+            load_image(image)
         prepare = getattr(self.model, "prepare_image", None)
         if added.images and prepare is not None:
             added.prepared = [prepare(image) for image in added.images]
@@ -195,7 +212,7 @@ class VoicePeer:
         last = turn if added.role == "user" else ("user", "and?")  # any request ends with a user turn
         before = history + ([] if added.role == "user" else [turn])
         self.model.request(last[1] or None, images=turn_images(last), history=before, sampling=self.sampling)
-        return added, turn
+        return turn
 
     def _sampling_with(self, **changes):
         """The session's sampling with ``changes``; a bad value is an error naming the field."""

@@ -15,6 +15,15 @@ def bomb_png(width: int, height: int) -> bytes:
             + chunk(b"IDAT", rows) + chunk(b"IEND", b""))
 
 
+def undecodable_png(width: int, height: int) -> bytes:
+    """A PNG whose header says width x height and whose image data is not zlib: opening it works, decoding fails."""
+    good = bomb_png(width, height)
+    at = good.index(b"IDAT") - 4
+    data = b"not zlib data"
+    return (good[:at] + struct.pack(">I", len(data)) + b"IDAT" + data + struct.pack(">I", zlib.crc32(b"IDAT" + data))
+            + good[-12:])
+
+
 def broken_png() -> bytes:
     """A PNG whose image data chunk says it is half its real length: PIL opens it, then its decoder
     meets garbage where the next chunk should start (SyntaxError "broken PNG file")."""

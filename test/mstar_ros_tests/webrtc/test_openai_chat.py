@@ -13,9 +13,9 @@ import torch
 from aiohttp import ClientSession
 
 from mstar.conductor import Conductor
-from mstar_ros.webrtc.openai_chat import decode_audio
+from mstar_ros.webrtc.media_parts import decode_audio
 from mstar_ros.webrtc.server import VoiceGateway
-from support.images import bomb_png, broken_png
+from support.images import bomb_png, broken_png, undecodable_png
 from support.webrtc_gateway import serve_gateway
 
 
@@ -151,7 +151,14 @@ def test_chat_completions_take_images_as_data_urls_and_refuse_bad_ones(qwen3_omn
            {"messages": [{"role": "assistant", "content": [{"type": "image_url", "image_url": {"url": url}}]},
                          {"role": "user", "content": "hi"}]},
            body({"type": "image_url", "image_url": {"url": "data:image/png;base64," + base64.b64encode(broken_png()).decode()}}),
-           {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": big}}] * 3}]}]
+           {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": big}}] * 3}]},
+           # a header of 8192 x 8192 and no pixel data: refused for its tokens, which it could only be if its
+           # pixels were never decoded (decoding would fail first)
+           body({"type": "image_url", "image_url": {"url": "data:image/png;base64,"
+                                                          + base64.b64encode(undecodable_png(8192, 8192)).decode()}}),
+           body({"type": "input_audio", "input_audio": {"format": "wav", "data": base64.b64encode(
+               b"RIFF\x24\0\0\0WAVEfmt \x10\0\0\0\x01\0\x01\0" + bytes(4) + bytes(4) + b"\x02\0\x10\0data"
+               + bytes(4)).decode()}})]
 
     async def main():
         async with Conductor(qwen3_omni.graph(), qwen3_omni.modules()) as c:
@@ -172,6 +179,9 @@ def test_chat_completions_take_images_as_data_urls_and_refuse_bad_ones(qwen3_omn
                     for b in (shown, later, *bad):
                         async with http.post(f"{gateway}/v1/chat/completions", json=b) as r:
                             got.append((r.status, await r.json()))
+                    nested = b'{"messages": [{"role": "user", "content": ' + b"[" * 30000
+                    async with http.post(f"{gateway}/v1/chat/completions", data=nested) as r:
+                        got.append((r.status, await r.json()))
             finally:
                 await runner.cleanup()
             return direct, got
@@ -181,9 +191,11 @@ def test_chat_completions_take_images_as_data_urls_and_refuse_bad_ones(qwen3_omn
         assert status == 200, answer
         assert answer["choices"][0]["message"]["content"] == qwen3_omni.decode_text([int(t) for t in want["text_ids"]])
     errors = [(s, a["error"]["message"]) for s, a in got[2:]]
-    assert [s for s, _ in errors] == [400] * 8, errors
+    assert [s for s, _ in errors] == [400] * 11, errors
     assert "fetches nothing" in errors[0][1] and "not valid base64" in errors[1][1]
     assert "not a readable" in errors[2][1] and "9000 x 8000 = 72000000 pixels, over the limit" in errors[3][1]
     assert "9 images, over the limit of 8" in errors[4][1] and "user messages only" in errors[5][1]
     assert "could not be decoded" in errors[6][1] or "not a readable" in errors[6][1]  # not a 500
     assert "images are over 134217728 pixels together" in errors[7][1]
+    assert "the images make 12544 image tokens, over the 8128" in errors[8][1], errors[8]
+    assert "sample rate 0 Hz" in errors[9][1] and "nested too deeply" in errors[10][1]
