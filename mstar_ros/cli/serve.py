@@ -26,8 +26,19 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     v.add_argument("--weights", help="checkpoint directory (default: the generated tiny one, RANDOM weights)")
     v.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; others need --token)")
     v.add_argument("--port", type=int, default=8080, help="port (default 8080; 0: any free one, printed)")
-    v.add_argument("--token", help="Bearer token every endpoint requires (needed with a non-loopback --host)")
+    v.add_argument("--token-file", type=Path,
+                   help="file holding the Bearer token every endpoint then requires (needed with a non-loopback "
+                        "--host; or set $MSTAR_GATEWAY_TOKEN)")
+    v.add_argument("--token", help="the token itself (deprecated: every user of the host sees argv in ps; use "
+                                   "--token-file or $MSTAR_GATEWAY_TOKEN)")
     v.add_argument("--max-peers", type=int, default=8, help="peers at once; the next one gets 503 (default 8)")
+    v.add_argument("--connect-timeout-s", type=float, default=10.0,
+                   help="a peer whose ICE has not completed this long after its offer is dropped (default 10 s); "
+                        "before that, a newer offer takes its slot when it needs one (past 4 such offers, or 2 "
+                        "from one address)")
+    v.add_argument("--max-connections", type=int, default=256,
+                   help="HTTP connections at once; the next gets 503 (default 256). A connection must send a whole "
+                        "request head within 10 s and a body within 60 s (408 otherwise)")
     v.add_argument("--peer-lost-s", type=float, default=1.5,
                    help="a peer that stops answering ICE consent checks is dropped after about this long (default "
                         "1.5 s; on lossy or far networks use 5 or more, or a packet loss burst drops a peer)")
@@ -43,11 +54,19 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def _run_voice(args: argparse.Namespace) -> int:
     from aiohttp import web
 
+    from mstar_ros.webrtc.gateway_token import gateway_token
+    from mstar_ros.webrtc.http_guard import ConnectionLimits
     from mstar_ros.webrtc.server import GatewayLimits, VoiceGateway
     from mstar_ros.webrtc.speech_models import load_speech_model, speech_conductor
 
     if args.max_peers < 1 or args.peer_lost_s <= 0.5:
         raise ValueError("--max-peers must be >= 1 and --peer-lost-s > 0.5 (one consent check's timeout)")
+    if args.connect_timeout_s <= 0 or args.max_connections < 1:
+        raise ValueError("--connect-timeout-s must be > 0 and --max-connections >= 1")
+    token = gateway_token(args.token, args.token_file)
+    limits = GatewayLimits(max_peers=args.max_peers, peer_lost_s=args.peer_lost_s,
+                           connect_timeout_s=args.connect_timeout_s,
+                           connections=ConnectionLimits(max_connections=args.max_connections))
     # under a placement the Worker processes load the weights; this process only builds requests
     model = load_speech_model(args.model, args.weights, requests_only=args.placement is not None)
     config = engine_config(args)
@@ -55,12 +74,10 @@ def _run_voice(args: argparse.Namespace) -> int:
 
     async def main() -> None:
         async with speech_conductor(model, config, args.placement) as conductor:
-            gateway = VoiceGateway(model, conductor, host=args.host, token=args.token,
-                                   limits=GatewayLimits(max_peers=args.max_peers, peer_lost_s=args.peer_lost_s),
-                                   model_name=args.model)
+            gateway = VoiceGateway(model, conductor, host=args.host, token=token, limits=limits, model_name=args.model)
             runner = web.AppRunner(gateway.app())
             await runner.setup()
-            await web.TCPSite(runner, args.host, args.port).start()
+            await gateway.site(runner, args.host, args.port).start()
             port = runner.addresses[0][1]  # --port 0: the one the system gave
             note = " (RANDOM weights: the audio is noise)" if getattr(model, "random_weights", False) else ""
             where = f" in Worker processes per {args.placement}" if args.placement else ""

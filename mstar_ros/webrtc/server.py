@@ -8,23 +8,34 @@ to ``DELETE`` at the end.
 No STUN or TURN (``iceServers`` empty), and ICE offers host candidates on the bound address
 only (aioice would otherwise announce every interface of the host).
 
-Limits: request bodies (413), SDP size and garbage SDP (400, with the parser's message), peers
-(503 past ``max_peers``), text per response; a peer idle for ``idle_timeout_s`` is dropped, and one
-that stops answering ICE consent checks after about ``peer_lost_s``. A host other than loopback needs a token: every
+Limits: connections, request heads and bodies (mstar_ros.webrtc.http_guard: 503, 408, 413 counted as
+the body arrives), SDP size and garbage SDP (400, with the parser's message), any JSON (400, never a
+500), peers (503 once ``max_peers`` are connected), text per response; images are judged by their
+headers and decoded within one budget of pixels shared by every route and peer. An offer whose ICE
+has not completed holds a slot only until a newer offer needs it: past ``max_pending_peers`` such
+offers, or ``max_pending_per_client`` from one address, or a full house, the oldest pending offer is
+dropped, so a burst of offers that never connect cannot lock real peers out; and one not connected
+within ``connect_timeout_s`` of its offer is dropped anyway. A peer idle for ``idle_timeout_s`` is
+dropped too, and one that stops answering ICE consent checks after about ``peer_lost_s``. A host
+other than loopback needs a token (mstar_ros.webrtc.gateway_token): every
 endpoint then wants ``Authorization: Bearer TOKEN`` (401 otherwise).
 """
 from __future__ import annotations
 
 import asyncio
-import hmac
 import ipaddress
-import json
 import logging
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from aiohttp import web
 
+from mstar_ros.webrtc.budget import SharedBudget
+from mstar_ros.webrtc.gateway_token import TOKEN_ENV, authorised
+from mstar_ros.webrtc.http_guard import ConnectionGuard, ConnectionLimits, GuardedSite, body_middleware, request_body
+from mstar_ros.webrtc.json_body import BadJSON, decode_json
+from mstar_ros.webrtc.media_parts import MAX_REQUEST_IMAGE_PIXELS
 from mstar_ros.webrtc.openai_http import OpenAISpeech
 from mstar_ros.webrtc.peer import VoicePeer
 
@@ -41,6 +52,10 @@ class GatewayLimits:
     max_text_chars: int = 2000
     idle_timeout_s: float = 300.0  # a peer with no event and nothing playing for this long is dropped
     peer_lost_s: float = 1.5  # a peer that stops answering ICE consent checks is dropped after about this long
+    connect_timeout_s: float = 10.0  # a peer whose ICE has not completed this long after its offer is dropped
+    max_pending_peers: int = 4  # offers not yet connected, at once (the oldest goes when a newer one needs room)
+    max_pending_per_client: int = 2  # of them from one address
+    connections: ConnectionLimits = field(default_factory=ConnectionLimits)
 
 
 def is_loopback(host: str) -> bool:
@@ -72,17 +87,21 @@ class VoiceGateway:
     def __init__(self, model, conductor, *, host: str = "127.0.0.1", token: str | None = None,
                  limits: GatewayLimits | None = None, model_name: str = "orpheus") -> None:
         if not is_loopback(host) and not token:
-            raise ValueError(f"--host {host} is not loopback: give --token (every endpoint then needs it)")
+            raise ValueError(f"--host {host} is not loopback: give a token (--token-file FILE or ${TOKEN_ENV}; every "
+                             "endpoint then needs it)")
         self.model, self.conductor, self.host, self.token = model, conductor, host, token
         self.limits = limits or GatewayLimits()
         self.peers: dict[str, VoicePeer] = {}
+        self.pending: dict[str, tuple[float, str]] = {}  # not connected yet: (their offer's time.monotonic(), address)
         self.model_name = model_name
+        self.guard = ConnectionGuard(self.limits.connections)
+        self.decode_budget = SharedBudget(MAX_REQUEST_IMAGE_PIXELS, "pixels of images being decoded")
         configure_ice("127.0.0.1" if host == "localhost" else host, self.limits.peer_lost_s)
 
     def app(self) -> web.Application:
-        # the largest body any route takes; each route's own limit is checked by _limit_body
+        # the largest body any route takes; each route's own limit is counted as its body is read
         app = web.Application(client_max_size=max(self.limits.max_body_bytes, self.limits.max_audio_body_bytes),
-                              middlewares=[self._auth, self._limit_body])
+                              middlewares=[self._auth, body_middleware(self._body_limit, self.limits.connections)])
         app.router.add_get("/", self.page)
         app.router.add_post("/offer", self.offer)
         app.router.add_delete("/offer/{pc_id}", self.delete)
@@ -92,7 +111,8 @@ class VoiceGateway:
         if getattr(self.model, "conversational", False):  # a model that answers: chat completions too
             from mstar_ros.webrtc.openai_chat import OpenAIChat
 
-            OpenAIChat(self.model, self.conductor, self.model_name, self.limits.max_text_chars).add_routes(app)
+            OpenAIChat(self.model, self.conductor, self.model_name, self.limits.max_text_chars,
+                       self.decode_budget).add_routes(app)
         app.on_startup.append(self._start_reaper)
         app.on_shutdown.append(self._close_all)
         return app
@@ -103,67 +123,78 @@ class VoiceGateway:
     @web.middleware
     async def _auth(self, request: web.Request, handler):
         if self.token and request.path != "/":  # the page itself holds no secret; it reads the token from #token=
-            given = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
-            if not hmac.compare_digest(given.encode(), self.token.encode()):
-                raise web.HTTPUnauthorized(text="a Bearer token is required")
+            if not authorised(request.headers.get("Authorization", ""), self.token):
+                raise web.HTTPUnauthorized(text="a Bearer token is required", headers={"WWW-Authenticate": "Bearer"})
         return await handler(request)
 
-    @web.middleware
-    async def _limit_body(self, request: web.Request, handler):
-        audio = request.path == "/v1/chat/completions"
-        limit = self.limits.max_audio_body_bytes if audio else self.limits.max_body_bytes
-        if request.content_length is not None and request.content_length > limit:
-            raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=request.content_length)
-        if request.content_length is None and request.can_read_body:  # chunked: read (aiohttp keeps it) and count
-            body = await request.read()
-            if len(body) > limit:
-                raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=len(body))
-        return await handler(request)
+    def _body_limit(self, request: web.Request) -> int:
+        audio = request.path == "/v1/chat/completions"  # input audio and images, base64
+        return self.limits.max_audio_body_bytes if audio else self.limits.max_body_bytes
+
+    def site(self, runner: web.BaseRunner, host: str, port: int) -> GuardedSite:
+        """The TCP site to serve this gateway's app on: its connections under the gateway's limits."""
+        return GuardedSite(runner, host, port, self.guard)
 
     async def offer(self, request: web.Request) -> web.Response:
-        self._check_length(request)
         try:
-            body = await request.json()
-        except (json.JSONDecodeError, UnicodeDecodeError):
+            body = decode_json(await request_body(request))
+        except BadJSON:
             raise web.HTTPBadRequest(text="the body must be JSON: {\"sdp\": ..., \"type\": \"offer\"}") from None
         if not isinstance(body, dict) or body.get("type") != "offer" or not isinstance(body.get("sdp"), str):
             raise web.HTTPBadRequest(text="expected {\"sdp\": \"...\", \"type\": \"offer\"}")
-        peer = await self._new_peer(body["sdp"])
+        peer = await self._new_peer(body["sdp"], request.remote or "")
         local = peer.pc.localDescription
         return web.json_response({"sdp": local.sdp, "type": local.type, "pc_id": peer.id})
 
     async def whip(self, request: web.Request) -> web.Response:
         """WHIP: the offer as ``application/sdp``; 201 Created with the answer and the peer's Location."""
-        self._check_length(request)
         if request.content_type != "application/sdp":
             raise web.HTTPUnsupportedMediaType(text="WHIP takes the offer as application/sdp")
         try:
-            sdp = (await request.read()).decode()
+            sdp = (await request_body(request)).decode()
         except UnicodeDecodeError:
             raise web.HTTPBadRequest(text="the SDP offer is not UTF-8") from None
-        peer = await self._new_peer(sdp)
+        peer = await self._new_peer(sdp, request.remote or "")
         return web.Response(status=201, text=peer.pc.localDescription.sdp, content_type="application/sdp",
                             headers={"Location": f"/whip/{peer.id}"})
 
-    def _check_length(self, request: web.Request) -> None:
-        if request.content_length is not None and request.content_length > self.limits.max_body_bytes:
-            raise web.HTTPRequestEntityTooLarge(max_size=self.limits.max_body_bytes,
-                                                actual_size=request.content_length)
+    async def _make_room(self, client: str) -> None:
+        """Drop the oldest pending offers (ICE not completed) that a new offer from ``client`` needs room from."""
+        limits, victims = self.limits, []
+        theirs = [pc_id for pc_id, (_, address) in self.pending.items() if address == client]
+        if len(theirs) >= limits.max_pending_per_client:
+            victims.append(theirs[0])
+        for pc_id in self.pending:  # oldest first
+            full = (len(self.pending) - len(victims) >= limits.max_pending_peers
+                    or len(self.peers) - len(victims) >= limits.max_peers)
+            if not full:
+                break
+            if pc_id not in victims:
+                victims.append(pc_id)
+        for pc_id in victims:
+            log.info("peer %s: dropped before it connected (%.1f s after its offer): a newer offer needed its slot",
+                     pc_id, time.monotonic() - self.pending[pc_id][0])
+            await self._drop(pc_id)
 
-    async def _new_peer(self, sdp: str) -> VoicePeer:
+    async def _new_peer(self, sdp: str, client: str) -> VoicePeer:
         from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 
         if len(sdp) > self.limits.max_sdp_bytes:
             raise web.HTTPBadRequest(text=f"SDP of {len(sdp)} bytes is over the {self.limits.max_sdp_bytes} limit")
+        await self._make_room(client)
         if len(self.peers) >= self.limits.max_peers:
             raise web.HTTPServiceUnavailable(text=f"{self.limits.max_peers} peers are connected (the limit)")
         pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
-        peer = VoicePeer(pc, self.model, self.conductor, max_text_chars=self.limits.max_text_chars)
+        peer = VoicePeer(pc, self.model, self.conductor, max_text_chars=self.limits.max_text_chars,
+                         decode_budget=self.decode_budget)
         self.peers[peer.id] = peer
+        self.pending[peer.id] = (time.monotonic(), client)
 
         @pc.on("connectionstatechange")
         async def on_state() -> None:
-            if pc.connectionState in ("failed", "closed"):
+            if pc.connectionState == "connected":
+                self.pending.pop(peer.id, None)
+            elif pc.connectionState in ("failed", "closed"):
                 await self._drop(peer.id)
 
         try:
@@ -183,6 +214,7 @@ class VoiceGateway:
         return web.Response(status=204)
 
     async def _drop(self, pc_id: str) -> None:
+        self.pending.pop(pc_id, None)
         peer = self.peers.pop(pc_id, None)
         if peer is not None:
             await peer.close()
@@ -193,7 +225,13 @@ class VoiceGateway:
 
     async def _reap_idle(self) -> None:
         while True:
-            await asyncio.sleep(min(1.0, self.limits.idle_timeout_s / 4))
+            await asyncio.sleep(min(1.0, self.limits.idle_timeout_s / 4, self.limits.connect_timeout_s / 4))
+            now = time.monotonic()
+            for pc_id, (offered, _) in list(self.pending.items()):
+                if now - offered > self.limits.connect_timeout_s:
+                    log.info("peer %s: not connected %.0f s after its offer (ICE never completed; connect_timeout_s "
+                             "%g): dropped", pc_id, now - offered, self.limits.connect_timeout_s)
+                    await self._drop(pc_id)
             for pc_id, peer in list(self.peers.items()):
                 if peer.closed or peer.idle_s > self.limits.idle_timeout_s:
                     log.info("peer %s: %s", pc_id, "closed" if peer.closed else
@@ -211,6 +249,6 @@ async def serve_on_free_port(gateway: VoiceGateway, host: str = "127.0.0.1") -> 
     """The gateway's app on ``host``:<a free port> (benchmarks, tests): (runner to clean up, base URL)."""
     runner = web.AppRunner(gateway.app())
     await runner.setup()
-    site = web.TCPSite(runner, host, 0)
+    site = gateway.site(runner, host, 0)
     await site.start()
-    return runner, f"http://{host}:{site._server.sockets[0].getsockname()[1]}"
+    return runner, f"http://{host}:{site.port}"

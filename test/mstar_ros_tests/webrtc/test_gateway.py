@@ -126,6 +126,11 @@ def test_signalling_refuses_garbage_oversized_unauthorised_and_too_many_peers(or
                         out["big"] = r.status
                     async with http.post(f"{url}/offer", data=b"not json") as r:
                         out["not_json"] = (r.status, await r.text())
+                    for route in ("/offer", "/v1/audio/speech"):  # msgspec and json recurse as deep as the input
+                        async with http.post(f"{url}{route}", data=b'{"input": "hi", "x": ' + b"[" * 3000) as r:
+                            out[f"nested {route}"] = r.status
+                    out["chunked"] = await raw_status(url, b"POST /offer HTTP/1.1\r\nHost: x\r\n"
+                                                           b"Transfer-Encoding: chunked\r\n\r\n", chunks=15 * 16)
                     assert not gateway.peers  # a refused offer leaves no peer behind
                     await client.connect(http, url)
                     second = RTCPeerConnection(RTCConfiguration(iceServers=[]))
@@ -145,6 +150,12 @@ def test_signalling_refuses_garbage_oversized_unauthorised_and_too_many_peers(or
                         out["no_token"] = r.status
                     async with http.post(f"{url}/offer", json={}, headers={"Authorization": "Bearer s3cret"}) as r:
                         out["token"] = r.status
+                    async with http.post(f"{url}/offer", json={}, headers={"Authorization": "bearer s3cret"}) as r:
+                        out["lower_case"] = r.status
+                    async with http.post(f"{url}/offer", json={}, headers={"Authorization": "s3cret"}) as r:
+                        out["no_scheme"] = r.status
+                out["latin1"] = await raw_status(url, b"GET /v1/models HTTP/1.1\r\nHost: x\r\n"
+                                                      b"Authorization: Bearer s3cr\xe9t\r\n\r\n")
             finally:
                 await runner.cleanup()
             return out
@@ -153,10 +164,92 @@ def test_signalling_refuses_garbage_oversized_unauthorised_and_too_many_peers(or
     assert out["garbage"][0] == 400 and "cannot take this SDP offer" in out["garbage"][1]
     assert out["big"] == 413
     assert out["not_json"][0] == 400 and "must be JSON" in out["not_json"][1]
+    assert out["nested /offer"] == out["nested /v1/audio/speech"] == 400  # not a 500 (RecursionError)
+    assert out["chunked"] == (413, True)  # refused within the first MiB of 15, not once read whole
     assert out["full"][0] == 503 and "1 peers are connected" in out["full"][1]
     assert out["no_token"] == 401 and out["token"] == 400  # authorised, then refused for its (empty) body
-    with pytest.raises(ValueError, match="give --token"):
+    assert out["lower_case"] == 400 and out["no_scheme"] == 401 and out["latin1"][0] == 401
+    with pytest.raises(ValueError, match="give a token"):
         VoiceGateway(orpheus, None, host="0.0.0.0")
+
+
+async def raw_status(url: str, head: bytes, chunks: int = 0) -> tuple[int, bool]:
+    """(the status line's code, whether it came before the client had sent 1 MiB) for a request written raw:
+    ``head``, then up to ``chunks`` chunked 64 KiB pieces of body until the answer comes."""
+    host, port = url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(head)
+    answer = asyncio.ensure_future(reader.readline())
+    sent = 0
+    for _ in range(chunks):
+        try:
+            writer.write(b"10000\r\n" + b"x" * 65536 + b"\r\n")
+            await writer.drain()
+        except ConnectionError:
+            break
+        sent += 65536
+        await asyncio.sleep(0.002)
+        if answer.done():
+            break
+    line = await asyncio.wait_for(answer, 10)
+    writer.close()
+    return (int(line.split()[1]) if line else 0), sent < 2**20
+
+
+def test_offers_that_never_connect_give_their_slots_to_newer_offers_and_go_after_the_connect_timeout(orpheus):
+    """A client that posts offers and never does ICE holds a slot only until a newer offer needs it (the oldest
+    pending one goes: per address, in all, or when the house is full) and for ``connect_timeout_s`` at most: a
+    burst of them cannot lock a real peer out."""
+    async def main():
+        async with Conductor(orpheus.graph(), orpheus.modules()) as c:
+            gateway = VoiceGateway(orpheus, c, limits=GatewayLimits(max_peers=3, max_pending_peers=2,
+                                                                    max_pending_per_client=2, connect_timeout_s=1.5))
+            runner, url = await serve_gateway(gateway)
+            out = {}
+            try:
+                async with ClientSession() as http:
+                    async def ghost() -> tuple[int, str]:
+                        client = GatewayClient(keep_samples=False)
+                        await client.pc.setLocalDescription(await client.pc.createOffer())
+                        async with http.post(f"{url}/offer", json={"sdp": client.pc.localDescription.sdp,
+                                                                    "type": "offer"}) as r:
+                            answer = (r.status, await r.json() if r.status == 200 else await r.text())
+                        await client.close()  # never does ICE with the answer
+                        return answer
+
+                    ghosts = [await ghost() for _ in range(5)]
+                    out["ghosts"] = [s for s, _ in ghosts]
+                    out["pending"] = sorted(gateway.pending) == sorted(a["pc_id"] for _, a in ghosts[-2:])
+                    real = GatewayClient(keep_samples=False)
+                    try:
+                        out["real"] = (await real.connect(http, url))["pc_id"] in gateway.peers  # no waiting
+                        started = time.monotonic()
+                        while gateway.pending and time.monotonic() - started < 10:
+                            await asyncio.sleep(0.05)
+                        out["ghost_left_after_s"] = time.monotonic() - started
+                        out["peers"] = len(gateway.peers)
+                        others = [GatewayClient(keep_samples=False) for _ in range(3)]
+                        out["full"] = []
+                        for other in others:
+                            try:
+                                await other.connect(http, url)
+                                out["full"].append("connected")
+                            except ConnectionError as exc:
+                                out["full"].append(str(exc))
+                        for other in others:
+                            await other.close()
+                    finally:
+                        await real.close()
+            finally:
+                await runner.cleanup()
+            return out
+
+    out = asyncio.run(main())
+    assert out["ghosts"] == [200] * 5 and out["pending"], out  # the two newest wait; the older three went
+    assert out["real"], out
+    assert out["ghost_left_after_s"] < 3.5 and out["peers"] == 1, out  # 1.5 s connect timeout
+    assert out["full"][:2] == ["connected", "connected"], out
+    assert "503" in out["full"][2] and "3 peers are connected" in out["full"][2], out
 
 
 def test_v1_audio_speech_streams_the_same_audio_as_mstar_ros_tts(orpheus, tmp_path):
