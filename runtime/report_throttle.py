@@ -41,11 +41,12 @@ class ReportThrottle:
         kind.last_said, kind.suppressed, kind.last_text = now, 0, ""
         return said
 
-    def flush(self, now: float) -> list[tuple[Hashable, str]]:
-        """(key, text) of every kind whose period ran out with repeats not yet said."""
+    def flush(self, now: float, force: bool = False) -> list[tuple[Hashable, str]]:
+        """(key, text) of every kind whose period ran out with repeats not yet said (``force``: every
+        kind with repeats not yet said, as when stopping)."""
         out = []
         for key, kind in self._kinds.items():
-            if kind.suppressed and now - kind.last_said >= self.period_s:
+            if kind.suppressed and (force or now - kind.last_said >= self.period_s):
                 out.append((key, self._with_count(kind.last_text, kind.suppressed - 1, now - kind.last_said)))
                 kind.last_said, kind.suppressed, kind.last_text = now, 0, ""
         return out

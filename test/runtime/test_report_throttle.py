@@ -35,3 +35,12 @@ def test_no_period_says_everything():
     assert [t.report("k", "x", float(i)) for i in range(3)] == ["x", "x", "x"]
     with pytest.raises(ValueError):
         ReportThrottle(-1)
+
+
+def test_a_forced_flush_says_pending_repeats_before_their_period_ends():
+    t = ReportThrottle(5.0)
+    t.report("k", "x", 0.0)
+    t.report("k", "x1", 1.0)
+    assert t.flush(2.0) == []
+    assert t.flush(2.0, force=True) == [("k", "x1")]  # stopping: said now, not lost
+    assert t.flush(9.0, force=True) == []
