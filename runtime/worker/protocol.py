@@ -24,13 +24,14 @@ from mstar.transport.tcp import SECRET_ENV
 from mstar.worker.messages import (CloseSession, ExecuteNode, ExportKV, FeedInput, KVExported, NodeOutput,
                                    ReleaseRequest)
 
-MAX_FRAME = 1 << 30  # a corrupt length must not make us allocate the world
+MAX_FRAME = 1 << 30  # the largest frame encode_frame sends; a longer announced length is refused unread
+READ_CHUNK = 1 << 20  # a frame's buffer grows by what has arrived, never by what its header announces
 MAX_HELLO = 64 << 10  # before a peer has shown the token, it may send only this much
 TOKEN_ENV = SECRET_ENV  # the token travels in the environment, not in argv (ps shows argv)
 
 
 class FrameTooLarge(ValueError):
-    pass
+    """A frame over the limit, to send or announced by a peer (then refused before it is read)."""
 
 
 def worker_tag(token: str, rank: int, pid: int) -> str:
@@ -126,14 +127,14 @@ def encode_frame(msg: Message) -> bytes:
     return _HEADER.pack(len(body)) + body
 
 
-def decode_body(body: bytes) -> Message:
+def decode_body(body: bytes | bytearray) -> Message:
     return _decoder.decode(body)
 
 
 def frame_length(header: bytes, limit: int = MAX_FRAME) -> int:
     (n,) = _HEADER.unpack(header)
     if n > limit:
-        raise ValueError(f"control frame of {n} bytes is over the {limit} limit (corrupt stream?)")
+        raise FrameTooLarge(f"a control frame of {n} bytes was announced, over the {limit}-byte limit")
     return n
 
 
@@ -154,26 +155,31 @@ class BlockingChannel:
             self.sock.sendall(data)
 
     def recv(self, limit: int = MAX_FRAME) -> Message | None:
-        """The next message, or None when the peer closed the connection. ``limit``: the largest
-        frame accepted (MAX_HELLO before the peer has proved it holds the token)."""
-        header = self._recv_exact(HEADER_SIZE)
-        if header is None:
+        """The next message, or None when the peer closed the connection between frames (mid-frame:
+        ConnectionError). ``limit``: the largest frame accepted (MAX_HELLO before the peer has proved
+        it holds the token)."""
+        header = self._recv_up_to(HEADER_SIZE)
+        if not header:
             return None
-        body = self._recv_exact(frame_length(header, limit))
-        if body is None:
-            return None
+        if len(header) < HEADER_SIZE:
+            raise ConnectionError("the Conductor closed the connection inside a frame header")
+        n = frame_length(header, limit)
+        body = self._recv_up_to(n)
+        if len(body) < n:
+            raise ConnectionError(f"the Conductor closed the connection after {len(body)} of the {n} bytes its frame "
+                                  f"announced")
         return decode_body(body)
 
-    def _recv_exact(self, n: int) -> bytes | None:
-        buf = bytearray(n)
-        view = memoryview(buf)
-        got = 0
-        while got < n:
-            k = self.sock.recv_into(view[got:])
-            if k == 0:
-                return None
-            got += k
-        return bytes(buf)
+    def _recv_up_to(self, n: int) -> bytearray:
+        """``n`` bytes, or fewer if the peer closes first; the buffer grows as they arrive, so an
+        announced length the peer never sends costs nothing."""
+        buf = bytearray()
+        while len(buf) < n:
+            chunk = self.sock.recv(min(n - len(buf), READ_CHUNK))
+            if not chunk:
+                break
+            buf += chunk
+        return buf
 
     def close(self) -> None:
         try:

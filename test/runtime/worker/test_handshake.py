@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -16,44 +15,11 @@ import time
 import pytest
 
 from mstar.conductor.worker_pool import WorkerPool
-from mstar.placement import load_placement
 from mstar.worker import handshake
-from mstar.worker.protocol import (HEADER_SIZE, TOKEN_ENV, Challenge, Hello, ModelSpec, Setup, Welcome, decode_body,
-                                   encode_frame, frame_length)
+from mstar.worker.protocol import TOKEN_ENV, Challenge, Hello, ModelSpec, Setup, encode_frame
 from mstar.worker.registry import MODELS
 from support.conductor_helpers import config, run
-from support.toy_factory import toy_spec, toy_streaming
-
-TOKEN, OTHER = "pool-token-0123456789abcdef", "another-pool-token-abcdef"
-PLACEMENT = "world_size: 2\nnode_groups:\n  - {nodes: [llm], ranks: [0]}\n  - {nodes: [sum], ranks: [1]}\n"
-
-
-async def read_frame(reader: asyncio.StreamReader):
-    return decode_body(await reader.readexactly(frame_length(await reader.readexactly(HEADER_SIZE))))
-
-
-async def with_pool(tmp_path, monkeypatch, body, **options):
-    """Runs ``body(pool)`` while a pool waits for Workers that the test plays itself."""
-    monkeypatch.setenv(TOKEN_ENV, TOKEN)
-    path = tmp_path / "placement.yaml"
-    path.write_text(PLACEMENT)
-    graph, _ = toy_streaming(set())
-    pool = WorkerPool(toy_spec(), load_placement(str(path), graph), config(), launch=False, **options)
-    starting = asyncio.ensure_future(pool.start())
-    while pool.port == 0:
-        await asyncio.sleep(0.01)
-    try:
-        return await body(pool)
-    finally:
-        starting.cancel()
-        await pool.stop()
-
-
-async def closed_without_a_reply(reader: asyncio.StreamReader, within: float) -> bool:
-    try:
-        return await asyncio.wait_for(reader.read(1), within) == b""
-    except ConnectionResetError:
-        return True
+from support.pool_peer import OTHER, TOKEN, closed_without_a_reply, impostor_conductor, read_frame, with_pool
 
 
 def test_a_hello_with_a_wrong_proof_is_refused_and_a_right_one_gets_the_conductors_proof_and_setup(tmp_path, monkeypatch):
@@ -108,39 +74,6 @@ def test_a_hello_frame_over_the_pre_auth_limit_is_refused_unread(tmp_path, monke
     assert run(with_pool(tmp_path, monkeypatch, body)) is True
 
 
-def impostor_conductor(welcome_proof: bytes | None, setup: Setup):
-    """Listens once; returns (port, thread result holder): sends a Challenge, takes the Hello,
-    answers a Welcome with ``welcome_proof`` (None: a valid one) and the Setup."""
-    import threading
-
-    listener = socket.create_server(("127.0.0.1", 0))
-    got: dict = {"bytes": b""}
-
-    def serve() -> None:
-        conn, _ = listener.accept()
-        conn.settimeout(30)
-        challenge = handshake.challenge()
-        conn.sendall(encode_frame(challenge))
-        data = b""
-        while len(data) < HEADER_SIZE or len(data) < HEADER_SIZE + frame_length(data[:HEADER_SIZE]):
-            data += conn.recv(65536)
-        hello = decode_body(data[HEADER_SIZE:])
-        proof = handshake.welcome(TOKEN, challenge, hello).proof if welcome_proof is None else welcome_proof
-        conn.sendall(encode_frame(Welcome(proof)) + encode_frame(setup))
-        try:
-            while chunk := conn.recv(65536):
-                data += chunk
-        except OSError:
-            pass
-        got["bytes"] = data
-        conn.close()
-        listener.close()
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    return listener.getsockname()[1], thread, got
-
-
 def test_a_worker_builds_nothing_for_a_conductor_that_cannot_prove_the_token(tmp_path):
     marker = tmp_path / "built"
     (tmp_path / "marking_factory.py").write_text(
@@ -150,7 +83,7 @@ def test_a_worker_builds_nothing_for_a_conductor_that_cannot_prove_the_token(tmp
     env = {**os.environ, TOKEN_ENV: TOKEN, MODELS.env: "marking=marking_factory:build",
            "PYTHONPATH": os.pathsep.join([str(tmp_path), *(p for p in sys.path if p)])}
     for proof, want_rc in ((b"x" * 32, 2), (None, 1)):  # a made-up proof, then the real one (builds, then fails)
-        port, thread, got = impostor_conductor(proof, setup)
+        port, thread, got = impostor_conductor(proof, encode_frame(setup))
         worker = subprocess.run([sys.executable, "-m", "mstar.worker.process_main", "--conductor", f"127.0.0.1:{port}",
                                  "--rank", "1"], env=env, capture_output=True, text=True, timeout=60)
         thread.join(10)
