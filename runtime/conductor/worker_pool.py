@@ -24,6 +24,7 @@ import time
 
 import msgspec
 
+from mstar.conductor.connection_rejections import ConnectionRejections, RejectedConnection, rejection_for
 from mstar.conductor.remote_worker import RemoteWorker
 from mstar.conductor.worker_status import WorkerSetupError, WorkerStatus
 from mstar.engine.config import EngineConfig
@@ -83,6 +84,7 @@ class WorkerPool:
         self.heartbeat_s, self.heartbeat_timeout_s = heartbeat_s, heartbeat_timeout_s
         self.setup_retries = setup_retries
         self.hello_timeout_s = hello_timeout_s  # a connection that does not prove itself by then is closed
+        self.rejections = ConnectionRejections(log)  # connections that were not Workers of this pool, by kind
         self.plugins = tuple(plugins)
         self.token = os.environ.get(TOKEN_ENV) or secrets.token_hex(16)
         self.workers: dict[int, RemoteWorker] = {}
@@ -120,11 +122,16 @@ class WorkerPool:
         task.add_done_callback(self._tasks.discard)
 
     # -- start -------------------------------------------------------------------------
-    async def start(self) -> None:
+    async def listen(self) -> None:
+        """Opens the control address (``address`` is known from here on); ``start`` does it if not done."""
         self._server = await asyncio.start_server(self._on_connect, self.host, self.port)
         self.port = self._server.sockets[0].getsockname()[1]
         log.info("conductor control address %s; %d worker(s)%s", self.address, self.world_size,
                  "" if self.launch else f" expected to connect (with {TOKEN_ENV} set to this pool's token)")
+
+    async def start(self) -> None:
+        if self._server is None:
+            await self.listen()
         if self.launch:
             for rank in range(self.world_size):
                 self._spawn(rank)
@@ -171,24 +178,34 @@ class WorkerPool:
                      plugins=list(self.plugins))
 
     async def _handshake(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+        """(hello, setup, reply) of a Worker of this pool; raises RejectedConnection saying why not."""
         challenge = handshake.challenge()
         writer.write(encode_frame(challenge))
-        hello = await asyncio.wait_for(_read_frame(reader, MAX_HELLO), self.hello_timeout_s)
+        try:
+            hello = await asyncio.wait_for(_read_frame(reader, MAX_HELLO), self.hello_timeout_s)
+        except Exception as exc:
+            raise rejection_for(exc, "Hello", self.hello_timeout_s) from None
         if not isinstance(hello, Hello) or not handshake.hello_is_valid(self.token, challenge, hello):
-            raise ValueError(f"not a worker of this conductor (a {type(hello).__name__} without a valid proof "
-                             f"of the pool token)")
+            raise RejectedConnection("unproven", f"not a worker of this conductor (a {type(hello).__name__} without "
+                                                 f"a valid proof of the pool token)")
         rank = hello.rank
         if not 0 <= rank < self.world_size or (rank in self.workers and self.workers[rank].alive):
-            raise ValueError(f"rank {rank} is out of range or already connected")
+            raise RejectedConnection("rank", f"rank {rank} is out of range (world size {self.world_size}) "
+                                              f"or already connected")
         setup = self._setup_for(rank)
         writer.write(encode_frame(handshake.welcome(self.token, challenge, hello)) + encode_frame(setup))
-        return hello, setup, await _read_frame(reader, MAX_FRAME)
+        try:
+            reply = await asyncio.wait_for(_read_frame(reader, MAX_FRAME), self.setup_timeout)
+        except Exception as exc:
+            rejected = rejection_for(exc, f"Ready (rank {rank}, pid {hello.pid})", self.setup_timeout)
+            raise RejectedConnection("setup", rejected.reason) from None
+        return hello, setup, reply
 
     async def _on_connect(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             if self._stopping:
-                raise ValueError("the pool is stopping")
-            hello, setup, reply = await asyncio.wait_for(self._handshake(reader, writer), self.setup_timeout)
+                raise RejectedConnection("stopping", "the pool is stopping")
+            hello, setup, reply = await self._handshake(reader, writer)
             if isinstance(reply, SetupFailed):
                 self._setup_errors[hello.rank] = reply.error
                 # while starting, start() raises it to the caller: saying it here too would say it twice
@@ -197,9 +214,12 @@ class WorkerPool:
                 writer.close()
                 return
             if not isinstance(reply, Ready):
-                raise ValueError(f"expected Ready, got {type(reply).__name__}")
+                raise RejectedConnection("setup", f"worker rank {hello.rank} answered its Setup with a "
+                                                  f"{type(reply).__name__}, not Ready")
         except Exception as exc:
-            log.warning("rejected a worker connection from %s: %s", writer.get_extra_info("peername"), exc)
+            rejected = exc if isinstance(exc, RejectedConnection) else RejectedConnection(
+                "error", f"{type(exc).__name__}: {exc}")
+            self.rejections.note(writer.get_extra_info("peername"), rejected)
             writer.close()
             return
         rank = hello.rank
@@ -365,6 +385,7 @@ class WorkerPool:
             unlink_segments(segments_with_prefix(segment_prefix(worker_tag(self.token, rank, proc.pid))))
         for task in list(self._tasks):
             task.cancel()
+        self.rejections.close()
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()
