@@ -51,6 +51,10 @@ class ReportThrottle:
                 kind.last_said, kind.suppressed, kind.last_text = now, 0, ""
         return out
 
+    def next_flush_at(self) -> float | None:
+        """When ``flush`` will have something to say (None: no repeats are waiting)."""
+        return min((k.last_said + self.period_s for k in self._kinds.values() if k.suppressed), default=None)
+
     @staticmethod
     def _with_count(text: str, repeats: int, span_s: float) -> str:
         return text if repeats <= 0 else f"{text} ({repeats} more like this in the last {span_s:.1f} s)"

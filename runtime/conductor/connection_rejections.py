@@ -3,8 +3,8 @@
 Anyone who can reach the control address can open connections that never prove the pool
 token: 300 of them must not become 300 WARNING lines (nor lines that do not say why). The
 first rejection of a kind is logged at once with its reason; repeats within ``period_s``
-are counted and said in one line with the count (``mstar.report_throttle``), also when
-they stop coming: a pending count is flushed once its period has run out.
+are counted and said in one line with the count (``mstar.counted_log``), also when they
+stop coming: a pending count is flushed once its period has run out.
 """
 from __future__ import annotations
 
@@ -13,10 +13,8 @@ import logging
 
 import msgspec
 
-from mstar.report_throttle import ReportThrottle
+from mstar.counted_log import REPORT_PERIOD_S, CountedLog
 from mstar.worker.protocol import FrameTooLarge
-
-REPORT_PERIOD_S = 5.0
 
 
 class RejectedConnection(Exception):
@@ -45,30 +43,27 @@ class ConnectionRejections:
     """Counts (``counts``: kind -> connections) and logs, throttled, the control connections refused."""
 
     def __init__(self, log: logging.Logger, period_s: float = REPORT_PERIOD_S) -> None:
-        self.counts: dict[str, int] = {}
-        self._log = log
-        self._throttle = ReportThrottle(period_s)
-        self._flush_pending: asyncio.TimerHandle | None = None
+        self._log = CountedLog(log, period_s=period_s, clock=lambda: asyncio.get_running_loop().time())
+        self.counts = self._log.counts
+        self._flush_timer: asyncio.TimerHandle | None = None
 
     def note(self, peer: object, rejected: RejectedConnection) -> None:
-        self.counts[rejected.kind] = self.counts.get(rejected.kind, 0) + 1
-        loop = asyncio.get_running_loop()
-        text = self._throttle.report(rejected.kind, f"rejected a worker connection from {peer}: {rejected.reason}",
-                                     loop.time())
-        if text is not None:
-            self._log.warning("%s", text)
-        elif self._flush_pending is None:
-            self._flush_pending = loop.call_later(self._throttle.period_s, self._flush)
+        self._log.note(rejected.kind, f"rejected a worker connection from {peer}: {rejected.reason}")
+        self._schedule_flush()
+
+    def _schedule_flush(self) -> None:
+        due = self._log.next_flush_at()
+        if due is not None and self._flush_timer is None:
+            self._flush_timer = asyncio.get_running_loop().call_at(due, self._flush)
 
     def _flush(self) -> None:
-        self._flush_pending = None
-        for _, text in self._throttle.flush(asyncio.get_running_loop().time()):
-            self._log.warning("%s", text)
+        self._flush_timer = None
+        self._log.flush()
+        self._schedule_flush()  # a kind whose period has not run out yet
 
     def close(self) -> None:
         """Says what is still counted but unsaid (the pool is stopping), and stops the flush timer."""
-        if self._flush_pending is not None:
-            self._flush_pending.cancel()
-            self._flush_pending = None
-        for _, text in self._throttle.flush(asyncio.get_running_loop().time(), force=True):
-            self._log.warning("%s", text)
+        if self._flush_timer is not None:
+            self._flush_timer.cancel()
+            self._flush_timer = None
+        self._log.flush(force=True)

@@ -24,6 +24,7 @@ from typing import Callable
 
 import torch
 
+from mstar.counted_log import CountedLog
 from mstar.transport.auth import NONCE_BYTES, check_secret, new_nonce, proof, proof_matches
 from mstar.transport.codec import byte_view
 from mstar.transport.tcp_wire import (CLIENT_HELLO_BYTES, HANDSHAKE_TIMEOUT_S, MAX_KEY_BYTES, MISSING, OK, REFUSED,
@@ -77,6 +78,8 @@ class TensorServer:
         self._listener.setblocking(False)
         self.host, self.port = host, self._listener.getsockname()[1]
         self.refused = 0  # connections closed at accept because max_connections were open
+        # connections closed for what their peers did, by kind, each kind logged throttled
+        self.problems = CountedLog(log, prefix=f"tensor server {self.address}: ")
         self._conns: set[_Conn] = set()
         self._deadlines: collections.deque[_Conn] = collections.deque()  # handshakes, oldest first
         self._sel = selectors.DefaultSelector()
@@ -105,8 +108,7 @@ class TensorServer:
     def _run(self) -> None:
         try:
             while not self._closed:
-                timeout = max(0.0, self._deadlines[0].deadline - time.monotonic()) if self._deadlines else None
-                for key, _ in self._sel.select(timeout):
+                for key, _ in self._sel.select(self._select_timeout()):
                     if key.data == "accept":
                         self._accept()
                     elif key.data == "wake":
@@ -114,10 +116,17 @@ class TensorServer:
                     elif key.data.state != _BUSY:  # a connection handed to a sender was unregistered already
                         self._on_readable(key.data)
                 self._expire()
+                self.problems.flush()
         except Exception:  # a bug here would silently end all serving: say so, then close what we hold
             log.exception("tensor server %s: event loop failed; closing every connection", self.address)
         finally:
             self._shut_everything()
+
+    def _select_timeout(self) -> float | None:
+        """Until the next handshake deadline or the next count of repeated problems to log."""
+        due = [t for t in (self._deadlines[0].deadline if self._deadlines else None, self.problems.next_flush_at())
+               if t is not None]
+        return max(0.0, min(due) - time.monotonic()) if due else None
 
     def _accept(self) -> None:
         while True:
@@ -129,9 +138,8 @@ class TensorServer:
                 return  # closed by stop(), or out of descriptors: the next select tries again
             if len(self._conns) >= self.max_connections:
                 self.refused += 1
-                if self.refused == 1 or self.refused % 1000 == 0:
-                    log.warning("tensor server %s: %d connections open (the limit); refused %d so far",
-                                self.address, len(self._conns), self.refused)
+                self.problems.note("full", f"refused a connection from {peer}: {len(self._conns)} connections "
+                                           f"are open (the limit)")
                 sock.close()
                 continue
             nodelay(sock)
@@ -154,8 +162,8 @@ class TensorServer:
         while self._deadlines and (self._deadlines[0].state != _AUTH or self._deadlines[0].deadline <= now):
             conn = self._deadlines.popleft()
             if conn.state == _AUTH and conn in self._conns:
-                log.info("tensor server %s: closed a connection from %s that did not finish the handshake in %gs",
-                         self.address, conn.peer, self.handshake_timeout_s)
+                self.problems.note("silent", f"closed a connection from {conn.peer} that did not finish the "
+                                             f"handshake in {self.handshake_timeout_s:g}s", logging.INFO)
                 self._drop(conn)
 
     def _on_readable(self, conn: _Conn) -> None:
@@ -178,8 +186,7 @@ class TensorServer:
         if conn.state == _AUTH:
             client_nonce, client_proof = bytes(conn.buf[:NONCE_BYTES]), bytes(conn.buf[NONCE_BYTES:])
             if not proof_matches(client_proof, self._secret, b"client", conn.nonce, client_nonce):
-                log.warning("tensor server %s: refused a connection from %s without the pool's token",
-                            self.address, conn.peer)
+                self.problems.note("unproven", f"refused a connection from {conn.peer} without the pool's token")
                 self._drop(conn)
                 return False
             if self._send_small(conn, proof(self._secret, b"server", client_nonce, conn.nonce)):
@@ -232,7 +239,7 @@ class TensorServer:
         return False
 
     def _refuse(self, conn: _Conn, why: str) -> None:
-        log.warning("tensor server %s: refused a request from %s: %s", self.address, conn.peer, why)
+        self.problems.note("request", f"refused a request from {conn.peer}: {why}")
         msg = why.encode()
         try:
             conn.sock.send(REPLY.pack(REFUSED, len(msg)) + msg)  # best effort: the stream cannot go on anyway
@@ -307,6 +314,7 @@ class TensorServer:
 
     # -- stop --------------------------------------------------------------------------
     def _shut_everything(self) -> None:
+        self.problems.flush(force=True)  # repeats counted but not yet said
         with self._lock:
             self._finished = True
             returned = list(self._returns)

@@ -1,4 +1,6 @@
 """The TCP tensor server talks only to holders of the pool's secret, and the client reads only from them."""
+import logging
+import re
 import socket
 import threading
 import time
@@ -6,6 +8,7 @@ import time
 import pytest
 import torch
 
+from mstar.counted_log import REPORT_PERIOD_S
 from mstar.transport.tcp import HANDSHAKE_TIMEOUT_S, TensorAuthError, TensorClient, TensorServer
 
 SECRET, OTHER = b"pool-token-0123456789", b"another-pool-token-xyz"
@@ -31,6 +34,21 @@ def test_a_client_without_the_secret_gets_nothing_and_the_server_keeps_serving(s
     good = TensorClient(SECRET)
     assert torch.equal(read(good, server), torch.arange(1000, dtype=torch.float32))
     assert torch.equal(read(good, server), torch.arange(1000, dtype=torch.float32))  # the pooled connection
+
+
+def test_a_flood_without_the_secret_is_counted_and_logged_in_two_lines(server, caplog):
+    caplog.set_level(logging.INFO, logger="mstar.transport.tcp")
+    for _ in range(50):
+        with pytest.raises(TensorAuthError):
+            read(TensorClient(OTHER), server)
+    time.sleep(REPORT_PERIOD_S + 0.5)  # each was refused before its client saw the close; their count is due
+    lines = [r.getMessage() for r in caplog.records if r.name == "mstar.transport.tcp"]
+    assert len(lines) == 2, lines  # was 50
+    said = rf"tensor server {server.address}: refused a connection from \('127.0.0.1', \d+\) without the pool's token"
+    assert re.fullmatch(said, lines[0]), lines[0]
+    assert re.fullmatch(said + r" \(48 more like this in the last 5\.\d s\)", lines[1]), lines[1]
+    assert server.problems.counts == {"unproven": 50}
+    assert torch.equal(read(TensorClient(SECRET), server), torch.arange(1000, dtype=torch.float32))
 
 
 def test_the_client_reads_nothing_from_a_server_that_cannot_prove_the_secret():
