@@ -12,7 +12,7 @@ import contextlib
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
-import yaml
+from mstar.user_yaml import UserYamlError, load_user_yaml_file
 
 METADATA = "metadata.yaml"
 STORAGE_SUFFIXES = (".mcap", ".db3")
@@ -56,12 +56,10 @@ def read_metadata(bag: str | Path) -> dict[str, Any]:
     if not Path(bag).is_dir() or not meta.exists():
         return {}
     try:
-        doc = yaml.safe_load(meta.read_text())
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark
-        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
-        raise BagError(f"{meta}: not valid YAML{where}: {one_line(exc.problem or exc)}") from None
-    except (yaml.YAMLError, OSError, UnicodeDecodeError) as exc:
+        doc = load_user_yaml_file(meta)  # aliases refused, nesting bounded; errors say FILE:LINE
+    except UserYamlError as exc:
+        raise BagError(str(exc)) from None
+    except OSError as exc:
         raise BagError(f"{meta}: cannot be read: {one_line(exc)}") from None
     info = doc.get("rosbag2_bagfile_information") if isinstance(doc, dict) else None
     if not isinstance(info, dict):

@@ -74,7 +74,10 @@ def broken_bag(kind: str, good: dict[str, Path], root: Path) -> tuple[Path, str,
     meta = bag / "metadata.yaml"
     if kind == "metadata not yaml":
         meta.write_text("rosbag2_bagfile_information:\n  version: [5\n  storage_identifier: mcap\n")
-        return bag, str(meta), "not valid YAML (line 3"
+        return bag, str(meta), f"{meta}:3: not valid YAML"
+    if kind == "metadata nested too deep":
+        meta.write_text("rosbag2_bagfile_information: " + "[" * 30000 + "\n")  # was a RecursionError
+        return bag, str(meta), f"{meta}:1: not valid YAML: nested deeper than"
     if kind == "metadata not a mapping":
         meta.write_text("just a string\n")
         return bag, str(meta), "no rosbag2_bagfile_information mapping"
@@ -89,8 +92,8 @@ def broken_bag(kind: str, good: dict[str, Path], root: Path) -> tuple[Path, str,
 
 
 KINDS = ["truncated mcap", "empty mcap", "not mcap", "truncated mcap file", "mcap of 8 bytes", "truncated sqlite",
-         "not sqlite", "empty sqlite", "metadata not yaml", "metadata not a mapping", "metadata missing a key",
-         "no metadata"]
+         "not sqlite", "empty sqlite", "metadata not yaml", "metadata nested too deep", "metadata not a mapping",
+         "metadata missing a key", "no metadata"]
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -99,7 +102,7 @@ def test_bag_info_on_a_broken_bag_says_which_file_and_what_in_one_line(kind, goo
     assert main(["bag", "info", str(path)]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1, err
-    assert err.startswith(f"mstar-ros bag info: error: {file}: "), err
+    assert err.startswith(f"mstar-ros bag info: error: {file}:"), err
     assert words in err, err
 
 
@@ -108,7 +111,7 @@ def test_bag_play_on_a_broken_bag_says_which_file_and_what_in_one_line(kind, goo
     path, file, words = broken_bag(kind, good_bags, tmp_path)
     assert main(["bag", "play", str(path), "--no-wait"]) == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and err.startswith(f"mstar-ros bag play: error: {file}: ") and words in err, err
+    assert len(err.splitlines()) == 1 and err.startswith(f"mstar-ros bag play: error: {file}:") and words in err, err
 
 
 def test_a_good_bag_is_still_described(good_bags, capsys):
@@ -137,5 +140,5 @@ def test_a_chunk_corrupt_mid_file_stops_play_after_the_summary_with_one_line(at,
                             timeout=120)
     assert played.returncode == 2, played.stdout + played.stderr
     assert "Traceback" not in played.stderr and len(played.stderr.strip().splitlines()) == 1, played.stderr
-    assert played.stderr.startswith(f"mstar-ros bag play: error: {file}: ") and words in played.stderr, played.stderr
+    assert played.stderr.startswith(f"mstar-ros bag play: error: {file}:") and words in played.stderr, played.stderr
     assert "stopped: published" in played.stdout  # what was published before it, as after Ctrl-C
