@@ -20,7 +20,7 @@ until observations and chunks resume (then OK). When the policy cannot produce c
 Worker down, a chunk overdue by ``chunk_timeout_s`` or failed: mstar_ros.policy.chunk_watch)
 the robot holds and says ERROR the same way, until a chunk is published again; an overdue
 chunk is cancelled in the runtime. A bad message is reported (the same problem
-once per ``report_period_s`` with a count: mstar_ros.ros.report_throttle), dropped, and
+once per ``report_period_s`` with a count: mstar.report_throttle), dropped, and
 nothing else stops. Positions outside the joint limits are reported, never clamped.
 
 Callbacks only check a message's header and keep it; its pixels are converted (with numpy)
@@ -45,6 +45,7 @@ import torch
 
 from mstar.conductor import Conductor
 from mstar.conductor.request import RequestCancelled, UnknownRequest
+from mstar.report_throttle import ReportThrottle
 from mstar_graphs.pi05.prompt import PromptError
 from mstar_ros.policy.admission import ChunkAdmission
 from mstar_ros.policy.chunk_watch import ChunkWatch
@@ -58,7 +59,6 @@ from mstar_ros.ros.convert import (ObservationError, check_image, image_to_array
 from mstar_ros.ros.diagnostics import publish_status
 from mstar_ros.ros.policy_fit import check_fits
 from mstar_ros.ros.policy_params import PARAMETERS, declare
-from mstar_ros.ros.report_throttle import ReportThrottle
 from mstar_ros.ros.worker_health import first_down
 
 log = logging.getLogger("mstar_ros.policy")
