@@ -51,6 +51,7 @@ class OrpheusTTS:
     """Orpheus as a speech model (what the WebRTC gateway serves: entry point group mstar.speech_models)."""
 
     audio_output = "audio"     # the graph output carrying float PCM chunks
+    audio_token_output = "tokens"  # the LLM's tokens: the output audio tokens usage counts
     sample_rate = SAMPLE_RATE
     default_sampling = DEFAULT_SAMPLING
 

@@ -52,6 +52,8 @@ class Qwen3OmniChat:
     image_input = True  # a turn may show images (request(images=...)), as /v1/chat/completions' image_url parts
     default_sampling = TALKER_SAMPLING  # what session.update changes: the voice's sampling
     max_reply_tokens = 256
+    audio_token_output = "codes"  # one item per Talker frame: the output audio tokens usage counts
+    speech_instructions = True  # speech_request takes instructions (/v1/audio/speech's)
 
     def __init__(self, model: Qwen3Omni) -> None:
         self.model = model
@@ -80,16 +82,26 @@ class Qwen3OmniChat:
     def modules(self):
         return self.model.modules()
 
+    @property
+    def special_token_ids(self) -> dict[str, int]:
+        """The prompt's placeholders for a clip's and an image's tokens (what usage counts as audio and image
+        tokens of a prompt)."""
+        thinker = self.model.config.thinker_config
+        return {"audio": thinker.audio_token_id, "image": thinker.image_token_id}
+
     def decode_text(self, ids: list[int]) -> str:
         return decode(self.tokenizer, ids)
 
     def speech_request(self, text: str, *, voice: str | None = None, sampling: SamplingParams | None = None,
-                       request_id: str | None = None, outputs: frozenset[str] | None = None) -> Request:
+                       request_id: str | None = None, outputs: frozenset[str] | None = None,
+                       instructions: str | None = None) -> Request:
         """Text to speech (``/v1/audio/speech``): the Talker speaks ``text`` as if it were the reply to a
-        user turn asking for it; the Thinker does not run."""
+        user turn asking for it; the Thinker does not run. ``instructions`` (how to say it) go in that user
+        turn: the Talker reads the prompt's user turns only, so a system turn would not reach it."""
         if not text or not text.strip():
             raise ValueError("input is empty")
-        ids = prompt_ids(self.tokenizer, self.model.config, [Turn("user", "Say this.")])
+        ask = f"{instructions.strip()}\nSay this." if instructions and instructions.strip() else "Say this."
+        ids = prompt_ids(self.tokenizer, self.model.config, [Turn("user", ask)])
         talker = sampling or TALKER_SAMPLING
         return self.model.request(ids, say_ids=self.tokenizer.encode(text, add_special_tokens=False).ids,
                                   speaker=voice, talker_max_tokens=talker.max_tokens, talker_sampling=talker,
