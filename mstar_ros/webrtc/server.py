@@ -36,6 +36,7 @@ from mstar_ros.webrtc.gateway_token import TOKEN_ENV, authorised
 from mstar_ros.webrtc.http_guard import ConnectionGuard, ConnectionLimits, GuardedSite, body_middleware, request_body
 from mstar_ros.webrtc.json_body import BadJSON, decode_json
 from mstar_ros.webrtc.media_parts import MAX_REQUEST_IMAGE_PIXELS
+from mstar_ros.webrtc.openai_errors import openai_error_middleware
 from mstar_ros.webrtc.openai_http import OpenAISpeech
 from mstar_ros.webrtc.peer import VoicePeer
 
@@ -101,7 +102,8 @@ class VoiceGateway:
     def app(self) -> web.Application:
         # the largest body any route takes; each route's own limit is counted as its body is read
         app = web.Application(client_max_size=max(self.limits.max_body_bytes, self.limits.max_audio_body_bytes),
-                              middlewares=[self._auth, body_middleware(self._body_limit, self.limits.connections)])
+                              middlewares=[openai_error_middleware, self._auth,  # outermost: /v1/ errors as OpenAI's
+                                           body_middleware(self._body_limit, self.limits.connections)])
         app.router.add_get("/", self.page)
         app.router.add_post("/offer", self.offer)
         app.router.add_delete("/offer/{pc_id}", self.delete)
