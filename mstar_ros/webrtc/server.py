@@ -3,8 +3,7 @@
 ``/v1/audio/speech`` and ``/v1/models``: mstar_ros.webrtc.openai_http; ``/v1/chat/completions`` for a
 model that answers: mstar_ros.webrtc.openai_chat. ``POST /offer`` takes ``{"sdp", "type": "offer"}`` (JSON) and answers ``{"sdp", "type": "answer",
 "pc_id"}``, the shape pipecat's SmallWebRTC clients use; ``DELETE /offer/{pc_id}`` ends a peer.
-WHIP: ``POST /whip`` with ``application/sdp`` answers ``201 Created``, the SDP and a ``Location``
-to ``DELETE`` at the end.
+WHIP (RFC 9725): mstar_ros.webrtc.whip.
 No STUN or TURN (``iceServers`` empty), and ICE offers host candidates on the bound address
 only (aioice would otherwise announce every interface of the host).
 
@@ -27,7 +26,6 @@ import ipaddress
 import logging
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from aiohttp import web
 
@@ -38,10 +36,11 @@ from mstar_ros.webrtc.json_body import BadJSON, decode_json
 from mstar_ros.webrtc.media_parts import MAX_REQUEST_IMAGE_PIXELS
 from mstar_ros.webrtc.openai_errors import openai_error_middleware
 from mstar_ros.webrtc.openai_http import OpenAISpeech
+from mstar_ros.webrtc.page_files import PUBLIC_PATHS, add_page_routes
 from mstar_ros.webrtc.peer import VoicePeer
+from mstar_ros.webrtc.whip import WhipEndpoint
 
 log = logging.getLogger("mstar_ros.webrtc")
-PAGE = Path(__file__).with_name("static") / "index.html"
 
 
 @dataclass(frozen=True)
@@ -104,11 +103,10 @@ class VoiceGateway:
         app = web.Application(client_max_size=max(self.limits.max_body_bytes, self.limits.max_audio_body_bytes),
                               middlewares=[openai_error_middleware, self._auth,  # outermost: /v1/ errors as OpenAI's
                                            body_middleware(self._body_limit, self.limits.connections)])
-        app.router.add_get("/", self.page)
+        add_page_routes(app)
         app.router.add_post("/offer", self.offer)
         app.router.add_delete("/offer/{pc_id}", self.delete)
-        app.router.add_post("/whip", self.whip)
-        app.router.add_delete("/whip/{pc_id}", self.delete)
+        WhipEndpoint(self).add_routes(app)
         OpenAISpeech(self.model, self.conductor, self.model_name, self.limits.max_text_chars).add_routes(app)
         if getattr(self.model, "conversational", False):  # a model that answers: chat completions too
             from mstar_ros.webrtc.openai_chat import OpenAIChat
@@ -119,12 +117,10 @@ class VoiceGateway:
         app.on_shutdown.append(self._close_all)
         return app
 
-    async def page(self, _request: web.Request) -> web.Response:
-        return web.Response(text=PAGE.read_text(), content_type="text/html")
-
     @web.middleware
     async def _auth(self, request: web.Request, handler):
-        if self.token and request.path != "/":  # the page itself holds no secret; it reads the token from #token=
+        # the page and its files hold no secret (it reads the token from #token=); a CORS preflight carries none (Fetch)
+        if self.token and request.path not in PUBLIC_PATHS and request.method != "OPTIONS":
             if not authorised(request.headers.get("Authorization", ""), self.token):
                 raise web.HTTPUnauthorized(text="a Bearer token is required", headers={"WWW-Authenticate": "Bearer"})
         return await handler(request)
@@ -147,18 +143,6 @@ class VoiceGateway:
         peer = await self._new_peer(body["sdp"], request.remote or "")
         local = peer.pc.localDescription
         return web.json_response({"sdp": local.sdp, "type": local.type, "pc_id": peer.id})
-
-    async def whip(self, request: web.Request) -> web.Response:
-        """WHIP: the offer as ``application/sdp``; 201 Created with the answer and the peer's Location."""
-        if request.content_type != "application/sdp":
-            raise web.HTTPUnsupportedMediaType(text="WHIP takes the offer as application/sdp")
-        try:
-            sdp = (await request_body(request)).decode()
-        except UnicodeDecodeError:
-            raise web.HTTPBadRequest(text="the SDP offer is not UTF-8") from None
-        peer = await self._new_peer(sdp, request.remote or "")
-        return web.Response(status=201, text=peer.pc.localDescription.sdp, content_type="application/sdp",
-                            headers={"Location": f"/whip/{peer.id}"})
 
     async def _make_room(self, client: str) -> None:
         """Drop the oldest pending offers (ICE not completed) that a new offer from ``client`` needs room from."""
