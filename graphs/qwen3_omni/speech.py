@@ -85,9 +85,9 @@ class Qwen3OmniChat:
     @property
     def special_token_ids(self) -> dict[str, int]:
         """The prompt's placeholders for a clip's and an image's tokens (what usage counts as audio and image
-        tokens of a prompt)."""
+        tokens of a prompt), and the token that ends a reply (a reply cut short lacks it)."""
         thinker = self.model.config.thinker_config
-        return {"audio": thinker.audio_token_id, "image": thinker.image_token_id}
+        return {"audio": thinker.audio_token_id, "image": thinker.image_token_id, "end": self.model.config.im_end_token_id}
 
     def decode_text(self, ids: list[int]) -> str:
         return decode(self.tokenizer, ids)
