@@ -4,9 +4,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import signal
 from pathlib import Path
+from typing import Callable
 
 from mstar_ros.dtype_option import add_dtype_argument, engine_config
+from mstar_ros.webrtc.speech_models import speech_model_names
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -20,9 +23,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     "chunks go to the peer's audio track as 48 kHz Opus in 20 ms frames, paced by a clock; "
                     "response.cancel stops it and frees the request's KV. Events are named as the OpenAI "
                     "Realtime API names them. No STUN/TURN; ICE host candidates on the bound address only. "
-                    "Also OpenAI-compatible POST /v1/audio/speech (streamed wav / pcm, or sse) and GET /v1/models.")
-    v.add_argument("--model", default="orpheus",
-                   help="speech model: orpheus (text to speech) or qwen3-omni (answers speech and text) (default orpheus)")
+                    "Also OpenAI-compatible POST /v1/audio/speech (streamed wav / pcm, or sse) and GET /v1/models. "
+                    "WHIP (RFC 9725): POST /whip with application/sdp answers 201, the SDP, Location /whip/ID and "
+                    "an ETag; PATCH /whip/ID trickles ICE candidates (ICE restart: 422); DELETE /whip/ID ends it; "
+                    "POST /whip/ID with text/plain is the peer's next response (WHIP has no data channel). "
+                    "GET / is the page. It prints the page's, /offer's, /whip's and the OpenAI base URL. Ctrl-C or "
+                    "SIGTERM stops it (also as a script's background job), exit status 0.")
+    names = speech_model_names()
+    v.add_argument("--model", default="orpheus", choices=names,
+                   help=f"speech model: one of those installed (entry points mstar.speech_models): {', '.join(names)} "
+                        "(default orpheus)")
     v.add_argument("--weights", help="checkpoint directory (default: the generated tiny one, RANDOM weights)")
     v.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; others need --token)")
     v.add_argument("--port", type=int, default=8080, help="port (default 8080; 0: any free one, printed)")
@@ -81,16 +91,49 @@ def _run_voice(args: argparse.Namespace) -> int:
             port = runner.addresses[0][1]  # --port 0: the one the system gave
             note = " (RANDOM weights: the audio is noise)" if getattr(model, "random_weights", False) else ""
             where = f" in Worker processes per {args.placement}" if args.placement else ""
-            print(f"serving {args.model}{note}{where} to WebRTC peers: POST http://{args.host}:{port}/offer", flush=True)
-            print(f"  dtype {conductor.dtype_summary()}", flush=True)
+            banner = (f"serving {args.model}{note}{where} to WebRTC peers: POST {base_url(args.host, port)}/offer\n"
+                      f"{other_urls(base_url(args.host, port), token is not None)}\n"
+                      f"  dtype {conductor.dtype_summary()}")
             try:
-                await asyncio.sleep(args.duration or 1e9)
+                await until_stopped(args.duration, lambda: print(banner, flush=True))
             finally:
                 log.info("stopping: closing %d peer(s)", len(gateway.peers))
                 await runner.cleanup()
 
+    # Ctrl-C while the model loads too, where SIGINT came ignored (a background job); serving has its own handlers
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         asyncio.run(main())
     except KeyboardInterrupt:
         pass
     return 0
+
+
+def base_url(host: str, port: int) -> str:
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def other_urls(base: str, token: bool) -> str:
+    """The page's URL (with a token: where the page reads it from, never the token itself), WHIP's and
+    the OpenAI base URL, one a line."""
+    page = f"{base}/#token=YOUR_TOKEN (the fragment stays in the browser; the page sends it as a Bearer header)" \
+        if token else f"{base}/"
+    return f"  page: {page}\n  WHIP: POST {base}/whip\n  OpenAI base URL: {base}/v1"
+
+
+async def until_stopped(duration: float, started: Callable[[], None]) -> None:
+    """Until SIGINT or SIGTERM, or ``duration`` seconds (0: no limit); ``started`` runs once the handlers are
+    in, so whoever reads what it prints may signal at once. Handlers of our own: a shell starts a script's
+    background job with SIGINT ignored, and Python then never raises KeyboardInterrupt."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        started()
+        await asyncio.wait_for(stop.wait(), duration or None)
+    except asyncio.TimeoutError:
+        pass
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
