@@ -95,7 +95,15 @@ def _remove_if_unused(port: str) -> bool:
 def remove_unused_ports(ports: Iterable[str]) -> list[str]:
     """Removes each of ``ports`` that no live process uses (see above); returns the ports removed."""
     removed = []
-    for port in sorted(ports):
+    ports = sorted(ports)
+    try:
+        import posix_ipc  # noqa: F401  (the pip `ros` extra has it; a colcon or /opt/ros install may not)
+    except ImportError:
+        if ports:
+            log.info("posix_ipc is not installed (pip install posix-ipc): Fast DDS's %d port file(s) of this "
+                     "process are left for Fast DDS to clean", len(ports))
+        return removed
+    for port in ports:
         try:
             if _remove_if_unused(port):
                 removed.append(port)

@@ -218,3 +218,13 @@ def test_a_clean_stop_after_a_peer_was_killed_leaves_no_port_behind(process, sma
     assert left == [], f"left in /dev/shm: {left}"
     sems = sorted(p for p in used if (SHM_DIR / f"sem.{p}_mutex").exists() and not (SHM_DIR / p).exists())
     assert sems == [], f"semaphores left in /dev/shm: {sems}"
+
+
+def test_without_posix_ipc_the_ports_are_left_with_one_line_not_a_traceback(monkeypatch, caplog):
+    """A colcon or /opt/ros install may lack posix_ipc (a pip dependency): a clean exit must stay clean."""
+    import logging
+
+    monkeypatch.setitem(sys.modules, "posix_ipc", None)  # `import posix_ipc` now raises ImportError
+    with caplog.at_level(logging.INFO, logger="mstar_ros.bag.shm_ports"):
+        assert remove_unused_ports(["fastdds_port7411"]) == []
+    assert any("posix_ipc is not installed" in r.getMessage() for r in caplog.records)
