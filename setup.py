@@ -110,8 +110,9 @@ setup(
         # setuptools: the install-layout test builds this package with --no-build-isolation (bdist_wheel
         # is part of setuptools since 70.1)
         # playwright drives Debian's chromium (make test installs it; never a downloaded browser)
+        # openai: the official client, against the gateway's OpenAI-compatible routes
         "test": ["pytest>=8", "pytest-timeout>=2", "playwright==1.65.2", "transformers>=5.0,<6", "snac==1.2.1", "matplotlib>=3.7",
-                 "setuptools>=70.1"],
+                 "setuptools>=70.1", "openai==3.63.0"],
     },
     # console scripts: with pip in bin/ and, as launchers, in lib/mstar_ros/ (install_data above);
     # with colcon in lib/mstar_ros/ (setup.cfg), where launch_ros.actions.Node(package="mstar_ros",
