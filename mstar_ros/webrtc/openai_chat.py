@@ -5,12 +5,14 @@ text parts and one ``input_audio`` part: base64 ``wav`` or ``pcm16`` at 24 kHz, 
 earlier spoken turns are heard again, as the reference takes a conversation's audio; and, for a model
 that takes images (``image_input``), ``image_url`` parts with a ``data:`` URL (PNG, JPEG, WebP, GIF:
 this server fetches nothing)),
-``modalities`` ``["text"]`` or ``["text", "audio"]``, ``audio.voice``, ``audio.format`` (``pcm16``
-or ``wav``), ``stream``, ``max_tokens`` (of the text), ``seed``. Streaming (SSE) sends
+``modalities`` ``["text"]`` or ``["text", "audio"]``, and the other fields of OpenAI's request as
+mstar_ros.webrtc.chat_params says (honoured, or a 400 naming the field). Streaming (SSE) sends
 ``chat.completion.chunk`` deltas as the model makes them: ``delta.content`` for text-only,
 ``delta.audio.transcript`` and ``delta.audio.data`` (base64 pcm16 at the model's rate) with audio,
-then ``finish_reason`` and ``[DONE]``; a streaming client that leaves cancels the request. Without
-streaming the whole message comes at the end (``message.audio.data`` a whole WAV or pcm16).
+then ``finish_reason`` (``length`` when ``max_tokens`` cut the text or the audio), a last chunk with
+``usage`` if ``stream_options.include_usage``, and ``[DONE]``; a streaming client that leaves cancels
+the request. Without streaming the whole message comes at the end (``message.audio.data`` a whole file
+in ``audio.format``) with ``usage`` (mstar_ros.webrtc.openai_usage). Errors are OpenAI's JSON.
 An assistant message may carry ``content: null`` with its ``audio.transcript`` (as OpenAI clients
 send an earlier audio answer back); messages without text or audio are left out of the prompt.
 """
@@ -18,42 +20,29 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import io
 import json
 import time
 import uuid
-import wave
 from typing import Any
 
 import msgspec
+import numpy as np
 import torch
 from aiohttp import web
 
-from mstar.conductor.request import RequestError
+from mstar.conductor.request import Request, RequestError
+from mstar_ros.webrtc.audio_formats import encode_whole
 from mstar_ros.webrtc.audio_out import pcm_s16
 from mstar_ros.webrtc.budget import BudgetBusy, SharedBudget
+from mstar_ros.webrtc.chat_params import ChatBody, check_chat_params, text_sampling
 from mstar_ros.webrtc.http_guard import request_body
-from mstar_ros.webrtc.json_body import decode_json
 from mstar_ros.webrtc.media_parts import (MAX_AUDIO_S, MAX_REQUEST_IMAGE_PIXELS, BadRequest, decode_audio, image_url,
                                           load_image, open_image, pixels)
+from mstar_ros.webrtc.openai_errors import APIError, error_response
+from mstar_ros.webrtc.openai_http import decode_body, model_mismatch, voice_name
+from mstar_ros.webrtc.openai_usage import chat_usage
 
 MAX_IMAGES = 8  # per request, all messages together
-
-
-class AudioSpec(msgspec.Struct, forbid_unknown_fields=False):
-    voice: str | None = None
-    format: str = "pcm16"
-
-
-class ChatBody(msgspec.Struct, forbid_unknown_fields=False):
-    messages: list[dict[str, Any]]
-    model: str | None = None
-    modalities: list[str] = msgspec.field(default_factory=lambda: ["text"])
-    audio: AudioSpec | None = None
-    stream: bool = False
-    max_tokens: int | None = None
-    max_completion_tokens: int | None = None
-    seed: int | None = None
 
 
 def turn_of(message: dict[str, Any], rate: int | None, images_ok: bool = False,
@@ -101,19 +90,17 @@ class OpenAIChat:
     def add_routes(self, app: web.Application) -> None:
         app.router.add_post("/v1/chat/completions", self.completions)
 
-    @staticmethod
-    def _error(status: int, message: str) -> web.Response:
-        return web.json_response({"error": {"message": message, "type": "invalid_request_error"}}, status=status)
-
     def _parse(self, body: ChatBody) -> list[tuple[str, str, torch.Tensor | None, list]]:
-        """The request's turns, checked, their audio decoded and their images opened (headers only) and
-        judged against the model's room for them: no image pixel is decoded here."""
-        if body.model not in (None, self.name):
-            raise BadRequest(f"model {body.model!r} is not served here (GET /v1/models: {self.name!r})")
-        if not set(body.modalities) <= {"text", "audio"} or "text" not in body.modalities:
-            raise BadRequest('modalities must be ["text"] or ["text", "audio"]')
-        if body.audio is not None and body.audio.format not in ("pcm16", "wav"):
-            raise BadRequest("audio.format must be pcm16 or wav")
+        """The request's fields and turns, checked (APIError naming the field), their audio decoded and their
+        images opened (headers only) and judged against the model's room for them: no pixel decoded here."""
+        model_mismatch(body.model, self.name)
+        check_chat_params(body)
+        try:
+            return self._turns(body)
+        except BadRequest as exc:  # everything _turns judges is in the messages
+            raise APIError(400, str(exc), param="messages", code="invalid_value") from None
+
+    def _turns(self, body: ChatBody) -> list[tuple[str, str, torch.Tensor | None, list]]:
         if not body.messages:
             raise BadRequest("messages is empty")
         rate = getattr(self.model, "audio_input_rate", None)
@@ -147,75 +134,103 @@ class OpenAIChat:
             for image in images:
                 load_image(image)
         _, text, audio, images = turns[-1]
-        speak = "audio" in body.modalities
+        speak = "audio" in (body.modalities or ())
         limit = body.max_completion_tokens or body.max_tokens
         sampling = self.model.default_sampling
         if body.seed is not None:
             sampling = msgspec.structs.replace(sampling, seed=body.seed)
-        outputs = {self.model.text_output} | ({self.model.audio_output} if speak else set())
+        if limit is not None:  # the model caps the reply's text tokens and its audio frames by it
+            sampling = msgspec.structs.replace(sampling, max_tokens=min(limit, sampling.max_tokens))
+        counted = getattr(self.model, "audio_token_output", None)  # what usage counts as output audio tokens
+        outputs = {self.model.text_output} | ({self.model.audio_output, counted} - {None} if speak else set())
         # earlier turns: text, and a user's audio (heard again, as the reference takes a conversation's audio)
         history = [(r, t) if a is None and not i else (r, t, a, i) if i else (r, t, a)
                    for r, t, a, i in turns[:-1] if t.strip() or a is not None or i]
         extra = {"images": images} if images else {}
         request = self.model.request(text, audio=audio, history=history, **extra,
-                                     voice=body.audio.voice if body.audio else None, sampling=sampling,
+                                     voice=voice_name(body.audio.voice) if body.audio else None, sampling=sampling,
                                      outputs=frozenset(outputs), speak=speak)
-        if limit is not None:
-            if limit < 1:
-                raise BadRequest("max_tokens must be >= 1")
-            request.meta["thinker_max_tokens"] = min(limit, request.meta["thinker_max_tokens"])
+        # a model that answers samples its text with the request's own sampling (the voice's is `sampling`)
+        request.sampling = text_sampling(body, request.sampling)
         return request, speak
+
+    def _finish_reason(self, request: Request, ids: list[int], frames: int) -> str:
+        """``length`` when a cap cut the text (it lacks the model's end token) or the audio."""
+        end = (getattr(self.model, "special_token_ids", None) or {}).get("end")
+        text_cap = request.meta.get("thinker_max_tokens")
+        if text_cap is not None and len(ids) >= text_cap and (not ids or ids[-1] != end):
+            return "length"
+        # the Talker's first step makes code 0 only: N steps give at most N - 1 frames
+        audio_cap = request.meta.get("talker_max_tokens")
+        if frames and audio_cap is not None and frames >= audio_cap - 1:
+            return "length"
+        return "stop"
 
     async def completions(self, http: web.Request) -> web.StreamResponse:
         try:
-            body = decode_json(await request_body(http), ChatBody)
+            body = decode_body(await request_body(http), ChatBody)
             # decoding images and audio and preparing them is CPU work: off the loop that serves every peer
             turns = await asyncio.to_thread(self._parse, body)
             async with self.decode_budget.reserve(pixels(image for *_, images in turns for image in images)):
                 request, speak = await asyncio.to_thread(self._build, body, turns)
+        except APIError as exc:
+            return error_response(exc.status, exc.message, param=exc.param, code=exc.code)
         except BudgetBusy as exc:
-            return self._error(503, str(exc))
-        except ValueError as exc:  # BadJSON, BadRequest, and the model's own refusals (empty turn, audio too long)
-            return self._error(400, str(exc))
+            return error_response(503, str(exc))
+        except ValueError as exc:  # the model's own refusals (empty turn, audio too long, an unknown voice)
+            return error_response(400, str(exc), param="messages", code="invalid_value")
         cid, created = f"chatcmpl-{uuid.uuid4().hex[:16]}", int(time.time())
         fmt = body.audio.format if body.audio else "pcm16"
         if body.stream:
-            return await self._stream(http, request, speak, cid, created)
-        ids, pcm = [], []
+            include_usage = bool(body.stream_options and body.stream_options.include_usage)
+            return await self._stream(http, request, speak, cid, created, include_usage)
+        ids, pcm, frames = [], [], 0
+        counted = getattr(self.model, "audio_token_output", None)
         try:
             async for out in self.conductor.submit(request):
                 if out.name == self.model.text_output:
                     ids.append(int(out.data))
                 elif out.name == self.model.audio_output:
-                    pcm.append(pcm_s16(out.data).tobytes())
+                    pcm.append(pcm_s16(out.data))
+                elif out.name == counted:
+                    frames += 1
         except RequestError as exc:
-            return web.json_response({"error": {"message": str(exc), "type": "server_error"}}, status=500)
+            return error_response(500, str(exc))
         text = self.model.decode_text(ids)
-        message: dict[str, Any] = {"role": "assistant", "content": None if speak else text}
+        message: dict[str, Any] = {"role": "assistant", "content": None if speak else text, "refusal": None}
         if speak:
-            data = b"".join(pcm)
-            if fmt == "wav":
-                data = _wav(data, self.model.sample_rate)
-            message["audio"] = {"id": f"audio_{cid}", "data": base64.b64encode(data).decode(), "transcript": text}
+            samples = np.concatenate(pcm) if pcm else np.zeros(0, np.int16)
+            data = encode_whole(samples, "pcm" if fmt == "pcm16" else fmt, self.model.sample_rate)
+            # expires_at: OpenAI keeps an answer's audio an hour for a later turn to cite; this server keeps none
+            message["audio"] = {"id": f"audio_{cid}", "data": base64.b64encode(data).decode(),
+                                "expires_at": created + 3600, "transcript": text}
+        choice = {"index": 0, "message": message, "finish_reason": self._finish_reason(request, ids, frames),
+                  "logprobs": None}
         return web.json_response({"id": cid, "object": "chat.completion", "created": created, "model": self.name,
-                                  "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
-                                  "usage": {"completion_tokens": len(ids)}})
+                                  "choices": [choice], "usage": chat_usage(self.model, request, len(ids), frames)})
 
-    async def _stream(self, http: web.Request, request, speak: bool, cid: str, created: int) -> web.StreamResponse:
+    async def _stream(self, http: web.Request, request: Request, speak: bool, cid: str, created: int,
+                      include_usage: bool) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         response.enable_chunked_encoding()
         await response.prepare(http)
 
-        async def chunk(delta: dict, finish: str | None = None) -> None:
+        async def send(choices: list, **more) -> None:
             event = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": self.name,
-                     "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+                     "choices": choices, **more, **({"usage": None} if include_usage and "usage" not in more else {})}
             await response.write(f"data: {json.dumps(event)}\n\n".encode())
 
+        async def chunk(delta: dict, finish: str | None = None) -> None:
+            await send([{"index": 0, "delta": delta, "finish_reason": finish}])
+
         ids: list[int] = []
-        said = ""
+        said, frames = "", 0
+        counted = getattr(self.model, "audio_token_output", None)
         try:
             await chunk({"role": "assistant"})
             async for out in self.conductor.submit(request):
+                if out.name == counted:
+                    frames += 1
                 if out.name == self.model.text_output:
                     ids.append(int(out.data))
                     now = self.model.decode_text(ids)
@@ -225,7 +240,9 @@ class OpenAIChat:
                 elif out.name == self.model.audio_output:
                     data = base64.b64encode(pcm_s16(out.data).tobytes()).decode()
                     await chunk({"audio": {"id": f"audio_{cid}", "data": data}})
-            await chunk({}, finish="stop")
+            await chunk({}, finish=self._finish_reason(request, ids, frames))
+            if include_usage:  # OpenAI's last chunk: no choices, the whole request's usage
+                await send([], usage=chat_usage(self.model, request, len(ids), frames))
             await response.write(b"data: [DONE]\n\n")
         except (ConnectionResetError, RequestError) as exc:  # the client went away, or the request failed
             try:
@@ -233,17 +250,9 @@ class OpenAIChat:
             except Exception:
                 pass
             if isinstance(exc, RequestError):
-                await response.write(f"data: {json.dumps({'error': {'message': str(exc)}})}\n\n".encode())
+                error = {"error": {"message": str(exc), "type": "server_error", "param": None, "code": None}}
+                await response.write(f"data: {json.dumps(error)}\n\n".encode())
             return response
         await response.write_eof()
         return response
 
-
-def _wav(pcm: bytes, rate: int) -> bytes:
-    buf = io.BytesIO()
-    with wave.open(buf, "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(rate)
-        w.writeframes(pcm)
-    return buf.getvalue()

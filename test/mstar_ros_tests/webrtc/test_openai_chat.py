@@ -42,15 +42,16 @@ def test_chat_completions_stream_text_and_audio_and_take_a_spoken_turn(qwen3_omn
 
     async def main():
         async with Conductor(qwen3_omni.graph(), qwen3_omni.modules()) as c:
+            # max_tokens caps the text and the audio frames: the model's own sampling.max_tokens
             same = qwen3_omni.request("hello there, how are you today", history=[("system", "You are brief.")],
-                                      sampling=msgspec.structs.replace(qwen3_omni.default_sampling, seed=11))
-            same.meta["thinker_max_tokens"] = 8  # max_tokens caps the text
+                                      sampling=msgspec.structs.replace(qwen3_omni.default_sampling, seed=11,
+                                                                       max_tokens=8))
             direct = await c.submit(same).collect()
             heard = decode_audio(audio_part, qwen3_omni.audio_input_rate)
             again = qwen3_omni.request("how are you", history=[("user", "", heard), ("assistant", "hello there")],
-                                       sampling=msgspec.structs.replace(qwen3_omni.default_sampling, seed=4),
+                                       sampling=msgspec.structs.replace(qwen3_omni.default_sampling, seed=4,
+                                                                        max_tokens=6),
                                        outputs=frozenset({"text_ids"}), speak=False)
-            again.meta["thinker_max_tokens"] = 6
             direct_conversation = await c.submit(again).collect()
             runner, url = await serve_gateway(VoiceGateway(qwen3_omni, c, model_name="qwen3-omni"))
             got = {}
@@ -99,7 +100,7 @@ def test_chat_completions_stream_text_and_audio_and_take_a_spoken_turn(qwen3_omn
     ref = (torch.cat(direct["audio"]).float().clamp(-1, 1) * 32767).round().to(torch.int16).numpy()
     ours = np.frombuffer(pcm, dtype=np.int16)
     assert len(ours) == len(ref) > 0 and np.abs(ours.astype(int) - ref.astype(int)).max() <= 1
-    assert events[-2]["choices"][0]["finish_reason"] == "stop"
+    assert events[-2]["choices"][0]["finish_reason"] == "length"  # 8 tokens of random weights: cut by max_tokens
     status, text = got["text"]
     assert status == 200 and text["choices"][0]["message"]["content"] and "audio" not in text["choices"][0]["message"]
     status, spoken = got["spoken"]
@@ -199,3 +200,124 @@ def test_chat_completions_take_images_as_data_urls_and_refuse_bad_ones(qwen3_omn
     assert "images are over 134217728 pixels together" in errors[7][1]
     assert "the images make 12544 image tokens, over the 8128" in errors[8][1], errors[8]
     assert "sample rate 0 Hz" in errors[9][1] and "nested too deeply" in errors[10][1]
+
+
+def _seconds(data: bytes) -> float:
+    import av
+
+    with av.open(io.BytesIO(data)) as container:
+        frames = list(container.decode(audio=0))
+    return sum(f.samples for f in frames) / frames[0].sample_rate
+
+
+def _refused(call) -> tuple:
+    import openai
+
+    try:
+        call()
+    except openai.APIStatusError as exc:
+        return type(exc).__name__, exc.status_code, exc.param, exc.code
+    raise AssertionError("not refused")
+
+
+def test_the_openai_client_gets_usage_length_audio_formats_and_typed_errors(qwen3_omni):
+    """chat.completions.create through the official client: full usage, finish_reason length when
+    max_tokens cuts the reply, max_tokens bounding the audio too, each audio format, streaming with
+    include_usage, text sampling honoured, and what the model cannot honour refused naming the field."""
+    import openai
+
+    hello = [{"role": "user", "content": "hello there, how are you today"}]
+
+    async def main():
+        async with Conductor(qwen3_omni.graph(), qwen3_omni.modules()) as c:
+            reference = qwen3_omni.request("hello there, how are you today", outputs=frozenset({"text_ids"}),
+                                           speak=False)
+            runner, url = await serve_gateway(VoiceGateway(qwen3_omni, c, model_name="qwen3-omni"))
+            try:
+                def calls():
+                    oa, got = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0), {}
+                    ask = dict(model="qwen3-omni", messages=hello, seed=3)
+                    got["text"] = oa.chat.completions.create(**ask, max_tokens=5)
+                    for fmt in ("pcm16", "wav", "mp3", "flac", "opus", "aac"):
+                        got[fmt] = oa.chat.completions.create(**ask, max_tokens=6, modalities=["text", "audio"],
+                                                              audio={"voice": "ethan", "format": fmt})
+                    got["stream"] = list(oa.chat.completions.create(**ask, max_tokens=6, modalities=["text", "audio"],
+                                                                    stream=True, stream_options={"include_usage": True}))
+                    got["hot"] = oa.chat.completions.create(**ask, max_tokens=5, temperature=1.8)
+                    got["greedy"] = oa.chat.completions.create(**ask, max_tokens=5, temperature=0)
+                    bad = {"n": {"n": 2}, "temperature": {"temperature": 2.5}, "top_p": {"top_p": 1.5},
+                           "logprobs": {"logprobs": True}, "stop": {"stop": ["\n"]},
+                           "presence_penalty": {"presence_penalty": 0.5},
+                           "tools": {"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]},
+                           "response_format": {"response_format": {"type": "json_object"}},
+                           "audio.format": {"modalities": ["text", "audio"], "stream": True,
+                                            "audio": {"voice": "ethan", "format": "mp3"}},
+                           "max_tokens": {"max_tokens": 0}}
+                    got["bad"] = {name: _refused(lambda kw=kw: oa.chat.completions.create(**ask, **kw))
+                                  for name, kw in bad.items()}
+                    got["unknown"] = _refused(lambda: oa.chat.completions.create(**ask, extra_body={"mood": "x"}))
+                    got["model"] = _refused(lambda: oa.chat.completions.create(model="gpt-4o", messages=hello))
+                    got["messages"] = _refused(lambda: oa.chat.completions.create(
+                        model="qwen3-omni", messages=[{"role": "assistant", "content": "hi"}]))
+                    # instructions: Qwen3-Omni says how in the user turn the Talker reads
+                    say = dict(model="qwen3-omni", voice="ethan", input="hello there", response_format="pcm",
+                               extra_body={"seed": 2, "max_tokens": 12})
+                    got["plain"] = oa.audio.speech.create(**say).read()
+                    got["instructed"] = oa.audio.speech.create(**say, instructions="Whisper, slowly.").read()
+                    return got
+                got = await asyncio.to_thread(calls)
+                sampling = msgspec.structs.replace(qwen3_omni.default_sampling, seed=2, max_tokens=12)
+                direct = await c.submit(qwen3_omni.speech_request("hello there", voice="ethan", sampling=sampling,
+                                                                  instructions="Whisper, slowly.")).collect()
+                return reference, got, direct
+            finally:
+                await runner.cleanup()
+
+    reference, got, direct = asyncio.run(main())
+    prompt = int(reference.inputs["prompt_ids"].numel())
+    text = got["text"]
+    assert text.choices[0].finish_reason == "length" and text.choices[0].message.content  # 5 tokens of noise: cut
+    assert text.usage.prompt_tokens == prompt and text.usage.completion_tokens == 5
+    assert text.usage.total_tokens == prompt + 5
+    assert text.usage.completion_tokens_details.text_tokens == 5
+    assert text.usage.completion_tokens_details.audio_tokens == 0
+    assert text.usage.prompt_tokens_details.audio_tokens == 0 and text.usage.prompt_tokens_details.cached_tokens == 0
+    spoken = got["pcm16"]
+    frames = spoken.usage.completion_tokens_details.audio_tokens
+    pcm = base64.b64decode(spoken.choices[0].message.audio.data)
+    assert 0 < frames <= 6  # max_tokens bounds the audio: at most 6 Talker frames of 80 ms
+    assert spoken.usage.completion_tokens == spoken.usage.completion_tokens_details.text_tokens + frames
+    assert spoken.choices[0].finish_reason == "length" and spoken.choices[0].message.audio.transcript
+    assert 0 < len(pcm) / 2 / 24000 <= 6 * 0.08
+    want = len(pcm) / 2 / 24000
+    for fmt, slack in (("wav", 0), ("flac", 0), ("opus", 0), ("mp3", 2 * 1152), ("aac", 2 * 1024)):
+        data = base64.b64decode(got[fmt].choices[0].message.audio.data)
+        assert want - 1e-6 <= _seconds(data) <= want + slack / 24000 + 1e-6, (fmt, _seconds(data), want)
+    chunks = got["stream"]
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == spoken.usage.completion_tokens
+    assert all(ch.usage is None for ch in chunks[:-1])
+    assert chunks[-2].choices[0].finish_reason == "length"
+    streamed = b"".join(base64.b64decode(ch.choices[0].delta.audio.data) for ch in chunks[:-1]
+                        if ch.choices[0].delta.audio and ch.choices[0].delta.audio.data)
+    assert streamed == pcm  # the same seed: the same audio, streamed or whole
+    # the text's sampling is the request's: a hot temperature leaves greedy decoding
+    assert got["greedy"].choices[0].message.content == text.choices[0].message.content
+    assert got["hot"].choices[0].message.content != text.choices[0].message.content
+    bad = got["bad"]
+    assert bad["n"] == ("BadRequestError", 400, "n", "unsupported_value")
+    assert bad["temperature"] == ("BadRequestError", 400, "temperature", "decimal_above_max_value")
+    assert bad["top_p"] == ("BadRequestError", 400, "top_p", "decimal_above_max_value")
+    assert bad["logprobs"] == ("BadRequestError", 400, "logprobs", "unsupported_value")
+    assert bad["stop"] == ("BadRequestError", 400, "stop", "unsupported_parameter")
+    assert bad["presence_penalty"] == ("BadRequestError", 400, "presence_penalty", "unsupported_value")
+    assert bad["tools"] == ("BadRequestError", 400, "tools", "unsupported_parameter")
+    assert bad["response_format"] == ("BadRequestError", 400, "response_format", "unsupported_value")
+    assert bad["audio.format"] == ("BadRequestError", 400, "audio.format", "unsupported_value")
+    assert bad["max_tokens"] == ("BadRequestError", 400, "max_tokens", "integer_below_min_value")
+    assert got["unknown"][:3] == ("BadRequestError", 400, "mood")
+    assert got["model"] == ("NotFoundError", 404, "model", "model_not_found")
+    assert got["messages"] == ("BadRequestError", 400, "messages", "invalid_value")
+    reference_audio = (torch.cat(direct["audio"]).float().clamp(-1, 1) * 32767).round().to(torch.int16).numpy()
+    instructed = np.frombuffer(got["instructed"], dtype=np.int16)
+    assert len(instructed) == len(reference_audio) and np.abs(instructed.astype(int) - reference_audio).max() <= 1
+    assert got["instructed"] != got["plain"]  # the instructions reached the Talker
