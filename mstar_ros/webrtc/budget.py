@@ -36,33 +36,38 @@ class SharedBudget:
 
     @contextlib.asynccontextmanager
     async def reserve(self, amount: int) -> AsyncIterator["Reservation"]:
-        """Hold ``amount`` for the body of the ``async with`` (less once ``shrink_to`` says so)."""
-        if amount > self.total:
-            raise OverBudget(f"{amount} {self.what} is over the {self.total} the server holds at once")
-        if self._queue or amount > self.free:
-            turn = asyncio.get_running_loop().create_future()
-            self._queue.append((amount, turn))
-            try:
-                await asyncio.wait_for(asyncio.shield(turn), self.wait_s)
-            except asyncio.TimeoutError:
-                if not turn.done():
-                    self._queue.remove((amount, turn))
-                    self._wake()
-                    raise BudgetBusy(f"the server is busy with other requests' {self.what}: try again") from None
-            except asyncio.CancelledError:
-                if turn.done():  # granted as we were cancelled: give it back
-                    self._give_back(amount)
-                else:
-                    self._queue.remove((amount, turn))
-                    self._wake()
-                raise
-        else:
-            self.held += amount
+        """Hold ``amount`` for the body of the ``async with`` (more as ``grow`` takes it, less once
+        ``shrink_to`` says so)."""
+        await self._take(amount)
         reservation = Reservation(self, amount)
         try:
             yield reservation
         finally:
             self._give_back(reservation.amount)
+
+    async def _take(self, amount: int, already: int = 0) -> None:
+        """Wait in line for ``amount`` (a request holding ``already`` may hold ``total`` in all)."""
+        if already + amount > self.total:
+            raise OverBudget(f"{already + amount} {self.what} is over the {self.total} the server holds at once")
+        if not self._queue and amount <= self.free:
+            self.held += amount
+            return
+        turn = asyncio.get_running_loop().create_future()
+        self._queue.append((amount, turn))
+        try:
+            await asyncio.wait_for(asyncio.shield(turn), self.wait_s)
+        except asyncio.TimeoutError:
+            if not turn.done():
+                self._queue.remove((amount, turn))
+                self._wake()
+                raise BudgetBusy(f"the server is busy with other requests' {self.what}: try again") from None
+        except asyncio.CancelledError:
+            if turn.done():  # granted as we were cancelled: give it back
+                self._give_back(amount)
+            else:
+                self._queue.remove((amount, turn))
+                self._wake()
+            raise
 
     def _give_back(self, amount: int) -> None:
         self.held -= amount
@@ -78,10 +83,16 @@ class SharedBudget:
 
 
 class Reservation:
-    """What a request holds of a budget; it may learn that it needs less (a chunked body, once read)."""
+    """What a request holds of a budget: it may take more as it goes (a body, as its bytes arrive) and
+    learn that it needs less."""
 
     def __init__(self, budget: SharedBudget, amount: int) -> None:
         self.budget, self.amount = budget, amount
+
+    async def grow(self, amount: int) -> None:
+        """Take ``amount`` more, waiting in line as ``reserve`` does (BudgetBusy, OverBudget alike)."""
+        await self.budget._take(amount, already=self.amount)
+        self.amount += amount
 
     def shrink_to(self, amount: int) -> None:
         if 0 <= amount < self.amount:

@@ -2,12 +2,14 @@
 
 aiohttp reads a request head for as long as the client takes and keeps any number of connections,
 and a chunked body (no Content-Length) is read whole before a handler can look at its size. Here:
-- ``ConnectionGuard``: at most ``max_connections`` at once (the next is answered 503 and closed), and
-  a connection must send a whole request head within ``header_timeout_s`` of opening or of its last
-  response (408 and closed otherwise: slowloris, idle keep-alive);
+- ``ConnectionGuard``: at most ``max_connections`` at once and ``max_connections_per_client`` from
+  one address (the next is answered 503 and closed), and a connection must send a whole request head
+  within ``header_timeout_s`` of opening or of its last response (408 and closed otherwise: slowloris,
+  idle keep-alive; a response still being sent to a slow client keeps it open);
 - ``body_middleware``: each route's body limit counted while the body is read (413 as soon as it is
   passed, Content-Length or chunked), the body read within ``body_timeout_s`` (408), and the bytes of
-  bodies held at once bounded across requests (a ``SharedBudget``; 503 when it stays full). Handlers
+  bodies held at once bounded across requests (a ``SharedBudget``; 503 when it stays full): a body
+  takes its share as its bytes arrive, so a client that sends slowly holds only what it sent. Handlers
   take the body with ``request_body``. (aiohttp's own ``read()`` under ``client_max_size`` appends a
   whole buffered chunk before it compares, and a refused request's buffer stayed referenced: about
   1 MB of RSS per refused chunked body, never returned.)
@@ -21,7 +23,7 @@ from typing import Callable
 
 from aiohttp import web
 
-from mstar_ros.webrtc.budget import BudgetBusy, SharedBudget
+from mstar_ros.webrtc.budget import BudgetBusy, Reservation, SharedBudget
 
 log = logging.getLogger("mstar_ros.webrtc")
 
@@ -32,6 +34,7 @@ TIMEOUT = b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Length:
 @dataclass(frozen=True)
 class ConnectionLimits:
     max_connections: int = 256
+    max_connections_per_client: int = 32  # from one address (behind a reverse proxy: raise it, or limit there)
     header_timeout_s: float = 10.0  # a whole request head, from the connection's start or its last response
     body_timeout_s: float = 60.0    # a whole body, once its head is in (16 MiB at ~2 Mbit/s)
     max_body_bytes_held: int = 64 * 2**20  # bodies being read or handled at once, all requests together
@@ -48,14 +51,20 @@ class GuardedConnection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport
-        if self.guard.open >= self.guard.limits.max_connections:
+        peer = transport.get_extra_info("peername")
+        self.client = str(peer[0]) if isinstance(peer, tuple) and peer else ""
+        limits, theirs = self.guard.limits, self.guard.by_client.get(self.client, 0)
+        if self.guard.open >= limits.max_connections or theirs >= limits.max_connections_per_client:
             self.refused = True
             self.guard.refused += 1
-            self.guard.report(f"{self.guard.open} connections are open (the limit): new ones get 503")
+            full = (f"{self.guard.open} connections are open (the limit)" if self.guard.open >= limits.max_connections
+                    else f"{self.client} has {theirs} connections open (the limit per address)")
+            self.guard.report(f"{full}: new ones get 503")
             transport.write(BUSY)
             transport.close()
             return
         self.guard.open += 1
+        self.guard.by_client[self.client] = theirs + 1
         self.waiting_for_head()
         self.inner.connection_made(transport)
 
@@ -68,6 +77,9 @@ class GuardedConnection(asyncio.Protocol):
         self._cancel_timer()
 
     def _too_slow(self) -> None:
+        if self.transport is not None and self.transport.get_write_buffer_size() > 0:
+            self.waiting_for_head()  # a response still going out to a slow client: its time starts after
+            return
         self.guard.timed_out += 1
         self.guard.report(f"a connection sent no whole request head within {self.guard.limits.header_timeout_s:g} s: "
                           f"closed (408)")
@@ -100,6 +112,11 @@ class GuardedConnection(asyncio.Protocol):
             return
         self._cancel_timer()
         self.guard.open -= 1
+        left = self.guard.by_client.get(self.client, 0) - 1
+        if left > 0:
+            self.guard.by_client[self.client] = left
+        else:
+            self.guard.by_client.pop(self.client, None)
         self.inner.connection_lost(exc)
 
 
@@ -107,6 +124,7 @@ class ConnectionGuard:
     def __init__(self, limits: ConnectionLimits, report_every_s: float = 10.0) -> None:
         self.limits = limits
         self.open = self.refused = self.timed_out = 0
+        self.by_client: dict[str, int] = {}  # open connections per address
         self._report_every_s, self._last_report = report_every_s, float("-inf")
         self._quiet = 0
 
@@ -157,13 +175,12 @@ def body_middleware(limit_of: Callable[[web.Request], int], limits: ConnectionLi
             if size is not None and size > limit:
                 raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=size)
             try:
-                async with budget.reserve(limit if size is None else size) as held:
+                async with budget.reserve(0) as held:
                     try:
-                        body = await asyncio.wait_for(_read_within(request, limit), limits.body_timeout_s)
+                        body = await asyncio.wait_for(_read_within(request, limit, held), limits.body_timeout_s)
                     except asyncio.TimeoutError:
                         raise web.HTTPRequestTimeout(
                             text=f"the body did not arrive within {limits.body_timeout_s:g} s") from None
-                    held.shrink_to(len(body))  # a chunked body held its route's limit while it was read
                     request[BODY] = body
                     return await handler(request)
             except BudgetBusy as exc:
@@ -178,13 +195,15 @@ def body_middleware(limit_of: Callable[[web.Request], int], limits: ConnectionLi
 BODY = web.RequestKey("mstar_ros.body", bytes)  # where body_middleware leaves the body on the request
 
 
-async def _read_within(request: web.Request, limit: int) -> bytes:
-    """The body, refused (413) as soon as it passes ``limit``, with nothing of it kept."""
+async def _read_within(request: web.Request, limit: int, held: Reservation) -> bytes:
+    """The body, refused (413) as soon as it passes ``limit``, with nothing of it kept; ``held`` grows with
+    each piece as it arrives (the body budget)."""
     body, received = bytearray(), 0
     async for chunk in request.content.iter_any():
         received += len(chunk)
         if received > limit:
             break
+        await held.grow(len(chunk))
         body.extend(chunk)
     if received > limit:
         # the exception outlives this frame (aiohttp answers with it): it must hold none of the data

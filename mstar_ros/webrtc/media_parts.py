@@ -138,5 +138,11 @@ def load_image(image) -> None:
         raise BadRequest(f"the image could not be decoded: {exc}") from None
 
 
+def release_images(images) -> None:
+    """Free decoded images' pixels now (PIL's ``close``), whoever still refers to them."""
+    for image in images:
+        image.close()
+
+
 def pixels(images) -> int:
     return sum(image.width * image.height for image in images)

@@ -37,7 +37,7 @@ from mstar_ros.webrtc.budget import BudgetBusy, SharedBudget
 from mstar_ros.webrtc.chat_params import ChatBody, check_chat_params, text_sampling
 from mstar_ros.webrtc.http_guard import request_body
 from mstar_ros.webrtc.media_parts import (MAX_AUDIO_S, MAX_REQUEST_IMAGE_PIXELS, BadRequest, decode_audio, image_url,
-                                          load_image, open_image, pixels)
+                                          load_image, open_image, pixels, release_images)
 from mstar_ros.webrtc.openai_errors import APIError, error_response
 from mstar_ros.webrtc.openai_http import decode_body, model_mismatch, voice_name
 from mstar_ros.webrtc.openai_usage import chat_usage
@@ -172,7 +172,10 @@ class OpenAIChat:
             # decoding images and audio and preparing them is CPU work: off the loop that serves every peer
             turns = await asyncio.to_thread(self._parse, body)
             async with self.decode_budget.reserve(pixels(image for *_, images in turns for image in images)):
-                request, speak = await asyncio.to_thread(self._build, body, turns)
+                try:
+                    request, speak = await asyncio.to_thread(self._build, body, turns)
+                finally:  # the request holds the model's resized copies: the decoded originals go now,
+                    release_images(image for *_, images in turns for image in images)  # not after the reply
         except APIError as exc:
             return error_response(exc.status, exc.message, param=exc.param, code=exc.code)
         except BudgetBusy as exc:
