@@ -26,7 +26,6 @@ import ipaddress
 import logging
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from aiohttp import web
 
@@ -37,11 +36,11 @@ from mstar_ros.webrtc.json_body import BadJSON, decode_json
 from mstar_ros.webrtc.media_parts import MAX_REQUEST_IMAGE_PIXELS
 from mstar_ros.webrtc.openai_errors import openai_error_middleware
 from mstar_ros.webrtc.openai_http import OpenAISpeech
+from mstar_ros.webrtc.page_files import PUBLIC_PATHS, add_page_routes
 from mstar_ros.webrtc.peer import VoicePeer
 from mstar_ros.webrtc.whip import WhipEndpoint
 
 log = logging.getLogger("mstar_ros.webrtc")
-PAGE = Path(__file__).with_name("static") / "index.html"
 
 
 @dataclass(frozen=True)
@@ -104,7 +103,7 @@ class VoiceGateway:
         app = web.Application(client_max_size=max(self.limits.max_body_bytes, self.limits.max_audio_body_bytes),
                               middlewares=[openai_error_middleware, self._auth,  # outermost: /v1/ errors as OpenAI's
                                            body_middleware(self._body_limit, self.limits.connections)])
-        app.router.add_get("/", self.page)
+        add_page_routes(app)
         app.router.add_post("/offer", self.offer)
         app.router.add_delete("/offer/{pc_id}", self.delete)
         WhipEndpoint(self).add_routes(app)
@@ -118,13 +117,10 @@ class VoiceGateway:
         app.on_shutdown.append(self._close_all)
         return app
 
-    async def page(self, _request: web.Request) -> web.Response:
-        return web.Response(text=PAGE.read_text(), content_type="text/html")
-
     @web.middleware
     async def _auth(self, request: web.Request, handler):
-        # the page itself holds no secret (it reads the token from #token=); a CORS preflight carries none (Fetch)
-        if self.token and request.path != "/" and request.method != "OPTIONS":
+        # the page and its files hold no secret (it reads the token from #token=); a CORS preflight carries none (Fetch)
+        if self.token and request.path not in PUBLIC_PATHS and request.method != "OPTIONS":
             if not authorised(request.headers.get("Authorization", ""), self.token):
                 raise web.HTTPUnauthorized(text="a Bearer token is required", headers={"WWW-Authenticate": "Bearer"})
         return await handler(request)

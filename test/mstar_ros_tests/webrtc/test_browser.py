@@ -53,7 +53,7 @@ def test_two_browsers_hear_their_responses_and_one_interrupts(orpheus):
                 stats_one = await one.evaluate("window.mstarInboundStats()")
                 level_one = await one.evaluate("window.mstarVoice.maxLevel")
                 ttfa = await one.evaluate("window.mstarVoice.ttfaMs")
-                transcript = await one.inner_text("#transcript")
+                transcript = await one.inner_text("#conversation .turn.assistant .text")  # the reply
                 await asyncio.sleep(0.5)
                 blocks = c.kv_blocks_used()
                 before = await two.evaluate("window.mstarInboundStats()")

@@ -30,7 +30,7 @@ def test_firefox_hears_a_response_and_interrupts_the_next(orpheus):
                 stats = await page.evaluate("window.mstarInboundStats()")
                 level = await page.evaluate("window.mstarVoice.maxLevel")
                 ttfa = await page.evaluate("window.mstarVoice.ttfaMs")
-                transcript = await page.evaluate("document.querySelector('#transcript').textContent")
+                transcript = await page.evaluate("document.querySelector('#conversation .turn.assistant .text').textContent")
                 state = await page.evaluate("document.querySelector('#state').textContent")
                 # a long second answer, interrupted as soon as it plays
                 await page.fill("#text", "A much longer sentence that Firefox interrupts. " * 4)

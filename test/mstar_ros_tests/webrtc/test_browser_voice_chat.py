@@ -58,7 +58,7 @@ def test_a_spoken_turn_in_the_browser_is_answered_and_a_barge_in_frees_every_sta
                     await page.evaluate("window.mstarVoice.channel.send(JSON.stringify({type: 'session.update', "
                                         "session: {max_output_tokens: 25, seed: 5}}))")
                     await wait_for_response(page, "completed")
-                    transcript = await page.inner_text("#transcript")
+                    transcript = await page.inner_text("#conversation .turn.assistant .text")  # the answer
                     heard = await page.evaluate("""async () => {
                         const stats = await window.mstarVoice.pc.getStats();
                         let samples = 0;
@@ -74,7 +74,8 @@ def test_a_spoken_turn_in_the_browser_is_answered_and_a_barge_in_frees_every_sta
                     assert await page.is_visible("#imagebox")
                     await page.set_input_files("#image", str(photo))
                     await page.wait_for_function("window.mstarVoice.events.some(e => e.type === "
-                                                 "'conversation.item.created')", timeout=30000)
+                                                 "'conversation.item.created' && e.item.content.some("
+                                                 "c => c.type === 'input_image'))", timeout=30000)
                     shown = [turn[3] for peer in gateway.peers.values() for turn in peer.history if len(turn) > 3]
                     events = await page.evaluate("window.mstarVoice.events")
                     await browser.close()
@@ -95,6 +96,7 @@ def test_a_spoken_turn_in_the_browser_is_answered_and_a_barge_in_frees_every_sta
     assert heard > 0  # the answer's audio reached the browser's receiver
     assert any(e["type"] == "response.done" and e["response"]["status"] == "cancelled" for e in events)
     assert blocks == idle  # the Thinker's and the Talker's KV are free after the barge-in
-    item = next(e["item"] for e in events if e["type"] == "conversation.item.created")
+    item = next(e["item"] for e in events if e["type"] == "conversation.item.created"
+                and any(c["type"] == "input_image" for c in e["item"]["content"]))
     assert item["role"] == "user" and item["content"] == [{"type": "input_image", "width": 640, "height": 400}]
     assert [len(images) for images in shown] == [1]  # kept prepared for the model (mstar_ros.webrtc.peer)
