@@ -32,7 +32,8 @@ from mstar.engine.sampler import Sampler
 from mstar.engine.scheduler import ScheduledSeq, Scheduler
 from mstar.engine.sequence import ActiveCall, Sequence, SeqStatus
 from mstar.engine.rope_positions import set_rope_positions
-from mstar.engine.step_feedback import CORE_INPUTS, append_embed_row, feedback_rows, keep_rows, row_outputs
+from mstar.engine.step_feedback import (CORE_INPUTS, append_embed_row, feedback_rows, keep_rows, last_sample,
+                                        row_outputs)
 from mstar.engine.vocab_constraint import union_vocab
 from mstar.parallel.group import TPGroup
 from mstar.parallel.plan import Hello, TPLeader
@@ -454,7 +455,7 @@ class AREngine(EngineInbox):
         """Whether the call's Loop feeds ``token`` back for another iteration."""
         call = seq.call
         assert call is not None
-        if call.msg.loop is None or token in call.msg.loop.stop_values or call.iteration + 1 >= call.max_iters:
+        if call.msg.loop is None or token in call.msg.loop.stop_values or last_sample(self.module, seq):
             return False
         return seq.kv_window is not None or seq.table.first_position + len(seq.token_ids) + 1 < self.module.max_positions
 

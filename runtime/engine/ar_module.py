@@ -73,6 +73,11 @@ class ARModule(NodeSubmodule):
         that have arrived; False holds the sequence back until more arrive or their stream ends."""
         return True
 
+    def loop_limit(self, call: FeedbackCall) -> int | None:
+        """The most iterations ``call``'s Loop may run, from its side inputs so far; None: only the call's
+        own ``max_iters`` (the lower of the two ends it, finish reason ``length``). Asked before each sample."""
+        return None
+
     def allowed_token_ranges(self, num_generated: int) -> list[tuple[int, int]] | None:
         """Constrained decoding: the [lo, hi) id ranges allowed for the next token of a
         sequence that has generated ``num_generated`` tokens; None allows all."""

@@ -13,7 +13,7 @@ import torch
 
 from mstar.engine.ar_module import ARModule
 from mstar.engine.sequence import Sequence
-from mstar.engine.step_feedback import feedback_call
+from mstar.engine.step_feedback import feedback_call, last_sample
 from mstar.worker.messages import FeedInput
 
 
@@ -46,6 +46,6 @@ def waits_for_rows(module: ARModule, seq: Sequence) -> bool:
     call = seq.call
     if not seq.open_inputs or call is None or not call.wants_token or call.msg.loop is None:
         return False
-    if call.iteration + 1 >= call.max_iters:  # its last sample: no feedback follows
+    if last_sample(module, seq):  # no feedback follows it
         return False
     return not module.feedback_ready(feedback_call(seq))

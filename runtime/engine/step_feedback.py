@@ -61,6 +61,19 @@ def feedback_call(seq: Sequence) -> FeedbackCall:
                         generator=seq.generator, open_inputs=frozenset(seq.open_inputs))
 
 
+def last_sample(module: ARModule, seq: Sequence) -> bool:
+    """Whether ``seq``'s next sample is its Loop call's last: by the call's ``max_iters``, or by the
+    module's ``loop_limit`` (asked only of a module that sets one)."""
+    call = seq.call
+    assert call is not None
+    if call.iteration + 1 >= call.max_iters:
+        return True
+    if type(module).loop_limit is ARModule.loop_limit or call.msg.sampling is None:
+        return False
+    limit = module.loop_limit(feedback_call(seq))
+    return limit is not None and call.iteration + 1 >= limit
+
+
 def feedback_rows(module: ARModule, seqs: list[Sequence], tokens: list[int], hidden: torch.Tensor,
                   rows: list[int], continuing: list[bool]) -> dict[tuple[str, str], tuple[torch.Tensor, dict[str, torch.Tensor]]]:
     """For the sequences whose Loop goes on: (next input row, extra outputs), by sequence key.
