@@ -20,8 +20,13 @@ export class FirstAudio {
     if (this.pending && this.pending.responseId === null) this.pending.responseId = id;
   }
 
-  /** A reply ended: one that played no audio (cut off before it) is not timed. */
-  responseDone(id) {
+  /** A reply ended: one cut off before its audio is not timed. A completed one may still be on its way (its
+   * audio plays out after response.done): it is timed until output_audio_buffer.stopped says it played. */
+  responseDone(id, status) {
+    if (status !== "completed" && this.pending && this.pending.responseId === id) this.pending = null;
+  }
+
+  playedOut(id) {
     if (this.pending && this.pending.responseId === id) this.pending = null;
   }
 

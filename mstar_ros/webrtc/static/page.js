@@ -120,7 +120,10 @@ function onEvent(event) {
       break;
     case "response.done":
       conversation.done(rid, event.response.status);
-      firstAudio.responseDone(rid);
+      firstAudio.responseDone(rid, event.response.status);
+      break;
+    case "output_audio_buffer.stopped":
+      firstAudio.playedOut(rid);
       break;
     case "conversation.item.created": {
       const parts = event.item?.content || [];
