@@ -74,7 +74,7 @@ export class Conversation {
     turn.dataset.kind = "spoken";
     turn.dataset.status = "speaking";
     turn.dataset.startMs = ms;
-    turn.querySelector(".text").textContent = "\u{1F3A4} speaking\u2026";
+    turn.querySelector(".text").textContent = "speaking\u2026";
     this.spoken = turn;
   }
 
@@ -86,7 +86,7 @@ export class Conversation {
     turn.dataset.status = "spoken";
     turn.dataset.endMs = ms;
     turn.querySelector(".text").textContent =
-      `\u{1F3A4} spoken: ${seconds(start)}\u2013${seconds(ms)} s of the microphone (${seconds(ms - start)} s)`;
+      `spoken: ${seconds(start)}\u2013${seconds(ms)} s of the microphone (${seconds(ms - start)} s)`;
     if (!this.answers) this._meta(turn, "heard, not answered: this model speaks typed text");
     this.spoken = null;
     return turn;

@@ -273,3 +273,34 @@ def test_a_model_that_answers_a_typed_message_and_a_spoken_turn(qwen3_omni, spee
     assert answered and re.fullmatch(r"first audio \d+ ms after the end of your turn was detected", answered[0]["meta"])
     assert re.fullmatch(r"\d+ ms \(spoken\)", spoken["ttfa"]) or any(t["kind"] == "spoken" for t in spoken["ttfas"])
     assert spoken["mic"] in ("listening", "hearing you")
+
+
+@pytest.mark.timeout(240)
+def test_speech_over_a_reply_cuts_it_off_and_shows_the_spoken_turn(orpheus, speech_wav_long_pause, screens):
+    """Orpheus takes no audio: the fake microphone's sentence barges in on a long reply, which is marked cut off,
+    and the spoken turn is shown with its segment as heard, not answered."""
+    from playwright.async_api import async_playwright
+
+    mic, _ = speech_wav_long_pause  # 2.5 s of silence, then the sentence
+
+    async def main():
+        async with gateway_for(orpheus) as (_, _gateway, url):
+            async with async_playwright() as pw:
+                browser, page = await open_with_microphone(pw, url, mic)
+                await page.fill("#text", "A long answer that the user talks over before it is done. " * 5)
+                await page.click("#speak")
+                await page.wait_for_function(done_with("cancelled"), timeout=60000)
+                await page.wait_for_function("[...document.querySelectorAll('.turn.user')].some("
+                                             "t => t.dataset.status === 'spoken')", timeout=30000)
+                out = {"turns": await replies(page), "mic": await page.inner_text("#micstate")}
+                await shot(page, screens, "10-spoken-over-a-reply")
+                await browser.close()
+        return out
+
+    out = asyncio.run(main())
+    reply = next(t for t in out["turns"] if t["role"] == "assistant")
+    assert reply["status"] == "cut-off" and "cut off" in reply["who"]
+    said = next(t for t in out["turns"] if t["kind"] == "spoken")
+    assert said["status"] == "spoken" and said["meta"] == "heard, not answered: this model speaks typed text"
+    assert re.fullmatch(r"spoken: \d+\.\d\d\u2013\d+\.\d\d s of the microphone \(\d+\.\d\d s\)", said["text"])
+    assert out["mic"] in ("listening", "hearing you")
