@@ -24,6 +24,8 @@ log = logging.getLogger("mstar_graphs.orpheus")
 SAMPLE_RATE = 24_000
 # The reference engine's defaults (orpheus-tts): nucleus sampling with a repetition penalty.
 DEFAULT_SAMPLING = SamplingParams(temperature=0.6, top_p=0.8, repetition_penalty=1.3, max_tokens=1200)
+# the voices the released English finetune (orpheus-3b-0.1-ft) was trained on; its checkpoint does not list them
+FINETUNE_VOICES = ("tara", "leah", "jess", "leo", "dan", "mia", "zac", "zoe")
 
 
 class OrpheusLLM(LlamaForCausalLM):
@@ -90,6 +92,11 @@ class OrpheusTTS:
     @property
     def random_weights(self) -> bool:
         return self.paths.random_weights
+
+    @property
+    def voices(self) -> tuple[str, ...]:
+        """The voice names this model speaks in: the finetune's, and the one it was loaded with."""
+        return FINETUNE_VOICES + ((self.voice,) if self.voice and self.voice not in FINETUNE_VOICES else ())
 
     def graph(self):
         return orpheus_graph()

@@ -70,6 +70,16 @@ class Qwen3OmniChat:
     def random_weights(self) -> bool:
         return self.model.random_weights
 
+    @property
+    def voices(self) -> tuple[str, ...]:
+        """The checkpoint's speakers (its Talker config's ``speaker_id``), by name."""
+        return tuple((self.model.config.talker_config.speaker_id or {}).keys())
+
+    @property
+    def voice(self) -> str:
+        """The speaker used when a request names none."""
+        return self.model.speaker
+
     def graph(self):
         return self.model.graph()
 

@@ -38,3 +38,21 @@ def speech_conductor(model, config, placement=None):
     if not hasattr(model, "worker_spec"):
         raise ValueError(f"speech model {type(model).__name__} cannot run in Worker processes (no worker_spec)")
     return Conductor.distributed(model.worker_spec(), placement, config=config)
+
+
+def model_voices(model) -> tuple[str, ...]:
+    """The voices a speech model has (its ``voices``); empty when it does not say."""
+    return tuple(getattr(model, "voices", None) or ())
+
+
+def checked_voice(model, voice: str, field: str = "voice") -> str:
+    """``voice`` as the model spells it (names match in any case), or a ValueError naming ``field`` and the
+    voices it has: a voice the model lacks would fail every later response, so it is refused where it is set."""
+    if not isinstance(voice, str) or not voice.strip():
+        raise ValueError(f"{field} must be a voice name")
+    voices = model_voices(model)
+    found = next((name for name in voices if name.lower() == voice.lower()), None)
+    if found is None:
+        raise ValueError(f"{field} {voice!r}: this model has no such voice "
+                         f"(it has: {', '.join(voices) or 'none it names'})")
+    return found
