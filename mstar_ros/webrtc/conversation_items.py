@@ -29,6 +29,14 @@ def image_pixels(image: Any) -> int:
     return int(pixels) if pixels is not None else image.width * image.height
 
 
+def message_content(role: str, text: str, audio: bool = False) -> list[dict]:
+    """A message's content parts as items show them: its audio (not echoed: the transcript is unknown), its text."""
+    parts: list[dict[str, Any]] = [{"type": "input_audio", "transcript": None}] if audio else []
+    if text:
+        parts.append({"type": "input_text" if role != "assistant" else "text", "text": text})
+    return parts
+
+
 @dataclass
 class ConversationItem:
     id: str
@@ -46,8 +54,7 @@ class ConversationItem:
         """The item as ``conversation.item.created`` echoes it: its images' sizes, not their bytes."""
         content: list[dict[str, Any]] = [{"type": "input_image", "width": im.width, "height": im.height}
                                          for im in self.images]
-        if self.text:
-            content.append({"type": "input_text" if self.role != "assistant" else "text", "text": self.text})
+        content += message_content(self.role, self.text)
         return {"id": self.id, "type": "message", "role": self.role, "status": "completed", "content": content}
 
 

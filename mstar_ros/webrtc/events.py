@@ -1,14 +1,16 @@
 """Data-channel events, named as the OpenAI Realtime API names them (server -> client and client -> server).
 
-Server: ``session.created``, ``input_audio_buffer.speech_started`` / ``speech_stopped`` (with a
-microphone), ``response.created``, ``response.output_audio_transcript.delta``,
-``response.output_audio.done``, ``response.done``, ``error``. Client: ``response.create`` (the text to
-speak in ``response.instructions``, or ``text``; ``response.voice`` and ``response.max_output_tokens``
-for this response only; a model that answers takes it as the user's turn, or, without text, answers the
-conversation as it stands), ``conversation.item.create`` (mstar_ros.webrtc.conversation_items), ``response.cancel``, ``session.update`` (``voice``, ``max_output_tokens``,
-``turn_detection.silence_duration_ms``, and our extensions ``temperature``, ``top_p``,
-``repetition_penalty``, ``seed``: the sampling of the peer's later responses).
-Every client event is validated (msgspec); a bad one gets an ``error`` event naming the field.
+Server: ``session.created`` / ``updated``, ``input_audio_buffer.speech_started`` / ``speech_stopped`` /
+``committed`` / ``cleared``, ``conversation.item.created`` / ``deleted`` / ``truncated``, a response's
+events (mstar_ros.webrtc.realtime_items), ``output_audio_buffer.started`` / ``stopped`` / ``cleared``,
+``error``. Client: ``response.create`` (the text to speak in ``response.instructions``, or ``text``;
+``response.voice`` and ``response.max_output_tokens`` for this response only; a model that answers takes
+it as the user's turn, or, without text, answers the conversation as it stands), ``response.cancel``,
+``conversation.item.create`` (mstar_ros.webrtc.conversation_items) / ``delete`` / ``truncate``,
+``input_audio_buffer.append`` / ``clear`` / ``commit`` (mstar_ros.webrtc.input_audio),
+``output_audio_buffer.clear``, ``session.update`` (mstar_ros.webrtc.session_update).
+Every client event is validated; a bad one gets an ``error`` event in OpenAI's shape (``error.type``,
+``code``, ``message``, ``param``, ``event_id``) naming the field.
 """
 from __future__ import annotations
 
@@ -40,33 +42,31 @@ class ResponseSpec(msgspec.Struct, forbid_unknown_fields=False):
     max_output_tokens: int | None = None
 
 
-class TurnDetection(msgspec.Struct, forbid_unknown_fields=False):
-    type: str = "server_vad"
-    silence_duration_ms: int | None = None
-
-
-class SessionUpdate(msgspec.Struct, forbid_unknown_fields=False):
-    """What ``session.update`` may change; fields left out keep their value."""
-    voice: str | None = None
-    max_output_tokens: int | None = None
-    turn_detection: TurnDetection | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    repetition_penalty: float | None = None
-    seed: int | None = None
-
-
 class ClientEvent(msgspec.Struct, forbid_unknown_fields=False):
     type: str
     event_id: str | None = None
     response: ResponseSpec | None = None
     text: str | None = None          # a shorthand for response.instructions
-    session: SessionUpdate | None = None
+    session: dict | None = None      # session.update's (checked by session_update, which names every field it lacks)
     item: dict | None = None         # conversation.item.create's message (checked by conversation_items)
+    audio: str | None = None         # input_audio_buffer.append: base64 pcm16
+    item_id: str | None = None       # conversation.item.delete / truncate
+    content_index: int | None = None
+    audio_end_ms: int | None = None
 
 
 class EventError(ValueError):
-    pass
+    """A client event refused: ``param`` names the field at fault, ``code`` says why (OpenAI's error fields)."""
+
+    def __init__(self, message: str, param: str | None = None, code: str = "invalid_value") -> None:
+        super().__init__(message)
+        self.param, self.code = param, code
+
+
+def error_body(message: str, *, param: str | None = None, code: str | None = None, event_id: str | None = None,
+               kind: str = "invalid_request_error") -> dict:
+    """An ``error`` event's ``error``, as OpenAI's Realtime API shapes it."""
+    return {"type": kind, "code": code, "message": message, "param": param, "event_id": event_id}
 
 
 def parse_client_event(raw: str | bytes) -> ClientEvent:

@@ -172,7 +172,7 @@ class VoiceGateway:
             raise web.HTTPServiceUnavailable(text=f"{self.limits.max_peers} peers are connected (the limit)")
         pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
         peer = VoicePeer(pc, self.model, self.conductor, max_text_chars=self.limits.max_text_chars,
-                         decode_budget=self.decode_budget)
+                         decode_budget=self.decode_budget, model_name=self.model_name)
         self.peers[peer.id] = peer
         self.pending[peer.id] = (time.monotonic(), client)
 

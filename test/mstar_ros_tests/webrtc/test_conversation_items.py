@@ -1,6 +1,5 @@
 """conversation.item.create's items: text and images checked and decoded, with errors that name the field;
-the event size and nesting limits; a peer's conversation trimmed past its limits (system turns kept, the rest
-starting at a user turn), and an answer filed right after the item it answered."""
+the event size and nesting limits."""
 from __future__ import annotations
 
 import base64
@@ -11,7 +10,6 @@ import pytest
 
 from mstar_ros.webrtc.conversation_items import MAX_ITEM_IMAGES, conversation_item
 from mstar_ros.webrtc.events import MAX_EVENT_BYTES, MAX_ITEM_EVENT_BYTES, EventError, parse_client_event
-from mstar_ros.webrtc.peer import VoicePeer
 from support.images import bomb_png, picture
 
 
@@ -87,45 +85,3 @@ def test_an_item_s_images_share_the_pixels_left_for_them():
     assert len(conversation_item(message(part, part), "i", images_ok=True, pixels_left=2400).images) == 2
     with pytest.raises(EventError, match=r"item.content\[1\]: the conversation's images are over 2000 pixels"):
         conversation_item(message(part, part), "i", images_ok=True, pixels_left=2000)
-
-
-class _Model:
-    audio_input_rate = 16_000
-
-
-def peer_of_model() -> VoicePeer:
-    peer = VoicePeer.__new__(VoicePeer)  # _trimmed and _remember read only the model's input rate, the limits
-    peer.model = _Model()
-    peer.history = []
-    return peer
-
-
-def test_the_conversation_drops_its_oldest_turns_past_its_limits_keeping_system_ones():
-    import numpy as np
-
-    peer = peer_of_model()
-    image = picture(8, 8, 0)
-    turns = [("system", "You are brief.")]
-    for i in range(6):  # each a user turn with 2 images, then its answer
-        turns += [("user", f"look {i}", None, [image, image]), ("assistant", f"seen {i}")]
-    assert peer._trimmed(turns) == turns[:1] + turns[5:]  # 8 images at most: the two oldest pairs go
-    big = picture(1500, 1500, 1)  # 2.25 MP: two are over the 4.2 MP the conversation keeps
-    shown = [("user", "a", None, [big]), ("assistant", "b"), ("user", "c", None, [big])]
-    assert peer._trimmed(shown) == shown[2:]
-    spoken = [("user", "", np.zeros(16_000 * 70, np.float32)), ("assistant", "a"),
-              ("user", "", np.zeros(16_000 * 60, np.float32)), ("assistant", "b"), ("user", "now")]
-    assert peer._trimmed(spoken) == spoken[2:]  # 130 s of audio is over 120: the oldest spoken turn goes
-    chat = [(("user", f"q{i}") if i % 2 == 0 else ("assistant", f"a{i}")) for i in range(25)]
-    kept = peer._trimmed(chat)
-    assert len(kept) <= VoicePeer.MAX_HISTORY_TURNS and kept[0][0] == "user" and kept[-1] == chat[-1]
-    assert peer._trimmed(chat[:5]) == chat[:5]  # within its limits, nothing moves
-
-
-def test_an_answer_goes_right_after_the_item_it_answered():
-    peer = peer_of_model()
-    asked, later = ("user", "what is this", None, [picture(8, 8, 0)]), ("user", "and this")
-    peer.history = [asked, later]  # the second came while the first was being answered
-    peer._remember(None, "a colour field", answered=asked)
-    assert peer.history == [asked, ("assistant", "a colour field"), later]
-    peer._remember(("user", "hi"), "hello")  # a typed turn and its answer go at the end
-    assert peer.history[-2:] == [("user", "hi"), ("assistant", "hello")]

@@ -13,6 +13,7 @@ from aiohttp import ClientSession
 from aiortc import RTCConfiguration, RTCPeerConnection
 
 from mstar.conductor import Conductor
+from support.vanishing_peer import VANISHING_PEER
 from support.webrtc_gateway import serve_gateway
 from mstar_ros.webrtc.client import GatewayClient
 from mstar_ros.webrtc.server import GatewayLimits, VoiceGateway
@@ -31,7 +32,7 @@ def test_a_peer_hears_the_response_and_gets_its_events_then_barges_in(orpheus):
                     assert answer["type"] == "answer" and answer["pc_id"] in gateway.peers
                     await client.until(lambda: "session.created" in client.types(), 10, "session.created")
                     client.send(type="response.create", response={"instructions": "Hello there, how are you?"})
-                    await client.until(lambda: "response.done" in client.types(), 60, "response.done")
+                    await client.until(lambda: "output_audio_buffer.stopped" in client.types(), 60, "the audio's end")
                     heard = client.loud_frames()
                     peer = gateway.peers[answer["pc_id"]]
                     # barge-in: a long response, cancelled once audio flows
@@ -54,15 +55,25 @@ def test_a_peer_hears_the_response_and_gets_its_events_then_barges_in(orpheus):
     types = [e["type"] for e in events]
     assert types[0] == "session.created"
     first = types.index("response.done")
-    assert types[:first + 1] == ["session.created", "response.created", "response.output_audio_transcript.delta",
-                                 "response.output_audio.done", "response.done"]
+    # OpenAI's order: the response, its item and part, the audio starting, the deltas, the done events; the
+    # audio buffer stops once the peer has heard it all, after response.done
+    assert types[:first + 2] == ["session.created", "response.created", "response.output_item.added",
+                                 "conversation.item.created", "response.content_part.added",
+                                 "response.output_audio_transcript.delta", "output_audio_buffer.started",
+                                 "response.output_audio.done", "response.output_audio_transcript.done",
+                                 "response.content_part.done", "response.output_item.done", "response.done",
+                                 "output_audio_buffer.stopped"], types
     assert events[first]["response"]["status"] == "completed"
     assert heard > 10  # tens of 20 ms frames of (random-weight) audio reached the peer, decoded from Opus
     done = [e for e in events if e["type"] == "response.done"]
     assert done[1]["response"]["status"] == "cancelled"
     assert later == after_cancel  # no audio after the cancel: queued audio dropped
+    second = [e for e in events if e.get("response_id") == done[1]["response"]["id"]]
+    assert [e["type"] for e in second if e["type"].startswith("output_audio_buffer")] == [
+        "output_audio_buffer.started", "output_audio_buffer.cleared"]
     assert blocks == idle_blocks  # the cancelled request's KV was freed
     assert "unknown event type 'bogus.event'" in events[-1]["error"]["message"]
+    assert events[-1]["error"]["param"] == "type" and events[-1]["error"]["type"] == "invalid_request_error"
     timing = peer.timings[0]
     assert timing.status == "completed" and timing.received < timing.first_chunk <= timing.first_frame
 
@@ -382,26 +393,6 @@ def test_a_peer_that_leaves_mid_response_is_cancelled_and_idle_ones_time_out(orp
     assert out["b_status"] == "completed"
     assert out["idle_served"] and out["idle_left"] == [], out
     assert out["blocks"][0] == out["blocks"][1]
-
-
-VANISHING_PEER = """
-import asyncio, sys
-from aiohttp import ClientSession
-from mstar_ros.webrtc.client import GatewayClient
-from mstar_ros.webrtc.server import configure_ice
-
-async def main():
-    configure_ice("127.0.0.1", 1.5)  # as the gateway's own process does: loopback candidates
-    client = GatewayClient(keep_samples=False)
-    async with ClientSession() as http:
-        answer = await client.connect(http, sys.argv[1])
-    client.send(type="response.create", text="A long answer that nobody will hear to its end. " * 6)
-    await client.until(lambda: client.loud_frames() > 5, 60, "audio")
-    print(answer["pc_id"], flush=True)
-    await asyncio.sleep(600)  # killed here: no DTLS close, no SCTP shutdown, nothing more on the wire
-
-asyncio.run(main())
-"""
 
 
 @pytest.mark.timeout(120)

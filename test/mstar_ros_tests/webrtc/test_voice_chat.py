@@ -65,6 +65,12 @@ def test_a_spoken_turn_is_answered_in_voice_with_its_transcript(qwen3_omni, spee
     assert types.index("input_audio_buffer.speech_started") < types.index("input_audio_buffer.speech_stopped") < spoken
     committed = events[spoken]
     assert 1000 < committed["audio_ms"] < 6000, committed  # the sentence, with the VAD's pre-roll and pad
+    filed = events[spoken + 1]  # the spoken turn is an item of the conversation, answered by the next one
+    assert filed["type"] == "conversation.item.created" and filed["item"]["id"] == committed["item_id"]
+    assert filed["item"]["content"] == [{"type": "input_audio", "transcript": None}]
+    answer_item = next(e for e in events if e["type"] == "response.output_item.added")
+    assert next(e for e in events if e["type"] == "conversation.item.created" and
+                e["item"]["id"] == answer_item["item"]["id"])["previous_item_id"] == committed["item_id"]
     assert spoken < types.index("response.created")  # the answer starts when the turn ends
     # the turn streamed into its request while it was said: all but its last ~0.6 s before it ended
     turn = peer.last_turn
@@ -101,6 +107,7 @@ def test_speaking_over_the_answer_cancels_every_stage(qwen3_omni, speech_wav):
 
     first, during, idle = asyncio.run(main())
     assert first["response"]["status"] == "cancelled"
+    assert first["response"]["status_details"]["reason"] == "turn_detected"  # cut by the user's speech
     assert during is None or during == idle  # no stage holds the cancelled answer's KV
 
 
