@@ -2,7 +2,7 @@
 
 ``python -m mstar_ros.bench.webrtc_peers URL N ROUNDS MAX_TOKENS SEED``: N aiortc peers connect
 to the gateway at URL, set their sampling (``session.update``), then ROUNDS times all ask for a
-response at once and wait for every ``response.done``. It prints one JSON line per response
+response at once and wait until every answer has played (``output_audio_buffer.stopped``). It prints one JSON line per response
 (``pc_id``, ``round``, ``sent``, ``heard``: time.monotonic() of ``response.create`` and of the
 first audible decoded frame, comparable with the gateway process's clock on one host), then one
 line with each peer's RTP jitter; then ``{"idle": true}``, and they stay connected (idle) until a line
@@ -55,8 +55,9 @@ async def run_peers(url: str, n: int, rounds: int, max_tokens: int, seed: int) -
             for i, c in enumerate(clients):
                 sent.append(time.monotonic())
                 c.send(type="response.create", text=TEXTS[(i + r) % len(TEXTS)])
-            await asyncio.gather(*(c.until(lambda c=c, r=r: c.types().count("response.done") == r + 1, 600,
-                                           "response.done") for c in clients))
+            # each answer heard to its end (output_audio_buffer.stopped comes after response.done, once played)
+            await asyncio.gather(*(c.until(lambda c=c, r=r: c.types().count("output_audio_buffer.stopped") == r + 1,
+                                           600, "output_audio_buffer.stopped") for c in clients))
             # the last frames of this round are still in flight (jitter buffers): let them land, so
             # that the next round's first audible frame is its own
             await asyncio.sleep(0.3)

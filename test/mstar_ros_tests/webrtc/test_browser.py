@@ -48,8 +48,8 @@ def test_two_browsers_hear_their_responses_and_one_interrupts(orpheus):
                     "window.mstarVoice.events.some(e => e.type === 'response.done')", timeout=20000)
                 done_two = await two.evaluate(
                     "window.mstarVoice.events.filter(e => e.type === 'response.done')[0].response.status")
-                await one.wait_for_function(
-                    "window.mstarVoice.events.some(e => e.type === 'response.done')", timeout=120000)
+                await one.wait_for_function(  # the whole answer heard: after response.done
+                    "window.mstarVoice.events.some(e => e.type === 'output_audio_buffer.stopped')", timeout=120000)
                 stats_one = await one.evaluate("window.mstarInboundStats()")
                 level_one = await one.evaluate("window.mstarVoice.maxLevel")
                 ttfa = await one.evaluate("window.mstarVoice.ttfaMs")
@@ -69,8 +69,9 @@ def test_two_browsers_hear_their_responses_and_one_interrupts(orpheus):
     assert level > 0.01  # an AnalyserNode heard the (random-weight) speech, not silence
     assert ttfa is not None and ttfa > 0
     assert transcript == "Hello from the first browser."
-    assert types[:5] == ["session.created", "response.created", "response.output_audio_transcript.delta",
-                         "response.output_audio.done", "response.done"], types
+    assert types[:5] == ["session.created", "response.created", "response.output_item.added",
+                         "conversation.item.created", "response.content_part.added"], types
+    assert types.index("response.done") < types.index("output_audio_buffer.stopped"), types
     assert done_two == "cancelled" and blocks == idle_blocks
     assert after["packetsReceived"] > before["packetsReceived"]  # the track goes on (silence), paced
 

@@ -25,8 +25,8 @@ def test_firefox_hears_a_response_and_interrupts_the_next(orpheus):
                 peers = len(gateway.peers)
                 await page.fill("#text", "Hello from Firefox.")
                 await page.click("#speak")
-                await page.wait_for_function(
-                    "window.mstarVoice.events.some(e => e.type === 'response.done')", 120)
+                await page.wait_for_function(  # the whole answer heard: after response.done
+                    "window.mstarVoice.events.some(e => e.type === 'output_audio_buffer.stopped')", 120)
                 stats = await page.evaluate("window.mstarInboundStats()")
                 level = await page.evaluate("window.mstarVoice.maxLevel")
                 ttfa = await page.evaluate("window.mstarVoice.ttfaMs")
@@ -51,8 +51,9 @@ def test_firefox_hears_a_response_and_interrupts_the_next(orpheus):
     assert ttfa is not None and ttfa > 0
     assert transcript == "Hello from Firefox.", transcript
     types = [e["type"] for e in events]
-    assert types[:5] == ["session.created", "response.created", "response.output_audio_transcript.delta",
-                         "response.output_audio.done", "response.done"], types
+    assert types[:5] == ["session.created", "response.created", "response.output_item.added",
+                         "conversation.item.created", "response.content_part.added"], types
+    assert types.index("response.done") < types.index("output_audio_buffer.stopped"), types
     done = [e["response"]["status"] for e in events if e["type"] == "response.done"]
     assert done == ["completed", "cancelled"], done
     assert "input_audio_buffer.speech_started" not in types  # the fake microphone's tone is not speech
