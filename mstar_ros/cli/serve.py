@@ -21,8 +21,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     "peers. POST /offer with {sdp, type} answers {sdp, type, pc_id}; DELETE /offer/PC_ID ends a "
                     "peer. On the peer's data channel, response.create with text is spoken: the graph's audio "
                     "chunks go to the peer's audio track as 48 kHz Opus in 20 ms frames, paced by a clock; "
-                    "response.cancel stops it and frees the request's KV. Events are named as the OpenAI "
-                    "Realtime API names them. No STUN/TURN; ICE host candidates on the bound address only. "
+                    "response.cancel stops it and frees the request's KV. Events are named and shaped as the "
+                    "OpenAI Realtime API's WebRTC transport has them (response items and parts, output_audio_buffer."
+                    "started/stopped/cleared, input_audio_buffer.append/commit, conversation.item.delete/truncate, "
+                    "GA session.update; a voice the model lacks or a field not served is an error naming it). "
+                    "No STUN/TURN; ICE host candidates on the bound address only. "
                     "Also OpenAI-compatible POST /v1/audio/speech (response_format mp3 (default), opus, aac, flac, wav "
                     "or pcm, streamed as encoded, or sse with usage; speed 0.25-4; instructions where the model "
                     "takes them; input up to 4096 characters), GET /v1/models (created, random_weights) and, for "
@@ -55,7 +58,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "request head within 10 s and a body within 60 s (408 otherwise)")
     v.add_argument("--peer-lost-s", type=float, default=1.5,
                    help="a peer that stops answering ICE consent checks is dropped after about this long (default "
-                        "1.5 s; on lossy or far networks use 5 or more, or a packet loss burst drops a peer)")
+                        "1.5 s; on lossy or far networks use 5 or more, or a packet loss burst drops a peer); a "
+                        "peer dropped so is logged with its cause")
     add_dtype_argument(v, default=None)
     v.add_argument("--engine-config", type=Path, help="engine settings YAML (see config/engine.yaml)")
     v.add_argument("--placement", type=Path,
