@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from mstar_graphs.qwen3_omni.code_predictor import DenseCausalCache
+from mstar_graphs.qwen3_omni.talker_cap import step_cap
 from mstar_graphs.qwen3_omni.talker_prompt import talker_inputs
 
 
@@ -40,8 +41,9 @@ def penalise(logits: torch.Tensor, history: list[int], penalty: float) -> torch.
 def generate(thinker, talker, code2wav, prompt_ids: list[int], *, audio_rows: torch.Tensor | None = None,
              thinker_max_new_tokens: int = 32, talker_max_new_tokens: int = 64, speaker: str = "ethan",
              eos_token_id: int | None = None, repetition_penalty: float = 1.05,
-             chunk: int = 300, left_context: int = 25) -> OmniReply:
-    """Greedy Thinker and Talker (the code predictor greedy too), as ``generate(..., talker_do_sample=False)``."""
+             chunk: int = 300, left_context: int = 25, audio_cap: bool = True) -> OmniReply:
+    """Greedy Thinker and Talker (the code predictor greedy too), as ``generate(..., talker_do_sample=False)``;
+    ``audio_cap``: the Talker's frames also capped by the reply's text (``talker_cap``), as served."""
     cfg = thinker.config
     eos = cfg.im_end_token_id if eos_token_id is None else eos_token_id
     ids = torch.tensor(prompt_ids)
@@ -68,16 +70,19 @@ def generate(thinker, talker, code2wav, prompt_ids: list[int], *, audio_rows: to
         position += 1
     inputs = talker_inputs(talker, thinker.model.embed_tokens, cfg, prompt_ids, torch.cat(rows_embed),
                            torch.cat(rows_hidden), speaker)
-    codes = talk(talker, inputs, talker_max_new_tokens, repetition_penalty)
+    codes = talk(talker, inputs, talker_max_new_tokens, repetition_penalty, audio_cap)
     audio = None
     if code2wav is not None and codes.shape[1]:
         audio = chunked_decode(code2wav, codes, chunk, left_context)
     return OmniReply(reply, codes, audio)
 
 
-def talk(talker, inputs, max_new_tokens: int, repetition_penalty: float) -> torch.Tensor:
-    """The Talker's greedy loop -> codes [groups, frames] (the last sampled code 0 never gets a frame)."""
+def talk(talker, inputs, max_new_tokens: int, repetition_penalty: float, audio_cap: bool = True) -> torch.Tensor:
+    """The Talker's greedy loop -> codes [groups, frames] (the last sampled code 0 never gets a frame).
+    ``audio_cap``: at most ``talker_cap.step_cap`` samples for the text rows it reads (``trailing``'s)."""
     tc = talker.config.talker_config
+    if audio_cap:
+        max_new_tokens = min(max_new_tokens, step_cap(inputs.trailing.shape[0]))
     allowed = torch.zeros(talker.vocab_size, dtype=torch.bool)
     for lo, hi in talker.allowed_token_ranges(0):
         allowed[lo:hi] = True

@@ -24,7 +24,8 @@ the images' positions and rows follow the widened prompt), ``prefill_audio`` (th
 ``prefill_media`` (both encoders, their rows merged in prompt order by ``media_prompt``) or
 ``prefill_text``; then ``think_and_talk``: the Talker's inputs from the prompt's rows and the reply's
 first token, then at once the Thinker's decode Loop until ``<|im_end|>`` and the Talker's Loop until
-codec EOS, each iteration's frame streamed to Code2Wav, which keeps each request's stream between
+codec EOS (or the reply's audio cap, ``talker_cap``), each iteration's frame streamed to Code2Wav,
+which keeps each request's stream between
 its chunks (``code2wav_stream``: the samples of the reference's decode, whatever the chunks). The Thinker's Loop streams each step's row
 into the running Talker (``FixedChunkPolicy(1)``, a fed input): the Talker reads reply row i + 1 after
 its frame i, and waits for it when the Thinker is behind, so it is fed what the reference feeds it
@@ -102,12 +103,13 @@ def qwen3_omni_graph(im_end: int, codec_eos: int, first_chunk: int | None = None
                       outputs=["token", "rows", "step_rows"], engine="ar",
                       optional_inputs=["embeds", "embed_mask", "rope_positions"]),
             GraphNode("talker_inputs", inputs=["prompt_ids", "rows", "first_token", "say_ids", "image_grid_thw"],
-                      outputs=["input_ids", "embeds", "embed_mask", "trailing", "tts_eos", "tts_pad", "rope_positions"],
+                      outputs=["input_ids", "embeds", "embed_mask", "trailing", "tts_eos", "tts_pad", "audio_cap",
+                               "rope_positions"],
                       optional_inputs=["rows", "first_token", "say_ids", "image_grid_thw"]),
             GraphNode("talker", inputs=["input_ids", "embeds", "embed_mask", "trailing", "reply_rows", "tts_eos", "tts_pad",
-                                        "rope_positions"],
-                      outputs=["token", "frame"], engine="ar", fed_inputs=["reply_rows"],
-                      optional_inputs=["trailing", "reply_rows", "tts_eos", "rope_positions"]),
+                                        "audio_cap", "rope_positions"],
+                      outputs=["token", "frame", "audio_capped"], engine="ar", fed_inputs=["reply_rows"],
+                      optional_inputs=["trailing", "reply_rows", "tts_eos", "audio_cap", "rope_positions"]),
             GraphNode("code2wav", inputs=["codes"], outputs=["audio"]),
         ],
         edges=[
@@ -149,9 +151,10 @@ def qwen3_omni_graph(im_end: int, codec_eos: int, first_chunk: int | None = None
             StreamingGraphEdge("thinker.step_rows", "talker.reply_rows", target_partition="talker"),
             GraphEdge("input.say_ids", "talker_inputs.say_ids"),
             *(GraphEdge(f"talker_inputs.{p}", f"talker.{p}") for p in ("input_ids", "embeds", "embed_mask",
-                                                                      "trailing", "tts_eos", "tts_pad")),
+                                                                      "trailing", "tts_eos", "tts_pad", "audio_cap")),
             GraphEdge("talker.token", "talker.input_ids"),  # the Loop's feedback (its row: Talker.feedback)
             GraphEdge("talker.frame", "output.codes"),
+            GraphEdge("talker.audio_capped", "output.audio_capped"),  # [frames, text tokens]: the cap cut the audio
             StreamingGraphEdge("talker.frame", "code2wav.codes", target_partition="vocoder"),
             GraphEdge("code2wav.audio", "output.audio"),
         ],

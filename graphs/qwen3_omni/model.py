@@ -6,8 +6,9 @@ in as ``pcm`` while it is said; or ``<|image_pad|>`` rows for an image's vision-
 how much to say: the Thinker's reply is
 greedy by default (the reference's generation config is empty), the Talker samples as the
 reference's ``generate`` does (temperature 0.9, top-k 50, repetition penalty 1.05) unless told otherwise.
-Outputs: ``text_ids`` (each reply token as it is decided), ``codes`` (each 16-code frame) and
-``audio`` (24 kHz float PCM chunks from Code2Wav).
+Outputs: ``text_ids`` (each reply token as it is decided), ``codes`` (each 16-code frame),
+``audio`` (24 kHz float PCM chunks from Code2Wav), and ``audio_capped`` ([frames, text tokens]) when
+the audio stopped at the cap its text allows (``talker_cap``).
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import logging
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Mapping, Sequence
 
 import msgspec
 import torch
@@ -32,6 +34,7 @@ from mstar_graphs.qwen3_omni.graph import qwen3_omni_graph
 from mstar_graphs.qwen3_omni.image_prompt import ImagePositionsNode, MediaPromptNode
 from mstar_graphs.qwen3_omni.mrope_positions import thinker_positions
 from mstar_graphs.qwen3_omni.talker_inputs_node import TalkerInputsNode
+from mstar_graphs.qwen3_omni.talker_cap import cap_note
 from mstar_graphs.qwen3_omni.talker_prompt import speaker_code
 
 log = logging.getLogger("mstar_graphs.qwen3_omni")
@@ -101,7 +104,8 @@ class Qwen3Omni:
                 thinker_max_tokens: int = 256, talker_max_tokens: int = 1024, speaker: str | None = None,
                 sampling: SamplingParams | None = None, talker_sampling: SamplingParams | None = None,
                 seed: int | None = None, request_id: str | None = None,
-                outputs: frozenset[str] | None = None, talker_after_reply: bool = False) -> Request:
+                outputs: frozenset[str] | None = None, talker_after_reply: bool = False,
+                audio_cap: bool = True) -> Request:
         """``features``: one clip's log-mel frames [128, T] (mstar_graphs.qwen3_omni.audio_features.log_mel), or
         the clips of several turns in prompt order; the prompt then holds exactly ``tokens_for_frames(T)``
         audio pad tokens per clip. ``pcm``: the last turn's 16 kHz samples, streamed in
@@ -110,7 +114,10 @@ class Qwen3Omni:
         makes them; the prompt then holds ``<|vision_start|>`` and ``t*h*w/4`` image pad tokens per image.
         The Talker starts on the reply's first token and reads each later one as the Thinker makes it;
         ``talker_after_reply``: it starts once the reply is complete, as the reference does (the same codes;
-        its text rows are then projected in one batch, as the reference projects them, to the last bit)."""
+        its text rows are then projected in one batch, as the reference projects them, to the last bit).
+        ``audio_cap``: the Talker's frames are also capped by the reply's text (``talker_cap``; the reference
+        has no such cap, only ``talker_max_tokens``); output ``audio_capped`` says when a reply reached it
+        (:meth:`audio_cap_note`)."""
         cfg = self.config
         ids = torch.tensor(prompt_ids, dtype=torch.long)
         if ids.dim() != 1 or ids.numel() == 0:
@@ -165,11 +172,21 @@ class Qwen3Omni:
             meta |= {"thinker_max_tokens_room": thinker_room, "talker_max_tokens_room": talker_room}
         meta |= {"thinker_max_tokens": min(thinker_max_tokens, thinker_room),
                 "talker_max_tokens": min(talker_max_tokens, talker_room), "audio": audio,
-                "talker_after_reply": bool(talker_after_reply),
+                "talker_after_reply": bool(talker_after_reply), "talker_inputs.audio_cap": bool(audio_cap),
                 "talker.sampling": talker,
                 "talker_inputs.speaker": speaker_code(cfg, speaker or self.speaker)}
         return Request(inputs=inputs, sampling=thinker, request_id=request_id or uuid.uuid4().hex[:12], meta=meta,
                        outputs=outputs)
+
+    @staticmethod
+    def audio_cap_note(outputs: Mapping[str, Sequence[torch.Tensor]]) -> str | None:
+        """What to tell a listener when a request's audio stopped at the cap its text allows (its output
+        ``audio_capped``: [frames, text tokens]); None when the Talker ended it, or the request had no cap."""
+        capped = outputs.get("audio_capped")
+        if not capped:
+            return None
+        frames, text = (int(v) for v in capped[-1].reshape(-1))
+        return cap_note(text, frames)
 
     def _image_inputs(self, ids: torch.Tensor, images: list[tuple[torch.Tensor, tuple[int, int, int]]]) -> dict:
         """The vision encoder's inputs, the rows its embeddings take, and the prompt's M-RoPE positions."""

@@ -9,7 +9,8 @@ An MoE decoder whose every layer has a shared expert (sigmoid-gated), over input
   ``codec_pad``; ``tts_bos`` + ``codec_bos``... the last with the first reply token's text row.
 - each later step: the sum of the previous frame's 16 codec embeddings (code 0's from
   ``model.codec_embedding``, the residual ones from the code predictor's tables) plus the next
-  reply token's text row, then ``tts_eos``, then ``tts_pad`` for ever.
+  reply token's text row, then ``tts_eos``, then ``tts_pad`` until codec EOS, or until the reply's audio
+  cap (``talker_cap``: frames by the text's length; the reference has none below 4096).
 
 ``codec_head`` gives code 0 (codes ``[vocab - 1024, vocab)`` other than codec EOS are never
 sampled, as the reference suppresses them); :class:`CodePredictor` gives codes 1-15.
@@ -17,14 +18,20 @@ Module names are the checkpoint's under ``talker.``.
 """
 from __future__ import annotations
 
+import logging
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mstar.engine.ar_module import FeedbackCall
 from mstar.engine.attention.backend import AttentionContext
 from mstar_graphs.qwen3_omni.code_predictor import CodePredictor
 from mstar_graphs.qwen3_omni.config import Qwen3OmniConfig
 from mstar_graphs.qwen3_omni.decoder import DecoderARModule, DecoderStack
+from mstar_graphs.qwen3_omni.talker_cap import cap_note, frame_cap, step_cap
+
+log = logging.getLogger("mstar_graphs.qwen3_omni")
 
 SUPPRESSED_TAIL = 1024  # the codec vocabulary's last 1024 ids (special codes), EOS excepted
 
@@ -91,6 +98,25 @@ class Talker(DecoderARModule):
         rows = call.inputs.get("reply_rows")
         return rows is not None and call.iteration + 1 < rows.shape[0]
 
+    def loop_limit(self, call: FeedbackCall) -> int | None:
+        """The reply's audio cap (mstar_graphs.qwen3_omni.talker_cap), once its text is known."""
+        text = self._capped_text(call)
+        return None if text is None else step_cap(text)
+
+    @staticmethod
+    def _capped_text(call: FeedbackCall) -> int | None:
+        """The text rows the capped call reads: known from the start with ``trailing``, else when the reply's
+        stream ends (until then no cap is needed: the Talker reads reply row i + 1 after frame i, so it
+        cannot outrun the text). None: not known yet, or no ``audio_cap`` (the request turned it off)."""
+        if "audio_cap" not in call.inputs:
+            return None
+        if "trailing" in call.inputs:
+            return call.inputs["trailing"].shape[0]
+        if "reply_rows" in call.open_inputs:
+            return None
+        rows = call.inputs.get("reply_rows")
+        return 0 if rows is None else rows.shape[0]
+
     def feedback(self, hidden: torch.Tensor, tokens: torch.Tensor, calls) -> tuple[torch.Tensor, list[dict]]:
         """The code predictor for the step's frames (one per sequence), and each one's next input row:
         the frame's 16 code embeddings summed, plus the next text row. Output ``frame``: the frame's 16 codes.
@@ -98,14 +124,24 @@ class Talker(DecoderARModule):
         The text row of iteration i: row i of ``trailing`` (the reply's later rows, projected, ``tts_eos``
         last), then ``tts_pad``; or, for a Talker streamed the reply as it is made (``reply_rows``: the
         Thinker's rows of the reply tokens, the first one's in the prefill), ``text_projection`` of reply
-        row i + 1, ``tts_eos`` once the reply has ended, then ``tts_pad``."""
+        row i + 1, ``tts_eos`` once the reply has ended, then ``tts_pad``. Output ``audio_capped`` with the
+        last frame the reply's audio cap allows."""
         code0 = self.model.codec_embedding(tokens)
         residual, frame_embeds = self.code_predictor.predict(hidden.to(code0.dtype), code0,
                                                              [not c.greedy for c in calls],
                                                              [c.generator for c in calls])
         rows = self.next_input(frame_embeds, self._text_rows(calls, code0.dtype, code0.device))
         frames = torch.cat([tokens[:, None], residual], dim=1)
-        return rows, [{"frame": f} for f in frames]
+        return rows, [self._frame_outputs(c, f) for c, f in zip(calls, frames)]
+
+    def _frame_outputs(self, call: FeedbackCall, frame: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Output ``frame``; with the last frame the reply's audio cap allows, also ``audio_capped``
+        ([frames, text tokens]), and a log line: the served output says the cap cut it."""
+        text = self._capped_text(call)
+        if text is None or step_cap(text) != call.iteration + 2:
+            return {"frame": frame}
+        log.info("Qwen3-Omni Talker: %s", cap_note(text, frame_cap(text)))
+        return {"frame": frame, "audio_capped": torch.tensor([frame_cap(text), text])}
 
     def _text_rows(self, calls, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         texts: list[torch.Tensor | None] = []

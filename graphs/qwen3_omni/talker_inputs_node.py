@@ -9,7 +9,8 @@ the Thinker (``/v1/audio/speech``), ``say_ids``: the rows are then the token emb
 and the text, as the Thinker's would be for that reply (the hidden half is read at audio rows only,
 and a spoken text's prompt has none); outputs the Talker call's
 ``input_ids`` (placeholders), ``embeds`` and ``embed_mask`` (every row an embedding), and the
-``trailing`` text rows (not for a streamed reply), ``tts_eos`` and ``tts_pad`` rows its feedback reads. With ``image_grid_thw`` (a prompt with
+``trailing`` text rows (not for a streamed reply), ``tts_eos`` and ``tts_pad`` rows its feedback reads,
+and ``audio_cap``, a flag: the Talker's frames are capped by the text's length (``talker_cap``). With ``image_grid_thw`` (a prompt with
 images) also the Talker's M-RoPE ``rope_positions``: the reference numbers the Talker's prompt (the user
 turns' tokens, then its 9 assistant rows) as it numbers the Thinker's. It shares the Talker's projections
 and the Thinker's token embeddings (same process: same weights).
@@ -68,6 +69,8 @@ class TalkerInputsNode(NodeSubmodule):
                    "embed_mask": torch.ones(n, dtype=torch.bool), "tts_eos": made.trailing[-1], "tts_pad": made.tts_pad}
             if "say_ids" in call.inputs or not streamed:
                 out["trailing"] = made.trailing
+            if call.meta.get("audio_cap", 1):  # request meta talker_inputs.audio_cap = 0 lifts the Talker's cap
+                out["audio_cap"] = torch.ones(1, dtype=torch.long)
             if "image_grid_thw" in call.inputs:
                 prompt = call.inputs["prompt_ids"].reshape(-1).tolist()
                 ids = [prompt[i] for i in user_rows(prompt, cfg)] + [0] * ASSISTANT_ROWS  # codec rows: plain text axes
