@@ -368,7 +368,8 @@ def test_a_peer_that_leaves_mid_response_is_cancelled_and_idle_ones_time_out(orp
                     out["gone"] = a["pc_id"] not in gateway.peers
                     await staying.until(lambda: peer_b.track.frames_with_audio > heard_b + 20, 60,
                                         "the other peer to keep streaming")
-                    await staying.until(lambda: "response.done" in staying.types(), 120, "the other peer's response")
+                    await staying.until(lambda: "output_audio_buffer.stopped" in staying.types(), 120,
+                                        "the other peer's response, heard to its end")
                     out["b_status"] = [e for e in staying.events if e["type"] == "response.done"][0]["response"]["status"]
                     c_id = (await idle.connect(http, url))["pc_id"]
                     out["idle_served"] = "session.created" in idle.types()
