@@ -117,8 +117,8 @@ class VoicePeer(PeerConversation, PeerMicrophone):
             return
         # a closed tab ends DTLS before its channel reads closed: an event sent then would fail in aiortc's
         # flush task, an asyncio traceback in the log, so nothing is sent once the transport is down
-        sctp = channel.transport
-        if sctp.state != "connected" or sctp.transport.state != "connected":
+        sctp = getattr(channel, "transport", None)  # None: a stand-in without SCTP (a WHIP session's events)
+        if sctp is not None and (sctp.state != "connected" or sctp.transport.state != "connected"):
             return
         channel.send(server_event(kind, **fields))
 
