@@ -12,8 +12,10 @@
   peer's next response, as ``response.create`` with that text would be on a data channel (spoken by a
   text-to-speech model, answered by one that converses); 202, or 400 with the reason.
 - ``OPTIONS`` on both: the CORS preflight a browser WHIP client sends (no token needed, as Fetch sends
-  none), with ``Accept-Post: application/sdp``. Every WHIP response lets any origin read it and exposes
-  ``Location``, ``ETag`` and ``Link`` (the token, not the origin, guards a gateway that has one).
+  none), with ``Accept-Post: application/sdp``. On a gateway with a token every WHIP response lets any
+  origin read it and exposes ``Location``, ``ETag`` and ``Link`` (the token, not the origin, guards it).
+  A gateway without a token sends no CORS headers: any web page the user opens could otherwise drive a
+  loopback gateway; only its own page (same origin) and non-browser clients reach it.
 - No ``Link`` headers (RFC 9725 §4.6: the endpoint MAY name STUN/TURN servers): the gateway uses none.
 """
 from __future__ import annotations
@@ -79,10 +81,14 @@ class WhipEndpoint:
         app.on_response_prepare.append(self._cors)
 
     async def _cors(self, request: web.Request, response: web.StreamResponse) -> None:
+        if not self.gateway.token:
+            return  # no token to guard it: no other origin may use it
         if request.path == "/whip" or request.path.startswith("/whip/"):  # errors too: a browser reads them
             response.headers.update(EXPOSED)
 
     async def preflight(self, _request: web.Request) -> web.Response:
+        if not self.gateway.token:
+            raise web.HTTPForbidden(text="cross-origin WHIP needs a gateway with a token (--token-file)")
         return web.Response(status=200, headers=PREFLIGHT)
 
     async def create(self, request: web.Request) -> web.Response:

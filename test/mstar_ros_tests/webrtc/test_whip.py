@@ -100,7 +100,7 @@ def test_a_whip_client_posts_its_offer_hears_posted_text_and_deletes_its_session
 
     out = asyncio.run(main())
     assert out["created"] == (201, "application/sdp", None)  # no charset; no Link: the gateway uses no STUN/TURN
-    assert out["cors"] == ("*", "Location, ETag, Link")
+    assert out["cors"] == (None, None)  # no token: no other origin may drive it (the token test reads them)
     assert out["location"].startswith("/whip/") and out["etag"].startswith('"') and out["etag"].endswith('"')
     assert out["spoken"] == 202
     assert out["too_long"][0] == 400 and "over the 2000 limit" in out["too_long"][1]
@@ -195,7 +195,12 @@ def test_preflight_needs_no_token_and_refusals_are_readable_across_origins(orphe
                         got[path] = r.status, dict(r.headers)
                 async with http.post(f"{url}/whip", data="v=0", headers=SDP) as r:
                     got["unauthorised"] = r.status, r.headers.get("Access-Control-Allow-Origin")
-                return got
+        async with gateway_for(orpheus) as (_, _, url):  # no token: no other origin may drive it
+            async with ClientSession() as http:
+                async with http.options(f"{url}/whip", headers={"Origin": "http://example.test",
+                                                                 "Access-Control-Request-Method": "POST"}) as r:
+                    got["tokenless"] = r.status, r.headers.get("Access-Control-Allow-Origin")
+        return got
 
     got = asyncio.run(main())
     for path in ("/whip", "/whip/abc"):
@@ -206,6 +211,7 @@ def test_preflight_needs_no_token_and_refusals_are_readable_across_origins(orphe
         assert headers["Access-Control-Expose-Headers"] == "Location, ETag, Link"
         assert headers["Accept-Post"] == "application/sdp"
     assert got["unauthorised"] == (401, "*")
+    assert got["tokenless"] == (403, None)
 
 
 BROWSER_WHIP = """async ([endpoint, token]) => {
