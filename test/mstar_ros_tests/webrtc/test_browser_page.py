@@ -9,6 +9,7 @@ segment and its time to first audio. Failed connections: no loopback in the brow
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 
 import pytest
@@ -195,6 +196,24 @@ def test_failed_connections_say_why_and_what_to_try(orpheus, screens):
                 await shot(page, screens, "8-failed-connection-no-loopback")
                 await until(lambda: not gateway.peers, "the unconnected peer's slot")
                 await stock.close()
+
+                # both sides' candidates rewritten to a closed port: ICE never completes, and the page gives up
+                def closed_port(sdp: str) -> str:
+                    return re.sub(r"(a=candidate:\S+ \d+ udp \d+ 127\.0\.0\.1) \d+", r"\1 9", sdp)
+
+                async def unreachable(route):
+                    offer = json.loads(route.request.post_data)
+                    reply = await route.fetch(post_data=json.dumps({**offer, "sdp": closed_port(offer["sdp"])}))
+                    answer = await reply.json()
+                    await route.fulfill(response=reply, json={**answer, "sdp": closed_port(answer["sdp"])})
+
+                page = await browser.new_page()
+                await page.route("**/offer", unreachable)
+                await page.goto(url + "/#token=s3cret")
+                await page.click("#connect")
+                await page.wait_for_function("window.mstarVoice.phase === 'failed'", timeout=40000)
+                out["no_path"] = {"notice": await page.inner_text("#notice"), "state": await page.inner_text("#state")}
+                await shot(page, screens, "8b-failed-connection-no-path")
                 await browser.close()
         return out
 
@@ -206,6 +225,9 @@ def test_failed_connections_say_why_and_what_to_try(orpheus, screens):
     assert "no network address" in no_loopback["notice"]
     assert "--allow-loopback-in-peer-connection" in no_loopback["notice"]
     assert "media.peerconnection.ice.loopback" in no_loopback["notice"]
+    no_path = out["no_path"]
+    assert no_path["state"] == "failed" and "found no network path (ICE did not complete)" in no_path["notice"]
+    assert "--allow-loopback-in-peer-connection" in no_path["notice"]  # the page is on loopback: the likely cause
 
 
 @pytest.mark.timeout(300)
