@@ -4,7 +4,8 @@ screenshot per state in the test's output (the path is printed).
 Orpheus: disconnected, connected (a double click opens one peer), a typed turn answered, a reply cut off,
 Disconnect freeing the server's slot, a peer the server drops, phone width. Qwen3-Omni: the text box invites a
 message, a typed message answered with its transcript folded into one log line, a spoken turn with the VAD's
-segment and its time to first audio. Failed connections: no loopback in the browser, a full server, no token.
+segment and its time to first audio. Failed connections: no loopback in the browser, a full server, no token,
+no network path.
 """
 from __future__ import annotations
 
