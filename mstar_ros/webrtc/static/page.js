@@ -8,8 +8,10 @@ import { FirstAudio } from "./first_audio.js";
 import { imageDataUrl, imageItem } from "./image_item.js";
 
 const $ = (id) => document.getElementById(id);
-const token = new URLSearchParams(location.hash.slice(1)).get("token");  // #token=... (never sent in a URL)
-const CONNECT_TIMEOUT_MS = 12000;  // the server gives up on an unconnected offer after --connect-timeout-s (10 s)
+const fragment = new URLSearchParams(location.hash.slice(1));
+const token = fragment.get("token");  // #token=... (never sent in a URL)
+// the server gives up on an unconnected offer after --connect-timeout-s (10 s); #connect_timeout_s=N for slow paths
+const CONNECT_TIMEOUT_MS = 1000 * (Number(fragment.get("connect_timeout_s")) || 12);
 const MAX_EVENTS = 5000;           // kept for tests and the curious; the log shows them aggregated
 const DEFAULT_TEXT = $("text").value;
 

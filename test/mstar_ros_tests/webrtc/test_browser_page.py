@@ -210,7 +210,7 @@ def test_failed_connections_say_why_and_what_to_try(orpheus, screens):
 
                 page = await browser.new_page()
                 await page.route("**/offer", unreachable)
-                await page.goto(url + "/#token=s3cret")
+                await page.goto(url + "/#token=s3cret&connect_timeout_s=3")  # the page's wait, shortened
                 await page.click("#connect")
                 await page.wait_for_function("window.mstarVoice.phase === 'failed'", timeout=40000)
                 out["no_path"] = {"notice": await page.inner_text("#notice"), "state": await page.inner_text("#state")}
