@@ -20,9 +20,9 @@ CHUNKS = "/robot1/action_chunk"
 
 @pytest.fixture(scope="module")
 def recorded_bag(tmp_path_factory) -> Path:
-    """One robot, 10 s, stamped as recorded in 2024."""
-    path = tmp_path_factory.mktemp("sim_time") / "droid_10s"
-    write_synthetic_bag(path, SyntheticBagSpec(robots=1, seconds=10.0, seed=5))
+    """One robot, 6 s, stamped as recorded in 2024."""
+    path = tmp_path_factory.mktemp("sim_time") / "droid_6s"
+    write_synthetic_bag(path, SyntheticBagSpec(robots=1, seconds=6.0, seed=5))
     return path
 
 
