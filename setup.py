@@ -67,7 +67,7 @@ setup(
     version="0.1.0",
     packages=_packages(),
     package_dir=PACKAGE_DIRS,
-    package_data={"mstar_ros": ["webrtc/static/*.html"]},  # the voice page the gateway serves at /
+    package_data={"mstar_ros": ["webrtc/static/*.html", "webrtc/static/*.js", "webrtc/static/*.css"]},  # the voice page (/)
     # ament_python layout: `ros2 launch mstar_ros pi05.launch.py` finds launch files and
     # config under <prefix>/share/mstar_ros, the package through the ament resource index
     data_files=[
