@@ -9,6 +9,8 @@ import pytest
 from support.chromium import ARGS, CHROMIUM, open_with_microphone
 from support.webrtc_gateway import gateway_for
 
+pytestmark = pytest.mark.browser
+
 
 
 

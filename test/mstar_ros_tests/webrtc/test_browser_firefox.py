@@ -9,6 +9,8 @@ import pytest
 from support.firefox import Firefox
 from support.webrtc_gateway import gateway_for
 
+pytestmark = pytest.mark.browser
+
 
 @pytest.mark.timeout(240)
 def test_firefox_hears_a_response_and_interrupts_the_next(orpheus):

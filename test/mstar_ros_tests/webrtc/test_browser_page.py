@@ -19,6 +19,8 @@ from mstar_ros.webrtc.server import GatewayLimits
 from support.chromium import ARGS, CHROMIUM, open_with_microphone
 from support.webrtc_gateway import gateway_for
 
+pytestmark = pytest.mark.browser
+
 CONNECTED = ("window.mstarVoice.phase === 'connected' && window.mstarVoice.channel "
              "&& window.mstarVoice.channel.readyState === 'open'")
 

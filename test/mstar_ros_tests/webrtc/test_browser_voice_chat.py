@@ -17,6 +17,8 @@ from support.chromium import open_with_microphone
 from support.images import picture
 from support.webrtc_gateway import serve_gateway
 
+pytestmark = pytest.mark.browser
+
 
 STAMP_EVENTS = ("(() => { const events = window.mstarVoice.events, push = events.push.bind(events);"
                 " events.push = (e) => { e.received_ms = Math.round(performance.now()); return push(e); }; })()")

@@ -125,6 +125,7 @@ CONNECT_AND_SPEAK = """async () => {
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.browser
 def test_a_tab_closed_mid_response_logs_why_in_one_line_and_no_traceback(orpheus, caplog):
     from playwright.async_api import async_playwright
 

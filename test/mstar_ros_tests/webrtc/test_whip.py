@@ -249,6 +249,7 @@ BROWSER_WHIP = """async ([endpoint, token]) => {
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.browser
 def test_a_browser_whip_client_on_another_origin_sends_audio_and_video_and_hears_its_text(orpheus):
     """Chromium on http://localhost:PORT posts to http://127.0.0.1:PORT/whip with a token (another origin:
     a CORS preflight), reads Location and ETag, takes the answer that rejects its video, hears the text it
