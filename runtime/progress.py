@@ -1,11 +1,4 @@
-"""Progress bars that never fail, or hang, the work they report.
-
-tqdm's ``refresh`` takes its class-wide write lock, writes, then releases it, with no ``finally``: a write
-that raises (the terminal's reader gone: ``BrokenPipeError``, a closed file) leaves the lock held by that
-thread for good. The next bar collected on another thread (every bar is closed at exit) then waits on it
-forever: a node set whose stderr pipe had been closed hung at exit that way. Here a bar writes through a
-stream that drops what it cannot write, once its reader is gone.
-"""
+"""Progress bars that never fail, or hang, the work they report (why: docs/performance.md, "Progress bars")."""
 from __future__ import annotations
 
 import sys

@@ -1,25 +1,4 @@
-"""One OpenMP team per process, the device thread's: every other thread runs torch ops on one thread.
-
-Why (measured with tools/thread_slowdown_repro.py and ``mstar-ros bench threads``, 2 cores):
-libgomp gives each thread that runs a parallel region a team of its own and keeps that
-team's threads until the thread exits. Once the process has more libgomp threads than cores
-(two teams of two on 2 cores), every barrier of every team spins 100 times instead of
-GOMP_SPINCOUNT (300000 unless set) before sleeping in the kernel (libgomp's wait.h, env.c).
-After one parallel ``torch.stack`` on the main thread (``bench pi05`` building observations),
-the pi0.5 bench forward on the device thread made ~2300 context switches instead of 3 and, on
-a quiet machine, took 1.45-1.7x as long, for the rest of the process. Which spinning suits a
-host is a choice (GOMP_SPINCOUNT, OMP_WAIT_POLICY; the pi0.5 node set sets 10000): it must not
-be made by whichever thread last touched torch.
-
-``torch.set_num_threads`` sets the calling thread's OpenMP thread count, and the count a
-thread takes on its first torch op. So the device thread fixes its own width first
-(:func:`claim_team`); then the thread that started it takes one thread, which every
-thread started later inherits (ROS executors, asyncio's executor, a bench's load
-generators), and hands back the team it may already hold (:func:`confine_to_one_thread`).
-A one-thread region never builds a team. A thread that ran parallel torch work before the
-device thread started and is still alive keeps its team until it calls
-:func:`confine_to_one_thread` or exits.
-"""
+"""One OpenMP team per process, the device thread's; other threads run torch ops on one thread (docs/performance.md)."""
 from __future__ import annotations
 
 import ctypes
