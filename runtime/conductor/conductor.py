@@ -2,17 +2,16 @@
 
 Embedded default: one Worker in this process, tensors handed over in memory. The
 Conductor speaks to Workers only in messages (ExecuteNode / NodeOutput /
-ReleaseRequest / CloseSession) and tensor handles, so Workers can move to other
-processes without changing this file's logic.
+ReleaseRequest / CloseSession) and tensor handles, through one worker set chosen when
+it is built (``mstar.conductor.worker_set``), so Workers can move to other processes
+without changing this file's logic.
 """
 from __future__ import annotations
 
 import asyncio
 import itertools
 import logging
-import os
 import secrets
-import socket
 from pathlib import Path
 from typing import Callable, Mapping
 
@@ -24,25 +23,35 @@ from mstar.conductor.state import RequestState
 from mstar.conductor.stream_input import StreamInput, StreamInputError
 from mstar.conductor.walk_executor import WalkExecutor
 from mstar.engine.config import EngineConfig
-from mstar.engine.device_loop import run_on_device
 from mstar.graph.edges import GRAPH_INPUT, GRAPH_OUTPUT
 from mstar.graph.model_graph import ModelGraph
 from mstar.graph.node import NodeSubmodule
-from mstar.transport.inprocess import InProcessTensorStore
+from mstar.conductor.inprocess_workers import InProcessWorkers
+from mstar.conductor.process_workers import ProcessWorkers
 from mstar.conductor.routing import Router
 from mstar.conductor.worker_pool import WorkerPool
+from mstar.conductor.worker_set import WorkerLink, WorkerSet
 from mstar.conductor.worker_status import WorkerStatus
 from mstar.placement.resolve import ResolvedPlacement, load_placement
 from mstar.worker.messages import CloseSession, ExecuteNode, ExportKV, KVExported, NodeOutput, ReleaseRequest
 from mstar.worker.model_spec import build_model
 from mstar.worker.protocol import ModelSpec
-from mstar.worker.worker import Worker
 
 log = logging.getLogger("mstar.conductor")
 
 
 class NodeError(RuntimeError):
     pass
+
+
+def _worker_set(graph: ModelGraph, modules: Mapping[str, NodeSubmodule] | None, config: EngineConfig | None,
+                device: str | torch.device, pool: WorkerPool | None) -> WorkerSet:
+    """The one place that tells the two apart: Worker processes when given their pool, else one in here."""
+    if pool is not None:
+        return ProcessWorkers(pool)
+    if modules is None:
+        raise ValueError("an embedded Conductor needs the graph's modules")
+    return InProcessWorkers(graph, modules, config, device)
 
 
 class Conductor:
@@ -53,24 +62,9 @@ class Conductor:
                  config: EngineConfig | None = None, device: str | torch.device = "cpu",
                  pool: WorkerPool | None = None) -> None:
         self.graph = graph
-        self.pool = pool
-        if pool is None:
-            if modules is None:
-                raise ValueError("an embedded Conductor needs the graph's modules")
-            self.store = InProcessTensorStore()
-            # built on the device thread: dtype casts and KV allocation are heavy torch work
-            worker = run_on_device(Worker, graph, modules, self.store, config, device)
-            self._local: dict[int, Worker] = {0: worker}
-            missing = [n.name for n in graph.nodes if n.name not in worker.nodes]
-            if missing:
-                raise ValueError(f"nodes {missing} are placed on no worker")
-            self.router = Router(graph, None)
-        else:
-            from mstar.transport.exchange import TensorExchange
-            # reads the inline values Workers send back (and, as any reader of the pool, holds its token)
-            self.store = TensorExchange("conductor", secret=pool.token.encode())
-            self._local = {}
-            self.router = Router(graph, pool.placement, hosts=self)
+        self.worker_set = _worker_set(graph, modules, config, device, pool)
+        self.store = self.worker_set.store
+        self.router = Router(graph, self.worker_set.placement, hosts=self.worker_set)
         self.executor = WalkExecutor(graph, self._dispatch, itertools.count().__next__)
         self._call_ids = itertools.count(1 << 40)  # KV hand-over calls, apart from the executor's ids
         self._kv_home: dict[tuple[str, str], int] = {}  # (KV owner, node) -> rank that holds its KV
@@ -90,34 +84,22 @@ class Conductor:
         return cls(graph, config=config, pool=pool)
 
     @property
-    def workers(self) -> list:
-        return list(self._local.values()) if self.pool is None else list(self.pool.workers.values())
+    def pool(self) -> WorkerPool | None:
+        """The Worker processes' pool of a distributed Conductor; None embedded."""
+        return self.worker_set.pool
+
+    @property
+    def workers(self) -> list[WorkerLink]:
+        return self.worker_set.workers
 
     def host_of(self, rank: int) -> str:
-        assert self.pool is not None
-        worker = self.pool.workers.get(rank)
-        return worker.host if worker is not None else "localhost"
-
-    async def _worker(self, rank: int):
-        if self.pool is None:
-            return self._local[rank]
-        worker = self.pool.workers.get(rank)
-        if worker is not None and worker.alive:
-            return worker
-        return await self.pool.wait_ready(rank, self.pool.setup_timeout)  # it is being restarted
+        return self.worker_set.host_of(rank)
 
     # -- lifecycle -------------------------------------------------------------------
     async def start(self) -> "Conductor":
         self._loop = asyncio.get_running_loop()
         self._replies = ReplyInbox(self._loop)
-        if self.pool is not None:
-            try:
-                await self.pool.start()
-            except BaseException:
-                await self.pool.stop()  # no Worker outlives a failed start
-                raise
-        for worker in self._local.values():
-            worker.start()
+        await self.worker_set.start()
         self.started = True
         return self
 
@@ -127,12 +109,7 @@ class Conductor:
                 if request_id in self._tasks:  # it may have ended while we cancelled another
                     await self.cancel(request_id)
         finally:
-            for worker in self._local.values():
-                worker.stop()
-            if self.pool is not None:
-                await self.pool.stop()
-            if hasattr(self.store, "close"):
-                self.store.close()
+            await self.worker_set.stop()
             self.started = False
 
     async def __aenter__(self) -> "Conductor":
@@ -170,9 +147,7 @@ class Conductor:
                 continue
             if not isinstance(tensor, torch.Tensor):
                 raise TypeError(f"request {request.request_id}: input {name!r} must be a tensor, got {type(tensor).__name__}")
-            handle = self.store.put(tensor, owner=rs.wire_id)
-            if self.pool is not None:  # Workers in other processes read it from the message itself
-                handle = self.store.export(handle, "inline")
+            handle = self.worker_set.put_input(tensor, owner=rs.wire_id)
             for edge in self.graph.edges_from(GRAPH_INPUT, name):
                 if edge.target.node == GRAPH_OUTPUT:
                     continue
@@ -254,9 +229,7 @@ class Conductor:
     async def _feed(self, rs: RequestState, name: str, source: StreamInput) -> None:
         """Items of a streamed input join its streaming edges as they arrive (the policy cuts chunks)."""
         async for tensor in source.items():
-            handle = self.store.put(tensor, owner=rs.wire_id)
-            if self.pool is not None:
-                handle = self.store.export(handle, "inline")
+            handle = self.worker_set.put_input(tensor, owner=rs.wire_id)
             for edge in self.graph.edges_from(GRAPH_INPUT, name):
                 self.executor.stream_append(rs, edge, handle)  # type: ignore[arg-type]
 
@@ -297,7 +270,7 @@ class Conductor:
         rs = self._states.get(msg.request_id.rpartition("#")[0])
         walk = rs.current_walk if rs is not None else None
         rank = self.router.rank_for(msg.node, walk)
-        worker = await self._worker(rank)
+        worker = await self.worker_set.worker(rank)
         if self.router.distributed:
             msg.exports = self.router.exports(msg.node, rank, rs.request.outputs if rs is not None else None)
             if self.graph.node(msg.node).engine == "ar":
@@ -331,7 +304,7 @@ class Conductor:
         if home is None or home == rank:
             self._kv_home[(owner, msg.node)] = rank
             return
-        source = await self._worker(home)
+        source = await self.worker_set.worker(home)
         assert self._loop is not None
         moved: asyncio.Future = self._loop.create_future()
         export = ExportKV(next(self._call_ids), msg.request_id, owner, msg.node, self.router.kv_transport(home, rank))
@@ -350,7 +323,7 @@ class Conductor:
                 "workers": [w.stats() for w in self.workers]}
 
     def _tensors_held(self) -> int:
-        return len(self.store) + sum(w.tensors_held() for w in self.workers if hasattr(w, "tensors_held"))
+        return self.worker_set.tensors_held()
 
     def kv_blocks_used(self) -> int:
         return sum(w.kv_blocks_used() for w in self.workers)
@@ -358,13 +331,7 @@ class Conductor:
     def worker_status(self) -> list[WorkerStatus]:
         """Each Worker by rank: alive / restarting / dead, restarts, last death, heartbeat age.
         Embedded, the one Worker is rank 0 in this very process (it cannot die on its own)."""
-        if self.pool is not None:
-            return self.pool.worker_status()
-        worker = self._local[0]
-        return [WorkerStatus(rank=0, state="alive" if self.started else "dead", pid=os.getpid(),
-                             host=socket.gethostname(), nodes=tuple(sorted(worker.nodes)), restarts=0,
-                             last_death=None, heartbeat_age_s=None, dtype=worker.dtype_choice.dtype,
-                             dtype_reason=worker.dtype_choice.describe())]
+        return self.worker_set.worker_status()
 
     def dtype_summary(self) -> str:
         """What the Workers run and why: "bfloat16 (auto: native bf16 (avx512_bf16))", or per rank when
@@ -376,8 +343,7 @@ class Conductor:
 
     async def refresh(self) -> None:
         """Fetches the Worker processes' counters (stats(), kv_blocks_used() read the last ones)."""
-        if self.pool is not None:  # a Worker that does not answer keeps its last counters (the pool's heartbeat acts)
-            await asyncio.gather(*(w.refresh_stats() for w in self.workers if w.alive), return_exceptions=True)
+        await self.worker_set.refresh()
 
     async def wait_idle(self, timeout: float = 5.0) -> None:
         """Waits until no request is in flight and the engines have processed their releases."""

@@ -1,6 +1,6 @@
 """The Conductor's end of one Worker process: sends node messages, routes replies, notices death.
 
-Same surface as the in-process ``Worker`` (execute / handle / export_kv / stats /
+Same surface as the in-process ``Worker`` (``WorkerLink``: execute / handle / export_kv / stats /
 kv_blocks_used), so the Conductor does not care where a Worker lives. Replies arrive
 on the event loop (one reader task per connection). When the connection drops, every
 call still in flight on this Worker ends with an error that says which Worker died

@@ -67,7 +67,7 @@ def test_cem_with_a_fixed_seed_plans_the_same_batched_as_alone(vj_encoder, vj_pr
             for n in names:
                 images, states, actions = robots[n]
                 await c.submit(Request({"frames": images, "states": states, "actions": actions}, session_id=n)).collect()
-            engine = c._local[0].ar_engines["predictor"]
+            engine = c.workers[0].ar_engines["predictor"]
             forwards = engine.frame_loops.forwards
             outs = await asyncio.gather(*(c.submit(Request(
                 {"goal": goal, "mean": mean, "std": std, "params": PARAMS.tensor()}, session_id=n,

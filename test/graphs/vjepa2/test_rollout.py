@@ -79,7 +79,7 @@ def test_each_frame_is_computed_once_and_the_window_slides_exactly(vj_encoder, v
 
     async def main():
         async with Conductor(vjepa2_graph(), _modules(vj_encoder, vj_predictor), config=FP32) as c:
-            engine = c._local[0].ar_engines["predictor"]
+            engine = c.workers[0].ar_engines["predictor"]
             seen = []
             for i in range(6):
                 await c.submit(Request({"frames": images[i:i + 1], "states": states[i:i + 1],
