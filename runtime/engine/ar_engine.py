@@ -35,6 +35,7 @@ from mstar.engine.rope_positions import set_rope_positions
 from mstar.engine.step_feedback import (CORE_INPUTS, append_embed_row, feedback_rows, keep_rows, last_sample,
                                         row_outputs)
 from mstar.engine.vocab_constraint import union_vocab
+from mstar.graph.loop_mode import LoopMode
 from mstar.parallel.group import TPGroup
 from mstar.parallel.plan import Hello, TPLeader
 from mstar.transport.inprocess import InProcessTensorStore
@@ -184,13 +185,13 @@ class AREngine(EngineInbox):
         seq = self.scheduler.seqs.get((owner, msg.node))
         if seq is not None and seq.call is not None:
             return fail(f"node {msg.node!r} already has a call in flight for {owner!r}")
-        if msg.frames:
+        if msg.loop_mode is LoopMode.FRAMES:
             if not isinstance(self.module, FrameModule):
                 return fail(f"node {msg.node!r} is a frame node but module {type(self.module).__name__} is no FrameModule")
             if self.tp_leader is not None:
                 return fail(f"frame node {msg.node!r}: frame Loops are not supported with tensor parallelism yet")
             return self.frame_loops.start(msg, reply)
-        if msg.flow:
+        if msg.loop_mode is LoopMode.FLOW:
             if self.tp_leader is not None:
                 return fail(f"flow node {msg.node!r}: flow Loops are not supported with tensor parallelism yet")
             return self.flows.start(msg, reply)

@@ -1,6 +1,6 @@
 """Flow-matching Loops in the AR engine: Euler steps of a continuous state over persisted KV.
 
-A flow node (``GraphNode(..., engine="ar", flow=True, kv_from=PREFIX)``) forks the KV
+A flow node (``GraphNode(..., engine="ar", loop_mode=LoopMode.FLOW, kv_from=PREFIX)``) forks the KV
 its prefix view computed once (copy-on-write: the prefix is never recomputed per
 step) and reserves ``H`` more slots for its suffix rows. Every iteration the module's
 ``flow_velocity(x, t, positions, attn)`` evaluates the suffix - writing the suffix K/V

@@ -1,6 +1,6 @@
 """World-model frame Loops in the AR engine: a persistent frame context, and rollouts over it.
 
-A frame node (``GraphNode(..., engine="ar", frames=True)``) runs a
+A frame node (``GraphNode(..., engine="ar", loop_mode=LoopMode.FRAMES)``) runs a
 :class:`~mstar.engine.frame_module.FrameModule`. Its rows come in frames; the engine's KV
 block is one frame, and attention is block-causal (a frame sees itself and earlier frames),
 so a computed frame's K/V never change again.

@@ -10,6 +10,7 @@ import torch
 from mstar.conductor import Conductor
 from mstar.conductor.request import Request, RequestError
 from mstar.engine.ar_engine import AREngine
+from mstar.graph import LoopMode
 from mstar.transport.inprocess import InProcessTensorStore
 from mstar.worker.messages import ExecuteNode, LoopSpec
 from mstar_graphs.vjepa2.graph import vjepa2_graph
@@ -116,12 +117,12 @@ def test_plan_samples_share_exactly_the_blocks_before_their_first_action(vj_pred
     put = lambda t: store.put(t, owner="r")  # noqa: E731
     engine._on_call(ExecuteNode(1, "r", "context", {"latents": put(latents), "states": put(torch.rand(3, 7)),
                                                       "actions": put(torch.randn(3, 7) * 0.05)},
-                                session_id="s", frames=True), replies.append)
+                                session_id="s", loop_mode=LoopMode.FRAMES), replies.append)
     engine.step()
     ctx = engine.frame_loops.context("s", "context")
     assert replies[-1].error is None and len(ctx.table.blocks) == 2
     engine._on_call(ExecuteNode(2, "r", "rollout", {"actions": put(torch.randn(5, 3, 7) * 0.05)}, session_id="s",
-                                kv_from="context", frames=True, loop=LoopSpec(max_iters=3)), replies.append)
+                                kv_from="context", loop_mode=LoopMode.FRAMES, loop=LoopSpec(max_iters=3)), replies.append)
     engine.step()
     rollout = engine.frame_loops.rollouts[("s", "rollout")]
     shared = ctx.table.blocks
@@ -190,16 +191,16 @@ def test_a_rollout_the_pool_cannot_hold_fails_at_once_and_two_that_fit_one_by_on
         engine._on_call(ExecuteNode(i, "r", "context", {"latents": put(torch.randn(2, 16, 64)),
                                                          "states": put(torch.rand(2, 7)),
                                                          "actions": put(torch.zeros(2, 7))},
-                                    session_id=session, frames=True), replies.setdefault(i, []).append)
+                                    session_id=session, loop_mode=LoopMode.FRAMES), replies.setdefault(i, []).append)
     engine.step()
     assert engine.blocks.num_used_blocks == 2  # one computed frame per session
     engine._on_call(ExecuteNode(7, "r", "rollout", {"actions": put(torch.zeros(5, 2, 7))}, session_id="s1",
-                                kv_from="context", frames=True), replies.setdefault(7, []).append)
+                                kv_from="context", loop_mode=LoopMode.FRAMES), replies.setdefault(7, []).append)
     engine.step()
     assert "need 10 KV frame blocks; 8 of 10 are free" in replies[7][-1].error
     for i, session in ((8, "s1"), (9, "s2")):  # 4 x 2 frames each: they fit one after the other
         engine._on_call(ExecuteNode(i, "r", "rollout", {"actions": put(torch.zeros(4, 2, 7))}, session_id=session,
-                                    kv_from="context", frames=True), replies.setdefault(i, []).append)
+                                    kv_from="context", loop_mode=LoopMode.FRAMES), replies.setdefault(i, []).append)
     for _ in range(10):
         engine.step()
     assert replies[8][-1].error is None and replies[9][-1].error is None
