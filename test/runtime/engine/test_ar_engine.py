@@ -300,7 +300,7 @@ class Stepper:
 
     def drain(self) -> int:
         while self.engine.scheduler.has_work():
-            self.engine._step()
+            self.engine.step()
         out = self.outs[-1]
         assert out.final and out.error is None, out
         return int(self.store.get(out.outputs["token"]))
