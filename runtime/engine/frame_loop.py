@@ -255,21 +255,18 @@ class FrameLoop(EngineLoop):
         if not self.has_work():
             return 0
         items: list[tuple[object, list]] = []
-        self._stepping = items  # what fail_all must undo if anything below raises
-        try:
-            with self.core.busy():
-                finished = self._admit(items)
-                if not items:
-                    return finished
+        self._stepping = items  # what fail_all must undo if anything below raises (kept for it until then)
+        with self.core.busy():
+            finished = self._admit(items)
+            if items:
                 predictions = self._forward([p for _, parts in items for p in parts])
                 offset = 0
                 for w, parts in items:
                     n = sum(len(f) for _, f, _, _ in parts)
                     self._finish(w, parts, predictions[offset:offset + n])
                     offset += n
-                return finished + len(items)
-        finally:
-            self._stepping = []
+        self._stepping = []
+        return finished + len(items)
 
     def _admit(self, items: list[tuple[object, list]]) -> int:
         """Adds to ``items`` the work of this step's forward, oldest call first, up to ``max_num_seqs``

@@ -209,3 +209,22 @@ def test_a_rollout_the_pool_cannot_hold_fails_at_once_and_two_that_fit_one_by_on
     assert replies[8][-1].error is None and replies[9][-1].error is None
     assert replies[8][-1].outputs and replies[9][-1].outputs
     assert engine.blocks.num_used_blocks == 2 and not engine.loops[LoopMode.FRAMES].rollouts
+
+
+def test_a_failing_frame_forward_fails_its_call_and_drops_the_half_written_context(vj_predictor, monkeypatch):
+    store = InProcessTensorStore()
+    engine = AREngine(vj_predictor, ["context", "rollout"], store, fp32())
+    put = lambda t: store.put(t, owner="r")  # noqa: E731
+
+    def boom(*args, **kwargs):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(vj_predictor, "forward_frames", boom)
+    replies: list = []
+    engine._handle("call", ExecuteNode(1, "r", "context", {"latents": put(torch.randn(3, 16, 64)),
+                                                             "states": put(torch.rand(3, 7)),
+                                                             "actions": put(torch.zeros(3, 7))},
+                                       session_id="s", loop_mode=LoopMode.FRAMES), replies.append)
+    engine.step()
+    assert replies and replies[-1].final and replies[-1].error == "frame step failed: RuntimeError: boom"
+    assert engine.loops[LoopMode.FRAMES].context("s", "context") is None and engine.blocks.num_used_blocks == 0
