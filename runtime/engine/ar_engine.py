@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 
@@ -19,7 +19,7 @@ from mstar.engine.block_manager import BlockManager
 from mstar.engine.config import EngineConfig
 from mstar.engine.core_builder import build_core
 from mstar.engine.device_loop import run_on_device
-from mstar.engine.engine_inbox import EngineInbox, Reply
+from mstar.engine.engine_inbox import EngineInbox, InboxMessage, Reply
 from mstar.engine.flow_loop import FlowLoop
 from mstar.engine.frame_loop import FrameLoop
 from mstar.engine.kv_handoff import export_sequence
@@ -29,7 +29,8 @@ from mstar.engine.token_loop import TokenLoop
 from mstar.graph.loop_mode import LoopMode
 from mstar.parallel.group import TPGroup
 from mstar.transport.inprocess import InProcessTensorStore
-from mstar.worker.messages import ExecuteNode, ExportKV, FeedInput, KVExported, NodeOutput
+from mstar.worker.messages import (CloseSession, ExecuteNode, ExportKV, FeedInput, KVExported, NodeOutput,
+                                   ReleaseRequest)
 
 log = logging.getLogger("mstar.engine.ar")
 
@@ -71,7 +72,7 @@ class AREngine(EngineInbox):
         return self.core.scheduler
 
     def close_session(self, session_id: str) -> None:
-        self._post("close_session", session_id)
+        self._post(CloseSession(session_id))
 
     def close(self) -> None:
         """Ends the engine's tensor-parallel followers (no-op without TP); the engine cannot
@@ -86,11 +87,11 @@ class AREngine(EngineInbox):
 
     def feed(self, msg: FeedInput) -> None:
         """More rows for a fed input of a running call (mstar.engine.fed_inputs)."""
-        self._post("feed", msg)
+        self._post(msg)
 
-    def export_kv(self, msg: ExportKV, reply) -> None:
+    def export_kv(self, msg: ExportKV, reply: Callable[[KVExported], None]) -> None:
         """Hands a sequence to another Worker: replies KVExported and forgets the sequence."""
-        self._post("export_kv", msg, reply)
+        self._post(msg, reply)
 
     def stats(self) -> dict[str, int]:
         stats = self.core.stats()
@@ -117,29 +118,31 @@ class AREngine(EngineInbox):
             loop.fail_all(exc)
             return 0
 
-    def _handle(self, kind: str, arg: Any, reply: Reply | None) -> None:
+    def _handle(self, msg: InboxMessage, reply: Callable | None = None) -> None:
         try:
-            if kind == "call":
-                self._start(arg, reply)
-            elif kind == "release":
-                self.core.store.free_owner(arg)  # outputs made after the Conductor let go of the request
-                for loop in self.loops.values():
-                    loop.release(arg)
-            elif kind == "feed":
-                self._tokens.feed(arg)
-            elif kind == "export_kv":
-                reply(export_sequence(self.core, arg))
-            elif kind == "close_session":
-                for loop in self.loops.values():
-                    loop.close_session(arg)
+            match msg:
+                case ExecuteNode():
+                    self._start(msg, reply)
+                case ReleaseRequest(request_id=request_id):
+                    self.core.store.free_owner(request_id)  # outputs made after the Conductor let go of it
+                    for loop in self.loops.values():
+                        loop.release(request_id)
+                case FeedInput():
+                    self._tokens.feed(msg)
+                case ExportKV():
+                    reply(export_sequence(self.core, msg))
+                case CloseSession(session_id=session_id):
+                    for loop in self.loops.values():
+                        loop.close_session(session_id)
         except CallRefused as exc:  # the caller's mistake: the reply says it all
-            reply(NodeOutput(arg.call_id, arg.request_id, 0, final=True, error=str(exc)))
+            reply(NodeOutput(msg.call_id, msg.request_id, 0, final=True, error=str(exc)))
         except Exception as exc:  # a bad message must not stop the engine
-            log.exception("%s engine: %s failed", self.name, kind)
-            if kind == "call" and reply is not None:
-                reply(NodeOutput(arg.call_id, arg.request_id, 0, final=True, error=f"{type(exc).__name__}: {exc}"))
-            elif kind == "export_kv" and reply is not None:
-                reply(KVExported(arg.call_id, arg.request_id, error=f"{type(exc).__name__}: {exc}"))
+            log.exception("%s engine: %s failed", self.name, type(msg).__name__)
+            error = f"{type(exc).__name__}: {exc}"
+            if isinstance(msg, ExecuteNode) and reply is not None:
+                reply(NodeOutput(msg.call_id, msg.request_id, 0, final=True, error=error))
+            elif isinstance(msg, ExportKV) and reply is not None:
+                reply(KVExported(msg.call_id, msg.request_id, error=error))
 
     def _start(self, msg: ExecuteNode, reply: Reply) -> None:
         """Hands ``msg`` to the loop of its mode once the checks every call passes hold."""

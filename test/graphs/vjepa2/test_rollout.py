@@ -115,15 +115,15 @@ def test_plan_samples_share_exactly_the_blocks_before_their_first_action(vj_pred
     replies = []
     latents = torch.randn(3, 16, 64)
     put = lambda t: store.put(t, owner="r")  # noqa: E731
-    engine._handle("call", ExecuteNode(1, "r", "context", {"latents": put(latents), "states": put(torch.rand(3, 7)),
-                                                             "actions": put(torch.randn(3, 7) * 0.05)},
-                                       session_id="s", loop_mode=LoopMode.FRAMES), replies.append)
+    engine._handle(ExecuteNode(1, "r", "context", {"latents": put(latents), "states": put(torch.rand(3, 7)),
+                                                     "actions": put(torch.randn(3, 7) * 0.05)},
+                               session_id="s", loop_mode=LoopMode.FRAMES), replies.append)
     engine.step()
     ctx = engine.loops[LoopMode.FRAMES].context("s", "context")
     assert replies[-1].error is None and len(ctx.table.blocks) == 2
-    engine._handle("call", ExecuteNode(2, "r", "rollout", {"actions": put(torch.randn(5, 3, 7) * 0.05)},
-                                       session_id="s", kv_from="context", loop_mode=LoopMode.FRAMES,
-                                       loop=LoopSpec(max_iters=3)), replies.append)
+    engine._handle(ExecuteNode(2, "r", "rollout", {"actions": put(torch.randn(5, 3, 7) * 0.05)},
+                               session_id="s", kv_from="context", loop_mode=LoopMode.FRAMES,
+                               loop=LoopSpec(max_iters=3)), replies.append)
     engine.step()
     rollout = engine.loops[LoopMode.FRAMES].rollouts[("s", "rollout")]
     shared = ctx.table.blocks
@@ -189,20 +189,20 @@ def test_a_rollout_the_pool_cannot_hold_fails_at_once_and_two_that_fit_one_by_on
     put = lambda t: store.put(t, owner="r")  # noqa: E731
     replies: dict[int, list] = {}
     for i, session in enumerate(("s1", "s2")):
-        engine._handle("call", ExecuteNode(i, "r", "context", {"latents": put(torch.randn(2, 16, 64)),
-                                                                "states": put(torch.rand(2, 7)),
-                                                                "actions": put(torch.zeros(2, 7))},
-                                           session_id=session, loop_mode=LoopMode.FRAMES),
+        engine._handle(ExecuteNode(i, "r", "context", {"latents": put(torch.randn(2, 16, 64)),
+                                                        "states": put(torch.rand(2, 7)),
+                                                        "actions": put(torch.zeros(2, 7))},
+                                   session_id=session, loop_mode=LoopMode.FRAMES),
                        replies.setdefault(i, []).append)
     engine.step()
     assert engine.blocks.num_used_blocks == 2  # one computed frame per session
-    engine._handle("call", ExecuteNode(7, "r", "rollout", {"actions": put(torch.zeros(5, 2, 7))}, session_id="s1",
-                                       kv_from="context", loop_mode=LoopMode.FRAMES), replies.setdefault(7, []).append)
+    engine._handle(ExecuteNode(7, "r", "rollout", {"actions": put(torch.zeros(5, 2, 7))}, session_id="s1",
+                               kv_from="context", loop_mode=LoopMode.FRAMES), replies.setdefault(7, []).append)
     engine.step()
     assert "need 10 KV frame blocks; 8 of 10 are free" in replies[7][-1].error
     for i, session in ((8, "s1"), (9, "s2")):  # 4 x 2 frames each: they fit one after the other
-        engine._handle("call", ExecuteNode(i, "r", "rollout", {"actions": put(torch.zeros(4, 2, 7))},
-                                           session_id=session, kv_from="context", loop_mode=LoopMode.FRAMES),
+        engine._handle(ExecuteNode(i, "r", "rollout", {"actions": put(torch.zeros(4, 2, 7))},
+                                   session_id=session, kv_from="context", loop_mode=LoopMode.FRAMES),
                        replies.setdefault(i, []).append)
     for _ in range(10):
         engine.step()
@@ -221,10 +221,10 @@ def test_a_failing_frame_forward_fails_its_call_and_drops_the_half_written_conte
 
     monkeypatch.setattr(vj_predictor, "forward_frames", boom)
     replies: list = []
-    engine._handle("call", ExecuteNode(1, "r", "context", {"latents": put(torch.randn(3, 16, 64)),
-                                                             "states": put(torch.rand(3, 7)),
-                                                             "actions": put(torch.zeros(3, 7))},
-                                       session_id="s", loop_mode=LoopMode.FRAMES), replies.append)
+    engine._handle(ExecuteNode(1, "r", "context", {"latents": put(torch.randn(3, 16, 64)),
+                                                     "states": put(torch.rand(3, 7)),
+                                                     "actions": put(torch.zeros(3, 7))},
+                               session_id="s", loop_mode=LoopMode.FRAMES), replies.append)
     engine.step()
     assert replies and replies[-1].final and replies[-1].error == "frame step failed: RuntimeError: boom"
     assert engine.loops[LoopMode.FRAMES].context("s", "context") is None and engine.blocks.num_used_blocks == 0

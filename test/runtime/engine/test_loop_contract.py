@@ -13,7 +13,7 @@ from mstar.engine.loop_contract import EngineLoop
 from mstar.engine.token_loop import TokenLoop
 from mstar.graph import GraphNode, LoopMode
 from mstar.transport.inprocess import InProcessTensorStore
-from mstar.worker.messages import ExecuteNode, NodeOutput
+from mstar.worker.messages import CloseSession, ExecuteNode, NodeOutput, ReleaseRequest
 from support.toy_models import ToyLM
 
 CONTRACT = ("start", "has_work", "step", "fail_all", "release", "close_session", "stats")
@@ -81,9 +81,9 @@ def test_a_call_goes_to_the_loop_of_its_mode_and_the_rest_to_every_loop():
     engine.loops = dict(recorders)
     replies: list[NodeOutput] = []
     for call_id, mode in enumerate(LoopMode):
-        engine._handle("call", _call(store, call_id, mode), replies.append)
-    engine._handle("release", "r", None)
-    engine._handle("close_session", "s", None)
+        engine._handle(_call(store, call_id, mode), replies.append)
+    engine._handle(ReleaseRequest("r"))
+    engine._handle(CloseSession("s"))
     assert not replies
     for call_id, mode in enumerate(LoopMode):
         assert recorders[mode].calls == [("start", call_id), ("release", "r"), ("close_session", "s")]
@@ -92,11 +92,11 @@ def test_a_call_goes_to_the_loop_of_its_mode_and_the_rest_to_every_loop():
 def test_an_unknown_mode_fails_the_call_with_a_clear_error():
     engine, store = _engine()
     replies: list[NodeOutput] = []
-    engine._handle("call", _call(store, 1, "bogus"), replies.append)
+    engine._handle(_call(store, 1, "bogus"), replies.append)
     assert replies[-1].final and replies[-1].error == (
         "node 'llm': engine 'ar' runs no loop of mode 'bogus' (it runs ['flow', 'frames', 'token'])")
     del engine.loops[LoopMode.FLOW]  # an engine without a loop for a valid mode says so too
-    engine._handle("call", _call(store, 2, LoopMode.FLOW), replies.append)
+    engine._handle(_call(store, 2, LoopMode.FLOW), replies.append)
     assert "runs no loop of mode <LoopMode.FLOW: 'flow'>" in replies[-1].error
     with pytest.raises(ValueError, match=r"unknown loop mode 'bogus': one of \['token', 'flow', 'frames'\]"):
         GraphNode("n", ("a",), ("b",), engine="ar", loop_mode="bogus")
@@ -121,7 +121,7 @@ def test_a_failing_step_goes_to_its_loops_fail_all_and_the_others_still_step():
     failing = Recorder(fail_with=boom)
     engine.loops[LoopMode.FLOW] = failing
     replies: list[NodeOutput] = []
-    engine._handle("call", _call(store, 1, LoopMode.TOKEN), replies.append)
+    engine._handle(_call(store, 1, LoopMode.TOKEN), replies.append)
     engine.step()
     assert failing.calls == [("fail_all", boom)]
     while engine.has_work():
