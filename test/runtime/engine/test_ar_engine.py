@@ -324,7 +324,7 @@ def test_preempted_session_is_recomputed_on_its_next_message():
 
 
 def test_cancelling_a_preempted_session_message_keeps_the_session_history():
-    """Known bug (see report): AREngine._on_release truncates a session's tokens to
+    """Known bug (see report): EngineCore.release_sequences truncates a session's tokens to
     ``num_computed``; after a preemption num_computed is 0, so cancelling the session's
     pending message also deletes the whole earlier history and the session silently
     continues from an empty context."""
