@@ -10,7 +10,7 @@ Walks: ``prefill`` (vision, then the prefix with a bidirectional mask) then
 """
 from __future__ import annotations
 
-from mstar.graph import Call, GraphEdge, GraphNode, Loop, ModelGraph, Sequential
+from mstar.graph import Call, GraphEdge, GraphNode, Loop, LoopMode, ModelGraph, Sequential
 
 
 def next_walk(state) -> str | None:
@@ -24,7 +24,7 @@ def pi05_graph(steps: int = 10) -> ModelGraph:
             GraphNode("vision", inputs=["images"], outputs=["embeds"]),
             GraphNode("prefix", inputs=["input_ids", "embeds", "embed_mask"], outputs=[], engine="ar", module="pi05"),
             GraphNode("action", inputs=["x", "guide", "guide_weights"], outputs=["x"], engine="ar", module="pi05",
-                      kv_from="prefix", flow=True),
+                      kv_from="prefix", loop_mode=LoopMode.FLOW),
         ],
         edges=[
             GraphEdge("input.images", "vision.images"),

@@ -15,7 +15,7 @@ Walks ``encode``, ``observe``, ``extend``, ``rollout``, ``plan``: a request name
 """
 from __future__ import annotations
 
-from mstar.graph import Call, GraphEdge, GraphNode, ModelGraph, Sequential
+from mstar.graph import Call, GraphEdge, GraphNode, LoopMode, ModelGraph, Sequential
 from mstar.graph.walks import DynamicLoop
 
 WALKS = ("encode", "observe", "extend", "rollout", "plan")
@@ -64,9 +64,9 @@ def vjepa2_graph() -> ModelGraph:
         nodes=[
             GraphNode("encoder", inputs=["frames"], outputs=["latents"]),
             GraphNode("context", inputs=["latents", "states", "actions"], outputs=[], engine="ar",
-                      module="predictor", frames=True),
+                      module="predictor", loop_mode=LoopMode.FRAMES),
             GraphNode("rollout", inputs=["actions", "frame", "state"], outputs=["frame", "frames"], engine="ar",
-                      module="predictor", frames=True, kv_from="context", optional_inputs=("frame", "state")),
+                      module="predictor", loop_mode=LoopMode.FRAMES, kv_from="context", optional_inputs=("frame", "state")),
             GraphNode("sample", inputs=["mean", "std", "params"], outputs=["actions"], module="cem_sample"),
             GraphNode("energy", inputs=["frame", "goal"], outputs=["energies"], module="cem_energy"),
             GraphNode("refit", inputs=["actions", "energies", "mean", "std", "params"],

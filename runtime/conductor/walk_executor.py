@@ -115,8 +115,8 @@ class WalkExecutor:
             sampling=req.meta.get(f"{node}.sampling", req.sampling) if gnode.engine == "ar" and "token" in gnode.outputs else None,
             loop=loop, session_id=req.session_id, meta={**node_meta, **(meta or {})},
             mask=int(req.meta.get(f"{node}.mask", 0)), mask_arg=int(req.meta.get(f"{node}.mask_arg", 0)),
-            kv_window=req.meta.get(f"{node}.kv_window"), kv_from=gnode.kv_from, flow=gnode.flow,
-            frames=gnode.frames, step_rows=any(self._step_streams(node, walk_nodes)))
+            kv_window=req.meta.get(f"{node}.kv_window"), kv_from=gnode.kv_from,
+            loop_mode=gnode.loop_mode, step_rows=any(self._step_streams(node, walk_nodes)))
 
     def _walk_nodes(self, walk: str | None) -> frozenset[str]:
         """The nodes a walk calls (cached: every call of a node asks)."""

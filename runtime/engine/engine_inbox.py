@@ -3,12 +3,14 @@ from __future__ import annotations
 
 import queue
 import threading
-from typing import Any, Callable
+from typing import Callable, Union
 
 from mstar.engine.device_loop import DeviceLoop
-from mstar.worker.messages import ExecuteNode, NodeOutput
+from mstar.worker.messages import CloseSession, ExecuteNode, ExportKV, FeedInput, NodeOutput, ReleaseRequest
 
 Reply = Callable[[NodeOutput], None]
+# what an engine's device thread is handed; an ExecuteNode or ExportKV comes with a reply callback
+InboxMessage = Union[ExecuteNode, ReleaseRequest, CloseSession, FeedInput, ExportKV]
 
 
 class EngineInbox:
@@ -19,15 +21,15 @@ class EngineInbox:
         self.wake = threading.Event()  # replaced by the device loop's shared event
         self._own_loop: DeviceLoop | None = None
 
-    def _post(self, kind: str, arg: Any, reply: Reply | None = None) -> None:
-        self._inbox.put((kind, arg, reply))
+    def _post(self, msg: InboxMessage, reply: Callable | None = None) -> None:
+        self._inbox.put((msg, reply))
         self.wake.set()
 
     def submit(self, msg: ExecuteNode, reply: Reply) -> None:
-        self._post("call", msg, reply)
+        self._post(msg, reply)
 
     def release(self, request_id: str) -> None:
-        self._post("release", request_id)
+        self._post(ReleaseRequest(request_id))
 
     def start(self) -> None:
         """Step on the device thread alone (a Worker instead runs its engines in one DeviceLoop)."""
@@ -42,10 +44,10 @@ class EngineInbox:
         """Handles every message posted so far (device thread only)."""
         while True:
             try:
-                kind, arg, reply = self._inbox.get_nowait()
+                msg, reply = self._inbox.get_nowait()
             except queue.Empty:
                 return
-            self._handle(kind, arg, reply)
+            self._handle(msg, reply)
 
-    def _handle(self, kind: str, arg: Any, reply: Reply | None) -> None:
+    def _handle(self, msg: InboxMessage, reply: Callable | None = None) -> None:
         raise NotImplementedError

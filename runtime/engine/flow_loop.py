@@ -1,6 +1,6 @@
 """Flow-matching Loops in the AR engine: Euler steps of a continuous state over persisted KV.
 
-A flow node (``GraphNode(..., engine="ar", flow=True, kv_from=PREFIX)``) forks the KV
+A flow node (``GraphNode(..., engine="ar", loop_mode=LoopMode.FLOW, kv_from=PREFIX)``) forks the KV
 its prefix view computed once (copy-on-write: the prefix is never recomputed per
 step) and reserves ``H`` more slots for its suffix rows. Every iteration the module's
 ``flow_velocity(x, t, positions, attn)`` evaluates the suffix - writing the suffix K/V
@@ -23,8 +23,11 @@ import torch
 from mstar.engine.attention.backend import AttentionContext
 from mstar.engine.attention.metadata import AttentionMetadata, MaskKind, SeqAttention
 from mstar.engine.block_manager import BlockManager
+from mstar.engine.engine_core import EngineCore
+from mstar.engine.engine_inbox import Reply
+from mstar.engine.loop_contract import CallRefused, EngineLoop
 from mstar.engine.sequence import ActiveCall, Sequence, SeqStatus
-from mstar.worker.messages import NodeOutput
+from mstar.worker.messages import ExecuteNode, NodeOutput
 
 DEFAULT_STEPS = 10
 
@@ -103,42 +106,65 @@ def flow_metadata(seqs: list[Sequence], blocks: BlockManager, horizon: int,
     return meta, torch.cat(positions).to(device)
 
 
-class FlowLoops:
-    """The AR engine's flow calls: started by ``start``, advanced one batched Euler step per ``step``."""
+def _is_flow(seq: Sequence) -> bool:
+    return seq.flow is not None
 
-    def __init__(self, engine) -> None:  # an AREngine (typed loosely: it owns us)
-        self.engine = engine
-        self.attn = AttentionContext(engine.backend)
+
+class FlowLoop(EngineLoop):
+    """The AR engine's flow calls: started by ``start``, advanced one batched Euler step per ``step``.
+    Their sequences live in the core's scheduler, which recomputes a preempted prefix."""
+
+    def __init__(self, core: EngineCore) -> None:
+        self.core = core
+        self.attn = AttentionContext(core.backend)
         self.evaluations = 0
 
     def _active(self) -> list[Sequence]:
-        return [s for s in self.engine.scheduler.seqs.values()
+        return [s for s in self.core.scheduler.seqs.values()
                 if s.flow is not None and s.call is not None and s.num_pending == 0]
 
     def has_work(self) -> bool:
         return any(True for _ in self._active())
 
-    def start(self, msg, reply) -> None:
+    def stats(self) -> dict[str, int]:
+        return {}
+
+    def release(self, request_id: str) -> None:
+        self.core.release_sequences(request_id, _is_flow)
+
+    def close_session(self, session_id: str) -> None:
+        self.core.close_sequences(session_id, _is_flow)
+
+    def fail_all(self, error: Exception) -> None:
+        """Every flow in flight fails and goes (its suffix slots may be half-written)."""
+        for seq in [s for s in self.core.scheduler.seqs.values() if s.flow is not None and s.call is not None]:
+            self.core.fail_call(seq, f"flow step failed: {type(error).__name__}: {error}")
+            self.core.scheduler.drop(seq)
+
+    def start(self, msg: ExecuteNode, reply: Reply) -> None:
         """Validates a flow call and forks its sequence from the prefix view's KV."""
-        e = self.engine
-        module = e.module
+        core = self.core
+        module = core.module
+        if core.tp_leader is not None:
+            raise CallRefused(f"flow node {msg.node!r}: flow Loops are not supported with tensor parallelism yet")
         if not hasattr(module, "flow_velocity"):
-            raise ValueError(f"node {msg.node!r} is a flow node but module {type(module).__name__} has no flow_velocity")
+            raise ValueError(f"node {msg.node!r} is a flow node but module {type(module).__name__} "
+                             f"has no flow_velocity")
         if not msg.kv_from:
             raise ValueError(f"flow node {msg.node!r} needs kv_from: the prefix view whose KV it reads")
         owner = msg.session_id or msg.request_id
-        old = e.scheduler.seqs.get((owner, msg.node))
+        old = core.scheduler.seqs.get((owner, msg.node))
         if old is not None:
             if old.call is not None:
                 raise ValueError(f"node {msg.node!r} already has a call in flight for {owner!r}")
-            e.scheduler.drop(old)  # a new flow reads the prefix as it is now
+            core.scheduler.drop(old)  # a new flow reads the prefix as it is now
         steps = msg.loop.max_iters if msg.loop is not None and msg.loop.max_iters else DEFAULT_STEPS
-        inputs = {k: e.store.resolve(v) for k, v in msg.inputs.items()}
-        seq = e._new_sequence(msg, owner)
+        inputs = {k: core.store.resolve(v) for k, v in msg.inputs.items()}
+        seq = core.new_sequence(msg, owner)
         try:
             seq.flow = make_flow_state(inputs, module.action_horizon, module.action_dim, steps, seq.generator)
         except Exception:
-            e.scheduler.drop(seq)
+            core.scheduler.drop(seq)
             raise
         seq.request_id = msg.request_id
         seq.call = ActiveCall(msg, reply, context_before=len(seq.token_ids))
@@ -146,40 +172,55 @@ class FlowLoops:
 
     def step(self) -> int:
         """One batched flow evaluation over every flow ready to step; returns how many."""
-        e = self.engine
-        horizon = e.module.action_horizon
+        if not self.has_work():
+            return 0
+        with self.core.busy():
+            ready = self._reserve()
+            if not ready:
+                return 0
+            velocity = self._evaluate(ready)
+            for seq, v in zip(ready, velocity):
+                seq.flow.advance(v)
+                if seq.flow.done:
+                    self._finish(seq)
+            return len(ready)
+
+    def _reserve(self) -> list[Sequence]:
+        """The flows that step now, their H suffix slots reserved (once; oldest first, younger flows wait)."""
+        core = self.core
+        horizon = core.module.action_horizon
         ready: list[Sequence] = []
-        for seq in sorted(self._active(), key=lambda s: s.arrival)[:e.config.max_num_seqs]:
-            if not seq.flow.reserved:  # the H suffix slots, once; oldest first, younger flows wait
-                if not e.scheduler.make_room(seq, horizon, []) or seq.num_pending:
+        for seq in sorted(self._active(), key=lambda s: s.arrival)[:core.config.max_num_seqs]:
+            if not seq.flow.reserved:
+                if not core.scheduler.make_room(seq, horizon, []) or seq.num_pending:
                     break
-                e.cache.copy_blocks(e.blocks.append(seq.table, horizon))
+                core.cache.copy_blocks(core.blocks.append(seq.table, horizon))
                 seq.flow.reserved = True
             ready.append(seq)
-        if not ready:
-            return 0
-        meta, positions = flow_metadata(ready, e.blocks, horizon, e.device)
-        e.backend.plan(meta)
-        x = torch.stack([s.flow.x for s in ready]).to(e.device)
-        t = torch.tensor([s.flow.t for s in ready], dtype=torch.float32, device=e.device)
+        return ready
+
+    def _evaluate(self, ready: list[Sequence]) -> torch.Tensor:
+        core = self.core
+        meta, positions = flow_metadata(ready, core.blocks, core.module.action_horizon, core.device)
+        core.backend.plan(meta)
+        x = torch.stack([s.flow.x for s in ready]).to(core.device)
+        t = torch.tensor([s.flow.t for s in ready], dtype=torch.float32, device=core.device)
         started = time.perf_counter()
         with torch.inference_mode():
-            velocity = e.module.flow_velocity(x, t, positions, self.attn).float().cpu()
-        e.runner.forward_seconds += time.perf_counter() - started
+            velocity = core.module.flow_velocity(x, t, positions, self.attn).float().cpu()
+        core.runner.forward_seconds += time.perf_counter() - started
         self.evaluations += 1
-        for seq, v in zip(ready, velocity):
-            seq.flow.advance(v)
-            if not seq.flow.done:
-                continue
-            call, seq.call = seq.call, None
-            actions = seq.flow.x
-            seq.flow, seq.status = None, SeqStatus.IDLE
-            e.scheduler.drop(seq)  # the suffix slots and the fork go; the prefix view keeps its KV
-            if not torch.isfinite(actions).all():
-                call.reply(NodeOutput(call.msg.call_id, call.msg.request_id, call.iteration, final=True,
-                                      error=f"node {call.msg.node!r}: the flow produced NaN or infinite actions"))
-                continue
-            handle = e.store.put(actions, owner=call.msg.request_id)
-            call.reply(NodeOutput(call.msg.call_id, call.msg.request_id, call.iteration, {"x": handle},
-                                  final=True, finish_reason="done"))
-        return len(ready)
+        return velocity
+
+    def _finish(self, seq: Sequence) -> None:
+        call, seq.call = seq.call, None
+        actions = seq.flow.x
+        seq.flow, seq.status = None, SeqStatus.IDLE
+        self.core.scheduler.drop(seq)  # the suffix slots and the fork go; the prefix view keeps its KV
+        if not torch.isfinite(actions).all():
+            call.reply(NodeOutput(call.msg.call_id, call.msg.request_id, call.iteration, final=True,
+                                  error=f"node {call.msg.node!r}: the flow produced NaN or infinite actions"))
+            return
+        handle = self.core.store.put(actions, owner=call.msg.request_id)
+        call.reply(NodeOutput(call.msg.call_id, call.msg.request_id, call.iteration, {"x": handle},
+                              final=True, finish_reason="done"))

@@ -1,6 +1,6 @@
 """World-model frame Loops in the AR engine: a persistent frame context, and rollouts over it.
 
-A frame node (``GraphNode(..., engine="ar", frames=True)``) runs a
+A frame node (``GraphNode(..., engine="ar", loop_mode=LoopMode.FRAMES)``) runs a
 :class:`~mstar.engine.frame_module.FrameModule`. Its rows come in frames; the engine's KV
 block is one frame, and attention is block-causal (a frame sees itself and earlier frames),
 so a computed frame's K/V never change again.
@@ -28,88 +28,27 @@ sample and context extension in the engine shares one forward per step, up to
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 
 import torch
 
 from mstar.engine.attention.backend import AttentionContext
 from mstar.engine.attention.metadata import AttentionMetadata, MaskKind, SeqAttention
 from mstar.engine.block_manager import BlockTable
+from mstar.engine.engine_core import EngineCore
+from mstar.engine.engine_inbox import Reply
+from mstar.engine.frame_module import FrameModule
+from mstar.engine.frame_state import Frame, FrameContext, Rollout, finite_input, shape_error
+from mstar.engine.loop_contract import CallRefused, EngineLoop
 from mstar.engine.sequence import ActiveCall
 from mstar.worker.messages import ExecuteNode, NodeOutput
 
-Frame = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # (latent, action, state) of one computed frame
 
-
-@dataclass
-class FrameContext:
-    """A session's (or request's) frames: computed ones in ``table``, the newest pending."""
-
-    owner: str
-    node: str
-    request_id: str
-    table: BlockTable = field(default_factory=BlockTable)
-    computed: list[Frame] = field(default_factory=list)  # inputs kept for an exact re-prefill
-    pending: tuple[torch.Tensor, torch.Tensor] | None = None  # (latent, state)
-    call: ActiveCall | None = None
-    todo: list[Frame] = field(default_factory=list)       # frames this call computes
-    next_pending: tuple[torch.Tensor, torch.Tensor] | None = None
-    rebuild: bool = False                                  # recompute ``todo`` from position 0
-    window: int = 0
-    slides: int = 0
-    arrival: float = field(default_factory=time.monotonic)
-
-    @property
-    def num_frames(self) -> int:
-        return len(self.computed)
-
-
-@dataclass
-class Rollout:
-    """One call's S rollouts of H frames over a context."""
-
-    owner: str
-    node: str
-    request_id: str
-    call: ActiveCall
-    actions: torch.Tensor               # [S, H, A]
-    frame: torch.Tensor | None           # [S, *latent]: the next frame to compute (None: the pending one)
-    state: torch.Tensor | None           # [S, S_dim]
-    context_key: tuple[str, str] | None  # the context view it forks
-    all_frames: bool = False
-    tables: list[BlockTable] = field(default_factory=list)
-    base: int = 0                        # context frames shared by every sample
-    step: int = 0
-    started: bool = False
-    outputs: list[torch.Tensor] = field(default_factory=list)
-    arrival: float = field(default_factory=time.monotonic)
-
-    @property
-    def samples(self) -> int:
-        return int(self.actions.shape[0])
-
-    @property
-    def horizon(self) -> int:
-        return int(self.actions.shape[1])
-
-
-def _shape_error(node: str, name: str, got: torch.Tensor, want: str) -> ValueError:
-    return ValueError(f"node {node!r}: input {name!r} has shape {tuple(got.shape)}, expected {want}")
-
-
-def _finite(node: str, name: str, t: torch.Tensor) -> torch.Tensor:
-    t = t.float()
-    if not torch.isfinite(t).all():
-        raise ValueError(f"node {node!r}: input {name!r} has NaN or infinite values")
-    return t
-
-
-class FrameLoops:
+class FrameLoop(EngineLoop):
     """The AR engine's frame calls: contexts and rollouts, one batched forward per ``step``."""
 
-    def __init__(self, engine) -> None:  # an AREngine (typed loosely: it owns us)
-        self.engine = engine
-        self.attn = AttentionContext(engine.backend)
+    def __init__(self, core: EngineCore) -> None:
+        self.core = core
+        self.attn = AttentionContext(core.backend)
         self.contexts: dict[tuple[str, str], FrameContext] = {}
         self.rollouts: dict[tuple[str, str], Rollout] = {}
         self.frames_computed = 0
@@ -118,13 +57,15 @@ class FrameLoops:
 
     # -- bookkeeping ------------------------------------------------------------------
     @property
-    def module(self):
-        return self.engine.module
+    def module(self) -> FrameModule:
+        return self.core.module  # type: ignore[return-value]  # start() admits frame calls of a FrameModule only
 
     def has_work(self) -> bool:
         return any(c.call is not None for c in self.contexts.values()) or bool(self.rollouts)
 
     def stats(self) -> dict[str, int]:
+        if not isinstance(self.core.module, FrameModule):
+            return {}
         return {"frame_contexts": len(self.contexts), "rollouts": len(self.rollouts),
                 "context_blocks": sum(len(c.table.blocks) for c in self.contexts.values()),
                 "frames_computed": self.frames_computed, "frame_forwards": self.forwards,
@@ -141,14 +82,14 @@ class FrameLoops:
     def _drop_rollout(self, key: tuple[str, str], error: str | None = None) -> None:
         r = self.rollouts.pop(key)
         for table in r.tables:
-            self.engine.blocks.free(table)
+            self.core.blocks.free(table)
         r.tables = []
         if error is not None:
             self._reply(r.call, error=error)
 
     def _drop_context(self, key: tuple[str, str], error: str | None = None) -> None:
         c = self.contexts.pop(key)
-        self.engine.blocks.free(c.table)
+        self.core.blocks.free(c.table)
         if c.call is not None and error is not None:
             self._reply(c.call, error=error)
 
@@ -171,24 +112,31 @@ class FrameLoops:
             elif c.call is not None:
                 c.call, c.todo, c.next_pending, c.rebuild = None, [], None, False
 
-    def fail_all(self, error: str) -> None:
+    def fail_all(self, error: Exception) -> None:
         """A forward failed: its rollouts fail and go; a context it was extending is dropped
         (its new blocks are half-written), so the session starts its context again."""
+        text = f"frame step failed: {type(error).__name__}: {error}"
         stepping, self._stepping = self._stepping, []
         for w, _ in stepping:
             key = (w.owner, w.node)
             if isinstance(w, Rollout) and key in self.rollouts:
-                self._drop_rollout(key, error)
+                self._drop_rollout(key, text)
             elif isinstance(w, FrameContext) and key in self.contexts:
-                self._drop_context(key, error)
+                self._drop_context(key, text)
 
     # -- starting calls -----------------------------------------------------------------
-    def start(self, msg: ExecuteNode, reply) -> None:
+    def start(self, msg: ExecuteNode, reply: Reply) -> None:
+        core = self.core
+        if not isinstance(core.module, FrameModule):
+            raise CallRefused(f"node {msg.node!r} is a frame node but module {type(core.module).__name__} "
+                              f"is no FrameModule")
+        if core.tp_leader is not None:
+            raise CallRefused(f"frame node {msg.node!r}: frame Loops are not supported with tensor parallelism yet")
         owner = msg.session_id or msg.request_id
         key = (owner, msg.node)
         if key in self.rollouts or (key in self.contexts and self.contexts[key].call is not None):
             raise ValueError(f"node {msg.node!r} already has a call in flight for {owner!r}")
-        inputs = {k: self.engine.store.resolve(v) for k, v in msg.inputs.items()}
+        inputs = {k: core.store.resolve(v) for k, v in msg.inputs.items()}
         call = ActiveCall(msg, reply)
         if msg.kv_from:
             self._start_rollout(msg, owner, inputs, call)
@@ -201,16 +149,16 @@ class FrameLoops:
         for name in ("latents", "states", "actions"):
             if name not in inputs:
                 raise ValueError(f"node {node!r}: a frame context call needs input {name!r}")
-        latents, states, actions = (_finite(node, n, inputs[n]) for n in ("latents", "states", "actions"))
+        latents, states, actions = (finite_input(node, n, inputs[n]) for n in ("latents", "states", "actions"))
         if latents.dim() == len(latent_shape):
             latents, states, actions = latents[None], states.reshape(1, -1), actions.reshape(1, -1)
         F = latents.shape[0]
         if tuple(latents.shape[1:]) != latent_shape or F == 0:
-            raise _shape_error(node, "latents", latents, f"[F >= 1, {', '.join(map(str, latent_shape))}]")
+            raise shape_error(node, "latents", latents, f"[F >= 1, {', '.join(map(str, latent_shape))}]")
         if tuple(states.shape) != (F, m.state_dim):
-            raise _shape_error(node, "states", states, f"[{F}, {m.state_dim}]")
+            raise shape_error(node, "states", states, f"[{F}, {m.state_dim}]")
         if tuple(actions.shape) != (F, m.action_dim):
-            raise _shape_error(node, "actions", actions, f"[{F}, {m.action_dim}]")
+            raise shape_error(node, "actions", actions, f"[{F}, {m.action_dim}]")
         window = m.max_frames if msg.kv_window is None else int(msg.kv_window)
         if not 1 <= window <= m.max_frames:
             raise ValueError(f"node {node!r}: a frame window of {window} frames is outside [1, {m.max_frames}] "
@@ -236,11 +184,11 @@ class FrameLoops:
         m, node = self.module, msg.node
         if "actions" not in inputs:
             raise ValueError(f"node {node!r}: a rollout call needs input 'actions' [samples, horizon, {m.action_dim}]")
-        actions = _finite(node, "actions", inputs["actions"])
+        actions = finite_input(node, "actions", inputs["actions"])
         if actions.dim() == 2:
             actions = actions[None]
         if actions.dim() != 3 or actions.shape[2] != m.action_dim or actions.shape[0] < 1 or actions.shape[1] < 1:
-            raise _shape_error(node, "actions", actions, f"[samples, horizon, {m.action_dim}]")
+            raise shape_error(node, "actions", actions, f"[samples, horizon, {m.action_dim}]")
         S, H = int(actions.shape[0]), int(actions.shape[1])
         if msg.loop is not None and msg.loop.max_iters is not None and msg.loop.max_iters != H:
             raise ValueError(f"node {node!r}: the Loop asks for {msg.loop.max_iters} rollout steps but 'actions' "
@@ -249,15 +197,15 @@ class FrameLoops:
         if "frame" in inputs or "state" in inputs:
             if "frame" not in inputs or "state" not in inputs:
                 raise ValueError(f"node {node!r}: rollout inputs 'frame' and 'state' come together")
-            frame, state = _finite(node, "frame", inputs["frame"]), _finite(node, "state", inputs["state"])
+            frame, state = finite_input(node, "frame", inputs["frame"]), finite_input(node, "state", inputs["state"])
             latent_shape = tuple(m.latent_shape)
             if tuple(frame.shape) == latent_shape:
                 frame = frame[None].expand(S, *latent_shape)
             if tuple(frame.shape) != (S, *latent_shape):
-                raise _shape_error(node, "frame", frame, f"[{', '.join(map(str, latent_shape))}] or [{S}, ...]")
+                raise shape_error(node, "frame", frame, f"[{', '.join(map(str, latent_shape))}] or [{S}, ...]")
             state = state.reshape(-1, m.state_dim).expand(S, m.state_dim) if state.numel() == m.state_dim else state
             if tuple(state.shape) != (S, m.state_dim):
-                raise _shape_error(node, "state", state, f"[{m.state_dim}] or [{S}, {m.state_dim}]")
+                raise shape_error(node, "state", state, f"[{m.state_dim}] or [{S}, {m.state_dim}]")
         key = (owner, msg.kv_from)
         ctx = self.contexts.get(key)
         if frame is None and (ctx is None or (ctx.pending is None and ctx.next_pending is None)):
@@ -276,7 +224,7 @@ class FrameLoops:
         ctx = self.contexts.get(r.context_key) if r.context_key else None
         if ctx is not None and ctx.call is not None:
             return False  # wait: the rollout starts from the frames that call brings
-        m, blocks, ft = self.module, self.engine.blocks, self.module.frame_tokens
+        m, blocks, ft = self.module, self.core.blocks, self.module.frame_tokens
         if ctx is None and r.frame is None:
             raise ValueError(f"node {r.node!r}: context {r.context_key[1] if r.context_key else '?'!r} was closed")
         r.base = ctx.num_frames if ctx is not None else 0
@@ -286,7 +234,7 @@ class FrameLoops:
                              f"(give the context a smaller window)")
         need = r.samples * r.horizon
         if need > blocks.num_free_blocks:
-            if self._rollouts_hold_blocks(r) or _tokens_hold_blocks(self.engine):
+            if self._rollouts_hold_blocks(r) or self.core.tokens_hold_blocks():
                 return False  # they finish and free theirs: first come, first served
             raise ValueError(f"node {r.node!r}: {r.samples} samples x {r.horizon} frames need {need} KV frame blocks; "
                              f"{blocks.num_free_blocks} of {blocks.num_blocks} are free (the sessions' contexts hold "
@@ -298,78 +246,82 @@ class FrameLoops:
         shared = ctx.table if ctx is not None and ctx.table.blocks else None
         r.tables = [blocks.fork(shared) if shared is not None else BlockTable() for _ in range(r.samples)]
         for table in r.tables:  # whole frames: a fork shares whole blocks, nothing to copy on write
-            self.engine.cache.copy_blocks(blocks.append(table, r.horizon * ft))
+            self.core.cache.copy_blocks(blocks.append(table, r.horizon * ft))
         r.started = True
         return True
 
     def step(self) -> int:
         """One forward over every context extension and rollout frame ready; returns how many calls stepped."""
-        e, m = self.engine, self.module
-        ft = m.frame_tokens
-        blocks = e.blocks
+        if not self.has_work():
+            return 0
         items: list[tuple[object, list]] = []
-        self._stepping = items  # what fail_all must undo if anything below raises
+        self._stepping = items  # what fail_all must undo if anything below raises (kept for it until then)
+        with self.core.busy():
+            finished = self._admit(items)
+            if items:
+                predictions = self._forward([p for _, parts in items for p in parts])
+                offset = 0
+                for w, parts in items:
+                    n = sum(len(f) for _, f, _, _ in parts)
+                    self._finish(w, parts, predictions[offset:offset + n])
+                    offset += n
+        self._stepping = []
+        return finished + len(items)
+
+    def _admit(self, items: list[tuple[object, list]]) -> int:
+        """Adds to ``items`` the work of this step's forward, oldest call first, up to ``max_num_seqs``
+        sequences and ``max_batched_tokens`` rows, its blocks reserved; returns how many calls finished
+        without one (a new pending frame alone)."""
+        core, ft = self.core, self.module.frame_tokens
+        blocks = core.blocks
         finished = 0
-        budget = e.config.max_num_seqs
-        rows_left = e.config.max_batched_tokens  # a step's rows, as for token steps (the first item always fits)
+        budget = core.config.max_num_seqs
+        rows_left = core.config.max_batched_tokens  # a step's rows, as for token steps (the first item always fits)
         work = sorted([c for c in self.contexts.values() if c.call is not None] + list(self.rollouts.values()),
                       key=lambda w: w.arrival)
-        try:
-            for w in work:
-                if isinstance(w, Rollout):
-                    try:
-                        if not w.started and not self._fork(w):
-                            continue
-                    except ValueError as exc:
-                        self._drop_rollout((w.owner, w.node), str(exc))
+        for w in work:
+            if isinstance(w, Rollout):
+                try:
+                    if not w.started and not self._fork(w):
                         continue
-                elif not w.todo and not w.rebuild:  # only a new pending frame: nothing to compute
-                    self._finish(w, [], torch.empty(0))
-                    finished += 1
+                except ValueError as exc:
+                    self._drop_rollout((w.owner, w.node), str(exc))
                     continue
-                parts = self._parts(w)
-                rows = sum(len(f) for _, f, _, _ in parts) * ft
-                if items and (len(parts) > budget or rows > rows_left):
-                    break  # the next step takes it: on a CPU a bigger forward only costs more per row
-                if isinstance(w, FrameContext):
-                    if w.rebuild:  # the kept frames, less the blocks that freeing this table returns
-                        need = len(w.todo) - sum(blocks.ref_count(b) == 1 for b in w.table.blocks)
-                    else:
-                        need = blocks.blocks_needed(w.table, len(w.todo) * ft)
-                    if need > blocks.num_free_blocks:
-                        if self._rollouts_hold_blocks(None) or _tokens_hold_blocks(e):
-                            break  # rollouts in flight free theirs: younger calls wait (first come, first served)
-                        self._fail(w, f"node {w.node!r}: the KV pool ({blocks.num_blocks} frame blocks, "
-                                      f"{blocks.num_free_blocks} free) cannot hold {need} more frames")
+            elif not w.todo and not w.rebuild:  # only a new pending frame: nothing to compute
+                self._finish(w, [], torch.empty(0))
+                finished += 1
+                continue
+            parts = self._parts(w)
+            rows = sum(len(f) for _, f, _, _ in parts) * ft
+            if items and (len(parts) > budget or rows > rows_left):
+                break  # the next step takes it: on a CPU a bigger forward only costs more per row
+            if isinstance(w, FrameContext):
+                if w.rebuild:  # the kept frames, less the blocks that freeing this table returns
+                    need = len(w.todo) - sum(blocks.ref_count(b) == 1 for b in w.table.blocks)
+                else:
+                    need = blocks.blocks_needed(w.table, len(w.todo) * ft)
+                if need > blocks.num_free_blocks:
+                    if self._rollouts_hold_blocks(None) or core.tokens_hold_blocks():
+                        break  # rollouts in flight free theirs: younger calls wait (first come, first served)
+                    self._fail(w, f"node {w.node!r}: the KV pool ({blocks.num_blocks} frame blocks, "
+                                  f"{blocks.num_free_blocks} free) cannot hold {need} more frames")
+                    continue
+                if w.rebuild:  # admitted: recomputed from position 0 (``todo`` holds the kept frames)
+                    blocks.free(w.table)
+                    w.computed = []
+                    w.slides += 1
+                    if not w.todo:
+                        self._finish(w, [], torch.empty(0))
+                        finished += 1
                         continue
-                    if w.rebuild:  # admitted: recomputed from position 0 (``todo`` holds the kept frames)
-                        blocks.free(w.table)
-                        w.computed = []
-                        w.slides += 1
-                        if not w.todo:
-                            self._finish(w, [], torch.empty(0))
-                            finished += 1
-                            continue
-                        parts = self._parts(w)
-                    e.cache.copy_blocks(blocks.append(w.table, len(w.todo) * ft))
-                items.append((w, parts))
-                budget -= len(parts)
-                rows_left -= rows
-                if budget <= 0 or rows_left <= 0:
-                    break
-            if not items:
-                return finished
-            predictions = self._forward([p for _, parts in items for p in parts])
-            done = finished
-            offset = 0
-            for w, parts in items:
-                n = sum(len(f) for _, f, _, _ in parts)
-                self._finish(w, parts, predictions[offset:offset + n])
-                offset += n
-                done += 1
-            return done
-        finally:
-            self._stepping = []
+                    parts = self._parts(w)
+                core.cache.copy_blocks(blocks.append(w.table, len(w.todo) * ft))
+            items.append((w, parts))
+            budget -= len(parts)
+            rows_left -= rows
+            if budget <= 0 or rows_left <= 0:
+                break
+        return finished
 
     def _parts(self, w) -> list[tuple[BlockTable, list[Frame], int, int]]:
         """(table, frames computed now, first frame position, first table row) per sequence of a work item."""
@@ -393,7 +345,7 @@ class FrameLoops:
             self._reply(call, error=error)
 
     def _forward(self, parts: list[tuple[BlockTable, list[Frame], int]]) -> torch.Tensor:
-        e, m = self.engine, self.module
+        core, m = self.core, self.module
         ft = m.frame_tokens
         seqs, slots, latents, actions, states, positions = [], [], [], [], [], []
         rows = 0
@@ -403,22 +355,22 @@ class FrameLoops:
             seqs.append(SeqAttention(query_start=rows, query_len=n, context_len=start + n,
                                      block_table=list(table.blocks), first_position=0,
                                      mask=MaskKind.BLOCK_CAUSAL, mask_arg=ft))
-            slots.append(e.blocks.slot_mapping(table, start, start + n))
+            slots.append(core.blocks.slot_mapping(table, start, start + n))
             for i, (latent, action, state) in enumerate(frames):
                 latents.append(latent)
                 actions.append(action)
                 states.append(state)
                 positions.append(first + i)
             rows += n
-        meta = AttentionMetadata(seqs=seqs, slot_mapping=torch.cat(slots).to(e.device))
-        e.backend.plan(meta)
+        meta = AttentionMetadata(seqs=seqs, slot_mapping=torch.cat(slots).to(core.device))
+        core.backend.plan(meta)
         dtype = m.dtype if hasattr(m, "dtype") else torch.float32
         started = time.perf_counter()
         with torch.inference_mode():
-            out = m.forward_frames(torch.stack(latents).to(e.device, dtype), torch.stack(actions).to(e.device, dtype),
-                                   torch.stack(states).to(e.device, dtype),
-                                   torch.tensor(positions, dtype=torch.int64, device=e.device), self.attn)
-        e.runner.forward_seconds += time.perf_counter() - started
+            out = m.forward_frames(torch.stack(latents).to(core.device, dtype), torch.stack(actions).to(core.device, dtype),
+                                   torch.stack(states).to(core.device, dtype),
+                                   torch.tensor(positions, dtype=torch.int64, device=core.device), self.attn)
+        core.runner.forward_seconds += time.perf_counter() - started
         self.forwards += 1
         self.frames_computed += len(positions)
         return out.float().cpu()
@@ -443,15 +395,10 @@ class FrameLoops:
             w.outputs.append(predictions)
         if w.step < w.horizon:
             return
-        store = self.engine.store
+        store = self.core.store
         outputs = {"frame": store.put(predictions, owner=w.request_id)}
         if w.all_frames:
             outputs["frames"] = store.put(torch.stack(w.outputs, dim=1), owner=w.request_id)
         call = w.call
         self._drop_rollout((w.owner, w.node))
         self._reply(call, outputs)
-
-
-def _tokens_hold_blocks(engine) -> bool:
-    """Whether token sequences of the engine hold KV blocks (they may free them later)."""
-    return any(s.table.blocks for s in engine.scheduler.seqs.values())

@@ -16,11 +16,11 @@ from typing import Mapping
 
 import torch
 
-from mstar.engine.engine_inbox import EngineInbox, Reply
+from mstar.engine.engine_inbox import EngineInbox, InboxMessage, Reply
 from mstar.engine.linear_packing import pack_linears
 from mstar.graph.node import NodeCall, NodeSubmodule
 from mstar.transport.inprocess import InProcessTensorStore
-from mstar.worker.messages import ExecuteNode, NodeOutput
+from mstar.worker.messages import ExecuteNode, NodeOutput, ReleaseRequest
 
 log = logging.getLogger("mstar.engine.stateless")
 
@@ -93,18 +93,18 @@ class StatelessEngine(EngineInbox):
         if batch:
             self._run_batch(batch)
 
-    def _handle(self, kind: str, arg, reply: Reply | None) -> None:
-        if kind == "release":
-            self.store.free_owner(arg)  # outputs made after the Conductor let go of the request
-            self._pending = [p for p in self._pending if p.msg.request_id != arg]
+    def _handle(self, msg: InboxMessage, reply: Reply | None = None) -> None:
+        if isinstance(msg, ReleaseRequest):
+            request_id = msg.request_id
+            self.store.free_owner(request_id)  # outputs made after the Conductor let go of the request
+            self._pending = [p for p in self._pending if p.msg.request_id != request_id]
             for node, module in self.nodes.items():
                 if module.sequential_calls:
-                    self._next_index.pop((node, arg), None)
-                    module.release(arg)
+                    self._next_index.pop((node, request_id), None)
+                    module.release(request_id)
             return
-        if kind != "call":
+        if not isinstance(msg, ExecuteNode):
             return
-        msg: ExecuteNode = arg
         try:
             if msg.node not in self.nodes:
                 raise KeyError(f"node {msg.node!r} is not served by engine {self.name!r}")

@@ -2,6 +2,7 @@
 from mstar.graph.chunk_policies import (Chunk, ChunkPolicy, FixedChunkPolicy, LeftContextChunkPolicy,
                                         SlidingWindowChunkPolicy, WholeStreamPolicy)
 from mstar.graph.edges import GRAPH_INPUT, GRAPH_OUTPUT, GraphEdge, StreamingGraphEdge
+from mstar.graph.loop_mode import LoopMode
 from mstar.graph.model_graph import ModelGraph
 from mstar.graph.node import GraphNode, NodeCall, NodeSubmodule
 from mstar.graph.topology import PartitionConnection, PartitionTopology
@@ -10,7 +11,7 @@ from mstar.graph.walks import AwaitInput, Call, DynamicLoop, Loop, Parallel, Seq
 
 __all__ = [
     "AwaitInput", "Call", "Chunk", "ChunkPolicy", "DynamicLoop", "FixedChunkPolicy", "GRAPH_INPUT", "GRAPH_OUTPUT",
-    "GraphEdge", "GraphError", "GraphNode", "LeftContextChunkPolicy", "Loop", "ModelGraph", "NodeCall",
+    "GraphEdge", "GraphError", "GraphNode", "LeftContextChunkPolicy", "Loop", "LoopMode", "ModelGraph", "NodeCall",
     "NodeSubmodule", "Parallel", "PartitionConnection", "PartitionTopology", "Sequential",
     "SlidingWindowChunkPolicy", "StopOnValues", "StopWhen", "StreamingGraphEdge", "WholeStreamPolicy",
 ]

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 from mstar.graph.edges import GRAPH_INPUT, GRAPH_OUTPUT, RESERVED_NODE_NAMES, GraphEdge, StreamingGraphEdge
+from mstar.graph.loop_mode import LoopMode
 from mstar.graph.node import GraphNode
 from mstar.graph.topology import PartitionTopology
 from mstar.graph.validation import GraphError, check_graph
@@ -92,7 +93,7 @@ class ModelGraph:
         frame node (a rollout: each iteration's predicted frame is the next one's input)."""
         if self.self_feeding(loop) is not None:
             return True
-        return isinstance(loop.body, Call) and self.node(loop.body.node).frames and loop.stop is None
+        return isinstance(loop.body, Call) and self.node(loop.body.node).loop_mode is LoopMode.FRAMES and loop.stop is None
 
     def self_feeding(self, loop: Loop) -> GraphEdge | None:
         """The feedback edge if ``loop`` is one AR node fed by its own output (engine-resident loop)."""

@@ -6,6 +6,8 @@ from typing import Any, ClassVar, Literal, Mapping, Sequence
 
 import torch
 
+from mstar.graph.loop_mode import LoopMode
+
 EngineKind = Literal["ar", "stateless"]
 
 
@@ -77,8 +79,9 @@ class GraphNode:
     engine: EngineKind = "stateless"
     module: str | None = None
     kv_from: str | None = None
-    flow: bool = False  # AR flow node: its Loop integrates input/output "x" over the KV of ``kv_from``
-    frames: bool = False  # AR frame node: rows come in frames (a world model; mstar.engine.frame_loop)
+    # an AR node's Loop (a LoopMode or its string): "token" (default), "flow" (integrates input/output "x" over
+    # the KV of ``kv_from``) or "frames" (rows come in frames: a world model; mstar.engine.frame_loop)
+    loop_mode: LoopMode = LoopMode.TOKEN
     optional_inputs: tuple[str, ...] = ()  # ports a call may go without (the engine has a default)
     # ports whose streaming edge feeds the node's running Loop call (its chunks join the call's side input
     # as they come, mstar.engine.fed_inputs) instead of starting a call per chunk
@@ -89,18 +92,19 @@ class GraphNode:
         object.__setattr__(self, "outputs", tuple(self.outputs))
         object.__setattr__(self, "optional_inputs", tuple(self.optional_inputs))
         object.__setattr__(self, "fed_inputs", tuple(self.fed_inputs))
+        object.__setattr__(self, "loop_mode", LoopMode.parse(self.loop_mode))
         if any(p not in self.inputs for p in self.fed_inputs) or (self.fed_inputs and self.engine != "ar"):
             raise ValueError(f"node {self.name!r}: fed inputs {list(self.fed_inputs)} must be inputs of an AR node "
                              f"(inputs: {list(self.inputs)}, engine {self.engine!r})")
         unknown = [p for p in self.optional_inputs if p not in self.inputs]
         if unknown:
             raise ValueError(f"node {self.name!r}: optional inputs {unknown} are not among its inputs {list(self.inputs)}")
-        if self.frames and (self.engine != "ar" or self.flow):
-            raise ValueError(f"node {self.name!r}: a frame node is an AR node (and not a flow node)")
+        if self.loop_mode is LoopMode.FRAMES and self.engine != "ar":
+            raise ValueError(f"node {self.name!r}: a frame node is an AR node")
         if self.engine not in ("ar", "stateless"):
             raise ValueError(f"node {self.name!r}: engine must be 'ar' or 'stateless', got {self.engine!r}")
-        if self.flow and (self.engine != "ar" or self.kv_from is None or "x" not in self.inputs
-                          or "x" not in self.outputs):
+        if self.loop_mode is LoopMode.FLOW and (self.engine != "ar" or self.kv_from is None
+                                                or "x" not in self.inputs or "x" not in self.outputs):
             raise ValueError(f"node {self.name!r}: a flow node is an AR view with kv_from set and a port 'x' "
                              f"among both its inputs and outputs")
 

@@ -6,6 +6,7 @@ from typing import Union
 import msgspec
 
 from mstar.engine.sampling_params import SamplingParams
+from mstar.graph.loop_mode import LoopMode
 
 
 class TensorHandle(msgspec.Struct, frozen=True):
@@ -80,8 +81,7 @@ class ExecuteNode(msgspec.Struct, tag=True):
     meta: dict[str, int] = {}
     exports: dict[str, str] = {}
     kv_import: KVState | None = None
-    flow: bool = False  # a flow node: its Loop takes Euler steps of input "x" (mstar.engine.flow_loop)
-    frames: bool = False  # a frame node: a world model's frame context or rollout (mstar.engine.frame_loop)
+    loop_mode: LoopMode = LoopMode.TOKEN  # which engine loop runs the call (GraphNode.loop_mode)
     fed_inputs: tuple[str, ...] = ()  # ports that grow while the call runs: FeedInput messages follow
     step_rows: bool = False  # each iteration's output carries the rows it computed ("step_<row output>")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from mstar.graph import Call, GraphEdge, GraphNode, Loop, ModelGraph
+from mstar.graph import Call, GraphEdge, GraphNode, Loop, LoopMode, ModelGraph
 from support.toy_models import ToyLM
 
 
@@ -100,7 +100,7 @@ def flow_graph(steps: int = 4) -> ModelGraph:
         name="toy_flow",
         nodes=[GraphNode("prefix", inputs=["input_ids", "embeds", "embed_mask"], outputs=[], engine="ar", module="lm"),
                GraphNode("act", inputs=["x", "guide", "guide_weights"], outputs=["x"], engine="ar", module="lm",
-                         kv_from="prefix", flow=True)],
+                         kv_from="prefix", loop_mode=LoopMode.FLOW)],
         edges=[GraphEdge("input.ids", "prefix.input_ids"), GraphEdge("input.embeds", "prefix.embeds"),
                GraphEdge("input.embed_mask", "prefix.embed_mask"), GraphEdge("input.noise", "act.x"),
                GraphEdge("input.guide", "act.guide"), GraphEdge("input.guide_weights", "act.guide_weights"),

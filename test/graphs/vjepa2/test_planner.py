@@ -9,6 +9,7 @@ import torch
 from mstar.conductor import Conductor
 from mstar.conductor.request import Request
 from mstar.engine.sampling_params import SamplingParams
+from mstar.graph import LoopMode
 from mstar_graphs.vjepa2.graph import vjepa2_graph
 from mstar_graphs.vjepa2.planner import (CemEnergy, CemParams, CemRefit, CemSample, initial_belief, plan_from_belief,
                                          plan_request, refit_belief, sample_actions)
@@ -68,12 +69,12 @@ def test_cem_with_a_fixed_seed_plans_the_same_batched_as_alone(vj_encoder, vj_pr
                 images, states, actions = robots[n]
                 await c.submit(Request({"frames": images, "states": states, "actions": actions}, session_id=n)).collect()
             engine = c.workers[0].ar_engines["predictor"]
-            forwards = engine.frame_loops.forwards
+            forwards = engine.loops[LoopMode.FRAMES].forwards
             outs = await asyncio.gather(*(c.submit(Request(
                 {"goal": goal, "mean": mean, "std": std, "params": PARAMS.tensor()}, session_id=n,
                 sampling=SamplingParams(seed=11), meta={"iterations": PARAMS.iterations},
                 outputs=frozenset({"plan", "energies"}))).collect() for n in names))
-            return {n: o for n, o in zip(names, outs)}, engine.frame_loops.forwards - forwards
+            return {n: o for n, o in zip(names, outs)}, engine.loops[LoopMode.FRAMES].forwards - forwards
 
     together, forwards = asyncio.run(plans(["a", "b", "c"]))
     alone = {n: asyncio.run(plans([n]))[0][n] for n in ("a", "b", "c")}

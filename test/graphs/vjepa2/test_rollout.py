@@ -10,6 +10,7 @@ import torch
 from mstar.conductor import Conductor
 from mstar.conductor.request import Request, RequestError
 from mstar.engine.ar_engine import AREngine
+from mstar.graph import LoopMode
 from mstar.transport.inprocess import InProcessTensorStore
 from mstar.worker.messages import ExecuteNode, LoopSpec
 from mstar_graphs.vjepa2.graph import vjepa2_graph
@@ -85,10 +86,10 @@ def test_each_frame_is_computed_once_and_the_window_slides_exactly(vj_encoder, v
                 await c.submit(Request({"frames": images[i:i + 1], "states": states[i:i + 1],
                                         "actions": actions[i:i + 1]}, session_id="s",
                                        meta={"context.kv_window": window})).collect()
-                seen.append((c.kv_blocks_used(), engine.frame_loops.frames_computed))
+                seen.append((c.kv_blocks_used(), engine.loops[LoopMode.FRAMES].frames_computed))
             out = await c.submit(Request({"actions": roll}, session_id="s")).collect()
             latents = (await c.submit(Request({"frames": images}, meta={"walk": "encode"})).collect())["latents"][0]
-            slides = engine.frame_loops.stats()["window_slides"]
+            slides = engine.loops[LoopMode.FRAMES].stats()["window_slides"]
             c.close_session("s")
             for _ in range(200):
                 if c.kv_blocks_used() == 0:
@@ -114,16 +115,17 @@ def test_plan_samples_share_exactly_the_blocks_before_their_first_action(vj_pred
     replies = []
     latents = torch.randn(3, 16, 64)
     put = lambda t: store.put(t, owner="r")  # noqa: E731
-    engine._on_call(ExecuteNode(1, "r", "context", {"latents": put(latents), "states": put(torch.rand(3, 7)),
-                                                      "actions": put(torch.randn(3, 7) * 0.05)},
-                                session_id="s", frames=True), replies.append)
+    engine._handle(ExecuteNode(1, "r", "context", {"latents": put(latents), "states": put(torch.rand(3, 7)),
+                                                     "actions": put(torch.randn(3, 7) * 0.05)},
+                               session_id="s", loop_mode=LoopMode.FRAMES), replies.append)
     engine.step()
-    ctx = engine.frame_loops.context("s", "context")
+    ctx = engine.loops[LoopMode.FRAMES].context("s", "context")
     assert replies[-1].error is None and len(ctx.table.blocks) == 2
-    engine._on_call(ExecuteNode(2, "r", "rollout", {"actions": put(torch.randn(5, 3, 7) * 0.05)}, session_id="s",
-                                kv_from="context", frames=True, loop=LoopSpec(max_iters=3)), replies.append)
+    engine._handle(ExecuteNode(2, "r", "rollout", {"actions": put(torch.randn(5, 3, 7) * 0.05)},
+                               session_id="s", kv_from="context", loop_mode=LoopMode.FRAMES,
+                               loop=LoopSpec(max_iters=3)), replies.append)
     engine.step()
-    rollout = engine.frame_loops.rollouts[("s", "rollout")]
+    rollout = engine.loops[LoopMode.FRAMES].rollouts[("s", "rollout")]
     shared = ctx.table.blocks
     for table in rollout.tables:
         assert table.blocks[:2] == shared            # the frames before the first action: shared
@@ -187,21 +189,42 @@ def test_a_rollout_the_pool_cannot_hold_fails_at_once_and_two_that_fit_one_by_on
     put = lambda t: store.put(t, owner="r")  # noqa: E731
     replies: dict[int, list] = {}
     for i, session in enumerate(("s1", "s2")):
-        engine._on_call(ExecuteNode(i, "r", "context", {"latents": put(torch.randn(2, 16, 64)),
-                                                         "states": put(torch.rand(2, 7)),
-                                                         "actions": put(torch.zeros(2, 7))},
-                                    session_id=session, frames=True), replies.setdefault(i, []).append)
+        engine._handle(ExecuteNode(i, "r", "context", {"latents": put(torch.randn(2, 16, 64)),
+                                                        "states": put(torch.rand(2, 7)),
+                                                        "actions": put(torch.zeros(2, 7))},
+                                   session_id=session, loop_mode=LoopMode.FRAMES),
+                       replies.setdefault(i, []).append)
     engine.step()
     assert engine.blocks.num_used_blocks == 2  # one computed frame per session
-    engine._on_call(ExecuteNode(7, "r", "rollout", {"actions": put(torch.zeros(5, 2, 7))}, session_id="s1",
-                                kv_from="context", frames=True), replies.setdefault(7, []).append)
+    engine._handle(ExecuteNode(7, "r", "rollout", {"actions": put(torch.zeros(5, 2, 7))}, session_id="s1",
+                               kv_from="context", loop_mode=LoopMode.FRAMES), replies.setdefault(7, []).append)
     engine.step()
     assert "need 10 KV frame blocks; 8 of 10 are free" in replies[7][-1].error
     for i, session in ((8, "s1"), (9, "s2")):  # 4 x 2 frames each: they fit one after the other
-        engine._on_call(ExecuteNode(i, "r", "rollout", {"actions": put(torch.zeros(4, 2, 7))}, session_id=session,
-                                    kv_from="context", frames=True), replies.setdefault(i, []).append)
+        engine._handle(ExecuteNode(i, "r", "rollout", {"actions": put(torch.zeros(4, 2, 7))},
+                                   session_id=session, kv_from="context", loop_mode=LoopMode.FRAMES),
+                       replies.setdefault(i, []).append)
     for _ in range(10):
         engine.step()
     assert replies[8][-1].error is None and replies[9][-1].error is None
     assert replies[8][-1].outputs and replies[9][-1].outputs
-    assert engine.blocks.num_used_blocks == 2 and not engine.frame_loops.rollouts
+    assert engine.blocks.num_used_blocks == 2 and not engine.loops[LoopMode.FRAMES].rollouts
+
+
+def test_a_failing_frame_forward_fails_its_call_and_drops_the_half_written_context(vj_predictor, monkeypatch):
+    store = InProcessTensorStore()
+    engine = AREngine(vj_predictor, ["context", "rollout"], store, fp32())
+    put = lambda t: store.put(t, owner="r")  # noqa: E731
+
+    def boom(*args, **kwargs):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(vj_predictor, "forward_frames", boom)
+    replies: list = []
+    engine._handle(ExecuteNode(1, "r", "context", {"latents": put(torch.randn(3, 16, 64)),
+                                                     "states": put(torch.rand(3, 7)),
+                                                     "actions": put(torch.zeros(3, 7))},
+                               session_id="s", loop_mode=LoopMode.FRAMES), replies.append)
+    engine.step()
+    assert replies and replies[-1].final and replies[-1].error == "frame step failed: RuntimeError: boom"
+    assert engine.loops[LoopMode.FRAMES].context("s", "context") is None and engine.blocks.num_used_blocks == 0

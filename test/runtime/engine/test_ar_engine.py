@@ -17,7 +17,7 @@ from mstar.engine.config import EngineConfig
 from mstar.engine.device_loop import run_on_device
 from mstar.engine.sampling_params import SamplingParams
 from mstar.transport.inprocess import InProcessTensorStore
-from mstar.worker.messages import ExecuteNode, FeedInput, LoopSpec, NodeOutput
+from mstar.worker.messages import ExecuteNode, FeedInput, LoopSpec, NodeOutput, ReleaseRequest
 from support.toy_models import ToyLM
 
 GREEDY = SamplingParams()
@@ -296,11 +296,11 @@ class Stepper:
     def call(self, request_id: str, ids: list[int], session_id: str | None = "s") -> None:
         msg = ExecuteNode(call_id=next(self.ids), request_id=request_id, node="llm", session_id=session_id,
                           inputs={"input_ids": self.store.put(torch.tensor(ids), owner=request_id)}, sampling=GREEDY)
-        self.engine._handle("call", msg, self.outs.append)
+        self.engine._handle(msg, self.outs.append)
 
     def drain(self) -> int:
         while self.engine.scheduler.has_work():
-            self.engine._step()
+            self.engine.step()
         out = self.outs[-1]
         assert out.final and out.error is None, out
         return int(self.store.get(out.outputs["token"]))
@@ -316,7 +316,7 @@ def test_preempted_session_is_recomputed_on_its_next_message():
     st = Stepper()
     st.call("r1", P1)
     st.drain()
-    st.engine._handle("release", "r1", None)
+    st.engine._handle(ReleaseRequest("r1"))
     st.engine.scheduler.preempt(st.seq())  # e.g. an older request needed the blocks
     assert st.seq().table.blocks == [] and st.seq().token_ids == P1
     st.call("r2", P2)
@@ -324,17 +324,17 @@ def test_preempted_session_is_recomputed_on_its_next_message():
 
 
 def test_cancelling_a_preempted_session_message_keeps_the_session_history():
-    """Known bug (see report): AREngine._on_release truncates a session's tokens to
+    """Known bug (see report): EngineCore.release_sequences truncates a session's tokens to
     ``num_computed``; after a preemption num_computed is 0, so cancelling the session's
     pending message also deletes the whole earlier history and the session silently
     continues from an empty context."""
     st = Stepper()
     st.call("r1", P1)
     st.drain()
-    st.engine._handle("release", "r1", None)
+    st.engine._handle(ReleaseRequest("r1"))
     st.call("r2", P2)                       # the next message is queued ...
     st.engine.scheduler.preempt(st.seq())   # ... its session KV is preempted before it runs ...
-    st.engine._handle("release", "r2", None)  # ... and the message is cancelled
+    st.engine._handle(ReleaseRequest("r2"))  # ... and the message is cancelled
     assert st.seq().token_ids == P1, "the session lost its history"
     st.call("r3", P3)
     assert st.drain() == LM.reference_greedy(P1 + P3, 1)[0]

@@ -9,6 +9,7 @@ import torch
 from mstar.conductor import Conductor, Request, RequestError
 from mstar.engine.attention.metadata import MaskKind
 from mstar.engine.sampling_params import SamplingParams
+from mstar.graph import LoopMode
 from support.conductor_helpers import config, run
 from support.toy_flow import ToyFlowLM, flow_graph
 
@@ -69,7 +70,7 @@ def test_concurrent_flows_share_batched_evaluations():
         async with Conductor(flow_graph(STEPS), {"lm": lm}, config=config(dtype="float32")) as c:
             engine = c.workers[0].ar_engines["lm"]
             outs = await asyncio.gather(*(c.submit(request(o, f"r{i}")).collect() for i, o in enumerate(observations)))
-            return outs, engine.flows.evaluations
+            return outs, engine.loops[LoopMode.FLOW].evaluations
 
     outs, evaluations = run(go())
     assert len(outs) == 6

@@ -1,0 +1,68 @@
+"""Builds the AR engine's core: the module placed on its device, a KV pool sized for it, the runner."""
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from mstar.engine.ar_module import ARModule
+from mstar.engine.attention.select import select_attention_backend
+from mstar.engine.block_manager import BlockManager
+from mstar.engine.config import EngineConfig
+from mstar.engine.engine_core import EngineCore
+from mstar.engine.fed_inputs import waits_for_rows
+from mstar.engine.frame_module import FrameModule
+from mstar.engine.kv_cache import PagedKVCache
+from mstar.engine.linear_packing import pack_linears, packed_count
+from mstar.engine.model_runner import ModelRunner
+from mstar.engine.sampler import Sampler
+from mstar.engine.scheduler import Scheduler
+from mstar.parallel.group import TPGroup
+from mstar.parallel.plan import Hello, TPLeader
+from mstar.transport.inprocess import InProcessTensorStore
+
+log = logging.getLogger("mstar.engine.ar")
+
+
+def _dtype(name: str) -> torch.dtype:
+    return getattr(torch, name)
+
+
+def block_size_for(module: ARModule, config: EngineConfig) -> int:
+    """A frame module's KV block is one frame (its samples then share whole frames); else the config's."""
+    return module.frame_tokens if isinstance(module, FrameModule) else config.block_size
+
+
+def _kv_blocks(module: ARModule, config: EngineConfig, kv_dtype: torch.dtype) -> int:
+    if config.num_kv_blocks is not None:
+        return config.num_kv_blocks
+    per_block = module.kv_spec().bytes_per_token(kv_dtype) * block_size_for(module, config)
+    return max(1, int(config.kv_cache_mb * 2**20) // per_block)
+
+
+def build_core(module: ARModule, store: InProcessTensorStore, config: EngineConfig, device: torch.device,
+               name: str, tp: TPGroup | None) -> EngineCore:
+    """Places ``module`` on ``device`` and sizes its KV pool. ``tp``: the core is rank 0 of a
+    tensor-parallel group (blocks until the other ranks follow)."""
+    dtype = _dtype(config.dtype)
+    kv_dtype = _dtype(config.kv_dtype or config.dtype)
+    module = module.to(device=device, dtype=dtype).eval()
+    if config.pack_linears:
+        pack_linears(module, module.plain_linears)
+    num_blocks = _kv_blocks(module, config, kv_dtype)
+    block_size = block_size_for(module, config)
+    cache = PagedKVCache(module.kv_spec(), num_blocks, block_size, kv_dtype, device)
+    blocks = BlockManager(num_blocks, block_size)
+    backend = select_attention_backend(cache, config.attention_backend)
+    leader = TPLeader(tp) if tp is not None and tp.size > 1 else None
+    scheduler = Scheduler(blocks, leader.track_copies(cache) if leader else cache, config,
+                          period=module.decode_period() if config.phase_align else 1,
+                          waits=lambda seq: waits_for_rows(module, seq))
+    runner = ModelRunner(module, backend, blocks, device, plan_hook=leader.forward_plan if leader else None)
+    if leader is not None:  # followers size their KV pools and pick dtypes from this
+        leader.hello(Hello(num_blocks, block_size, str(dtype).removeprefix("torch."),
+                           str(kv_dtype).removeprefix("torch."), backend.name, pack_linears=config.pack_linears))
+    log.info("%s engine: %d KV blocks x %d tokens (%s), attention backend %s, %d linears packed",
+             name, num_blocks, block_size, kv_dtype, backend.name, packed_count(module))
+    return EngineCore(name, module, config, device, store, cache, blocks, backend, scheduler, runner, Sampler(),
+                      tp_leader=leader)
