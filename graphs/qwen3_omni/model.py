@@ -23,7 +23,7 @@ import torch
 
 from mstar.conductor import Request
 from mstar.engine.device_loop import run_on_device
-from mstar.engine.sampling_params import SamplingParams
+from mstar.sampling_params import SamplingParams
 from mstar.weights import no_random_init
 from mstar.conductor.stream_input import StreamInput
 from mstar_graphs.qwen3_omni.audio_encoder import tokens_for_frames

@@ -21,7 +21,7 @@ import msgspec
 import torch
 
 from mstar.conductor.request import Request
-from mstar.engine.sampling_params import SamplingParams
+from mstar.sampling_params import SamplingParams
 from mstar.graph.node import NodeCall, NodeSubmodule
 
 BELIEF_DIMS = 4          # x, y, z, gripper

@@ -137,7 +137,7 @@ async def _rollouts(sys: _Systems, episodes, opts: RolloutBenchOptions, bar) -> 
 async def _plans(sys: _Systems, episodes, opts: RolloutBenchOptions, bar) -> list[dict]:
     from mstar.conductor import Conductor
     from mstar.conductor.request import Request
-    from mstar.engine.sampling_params import SamplingParams
+    from mstar.sampling_params import SamplingParams
     from mstar_graphs.vjepa2.planner import CemParams, initial_belief
     from mstar.engine.device_loop import run_on_device
     from mstar_graphs.vjepa2.reference import native_plan

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from mstar.conductor import Conductor
-from mstar.engine.sampling_params import SamplingParams
+from mstar.sampling_params import SamplingParams
 from mstar.progress import progress_bar
 from mstar_ros.dtype_option import add_dtype_argument, engine_config
 

@@ -33,7 +33,7 @@ from mstar.conductor.routing import Router
 from mstar.conductor.worker_pool import WorkerPool
 from mstar.conductor.worker_status import WorkerStatus
 from mstar.placement.resolve import ResolvedPlacement, load_placement
-from mstar.worker.messages import CloseSession, ExecuteNode, ExportKV, KVExported, NodeOutput, ReleaseRequest
+from mstar.engine.messages import CloseSession, ExecuteNode, ExportKV, KVExported, NodeOutput, ReleaseRequest
 from mstar.worker.model_spec import build_model
 from mstar.worker.protocol import ModelSpec
 from mstar.worker.worker import Worker

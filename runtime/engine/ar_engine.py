@@ -38,7 +38,7 @@ from mstar.engine.vocab_constraint import union_vocab
 from mstar.parallel.group import TPGroup
 from mstar.parallel.plan import Hello, TPLeader
 from mstar.transport.inprocess import InProcessTensorStore
-from mstar.worker.messages import ExecuteNode, ExportKV, FeedInput, KVExported, NodeOutput
+from mstar.engine.messages import ExecuteNode, ExportKV, FeedInput, KVExported, NodeOutput
 
 log = logging.getLogger("mstar.engine.ar")
 

@@ -6,7 +6,7 @@ import threading
 from typing import Any, Callable
 
 from mstar.engine.device_loop import DeviceLoop
-from mstar.worker.messages import ExecuteNode, NodeOutput
+from mstar.engine.messages import ExecuteNode, NodeOutput
 
 Reply = Callable[[NodeOutput], None]
 

@@ -14,7 +14,7 @@ import torch
 from mstar.engine.ar_module import ARModule
 from mstar.engine.sequence import Sequence
 from mstar.engine.step_feedback import feedback_call, last_sample
-from mstar.worker.messages import FeedInput
+from mstar.engine.messages import FeedInput
 
 
 def as_rows(value: torch.Tensor | list[torch.Tensor]) -> torch.Tensor:

@@ -24,7 +24,7 @@ from mstar.engine.attention.backend import AttentionContext
 from mstar.engine.attention.metadata import AttentionMetadata, MaskKind, SeqAttention
 from mstar.engine.block_manager import BlockManager
 from mstar.engine.sequence import ActiveCall, Sequence, SeqStatus
-from mstar.worker.messages import NodeOutput
+from mstar.engine.messages import NodeOutput
 
 DEFAULT_STEPS = 10
 

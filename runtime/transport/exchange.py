@@ -28,7 +28,7 @@ from mstar.transport.codec import (contiguous_cpu, decode_inline, destination, d
 from mstar.transport.inprocess import InProcessTensorStore
 from mstar.transport.shm import PeerSegments, ShmSegment, check_tag, segment_prefix, unlink_segments
 from mstar.transport.tcp import SECRET_ENV, TensorClient, TensorServer
-from mstar.worker.messages import TensorHandle
+from mstar.transport.handle import TensorHandle
 
 EXPORT_KINDS = ("inline", "shm", "tcp", "mooncake")
 

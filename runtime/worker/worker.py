@@ -19,7 +19,7 @@ from mstar.engine.stateless_engine import StatelessEngine
 from mstar.graph.model_graph import ModelGraph
 from mstar.graph.node import NodeSubmodule
 from mstar.transport.inprocess import InProcessTensorStore
-from mstar.worker.messages import CloseSession, ExecuteNode, ExportKV, FeedInput, KVExported, NodeOutput, ReleaseRequest
+from mstar.engine.messages import CloseSession, ExecuteNode, ExportKV, FeedInput, KVExported, NodeOutput, ReleaseRequest
 
 log = logging.getLogger("mstar.worker")
 

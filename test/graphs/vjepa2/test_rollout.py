@@ -11,7 +11,7 @@ from mstar.conductor import Conductor
 from mstar.conductor.request import Request, RequestError
 from mstar.engine.ar_engine import AREngine
 from mstar.transport.inprocess import InProcessTensorStore
-from mstar.worker.messages import ExecuteNode, LoopSpec
+from mstar.engine.messages import ExecuteNode, LoopSpec
 from mstar_graphs.vjepa2.graph import vjepa2_graph
 from mstar_graphs.vjepa2.reference import native_rollout as reference_rollout
 from mstar_graphs.vjepa2.planner import CemEnergy, CemRefit, CemSample

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from mstar.conductor import Conductor, Request
-from mstar.engine.sampling_params import SamplingParams
+from mstar.sampling_params import SamplingParams
 from mstar.graph import GraphEdge, GraphNode
 from mstar.graph.validation import GraphError
 from support.conductor_helpers import config, run, until

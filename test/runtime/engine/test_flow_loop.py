@@ -8,7 +8,7 @@ import torch
 
 from mstar.conductor import Conductor, Request, RequestError
 from mstar.engine.attention.metadata import MaskKind
-from mstar.engine.sampling_params import SamplingParams
+from mstar.sampling_params import SamplingParams
 from support.conductor_helpers import config, run
 from support.toy_flow import ToyFlowLM, flow_graph
 

@@ -15,7 +15,7 @@ from mstar.engine import linear_packing
 from mstar.engine.config import EngineConfig
 from mstar.engine.linear_packing import (PackedLinear, linear_rows, pack_linears, packing_available,
                                          parameter_count)
-from mstar.engine.sampling_params import SamplingParams
+from mstar.sampling_params import SamplingParams
 from mstar_graphs.orpheus.model import OrpheusTTS
 
 

@@ -8,8 +8,8 @@ from mstar.engine.config import EngineConfig
 from mstar.engine.kv_cache import KVSpec, PagedKVCache
 from mstar.engine.scheduler import Scheduler
 from mstar.engine.sequence import ActiveCall, Sequence, SeqStatus
-from mstar.engine.sampling_params import SamplingParams
-from mstar.worker.messages import ExecuteNode
+from mstar.sampling_params import SamplingParams
+from mstar.engine.messages import ExecuteNode
 
 _clock = itertools.count()
 

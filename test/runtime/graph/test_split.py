@@ -11,7 +11,7 @@ from support.toy_models import ChunkProbe, ToyLM
 from mstar.conductor import Conductor, Request, RequestError
 from mstar.conductor.stream_input import StreamInput
 from mstar.engine.config import EngineConfig
-from mstar.engine.sampling_params import SamplingParams
+from mstar.sampling_params import SamplingParams
 from mstar.graph import GraphError, LeftContextChunkPolicy, SlidingWindowChunkPolicy, StreamingGraphEdge
 from mstar.graph.split import crossing_name, split_partition
 

@@ -11,7 +11,7 @@ from support.toy_models import AddOne, ChunkProbe, SumChunk, ToyLM
 
 from mstar.conductor import Conductor, Request
 from mstar.engine.config import EngineConfig
-from mstar.engine.sampling_params import SamplingParams
+from mstar.sampling_params import SamplingParams
 from mstar.graph import (FixedChunkPolicy, GraphEdge, GraphNode, LeftContextChunkPolicy, Loop, ModelGraph,
                          PartitionConnection, PartitionTopology, SlidingWindowChunkPolicy, StopOnValues,
                          StreamingGraphEdge)

@@ -9,7 +9,7 @@ from support.toy_models import Add, AddOne, CountingScale, Scale, ToyLM
 
 from mstar.conductor import Conductor, Request, RequestError
 from mstar.engine.config import EngineConfig
-from mstar.engine.sampling_params import SamplingParams
+from mstar.sampling_params import SamplingParams
 from mstar.graph import (Call, DynamicLoop, GraphEdge, GraphNode, Loop, ModelGraph, Parallel, Sequential, StopOnValues,
                          StopWhen)
 

@@ -11,7 +11,7 @@ import torch
 
 from mstar.transport.exchange import TensorExchange
 from mstar.transport.shm import segments_with_prefix, unlink_segments
-from mstar.worker.messages import TensorHandle
+from mstar.transport.handle import TensorHandle
 
 MIB = 1 << 20
 
