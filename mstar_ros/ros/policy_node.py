@@ -43,8 +43,8 @@ import numpy as np
 import torch
 
 from mstar.conductor import Conductor
-from mstar.conductor.request import RequestCancelled, UnknownRequest
 from mstar.report_throttle import ReportThrottle
+from mstar.request import RequestCancelled, UnknownRequest
 from mstar_graphs.pi05.prompt import PromptError
 from mstar_ros.policy.admission import ChunkAdmission
 from mstar_ros.policy.chunk_watch import ChunkWatch

@@ -27,18 +27,18 @@ from mstar.engine.frame_module import FrameModule
 from mstar.engine.kv_cache import PagedKVCache
 from mstar.engine.kv_migration import gather_kv, restore_sequence, sequence_state
 from mstar.engine.linear_packing import pack_linears, packed_count
+from mstar.engine.messages import ExecuteNode, ExportKV, FeedInput, KVExported, NodeOutput
 from mstar.engine.model_runner import ModelRunner
+from mstar.engine.rope_positions import set_rope_positions
 from mstar.engine.sampler import Sampler
 from mstar.engine.scheduler import ScheduledSeq, Scheduler
 from mstar.engine.sequence import ActiveCall, Sequence, SeqStatus
-from mstar.engine.rope_positions import set_rope_positions
 from mstar.engine.step_feedback import (CORE_INPUTS, append_embed_row, feedback_rows, keep_rows, last_sample,
                                         row_outputs)
 from mstar.engine.vocab_constraint import union_vocab
 from mstar.parallel.group import TPGroup
 from mstar.parallel.plan import Hello, TPLeader
 from mstar.transport.inprocess import InProcessTensorStore
-from mstar.engine.messages import ExecuteNode, ExportKV, FeedInput, KVExported, NodeOutput
 
 log = logging.getLogger("mstar.engine.ar")
 

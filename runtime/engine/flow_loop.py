@@ -23,8 +23,8 @@ import torch
 from mstar.engine.attention.backend import AttentionContext
 from mstar.engine.attention.metadata import AttentionMetadata, MaskKind, SeqAttention
 from mstar.engine.block_manager import BlockManager
-from mstar.engine.sequence import ActiveCall, Sequence, SeqStatus
 from mstar.engine.messages import NodeOutput
+from mstar.engine.sequence import ActiveCall, Sequence, SeqStatus
 
 DEFAULT_STEPS = 10
 

@@ -35,8 +35,8 @@ import torch
 from mstar.engine.attention.backend import AttentionContext
 from mstar.engine.attention.metadata import AttentionMetadata, MaskKind, SeqAttention
 from mstar.engine.block_manager import BlockTable
-from mstar.engine.sequence import ActiveCall
 from mstar.engine.messages import ExecuteNode, NodeOutput
+from mstar.engine.sequence import ActiveCall
 
 Frame = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # (latent, action, state) of one computed frame
 

@@ -18,9 +18,9 @@ import torch
 
 from mstar.engine.engine_inbox import EngineInbox, Reply
 from mstar.engine.linear_packing import pack_linears
+from mstar.engine.messages import ExecuteNode, NodeOutput
 from mstar.graph.node import NodeCall, NodeSubmodule
 from mstar.transport.inprocess import InProcessTensorStore
-from mstar.engine.messages import ExecuteNode, NodeOutput
 
 log = logging.getLogger("mstar.engine.stateless")
 

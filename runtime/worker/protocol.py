@@ -20,8 +20,8 @@ from typing import Any, Union
 import msgspec
 
 from mstar.engine.config import EngineConfig
-from mstar.transport.tcp import SECRET_ENV
 from mstar.engine.messages import CloseSession, ExecuteNode, ExportKV, FeedInput, KVExported, NodeOutput, ReleaseRequest
+from mstar.transport.tcp import SECRET_ENV
 
 MAX_FRAME = 1 << 30  # the largest frame encode_frame sends; a longer announced length is refused unread
 READ_CHUNK = 1 << 20  # a frame's buffer grows by what has arrived, never by what its header announces

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from mstar.conductor import Conductor
-from mstar.conductor.request import Request
+from mstar.request import Request
 from mstar.sampling_params import SamplingParams
 from mstar_graphs.vjepa2.graph import vjepa2_graph
 from mstar_graphs.vjepa2.planner import (CemEnergy, CemParams, CemRefit, CemSample, initial_belief, plan_from_belief,

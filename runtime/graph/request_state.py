@@ -7,9 +7,9 @@ from typing import Any, Callable
 
 import torch
 
-from mstar.conductor.request import Request, RequestStream
 from mstar.graph.chunk_policies import ChunkPolicy
 from mstar.graph.edges import StreamingGraphEdge
+from mstar.request import Request, RequestStream
 from mstar.transport.handle import TensorHandle, TensorRef
 
 
