@@ -26,8 +26,8 @@ TOP_PACKAGES = tuple(FOLDERS)
 # The layers, lowest first: a package may import only its own layer or one below it.
 LAYERS = {"mstar": 0, "mstar_graphs": 1, "mstar_ros": 2}
 # The runtime's subpackages, lowest first (modules at runtime/'s top are leaves, below all).
-RUNTIME_ORDER = ("graph", "layers", "weights", "transport", "placement", "engine", "parallel",
-                 "worker", "conductor")
+RUNTIME_ORDER = ("parallel", "layers", "transport", "weights", "graph", "placement", "engine", "worker",
+                 "conductor")
 
 
 @dataclass

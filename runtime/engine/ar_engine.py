@@ -26,7 +26,6 @@ from mstar.engine.frame_loop import FrameLoops
 from mstar.engine.frame_module import FrameModule
 from mstar.engine.kv_cache import PagedKVCache
 from mstar.engine.kv_migration import gather_kv, restore_sequence, sequence_state
-from mstar.engine.linear_packing import pack_linears, packed_count
 from mstar.engine.messages import ExecuteNode, ExportKV, FeedInput, KVExported, NodeOutput
 from mstar.engine.model_runner import ModelRunner
 from mstar.engine.rope_positions import set_rope_positions
@@ -35,9 +34,10 @@ from mstar.engine.scheduler import ScheduledSeq, Scheduler
 from mstar.engine.sequence import ActiveCall, Sequence, SeqStatus
 from mstar.engine.step_feedback import (CORE_INPUTS, append_embed_row, feedback_rows, keep_rows, last_sample,
                                         row_outputs)
-from mstar.engine.vocab_constraint import union_vocab
+from mstar.engine.tp_plan import Hello, TPLeader
+from mstar.layers.linear_packing import pack_linears, packed_count
+from mstar.layers.vocab_constraint import union_vocab
 from mstar.parallel.group import TPGroup
-from mstar.parallel.plan import Hello, TPLeader
 from mstar.transport.inprocess import InProcessTensorStore
 
 log = logging.getLogger("mstar.engine.ar")
@@ -64,7 +64,7 @@ class AREngine(EngineInbox):
                  config: EngineConfig | None = None, device: str | torch.device = "cpu", name: str = "ar",
                  tp: TPGroup | None = None) -> None:
         """``tp``: this engine is rank 0 of a tensor-parallel group whose other ranks run
-        ``mstar.parallel.TPFollower``; ``module`` is rank 0's shard. Blocks until they follow."""
+        ``mstar.engine.tp_follower.TPFollower``; ``module`` is rank 0's shard. Blocks until they follow."""
         super().__init__()
         self.device = torch.device(device)
         self.config, _ = (config or EngineConfig()).for_device(self.device)

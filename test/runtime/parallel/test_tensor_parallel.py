@@ -21,7 +21,8 @@ import torch
 from mstar.engine.ar_engine import AREngine
 from mstar.engine.config import EngineConfig
 from mstar.engine.messages import ExecuteNode, LoopSpec
-from mstar.parallel import TPFollower, TPGroup
+from mstar.engine.tp_follower import TPFollower
+from mstar.parallel import TPGroup
 from mstar.sampling_params import SamplingParams
 from mstar.transport.inprocess import InProcessTensorStore
 from mstar_graphs.orpheus.checkpoints import ensure_tiny_orpheus
