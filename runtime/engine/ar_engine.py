@@ -64,7 +64,7 @@ class AREngine(EngineInbox):
                  config: EngineConfig | None = None, device: str | torch.device = "cpu", name: str = "ar",
                  tp: TPGroup | None = None) -> None:
         """``tp``: this engine is rank 0 of a tensor-parallel group whose other ranks run
-        ``mstar.engine.tp_follower.TPFollower``; ``module`` is rank 0's shard. Blocks until they follow."""
+        ``mstar.parallel.TPFollower``; ``module`` is rank 0's shard. Blocks until they follow."""
         super().__init__()
         self.device = torch.device(device)
         self.config, _ = (config or EngineConfig()).for_device(self.device)
