@@ -53,8 +53,8 @@ def run(seconds: float, warmup_s: float, rate_hz: float, guard: bool = True) -> 
     from mstar_ros.bag.ros_env import apply_localhost_defaults
     from mstar_ros.bench.machine import machine_section
     from mstar_ros.bench.pi05_flood import Flooder
-    from mstar_ros.cli.launch import ProcessGroup
     from mstar_ros.launch_spec import ProcessSpec, vjepa2_processes
+    from mstar_ros.process_group import ProcessGroup
 
     apply_localhost_defaults()
     total = warmup_s + len(ORDER) * seconds

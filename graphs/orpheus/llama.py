@@ -17,13 +17,13 @@ from torch import nn
 from mstar.engine.ar_module import ARModule
 from mstar.engine.attention.backend import AttentionContext
 from mstar.engine.kv_cache import KVSpec
+from mstar.layers.tensor_parallel import (ParallelLMHead, RowParallelLinear, VocabParallelEmbedding, check_divisible,
+                                          column_parallel, restricted_logits, vocab_slice)
 from mstar.parallel.group import TPGroup
-from mstar.parallel.layers import (ParallelLMHead, RowParallelLinear, VocabParallelEmbedding, check_divisible,
-                                   column_parallel, restricted_logits, vocab_slice)
 from mstar.weights import load_weights, no_random_init
-from mstar_graphs.orpheus.llama_config import LlamaConfig
 from mstar_graphs.common.rms_norm import RMSNorm
 from mstar_graphs.common.rope import apply_rope
+from mstar_graphs.orpheus.llama_config import LlamaConfig
 
 
 def rope_inv_freq(cfg: LlamaConfig) -> torch.Tensor:

@@ -9,8 +9,8 @@ import torch
 
 from mstar.conductor import Request
 from mstar.engine.device_loop import run_on_device
-from mstar.engine.sampling_params import SamplingParams
 from mstar.parallel.group import TPGroup
+from mstar.sampling_params import SamplingParams
 from mstar.weights import no_random_init
 from mstar_graphs.orpheus.checkpoints import OrpheusPaths, resolve_paths
 from mstar_graphs.orpheus.graph import orpheus_graph

@@ -22,7 +22,7 @@ import torch
 from mstar.engine.ar_module import ARModule
 from mstar.engine.attention.backend import AttentionContext
 from mstar.engine.kv_cache import KVSpec
-from mstar.parallel.layers import restricted_logits
+from mstar.layers.tensor_parallel import restricted_logits
 from mstar.weights import no_random_init
 from mstar_graphs.pi05.config import Pi05Config
 from mstar_graphs.pi05.expert import ActionExpert

@@ -20,7 +20,7 @@ import torch
 from mstar.conductor import Request
 from mstar.engine.attention.metadata import MaskKind
 from mstar.engine.device_loop import run_on_device
-from mstar.engine.sampling_params import SamplingParams
+from mstar.sampling_params import SamplingParams
 from mstar.weights import no_random_init
 from mstar_graphs.pi05.checkpoint_layout import CheckpointLayout, inspect_checkpoint
 from mstar_graphs.pi05.checkpoints import resolve_path

@@ -22,10 +22,10 @@ import msgspec
 import torch
 
 from mstar.conductor import Request
-from mstar.engine.device_loop import run_on_device
-from mstar.engine.sampling_params import SamplingParams
-from mstar.weights import no_random_init
 from mstar.conductor.stream_input import StreamInput
+from mstar.engine.device_loop import run_on_device
+from mstar.sampling_params import SamplingParams
+from mstar.weights import no_random_init
 from mstar_graphs.qwen3_omni.audio_encoder import tokens_for_frames
 from mstar_graphs.qwen3_omni.audio_stream import AudioFramesNode, AudioPromptNode
 from mstar_graphs.qwen3_omni.checkpoints import build_component, ensure_tiny_qwen3_omni, load_component
@@ -33,8 +33,8 @@ from mstar_graphs.qwen3_omni.config import Qwen3OmniConfig
 from mstar_graphs.qwen3_omni.graph import qwen3_omni_graph
 from mstar_graphs.qwen3_omni.image_prompt import ImagePositionsNode, MediaPromptNode
 from mstar_graphs.qwen3_omni.mrope_positions import thinker_positions
-from mstar_graphs.qwen3_omni.talker_inputs_node import TalkerInputsNode
 from mstar_graphs.qwen3_omni.talker_cap import cap_note
+from mstar_graphs.qwen3_omni.talker_inputs_node import TalkerInputsNode
 from mstar_graphs.qwen3_omni.talker_prompt import speaker_code
 
 log = logging.getLogger("mstar_graphs.qwen3_omni")

@@ -18,7 +18,7 @@ import torch
 
 from mstar.conductor import Request
 from mstar.conductor.stream_input import SampleStream
-from mstar.engine.sampling_params import SamplingParams
+from mstar.sampling_params import SamplingParams
 from mstar_graphs.qwen3_omni.audio_encoder import tokens_for_frames
 from mstar_graphs.qwen3_omni.audio_features import SAMPLE_RATE as INPUT_RATE
 from mstar_graphs.qwen3_omni.audio_features import log_mel

@@ -15,9 +15,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from mstar.layers.tensor_parallel import (ParallelLMHead, RowParallelLinear, VocabParallelEmbedding, check_divisible,
+                                          column_parallel, shard_range, vocab_slice)
 from mstar.parallel.group import TPGroup
-from mstar.parallel.layers import (ParallelLMHead, RowParallelLinear, VocabParallelEmbedding, check_divisible,
-                                   column_parallel, shard_range, vocab_slice)
 from mstar_graphs.qwen3_omni.moe import Expert, SparseMoE
 
 

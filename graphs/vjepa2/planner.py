@@ -20,9 +20,9 @@ from typing import Any, Sequence
 import msgspec
 import torch
 
-from mstar.conductor.request import Request
-from mstar.engine.sampling_params import SamplingParams
 from mstar.graph.node import NodeCall, NodeSubmodule
+from mstar.request import Request
+from mstar.sampling_params import SamplingParams
 
 BELIEF_DIMS = 4          # x, y, z, gripper
 GRIPPER_CLIP = 0.75

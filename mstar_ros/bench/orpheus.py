@@ -26,9 +26,9 @@ from mstar.conductor import Conductor
 from mstar.engine.config import EngineConfig
 from mstar.engine.device_loop import run_on_device
 from mstar.engine.dtype_choice import resolve_dtype
-from mstar.engine.linear_packing import parameter_count
-from mstar.engine.sampling_params import SamplingParams
+from mstar.layers.linear_packing import parameter_count
 from mstar.progress import progress_bar
+from mstar.sampling_params import SamplingParams
 from mstar_ros.bench.machine import dtypes_section, header_line, machine_section
 from mstar_ros.bench.workload import JobResult, TTSJob, summarize, tts_workload
 

@@ -27,7 +27,7 @@ from mstar.conductor import Conductor
 from mstar.engine.config import EngineConfig
 from mstar.engine.device_loop import run_on_device
 from mstar.engine.dtype_choice import DtypeChoice, resolve_dtype
-from mstar.engine.linear_packing import pack_linears, parameter_count
+from mstar.layers.linear_packing import pack_linears, parameter_count
 from mstar.progress import progress_bar
 from mstar_graphs.pi05.tiny import JOINT_LOWER, JOINT_UPPER  # the synthetic robot's, for a checkpoint without stats
 from mstar_ros.bench.machine import dtypes_section, header_line, machine_section

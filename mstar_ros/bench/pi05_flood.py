@@ -86,10 +86,10 @@ class Flooder:
 
 def run_flood(opts: FloodOptions, out=print) -> dict:
     """Runs the node set, the bag player and the flood windows; returns the figures."""
+    from mstar_ros.bag.bundled import bundled_bag
     from mstar_ros.bag.ros_env import apply_localhost_defaults
-    from mstar_ros.cli.demo import bundled_bag
-    from mstar_ros.cli.launch import ProcessGroup
     from mstar_ros.launch_spec import ProcessSpec, pi05_processes
+    from mstar_ros.process_group import ProcessGroup
 
     apply_localhost_defaults()
     total = opts.warmup_s + len(ORDER) * opts.seconds

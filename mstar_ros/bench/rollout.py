@@ -65,7 +65,7 @@ async def _open_session(c, latents: torch.Tensor, states: torch.Tensor, actions:
     """A session's context from frames already encoded: ``latents`` [C + 1] and ``states`` [C + 1],
     ``actions`` [C] taken at the first C frames; the last frame stays pending (its action is the
     rollout's first). One extend call: ``actions[0]`` of the call is a pending frame's, none yet."""
-    from mstar.conductor.request import Request
+    from mstar.request import Request
     await c.submit(Request({"latents": latents, "states": states, "actions": torch.cat([torch.zeros(1, 7), actions])},
                            session_id=session, meta={"walk": "extend"})).collect()
 
@@ -101,8 +101,8 @@ class _Systems:
 
 async def _rollouts(sys: _Systems, episodes, opts: RolloutBenchOptions, bar) -> list[dict]:
     from mstar.conductor import Conductor
-    from mstar.conductor.request import Request
     from mstar.engine.device_loop import run_on_device
+    from mstar.request import Request
     from mstar_graphs.vjepa2.reference import native_rollout
     ep = episodes[0]
     rows = []
@@ -136,10 +136,10 @@ async def _rollouts(sys: _Systems, episodes, opts: RolloutBenchOptions, bar) -> 
 
 async def _plans(sys: _Systems, episodes, opts: RolloutBenchOptions, bar) -> list[dict]:
     from mstar.conductor import Conductor
-    from mstar.conductor.request import Request
-    from mstar.engine.sampling_params import SamplingParams
-    from mstar_graphs.vjepa2.planner import CemParams, initial_belief
     from mstar.engine.device_loop import run_on_device
+    from mstar.request import Request
+    from mstar.sampling_params import SamplingParams
+    from mstar_graphs.vjepa2.planner import CemParams, initial_belief
     from mstar_graphs.vjepa2.reference import native_plan
     params = CemParams(samples=opts.plan_samples, topk=opts.plan_topk, iterations=opts.plan_iterations)
     C, Hp = opts.context, opts.plan_horizon
@@ -178,9 +178,9 @@ async def _plans(sys: _Systems, episodes, opts: RolloutBenchOptions, bar) -> lis
 
 
 def run_rollout_bench(opts: RolloutBenchOptions) -> dict:
+    from mstar.engine.dtype_choice import resolve_dtype
     from mstar.engine.intra_op import model_threads
     from mstar_ros.bag.episodes import read_episodes
-    from mstar.engine.dtype_choice import resolve_dtype
     from mstar_ros.bench.machine import dtypes_section, machine_section
     choice = resolve_dtype(opts.dtype)
     episodes = read_episodes(opts.bag, fps=opts.fps)

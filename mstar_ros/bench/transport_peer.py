@@ -15,7 +15,7 @@ import msgspec
 import torch
 
 from mstar.transport.exchange import TensorExchange
-from mstar.worker.messages import TensorHandle
+from mstar.transport.handle import TensorHandle
 
 _LEN = struct.Struct("!I")
 

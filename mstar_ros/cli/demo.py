@@ -7,8 +7,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from mstar_ros.cli.launch import ProcessGroup, wait_for_stop
+from mstar_ros.bag.bundled import bundled_bag
 from mstar_ros.launch_spec import ProcessSpec, pi05_processes
+from mstar_ros.process_group import ProcessGroup, wait_for_stop
 
 DESCRIPTION = """\
 Runs the product end to end on this machine, localhost only:
@@ -24,8 +25,6 @@ Runs the product end to end on this machine, localhost only:
 Without --weights the model is a generated tiny pi0.5 with RANDOM weights: the
 system works end to end, the actions are noise. Logs go to out/demo/."""
 
-BAG_SECONDS = 20.0
-
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="pi0.5 node set serving two robots from the bundled synthetic bag (~20 s)",
@@ -38,14 +37,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--robots", nargs="+", default=["/robot1", "/robot2"], help="robot namespaces (default /robot1 /robot2)")
     p.add_argument("--logs", type=Path, default=Path("out/demo"), help="log directory (default out/demo)")
     p.set_defaults(run=run)
-
-
-def bundled_bag() -> Path:
-    from mstar_graphs.common.cache import cache_root
-    from mstar_ros.bag.synthetic import SyntheticBagSpec, ensure_synthetic_bag
-
-    spec = SyntheticBagSpec(robots=2, seconds=BAG_SECONDS, seed=0)
-    return ensure_synthetic_bag(cache_root() / "bags" / f"droid-synthetic-{spec.robots}x{spec.seconds:g}s", spec)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -10,8 +10,8 @@ from pathlib import Path
 import torch
 
 from mstar.conductor import Conductor
-from mstar.engine.sampling_params import SamplingParams
 from mstar.progress import progress_bar
+from mstar.sampling_params import SamplingParams
 from mstar_ros.dtype_option import add_dtype_argument, engine_config
 
 

@@ -27,7 +27,7 @@ from typing import Mapping
 import msgspec
 import torch
 
-from mstar.engine.sampling_params import SamplingParams
+from mstar.sampling_params import SamplingParams
 from mstar_ros.dtype_option import add_dtype_argument
 from mstar_ros.ros.ros_process import split_ros_args
 

@@ -32,8 +32,8 @@ import torch
 
 from mstar.conductor import Conductor, Request, RequestError
 from mstar.conductor.stream_input import StreamInput
-from mstar.engine.sampling_params import SamplingParams
 from mstar.graph.model_graph import ModelGraph
+from mstar.sampling_params import SamplingParams
 from mstar_ros.ros.diagnostics import publish_status
 from mstar_ros.ros.stream_msgs import (StreamHeader, StreamMessageError, check_stream_id, end_message, item_message,
                                        message_type, read_message)

@@ -43,8 +43,8 @@ import numpy as np
 import torch
 
 from mstar.conductor import Conductor
-from mstar.conductor.request import RequestCancelled, UnknownRequest
 from mstar.report_throttle import ReportThrottle
+from mstar.request import RequestCancelled, UnknownRequest
 from mstar_graphs.pi05.prompt import PromptError
 from mstar_ros.policy.admission import ChunkAdmission
 from mstar_ros.policy.chunk_watch import ChunkWatch
@@ -68,7 +68,7 @@ __all__ = ["PARAMETERS", "RobotStats", "make_policy_node"]
 
 @dataclass
 class _Outgoing:
-    request: object   # the runtime request (mstar.conductor.request.Request)
+    request: object   # the runtime request (mstar.request.Request)
     oldest: float     # arrival (time.monotonic()) of the oldest sensor frame it uses
     epoch: int        # the node's sensor-loss epoch when it was sent: a later loss discards it
 

@@ -41,8 +41,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from mstar.conductor.request import Request, RequestCancelled, RequestError
 from mstar.report_throttle import ReportThrottle
+from mstar.request import Request, RequestCancelled, RequestError
 from mstar_graphs.vjepa2.planner import CemParams, plan_request
 from mstar_graphs.vjepa2.pose import pose_delta
 from mstar_ros.policy.flood_guard import FloodGuard

@@ -18,7 +18,7 @@ from typing import Any
 
 import msgspec
 
-from mstar.engine.sampling_params import SamplingParams
+from mstar.sampling_params import SamplingParams
 from mstar_ros.webrtc.openai_errors import APIError, check_range
 
 AUDIO_FORMATS = ("wav", "aac", "mp3", "flac", "opus", "pcm16")

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 from aiohttp import web
 
-from mstar.conductor.request import Request, RequestError
+from mstar.request import Request, RequestError
 from mstar_ros.webrtc.audio_formats import encode_whole
 from mstar_ros.webrtc.audio_out import pcm_s16
 from mstar_ros.webrtc.budget import BudgetBusy, SharedBudget

@@ -22,7 +22,7 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
-from mstar.conductor.request import RequestError
+from mstar.request import RequestError
 from mstar_ros.webrtc.audio_formats import FORMATS, AudioEncoder
 from mstar_ros.webrtc.audio_out import pcm_s16
 from mstar_ros.webrtc.audio_tempo import MAX_SPEED, MIN_SPEED, TimeStretch

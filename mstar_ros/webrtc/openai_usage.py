@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from mstar.conductor.request import Request
+from mstar.request import Request
 
 
 def prompt_tokens(request: Request) -> int:

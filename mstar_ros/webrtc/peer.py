@@ -22,7 +22,7 @@ import uuid
 
 import msgspec
 
-from mstar.conductor.request import RequestCancelled, RequestError, UnknownRequest
+from mstar.request import RequestCancelled, RequestError, UnknownRequest
 from mstar_ros.webrtc.audio_out import PacedAudioTrack
 from mstar_ros.webrtc.budget import BudgetBusy, SharedBudget
 from mstar_ros.webrtc.conversation_items import message_content, turn_images

@@ -17,23 +17,23 @@ from typing import Callable, Mapping
 
 import torch
 
-from mstar.conductor.replies import ReplyInbox
-from mstar.conductor.request import Request, RequestCancelled, RequestError, RequestStream, UnknownRequest
-from mstar.conductor.state import RequestState
-from mstar.conductor.stream_input import StreamInput, StreamInputError
-from mstar.conductor.walk_executor import WalkExecutor
-from mstar.engine.config import EngineConfig
-from mstar.graph.edges import GRAPH_INPUT, GRAPH_OUTPUT
-from mstar.graph.model_graph import ModelGraph
-from mstar.graph.node import NodeSubmodule
 from mstar.conductor.inprocess_workers import InProcessWorkers
 from mstar.conductor.process_workers import ProcessWorkers
+from mstar.conductor.replies import ReplyInbox
 from mstar.conductor.routing import Router
+from mstar.conductor.stream_input import StreamInput, StreamInputError
+from mstar.conductor.walk_executor import WalkExecutor
 from mstar.conductor.worker_pool import WorkerPool
 from mstar.conductor.worker_set import WorkerLink, WorkerSet
 from mstar.conductor.worker_status import WorkerStatus
+from mstar.engine.config import EngineConfig
+from mstar.engine.messages import CloseSession, ExecuteNode, ExportKV, KVExported, NodeOutput, ReleaseRequest
+from mstar.graph.edges import GRAPH_INPUT, GRAPH_OUTPUT
+from mstar.graph.model_graph import ModelGraph
+from mstar.graph.node import NodeSubmodule
+from mstar.graph.request_state import RequestState
 from mstar.placement.resolve import ResolvedPlacement, load_placement
-from mstar.worker.messages import CloseSession, ExecuteNode, ExportKV, KVExported, NodeOutput, ReleaseRequest
+from mstar.request import Request, RequestCancelled, RequestError, RequestStream, UnknownRequest
 from mstar.worker.model_spec import build_model
 from mstar.worker.protocol import ModelSpec
 

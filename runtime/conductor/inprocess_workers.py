@@ -17,8 +17,8 @@ from mstar.engine.config import EngineConfig
 from mstar.engine.device_loop import run_on_device
 from mstar.graph.model_graph import ModelGraph
 from mstar.graph.node import NodeSubmodule
+from mstar.transport.handle import TensorHandle
 from mstar.transport.inprocess import InProcessTensorStore
-from mstar.worker.messages import TensorHandle
 from mstar.worker.worker import Worker
 
 

@@ -13,7 +13,7 @@ from mstar.conductor.worker_pool import WorkerPool
 from mstar.conductor.worker_set import WorkerLink, WorkerSet
 from mstar.conductor.worker_status import WorkerStatus
 from mstar.transport.exchange import TensorExchange
-from mstar.worker.messages import TensorHandle
+from mstar.transport.handle import TensorHandle
 
 
 class ProcessWorkers(WorkerSet):

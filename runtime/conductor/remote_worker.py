@@ -14,8 +14,7 @@ import subprocess
 import time
 from typing import Awaitable, Callable
 
-from mstar.worker.messages import (CloseSession, ExecuteNode, ExportKV, FeedInput, KVExported, NodeOutput,
-                                   ReleaseRequest)
+from mstar.engine.messages import CloseSession, ExecuteNode, ExportKV, FeedInput, KVExported, NodeOutput, ReleaseRequest
 from mstar.worker.protocol import (HEADER_SIZE, Message, Ready, StatsRequest, WorkerStats, decode_body,
                                    encode_frame, frame_length)
 

@@ -8,7 +8,7 @@ from collections import deque
 from typing import Callable
 
 from mstar.engine.device_loop import device_thread
-from mstar.worker.messages import NodeOutput
+from mstar.engine.messages import NodeOutput
 
 log = logging.getLogger("mstar.conductor")
 Deliver = Callable[[NodeOutput], None]

@@ -11,13 +11,14 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Awaitable, Callable, Optional
 
-from mstar.conductor.request import RequestError, RequestOutput
-from mstar.conductor.state import RequestState, StreamState
+from mstar.engine.messages import ExecuteNode, FeedInput, LoopSpec, NodeOutput
 from mstar.graph.chunk_policies import Chunk
 from mstar.graph.edges import GRAPH_INPUT, GRAPH_OUTPUT, StreamingGraphEdge
 from mstar.graph.model_graph import ModelGraph
+from mstar.graph.request_state import RequestState, StreamState
 from mstar.graph.walks import AwaitInput, Call, Loop, Parallel, Sequential, StopOnValues, StopWhen, WalkStep
-from mstar.worker.messages import ExecuteNode, FeedInput, LoopSpec, NodeOutput, TensorHandle, TensorRef
+from mstar.request import RequestError, RequestOutput
+from mstar.transport.handle import TensorHandle, TensorRef
 
 # (call, its outputs' handler, what to do right after the call went to its Worker: given the Worker)
 Dispatch = Callable[[ExecuteNode, Callable[[NodeOutput], None], Optional[Callable[[Any], None]]], Awaitable[None]]

@@ -15,7 +15,7 @@ import torch
 from mstar.conductor.worker_status import WorkerStatus
 from mstar.placement.resolve import ResolvedPlacement
 from mstar.transport.inprocess import InProcessTensorStore
-from mstar.worker.messages import (CloseSession, ExecuteNode, ExportKV, FeedInput, KVExported, NodeOutput,
+from mstar.engine.messages import (CloseSession, ExecuteNode, ExportKV, FeedInput, KVExported, NodeOutput,
                                    ReleaseRequest, TensorHandle)
 
 if TYPE_CHECKING:  # only ProcessWorkers has a pool: the contract does not load it

@@ -24,13 +24,12 @@ from mstar.engine.flow_loop import FlowLoop
 from mstar.engine.frame_loop import FrameLoop
 from mstar.engine.kv_handoff import export_sequence
 from mstar.engine.loop_contract import CallRefused, EngineLoop
+from mstar.engine.messages import CloseSession, ExecuteNode, ExportKV, FeedInput, KVExported, NodeOutput, ReleaseRequest
 from mstar.engine.scheduler import Scheduler
 from mstar.engine.token_loop import TokenLoop
 from mstar.graph.loop_mode import LoopMode
 from mstar.parallel.group import TPGroup
 from mstar.transport.inprocess import InProcessTensorStore
-from mstar.worker.messages import (CloseSession, ExecuteNode, ExportKV, FeedInput, KVExported, NodeOutput,
-                                   ReleaseRequest)
 
 log = logging.getLogger("mstar.engine.ar")
 
@@ -40,7 +39,7 @@ class AREngine(EngineInbox):
                  config: EngineConfig | None = None, device: str | torch.device = "cpu", name: str = "ar",
                  tp: TPGroup | None = None) -> None:
         """``tp``: this engine is rank 0 of a tensor-parallel group whose other ranks run
-        ``mstar.parallel.TPFollower``; ``module`` is rank 0's shard. Blocks until they follow."""
+        ``mstar.engine.tp_follower.TPFollower``; ``module`` is rank 0's shard. Blocks until they follow."""
         super().__init__()
         device = torch.device(device)
         config, _ = (config or EngineConfig()).for_device(device)

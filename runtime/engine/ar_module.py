@@ -11,7 +11,6 @@ from mstar.engine.kv_cache import KVSpec
 from mstar.graph.node import EngineKind, NodeSubmodule
 
 
-
 @dataclass(frozen=True)
 class FeedbackCall:
     """One sequence's step, as a module's :meth:`ARModule.feedback` sees it."""

@@ -13,12 +13,12 @@ from mstar.engine.engine_core import EngineCore
 from mstar.engine.fed_inputs import waits_for_rows
 from mstar.engine.frame_module import FrameModule
 from mstar.engine.kv_cache import PagedKVCache
-from mstar.engine.linear_packing import pack_linears, packed_count
 from mstar.engine.model_runner import ModelRunner
 from mstar.engine.sampler import Sampler
 from mstar.engine.scheduler import Scheduler
+from mstar.engine.tp_plan import Hello, TPLeader
+from mstar.layers.linear_packing import pack_linears, packed_count
 from mstar.parallel.group import TPGroup
-from mstar.parallel.plan import Hello, TPLeader
 from mstar.transport.inprocess import InProcessTensorStore
 
 log = logging.getLogger("mstar.engine.ar")

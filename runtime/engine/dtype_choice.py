@@ -173,7 +173,7 @@ def measure_linears(width: int = 1024, hidden: int = 4096, rows: tuple[int, ...]
     weights prepacked as the engines pack them), and bf16's time over fp32's in geometric mean."""
     from torch import nn
 
-    from mstar.engine.linear_packing import pack_linears
+    from mstar.layers.linear_packing import pack_linears
 
     gen = torch.Generator().manual_seed(0)
     w1, w2 = torch.randn(hidden, width, generator=gen) / 32, torch.randn(width, hidden, generator=gen) / 64

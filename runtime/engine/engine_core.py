@@ -17,13 +17,13 @@ from mstar.engine.attention.backend import AttentionBackend
 from mstar.engine.block_manager import BlockManager, BlockTable
 from mstar.engine.config import EngineConfig
 from mstar.engine.kv_cache import PagedKVCache
+from mstar.engine.messages import ExecuteNode, NodeOutput
 from mstar.engine.model_runner import ModelRunner
 from mstar.engine.sampler import Sampler
 from mstar.engine.scheduler import Scheduler
-from mstar.engine.sequence import Sequence, SeqStatus
-from mstar.parallel.plan import TPLeader
+from mstar.engine.sequence import SeqStatus, Sequence
+from mstar.engine.tp_plan import TPLeader
 from mstar.transport.inprocess import InProcessTensorStore
-from mstar.worker.messages import ExecuteNode, NodeOutput
 
 
 @dataclass

@@ -6,7 +6,7 @@ import threading
 from typing import Callable, Union
 
 from mstar.engine.device_loop import DeviceLoop
-from mstar.worker.messages import CloseSession, ExecuteNode, ExportKV, FeedInput, NodeOutput, ReleaseRequest
+from mstar.engine.messages import CloseSession, ExecuteNode, ExportKV, FeedInput, NodeOutput, ReleaseRequest
 
 Reply = Callable[[NodeOutput], None]
 # what an engine's device thread is handed; an ExecuteNode or ExportKV comes with a reply callback

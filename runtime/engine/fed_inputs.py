@@ -12,9 +12,9 @@ from __future__ import annotations
 import torch
 
 from mstar.engine.ar_module import ARModule
+from mstar.engine.messages import FeedInput
 from mstar.engine.sequence import Sequence
 from mstar.engine.step_feedback import feedback_call, last_sample
-from mstar.worker.messages import FeedInput
 
 
 def as_rows(value: torch.Tensor | list[torch.Tensor]) -> torch.Tensor:

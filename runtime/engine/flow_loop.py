@@ -26,8 +26,8 @@ from mstar.engine.block_manager import BlockManager
 from mstar.engine.engine_core import EngineCore
 from mstar.engine.engine_inbox import Reply
 from mstar.engine.loop_contract import CallRefused, EngineLoop
-from mstar.engine.sequence import ActiveCall, Sequence, SeqStatus
-from mstar.worker.messages import ExecuteNode, NodeOutput
+from mstar.engine.messages import ExecuteNode, NodeOutput
+from mstar.engine.sequence import ActiveCall, SeqStatus, Sequence
 
 DEFAULT_STEPS = 10
 

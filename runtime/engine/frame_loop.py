@@ -39,8 +39,8 @@ from mstar.engine.engine_inbox import Reply
 from mstar.engine.frame_module import FrameModule
 from mstar.engine.frame_state import Frame, FrameContext, Rollout, finite_input, shape_error
 from mstar.engine.loop_contract import CallRefused, EngineLoop
+from mstar.engine.messages import ExecuteNode, NodeOutput
 from mstar.engine.sequence import ActiveCall
-from mstar.worker.messages import ExecuteNode, NodeOutput
 
 
 class FrameLoop(EngineLoop):

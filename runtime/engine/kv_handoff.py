@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from mstar.engine.engine_core import EngineCore
 from mstar.engine.kv_migration import gather_kv, restore_sequence, sequence_state
+from mstar.engine.messages import ExecuteNode, ExportKV, KVExported
 from mstar.engine.sequence import Sequence
-from mstar.worker.messages import ExecuteNode, ExportKV, KVExported
 
 
 def import_sequence(core: EngineCore, msg: ExecuteNode) -> Sequence:

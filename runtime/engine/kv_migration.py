@@ -14,8 +14,9 @@ import torch
 
 from mstar.engine.block_manager import BlockManager, BlockTable, OutOfBlocks
 from mstar.engine.kv_cache import PagedKVCache
-from mstar.engine.sequence import Sequence, SeqStatus
-from mstar.worker.messages import KVState, TensorHandle
+from mstar.engine.messages import KVState
+from mstar.engine.sequence import SeqStatus, Sequence
+from mstar.transport.handle import TensorHandle
 
 log = logging.getLogger("mstar.engine.kv")
 

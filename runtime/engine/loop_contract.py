@@ -9,7 +9,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 
 from mstar.engine.engine_inbox import Reply
-from mstar.worker.messages import ExecuteNode
+from mstar.engine.messages import ExecuteNode
 
 
 class CallRefused(Exception):

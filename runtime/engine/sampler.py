@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from mstar.engine.sampling_params import SamplingParams
+from mstar.sampling_params import SamplingParams
 
 
 def apply_repetition_penalty(row: torch.Tensor, columns: torch.Tensor, penalty: float) -> None:

@@ -23,7 +23,7 @@ from mstar.engine.attention.metadata import MaskKind
 from mstar.engine.block_manager import BlockManager
 from mstar.engine.config import EngineConfig
 from mstar.engine.kv_cache import PagedKVCache
-from mstar.engine.sequence import Sequence, SeqStatus
+from mstar.engine.sequence import SeqStatus, Sequence
 
 
 @dataclass

@@ -12,7 +12,7 @@ from mstar.engine.block_manager import BlockTable
 
 if TYPE_CHECKING:
     from mstar.engine.flow_loop import FlowState
-from mstar.worker.messages import ExecuteNode, NodeOutput
+from mstar.engine.messages import ExecuteNode, NodeOutput
 
 
 class SeqStatus(enum.Enum):

@@ -17,10 +17,10 @@ from typing import Mapping
 import torch
 
 from mstar.engine.engine_inbox import EngineInbox, InboxMessage, Reply
-from mstar.engine.linear_packing import pack_linears
+from mstar.engine.messages import ExecuteNode, NodeOutput, ReleaseRequest
 from mstar.graph.node import NodeCall, NodeSubmodule
+from mstar.layers.linear_packing import pack_linears
 from mstar.transport.inprocess import InProcessTensorStore
-from mstar.worker.messages import ExecuteNode, NodeOutput, ReleaseRequest
 
 log = logging.getLogger("mstar.engine.stateless")
 
@@ -41,7 +41,7 @@ class StatelessEngine(EngineInbox):
     def __init__(self, nodes: Mapping[str, NodeSubmodule], store: InProcessTensorStore,
                  max_batch: int = 16, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
                  name: str = "stateless", max_wait_s: float = 0.0, pack: bool = True) -> None:
-        """``pack``: bf16 linears on CPU get prepacked weights (mstar.engine.linear_packing)."""
+        """``pack``: bf16 linears on CPU get prepacked weights (mstar.layers.linear_packing)."""
         super().__init__()
         self.device = torch.device(device)
         self.nodes = {n: m.to(device=self.device, dtype=dtype).eval() for n, m in nodes.items()}

@@ -11,10 +11,10 @@ from mstar.engine.engine_inbox import Reply
 from mstar.engine.fed_inputs import as_rows
 from mstar.engine.kv_handoff import import_sequence
 from mstar.engine.loop_contract import CallRefused
+from mstar.engine.messages import ExecuteNode
 from mstar.engine.rope_positions import set_rope_positions
-from mstar.engine.sequence import ActiveCall, Sequence, SeqStatus
+from mstar.engine.sequence import ActiveCall, SeqStatus, Sequence
 from mstar.engine.step_feedback import CORE_INPUTS
-from mstar.worker.messages import ExecuteNode
 
 
 def admit_token_call(core: EngineCore, msg: ExecuteNode, reply: Reply) -> None:

@@ -12,12 +12,12 @@ from mstar.engine.engine_core import EngineCore
 from mstar.engine.engine_inbox import Reply
 from mstar.engine.fed_inputs import append_fed, as_rows
 from mstar.engine.loop_contract import EngineLoop
+from mstar.engine.messages import ExecuteNode, FeedInput
 from mstar.engine.scheduler import ScheduledSeq
-from mstar.engine.sequence import Sequence, SeqStatus
+from mstar.engine.sequence import SeqStatus, Sequence
 from mstar.engine.step_feedback import keep_rows
 from mstar.engine.token_admission import admit_token_call
 from mstar.engine.token_outputs import finish_step
-from mstar.worker.messages import ExecuteNode, FeedInput
 
 
 def _is_token(seq: Sequence) -> bool:

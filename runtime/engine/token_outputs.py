@@ -4,11 +4,11 @@ from __future__ import annotations
 import torch
 
 from mstar.engine.engine_core import EngineCore
+from mstar.engine.messages import NodeOutput
 from mstar.engine.scheduler import ScheduledSeq
-from mstar.engine.sequence import ActiveCall, Sequence, SeqStatus
+from mstar.engine.sequence import ActiveCall, SeqStatus, Sequence
 from mstar.engine.step_feedback import append_embed_row, feedback_rows, last_sample, row_outputs
-from mstar.engine.vocab_constraint import union_vocab
-from mstar.worker.messages import NodeOutput
+from mstar.layers.vocab_constraint import union_vocab
 
 
 def finish_step(core: EngineCore, batch: list[ScheduledSeq], hidden: torch.Tensor, last_rows: list[int]) -> None:

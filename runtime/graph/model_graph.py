@@ -16,7 +16,7 @@ from mstar.graph.validation import GraphError, check_graph
 from mstar.graph.walks import Call, Loop, StopOnValues, WalkStep, as_step
 
 if TYPE_CHECKING:
-    from mstar.conductor.state import RequestState
+    from mstar.graph.request_state import RequestState
 
 NextWalk = Callable[["RequestState"], "str | None"]
 

@@ -37,7 +37,7 @@ class NodeSubmodule(torch.nn.Module):
 
     engine: ClassVar[EngineKind] = "stateless"
     # Linear submodules whose ``.weight`` the module reads itself: the engine keeps them
-    # plain when it packs the others (see mstar.engine.linear_packing).
+    # plain when it packs the others (see mstar.layers.linear_packing).
     plain_linears: ClassVar[tuple[str, ...]] = ()
     # Calls of one request that build on each other (a streaming decoder that keeps its caches between
     # chunks): the engine runs them one at a time per request, in ``NodeCall.index`` order, and calls

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Iterator, Union
 
 if TYPE_CHECKING:
-    from mstar.conductor.state import RequestState
+    from mstar.graph.request_state import RequestState
 
 
 class WalkStep:

@@ -1,10 +1,10 @@
-"""Tensor parallelism: a TP group (torch.distributed; gloo on CPU, NCCL on CUDA), sharded
-layers, and the leader/follower protocol that runs one AR engine across the group.
+"""Tensor parallelism's process group (torch.distributed; gloo on CPU, NCCL on CUDA).
 
-Rank 0 runs the normal ``AREngine(..., tp=group)``; every other rank runs
-``TPFollower(module_shard, group, device).run()``.
+The layers that shard a model over it are in ``mstar.layers.tensor_parallel``; the
+leader/follower protocol that runs one AR engine across it is in the engine: rank 0 runs
+the normal ``AREngine(..., tp=group)`` (``mstar.engine.tp_plan``), every other rank runs
+``TPFollower(module_shard, group, device).run()`` (``mstar.engine.tp_follower``).
 """
-from mstar.parallel.follower import TPFollower
 from mstar.parallel.group import TPGroup
 
-__all__ = ["TPFollower", "TPGroup"]
+__all__ = ["TPGroup"]

@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import torch
 
-from mstar.worker.messages import TensorHandle
+from mstar.transport.handle import TensorHandle
 
 
 def dtype_name(dtype: torch.dtype) -> str:

@@ -25,10 +25,10 @@ import torch
 from mstar.transport.arena import SlotAllocator
 from mstar.transport.codec import (contiguous_cpu, decode_inline, destination, dtype_from_name, dtype_name,
                                    encode_inline, flat_bytes, memcpy, nbytes)
+from mstar.transport.handle import TensorHandle
 from mstar.transport.inprocess import InProcessTensorStore
 from mstar.transport.shm import PeerSegments, ShmSegment, check_tag, segment_prefix, unlink_segments
 from mstar.transport.tcp import SECRET_ENV, TensorClient, TensorServer
-from mstar.worker.messages import TensorHandle
 
 EXPORT_KINDS = ("inline", "shm", "tcp", "mooncake")
 

@@ -6,7 +6,7 @@ import threading
 
 import torch
 
-from mstar.worker.messages import TensorHandle, TensorRef
+from mstar.transport.handle import TensorHandle, TensorRef
 
 
 class InProcessTensorStore:

@@ -57,7 +57,7 @@ class WorkerHost:
                  f" (tensor-parallel rank {self.tp.rank} of {self.tp.size})" if self.tp is not None else "")
 
     def _follow(self, ar_modules: dict[str, ARModule], device: str) -> None:
-        from mstar.parallel.follower import TPFollower
+        from mstar.engine.tp_follower import TPFollower
         if len(ar_modules) != 1:
             raise ValueError(f"a tensor-parallel rank hosts exactly one AR module, got {sorted(ar_modules)}")
         follower = TPFollower(next(iter(ar_modules.values())), self.tp, device)

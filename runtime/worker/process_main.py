@@ -20,8 +20,8 @@ import sys
 
 import msgspec
 
+from mstar.engine.messages import CloseSession, ExecuteNode, ExportKV, FeedInput, KVExported, NodeOutput, ReleaseRequest
 from mstar.worker import handshake, registry
-from mstar.worker.messages import CloseSession, ExecuteNode, ExportKV, FeedInput, KVExported, NodeOutput, ReleaseRequest
 from mstar.worker.protocol import (MAX_HELLO, TOKEN_ENV, BlockingChannel, Challenge, FrameTooLarge, Ready, Setup,
                                    SetupFailed, Shutdown, StatsRequest, Welcome, WorkerStats, worker_tag)
 

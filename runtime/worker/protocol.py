@@ -6,7 +6,7 @@ token; the Conductor answers Welcome (its proof back) and Setup (what to build);
 Worker answers Ready (what it serves) or SetupFailed. Both proofs are HMACs over both
 nonces (``mstar.worker.handshake``): the token never crosses the wire, and neither side
 acts on the other's messages before the other has proved it holds the token. After
-that the node messages of ``mstar.worker.messages`` flow. Never pickle: every frame
+that the node messages of ``mstar.engine.messages`` flow. Never pickle: every frame
 decodes into one of the structs of ``Message``.
 """
 from __future__ import annotations
@@ -20,9 +20,8 @@ from typing import Any, Union
 import msgspec
 
 from mstar.engine.config import EngineConfig
+from mstar.engine.messages import CloseSession, ExecuteNode, ExportKV, FeedInput, KVExported, NodeOutput, ReleaseRequest
 from mstar.transport.tcp import SECRET_ENV
-from mstar.worker.messages import (CloseSession, ExecuteNode, ExportKV, FeedInput, KVExported, NodeOutput,
-                                   ReleaseRequest)
 
 MAX_FRAME = 1 << 30  # the largest frame encode_frame sends; a longer announced length is refused unread
 READ_CHUNK = 1 << 20  # a frame's buffer grows by what has arrived, never by what its header announces

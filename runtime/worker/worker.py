@@ -15,11 +15,11 @@ from mstar.engine.ar_engine import AREngine
 from mstar.engine.ar_module import ARModule
 from mstar.engine.config import EngineConfig
 from mstar.engine.device_loop import DeviceLoop
+from mstar.engine.messages import CloseSession, ExecuteNode, ExportKV, FeedInput, KVExported, NodeOutput, ReleaseRequest
 from mstar.engine.stateless_engine import StatelessEngine
 from mstar.graph.model_graph import ModelGraph
 from mstar.graph.node import NodeSubmodule
 from mstar.transport.inprocess import InProcessTensorStore
-from mstar.worker.messages import CloseSession, ExecuteNode, ExportKV, FeedInput, KVExported, NodeOutput, ReleaseRequest
 
 log = logging.getLogger("mstar.worker")
 

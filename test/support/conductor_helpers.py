@@ -8,7 +8,7 @@ import torch
 
 from mstar.conductor import Conductor, Request
 from mstar.engine.config import EngineConfig
-from mstar.engine.sampling_params import SamplingParams
+from mstar.sampling_params import SamplingParams
 from support.toy_models import ToyLM
 
 __all__ = ["BS", "LENGTHS", "LM", "MAX_TOKENS", "PROMPTS", "config", "engine_stats", "make_prompts", "ref", "req",

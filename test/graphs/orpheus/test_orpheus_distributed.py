@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from mstar.conductor import Conductor
-from mstar.engine.sampling_params import SamplingParams
+from mstar.sampling_params import SamplingParams
 from mstar_graphs.orpheus.components import orpheus_spec
 from mstar_graphs.orpheus.model import OrpheusTTS
 from support.parity import FP32

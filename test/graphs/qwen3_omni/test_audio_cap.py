@@ -9,7 +9,7 @@ import logging
 import torch
 
 from mstar.conductor import Conductor
-from mstar.engine.sampling_params import SamplingParams
+from mstar.sampling_params import SamplingParams
 from mstar_graphs.qwen3_omni.direct import generate
 from mstar_graphs.qwen3_omni.model import Qwen3Omni
 from mstar_graphs.qwen3_omni.reference import reference_generate

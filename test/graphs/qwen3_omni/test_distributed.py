@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from mstar.conductor import Conductor
-from mstar.engine.sampling_params import SamplingParams
+from mstar.sampling_params import SamplingParams
 from mstar_graphs.qwen3_omni.components import qwen3_omni_spec
 from mstar_graphs.qwen3_omni.model import Qwen3Omni
 from mstar_graphs.qwen3_omni.speech import Qwen3OmniChat

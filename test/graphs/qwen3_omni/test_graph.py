@@ -8,7 +8,7 @@ import asyncio
 import torch
 
 from mstar.conductor import Conductor
-from mstar.engine.sampling_params import SamplingParams
+from mstar.sampling_params import SamplingParams
 from mstar_graphs.qwen3_omni.audio_encoder import tokens_for_frames
 from mstar_graphs.qwen3_omni.audio_features import log_mel
 from mstar_graphs.qwen3_omni.direct import chunked_decode, generate

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from mstar.conductor import Conductor
-from mstar.conductor.request import RequestError
-from mstar.engine.sampling_params import SamplingParams
+from mstar.request import RequestError
+from mstar.sampling_params import SamplingParams
 from mstar_graphs.qwen3_omni.audio_features import log_mel
 from mstar_graphs.qwen3_omni.audio_stream import turn_stream
 from mstar_graphs.qwen3_omni.chat import Turn, prompt_ids

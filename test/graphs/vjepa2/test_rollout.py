@@ -8,14 +8,14 @@ import pytest
 import torch
 
 from mstar.conductor import Conductor
-from mstar.conductor.request import Request, RequestError
 from mstar.engine.ar_engine import AREngine
+from mstar.engine.messages import ExecuteNode, LoopSpec
 from mstar.graph import LoopMode
+from mstar.request import Request, RequestError
 from mstar.transport.inprocess import InProcessTensorStore
-from mstar.worker.messages import ExecuteNode, LoopSpec
 from mstar_graphs.vjepa2.graph import vjepa2_graph
-from mstar_graphs.vjepa2.reference import native_rollout as reference_rollout
 from mstar_graphs.vjepa2.planner import CemEnergy, CemRefit, CemSample
+from mstar_graphs.vjepa2.reference import native_rollout as reference_rollout
 from support.parity import FP32, fp32
 
 F_CTX, H = 4, 6

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from mstar_ros.cli.demo import BAG_SECONDS, bundled_bag
+from mstar_ros.bag.bundled import BAG_SECONDS, bundled_bag
 
 
 @pytest.mark.timeout(90)

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from mstar.conductor import Conductor, Request, RequestCancelled, RequestError, UnknownRequest
-from mstar.engine.sampling_params import SamplingParams
+from mstar.sampling_params import SamplingParams
 from support.conductor_helpers import (BS, LENGTHS, LM, MAX_TOKENS, PROMPTS, config, engine_stats, make_prompts, ref,
                                       req, run, run_batch, toks, until)
 from support.toy_graphs import lm_graph

@@ -8,8 +8,8 @@ import torch
 
 from mstar.conductor import Conductor, Request, RequestError
 from mstar.engine.config import EngineConfig
-from mstar.engine.sampling_params import SamplingParams
 from mstar.graph import FixedChunkPolicy
+from mstar.sampling_params import SamplingParams
 from support.toy_graphs import lm_graph, streaming_lm_graph
 from support.toy_models import SumChunk, ToyLM
 

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from mstar.conductor import Conductor, Request
-from mstar.engine.sampling_params import SamplingParams
 from mstar.graph import GraphEdge, GraphNode
 from mstar.graph.validation import GraphError
+from mstar.sampling_params import SamplingParams
 from support.conductor_helpers import config, run, until
 from support.toy_graphs import fed_loop_graph
 from support.toy_models import FedLM, RowsLM

@@ -8,7 +8,7 @@ import asyncio
 import torch
 
 from mstar.conductor import Conductor, Request
-from mstar.engine.sampling_params import SamplingParams
+from mstar.sampling_params import SamplingParams
 from support.conductor_helpers import config, run
 from support.toy_graphs import fed_loop_graph
 from support.toy_models import FedLM, RowsLM

@@ -15,9 +15,9 @@ import torch
 from mstar.engine.ar_engine import AREngine
 from mstar.engine.config import EngineConfig
 from mstar.engine.device_loop import run_on_device
-from mstar.engine.sampling_params import SamplingParams
+from mstar.engine.messages import ExecuteNode, FeedInput, LoopSpec, NodeOutput, ReleaseRequest
+from mstar.sampling_params import SamplingParams
 from mstar.transport.inprocess import InProcessTensorStore
-from mstar.worker.messages import ExecuteNode, FeedInput, LoopSpec, NodeOutput, ReleaseRequest
 from support.toy_models import ToyLM
 
 GREEDY = SamplingParams()

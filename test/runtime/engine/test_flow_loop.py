@@ -8,8 +8,8 @@ import torch
 
 from mstar.conductor import Conductor, Request, RequestError
 from mstar.engine.attention.metadata import MaskKind
-from mstar.engine.sampling_params import SamplingParams
 from mstar.graph import LoopMode
+from mstar.sampling_params import SamplingParams
 from support.conductor_helpers import config, run
 from support.toy_flow import ToyFlowLM, flow_graph
 

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from mstar.engine.sampler import Sampler, apply_repetition_penalty, filter_top_k_top_p, history_columns
-from mstar.engine.sampling_params import SamplingParams
-from mstar.engine.vocab_constraint import union_vocab
+from mstar.layers.vocab_constraint import union_vocab
+from mstar.sampling_params import SamplingParams
 
 
 def kept(row: torch.Tensor) -> set[int]:

@@ -6,10 +6,10 @@ import itertools
 from mstar.engine.block_manager import BlockManager, BlockTable
 from mstar.engine.config import EngineConfig
 from mstar.engine.kv_cache import KVSpec, PagedKVCache
+from mstar.engine.messages import ExecuteNode
 from mstar.engine.scheduler import Scheduler
 from mstar.engine.sequence import ActiveCall, Sequence, SeqStatus
-from mstar.engine.sampling_params import SamplingParams
-from mstar.worker.messages import ExecuteNode
+from mstar.sampling_params import SamplingParams
 
 _clock = itertools.count()
 

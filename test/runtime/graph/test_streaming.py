@@ -11,10 +11,10 @@ from support.toy_models import AddOne, ChunkProbe, SumChunk, ToyLM
 
 from mstar.conductor import Conductor, Request
 from mstar.engine.config import EngineConfig
-from mstar.engine.sampling_params import SamplingParams
 from mstar.graph import (FixedChunkPolicy, GraphEdge, GraphNode, LeftContextChunkPolicy, Loop, ModelGraph,
                          PartitionConnection, PartitionTopology, SlidingWindowChunkPolicy, StopOnValues,
                          StreamingGraphEdge)
+from mstar.sampling_params import SamplingParams
 
 CONFIG = EngineConfig(num_kv_blocks=64, block_size=4)
 PROBE_OUTPUTS = ("total", "new", "n", "ctx", "first")

@@ -20,10 +20,11 @@ import torch
 
 from mstar.engine.ar_engine import AREngine
 from mstar.engine.config import EngineConfig
-from mstar.engine.sampling_params import SamplingParams
-from mstar.parallel import TPFollower, TPGroup
+from mstar.engine.messages import ExecuteNode, LoopSpec
+from mstar.engine.tp_follower import TPFollower
+from mstar.parallel import TPGroup
+from mstar.sampling_params import SamplingParams
 from mstar.transport.inprocess import InProcessTensorStore
-from mstar.worker.messages import ExecuteNode, LoopSpec
 from mstar_graphs.orpheus.checkpoints import ensure_tiny_orpheus
 from mstar_graphs.orpheus.llama import LlamaForCausalLM
 from mstar_graphs.orpheus.llama_config import LlamaConfig

@@ -21,9 +21,9 @@ import pytest
 import torch
 
 from mstar.transport.exchange import TensorExchange
-from mstar.transport.tcp import SECRET_ENV
+from mstar.transport.handle import TensorHandle
 from mstar.transport.shm import segment_prefix, segments_with_prefix, unlink_segments
-from mstar.worker.messages import TensorHandle
+from mstar.transport.tcp import SECRET_ENV
 
 PEER_SCRIPT = Path(__file__).with_name("peer_process.py")
 _spec = importlib.util.spec_from_file_location("transport_peer_process", PEER_SCRIPT)

@@ -15,7 +15,7 @@ import torch
 
 from mstar.transport.codec import byte_view, dtype_from_name, dtype_name
 from mstar.transport.exchange import TensorExchange
-from mstar.worker.messages import TensorHandle
+from mstar.transport.handle import TensorHandle
 
 
 def to_wire(t: torch.Tensor) -> tuple[tuple[int, ...], str, bytes]:

@@ -6,7 +6,7 @@ import torch
 
 from mstar.transport.arena import ALIGN, SlotAllocator
 from mstar.transport.codec import decode_inline, destination, encode_inline, memcpy
-from mstar.worker.messages import TensorHandle
+from mstar.transport.handle import TensorHandle
 
 
 def test_memcpy_large_copies_split_over_threads_cover_every_byte_exactly():

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from mstar.transport.exchange import TensorExchange
+from mstar.transport.handle import TensorHandle
 from mstar.transport.shm import segments_with_prefix, unlink_segments
-from mstar.worker.messages import TensorHandle
 
 MIB = 1 << 20
 

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from mstar.worker.messages import FeedInput, TensorHandle
+from mstar.engine.messages import FeedInput
+from mstar.transport.handle import TensorHandle
 from mstar.worker.protocol import (MAX_FRAME, MAX_HELLO, TOKEN_ENV, BlockingChannel, FrameTooLarge, Shutdown,
                                    encode_frame)
 from support.pool_peer import TOKEN, impostor_conductor

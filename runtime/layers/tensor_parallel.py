@@ -18,8 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mstar.engine.linear_packing import linear_rows
-from mstar.engine.vocab_constraint import contiguous_runs
+from mstar.layers.linear_packing import linear_rows
+from mstar.layers.vocab_constraint import contiguous_runs
 from mstar.parallel.group import TPGroup
 
 

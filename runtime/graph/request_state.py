@@ -7,10 +7,10 @@ from typing import Any, Callable
 
 import torch
 
-from mstar.conductor.request import Request, RequestStream
 from mstar.graph.chunk_policies import ChunkPolicy
 from mstar.graph.edges import StreamingGraphEdge
-from mstar.worker.messages import TensorHandle, TensorRef
+from mstar.request import Request, RequestStream
+from mstar.transport.handle import TensorHandle, TensorRef
 
 
 @dataclass

@@ -21,7 +21,7 @@ import msgspec
 import torch
 
 from mstar.engine.attention.metadata import AttentionMetadata, MaskKind, SeqAttention
-from mstar.engine.vocab_constraint import contiguous_runs
+from mstar.layers.vocab_constraint import contiguous_runs
 from mstar.parallel.group import TPGroup
 
 log = logging.getLogger("mstar.parallel")

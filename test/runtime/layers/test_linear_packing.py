@@ -11,11 +11,10 @@ import torch
 from torch import nn
 
 from mstar.conductor import Conductor
-from mstar.engine import linear_packing
+from mstar.layers import linear_packing
 from mstar.engine.config import EngineConfig
-from mstar.engine.linear_packing import (PackedLinear, linear_rows, pack_linears, packing_available,
-                                         parameter_count)
-from mstar.engine.sampling_params import SamplingParams
+from mstar.layers.linear_packing import PackedLinear, linear_rows, pack_linears, packing_available, parameter_count
+from mstar.sampling_params import SamplingParams
 from mstar_graphs.orpheus.model import OrpheusTTS
 
 

@@ -1,35 +1,15 @@
-"""Conductor <-> Worker control messages (msgspec structs); tensors travel as handles."""
-from __future__ import annotations
+"""Conductor <-> Worker control messages (msgspec structs); tensors travel as handles.
 
-from typing import Union
+Struct definitions only: the engine, the Worker and the Conductor all speak these, so the
+module imports nothing of theirs (a leaf).
+"""
+from __future__ import annotations
 
 import msgspec
 
-from mstar.engine.sampling_params import SamplingParams
 from mstar.graph.loop_mode import LoopMode
-
-
-class TensorHandle(msgspec.Struct, frozen=True):
-    """Names a tensor and says where a reader finds its bytes.
-
-    ``location``: ``inproc`` (the store of the process that made it; ``key`` is unique
-    across processes), ``shm:<segment>`` (bytes at ``offset`` in a shared-memory segment),
-    ``tcp:<host>:<port>`` (ask that tensor server for ``key``), ``mooncake:<session>``
-    (bytes at ``offset`` in that transfer engine's registered buffer). A handle with
-    ``data`` carries its bytes inline (small tensors the Conductor reads).
-    """
-
-    key: str
-    shape: tuple[int, ...]
-    dtype: str
-    location: str = "inproc"
-    offset: int = 0
-    nbytes: int = 0
-    data: bytes | None = None
-
-
-# A node input: one tensor, or a list of stream items stacked on the consumer side.
-TensorRef = Union[TensorHandle, list[TensorHandle]]
+from mstar.sampling_params import SamplingParams
+from mstar.transport.handle import TensorHandle, TensorRef
 
 
 class LoopSpec(msgspec.Struct, frozen=True):

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from mstar.engine.sampling_params import SamplingParams
+from mstar.sampling_params import SamplingParams
 
 
 @dataclass

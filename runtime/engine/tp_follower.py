@@ -1,7 +1,7 @@
 """A tensor-parallel follower: rank k > 0 of a TP group, mirroring rank 0's AREngine.
 
 It owns no scheduler, block manager or sampler: it receives rank 0's plans (see
-``mstar.parallel.plan``) and makes the same forward / compute_logits calls on its
+``mstar.engine.tp_plan``) and makes the same forward / compute_logits calls on its
 shard of the model, with its own paged KV cache (same block ids, its own KV heads),
 so the collectives inside the model line up with rank 0's.
 """
@@ -16,9 +16,9 @@ from mstar.engine.attention.backend import AttentionContext
 from mstar.engine.attention.select import select_attention_backend
 from mstar.engine.intra_op import claim_team
 from mstar.engine.kv_cache import PagedKVCache
-from mstar.engine.linear_packing import pack_linears
+from mstar.engine.tp_plan import Hello, PlanKind, StepPlan, plan_embeds, plan_metadata
+from mstar.layers.linear_packing import pack_linears
 from mstar.parallel.group import TPGroup
-from mstar.parallel.plan import Hello, PlanKind, StepPlan, plan_embeds, plan_metadata
 
 log = logging.getLogger("mstar.parallel")
 
