@@ -12,6 +12,8 @@ from pathlib import Path
 
 import msgspec
 
+from mstar_graphs.common.config_loader import config_file, decode_json, field_error
+
 
 class EncoderConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     width: int = 1408
@@ -56,7 +58,7 @@ class VJepa2Config(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     def frame_tokens(self) -> int:
         return 2 + self.encoder.num_patches  # action, state, then the frame's patches
 
-    def validated(self) -> "VJepa2Config":
+    def validated(self, source: str = "V-JEPA 2-AC config") -> "VJepa2Config":
         e, p = self.encoder, self.predictor
         checks = [
             ("encoder.width", e.width > 0 and e.width % e.heads == 0),
@@ -71,22 +73,13 @@ class VJepa2Config(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
         ]
         for name, ok in checks:
             if not ok:
-                raise ValueError(f"V-JEPA 2-AC config: {name} is invalid in {self}")
+                raise field_error(source)(name, f"invalid in {self}")
         return self
 
     @classmethod
     def from_dir(cls, path: str | Path) -> "VJepa2Config":
-        file = Path(path) / "config.json"
-        try:
-            data = json.loads(file.read_text())
-        except FileNotFoundError:
-            raise ValueError(f"{path}: no config.json (a V-JEPA 2-AC checkpoint directory has one)") from None
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{file}: not valid JSON: {exc}") from None
-        try:
-            return msgspec.convert(data, cls).validated()
-        except msgspec.ValidationError as exc:
-            raise ValueError(f"{file}: {exc}") from None
+        file = config_file(path, "a V-JEPA 2-AC checkpoint directory with config.json")
+        return decode_json(file.read_bytes(), cls, str(file)).validated(str(file))
 
     def to_json(self) -> str:
         return json.dumps(msgspec.to_builtins(self), indent=2) + "\n"

@@ -5,7 +5,8 @@ import json
 
 import pytest
 
-from mstar_graphs.orpheus.llama_config import ConfigError, LlamaConfig
+from mstar_graphs.common.config_loader import ConfigError
+from mstar_graphs.orpheus.llama_config import LlamaConfig
 from mstar_graphs.orpheus.tiny_llm import config_dict
 
 BASE = dict(vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4)
