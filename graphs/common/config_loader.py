@@ -23,6 +23,28 @@ class ConfigError(ValueError):
     """A config.json that is unreadable, mistyped, or describes an impossible model."""
 
 
+class JsonConfig:
+    """``from_dir`` and ``from_dict`` for a config struct (a mixin of ``msgspec.Struct``) that defines
+    ``from_json(data, *, source)``; ``checkpoint`` names what a directory holding it is."""
+
+    __slots__ = ()
+    checkpoint = "a checkpoint directory"
+
+    @classmethod
+    def from_json(cls, data: bytes | str, *, source: str = "config.json") -> Any:
+        raise NotImplementedError
+
+    @classmethod
+    def from_dir(cls, path: str | Path) -> Any:
+        """Read ``<path>/config.json`` (or ``path`` itself if it names a file)."""
+        file = config_file(path, f"{cls.checkpoint} with config.json")
+        return cls.from_json(file.read_bytes(), source=str(file))
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], *, source: str = "config") -> Any:
+        return cls.from_json(msgspec.json.encode(data), source=source)
+
+
 def config_file(path: str | Path, expected: str) -> Path:
     """``<path>/config.json``, or ``path`` itself if it names a file; ``expected`` says what the
     missing file's directory should have been ("a pi0.5 checkpoint directory with config.json")."""

@@ -23,7 +23,7 @@ from mstar_graphs.common.attention import GQAttention
 from mstar_graphs.common.decoder_layer import PreNormDecoderLayer
 from mstar_graphs.common.mlp import GatedMLP
 from mstar_graphs.common.rms_norm import RMSNorm
-from mstar_graphs.orpheus.llama_config import LlamaConfig
+from mstar_graphs.orpheus.config import LlamaConfig
 
 
 def rope_inv_freq(cfg: LlamaConfig) -> torch.Tensor:

@@ -6,15 +6,16 @@ so a config round-trips between our decoder, the reference package and the hub f
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from typing import Any
 
 import msgspec
 
-from mstar_graphs.common.config_loader import config_file, convert, decode_json
+from mstar_graphs.common.config_loader import JsonConfig, decode_json
 
 
-class SnacConfig(msgspec.Struct, kw_only=True, frozen=True):
+class SnacConfig(msgspec.Struct, JsonConfig, kw_only=True, frozen=True):
+    checkpoint = "a SNAC checkpoint directory"
+
     sampling_rate: int
     encoder_dim: int
     encoder_rates: list[int]
@@ -73,11 +74,5 @@ class SnacConfig(msgspec.Struct, kw_only=True, frozen=True):
         return out
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any], *, source: str = "config") -> "SnacConfig":
-        return convert(data, cls, source)
-
-    @classmethod
-    def from_dir(cls, path: str | Path) -> "SnacConfig":
-        """Read ``config.json`` from a checkpoint directory (or a path to the file itself)."""
-        file = config_file(path, "a SNAC checkpoint directory with config.json")
-        return decode_json(file.read_bytes(), cls, str(file))
+    def from_json(cls, data: bytes | str, *, source: str = "config.json") -> "SnacConfig":
+        return decode_json(data, cls, source)

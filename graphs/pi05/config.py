@@ -15,12 +15,11 @@ Unknown fields are ignored: real configs carry many we do not need.
 """
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import msgspec
 
-from mstar_graphs.common.config_loader import (ConfigError, config_file, convert, decode_json, field_error,
+from mstar_graphs.common.config_loader import (ConfigError, JsonConfig, convert, decode_json, field_error,
                                                require_divides, require_dtype, require_finite_positive,
                                                require_positive)
 
@@ -61,7 +60,9 @@ PALIGEMMA_VOCAB = 257152
 BOS_ID = 2  # Gemma's <bos>; openpi encodes prompts with add_bos=True
 
 
-class Pi05Config(msgspec.Struct, frozen=True, kw_only=True):
+class Pi05Config(msgspec.Struct, JsonConfig, frozen=True, kw_only=True):
+    checkpoint = "a pi0.5 checkpoint directory"
+
     vision: VisionDims = VisionDims()
     prefix: GemmaDims = VARIANTS["gemma_2b"]
     expert: GemmaDims = VARIANTS["gemma_300m"]
@@ -83,18 +84,8 @@ class Pi05Config(msgspec.Struct, frozen=True, kw_only=True):
     # ----------------------------------------------------------------- reading
 
     @classmethod
-    def from_dir(cls, path: str | Path) -> Pi05Config:
-        """Read ``<path>/config.json`` (or ``path`` itself if it names a file)."""
-        file = config_file(path, "a pi0.5 checkpoint directory with config.json")
-        return cls.from_json(file.read_bytes(), source=str(file))
-
-    @classmethod
     def from_json(cls, data: bytes | str, *, source: str = "config.json") -> Pi05Config:
         return decode_json(data, _RawConfig, source).resolve(source)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any], *, source: str = "config") -> Pi05Config:
-        return cls.from_json(msgspec.json.encode(data), source=source)
 
     # ------------------------------------------------------------- validation
 

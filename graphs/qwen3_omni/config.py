@@ -10,11 +10,10 @@ read where the checkpoint writes them. Errors name the bad field with its path
 """
 from __future__ import annotations
 
-from pathlib import Path
 
 import msgspec
 
-from mstar_graphs.common.config_loader import (ConfigError, config_file, convert, decode_json, field_error,
+from mstar_graphs.common.config_loader import (ConfigError, JsonConfig, convert, decode_json, field_error,
                                                require_divides, require_positive)
 from mstar_graphs.qwen3_omni.config_aliases import AliasConflict, canonical_fields
 
@@ -168,7 +167,9 @@ class Code2WavConfig(msgspec.Struct, kw_only=True):
         return out
 
 
-class Qwen3OmniConfig(msgspec.Struct, kw_only=True):
+class Qwen3OmniConfig(msgspec.Struct, JsonConfig, kw_only=True):
+    checkpoint = "a Qwen3-Omni checkpoint directory"
+
     thinker_config: ThinkerConfig
     talker_config: TalkerConfig
     code2wav_config: Code2WavConfig = msgspec.field(default_factory=Code2WavConfig)
@@ -183,11 +184,6 @@ class Qwen3OmniConfig(msgspec.Struct, kw_only=True):
     assistant_token_id: int = 77091
     model_type: str | None = None
     mstar_random_weights: bool = False  # set by our tiny generator: every output says the weights are random
-
-    @classmethod
-    def from_dir(cls, path: str | Path) -> "Qwen3OmniConfig":
-        file = config_file(path, "a Qwen3-Omni checkpoint directory with config.json")
-        return cls.from_json(file.read_bytes(), source=str(file))
 
     @classmethod
     def from_json(cls, data: bytes | str, *, source: str = "config.json") -> "Qwen3OmniConfig":

@@ -8,11 +8,10 @@ tubelet 2; predictor 1024 wide, 24 deep, 16 heads, MLP ratio 4, 7-d actions and 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import msgspec
 
-from mstar_graphs.common.config_loader import config_file, decode_json, field_error
+from mstar_graphs.common.config_loader import JsonConfig, decode_json, field_error
 
 
 class EncoderConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -44,7 +43,9 @@ class PredictorConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     eps: float = 1e-6
 
 
-class VJepa2Config(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+class VJepa2Config(msgspec.Struct, JsonConfig, forbid_unknown_fields=True, frozen=True):
+    checkpoint = "a V-JEPA 2-AC checkpoint directory"
+
     encoder: EncoderConfig = EncoderConfig()
     predictor: PredictorConfig = PredictorConfig()
     normalize_reps: bool = True  # F.layer_norm (no affine, eps 1e-5) on encoder and predictor outputs
@@ -77,9 +78,8 @@ class VJepa2Config(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
         return self
 
     @classmethod
-    def from_dir(cls, path: str | Path) -> "VJepa2Config":
-        file = config_file(path, "a V-JEPA 2-AC checkpoint directory with config.json")
-        return decode_json(file.read_bytes(), cls, str(file)).validated(str(file))
+    def from_json(cls, data: bytes | str, *, source: str = "config.json") -> "VJepa2Config":
+        return decode_json(data, cls, source).validated(source)
 
     def to_json(self) -> str:
         return json.dumps(msgspec.to_builtins(self), indent=2) + "\n"

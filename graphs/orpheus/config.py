@@ -6,12 +6,11 @@ unknown fields are ignored (real configs carry many we do not need).
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from typing import Any
 
 import msgspec
 
-from mstar_graphs.common.config_loader import (FieldError, config_file, decode_json, field_error,
+from mstar_graphs.common.config_loader import (FieldError, JsonConfig, decode_json, field_error,
                                                require_divides, require_dtype, require_finite_positive,
                                                require_positive)
 
@@ -20,7 +19,9 @@ ROPE_TYPES = ("default", "linear", "llama3")
 _LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 
 
-class LlamaConfig(msgspec.Struct, kw_only=True):
+class LlamaConfig(msgspec.Struct, JsonConfig, kw_only=True):
+    checkpoint = "an HF checkpoint directory"
+
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -47,18 +48,8 @@ class LlamaConfig(msgspec.Struct, kw_only=True):
     # ----------------------------------------------------------------- reading
 
     @classmethod
-    def from_dir(cls, path: str | Path) -> LlamaConfig:
-        """Read ``<path>/config.json`` (or ``path`` itself if it names a file)."""
-        file = config_file(path, "an HF checkpoint directory with config.json")
-        return cls.from_json(file.read_bytes(), source=str(file.name))
-
-    @classmethod
     def from_json(cls, data: bytes | str, *, source: str = "config.json") -> LlamaConfig:
         return decode_json(data, cls, source)._resolved(source)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any], *, source: str = "config") -> LlamaConfig:
-        return cls.from_json(msgspec.json.encode(data), source=source)
 
     def to_dict(self) -> dict[str, Any]:
         return msgspec.structs.asdict(self)
