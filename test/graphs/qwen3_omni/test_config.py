@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from mstar_graphs.qwen3_omni.checkpoints import tiny_config
+from mstar_graphs.qwen3_omni.tiny import tiny_config
 from mstar_graphs.common.config_loader import ConfigError
 from mstar_graphs.qwen3_omni.config import Qwen3OmniConfig
 

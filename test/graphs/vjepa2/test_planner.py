@@ -10,8 +10,9 @@ from mstar.conductor import Conductor
 from mstar.conductor.request import Request
 from mstar.engine.sampling_params import SamplingParams
 from mstar_graphs.vjepa2.graph import vjepa2_graph
+from mstar_graphs.vjepa2.frontend import plan_request
 from mstar_graphs.vjepa2.planner import (CemEnergy, CemParams, CemRefit, CemSample, initial_belief, plan_from_belief,
-                                         plan_request, refit_belief, sample_actions)
+                                         refit_belief, sample_actions)
 from support.parity import FP32
 
 PARAMS = CemParams(samples=12, topk=3, iterations=3, maxnorm=0.05)
