@@ -23,13 +23,13 @@ from mstar_graphs.common.attention import GQAttention
 from mstar_graphs.common.decoder_layer import PreNormDecoderLayer
 from mstar_graphs.common.mlp import GatedMLP
 from mstar_graphs.common.rms_norm import RMSNorm
+from mstar_graphs.common.rope import register_rope_tables, rope_inv_freq, rope_tables
 from mstar_graphs.orpheus.config import LlamaConfig
 
 
-def rope_inv_freq(cfg: LlamaConfig) -> torch.Tensor:
+def llama_inv_freq(cfg: LlamaConfig) -> torch.Tensor:
     """Inverse RoPE frequencies [head_dim/2] in fp32, with linear or llama3 scaling applied."""
-    dim = cfg.dim_per_head
-    inv_freq = 1.0 / (cfg.rope_base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    inv_freq = rope_inv_freq(cfg.dim_per_head, cfg.rope_base)
     scaling = cfg.rope_scaling_params()
     if scaling is None:
         return inv_freq
@@ -47,16 +47,6 @@ def rope_inv_freq(cfg: LlamaConfig) -> torch.Tensor:
     blended = (1 - smooth) * scaled / factor + smooth * scaled
     medium = (wavelen >= old_len / high) & (wavelen <= old_len / low)
     return torch.where(medium, blended, scaled)
-
-
-def rope_tables(cfg: LlamaConfig) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin [max_position_embeddings, head_dim/2] in fp32.
-
-    Half width is enough: rotate-half RoPE uses the same angle for element j and j + D/2.
-    """
-    positions = torch.arange(cfg.max_position_embeddings, dtype=torch.float32)
-    angles = torch.outer(positions, rope_inv_freq(cfg))
-    return angles.cos(), angles.sin()
 
 
 def llama_layer(cfg: LlamaConfig, layer_idx: int, **factory: object) -> PreNormDecoderLayer:
@@ -110,14 +100,8 @@ class LlamaForCausalLM(ARModule):
             self.lm_head.weight = self.model.embed_tokens.weight
 
     def _reset_rope(self, device: torch.device | str | None) -> None:
-        # Non-persistent: derived from the config, never in a checkpoint (the loader's strict
-        # check would otherwise ask for them). Built in fp32 and cast once to the module dtype,
-        # like HF casting cos/sin to the activation dtype.
-        cos, sin = rope_tables(self.config)
-        dtype = self.model.norm.weight.dtype
-        target = device if device is not None and torch.device(device).type != "meta" else "cpu"
-        self.register_buffer("rope_cos", cos.to(device=target, dtype=dtype), persistent=False)
-        self.register_buffer("rope_sin", sin.to(device=target, dtype=dtype), persistent=False)
+        cos, sin = rope_tables(llama_inv_freq(self.config), self.config.max_position_embeddings)
+        register_rope_tables(self, cos, sin, self.model.norm.weight.dtype, device)
 
     # ------------------------------------------------------------------ loading
 

@@ -22,13 +22,6 @@ from mstar_graphs.common.rms_norm import GemmaRMSNorm
 from mstar_graphs.pi05.config import GemmaDims, Pi05Config
 
 
-def rope_tables(head_dim: int, theta: float, length: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin [length, head_dim/2] in fp32 (rotate-half uses one angle for j and j + D/2)."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
-    angles = torch.outer(torch.arange(length, dtype=torch.float32), inv_freq)
-    return angles.cos(), angles.sin()
-
-
 def gemma_attention(dims: GemmaDims, layer_idx: int, **factory: object) -> GQAttention:
     """q/k/v/o projections of one layer; ``layer_idx`` names the KV layer (the expert's layer i shares it)."""
     return GQAttention(dims.width, dims.num_heads, dims.num_kv_heads, dims.head_dim, layer_idx,

@@ -24,17 +24,14 @@ from mstar_graphs.common.attention import AttnFn, GQAttention
 from mstar_graphs.common.decoder_layer import PreNormDecoderLayer
 from mstar_graphs.common.mlp import GatedMLP
 from mstar_graphs.common.rms_norm import RMSNorm
+from mstar_graphs.common.rope import rope_inv_freq
 from mstar_graphs.qwen3_omni.config import TextConfig
 from mstar_graphs.qwen3_omni.moe import SparseMoE
 
 
-def inv_freq(head_dim: int, theta: float) -> torch.Tensor:
-    return 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
-
-
 def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """1-D RoPE: positions [T] -> cos, sin [T, head_dim/2] (fp32 angles, cast like the reference)."""
-    angles = positions.float()[:, None] * inv_freq(head_dim, theta).to(positions.device)[None, :]
+    angles = positions.float()[:, None] * rope_inv_freq(head_dim, theta).to(positions.device)[None, :]
     return angles.cos().to(dtype), angles.sin().to(dtype)
 
 
@@ -42,7 +39,7 @@ def mrope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, section:
                   dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """Interleaved M-RoPE: positions [3, T] (t, h, w) -> cos, sin [T, head_dim/2]. Frequency j
     takes h if j % 3 == 1 and j < 3 * section[1], w if j % 3 == 2 and j < 3 * section[2], else t."""
-    freqs = positions.float()[..., None] * inv_freq(head_dim, theta).to(positions.device)  # [3, T, D/2]
+    freqs = positions.float()[..., None] * rope_inv_freq(head_dim, theta).to(positions.device)  # [3, T, D/2]
     j = torch.arange(head_dim // 2, device=positions.device)
     axis = torch.zeros_like(j)
     axis[(j % 3 == 1) & (j < 3 * section[1])] = 1
