@@ -113,7 +113,7 @@ def check_orpheus(device: str, dtype: str, preset: str) -> dict:
 
 def check_pi05(device: str, dtype: str, preset: str) -> dict:
     from mstar_graphs.pi05.direct import sample_actions_direct
-    from mstar_graphs.pi05.policy import Pi05Policy
+    from mstar_graphs.pi05.frontend import Pi05Policy
 
     policy = Pi05Policy.load(preset=preset, progress=False)
     gen = torch.Generator().manual_seed(0)

@@ -1,7 +1,32 @@
-"""Rotary position embedding, rotate-half convention (HF Llama / Gemma)."""
+"""Rotary position embedding, rotate-half convention (HF Llama / Gemma / Qwen): frequencies, tables, rotation."""
 from __future__ import annotations
 
 import torch
+from torch import nn
+
+
+def rope_inv_freq(dim: int, theta: float, device: torch.device | str | None = None) -> torch.Tensor:
+    """Inverse frequencies [dim/2] in fp32: theta ** (-2j / dim)."""
+    return 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.int64, device=device).float() / dim))
+
+
+def rope_tables(inv_freq: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [length, dim/2] in fp32 for positions 0 .. length - 1.
+
+    Half width is enough: rotate-half RoPE uses the same angle for element j and j + D/2.
+    """
+    angles = torch.outer(torch.arange(length, dtype=torch.float32), inv_freq)
+    return angles.cos(), angles.sin()
+
+
+def register_rope_tables(module: nn.Module, cos: torch.Tensor, sin: torch.Tensor, dtype: torch.dtype,
+                         device: torch.device | str | None) -> None:
+    """``module.rope_cos`` / ``rope_sin``, cast once to ``dtype`` as transformers casts cos/sin to the
+    activations'. Non-persistent: derived from the config, never in a checkpoint (the loader's strict
+    check would otherwise ask for them). A meta-device build gets them on the CPU."""
+    target = device if device is not None and torch.device(device).type != "meta" else "cpu"
+    module.register_buffer("rope_cos", cos.to(device=target, dtype=dtype), persistent=False)
+    module.register_buffer("rope_sin", sin.to(device=target, dtype=dtype), persistent=False)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

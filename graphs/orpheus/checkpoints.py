@@ -7,20 +7,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mstar_graphs.common.cache import cached_dir
-from mstar_graphs.orpheus.tiny_llm import write_tiny_llm
-from mstar_graphs.orpheus.tiny_snac import write_tiny_snac
+from mstar_graphs.orpheus.tiny import parts, write_tiny_orpheus
 
 log = logging.getLogger("mstar_graphs.orpheus")
 TINY_VERSION = 2  # bump when the generators change, so stale caches are not reused
-
-# preset -> (LLM preset, SNAC preset, SNAC overrides). "bench" keeps the real model's balance:
-# in Orpheus 3B the LLM does ~93% of the FLOPs (46 GFLOP per 7-token frame vs 3.3 GFLOP per
-# SNAC window), so the small bench LLM gets a SNAC decoder scaled down to match (~87%).
-PRESETS = {
-    "tiny": ("tiny", "tiny", None),
-    "bench": ("bench", "bench", {"decoder_dim": 256}),
-    "bench-full-snac": ("bench", "bench", None),
-}
 
 
 @dataclass(frozen=True)
@@ -36,15 +26,9 @@ class OrpheusPaths:
 
 def ensure_tiny_orpheus(preset: str = "tiny") -> OrpheusPaths:
     """The generated checkpoint for ``preset`` ("tiny" for tests, "bench"), made on first use."""
-    if preset not in PRESETS:
-        raise ValueError(f"unknown Orpheus preset {preset!r} (known: {sorted(PRESETS)})")
-    llm_preset, snac_preset, snac_overrides = PRESETS[preset]
-
-    def make(tmp: Path) -> None:
-        write_tiny_llm(tmp / "llm", llm_preset)
-        write_tiny_snac(tmp / "snac", snac_preset, overrides=snac_overrides)
-
-    root = cached_dir(f"orpheus-{preset}-v{TINY_VERSION}", make, f"the {preset} Orpheus checkpoint (random weights)")
+    parts(preset)  # an unknown preset fails before a cache directory is named after it
+    root = cached_dir(f"orpheus-{preset}-v{TINY_VERSION}", lambda tmp: write_tiny_orpheus(tmp, preset),
+                      f"the {preset} Orpheus checkpoint (random weights)")
     return OrpheusPaths(root / "llm", root / "snac")
 
 

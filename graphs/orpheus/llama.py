@@ -11,25 +11,31 @@ import math
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from mstar.engine.ar_module import ARModule
 from mstar.engine.attention.backend import AttentionContext
 from mstar.engine.kv_cache import KVSpec
-from mstar.layers.tensor_parallel import (ParallelLMHead, RowParallelLinear, VocabParallelEmbedding, check_divisible,
-                                          column_parallel, restricted_logits, vocab_slice)
+from mstar.layers.tensor_parallel import (
+    ParallelLMHead,
+    VocabParallelEmbedding,
+    check_divisible,
+    restricted_logits,
+    vocab_slice,
+)
 from mstar.parallel.group import TPGroup
 from mstar.weights import load_weights, no_random_init
+from mstar_graphs.common.attention import GQAttention
+from mstar_graphs.common.decoder_layer import PreNormDecoderLayer
+from mstar_graphs.common.mlp import GatedMLP
 from mstar_graphs.common.rms_norm import RMSNorm
-from mstar_graphs.common.rope import apply_rope
-from mstar_graphs.orpheus.llama_config import LlamaConfig
+from mstar_graphs.common.rope import register_rope_tables, rope_inv_freq, rope_tables
+from mstar_graphs.orpheus.config import LlamaConfig
 
 
-def rope_inv_freq(cfg: LlamaConfig) -> torch.Tensor:
+def llama_inv_freq(cfg: LlamaConfig) -> torch.Tensor:
     """Inverse RoPE frequencies [head_dim/2] in fp32, with linear or llama3 scaling applied."""
-    dim = cfg.dim_per_head
-    inv_freq = 1.0 / (cfg.rope_base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    inv_freq = rope_inv_freq(cfg.dim_per_head, cfg.rope_base)
     scaling = cfg.rope_scaling_params()
     if scaling is None:
         return inv_freq
@@ -49,88 +55,14 @@ def rope_inv_freq(cfg: LlamaConfig) -> torch.Tensor:
     return torch.where(medium, blended, scaled)
 
 
-def rope_tables(cfg: LlamaConfig) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin [max_position_embeddings, head_dim/2] in fp32.
+def llama_layer(cfg: LlamaConfig, layer_idx: int, **factory: object) -> PreNormDecoderLayer:
+    def norm() -> RMSNorm:
+        return RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, **factory)  # type: ignore[arg-type]
 
-    Half width is enough: rotate-half RoPE uses the same angle for element j and j + D/2.
-    """
-    positions = torch.arange(cfg.max_position_embeddings, dtype=torch.float32)
-    angles = torch.outer(positions, rope_inv_freq(cfg))
-    return angles.cos(), angles.sin()
-
-
-class LlamaAttention(nn.Module):
-    def __init__(self, cfg: LlamaConfig, layer_idx: int, **factory: object) -> None:
-        super().__init__()
-        self.layer_idx = layer_idx
-        self.num_heads = cfg.num_attention_heads
-        self.num_kv_heads = cfg.kv_heads
-        self.head_dim = cfg.dim_per_head
-        self.scale = self.head_dim ** -0.5
-        h, d = cfg.hidden_size, self.head_dim
-        self.q_proj = nn.Linear(h, self.num_heads * d, bias=False, **factory)
-        self.k_proj = nn.Linear(h, self.num_kv_heads * d, bias=False, **factory)
-        self.v_proj = nn.Linear(h, self.num_kv_heads * d, bias=False, **factory)
-        self.o_proj = nn.Linear(self.num_heads * d, h, bias=False, **factory)
-
-    def fuse(self) -> None:
-        """One q|k|v matmul instead of three (after loading; the checkpoint names are gone)."""
-        self.qkv_proj = _fused_linear([self.q_proj, self.k_proj, self.v_proj])
-        del self.q_proj, self.k_proj, self.v_proj
-
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: AttentionContext) -> torch.Tensor:
-        t, d = x.shape[0], self.head_dim
-        if hasattr(self, "qkv_proj"):
-            q, k, v = self.qkv_proj(x).split([self.num_heads * d, self.num_kv_heads * d, self.num_kv_heads * d], dim=-1)
-        else:
-            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        q = apply_rope(q.reshape(t, self.num_heads, d), cos, sin)
-        k = apply_rope(k.reshape(t, self.num_kv_heads, d), cos, sin)
-        v = v.reshape(t, self.num_kv_heads, d)
-        out = attn(self.layer_idx, q, k, v, self.scale)
-        return self.o_proj(out.reshape(t, self.num_heads * self.head_dim))
-
-
-class LlamaMLP(nn.Module):
-    def __init__(self, cfg: LlamaConfig, **factory: object) -> None:
-        super().__init__()
-        h, i = cfg.hidden_size, cfg.intermediate_size
-        self.gate_proj = nn.Linear(h, i, bias=False, **factory)
-        self.up_proj = nn.Linear(h, i, bias=False, **factory)
-        self.down_proj = nn.Linear(i, h, bias=False, **factory)
-
-    def fuse(self) -> None:
-        """One gate|up matmul instead of two (after loading)."""
-        self.gate_up_proj = _fused_linear([self.gate_proj, self.up_proj])
-        del self.gate_proj, self.up_proj
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if hasattr(self, "gate_up_proj"):
-            gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        else:
-            gate, up = self.gate_proj(x), self.up_proj(x)
-        return self.down_proj(F.silu(gate) * up)
-
-
-def _fused_linear(parts: list[nn.Linear]) -> nn.Linear:
-    weight = torch.cat([p.weight.detach() for p in parts], dim=0)
-    fused = nn.Linear(weight.shape[1], weight.shape[0], bias=False, device=weight.device, dtype=weight.dtype)
-    with torch.no_grad():
-        fused.weight.copy_(weight)
-    return fused
-
-
-class LlamaDecoderLayer(nn.Module):
-    def __init__(self, cfg: LlamaConfig, layer_idx: int, **factory: object) -> None:
-        super().__init__()
-        self.self_attn = LlamaAttention(cfg, layer_idx, **factory)
-        self.mlp = LlamaMLP(cfg, **factory)
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, **factory)  # type: ignore[arg-type]
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, **factory)  # type: ignore[arg-type]
-
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: AttentionContext) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, attn)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    attention = GQAttention(cfg.hidden_size, cfg.num_attention_heads, cfg.kv_heads, cfg.dim_per_head,
+                            layer_idx, **factory)  # type: ignore[arg-type]
+    mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, "silu", **factory)  # type: ignore[arg-type]
+    return PreNormDecoderLayer(attention, mlp, norm(), norm())
 
 
 class LlamaModel(nn.Module):
@@ -139,7 +71,7 @@ class LlamaModel(nn.Module):
     def __init__(self, cfg: LlamaConfig, **factory: object) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size, **factory)  # type: ignore[arg-type]
-        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, i, **factory) for i in range(cfg.num_hidden_layers))
+        self.layers = nn.ModuleList(llama_layer(cfg, i, **factory) for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, **factory)  # type: ignore[arg-type]
 
 
@@ -174,14 +106,8 @@ class LlamaForCausalLM(ARModule):
             self.lm_head.weight = self.model.embed_tokens.weight
 
     def _reset_rope(self, device: torch.device | str | None) -> None:
-        # Non-persistent: derived from the config, never in a checkpoint (the loader's strict
-        # check would otherwise ask for them). Built in fp32 and cast once to the module dtype,
-        # like HF casting cos/sin to the activation dtype.
-        cos, sin = rope_tables(self.config)
-        dtype = self.model.norm.weight.dtype
-        target = device if device is not None and torch.device(device).type != "meta" else "cpu"
-        self.register_buffer("rope_cos", cos.to(device=target, dtype=dtype), persistent=False)
-        self.register_buffer("rope_sin", sin.to(device=target, dtype=dtype), persistent=False)
+        cos, sin = rope_tables(llama_inv_freq(self.config), self.config.max_position_embeddings)
+        register_rope_tables(self, cos, sin, self.model.norm.weight.dtype, device)
 
     # ------------------------------------------------------------------ loading
 
@@ -207,15 +133,8 @@ class LlamaForCausalLM(ARModule):
             return self
         tp = self.tp
         for layer in self.model.layers:  # heads and MLP features: column- then row-parallel
-            attn, mlp = layer.self_attn, layer.mlp
-            if hasattr(attn, "qkv_proj") or hasattr(mlp, "gate_up_proj"):
-                raise RuntimeError("shard_for_tp must run before fuse_projections")
-            attn.q_proj, attn.k_proj, attn.v_proj = (column_parallel(p, tp)
-                                                     for p in (attn.q_proj, attn.k_proj, attn.v_proj))
-            attn.o_proj = RowParallelLinear(attn.o_proj, tp)
-            attn.num_heads, attn.num_kv_heads = attn.num_heads // tp.size, attn.num_kv_heads // tp.size
-            mlp.gate_proj, mlp.up_proj = column_parallel(mlp.gate_proj, tp), column_parallel(mlp.up_proj, tp)
-            mlp.down_proj = RowParallelLinear(mlp.down_proj, tp)
+            layer.self_attn.shard(tp)
+            layer.mlp.shard(tp)
         size = self.config.vocab_size
         embed, start = vocab_slice(self.model.embed_tokens.weight, tp)
         self.model.embed_tokens = VocabParallelEmbedding(embed, start, size, tp)

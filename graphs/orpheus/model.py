@@ -15,7 +15,7 @@ from mstar.weights import no_random_init
 from mstar_graphs.orpheus.checkpoints import OrpheusPaths, resolve_paths
 from mstar_graphs.orpheus.graph import orpheus_graph
 from mstar_graphs.orpheus.llama import LlamaForCausalLM
-from mstar_graphs.orpheus.llama_config import LlamaConfig
+from mstar_graphs.orpheus.config import LlamaConfig
 from mstar_graphs.orpheus.prompt import build_prompt_ids, load_tokenizer
 from mstar_graphs.orpheus.snac_stage import OrpheusSnacStage
 from mstar_graphs.orpheus.tokens import FRAME_TOKENS, allowed_token_ranges

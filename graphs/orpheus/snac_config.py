@@ -5,18 +5,17 @@ so a config round-trips between our decoder, the reference package and the hub f
 """
 from __future__ import annotations
 
-import json
 import math
-import re
-from pathlib import Path
 from typing import Any
 
 import msgspec
 
-CONFIG_FILE = "config.json"
+from mstar_graphs.common.config_loader import JsonConfig, decode_json
 
 
-class SnacConfig(msgspec.Struct, kw_only=True, frozen=True):
+class SnacConfig(msgspec.Struct, JsonConfig, kw_only=True, frozen=True):
+    checkpoint = "a SNAC checkpoint directory"
+
     sampling_rate: int
     encoder_dim: int
     encoder_rates: list[int]
@@ -75,29 +74,5 @@ class SnacConfig(msgspec.Struct, kw_only=True, frozen=True):
         return out
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any], *, source: str = "config") -> "SnacConfig":
-        try:
-            return msgspec.convert(data, cls)
-        except msgspec.ValidationError as exc:
-            raise ValueError(f"{source}: invalid SNAC config{_field_hint(str(exc))}: {exc}") from None
-
-    @classmethod
-    def from_dir(cls, path: str | Path) -> "SnacConfig":
-        """Read ``config.json`` from a checkpoint directory (or a path to the file itself)."""
-        path = Path(path)
-        file = path / CONFIG_FILE if path.is_dir() else path
-        if not file.is_file():
-            raise FileNotFoundError(f"SNAC config not found: {file}")
-        try:
-            data = json.loads(file.read_text())
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{file}: not valid JSON: {exc}") from None
-        if not isinstance(data, dict):
-            raise ValueError(f"{file}: expected a JSON object, got {type(data).__name__}")
-        return cls.from_dict(data, source=str(file))
-
-
-def _field_hint(message: str) -> str:
-    # msgspec reports the failing location as "... - at `$.field[0]`"; name the field up front.
-    match = re.search(r"at `\$\.(\w+)", message)
-    return f" (field {match.group(1)!r})" if match else ""
+    def from_json(cls, data: bytes | str, *, source: str = "config.json") -> "SnacConfig":
+        return decode_json(data, cls, source)

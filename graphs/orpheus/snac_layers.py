@@ -13,6 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mstar_graphs.common.rope import rope_inv_freq
+
 
 class _WeightNormPair(nn.Module):
     """Holds ``original0`` (magnitude g) and ``original1`` (direction v) like torch's parametrization."""
@@ -167,7 +169,7 @@ class DecoderBlock(nn.Module):
 
 
 def _inv_freq(dim_head: int, device: torch.device | None = None) -> torch.Tensor:
-    return 1.0 / (10000 ** (torch.arange(0, dim_head, 2, device=device).float() / dim_head))
+    return rope_inv_freq(dim_head, 10000, device)
 
 
 class RotaryTable(nn.Module):

@@ -26,7 +26,8 @@ from typing import Any
 
 import msgspec
 
-from mstar_graphs.pi05.config import ConfigError, Pi05Config
+from mstar_graphs.common.config_loader import ConfigError
+from mstar_graphs.pi05.config import Pi05Config
 from mstar_graphs.pi05.norm_stats import lerobot_normalization, openpi_normalization
 from mstar_graphs.pi05.normalization import Normalization
 from mstar_graphs.pi05.tokenizer import TokenizerError, find_tokenizer

@@ -15,15 +15,13 @@ Unknown fields are ignored: real configs carry many we do not need.
 """
 from __future__ import annotations
 
-import math
-from pathlib import Path
 from typing import Any
 
 import msgspec
 
-
-class ConfigError(ValueError):
-    """A config.json that is unreadable, mistyped, or describes an impossible model."""
+from mstar_graphs.common.config_loader import (ConfigError, JsonConfig, convert, decode_json, field_error,
+                                               require_divides, require_dtype, require_finite_positive,
+                                               require_positive)
 
 
 class VisionDims(msgspec.Struct, frozen=True, kw_only=True):
@@ -62,7 +60,9 @@ PALIGEMMA_VOCAB = 257152
 BOS_ID = 2  # Gemma's <bos>; openpi encodes prompts with add_bos=True
 
 
-class Pi05Config(msgspec.Struct, frozen=True, kw_only=True):
+class Pi05Config(msgspec.Struct, JsonConfig, frozen=True, kw_only=True):
+    checkpoint = "a pi0.5 checkpoint directory"
+
     vision: VisionDims = VisionDims()
     prefix: GemmaDims = VARIANTS["gemma_2b"]
     expert: GemmaDims = VARIANTS["gemma_300m"]
@@ -84,47 +84,22 @@ class Pi05Config(msgspec.Struct, frozen=True, kw_only=True):
     # ----------------------------------------------------------------- reading
 
     @classmethod
-    def from_dir(cls, path: str | Path) -> Pi05Config:
-        """Read ``<path>/config.json`` (or ``path`` itself if it names a file)."""
-        path = Path(path)
-        file = path if path.is_file() else path / "config.json"
-        if not file.is_file():
-            raise ConfigError(f"{file}: no such file (expected a pi0.5 checkpoint directory with config.json)")
-        return cls.from_json(file.read_bytes(), source=str(file))
-
-    @classmethod
     def from_json(cls, data: bytes | str, *, source: str = "config.json") -> Pi05Config:
-        try:
-            raw = msgspec.json.decode(data, type=_RawConfig)
-        except msgspec.ValidationError as exc:
-            raise ConfigError(f"{source}: {_located(str(exc))}") from None
-        except msgspec.DecodeError as exc:
-            raise ConfigError(f"{source}: not valid JSON: {exc}") from None
-        return raw.resolve(source)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any], *, source: str = "config") -> Pi05Config:
-        return cls.from_json(msgspec.json.encode(data), source=source)
+        return decode_json(data, _RawConfig, source).resolve(source)
 
     # ------------------------------------------------------------- validation
 
     def validated(self, source: str = "config") -> Pi05Config:
-        def bad(field: str, why: str) -> ConfigError:
-            return ConfigError(f"{source}: {field}: {why}")
-
+        bad = field_error(source)
         for name, dims in (("vision", self.vision), ("paligemma", self.prefix), ("action_expert", self.expert)):
-            for field in msgspec.structs.fields(dims):
-                value = getattr(dims, field.name)
-                if not (value > 0 and math.isfinite(value)):
-                    raise bad(f"{name}.{field.name}", f"must be > 0, got {value}")
+            fields = tuple(field.name for field in msgspec.structs.fields(dims))
+            require_finite_positive(bad, dims, fields, prefix=name)
         v = self.vision
         if v.image_size % v.patch_size:
             raise bad("vision.patch_size", f"{v.patch_size} does not divide image_size={v.image_size}")
-        if v.width % v.heads:
-            raise bad("vision.heads", f"{v.heads} does not divide width={v.width}")
+        require_divides(bad, "vision.heads", v.heads, "width", v.width)
         for name, g in (("paligemma", self.prefix), ("action_expert", self.expert)):
-            if g.num_heads % g.num_kv_heads:
-                raise bad(f"{name}.num_kv_heads", f"{g.num_kv_heads} does not divide num_heads={g.num_heads}")
+            require_divides(bad, f"{name}.num_kv_heads", g.num_kv_heads, "num_heads", g.num_heads)
             if g.head_dim % 2:
                 raise bad(f"{name}.head_dim", f"must be even (RoPE rotates pairs), got {g.head_dim}")
         # The expert's attention reads the prefix KV layer by layer, in the same heads.
@@ -134,17 +109,12 @@ class Pi05Config(msgspec.Struct, frozen=True, kw_only=True):
                           f"the expert attends to the prefix KV; got {getattr(self.expert, field)}")
         if self.expert.width % 2:
             raise bad("action_expert.width", f"must be even (sin|cos time embedding), got {self.expert.width}")
-        for field in ("vocab_size", "action_horizon", "action_dim", "max_token_len", "num_steps", "max_positions"):
-            if getattr(self, field) <= 0:
-                raise bad(field, f"must be > 0, got {getattr(self, field)}")
+        require_positive(bad, self, ("vocab_size", "action_horizon", "action_dim", "max_token_len", "num_steps",
+                                     "max_positions"))
         if not 0 <= self.bos_token_id < self.vocab_size:
             raise bad("bos_token_id", f"{self.bos_token_id} is outside the vocabulary [0, {self.vocab_size})")
-        for field in ("rope_theta", "rms_norm_eps", "min_period", "max_period"):
-            value = getattr(self, field)
-            if not (value > 0 and math.isfinite(value)):
-                raise bad(field, f"must be a finite number > 0, got {value}")
-        if self.dtype not in ("float32", "bfloat16", "float16"):
-            raise bad("precision", f"expected float32, bfloat16 or float16, got {self.dtype!r}")
+        require_finite_positive(bad, self, ("rope_theta", "rms_norm_eps", "min_period", "max_period"))
+        require_dtype(bad, "precision", self.dtype)
         return self
 
 
@@ -173,15 +143,16 @@ class _RawConfig(msgspec.Struct, kw_only=True):
     mstar_random_weights: bool = False
 
     def resolve(self, source: str) -> Pi05Config:
+        bad = field_error(source)
         if self.type is not None and self.type != "pi05":
-            raise ConfigError(f"{source}: type: expected 'pi05', got {self.type!r} (only pi0.5 checkpoints are supported)")
+            raise bad("type", f"expected 'pi05', got {self.type!r} (only pi0.5 checkpoints are supported)")
         if self.pi05 is False:
-            raise ConfigError(f"{source}: pi05: false (a pi0 checkpoint; only pi0.5 is supported)")
+            raise bad("pi05", "false (a pi0 checkpoint; only pi0.5 is supported)")
         dims = dict(self.mstar_dims or {})
-        vision = _decode(VisionDims, dims.pop("vision", {}), source, "mstar_dims.vision")
+        vision = convert(dims.pop("vision", {}), VisionDims, source, "mstar_dims.vision")
         if self.image_resolution is not None:
             if len(self.image_resolution) != 2 or self.image_resolution[0] != self.image_resolution[1]:
-                raise ConfigError(f"{source}: image_resolution: must be square [N, N], got {self.image_resolution}")
+                raise bad("image_resolution", f"must be square [N, N], got {self.image_resolution}")
             vision = msgspec.structs.replace(vision, image_size=self.image_resolution[0])
         prefix = _variant(self.paligemma_variant, dims.pop("paligemma", None), source, "paligemma_variant")
         expert = _variant(self.action_expert_variant, dims.pop("action_expert", None), source, "action_expert_variant")
@@ -190,7 +161,7 @@ class _RawConfig(msgspec.Struct, kw_only=True):
             if key in dims:
                 extra[key] = dims.pop(key)
         if dims:
-            raise ConfigError(f"{source}: mstar_dims: unknown keys {sorted(dims)}")
+            raise bad("mstar_dims", f"unknown keys {sorted(dims)}")
         cfg = Pi05Config(
             vision=vision, prefix=prefix, expert=expert,
             action_horizon=_first(self.action_horizon, self.chunk_size, 50),
@@ -202,12 +173,8 @@ class _RawConfig(msgspec.Struct, kw_only=True):
             dtype=self.precision or self.dtype or "float32",
             random_weights=self.mstar_random_weights,
         )
-        try:
-            cfg = msgspec.structs.replace(cfg, **extra)
-            cfg = msgspec.convert(msgspec.to_builtins(cfg), Pi05Config)  # re-checks the extra values' types
-        except (TypeError, msgspec.ValidationError) as exc:
-            raise ConfigError(f"{source}: mstar_dims: {_located(str(exc))}") from None
-        return cfg.validated(source)
+        # through builtins, so the extra values' types are checked too
+        return convert({**msgspec.to_builtins(cfg), **extra}, Pi05Config, source, "mstar_dims").validated(source)
 
 
 def _first(a: int | None, b: int | None, default: int) -> int:
@@ -216,23 +183,8 @@ def _first(a: int | None, b: int | None, default: int) -> int:
 
 def _variant(name: str, explicit: dict[str, Any] | None, source: str, field: str) -> GemmaDims:
     if explicit is not None:
-        return _decode(GemmaDims, explicit, source, f"mstar_dims.{field.removesuffix('_variant')}")
+        return convert(explicit, GemmaDims, source, f"mstar_dims.{field.removesuffix('_variant')}")
     if name not in VARIANTS:
         raise ConfigError(f"{source}: {field}: unknown Gemma variant {name!r} (known: {', '.join(VARIANTS)}; "
                           f"other sizes need an explicit mstar_dims entry)")
     return VARIANTS[name]
-
-
-def _decode(kind: type, data: Any, source: str, where: str) -> Any:
-    try:
-        return msgspec.convert(data, kind)
-    except msgspec.ValidationError as exc:
-        raise ConfigError(f"{source}: {where}: {_located(str(exc))}") from None
-
-
-def _located(text: str) -> str:
-    """msgspec's "Expected `int`, got `str` - at `$.action_dim`" -> "action_dim: Expected `int`, got `str`"."""
-    msg, sep, path = text.partition(" - at `$")
-    if not sep:
-        return text
-    return f"{path.rstrip('`').lstrip('.')}: {msg}"

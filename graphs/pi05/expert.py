@@ -21,7 +21,8 @@ from torch import nn
 
 from mstar.engine.attention.backend import AttentionContext
 from mstar_graphs.pi05.config import Pi05Config
-from mstar_graphs.pi05.gemma import GemmaAttention, GemmaMLP
+from mstar_graphs.common.rms_norm import rms_normalize
+from mstar_graphs.pi05.gemma import gemma_attention, gemma_mlp
 
 
 def time_embedding(time: torch.Tensor, dim: int, min_period: float, max_period: float) -> torch.Tensor:
@@ -55,9 +56,7 @@ class AdaRMSNorm(nn.Module):
         Each sequence's modulation broadcasts over its H rows (not gathered per row: on CPU the
         flow step of 8 robots spent ~2 ms per chunk copying 400-row scale/shift/gate tensors)."""
         scale, shift, gate = modulation[:, None].chunk(3, dim=-1)
-        xf = x.float()
-        normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        normed = normed * (1.0 + scale.float()) + shift.float()
+        normed = rms_normalize(x.float(), self.eps) * (1.0 + scale.float()) + shift.float()
         return normed.to(x.dtype), gate.to(x.dtype)
 
 
@@ -66,9 +65,9 @@ class ExpertDecoderLayer(nn.Module):
         super().__init__()
         dims, eps = config.expert, config.rms_norm_eps
         self.input_layernorm = AdaRMSNorm(dims.width, dims.width, eps, **factory)
-        self.self_attn = GemmaAttention(dims.width, dims, layer_idx, **factory)
+        self.self_attn = gemma_attention(dims, layer_idx, **factory)
         self.post_attention_layernorm = AdaRMSNorm(dims.width, dims.width, eps, **factory)
-        self.mlp = GemmaMLP(dims.width, dims.mlp_dim, **factory)
+        self.mlp = gemma_mlp(dims, **factory)
 
     def forward(self, x: torch.Tensor, cond: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 attn: AttentionContext) -> torch.Tensor:

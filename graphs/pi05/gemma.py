@@ -15,75 +15,29 @@ import torch.nn.functional as F
 from torch import nn
 
 from mstar.engine.attention.backend import AttentionContext
+from mstar_graphs.common.attention import GQAttention
+from mstar_graphs.common.decoder_layer import DATAFLOW_ORDER, PreNormDecoderLayer
+from mstar_graphs.common.mlp import GatedMLP
+from mstar_graphs.common.rms_norm import GemmaRMSNorm
 from mstar_graphs.pi05.config import GemmaDims, Pi05Config
-from mstar_graphs.common.rope import apply_rope
 
 
-def rope_tables(head_dim: int, theta: float, length: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin [length, head_dim/2] in fp32 (rotate-half uses one angle for j and j + D/2)."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
-    angles = torch.outer(torch.arange(length, dtype=torch.float32), inv_freq)
-    return angles.cos(), angles.sin()
+def gemma_attention(dims: GemmaDims, layer_idx: int, **factory: object) -> GQAttention:
+    """q/k/v/o projections of one layer; ``layer_idx`` names the KV layer (the expert's layer i shares it)."""
+    return GQAttention(dims.width, dims.num_heads, dims.num_kv_heads, dims.head_dim, layer_idx,
+                       **factory)  # type: ignore[arg-type]
 
 
-class GemmaRMSNorm(nn.Module):
-    def __init__(self, size: int, eps: float, **factory: object) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.zeros(size, **factory))  # type: ignore[arg-type]
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Gemma multiplies by (1 + w) in fp32 before casting back (unlike Llama).
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (xf * (1.0 + self.weight.float())).type_as(x)
+def gemma_mlp(dims: GemmaDims, **factory: object) -> GatedMLP:
+    return GatedMLP(dims.width, dims.mlp_dim, "gelu_tanh", **factory)  # type: ignore[arg-type]
 
 
-class GemmaAttention(nn.Module):
-    """q/k/v/o projections of one layer; ``layer_idx`` names the shared KV layer."""
+def gemma_layer(dims: GemmaDims, eps: float, layer_idx: int, **factory: object) -> PreNormDecoderLayer:
+    def norm() -> GemmaRMSNorm:
+        return GemmaRMSNorm(dims.width, eps, **factory)  # type: ignore[arg-type]
 
-    def __init__(self, width: int, dims: GemmaDims, layer_idx: int, **factory: object) -> None:
-        super().__init__()
-        self.layer_idx = layer_idx
-        self.num_heads, self.num_kv_heads, self.head_dim = dims.num_heads, dims.num_kv_heads, dims.head_dim
-        self.scale = dims.head_dim ** -0.5
-        q, kv = dims.num_heads * dims.head_dim, dims.num_kv_heads * dims.head_dim
-        self.q_proj = nn.Linear(width, q, bias=False, **factory)  # type: ignore[arg-type]
-        self.k_proj = nn.Linear(width, kv, bias=False, **factory)  # type: ignore[arg-type]
-        self.v_proj = nn.Linear(width, kv, bias=False, **factory)  # type: ignore[arg-type]
-        self.o_proj = nn.Linear(q, width, bias=False, **factory)  # type: ignore[arg-type]
-
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: AttentionContext) -> torch.Tensor:
-        t, d = x.shape[0], self.head_dim
-        q = apply_rope(self.q_proj(x).view(t, self.num_heads, d), cos, sin)
-        k = apply_rope(self.k_proj(x).view(t, self.num_kv_heads, d), cos, sin)
-        v = self.v_proj(x).view(t, self.num_kv_heads, d)
-        out = attn(self.layer_idx, q, k, v, self.scale)
-        return self.o_proj(out.reshape(t, self.num_heads * d))
-
-
-class GemmaMLP(nn.Module):
-    def __init__(self, width: int, mlp_dim: int, **factory: object) -> None:
-        super().__init__()
-        self.gate_proj = nn.Linear(width, mlp_dim, bias=False, **factory)  # type: ignore[arg-type]
-        self.up_proj = nn.Linear(width, mlp_dim, bias=False, **factory)  # type: ignore[arg-type]
-        self.down_proj = nn.Linear(mlp_dim, width, bias=False, **factory)  # type: ignore[arg-type]
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.gelu(self.gate_proj(x), approximate="tanh") * self.up_proj(x))
-
-
-class GemmaDecoderLayer(nn.Module):
-    def __init__(self, dims: GemmaDims, eps: float, layer_idx: int, **factory: object) -> None:
-        super().__init__()
-        self.input_layernorm = GemmaRMSNorm(dims.width, eps, **factory)
-        self.self_attn = GemmaAttention(dims.width, dims, layer_idx, **factory)
-        self.post_attention_layernorm = GemmaRMSNorm(dims.width, eps, **factory)
-        self.mlp = GemmaMLP(dims.width, dims.mlp_dim, **factory)
-
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: AttentionContext) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, attn)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    return PreNormDecoderLayer(gemma_attention(dims, layer_idx, **factory), gemma_mlp(dims, **factory), norm(), norm(),
+                               order=DATAFLOW_ORDER)  # pi0.5 always listed them so (shape_check reports in it)
 
 
 class GemmaPrefixLM(nn.Module):
@@ -94,9 +48,9 @@ class GemmaPrefixLM(nn.Module):
         dims = config.prefix
         self.width = dims.width
         self.embed_tokens = nn.Embedding(config.vocab_size, dims.width, **factory)  # type: ignore[arg-type]
-        self.layers = nn.ModuleList(GemmaDecoderLayer(dims, config.rms_norm_eps, i, **factory)
+        self.layers = nn.ModuleList(gemma_layer(dims, config.rms_norm_eps, i, **factory)
                                     for i in range(dims.depth))
-        self.norm = GemmaRMSNorm(dims.width, config.rms_norm_eps, **factory)
+        self.norm = GemmaRMSNorm(dims.width, config.rms_norm_eps, **factory)  # type: ignore[arg-type]
 
     def embed(self, input_ids: torch.Tensor, embeds: torch.Tensor | None,
               embed_mask: torch.Tensor | None) -> torch.Tensor:

@@ -24,9 +24,10 @@ from mstar.engine.attention.backend import AttentionContext
 from mstar.engine.kv_cache import KVSpec
 from mstar.layers.tensor_parallel import restricted_logits
 from mstar.weights import no_random_init
+from mstar_graphs.common.rope import register_rope_tables, rope_inv_freq, rope_tables
 from mstar_graphs.pi05.config import Pi05Config
 from mstar_graphs.pi05.expert import ActionExpert
-from mstar_graphs.pi05.gemma import GemmaPrefixLM, rope_tables
+from mstar_graphs.pi05.gemma import GemmaPrefixLM
 
 
 def flow_times(steps: int) -> list[float]:
@@ -60,14 +61,9 @@ class Pi05Model(ARModule):
         self._reset_rope(device)
 
     def _reset_rope(self, device: torch.device | str | None) -> None:
-        # Non-persistent (derived from the config, never in a checkpoint); built in fp32 and
-        # cast once to the module dtype, as transformers casts cos/sin to the activations'.
         c = self.config
-        cos, sin = rope_tables(c.prefix.head_dim, c.rope_theta, c.max_positions)
-        dtype = self.llm.norm.weight.dtype
-        target = device if device is not None and torch.device(device).type != "meta" else "cpu"
-        self.register_buffer("rope_cos", cos.to(device=target, dtype=dtype), persistent=False)
-        self.register_buffer("rope_sin", sin.to(device=target, dtype=dtype), persistent=False)
+        cos, sin = rope_tables(rope_inv_freq(c.prefix.head_dim, c.rope_theta), c.max_positions)
+        register_rope_tables(self, cos, sin, self.llm.norm.weight.dtype, device)
 
     @classmethod
     def from_pretrained_dir(cls, path: str | Path, dtype: torch.dtype = torch.float32,

@@ -25,12 +25,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from mstar.graph.node import NodeCall, NodeSubmodule
+from mstar_graphs.common.attention import GQAttention
+from mstar_graphs.common.mlp import GatedMLP
 from mstar_graphs.common.rms_norm import RMSNorm
-from mstar_graphs.common.rope import apply_rope
 from mstar_graphs.qwen3_omni.code2wav_stream import Code2WavStream, StreamCache, decode_streams
 from mstar_graphs.qwen3_omni.config import Code2WavConfig
 from mstar_graphs.qwen3_omni.decoder import rope_cos_sin
-from mstar_graphs.qwen3_omni.moe import Expert
 
 
 def stream_through(layer: nn.Module, x: torch.Tensor, cache: StreamCache) -> torch.Tensor:
@@ -172,13 +172,9 @@ class PreTransformerLayer(nn.Module):
         h, d = cfg.hidden_size, cfg.head_dim
         self.heads, self.kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, d
         self.window = cfg.sliding_window
-        bias = cfg.attention_bias
-        self.self_attn = nn.Module()
-        self.self_attn.q_proj = nn.Linear(h, self.heads * d, bias=bias)
-        self.self_attn.k_proj = nn.Linear(h, self.kv_heads * d, bias=bias)
-        self.self_attn.v_proj = nn.Linear(h, self.kv_heads * d, bias=bias)
-        self.self_attn.o_proj = nn.Linear(self.heads * d, h, bias=bias)
-        self.mlp = Expert(h, cfg.intermediate_size)
+        # its own windowed attention over dense K/V (below): no engine KV layer, so no layer index
+        self.self_attn = GQAttention(h, self.heads, self.kv_heads, d, layer_idx=-1, bias=cfg.attention_bias)
+        self.mlp = GatedMLP(h, cfg.intermediate_size)
         self.input_layernorm = RMSNorm(h, cfg.rms_norm_eps, dtype=torch.float32, device=None)
         self.post_attention_layernorm = RMSNorm(h, cfg.rms_norm_eps, dtype=torch.float32, device=None)
         self.self_attn_layer_scale = LayerScale(h, cfg.layer_scale_initial_scale)
@@ -190,13 +186,11 @@ class PreTransformerLayer(nn.Module):
         """x [B, T, H] -> (out, keys, values): causal attention over the last ``window`` frames. A stream
         passes its earlier keys and values [B, kv_heads, P, D] and which of them each frame sees
         (``visible`` [B, 1, T, P + T]); the keys and values returned are theirs and the T new ones."""
-        b, t, _ = x.shape
-        a = self.self_attn
-        q = apply_rope(a.q_proj(x).reshape(b * t, self.heads, self.head_dim), cos, sin)
-        k = apply_rope(a.k_proj(x).reshape(b * t, self.kv_heads, self.head_dim), cos, sin)
-        v = a.v_proj(x).reshape(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        b, t, width = x.shape
+        q, k, v = self.self_attn.project(x.reshape(b * t, width), cos, sin)
         q = q.reshape(b, t, self.heads, self.head_dim).transpose(1, 2)
         k = k.reshape(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = v.reshape(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
         if past_k is not None:
             k, v = torch.cat([past_k, k], dim=2), torch.cat([past_v, v], dim=2)
         keys, values = k, v
@@ -209,7 +203,7 @@ class PreTransformerLayer(nn.Module):
         w = torch.matmul(q, k.transpose(2, 3)) * self.head_dim ** -0.5
         w = w.masked_fill(~visible, torch.finfo(w.dtype).min)
         out = torch.matmul(torch.softmax(w, dim=-1, dtype=torch.float32).to(q.dtype), v)
-        return a.o_proj(out.transpose(1, 2).reshape(b, t, -1)), keys, values
+        return self.self_attn.o_proj(out.transpose(1, 2).reshape(b, t, -1)), keys, values
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, past_k: torch.Tensor | None = None,
                 past_v: torch.Tensor | None = None,

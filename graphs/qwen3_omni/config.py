@@ -10,15 +10,12 @@ read where the checkpoint writes them. Errors name the bad field with its path
 """
 from __future__ import annotations
 
-from pathlib import Path
 
 import msgspec
 
+from mstar_graphs.common.config_loader import (ConfigError, JsonConfig, convert, decode_json, field_error,
+                                               require_divides, require_positive)
 from mstar_graphs.qwen3_omni.config_aliases import AliasConflict, canonical_fields
-
-
-class ConfigError(ValueError):
-    """A config.json that is unreadable, mistyped, or describes an impossible model."""
 
 
 class RopeParameters(msgspec.Struct, kw_only=True):
@@ -170,7 +167,9 @@ class Code2WavConfig(msgspec.Struct, kw_only=True):
         return out
 
 
-class Qwen3OmniConfig(msgspec.Struct, kw_only=True):
+class Qwen3OmniConfig(msgspec.Struct, JsonConfig, kw_only=True):
+    checkpoint = "a Qwen3-Omni checkpoint directory"
+
     thinker_config: ThinkerConfig
     talker_config: TalkerConfig
     code2wav_config: Code2WavConfig = msgspec.field(default_factory=Code2WavConfig)
@@ -187,42 +186,26 @@ class Qwen3OmniConfig(msgspec.Struct, kw_only=True):
     mstar_random_weights: bool = False  # set by our tiny generator: every output says the weights are random
 
     @classmethod
-    def from_dir(cls, path: str | Path) -> "Qwen3OmniConfig":
-        path = Path(path)
-        file = path if path.is_file() else path / "config.json"
-        if not file.is_file():
-            raise ConfigError(f"{file}: no such file (expected a Qwen3-Omni checkpoint directory with config.json)")
-        return cls.from_json(file.read_bytes(), source=str(file))
-
-    @classmethod
     def from_json(cls, data: bytes | str, *, source: str = "config.json") -> "Qwen3OmniConfig":
+        raw = decode_json(data, dict, source)  # aliases are resolved on the raw tree, before the types
         try:
-            raw = msgspec.json.decode(data)
-        except msgspec.DecodeError as exc:
-            raise ConfigError(f"{source}: not valid JSON: {exc}") from None
-        if not isinstance(raw, dict):
-            raise ConfigError(f"{source}: expected a JSON object, got {type(raw).__name__}")
-        try:
-            cfg = msgspec.convert(canonical_fields(raw), type=cls)
-        except (msgspec.ValidationError, AliasConflict) as exc:
+            canonical = canonical_fields(raw)
+        except AliasConflict as exc:
             raise ConfigError(f"{source}: {exc}") from None
+        cfg = convert(canonical, cls, source)
         cfg.check(source)
         return cfg
 
     def check(self, source: str = "config.json") -> None:
         """Shapes that cannot work, named by field path."""
-        def bad(field: str, why: str) -> ConfigError:
-            return ConfigError(f"{source}: {field}: {why}")
-
+        bad = field_error(source)
         for name, text in (("thinker_config.text_config", self.thinker_config.text_config),
                            ("talker_config.text_config", self.talker_config.text_config),
                            ("talker_config.code_predictor_config", self.talker_config.code_predictor_config)):
-            for field in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads"):
-                if getattr(text, field) <= 0:
-                    raise bad(f"{name}.{field}", f"must be > 0, got {getattr(text, field)}")
-            if text.num_attention_heads % text.num_key_value_heads:
-                raise bad(f"{name}.num_key_value_heads", f"{text.num_key_value_heads} does not divide "
-                                                         f"num_attention_heads {text.num_attention_heads}")
+            require_positive(bad, text, ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                                         "num_key_value_heads"), prefix=name)
+            require_divides(bad, f"{name}.num_key_value_heads", text.num_key_value_heads, "num_attention_heads",
+                            text.num_attention_heads)
             if text.num_experts == 0 and text.num_experts_per_tok > 0:
                 # would build no experts, and every expert tensor of the checkpoint would be "unexpected"
                 raise bad(f"{name}.num_experts", f"0 experts, but num_experts_per_tok is {text.num_experts_per_tok} "

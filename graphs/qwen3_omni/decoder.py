@@ -20,21 +20,18 @@ from torch import nn
 
 from mstar.engine.ar_module import ARModule
 from mstar.engine.kv_cache import KVSpec
+from mstar_graphs.common.attention import AttnFn, GQAttention
+from mstar_graphs.common.decoder_layer import PreNormDecoderLayer
+from mstar_graphs.common.mlp import GatedMLP
 from mstar_graphs.common.rms_norm import RMSNorm
-from mstar_graphs.common.rope import apply_rope
+from mstar_graphs.common.rope import rope_inv_freq
 from mstar_graphs.qwen3_omni.config import TextConfig
-from mstar_graphs.qwen3_omni.moe import Expert, SparseMoE
-
-AttnFn = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor]
-
-
-def inv_freq(head_dim: int, theta: float) -> torch.Tensor:
-    return 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+from mstar_graphs.qwen3_omni.moe import SparseMoE
 
 
 def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """1-D RoPE: positions [T] -> cos, sin [T, head_dim/2] (fp32 angles, cast like the reference)."""
-    angles = positions.float()[:, None] * inv_freq(head_dim, theta).to(positions.device)[None, :]
+    angles = positions.float()[:, None] * rope_inv_freq(head_dim, theta).to(positions.device)[None, :]
     return angles.cos().to(dtype), angles.sin().to(dtype)
 
 
@@ -42,7 +39,7 @@ def mrope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, section:
                   dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """Interleaved M-RoPE: positions [3, T] (t, h, w) -> cos, sin [T, head_dim/2]. Frequency j
     takes h if j % 3 == 1 and j < 3 * section[1], w if j % 3 == 2 and j < 3 * section[2], else t."""
-    freqs = positions.float()[..., None] * inv_freq(head_dim, theta).to(positions.device)  # [3, T, D/2]
+    freqs = positions.float()[..., None] * rope_inv_freq(head_dim, theta).to(positions.device)  # [3, T, D/2]
     j = torch.arange(head_dim // 2, device=positions.device)
     axis = torch.zeros_like(j)
     axis[(j % 3 == 1) & (j < 3 * section[1])] = 1
@@ -51,46 +48,17 @@ def mrope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, section:
     return angles.cos().to(dtype), angles.sin().to(dtype)
 
 
-class Attention(nn.Module):
-    def __init__(self, cfg: TextConfig, layer_idx: int, **factory) -> None:
-        super().__init__()
-        self.layer_idx = layer_idx
-        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.dim_per_head
-        self.scale = self.head_dim ** -0.5
-        h, d = cfg.hidden_size, self.head_dim
-        bias = cfg.attention_bias
-        self.q_proj = nn.Linear(h, self.num_heads * d, bias=bias, **factory)
-        self.k_proj = nn.Linear(h, self.num_kv_heads * d, bias=bias, **factory)
-        self.v_proj = nn.Linear(h, self.num_kv_heads * d, bias=bias, **factory)
-        self.o_proj = nn.Linear(self.num_heads * d, h, bias=bias, **factory)
-        self.q_norm = RMSNorm(d, cfg.rms_norm_eps, **factory)
-        self.k_norm = RMSNorm(d, cfg.rms_norm_eps, **factory)
-
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: AttnFn) -> torch.Tensor:
-        t, d = x.shape[0], self.head_dim
-        q = self.q_norm(self.q_proj(x).reshape(t, self.num_heads, d))
-        k = self.k_norm(self.k_proj(x).reshape(t, self.num_kv_heads, d))
-        v = self.v_proj(x).reshape(t, self.num_kv_heads, d)
-        out = attn(self.layer_idx, apply_rope(q, cos, sin), apply_rope(k, cos, sin), v, self.scale)
-        return self.o_proj(out.reshape(t, self.num_heads * d))
-
-
-class DecoderLayer(nn.Module):
-    def __init__(self, cfg: TextConfig, layer_idx: int, moe: bool, **factory) -> None:
-        super().__init__()
-        self.self_attn = Attention(cfg, layer_idx, **factory)
-        if moe:
-            self.mlp: nn.Module = SparseMoE(cfg.hidden_size, cfg.moe_intermediate_size, cfg.num_experts,
-                                            cfg.num_experts_per_tok, cfg.norm_topk_prob,
-                                            cfg.shared_expert_intermediate_size, **factory)
-        else:
-            self.mlp = Expert(cfg.hidden_size, cfg.intermediate_size, **factory)
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, **factory)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, **factory)
-
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: AttnFn) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, attn)
-        return x + self.mlp(self.post_attention_layernorm(x))
+def decoder_layer(cfg: TextConfig, layer_idx: int, moe: bool, **factory) -> PreNormDecoderLayer:
+    attention = GQAttention(cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.dim_per_head,
+                            layer_idx, bias=cfg.attention_bias, qk_norm_eps=cfg.rms_norm_eps, **factory)
+    if moe:
+        mlp: nn.Module = SparseMoE(cfg.hidden_size, cfg.moe_intermediate_size, cfg.num_experts,
+                                   cfg.num_experts_per_tok, cfg.norm_topk_prob,
+                                   cfg.shared_expert_intermediate_size, **factory)
+    else:
+        mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, **factory)
+    return PreNormDecoderLayer(attention, mlp, RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, **factory),
+                               RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, **factory))
 
 
 class DecoderStack(nn.Module):
@@ -98,7 +66,7 @@ class DecoderStack(nn.Module):
 
     def __init__(self, cfg: TextConfig, moe_layers: Callable[[int], bool], **factory) -> None:
         super().__init__()
-        self.layers = nn.ModuleList(DecoderLayer(cfg, i, moe_layers(i), **factory) for i in range(cfg.num_hidden_layers))
+        self.layers = nn.ModuleList(decoder_layer(cfg, i, moe_layers(i), **factory) for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, **factory)
 
     def fuse_experts(self) -> None:

@@ -15,18 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-
-class Expert(nn.Module):
-    """One SwiGLU expert, named as the checkpoint names it."""
-
-    def __init__(self, hidden: int, inner: int, **factory) -> None:
-        super().__init__()
-        self.gate_proj = nn.Linear(hidden, inner, bias=False, **factory)
-        self.up_proj = nn.Linear(hidden, inner, bias=False, **factory)
-        self.down_proj = nn.Linear(inner, hidden, bias=False, **factory)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+from mstar_graphs.common.mlp import GatedMLP
 
 
 class SparseMoE(nn.Module):
@@ -35,10 +24,10 @@ class SparseMoE(nn.Module):
         super().__init__()
         self.num_experts, self.top_k, self.norm_topk_prob = num_experts, top_k, norm_topk_prob
         self.gate = nn.Linear(hidden, num_experts, bias=False, **factory)  # the router
-        self.experts = nn.ModuleList(Expert(hidden, inner, **factory) for _ in range(num_experts))
+        self.experts = nn.ModuleList(GatedMLP(hidden, inner, **factory) for _ in range(num_experts))
         self.inner = inner
         if shared_inner:
-            self.shared_expert = Expert(hidden, shared_inner, **factory)
+            self.shared_expert = GatedMLP(hidden, shared_inner, **factory)
             self.shared_expert_gate = nn.Linear(hidden, 1, bias=False, **factory)
         self.gate_up: torch.Tensor | None = None   # [E, 2I, H] after fuse()
         self.down: torch.Tensor | None = None      # [E, H, I]

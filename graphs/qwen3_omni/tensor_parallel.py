@@ -15,16 +15,15 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from mstar.layers.tensor_parallel import (ParallelLMHead, RowParallelLinear, VocabParallelEmbedding, check_divisible,
-                                          column_parallel, shard_range, vocab_slice)
+from mstar.layers.tensor_parallel import (
+    ParallelLMHead,
+    VocabParallelEmbedding,
+    check_divisible,
+    shard_range,
+    vocab_slice,
+)
 from mstar.parallel.group import TPGroup
-from mstar_graphs.qwen3_omni.moe import Expert, SparseMoE
-
-
-def shard_expert(mlp: Expert, tp: TPGroup) -> None:
-    mlp.gate_proj = column_parallel(mlp.gate_proj, tp, "intermediate_size")
-    mlp.up_proj = column_parallel(mlp.up_proj, tp, "intermediate_size")
-    mlp.down_proj = RowParallelLinear(mlp.down_proj, tp, "intermediate_size")  # type: ignore[assignment]
+from mstar_graphs.qwen3_omni.moe import SparseMoE
 
 
 def shard_moe(moe: SparseMoE, tp: TPGroup) -> None:
@@ -38,7 +37,7 @@ def shard_moe(moe: SparseMoE, tp: TPGroup) -> None:
     moe.down = nn.Parameter(moe.down.detach()[:, :, lo:hi].contiguous(), requires_grad=False)
     moe.inner = hi - lo
     if hasattr(moe, "shared_expert"):
-        shard_expert(moe.shared_expert, tp)  # its own down all-reduces; it joins after the experts' sum
+        moe.shared_expert.shard(tp)  # its own down all-reduces; it joins after the experts' sum
     moe.tp = tp
 
 
@@ -48,14 +47,11 @@ def shard_thinker(thinker, tp: TPGroup):
     check_divisible(tp, num_attention_heads=text.num_attention_heads, num_key_value_heads=text.num_key_value_heads,
                     vocab_size=text.vocab_size)
     for layer in thinker.model.layers:
-        attn = layer.self_attn
-        attn.q_proj, attn.k_proj, attn.v_proj = (column_parallel(p, tp) for p in (attn.q_proj, attn.k_proj, attn.v_proj))
-        attn.o_proj = RowParallelLinear(attn.o_proj, tp)
-        attn.num_heads, attn.num_kv_heads = attn.num_heads // tp.size, attn.num_kv_heads // tp.size
+        layer.self_attn.shard(tp)
         if isinstance(layer.mlp, SparseMoE):
             shard_moe(layer.mlp, tp)
         else:
-            shard_expert(layer.mlp, tp)
+            layer.mlp.shard(tp)
     embed, start = vocab_slice(thinker.model.embed_tokens.weight, tp)
     thinker.model.embed_tokens = VocabParallelEmbedding(embed, start, text.vocab_size, tp)
     thinker.lm_head = ParallelLMHead(vocab_slice(thinker.lm_head.weight, tp)[0], start, text.vocab_size, tp)

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mstar.graph.node import NodeCall, NodeSubmodule
-from mstar_graphs.common.rope import apply_rope
+from mstar_graphs.common.rope import apply_rope, rope_inv_freq
 from mstar_graphs.qwen3_omni.config import VisionEncoderConfig
 
 MAX_IMAGE_PATCHES = 12_845_056 // 256  # per image: the released preprocessor's max_pixels in 16 x 16 patches
@@ -126,8 +126,7 @@ class VisionEncoder(NodeSubmodule):
     def _inv_freq(self, head_dim: int) -> torch.Tensor:
         quarter = head_dim // 2  # row and column angles share the frequencies of half the rotary pairs
         # On the CPU even inside a meta-device build (a meta division imports torch._dynamo, 2 s).
-        steps = torch.arange(0, quarter, 2, device="cpu").float()
-        return 1.0 / (self.cfg.rope_parameters.rope_theta ** (steps / quarter))
+        return rope_inv_freq(quarter, self.cfg.rope_parameters.rope_theta, device="cpu")
 
     def reset_buffers(self) -> None:
         self.inv_freq = self._inv_freq(self.cfg.hidden_size // self.cfg.num_heads)

@@ -8,7 +8,7 @@ Layouts accepted by ``--weights``:
 - transformers' ``VJEPA2Model`` directory (``config.json`` with ``model_type: vjepa2`` and
   ``model.safetensors``): the encoder (``encoder.layer.N.attention.{query,key,value}`` are joined
   into our fused ``qkv``). The predictor then comes from an AC ``*.pt`` in the same directory.
-- Nothing: a tiny random checkpoint (Meta's layout) generated once and cached.
+- Nothing: a tiny random checkpoint (Meta's layout, ``tiny.py``) generated once and cached.
 """
 from __future__ import annotations
 
@@ -169,28 +169,8 @@ def load_predictor(source: VJepa2Source, dtype: torch.dtype = torch.float32, pro
     return module.eval()
 
 
-def write_tiny(path: Path, preset: str = "tiny", seed: int = 0) -> None:
-    """A random checkpoint in Meta's layout (``module.backbone.`` / ``module.`` names) + config.json."""
-    from mstar_graphs.vjepa2.encoder import VJepa2Encoder
-    from mstar_graphs.vjepa2.predictor import VJepa2Predictor
-    config = PRESETS[preset]
-    torch.manual_seed(seed)
-    encoder, predictor = VJepa2Encoder(config), VJepa2Predictor(config)
-    with torch.no_grad():  # small weights keep a deep random stack well-conditioned
-        for module in (encoder, predictor):
-            for name, p in module.named_parameters():
-                if name.startswith(("action_encoder.", "state_encoder.")) and p.dim() >= 2:
-                    p.normal_(0.0, 1.0)  # actions must move the predictions (a plan has energies to rank)
-                elif p.dim() >= 2:
-                    p.normal_(0.0, 0.02)
-                elif name.endswith("bias"):
-                    p.normal_(0.0, 0.02)
-    path.mkdir(parents=True, exist_ok=True)
-    torch.save({"encoder": {f"module.backbone.{k}": v for k, v in encoder.state_dict().items()},
-                "predictor": {f"module.{k}": v for k, v in predictor.state_dict().items()}}, path / AC_FILE)
-    (path / "config.json").write_text(config.to_json())
-
-
 def tiny_checkpoint(preset: str = "tiny") -> Path:
+    from mstar_graphs.vjepa2.tiny import write_tiny  # tiny writes this module's layout
+
     make: Callable[[Path], None] = lambda p: write_tiny(p, preset)
     return cached_dir(f"vjepa2-{preset}-v{TINY_VERSION}", make, f"a random V-JEPA 2-AC checkpoint ({preset})")

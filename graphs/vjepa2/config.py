@@ -8,9 +8,10 @@ tubelet 2; predictor 1024 wide, 24 deep, 16 heads, MLP ratio 4, 7-d actions and 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import msgspec
+
+from mstar_graphs.common.config_loader import JsonConfig, decode_json, field_error
 
 
 class EncoderConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -42,7 +43,9 @@ class PredictorConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     eps: float = 1e-6
 
 
-class VJepa2Config(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+class VJepa2Config(msgspec.Struct, JsonConfig, forbid_unknown_fields=True, frozen=True):
+    checkpoint = "a V-JEPA 2-AC checkpoint directory"
+
     encoder: EncoderConfig = EncoderConfig()
     predictor: PredictorConfig = PredictorConfig()
     normalize_reps: bool = True  # F.layer_norm (no affine, eps 1e-5) on encoder and predictor outputs
@@ -56,7 +59,7 @@ class VJepa2Config(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     def frame_tokens(self) -> int:
         return 2 + self.encoder.num_patches  # action, state, then the frame's patches
 
-    def validated(self) -> "VJepa2Config":
+    def validated(self, source: str = "V-JEPA 2-AC config") -> "VJepa2Config":
         e, p = self.encoder, self.predictor
         checks = [
             ("encoder.width", e.width > 0 and e.width % e.heads == 0),
@@ -71,22 +74,12 @@ class VJepa2Config(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
         ]
         for name, ok in checks:
             if not ok:
-                raise ValueError(f"V-JEPA 2-AC config: {name} is invalid in {self}")
+                raise field_error(source)(name, f"invalid in {self}")
         return self
 
     @classmethod
-    def from_dir(cls, path: str | Path) -> "VJepa2Config":
-        file = Path(path) / "config.json"
-        try:
-            data = json.loads(file.read_text())
-        except FileNotFoundError:
-            raise ValueError(f"{path}: no config.json (a V-JEPA 2-AC checkpoint directory has one)") from None
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{file}: not valid JSON: {exc}") from None
-        try:
-            return msgspec.convert(data, cls).validated()
-        except msgspec.ValidationError as exc:
-            raise ValueError(f"{file}: {exc}") from None
+    def from_json(cls, data: bytes | str, *, source: str = "config.json") -> "VJepa2Config":
+        return decode_json(data, cls, source).validated(source)
 
     def to_json(self) -> str:
         return json.dumps(msgspec.to_builtins(self), indent=2) + "\n"

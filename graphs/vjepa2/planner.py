@@ -9,7 +9,7 @@ The plan is the mean with the rotation zero and a gripper mean under 0.25 in siz
 
 Every node is a stateless node batching calls of several robots; a sample call's noise comes
 from its own generator (the request's seed and the call's index), so a plan is the same
-whether or not other robots' calls share its batch. ``plan_request`` builds a plan request: with
+whether or not other robots' calls share its batch. ``frontend.plan_request`` builds a plan request: with
 a ``seed`` the same seed, session frames, goal and parameters give the same plan; without one the
 runtime draws a seed per request.
 """
@@ -71,19 +71,6 @@ def initial_belief(horizon: int, params: CemParams) -> tuple[torch.Tensor, torch
     mean = torch.zeros(horizon, BELIEF_DIMS)
     std = torch.cat([torch.full((horizon, 3), params.maxnorm), torch.ones(horizon, 1)], dim=1)
     return mean, std
-
-
-def plan_request(goal: torch.Tensor, horizon: int, params: CemParams, *, session_id: str,
-                 seed: int | None = None) -> Request:
-    """A ``plan`` request: CEM from Meta's initial belief over the session's frames toward ``goal``
-    [P, D] (an encoded goal image). Outputs ``plan`` [H, 7] and ``energies`` [S] per iteration.
-    ``seed`` (>= 0) makes the plan reproducible; None: the runtime draws one."""
-    if seed is not None and not 0 <= seed < 2 ** 63:
-        raise ValueError(f"a plan's seed must be in [0, 2**63) or None (drawn per request), got {seed}")
-    mean, std = initial_belief(horizon, params)
-    return Request({"goal": goal, "mean": mean, "std": std, "params": params.tensor()}, session_id=session_id,
-                   sampling=SamplingParams(seed=seed), meta={"walk": "plan", "iterations": params.iterations},
-                   outputs=frozenset({"plan", "energies"}))
 
 
 def to_action(xyzg: torch.Tensor) -> torch.Tensor:

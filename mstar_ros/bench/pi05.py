@@ -136,7 +136,7 @@ async def _run_levels(policy, config: EngineConfig, observations, levels: list[i
 
 
 def run_pi05_bench(args: argparse.Namespace) -> int:
-    from mstar_graphs.pi05.policy import Pi05Policy
+    from mstar_graphs.pi05.frontend import Pi05Policy
 
     levels = sorted({int(c) for c in args.robots.split(",") if c.strip()})
     if not levels or min(levels) < 1:

@@ -71,7 +71,7 @@ def _measure(spec: dict) -> dict:
     from mstar.engine.device_loop import run_on_device
     from mstar.engine.dtype_choice import DtypeChoice, resolve_dtype
     from mstar.layers.linear_packing import pack_linears
-    from mstar_graphs.pi05.policy import Pi05Policy
+    from mstar_graphs.pi05.frontend import Pi05Policy
     from mstar_ros.bench.machine import machine_section
     from mstar_ros.bench.pi05_loads import direct_call
     from mstar_ros.bench.pi05_workload import bag_observations

@@ -97,7 +97,7 @@ def summarize(nodes, elapsed: float) -> dict:
 async def serve(args: argparse.Namespace, ros_args: list[str]) -> dict:
     from mstar.conductor import Conductor
     from mstar.engine.config import EngineConfig
-    from mstar_graphs.pi05.policy import Pi05Policy
+    from mstar_graphs.pi05.frontend import Pi05Policy
     from mstar_ros.ros.conductor_node import conductor_node
     from mstar_ros.policy.admission import ChunkAdmission
     from mstar_ros.ros.policy_node import make_policy_node

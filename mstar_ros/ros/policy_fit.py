@@ -11,7 +11,7 @@ from mstar_ros.ros.policy_params import PolicyParams
 
 
 def check_fits(p: PolicyParams, policy, where: str) -> None:
-    """ValueError unless ``p`` fits ``policy`` (a mstar_graphs.pi05.policy.Pi05Policy)."""
+    """ValueError unless ``p`` fits ``policy`` (a mstar_graphs.pi05.frontend.Pi05Policy)."""
     layout = policy.layout
     joints, actions = len(p.joint_names), len(p.actions)
     named, what = ("action_names", "names") if p.action_names else ("joint_names", "joints")

@@ -43,7 +43,8 @@ import torch
 
 from mstar.report_throttle import ReportThrottle
 from mstar.request import Request, RequestCancelled, RequestError
-from mstar_graphs.vjepa2.planner import CemParams, plan_request
+from mstar_graphs.vjepa2.frontend import plan_request
+from mstar_graphs.vjepa2.planner import CemParams
 from mstar_graphs.vjepa2.pose import pose_delta
 from mstar_ros.policy.flood_guard import FloodGuard
 from mstar_ros.policy.sensor_watch import SensorWatch

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from mstar.conductor import Conductor
-from mstar_graphs.pi05.policy import Pi05Policy
+from mstar_graphs.pi05.frontend import Pi05Policy
 from mstar_ros.policy.chunking import ActionChunker
 
 RATE = 10.0

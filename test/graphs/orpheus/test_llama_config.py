@@ -5,7 +5,8 @@ import json
 
 import pytest
 
-from mstar_graphs.orpheus.llama_config import ConfigError, LlamaConfig
+from mstar_graphs.common.config_loader import ConfigError
+from mstar_graphs.orpheus.config import LlamaConfig
 from mstar_graphs.orpheus.tiny_llm import config_dict
 
 BASE = dict(vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4)
@@ -62,7 +63,7 @@ def test_llama3_rope_in_both_spellings(tmp_path):
 def test_bad_values_name_file_and_field(tmp_path, change, message):
     with pytest.raises(ConfigError) as info:
         _write(tmp_path, {**BASE, **change})
-    assert str(info.value).startswith(message), str(info.value)
+    assert str(info.value).startswith(f"{tmp_path}/{message}"), str(info.value)  # the file with its directory
 
 
 def test_missing_field_and_missing_file(tmp_path):

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from mstar.weights import WeightsError
-from mstar_graphs.orpheus.llama import LlamaForCausalLM, rope_inv_freq
+from mstar_graphs.orpheus.llama import LlamaForCausalLM, llama_inv_freq
 from mstar_graphs.orpheus.prompt import build_prompt_ids, load_tokenizer
 from mstar_graphs.orpheus.tiny_llm import write_tiny_llm
 from mstar_graphs.orpheus.tokens import END_OF_SPEECH, VOCAB_SIZE, allowed_token_ids, audio_token
@@ -82,7 +82,7 @@ def test_llama3_rope_frequencies_match_transformers(ours, theirs):
     rotary = theirs.model.rotary_emb
     assert rotary.rope_type == "llama3"
     ref = rotary.inv_freq.float()
-    got = rope_inv_freq(ours.config)
+    got = llama_inv_freq(ours.config)
     assert not torch.allclose(got, 1.0 / 10000 ** (torch.arange(0, 16, 2).float() / 16))  # scaling is active
     torch.testing.assert_close(got, ref, rtol=1e-6, atol=0)
 

@@ -97,7 +97,7 @@ def test_a_tokenizer_from_the_directory_the_flag_or_nowhere(tmp_path, ckpt, sp_m
 
 def test_a_missing_tokenizer_fails_before_any_weight_is_read(tmp_path, ckpt, monkeypatch):
     """The weights file is garbage: reading it would fail with a safetensors error, not the tokenizer's."""
-    from mstar_graphs.pi05.policy import Pi05Policy
+    from mstar_graphs.pi05.frontend import Pi05Policy
 
     monkeypatch.setenv("OPENPI_DATA_HOME", str(tmp_path / "nothing"))
     path = lerobot_checkpoint(tmp_path / "ck", ckpt, {"observation.state": STATE, "action": ACTION}, tokenizer=False)

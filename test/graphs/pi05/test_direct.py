@@ -8,7 +8,7 @@ import torch
 
 from mstar.conductor import Conductor
 from mstar_graphs.pi05.direct import DenseKV, sample_actions_direct
-from mstar_graphs.pi05.policy import Pi05Policy
+from mstar_graphs.pi05.frontend import Pi05Policy
 from support.parity import FP32
 
 

@@ -5,7 +5,8 @@ import json
 
 import pytest
 
-from mstar_graphs.pi05.config import VARIANTS, ConfigError, Pi05Config
+from mstar_graphs.common.config_loader import ConfigError
+from mstar_graphs.pi05.config import VARIANTS, Pi05Config
 from mstar_graphs.pi05.pi05 import Pi05Model
 from mstar_graphs.pi05.tiny import PRESETS, config_dict
 

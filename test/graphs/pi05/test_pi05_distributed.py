@@ -7,7 +7,7 @@ import torch
 
 from mstar.conductor import Conductor
 from mstar_graphs.pi05.components import pi05_spec
-from mstar_graphs.pi05.policy import Pi05Policy
+from mstar_graphs.pi05.frontend import Pi05Policy
 from support.parity import FP32
 
 SPLIT = """world_size: 2

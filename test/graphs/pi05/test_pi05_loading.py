@@ -138,7 +138,7 @@ def test_generated_checkpoint_is_cached_and_logged_as_random(tmp_path, monkeypat
 
 def test_a_policy_without_weights_builds_the_same_requests():
     """The node set with a placement builds requests only: config and tokenizer, no tensor materialised."""
-    from mstar_graphs.pi05.policy import Pi05Policy
+    from mstar_graphs.pi05.frontend import Pi05Policy
 
     light = Pi05Policy.load(load_weights=False)
     full = Pi05Policy.load(progress=False)

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from mstar.conductor import Conductor, RequestError
-from mstar_graphs.pi05.policy import Pi05Policy
+from mstar_graphs.pi05.frontend import Pi05Policy
 from mstar_graphs.pi05.reference import sample_actions
 from support.parity import FP32
 

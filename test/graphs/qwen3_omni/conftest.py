@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from mstar_graphs.qwen3_omni.checkpoints import load_component, write_tiny_checkpoint
+from mstar_graphs.qwen3_omni.checkpoints import load_component
+from mstar_graphs.qwen3_omni.tiny import write_tiny_checkpoint
 
 @pytest.fixture(scope="session")
 def q3_ckpt(tmp_path_factory: pytest.TempPathFactory):

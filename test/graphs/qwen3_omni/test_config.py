@@ -5,8 +5,9 @@ import json
 
 import pytest
 
-from mstar_graphs.qwen3_omni.checkpoints import tiny_config
-from mstar_graphs.qwen3_omni.config import ConfigError, Qwen3OmniConfig
+from mstar_graphs.qwen3_omni.tiny import tiny_config
+from mstar_graphs.common.config_loader import ConfigError
+from mstar_graphs.qwen3_omni.config import Qwen3OmniConfig
 
 
 def test_the_tiny_config_reads_with_the_real_token_ids():
@@ -25,7 +26,7 @@ def test_the_tiny_config_reads_with_the_real_token_ids():
      "talker_config.text_config.shared_expert_intermediate_size"),
     (("talker_config", "accept_hidden_layer"), 7, "talker_config.accept_hidden_layer: must be in [0, 3]"),
     (("talker_config", "num_code_groups"), 8, "talker_config.num_code_groups: 8 codebooks per frame"),
-    (("thinker_config", "text_config", "hidden_size"), "wide", "Expected `int`, got `str` - at `$.thinker_config.text_config.hidden_size`"),
+    (("thinker_config", "text_config", "hidden_size"), "wide", "thinker_config.text_config.hidden_size: Expected `int`, got `str`"),
 ])
 def test_a_bad_field_is_named(path, value, message):
     cfg = tiny_config()

@@ -11,7 +11,7 @@ import types
 import pytest
 import torch
 
-from mstar_graphs.qwen3_omni.checkpoints import tiny_config
+from mstar_graphs.qwen3_omni.tiny import tiny_config
 from mstar_graphs.qwen3_omni.config import Qwen3OmniConfig
 from mstar_graphs.qwen3_omni.mrope_positions import decode_positions, thinker_positions
 

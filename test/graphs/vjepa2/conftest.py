@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from mstar_graphs.vjepa2.checkpoints import load_encoder, load_predictor, resolve_source, write_tiny
+from mstar_graphs.vjepa2.checkpoints import load_encoder, load_predictor, resolve_source
+from mstar_graphs.vjepa2.tiny import write_tiny
 
 
 @pytest.fixture(scope="session")

@@ -10,6 +10,7 @@ from mstar.conductor import Conductor
 from mstar.graph import LoopMode
 from mstar.request import Request
 from mstar.sampling_params import SamplingParams
+from mstar_graphs.vjepa2.frontend import plan_request
 from mstar_graphs.vjepa2.graph import vjepa2_graph
 from mstar_graphs.vjepa2.planner import (
     CemEnergy,
@@ -18,7 +19,6 @@ from mstar_graphs.vjepa2.planner import (
     CemSample,
     initial_belief,
     plan_from_belief,
-    plan_request,
     refit_belief,
     sample_actions,
 )

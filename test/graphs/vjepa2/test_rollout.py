@@ -13,6 +13,7 @@ from mstar.engine.messages import ExecuteNode, LoopSpec
 from mstar.graph import LoopMode
 from mstar.request import Request, RequestError
 from mstar.transport.inprocess import InProcessTensorStore
+from mstar_graphs.vjepa2.frontend import encode_request, observe_request, rollout_request
 from mstar_graphs.vjepa2.graph import vjepa2_graph
 from mstar_graphs.vjepa2.planner import CemEnergy, CemRefit, CemSample
 from mstar_graphs.vjepa2.reference import native_rollout as reference_rollout
@@ -51,10 +52,10 @@ def test_rollout_with_persistent_kv_equals_native_recompute_at_every_step(vj_enc
 
     async def main():
         async with Conductor(vjepa2_graph(), _modules(vj_encoder, vj_predictor), config=FP32) as c:
-            latents = (await c.submit(Request({"frames": images}, meta={"walk": "encode"})).collect())["latents"][0]
-            await c.submit(Request({"frames": images, "states": states, "actions": actions}, session_id="s")).collect()
+            latents = (await c.submit(encode_request(images)).collect())["latents"][0]
+            await c.submit(observe_request(images, states, actions, session_id="s")).collect()
             used = c.kv_blocks_used()
-            out = await c.submit(Request({"actions": roll}, session_id="s", meta={"rollout.all_frames": 1})).collect()
+            out = await c.submit(rollout_request(roll, session_id="s", all_frames=True)).collect()
             stats = c.engine_stats() if hasattr(c, "engine_stats") else None
             return latents, used, out, stats
 

@@ -27,7 +27,7 @@ from mstar.sampling_params import SamplingParams
 from mstar.transport.inprocess import InProcessTensorStore
 from mstar_graphs.orpheus.checkpoints import ensure_tiny_orpheus
 from mstar_graphs.orpheus.llama import LlamaForCausalLM
-from mstar_graphs.orpheus.llama_config import LlamaConfig
+from mstar_graphs.orpheus.config import LlamaConfig
 from mstar_graphs.orpheus.model import OrpheusLLM
 from mstar_graphs.orpheus.tiny_llm import config_dict
 

@@ -6,22 +6,22 @@ unknown fields are ignored (real configs carry many we do not need).
 from __future__ import annotations
 
 import math
-import re
-from pathlib import Path
 from typing import Any
 
 import msgspec
+
+from mstar_graphs.common.config_loader import (FieldError, JsonConfig, decode_json, field_error,
+                                               require_divides, require_dtype, require_finite_positive,
+                                               require_positive)
 
 # RoPE variants we implement; anything else must fail loudly rather than give wrong positions.
 ROPE_TYPES = ("default", "linear", "llama3")
 _LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 
 
-class ConfigError(ValueError):
-    """A config.json that is unreadable, mistyped, or describes an impossible model."""
+class LlamaConfig(msgspec.Struct, JsonConfig, kw_only=True):
+    checkpoint = "an HF checkpoint directory"
 
-
-class LlamaConfig(msgspec.Struct, kw_only=True):
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -48,27 +48,8 @@ class LlamaConfig(msgspec.Struct, kw_only=True):
     # ----------------------------------------------------------------- reading
 
     @classmethod
-    def from_dir(cls, path: str | Path) -> LlamaConfig:
-        """Read ``<path>/config.json`` (or ``path`` itself if it names a file)."""
-        path = Path(path)
-        file = path if path.is_file() else path / "config.json"
-        if not file.is_file():
-            raise ConfigError(f"{file}: no such file (expected an HF checkpoint directory with config.json)")
-        return cls.from_json(file.read_bytes(), source=str(file.name))
-
-    @classmethod
     def from_json(cls, data: bytes | str, *, source: str = "config.json") -> LlamaConfig:
-        try:
-            cfg = msgspec.json.decode(data, type=cls)
-        except msgspec.ValidationError as exc:
-            raise ConfigError(f"{source}: {_field_message(str(exc))}") from None
-        except msgspec.DecodeError as exc:
-            raise ConfigError(f"{source}: not valid JSON: {exc}") from None
-        return cfg._resolved(source)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any], *, source: str = "config") -> LlamaConfig:
-        return cls.from_json(msgspec.json.encode(data), source=source)
+        return decode_json(data, cls, source)._resolved(source)
 
     def to_dict(self) -> dict[str, Any]:
         return msgspec.structs.asdict(self)
@@ -128,20 +109,14 @@ class LlamaConfig(msgspec.Struct, kw_only=True):
         return self.rope_parameters or {}
 
     def _resolved(self, source: str) -> LlamaConfig:
-        def bad(field: str, why: str) -> ConfigError:
-            return ConfigError(f"{source}: {field}: {why}")
-
-        for field in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-                      "num_attention_heads", "max_position_embeddings"):
-            value = getattr(self, field)
-            if value <= 0:
-                raise bad(field, f"must be > 0, got {value}")
+        bad = field_error(source)
+        require_positive(bad, self, ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                                     "num_attention_heads", "max_position_embeddings"))
         heads = self.num_attention_heads
         kv_heads = heads if self.num_key_value_heads is None else self.num_key_value_heads
         if kv_heads <= 0:
             raise bad("num_key_value_heads", f"must be > 0, got {kv_heads}")
-        if heads % kv_heads:
-            raise bad("num_key_value_heads", f"{kv_heads} does not divide num_attention_heads={heads}")
+        require_divides(bad, "num_key_value_heads", kv_heads, "num_attention_heads", heads)
         if self.head_dim is None:
             if self.hidden_size % heads:
                 raise bad("hidden_size", f"{self.hidden_size} is not divisible by num_attention_heads={heads}")
@@ -150,21 +125,18 @@ class LlamaConfig(msgspec.Struct, kw_only=True):
             head_dim = self.head_dim
         if head_dim <= 0 or head_dim % 2:
             raise bad("head_dim", f"must be a positive even number (RoPE rotates pairs), got {head_dim}")
-        if not (self.rms_norm_eps > 0 and math.isfinite(self.rms_norm_eps)):
-            raise bad("rms_norm_eps", f"must be a finite number > 0, got {self.rms_norm_eps}")
+        require_finite_positive(bad, self, ("rms_norm_eps",))
         if self.hidden_act != "silu":
             raise bad("hidden_act", f"only 'silu' is supported, got {self.hidden_act!r}")
         if self.attention_bias or self.mlp_bias:
             field = "attention_bias" if self.attention_bias else "mlp_bias"
             raise bad(field, "biases are not supported (Llama checkpoints have none)")
-        name = self.torch_dtype_name
-        if name is not None and name not in ("float32", "float16", "bfloat16"):
-            raise bad("torch_dtype", f"expected float32, float16 or bfloat16, got {name!r}")
+        require_dtype(bad, "torch_dtype", self.torch_dtype_name)
         cfg = msgspec.structs.replace(self, num_key_value_heads=kv_heads, head_dim=head_dim)
         cfg._check_rope(bad)
         return cfg
 
-    def _check_rope(self, bad: Any) -> None:
+    def _check_rope(self, bad: FieldError) -> None:
         field = "rope_scaling" if self.rope_scaling else "rope_parameters"
         theta = self.rope_base
         if not (theta > 0 and math.isfinite(theta)):
@@ -185,20 +157,3 @@ class LlamaConfig(msgspec.Struct, kw_only=True):
         if kind == "llama3" and params["high_freq_factor"] <= params["low_freq_factor"]:
             raise bad(f"{field}.high_freq_factor",
                       f"must exceed low_freq_factor ({params['high_freq_factor']} <= {params['low_freq_factor']})")
-
-
-_PATH_RE = re.compile(r"^(?P<msg>.*) - at `\$(?P<path>[^`]*)`$")
-_MISSING_RE = re.compile(r"^Object missing required field `(?P<field>[^`]+)`(?: - at `\$(?P<path>[^`]*)`)?$")
-
-
-def _field_message(text: str) -> str:
-    """msgspec's "Expected `int`, got `str` - at `$.hidden_size`" -> "hidden_size: Expected `int`, got `str`"."""
-    missing = _MISSING_RE.match(text)
-    if missing:
-        prefix = (missing.group("path") or "").lstrip(".")
-        field = f"{prefix}.{missing.group('field')}" if prefix else missing.group("field")
-        return f"{field}: missing required field"
-    located = _PATH_RE.match(text)
-    if located:
-        return f"{located.group('path').lstrip('.')}: {located.group('msg')}"
-    return text
