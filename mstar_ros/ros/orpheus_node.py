@@ -9,7 +9,7 @@ audio tokens into the SNAC decoder over a streaming edge between its two partiti
 ``talker`` and ``vocoder``. Split, that edge is the topic ``llm_token``: the talker
 publishes each token as it is sampled, the vocoder cuts them into 28-token windows
 every 7 (the edge's SlidingWindowChunkPolicy) and publishes 24 kHz PCM on ``audio``
-(std_msgs/Float32MultiArray, one message per decoded chunk; mstar_ros.ros.stream_msgs
+(std_msgs/Float32MultiArray, one message per decoded chunk; mstar_ros.ros.partition.stream_msgs
 describes the header). Watch any of them with ``ros2 topic echo /tts/llm_token``.
 Requests: std_msgs/String on ``text`` -- the text, or JSON ``{"text": ..., "id": ...,
 "seed": ..., "max_tokens": ..., "temperature": ...}``. Problems go to /diagnostics.
@@ -29,7 +29,7 @@ import torch
 
 from mstar.engine.sampling_params import SamplingParams
 from mstar_ros.dtype_option import add_dtype_argument
-from mstar_ros.ros.ros_process import split_ros_args
+from mstar_ros.ros.common.ros_process import split_ros_args
 
 log = logging.getLogger("mstar_ros.orpheus_node")
 
@@ -155,9 +155,9 @@ def load_partition(args: argparse.Namespace):
 async def serve(args: argparse.Namespace, ros_args: list[str]) -> dict:
     from mstar.conductor import Conductor
     from mstar.engine.config import EngineConfig
-    from mstar_ros.ros.conductor_node import conductor_node
-    from mstar_ros.ros.partition_node import make_partition_node
-    from mstar_ros.ros.ros_process import RosProcess
+    from mstar_ros.ros.common.conductor_node import conductor_node
+    from mstar_ros.ros.partition.partition_node import make_partition_node
+    from mstar_ros.ros.common.ros_process import RosProcess
 
     graph, modules, factory, defaults, random_weights = load_partition(args)
     conductor = Conductor(graph, modules, config=EngineConfig(dtype=args.dtype))
@@ -193,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     apply_localhost_defaults()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     args, ros_args = parse_args(sys.argv[1:] if argv is None else argv)
-    from mstar_ros.ros.ros_process import run_serving
+    from mstar_ros.ros.common.ros_process import run_serving
 
     status, summary = run_serving("mstar_orpheus_node", serve(args, ros_args), args.summary_json)
     if summary is not None:

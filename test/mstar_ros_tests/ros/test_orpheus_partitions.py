@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from mstar_ros.launch_spec import orpheus_processes
-from mstar_ros.ros.stream_msgs import StreamHeader, StreamMessageError, end_message, item_message, read_message
+from mstar_ros.ros.partition.stream_msgs import StreamHeader, StreamMessageError, end_message, item_message, read_message
 
 TEXT = "Hello there."
 SAMPLING = {"temperature": 0.0, "top_p": 1.0, "repetition_penalty": 1.0, "max_tokens": 64}

@@ -3,7 +3,7 @@ import pytest
 import torch
 from std_msgs.msg import Float32MultiArray, Int64MultiArray, MultiArrayDimension
 
-from mstar_ros.ros.stream_msgs import (StreamHeader, StreamMessageError, end_message, item_message, message_type,
+from mstar_ros.ros.partition.stream_msgs import (StreamHeader, StreamMessageError, end_message, item_message, message_type,
                                        read_message)
 
 

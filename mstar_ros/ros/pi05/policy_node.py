@@ -8,7 +8,7 @@ control rate it checks its action queue (mstar_ros.policy.chunking) and, when th
 low, submits the latest observation to the runtime: the state normalised with the
 checkpoint's own statistics (or, for a checkpoint without any, the joint limits), the chunk
 unnormalised with the action statistics. The chunk comes back on ``action_chunk`` (one action per
-control tick), as ``action_space`` says (mstar_ros.ros.action_output): a
+control tick), as ``action_space`` says (mstar_ros.ros.pi05.action_output): a
 trajectory_msgs/JointTrajectory of joint positions (the default) or velocities, or a labelled
 std_msgs/Float32MultiArray. Several robots' requests are batched by the runtime, not here.
 
@@ -52,14 +52,14 @@ from mstar_ros.policy.chunking import ActionChunker
 from mstar_ros.policy.flood_guard import FloodGuard
 from mstar_ros.policy.freshness import FrameFreshness
 from mstar_ros.policy.sensor_watch import SensorWatch
-from mstar_ros.ros.action_output import ActionOutput
-from mstar_ros.ros.convert import (ObservationError, check_image, image_to_array, joint_positions, outside_limits,
+from mstar_ros.ros.pi05.action_output import ActionOutput
+from mstar_ros.ros.common.convert import (ObservationError, check_image, image_to_array, joint_positions, outside_limits,
                                    stamp_seconds)
-from mstar_ros.ros.diagnostics import publish_status
-from mstar_ros.ros.policy_fit import check_fits
-from mstar_ros.ros.policy_params import PARAMETERS, declare
-from mstar_ros.ros.robot_stats import RobotStats
-from mstar_ros.ros.worker_health import first_down
+from mstar_ros.ros.common.diagnostics import publish_status
+from mstar_ros.ros.pi05.params_fit import check_fits
+from mstar_ros.ros.pi05.params import PARAMETERS, declare
+from mstar_ros.ros.pi05.robot_stats import RobotStats
+from mstar_ros.ros.common.worker_health import first_down
 
 log = logging.getLogger("mstar_ros.policy")
 

@@ -1,7 +1,7 @@
 """A graph (or one partition cut out of it) as a ROS 2 node: its streams and outputs are topics.
 
 Every graph output is a topic: each value the graph streams out is published as it is
-produced (mstar_ros.ros.stream_msgs: one std_msgs MultiArray per item, with a header
+produced (mstar_ros.ros.partition.stream_msgs: one std_msgs MultiArray per item, with a header
 naming the request's stream, the item's sequence number and the request's seed), then
 an end message. Every streamed graph input (a streaming edge cut at a partition, see
 mstar.graph.split) is a subscription: the first item of a new stream starts a request
@@ -34,8 +34,8 @@ from mstar.conductor import Conductor, Request, RequestError
 from mstar.conductor.stream_input import StreamInput
 from mstar.engine.sampling_params import SamplingParams
 from mstar.graph.model_graph import ModelGraph
-from mstar_ros.ros.diagnostics import publish_status
-from mstar_ros.ros.stream_msgs import (StreamHeader, StreamMessageError, check_stream_id, end_message, item_message,
+from mstar_ros.ros.common.diagnostics import publish_status
+from mstar_ros.ros.partition.stream_msgs import (StreamHeader, StreamMessageError, check_stream_id, end_message, item_message,
                                        message_type, read_message)
 
 log = logging.getLogger("mstar_ros.partition")

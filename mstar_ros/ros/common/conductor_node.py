@@ -3,7 +3,7 @@
 Once a second, and at once when a Worker's state changes (a rank going down is news for a
 robot's supervisor, not a thing to learn a second later): one DiagnosticArray with the
 Conductor's status (level: the worst of its Workers') and one status per rank
-(``mstar_ros.ros.worker_health``).
+(``mstar_ros.ros.common.worker_health``).
 """
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ def conductor_node(conductor, name: str = "conductor", namespace: str = "/mstar"
     from diagnostic_msgs.msg import DiagnosticArray
     from rclpy.node import Node
 
-    from mstar_ros.ros.diagnostics import make_status, publish_statuses
-    from mstar_ros.ros.worker_health import rank_report, summary_message, worst_level
+    from mstar_ros.ros.common.diagnostics import make_status, publish_statuses
+    from mstar_ros.ros.common.worker_health import rank_report, summary_message, worst_level
 
     class ConductorNode(Node):
         def __init__(self) -> None:

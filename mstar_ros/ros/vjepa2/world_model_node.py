@@ -47,10 +47,10 @@ from mstar_graphs.vjepa2.planner import CemParams, plan_request
 from mstar_graphs.vjepa2.pose import pose_delta
 from mstar_ros.policy.flood_guard import FloodGuard
 from mstar_ros.policy.sensor_watch import SensorWatch
-from mstar_ros.ros.convert import ObservationError, check_image, image_to_array, stamp_seconds
-from mstar_ros.ros.diagnostics import publish_status
-from mstar_ros.ros.sensor_subscriptions import SensorSubscriptions
-from mstar_ros.ros.world_model_params import declare
+from mstar_ros.ros.common.convert import ObservationError, check_image, image_to_array, stamp_seconds
+from mstar_ros.ros.common.diagnostics import publish_status
+from mstar_ros.ros.common.sensor_subscriptions import SensorSubscriptions
+from mstar_ros.ros.vjepa2.params import declare
 from mstar_ros.world_model.frames import FramePicker, StateError, check_pose, gripper_state, pose_state
 from mstar_ros.world_model.plan_targets import plan_poses, pose_parts
 
