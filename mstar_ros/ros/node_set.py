@@ -98,7 +98,7 @@ async def serve(args: argparse.Namespace, ros_args: list[str]) -> dict:
     from mstar.conductor import Conductor
     from mstar.engine.config import EngineConfig
     from mstar_graphs.pi05.policy import Pi05Policy
-    from mstar_ros.ros.common.conductor_node import conductor_node
+    from mstar_ros.ros.common.conductor_node import ConductorNode
     from mstar_ros.policy.admission import ChunkAdmission
     from mstar_ros.ros.pi05.policy_node import make_policy_node
     from mstar_ros.ros.common.ros_process import RosProcess
@@ -119,7 +119,7 @@ async def serve(args: argparse.Namespace, ros_args: list[str]) -> dict:
             admission = ChunkAdmission(args.max_inflight)
             nodes = [make_policy_node(policy, conductor, asyncio.get_running_loop(), ns, admission=admission)
                      for ns in args.robots]
-            ros.add(*nodes, conductor_node(conductor))
+            ros.add(*nodes, ConductorNode(conductor))
             ros.spin()
             names = ", ".join(n.get_fully_qualified_name() for n in nodes)
             print(f"serving pi0.5 ({'RANDOM tiny weights' if policy.random_weights else policy.path}) for {names}",

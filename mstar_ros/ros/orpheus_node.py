@@ -155,21 +155,20 @@ def load_partition(args: argparse.Namespace):
 async def serve(args: argparse.Namespace, ros_args: list[str]) -> dict:
     from mstar.conductor import Conductor
     from mstar.engine.config import EngineConfig
-    from mstar_ros.ros.common.conductor_node import conductor_node
-    from mstar_ros.ros.partition.partition_node import make_partition_node
+    from mstar_ros.ros.common.conductor_node import ConductorNode
+    from mstar_ros.ros.partition.partition_node import PartitionNode
     from mstar_ros.ros.common.ros_process import RosProcess
 
     graph, modules, factory, defaults, random_weights = load_partition(args)
     conductor = Conductor(graph, modules, config=EngineConfig(dtype=args.dtype))
     name = "orpheus" if args.partition == "all" else f"orpheus_{args.partition}"
     async with RosProcess("mstar_orpheus_node", ros_args) as ros, conductor:
-        node = make_partition_node(conductor, graph, asyncio.get_running_loop(), node_name=name,
-                                   namespace=args.namespace, dtypes=DTYPES, request_factory=factory,
-                                   stream_timeout_s=args.stream_timeout,
-                                   wait_for_readers=["llm_token"] if args.partition == "talker" else [])
+        node = PartitionNode(conductor, graph, asyncio.get_running_loop(), node_name=name, namespace=args.namespace,
+                             dtypes=DTYPES, request_factory=factory, stream_timeout_s=args.stream_timeout,
+                             wait_for_readers=["llm_token"] if args.partition == "talker" else [])
         if defaults is not None:
             bind_parameters(node, defaults)
-        ros.add(node, conductor_node(conductor, name=f"{name}_conductor"))
+        ros.add(node, ConductorNode(conductor, name=f"{name}_conductor"))
         ros.spin()
         ins = [node.resolve_topic_name(n) for n in graph.stream_input_names] + \
               ([node.resolve_topic_name("text")] if factory else [])

@@ -71,7 +71,7 @@ async def serve(args: argparse.Namespace, ros_args: list[str]) -> dict:
     from mstar.conductor import Conductor
     from mstar_graphs.vjepa2.components import vjepa2_components
     from mstar_graphs.vjepa2.graph import vjepa2_graph
-    from mstar_ros.ros.common.conductor_node import conductor_node
+    from mstar_ros.ros.common.conductor_node import ConductorNode
     from mstar_ros.ros.common.ros_process import RosProcess
     from mstar_ros.ros.vjepa2.world_model_node import make_world_model_node
 
@@ -85,7 +85,7 @@ async def serve(args: argparse.Namespace, ros_args: list[str]) -> dict:
         async with Conductor(graph, modules, config=config) as conductor:
             for node in nodes:
                 node.conductor = conductor
-            ros.add(*nodes, conductor_node(conductor))
+            ros.add(*nodes, ConductorNode(conductor))
             ros.spin()
             what = "RANDOM tiny weights" if args.weights is None else args.weights
             print(f"serving V-JEPA 2-AC ({what}) for {', '.join(n.get_fully_qualified_name() for n in nodes)}",
