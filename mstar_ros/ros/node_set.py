@@ -100,7 +100,7 @@ async def serve(args: argparse.Namespace, ros_args: list[str]) -> dict:
     from mstar_graphs.pi05.policy import Pi05Policy
     from mstar_ros.ros.common.conductor_node import ConductorNode
     from mstar_ros.policy.admission import ChunkAdmission
-    from mstar_ros.ros.pi05.policy_node import make_policy_node
+    from mstar_ros.ros.pi05.policy_node import PolicyNode
     from mstar_ros.ros.common.ros_process import RosProcess
 
     # requests are built here (tokenizer, shapes); with a placement the weights live in the Workers only
@@ -117,7 +117,7 @@ async def serve(args: argparse.Namespace, ros_args: list[str]) -> dict:
     async with RosProcess("mstar_pi05_node_set", ros_args) as ros:
         async with conductor:
             admission = ChunkAdmission(args.max_inflight)
-            nodes = [make_policy_node(policy, conductor, asyncio.get_running_loop(), ns, admission=admission)
+            nodes = [PolicyNode(policy, conductor, asyncio.get_running_loop(), ns, admission=admission)
                      for ns in args.robots]
             ros.add(*nodes, ConductorNode(conductor))
             ros.spin()
