@@ -73,14 +73,14 @@ async def serve(args: argparse.Namespace, ros_args: list[str]) -> dict:
     from mstar_graphs.vjepa2.graph import vjepa2_graph
     from mstar_ros.ros.common.conductor_node import ConductorNode
     from mstar_ros.ros.common.ros_process import RosProcess
-    from mstar_ros.ros.vjepa2.world_model_node import make_world_model_node
+    from mstar_ros.ros.vjepa2.world_model_node import WorldModelNode
 
     graph, modules = vjepa2_components({n.name for n in vjepa2_graph().nodes}, args.weights, args.preset,
                                        progress=True)
     predictor = modules["predictor"]
     async with RosProcess("mstar_vjepa2_node_set", ros_args) as ros:
         loop = asyncio.get_running_loop()
-        nodes = [make_world_model_node(loop, ns, predictor.max_frames) for ns in args.robots]
+        nodes = [WorldModelNode(loop, ns, predictor.max_frames) for ns in args.robots]
         config = pool_config(nodes, predictor, args.dtype)
         async with Conductor(graph, modules, config=config) as conductor:
             for node in nodes:
