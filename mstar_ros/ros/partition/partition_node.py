@@ -17,12 +17,12 @@ is lost silently: a malformed message, an item out of sequence, a stream that st
 mid-way, a failed request -- each is reported on /diagnostics, and the stream's end
 message says ``failed`` so the next partition fails that request too.
 
-This module imports rclpy: the node processes import it where ROS runs.
+Requests from text are taken by text_requests, requests from streams by stream_intake (parts
+of the node). This module imports rclpy: the node processes import it where ROS runs.
 """
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import secrets
 import threading
@@ -37,12 +37,11 @@ from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy
 from std_msgs.msg import String
 
 from mstar.conductor import Conductor, Request, RequestError
-from mstar.conductor.stream_input import StreamInput
-from mstar.engine.sampling_params import SamplingParams
 from mstar.graph.model_graph import ModelGraph
 from mstar_ros.ros.common.diagnostics import publish_status
-from mstar_ros.ros.partition.stream_msgs import (StreamHeader, StreamMessageError, check_stream_id, end_message,
-                                                 item_message, message_type, read_message)
+from mstar_ros.ros.partition.stream_intake import IncomingStream, StreamIntake
+from mstar_ros.ros.partition.stream_msgs import StreamHeader, end_message, item_message, message_type
+from mstar_ros.ros.partition.text_requests import TextRequests
 
 log = logging.getLogger("mstar_ros.partition")
 
@@ -52,7 +51,6 @@ RequestFactory = Callable[[str, str, int, Mapping[str, object]], Request]
 #: reliable, keep-all: the middleware never drops a stream item (depth: the resource hint)
 STREAM_QOS_DEPTH = 1000
 STREAM_QOS = QoSProfile(depth=STREAM_QOS_DEPTH, reliability=ReliabilityPolicy.RELIABLE, history=HistoryPolicy.KEEP_ALL)
-MAX_TEXT_BYTES = 64 * 1024
 
 
 @dataclass
@@ -64,14 +62,7 @@ class PartitionStats:
     errors: list[str] = field(default_factory=list)
 
 
-@dataclass
-class _Incoming:
-    feeds: dict[str, StreamInput]
-    next_seq: dict[str, int]
-    last_seen: float
-
-
-class PartitionNode(Node):
+class PartitionNode(TextRequests, StreamIntake, Node):
     def __init__(self, conductor: Conductor, graph: ModelGraph, loop: asyncio.AbstractEventLoop, *,
                  node_name: str, namespace: str, dtypes: Mapping[str, torch.dtype],
                  request_factory: RequestFactory | None = None, stream_timeout_s: float = 30.0,
@@ -90,7 +81,7 @@ class PartitionNode(Node):
         self.stats = PartitionStats(published={name: 0 for name in self.graph.output_names})
         self.closing = False
         self._lock = threading.Lock()  # the rclpy thread and the Conductor's loop both come here
-        self._incoming: dict[str, _Incoming] = {}
+        self._incoming: dict[str, IncomingStream] = {}
         self._dropped: dict[str, None] = {}  # stream ids whose later messages are ignored (bounded)
         self._active: set[str] = set()       # request ids in flight
         self._counter = 0
@@ -114,115 +105,6 @@ class PartitionNode(Node):
             callback(*args)
         except Exception as exc:  # noqa: BLE001 - reported, and the node keeps serving
             self.report(f"message dropped: {type(exc).__name__}: {exc}")
-
-    # -- requests from text -----------------------------------------------------
-    def _on_text(self, msg) -> None:
-        try:
-            request = self._text_request(msg.data)
-        except (ValueError, TypeError) as exc:
-            self.report(f"text request dropped: {exc}")
-            return
-        asyncio.run_coroutine_threadsafe(self._serve(request), self.loop)
-
-    def _text_request(self, data: str) -> Request:
-        if len(data.encode()) > MAX_TEXT_BYTES:
-            raise ValueError(f"{len(data.encode())} bytes of text (at most {MAX_TEXT_BYTES})")
-        fields: dict[str, object] = {"text": data}
-        if data.lstrip().startswith("{"):
-            try:
-                fields = json.loads(data)
-            except (json.JSONDecodeError, RecursionError) as exc:
-                raise ValueError(f"text starts with '{{' but is not JSON: {exc}") from None
-            if not isinstance(fields, dict) or not isinstance(fields.get("text"), str):
-                raise ValueError("a JSON request is an object with a string 'text'")
-        with self._lock:
-            self._counter += 1
-            default_id = f"{self._id_prefix}-{self._counter}"
-        request_id = check_stream_id(str(fields.pop("id", default_id)))
-        seed = fields.pop("seed", None)
-        if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**62):
-            raise ValueError(f"seed must be an integer in [0, 2**62), got {seed!r}")
-        text = str(fields.pop("text"))
-        # the seed is fixed here, not by the Conductor: the next partition must draw the same noise
-        request = self.request_factory(text, request_id, secrets.randbits(62) if seed is None else seed, fields)
-        with self._lock:
-            if request_id in self._active:
-                raise ValueError(f"request id {request_id!r} is already in flight")
-            self._active.add(request_id)
-        return request
-
-    # -- requests from streams --------------------------------------------------
-    def _on_item(self, name: str, msg) -> None:
-        try:
-            header, item = read_message(msg, self.dtypes[name])
-        except StreamMessageError as exc:
-            self.report(f"{name}: message dropped: {exc}")
-            return
-        sid = header.stream_id
-        with self._lock:
-            if sid in self._dropped:
-                return
-            incoming = self._incoming.get(sid)
-            problem = None
-            if incoming is None and (header.seq != 0 or header.end or sid in self._active):
-                self._drop(sid)  # nothing will run: every output still gets the end of the stream
-                if header.seq:
-                    problem = (f"stream {sid} joined at item {header.seq} on {name}: items 0..{header.seq - 1} "
-                               "were lost (a partition started late?)")
-                elif not header.end:
-                    problem = f"stream {sid} started again while its request is in flight"
-                elif header.failed:
-                    problem = f"stream {sid} ended before its first item: its producer failed"
-                self.stats.failed += problem is not None
-            elif incoming is None:
-                incoming = self._incoming[sid] = _Incoming({n: StreamInput() for n in self.stream_inputs},
-                                                           {n: 0 for n in self.stream_inputs}, time.monotonic())
-                self._active.add(sid)
-                request = Request(dict(incoming.feeds), SamplingParams(seed=header.seed), request_id=sid)
-                asyncio.run_coroutine_threadsafe(self._serve(request), self.loop)
-            if incoming is not None:
-                self._feed(sid, incoming, name, header, item)
-                return
-        self._publish_ends(sid, {n: 0 for n in self.graph.output_names}, failed=problem is not None)
-        if problem:
-            self.report(problem)
-
-    def _feed(self, sid: str, incoming: _Incoming, name: str, header: StreamHeader, item) -> None:
-        """Under the lock: the item (or end) joins its request's StreamInput, in sequence."""
-        incoming.last_seen = time.monotonic()
-        expected = incoming.next_seq[name]
-        feed = incoming.feeds[name]
-        if header.seq != expected:
-            self._drop(sid)
-            feed.fail(f"{name} item {expected} never arrived (got item {header.seq})")
-            return
-        incoming.next_seq[name] = expected + 1
-        if item is not None:
-            feed.put(item)
-        elif header.failed:
-            feed.fail(f"the partition producing {name} failed this request")
-        else:
-            feed.close()
-        if all(f.closed for f in incoming.feeds.values()):
-            del self._incoming[sid]
-
-    def _expire_idle_streams(self) -> None:
-        now = time.monotonic()
-        with self._lock:
-            idle = [(sid, inc) for sid, inc in self._incoming.items() if now - inc.last_seen > self.stream_timeout_s]
-            for sid, incoming in idle:
-                self._drop(sid)
-                for name, feed in incoming.feeds.items():
-                    if not feed.closed:
-                        feed.fail(f"no {name} item for {self.stream_timeout_s:g} s after item "
-                                  f"{incoming.next_seq[name] - 1} (the producing partition stopped?)")
-
-    def _drop(self, sid: str) -> None:
-        """Under the lock: later messages of ``sid`` are ignored."""
-        self._incoming.pop(sid, None)
-        self._dropped[sid] = None
-        while len(self._dropped) > 4096:
-            self._dropped.pop(next(iter(self._dropped)))
 
     # -- serving ----------------------------------------------------------------
     async def _serve(self, request: Request) -> None:
