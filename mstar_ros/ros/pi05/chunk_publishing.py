@@ -49,16 +49,7 @@ class ChunkPublishing:
         try:
             (chunk,) = future.result()["actions"]
         except Exception as exc:
-            failed = not self.closing and not isinstance(exc, (RequestCancelled, asyncio.CancelledError))
-            with self._lock:  # nothing else is in flight (_busy): its pending request is this one
-                self._busy, self._admitted_at, self.chunker.pending = False, None, None
-                started = failed and self._begin_outage(now, f"chunk failed: {exc}")
-            if failed:
-                self._problem(("failed", self.get_namespace()), f"{self.get_namespace()}: chunk failed: {exc}",
-                              "ERROR", count="chunks_failed")
-            if started:
-                self._on_policy_outage()
-            return
+            return self._chunk_failed(exc, now)
         resumed, outage = None, None
         with self._lock:
             self._busy, self._admitted_at = False, None
@@ -88,6 +79,18 @@ class ChunkPublishing:
                       "loss", "OK")
         if outage is not None:
             self._say(f"{self.get_namespace()}: chunks resumed after {outage:.1f} s without a policy", "OK")
+
+    def _chunk_failed(self, exc: BaseException, now: float) -> None:
+        """No chunk came back: a failure (not a cancel, not while closing) is a policy outage."""
+        failed = not self.closing and not isinstance(exc, (RequestCancelled, asyncio.CancelledError))
+        with self._lock:  # nothing else is in flight (_busy): its pending request is this one
+            self._busy, self._admitted_at, self.chunker.pending = False, None, None
+            started = failed and self._begin_outage(now, f"chunk failed: {exc}")
+        if failed:
+            self._problem(("failed", self.get_namespace()), f"{self.get_namespace()}: chunk failed: {exc}",
+                          "ERROR", count="chunks_failed")
+        if started:
+            self._on_policy_outage()
 
     def _actions_outside_limits(self, raw: torch.Tensor) -> list[str]:
         if self._action_limits is None:

@@ -94,15 +94,19 @@ class ControlTick:
                                  f"{self.get_namespace()}: observation refused: {refused}", "ERROR",
                                  count="observations_refused")
         if request is not None:
-            if request.request.meta.get("prompt_truncated") and not self._truncation_said:
-                self._truncation_said = True
-                self._say(f"{self.get_namespace()}: prompt {self.prompt!r} with the state is over the "
-                          f"checkpoint's tokenizer_max_length={self.policy.layout.config.max_token_len} tokens: cut "
-                          "to it, as the reference does (the state's end is lost: shorten the prompt)", "WARN")
-            oldest, epoch = request.oldest, request.epoch
-            self._inflight_id = request.request.request_id
-            future = asyncio.run_coroutine_threadsafe(_serve(self.conductor, request.request), self.loop)
-            future.add_done_callback(lambda f: self._on_chunk(f, oldest, epoch))
+            self._send(request)
+
+    def _send(self, request: _Outgoing) -> None:
+        """Submits an admitted request on the Conductor's loop; its chunk comes back to _on_chunk."""
+        if request.request.meta.get("prompt_truncated") and not self._truncation_said:
+            self._truncation_said = True
+            self._say(f"{self.get_namespace()}: prompt {self.prompt!r} with the state is over the "
+                      f"checkpoint's tokenizer_max_length={self.policy.layout.config.max_token_len} tokens: cut "
+                      "to it, as the reference does (the state's end is lost: shorten the prompt)", "WARN")
+        oldest, epoch = request.oldest, request.epoch
+        self._inflight_id = request.request.request_id
+        future = asyncio.run_coroutine_threadsafe(_serve(self.conductor, request.request), self.loop)
+        future.add_done_callback(lambda f: self._on_chunk(f, oldest, epoch))
 
     def _admitted_request(self, now: float) -> tuple[_Outgoing | None, ValueError | None]:
         """Under the lock, a request being due: (the request to send, or None while it waits
