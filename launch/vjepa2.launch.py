@@ -3,7 +3,7 @@
 One process (``mstar_vjepa2_node_set``) hosts the Conductor, ``/mstar/conductor`` and one
 ``world_model`` node per robot namespace (camera + end-effector pose + gripper in; plans toward
 a goal image out as PoseStamped / nav_msgs/Path / gripper target; see
-mstar_ros/ros/world_model_node.py), with config/vjepa2.yaml. Launch arguments and the process
+mstar_ros/ros/vjepa2/world_model_node.py), with config/vjepa2.yaml. Launch arguments and the process
 come from mstar_ros.launch_spec (VJEPA2_LAUNCH_ARGUMENTS, vjepa2_processes), which ``mstar-ros
 launch vjepa2`` starts too where the ROS 2 launch tools are not installed. When the node set
 exits the launch ends (non-zero, with its one-line error, when it failed).

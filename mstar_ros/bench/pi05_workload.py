@@ -3,7 +3,7 @@
 Each robot namespace of the bag (two cameras at 15 Hz, joint states at 30 Hz) is sampled
 at ``hz``: at every tick the robot's observation is its newest frame of each camera and
 its newest joint state received by then (bag receive times), converted the way the
-policy node converts them (``mstar_ros.ros.convert``: uint8 RGB images, joint positions
+policy node converts them (``mstar_ros.ros.common.convert``: uint8 RGB images, joint positions
 in the configured order, normalised as the policy node normalises them: ``normalize``, the
 checkpoint's state normaliser). Ticks start when a robot has
 every input, so robots are offset by their sensors' recorded phases.
@@ -18,8 +18,8 @@ import torch
 
 from mstar_ros.bag.synthetic import JOINT_NAMES, SyntheticBagSpec, camera_topic, joint_topic, synthetic_messages
 from mstar_ros.bench.workload import percentile
-from mstar_ros.ros.convert import image_to_tensor, joint_state_to_tensor
-from mstar_ros.ros.policy_node import PARAMETERS
+from mstar_ros.ros.common.convert import image_to_tensor, joint_state_to_tensor
+from mstar_ros.ros.pi05.params import PARAMETERS
 
 PROMPT = PARAMETERS["prompt"][0]
 

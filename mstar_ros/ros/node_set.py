@@ -22,7 +22,7 @@ import sys
 import time
 
 from mstar_ros.dtype_option import add_dtype_argument  # no torch import either
-from mstar_ros.ros.ros_process import split_ros_args  # stdlib only: torch is not imported yet
+from mstar_ros.ros.common.ros_process import split_ros_args  # stdlib only: torch is not imported yet
 
 log = logging.getLogger("mstar_ros.node_set")
 
@@ -98,10 +98,10 @@ async def serve(args: argparse.Namespace, ros_args: list[str]) -> dict:
     from mstar.conductor import Conductor
     from mstar.engine.config import EngineConfig
     from mstar_graphs.pi05.frontend import Pi05Policy
-    from mstar_ros.ros.conductor_node import conductor_node
     from mstar_ros.policy.admission import ChunkAdmission
-    from mstar_ros.ros.policy_node import make_policy_node
-    from mstar_ros.ros.ros_process import RosProcess
+    from mstar_ros.ros.common.conductor_node import ConductorNode
+    from mstar_ros.ros.common.ros_process import RosProcess
+    from mstar_ros.ros.pi05.policy_node import PolicyNode
 
     # requests are built here (tokenizer, shapes); with a placement the weights live in the Workers only
     policy = Pi05Policy.load(args.weights, preset=args.preset, tokenizer=args.tokenizer, asset_id=args.asset_id,
@@ -117,9 +117,9 @@ async def serve(args: argparse.Namespace, ros_args: list[str]) -> dict:
     async with RosProcess("mstar_pi05_node_set", ros_args) as ros:
         async with conductor:
             admission = ChunkAdmission(args.max_inflight)
-            nodes = [make_policy_node(policy, conductor, asyncio.get_running_loop(), ns, admission=admission)
+            nodes = [PolicyNode(policy, conductor, asyncio.get_running_loop(), ns, admission=admission)
                      for ns in args.robots]
-            ros.add(*nodes, conductor_node(conductor))
+            ros.add(*nodes, ConductorNode(conductor))
             ros.spin()
             names = ", ".join(n.get_fully_qualified_name() for n in nodes)
             print(f"serving pi0.5 ({'RANDOM tiny weights' if policy.random_weights else policy.path}) for {names}",
@@ -166,7 +166,7 @@ def print_summary(summary: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from mstar_ros.ros.ros_process import node_process_main
+    from mstar_ros.ros.common.ros_process import node_process_main
 
     return node_process_main("mstar_pi05_node_set", sys.argv[1:] if argv is None else argv, parse_args, serve, print_summary)
 

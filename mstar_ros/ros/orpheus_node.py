@@ -9,7 +9,7 @@ audio tokens into the SNAC decoder over a streaming edge between its two partiti
 ``talker`` and ``vocoder``. Split, that edge is the topic ``llm_token``: the talker
 publishes each token as it is sampled, the vocoder cuts them into 28-token windows
 every 7 (the edge's SlidingWindowChunkPolicy) and publishes 24 kHz PCM on ``audio``
-(std_msgs/Float32MultiArray, one message per decoded chunk; mstar_ros.ros.stream_msgs
+(std_msgs/Float32MultiArray, one message per decoded chunk; mstar_ros.ros.partition.stream_msgs
 describes the header). Watch any of them with ``ros2 topic echo /tts/llm_token``.
 Requests: std_msgs/String on ``text`` -- the text, or JSON ``{"text": ..., "id": ...,
 "seed": ..., "max_tokens": ..., "temperature": ...}``. Problems go to /diagnostics.
@@ -20,25 +20,20 @@ import argparse
 import asyncio
 import logging
 import sys
-from dataclasses import dataclass
 import time
-from typing import Mapping
 
-import msgspec
 import torch
 
 from mstar.sampling_params import SamplingParams
 from mstar_ros.dtype_option import add_dtype_argument
-from mstar_ros.ros.ros_process import split_ros_args
+from mstar_ros.ros.common.ros_process import split_ros_args
+from mstar_ros.ros.orpheus.talker_requests import SpeechDefaults, bind_parameters, request_factory
 
 log = logging.getLogger("mstar_ros.orpheus_node")
 
 PARTITIONS = ("all", "talker", "vocoder")
 #: the tensor dtype on each topic the Orpheus graph (or a partition of it) reads or writes
 DTYPES = {"llm_token": torch.int64, "tokens": torch.int64, "audio": torch.float32}
-#: JSON request fields that override the node's sampling defaults
-SAMPLING_FIELDS = {"max_tokens": int, "temperature": float, "top_p": float, "top_k": int,
-                   "repetition_penalty": float}
 
 
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -68,66 +63,6 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     return parser.parse_args(argv), ros_args
 
 
-@dataclass
-class SpeechDefaults:
-    """What a text request gets unless its JSON says otherwise (the talker's ROS parameters)."""
-
-    voice: str | None
-    sampling: SamplingParams
-
-
-def bind_parameters(node, defaults: SpeechDefaults) -> None:
-    """The defaults as ROS parameters of ``node``: ``--ros-args -p temperature:=0.3`` at start,
-    ``ros2 param set /tts/orpheus_talker temperature 0.3`` while it runs (checked, or refused with why)."""
-    from rcl_interfaces.msg import SetParametersResult
-
-    s = defaults.sampling
-    initial = {"voice": defaults.voice or "", "temperature": s.temperature, "top_p": s.top_p,
-               "repetition_penalty": s.repetition_penalty, "max_tokens": s.max_tokens}
-
-    def apply(values: Mapping[str, object]) -> None:
-        sampling = {k: v for k, v in values.items() if k != "voice"}
-        updated = SamplingParams(**{**msgspec.structs.asdict(defaults.sampling), **sampling})  # validates
-        defaults.sampling = updated
-        if "voice" in values:
-            defaults.voice = str(values["voice"]) or None
-
-    def on_set(params) -> SetParametersResult:
-        try:
-            apply({p.name: p.value for p in params if p.name in initial})
-        except (ValueError, TypeError) as exc:
-            return SetParametersResult(successful=False, reason=str(exc))
-        return SetParametersResult(successful=True)
-
-    for name, value in initial.items():
-        node.declare_parameter(name, value)
-    apply({name: node.get_parameter(name).value for name in initial})  # a params file or -p may have set them
-    node.add_on_set_parameters_callback(on_set)
-
-
-def request_factory(tokenizer, max_positions: int, defaults: SpeechDefaults):
-    from mstar_graphs.orpheus.model import speech_request
-
-    def build(text: str, request_id: str, seed: int, fields: Mapping[str, object]):
-        unknown = sorted(set(fields) - set(SAMPLING_FIELDS))
-        if unknown:
-            raise ValueError(f"unknown request field(s) {unknown} (known: id, seed, text, {', '.join(SAMPLING_FIELDS)})")
-        overrides = {}
-        for key, value in fields.items():
-            kind = SAMPLING_FIELDS[key]
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and not isinstance(value, int)):
-                raise ValueError(f"{key} must be {kind.__name__}, got {value!r}")
-            overrides[key] = kind(value)
-        voice, base = defaults.voice, defaults.sampling
-        try:
-            sampling = SamplingParams(**{**msgspec.structs.asdict(base), **overrides, "seed": seed})
-        except (ValueError, TypeError) as exc:
-            raise ValueError(f"sampling: {exc}") from None
-        return speech_request(tokenizer, max_positions, text, voice=voice, sampling=sampling, request_id=request_id)
-
-    return build
-
-
 def load_partition(args: argparse.Namespace):
     """(graph, modules, request factory or None, its defaults or None, random weights?) for the partition
     this process runs."""
@@ -155,21 +90,20 @@ def load_partition(args: argparse.Namespace):
 async def serve(args: argparse.Namespace, ros_args: list[str]) -> dict:
     from mstar.conductor import Conductor
     from mstar.engine.config import EngineConfig
-    from mstar_ros.ros.conductor_node import conductor_node
-    from mstar_ros.ros.partition_node import make_partition_node
-    from mstar_ros.ros.ros_process import RosProcess
+    from mstar_ros.ros.common.conductor_node import ConductorNode
+    from mstar_ros.ros.common.ros_process import RosProcess
+    from mstar_ros.ros.partition.partition_node import PartitionNode
 
     graph, modules, factory, defaults, random_weights = load_partition(args)
     conductor = Conductor(graph, modules, config=EngineConfig(dtype=args.dtype))
     name = "orpheus" if args.partition == "all" else f"orpheus_{args.partition}"
     async with RosProcess("mstar_orpheus_node", ros_args) as ros, conductor:
-        node = make_partition_node(conductor, graph, asyncio.get_running_loop(), node_name=name,
-                                   namespace=args.namespace, dtypes=DTYPES, request_factory=factory,
-                                   stream_timeout_s=args.stream_timeout,
-                                   wait_for_readers=["llm_token"] if args.partition == "talker" else [])
+        node = PartitionNode(conductor, graph, asyncio.get_running_loop(), node_name=name, namespace=args.namespace,
+                             dtypes=DTYPES, request_factory=factory, stream_timeout_s=args.stream_timeout,
+                             wait_for_readers=["llm_token"] if args.partition == "talker" else [])
         if defaults is not None:
             bind_parameters(node, defaults)
-        ros.add(node, conductor_node(conductor, name=f"{name}_conductor"))
+        ros.add(node, ConductorNode(conductor, name=f"{name}_conductor"))
         ros.spin()
         ins = [node.resolve_topic_name(n) for n in graph.stream_input_names] + \
               ([node.resolve_topic_name("text")] if factory else [])
@@ -193,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     apply_localhost_defaults()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     args, ros_args = parse_args(sys.argv[1:] if argv is None else argv)
-    from mstar_ros.ros.ros_process import run_serving
+    from mstar_ros.ros.common.ros_process import run_serving
 
     status, summary = run_serving("mstar_orpheus_node", serve(args, ros_args), args.summary_json)
     if summary is not None:

@@ -17,7 +17,7 @@ import sys
 import time
 
 from mstar_ros.dtype_option import add_dtype_argument
-from mstar_ros.ros.ros_process import split_ros_args
+from mstar_ros.ros.common.ros_process import split_ros_args
 
 log = logging.getLogger("mstar_ros.vjepa2_node_set")
 
@@ -71,21 +71,21 @@ async def serve(args: argparse.Namespace, ros_args: list[str]) -> dict:
     from mstar.conductor import Conductor
     from mstar_graphs.vjepa2.components import vjepa2_components
     from mstar_graphs.vjepa2.graph import vjepa2_graph
-    from mstar_ros.ros.conductor_node import conductor_node
-    from mstar_ros.ros.ros_process import RosProcess
-    from mstar_ros.ros.world_model_node import make_world_model_node
+    from mstar_ros.ros.common.conductor_node import ConductorNode
+    from mstar_ros.ros.common.ros_process import RosProcess
+    from mstar_ros.ros.vjepa2.world_model_node import WorldModelNode
 
     graph, modules = vjepa2_components({n.name for n in vjepa2_graph().nodes}, args.weights, args.preset,
                                        progress=True)
     predictor = modules["predictor"]
     async with RosProcess("mstar_vjepa2_node_set", ros_args) as ros:
         loop = asyncio.get_running_loop()
-        nodes = [make_world_model_node(loop, ns, predictor.max_frames) for ns in args.robots]
+        nodes = [WorldModelNode(loop, ns, predictor.max_frames) for ns in args.robots]
         config = pool_config(nodes, predictor, args.dtype)
         async with Conductor(graph, modules, config=config) as conductor:
             for node in nodes:
                 node.conductor = conductor
-            ros.add(*nodes, conductor_node(conductor))
+            ros.add(*nodes, ConductorNode(conductor))
             ros.spin()
             what = "RANDOM tiny weights" if args.weights is None else args.weights
             print(f"serving V-JEPA 2-AC ({what}) for {', '.join(n.get_fully_qualified_name() for n in nodes)}",
@@ -115,7 +115,7 @@ def print_summary(summary: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from mstar_ros.ros.ros_process import node_process_main
+    from mstar_ros.ros.common.ros_process import node_process_main
 
     return node_process_main("mstar_vjepa2_node_set", sys.argv[1:] if argv is None else argv, parse_args, serve, print_summary)
 

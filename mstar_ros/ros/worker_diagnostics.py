@@ -20,7 +20,7 @@ class WorkerDiagnostics:
         from rclpy.executors import SingleThreadedExecutor
 
         from mstar_ros.bag.ros_env import apply_localhost_defaults
-        from mstar_ros.ros.diagnostics import publish_status
+        from mstar_ros.ros.common.diagnostics import publish_status
 
         apply_localhost_defaults()
         self.context = rclpy.Context()

@@ -129,7 +129,7 @@ rclpy.spin(node)
 ROS_PROCESS = """\
 import asyncio, rclpy
 from std_msgs.msg import String
-from mstar_ros.ros.ros_process import RosProcess
+from mstar_ros.ros.common.ros_process import RosProcess
 
 async def main():
     async with RosProcess("shm_probe", []) as ros:

@@ -17,10 +17,18 @@ import pytest
 import yaml
 
 from mstar_ros.launch_actions import NodeProcessFailed
-from mstar_ros.launch_spec import (LAUNCH_ARGUMENTS, ORPHEUS_LAUNCH_ARGUMENTS, VJEPA2_LAUNCH_ARGUMENTS, default_params_file,
-                                   orpheus_processes, parse_robots, pi05_processes, vjepa2_processes)
+from mstar_ros.launch_spec import (
+    LAUNCH_ARGUMENTS,
+    ORPHEUS_LAUNCH_ARGUMENTS,
+    VJEPA2_LAUNCH_ARGUMENTS,
+    default_params_file,
+    orpheus_processes,
+    parse_robots,
+    pi05_processes,
+    vjepa2_processes,
+)
+from mstar_ros.ros.pi05.params import PARAMETERS
 from support.launch_standins import describe, launch_ros_command, load_launch_file, nodes
-from mstar_ros.ros.policy_node import PARAMETERS
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -122,7 +130,7 @@ def test_the_vjepa2_launch_file_builds_the_commands_of_the_spec(monkeypatch, giv
 
 
 def test_the_vjepa2_params_file_holds_every_world_model_parameter_with_its_default_type():
-    from mstar_ros.ros.world_model_params import PARAMETERS as WM
+    from mstar_ros.ros.vjepa2.params import PARAMETERS as WM
     params = yaml.safe_load((ROOT / "config" / "vjepa2.yaml").read_text())["/**"]["ros__parameters"]
     assert set(params) == set(WM)
     for name, value in params.items():

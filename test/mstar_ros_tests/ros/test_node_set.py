@@ -167,9 +167,9 @@ def test_bad_input_is_reported_and_dropped_while_the_other_robot_is_served(procs
 @pytest.mark.timeout(150)
 def test_with_a_placement_every_worker_process_reports_on_diagnostics(procs, start_player, short_bag,
                                                                       ros_client, tmp_path):
-    from diagnostic_msgs.msg import DiagnosticArray
     from pathlib import Path
 
+    from diagnostic_msgs.msg import DiagnosticArray
     from trajectory_msgs.msg import JointTrajectory
 
     placement = Path(__file__).parents[3] / "config" / "placement" / "pi05-two-ranks.yaml"

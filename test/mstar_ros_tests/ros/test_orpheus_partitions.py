@@ -10,7 +10,13 @@ import pytest
 import torch
 
 from mstar_ros.launch_spec import orpheus_processes
-from mstar_ros.ros.stream_msgs import StreamHeader, StreamMessageError, end_message, item_message, read_message
+from mstar_ros.ros.partition.stream_msgs import (
+    StreamHeader,
+    StreamMessageError,
+    end_message,
+    item_message,
+    read_message,
+)
 
 TEXT = "Hello there."
 SAMPLING = {"temperature": 0.0, "top_p": 1.0, "repetition_penalty": 1.0, "max_tokens": 64}
@@ -142,11 +148,10 @@ def test_talker_and_vocoder_nodes_speak_what_one_process_speaks(procs, ros_clien
 def test_the_whole_graph_as_one_node_streams_its_audio_output_on_a_topic(procs, ros_client, tmp_path):
     """split:=false: one node; the graph's own streamed output `audio` is the topic. Its sampling
     defaults are ROS parameters: -p at start, checked set_parameters while it runs."""
+    from diagnostic_msgs.msg import DiagnosticArray
     from rcl_interfaces.msg import Parameter, ParameterType, ParameterValue
     from rcl_interfaces.srv import SetParameters
     from std_msgs.msg import Float32MultiArray, String
-
-    from diagnostic_msgs.msg import DiagnosticArray
 
     audio_sub = ros_client.subscribe(Float32MultiArray, "/speech/audio", depth=1000)
     ros_client.subscribe(DiagnosticArray, "/diagnostics", depth=1000)

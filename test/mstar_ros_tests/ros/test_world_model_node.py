@@ -289,8 +289,9 @@ def test_a_flood_of_bad_frames_shuts_that_camera_and_the_other_robot_keeps_plann
     """400 bad frames a second on robot 2's camera: the topic is shut for a while (max_bad_rate_hz, as the
     pi0.5 node does), its problems are said throttled, and robot 1 keeps planning (issue 28.9)."""
     from diagnostic_msgs.msg import DiagnosticArray
-    from mstar_ros.bench.pi05_flood import Flooder
     from std_msgs.msg import Float64
+
+    from mstar_ros.bench.pi05_flood import Flooder
 
     ros_client.subscribe(DiagnosticArray, "/diagnostics", depth=200)
     ros_client.subscribe(Float64, "/robot1/plan/energy", depth=200)

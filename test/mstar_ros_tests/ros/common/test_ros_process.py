@@ -1,7 +1,7 @@
 """The command-line split every mstar node makes: its own arguments, then rclpy's ``--ros-args`` tail."""
 from __future__ import annotations
 
-from mstar_ros.ros.ros_process import split_ros_args
+from mstar_ros.ros.common.ros_process import split_ros_args
 
 
 def test_split_ros_args():
@@ -13,7 +13,7 @@ def test_split_ros_args():
 
 def test_a_worker_that_failed_setup_is_said_in_one_line_with_status_2(capsys):
     from mstar.conductor import WorkerSetupError
-    from mstar_ros.ros.ros_process import run_serving
+    from mstar_ros.ros.common.ros_process import run_serving
 
     async def serving() -> dict:
         raise WorkerSetupError(1, "WeightsError: cannot read safetensors file /w/model.safetensors: truncated")

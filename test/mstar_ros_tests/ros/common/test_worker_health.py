@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from mstar.conductor import WorkerStatus
-from mstar_ros.ros.worker_health import first_down, rank_report, summary_message, worst_level
+from mstar_ros.ros.common.worker_health import first_down, rank_report, summary_message, worst_level
 
 
 def status(rank: int, state: str, **kw) -> WorkerStatus:

@@ -13,7 +13,7 @@ from typing import Sequence
 
 import torch
 
-from mstar_ros.ros.convert import labelled_array_msg, trajectory_msg
+from mstar_ros.ros.common.convert import labelled_array_msg, trajectory_msg
 
 _FIELD = {"joint_positions": "positions", "joint_velocities": "velocities"}
 

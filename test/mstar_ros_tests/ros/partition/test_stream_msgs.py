@@ -3,8 +3,14 @@ import pytest
 import torch
 from std_msgs.msg import Float32MultiArray, Int64MultiArray, MultiArrayDimension
 
-from mstar_ros.ros.stream_msgs import (StreamHeader, StreamMessageError, end_message, item_message, message_type,
-                                       read_message)
+from mstar_ros.ros.partition.stream_msgs import (
+    StreamHeader,
+    StreamMessageError,
+    end_message,
+    item_message,
+    message_type,
+    read_message,
+)
 
 
 @pytest.mark.parametrize("tensor", [torch.arange(6).reshape(2, 3), torch.tensor(5), torch.randn(7),

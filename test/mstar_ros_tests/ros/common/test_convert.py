@@ -6,8 +6,14 @@ import math
 import numpy as np
 import pytest
 
-from mstar_ros.ros.convert import (ObservationError, check_image, image_to_array, joint_positions, labelled_array_msg,
-                                   trajectory_msg)
+from mstar_ros.ros.common.convert import (
+    ObservationError,
+    check_image,
+    image_to_array,
+    joint_positions,
+    labelled_array_msg,
+    trajectory_msg,
+)
 
 
 def _image(encoding: str, pixels: np.ndarray, pad: int = 0):

@@ -7,7 +7,7 @@ fit joint positions only. Each error names the parameter at fault and the checkp
 """
 from __future__ import annotations
 
-from mstar_ros.ros.policy_params import PolicyParams
+from mstar_ros.ros.pi05.params import PolicyParams
 
 
 def check_fits(p: PolicyParams, policy, where: str) -> None:

@@ -6,8 +6,8 @@ import pytest
 
 from mstar_graphs.pi05.checkpoints import ensure_tiny_pi05
 from mstar_graphs.pi05.frontend import Pi05Policy
-from mstar_ros.ros.policy_fit import check_fits
-from mstar_ros.ros.policy_params import PARAMETERS, PolicyParams
+from mstar_ros.ros.pi05.params import PARAMETERS, PolicyParams
+from mstar_ros.ros.pi05.params_fit import check_fits
 from support.pi05_layouts import lerobot_checkpoint, openpi_checkpoint
 
 JOINTS = [f"j{i}" for i in range(8)]
