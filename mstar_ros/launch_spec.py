@@ -189,7 +189,7 @@ def pi05_processes(robots: str | Sequence[str] = "/robot1", weights: str = "", p
     params = Path(params_file) if params_file else default_params_file()
     if not params.is_file():
         raise FileNotFoundError(f"params_file: no file {params}")
-    return [ProcessSpec(name="pi05_node_set", executable="mstar_pi05_node_set", module="mstar_ros.ros.node_set",
+    return [ProcessSpec(name="pi05_node_set", executable="mstar_pi05_node_set", module="mstar_ros.ros.pi05.node_set",
                         arguments=tuple(args) + tuple(extra_arguments), params_files=(str(params),),
                         parameters=_sim_time_parameters(use_sim_time),
                         remappings=tuple((str(a), str(b)) for a, b in remappings),
@@ -212,7 +212,7 @@ ORPHEUS_LAUNCH_ARGUMENTS = (
 def orpheus_processes(split: str | bool = "true", namespace: str = "/tts", weights: str = "", snac_weights: str = "",
                       dtype: str = "auto", use_sim_time: str | bool = "false", *, extra_arguments: Sequence[str] = (),
                       ros_arguments: Sequence[str] = ()) -> list[ProcessSpec]:
-    """Orpheus TTS as ROS nodes (mstar_ros.ros.orpheus_node): one per partition when ``split``."""
+    """Orpheus TTS as ROS nodes (mstar_ros.ros.orpheus.node_set): one per partition when ``split``."""
     try:
         (ns,) = parse_robots(namespace)  # the same rules as any namespace
     except ValueError as exc:
@@ -226,7 +226,7 @@ def orpheus_processes(split: str | bool = "true", namespace: str = "/tts", weigh
     args += _dtype_arguments(dtype)
     partitions = ["talker", "vocoder"] if _flag("split", split) else ["all"]
     return [ProcessSpec(name="orpheus" if part == "all" else f"orpheus_{part}", executable="mstar_orpheus_node",
-                        module="mstar_ros.ros.orpheus_node",
+                        module="mstar_ros.ros.orpheus.node_set",
                         arguments=("--partition", part, *args, *extra_arguments),
                         parameters=_sim_time_parameters(use_sim_time), ros_arguments=tuple(ros_arguments))
             for part in partitions]
@@ -248,7 +248,7 @@ VJEPA2_LAUNCH_ARGUMENTS = (
 def vjepa2_processes(robots: str | Sequence[str] = "/robot1", weights: str = "", params_file: str = "",
                      dtype: str = "auto", use_sim_time: str | bool = "false", *,
                      extra_arguments: Sequence[str] = (), ros_arguments: Sequence[str] = ()) -> list[ProcessSpec]:
-    """The V-JEPA 2-AC node set's process (mstar_ros.ros.vjepa2_node_set)."""
+    """The V-JEPA 2-AC node set's process (mstar_ros.ros.vjepa2.node_set)."""
     args = ["--robots", *parse_robots(robots)]
     if weights:
         if not Path(weights).exists():
@@ -264,6 +264,6 @@ def vjepa2_processes(robots: str | Sequence[str] = "/robot1", weights: str = "",
             raise FileNotFoundError(f"{VJEPA2_PARAMS_FILE} not found (looked at {looked}); give params_file")
     if not params.is_file():
         raise FileNotFoundError(f"params_file: no file {params}")
-    return [ProcessSpec(name="vjepa2_node_set", executable="mstar_vjepa2_node_set", module="mstar_ros.ros.vjepa2_node_set",
+    return [ProcessSpec(name="vjepa2_node_set", executable="mstar_vjepa2_node_set", module="mstar_ros.ros.vjepa2.node_set",
                         arguments=tuple(args) + tuple(extra_arguments), params_files=(str(params),),
                         parameters=_sim_time_parameters(use_sim_time), ros_arguments=tuple(ros_arguments))]

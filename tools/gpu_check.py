@@ -84,7 +84,7 @@ async def _serve(graph, modules, requests, device: str, dtype: str) -> list[dict
 
 def check_orpheus(device: str, dtype: str, preset: str) -> dict:
     from mstar.sampling_params import SamplingParams
-    from mstar_graphs.orpheus.model import OrpheusTTS
+    from mstar_graphs.orpheus.frontend import OrpheusTTS
 
     texts = ["Hello there.", "The quick brown fox jumps over the lazy dog."]
 

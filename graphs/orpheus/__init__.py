@@ -7,8 +7,7 @@ Every model folder has the same skeleton:
 - ``config.py``: the LLM's ``LlamaConfig`` (``snac_config.py``: the codec's);
 - ``checkpoints.py``: where weights come from (a directory, or the cached generated one);
 - ``tiny.py``: the generated checkpoint (``tiny_llm.py``, ``tiny_snac.py``: its two parts);
-- ``frontend.py``: the user-facing API, ``OrpheusTTS`` (today in ``model.py``: its name is in the
-  installed entry points, so it moves with the next reinstall).
+- ``frontend.py``: the user-facing API, ``OrpheusTTS`` (the ``mstar.speech_models`` entry point).
 
 The rest: ``llama.py`` (the LLM on graphs/common's layers), ``prompt.py`` and ``tokens.py`` (text in,
 audio tokens out), ``snac_*.py`` (the decoder and its streaming stage), ``reference.py``

@@ -28,7 +28,7 @@ def orpheus_spec(weights: str | Path | None = None, snac_weights: str | Path | N
 def orpheus_components(nodes: set[str], weights: str | None = None, snac_weights: str | None = None,
                        preset: str = "tiny", constrain: bool = True, progress: bool = False,
                        tp=None) -> tuple[ModelGraph, dict[str, NodeSubmodule]]:
-    from mstar_graphs.orpheus.model import OrpheusLLM  # the Conductor (no nodes) never imports the model code
+    from mstar_graphs.orpheus.frontend import OrpheusLLM  # the Conductor (no nodes) never imports the model code
     from mstar_graphs.orpheus.snac_stage import OrpheusSnacStage
 
     graph = orpheus_graph()

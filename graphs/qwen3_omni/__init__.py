@@ -8,8 +8,7 @@ Every model folder has the same skeleton:
 - ``config.py``: ``Qwen3OmniConfig`` (``config_aliases.py``: transformers' other field names);
 - ``checkpoints.py``: each component's weights from transformers' layout, and the cached generated checkpoint;
 - ``tiny.py``: the generated checkpoint;
-- ``frontend.py``: the user-facing API, ``Qwen3OmniChat`` (today in ``speech.py``: its name is in the
-  installed entry points, so it moves with the next reinstall).
+- ``frontend.py``: the user-facing API, ``Qwen3OmniChat`` (the ``mstar.speech_models`` entry point).
 
 The rest: ``model.py`` (Qwen3OmniModel: graph, submodules, requests), ``thinker.py`` / ``talker.py`` /
 ``code_predictor.py`` / ``decoder.py`` / ``moe.py`` (on graphs/common's layers), ``tensor_parallel.py``,

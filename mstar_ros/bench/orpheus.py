@@ -128,7 +128,7 @@ def _pick_baseline_dtype(tts, paths, device: str = "cpu") -> tuple[torch.dtype, 
 
 
 def run_orpheus_bench(args: argparse.Namespace) -> int:
-    from mstar_graphs.orpheus.model import OrpheusTTS
+    from mstar_graphs.orpheus.frontend import OrpheusTTS
     from mstar_graphs.orpheus.reference import hf_generate, load_hf_llm, load_reference_snac, snac_whole
 
     levels = [int(c) for c in args.concurrency.split(",") if c.strip()]

@@ -26,7 +26,7 @@ transport: {default: %s}
 
 async def orpheus_split_comparison(preset: str = "bench", concurrency: int = 8, requests: int = 16,
                                    rate: float = 10.0, seed: int = 0, transport: str = "shm", dtype: str = "auto") -> dict:
-    from mstar_graphs.orpheus.model import OrpheusTTS
+    from mstar_graphs.orpheus.frontend import OrpheusTTS
 
     tts = OrpheusTTS.load(preset=preset, progress=False)
     config = EngineConfig(dtype=dtype, kv_cache_mb=256)

@@ -192,7 +192,7 @@ async def _ours(chat, opts: OmniBenchOptions, bar) -> dict:
 
 
 def run_omni_bench(opts: OmniBenchOptions) -> dict:
-    from mstar_graphs.qwen3_omni.speech import Qwen3OmniChat
+    from mstar_graphs.qwen3_omni.frontend import Qwen3OmniChat
 
     chat = Qwen3OmniChat.load(opts.weights, progress=True, preset=opts.preset, first_chunk=opts.first_chunk)
     calibrating = 2 if opts.baseline_dtype == "fastest" else 0

@@ -42,7 +42,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from mstar_graphs.orpheus.model import SAMPLE_RATE, OrpheusTTS
+    from mstar_graphs.orpheus.frontend import SAMPLE_RATE, OrpheusTTS
 
     sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                               repetition_penalty=args.repetition_penalty, max_tokens=args.max_tokens, seed=args.seed)

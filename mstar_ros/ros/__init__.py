@@ -1,9 +1,11 @@
 """The ROS 2 face of the runtime, grouped by what it serves.
 
-- ``common``: message conversion, /diagnostics, the ROS process, Worker health, the Conductor's node;
-- ``pi05``: the pi0.5 policy node and its parts; ``vjepa2``: the V-JEPA 2-AC world-model node;
-- ``partition``: a graph or partition as a node; ``orpheus``: the Orpheus talker's requests (its
-  nodes are partition nodes);
-- ``node_set``, ``vjepa2_node_set``, ``orpheus_node``, ``worker_diagnostics``: the processes
-  (and the Worker plugin) that setup.py's entry points name.
+- ``common``: message conversion, /diagnostics, the ROS process, Worker health, the Conductor's node,
+  the Worker plugin that reports Worker status on /diagnostics;
+- ``pi05``: the pi0.5 node set (``node_set``), the policy node and its parts;
+- ``vjepa2``: the V-JEPA 2-AC node set and its world-model node;
+- ``orpheus``: the Orpheus node set and its talker's requests (its nodes are partition nodes);
+- ``partition``: a graph or partition as a node.
+
+Each ``node_set`` module is the process a console script of setup.py starts.
 """

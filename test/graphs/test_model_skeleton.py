@@ -13,10 +13,6 @@ from mstar.worker.registry import MODELS
 
 SKELETON = ("graph.py", "components.py", "config.py", "checkpoints.py", "tiny.py", "frontend.py")
 
-# Modules whose final name waits for a reinstall: the installed entry points name the old module.
-# Remove an entry when the module is renamed (the test fails while both or neither exist).
-AWAITING_RENAME = {("orpheus", "frontend.py"): "model.py", ("qwen3_omni", "frontend.py"): "speech.py"}
-
 SHARED = {"common"}  # graphs/common: the shelf the models share, not a model
 
 
@@ -47,13 +43,8 @@ def test_registered_factory_is_the_components_module(name):
 @pytest.mark.parametrize("name", sorted(REGISTERED))
 def test_folder_has_the_skeleton(name):
     folder = _folder(REGISTERED[name])
-    for file in SKELETON:
-        pending = AWAITING_RENAME.get((folder.name, file))
-        if pending is None:
-            assert (folder / file).is_file(), f"{folder.name}: no {file}"
-        else:
-            assert (folder / pending).is_file() and not (folder / file).exists(), \
-                f"{folder.name}: {pending} -> {file} is done or lost: update AWAITING_RENAME"
+    missing = [file for file in SKELETON if not (folder / file).is_file()]
+    assert not missing, f"{folder.name}: no {', '.join(missing)}"
 
 
 @pytest.mark.parametrize("name", sorted(REGISTERED))

@@ -56,7 +56,7 @@ def bind_parameters(node, defaults: SpeechDefaults) -> None:
 
 
 def request_factory(tokenizer, max_positions: int, defaults: SpeechDefaults):
-    from mstar_graphs.orpheus.model import speech_request
+    from mstar_graphs.orpheus.frontend import speech_request
 
     def build(text: str, request_id: str, seed: int, fields: Mapping[str, object]):
         unknown = sorted(set(fields) - set(SAMPLING_FIELDS))

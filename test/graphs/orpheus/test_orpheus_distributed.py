@@ -9,7 +9,7 @@ import torch
 from mstar.conductor import Conductor
 from mstar.sampling_params import SamplingParams
 from mstar_graphs.orpheus.components import orpheus_spec
-from mstar_graphs.orpheus.model import OrpheusTTS
+from mstar_graphs.orpheus.frontend import OrpheusTTS
 from support.parity import FP32
 
 GREEDY = SamplingParams(max_tokens=64, seed=7)

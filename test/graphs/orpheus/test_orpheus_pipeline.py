@@ -9,7 +9,7 @@ import torch
 from mstar.conductor import Conductor, RequestError
 from mstar.engine.config import EngineConfig
 from mstar.sampling_params import SamplingParams
-from mstar_graphs.orpheus.model import OrpheusTTS
+from mstar_graphs.orpheus.frontend import OrpheusTTS
 from mstar_graphs.orpheus.reference import hf_generate, load_hf_llm, load_reference_snac, snac_windows
 from support.parity import FP32, fp32
 

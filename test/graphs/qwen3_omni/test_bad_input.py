@@ -9,7 +9,7 @@ import torch
 from mstar.conductor import Conductor
 from mstar.request import RequestError
 from mstar_graphs.qwen3_omni.audio_features import log_mel
-from mstar_graphs.qwen3_omni.speech import Qwen3OmniChat
+from mstar_graphs.qwen3_omni.frontend import Qwen3OmniChat
 from support.parity import FP32
 
 

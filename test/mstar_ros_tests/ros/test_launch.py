@@ -65,7 +65,7 @@ def test_launch_arguments_become_the_node_set_command(tmp_path):
                            "--ros-args",
                            "--params-file", str(default_params_file()), "-r", "/robot1/action_chunk:=/x",
                            "-p", "smooth:=false"]
-    assert p.command(python="py")[:3] == ["py", "-m", "mstar_ros.ros.node_set"]
+    assert p.command(python="py")[:3] == ["py", "-m", "mstar_ros.ros.pi05.node_set"]
     assert parse_robots(["/a", "b,c"]) == ["/a", "/b", "/c"]
     for bad, says in [(dict(robots=""), "at least one"), (dict(robots="/9x"), "not a valid ROS namespace"),
                       (dict(robots="/a /a"), "twice"), (dict(rate="fast"), "expected Hz"), (dict(rate="0"), "> 0"),
@@ -122,7 +122,7 @@ def test_the_vjepa2_launch_file_builds_the_commands_of_the_spec(monkeypatch, giv
     specs = vjepa2_processes(**{a.name: given.get(a.name, a.default) for a in VJEPA2_LAUNCH_ARGUMENTS})
     assert [launch_ros_command(n) for n in nodes(entities)] == [s.command() for s in specs]
     assert specs[0].params_files == (str(ROOT / "config" / "vjepa2.yaml"),)
-    assert specs[0].command(python="py")[:3] == ["py", "-m", "mstar_ros.ros.vjepa2_node_set"]
+    assert specs[0].command(python="py")[:3] == ["py", "-m", "mstar_ros.ros.vjepa2.node_set"]
     for bad, says in [(dict(robots="/9"), "not a valid ROS"), (dict(weights="/nope"), "weights: no file"),
                       (dict(params_file="/nope.yaml"), "no file")]:
         with pytest.raises((ValueError, FileNotFoundError), match=says):
@@ -173,7 +173,7 @@ def test_prompt_and_status_every_reach_the_node_set_command():
     for bad, says in [(dict(status_every="often"), "expected seconds"), (dict(status_every="-1"), ">= 0")]:
         with pytest.raises(ValueError, match=says):
             pi05_processes(**bad)
-    from mstar_ros.ros.node_set import parse_args  # the node set takes what the spec gives it
+    from mstar_ros.ros.pi05.node_set import parse_args  # the node set takes what the spec gives it
 
     args, ros_args = parse_args(list(pi05_processes(prompt="-- pick it up", status_every="2.5")[0].arguments))
     assert args.prompt == "-- pick it up" and args.status_every == 2.5
@@ -193,7 +193,7 @@ def test_mstar_ros_launch_passes_prompt_and_status_every_through(capsys):
 
 def test_tokenizer_and_asset_id_reach_the_node_set(tmp_path, capsys):
     from mstar_ros.cli import main
-    from mstar_ros.ros.node_set import parse_args
+    from mstar_ros.ros.pi05.node_set import parse_args
 
     tok = tmp_path / "paligemma_tokenizer.model"
     tok.write_bytes(b"x")
@@ -208,10 +208,12 @@ def test_tokenizer_and_asset_id_reach_the_node_set(tmp_path, capsys):
 
 def test_the_dtype_launch_argument_reaches_every_node_set(capsys):
     from mstar_ros.cli import main
-    from mstar_ros.ros import node_set, orpheus_node, vjepa2_node_set
+    from mstar_ros.ros.orpheus import node_set as orpheus_node_set
+    from mstar_ros.ros.pi05 import node_set as pi05_node_set
+    from mstar_ros.ros.vjepa2 import node_set as vjepa2_node_set
 
-    for processes, parse in ((pi05_processes, node_set.parse_args), (vjepa2_processes, vjepa2_node_set.parse_args),
-                             (orpheus_processes, orpheus_node.parse_args)):
+    for processes, parse in ((pi05_processes, pi05_node_set.parse_args), (vjepa2_processes, vjepa2_node_set.parse_args),
+                             (orpheus_processes, orpheus_node_set.parse_args)):
         for spec in processes(dtype="float32"):
             args, _ = parse(list(spec.arguments))
             assert args.dtype == "float32"

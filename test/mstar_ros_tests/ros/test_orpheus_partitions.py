@@ -34,7 +34,7 @@ def start_partitions(procs, tmp_path):
 def one_process_audio(seed: int) -> tuple[list[int], torch.Tensor]:
     from mstar.conductor import Conductor
     from mstar.sampling_params import SamplingParams
-    from mstar_graphs.orpheus.model import OrpheusTTS
+    from mstar_graphs.orpheus.frontend import OrpheusTTS
 
     tts = OrpheusTTS.load(progress=False)
 

@@ -15,7 +15,7 @@ from mstar.layers import linear_packing
 from mstar.engine.config import EngineConfig
 from mstar.layers.linear_packing import PackedLinear, linear_rows, pack_linears, packing_available, parameter_count
 from mstar.sampling_params import SamplingParams
-from mstar_graphs.orpheus.model import OrpheusTTS
+from mstar_graphs.orpheus.frontend import OrpheusTTS
 
 
 def _mlp(dtype: torch.dtype = torch.bfloat16) -> nn.Module:

@@ -24,7 +24,7 @@ def planted(tmp_path, monkeypatch):
 def test_installed_graph_packages_register_their_models_and_plugins_by_entry_point():
     assert registry.registered(MODELS)["pi05"] == "mstar_graphs.pi05.components:pi05_components"
     assert registry.registered(MODELS)["orpheus"] == "mstar_graphs.orpheus.components:orpheus_components"
-    assert registry.registered(PLUGINS)["ros_diagnostics"] == "mstar_ros.ros.worker_diagnostics:attach"
+    assert registry.registered(PLUGINS)["ros_diagnostics"] == "mstar_ros.ros.common.worker_diagnostics:attach"
     from mstar_graphs.pi05.components import pi05_components
     assert registry.resolve(MODELS, "pi05") is pi05_components
 

@@ -3,7 +3,7 @@
     mstar_pi05_node_set --robots /robot1 /robot2 [--weights DIR] [--placement FILE]
                         [--duration S] [--ros-args -r ... -p ... --params-file F]
 
-(also ``python -m mstar_ros.ros.node_set``; ``mstar-ros launch pi05`` and
+(also ``python -m mstar_ros.ros.pi05.node_set``; ``mstar-ros launch pi05`` and
 ``ros2 launch mstar_ros pi05.launch.py`` start it from mstar_ros.launch_spec.)
 The Conductor (its Workers in this process, or in Worker processes per --placement)
 serves every robot's requests, batched together. ``/mstar/conductor`` publishes the
@@ -108,7 +108,7 @@ async def serve(args: argparse.Namespace, ros_args: list[str]) -> dict:
                              load_weights=not args.placement)
     if args.placement:
         from mstar_graphs.pi05.components import pi05_spec
-        from mstar_ros.ros.worker_diagnostics import PLUGIN
+        from mstar_ros.ros.common.worker_diagnostics import PLUGIN
         conductor = Conductor.distributed(pi05_spec(args.weights, preset=args.preset), args.placement,
                                           config=EngineConfig(dtype=args.dtype),
                                           plugins=(PLUGIN,))  # each Worker process reports on /diagnostics
