@@ -59,7 +59,7 @@ class VoicePeer(PeerConversation, PeerMicrophone):
         self.responses = 0
         self.closed = False
         self.timings: list[ResponseTiming] = []
-        self.last_activity = time.monotonic()  # an event from the peer, or audio going to it
+        self.last_activity = time.monotonic()  # an event from the peer, or the end of an answer's audio
         self.silence_duration_ms = silence_duration_ms
         self.vad_threshold = 0.5
         self.turn_detection = True  # off only for a peer without a microphone track (session.update)
@@ -378,6 +378,7 @@ class VoicePeer(PeerConversation, PeerMicrophone):
         timing.first_frame = timing.first_frame or self.track.first_audio_at
         if self.playing == rid:
             self.playing = None
+            self.last_activity = time.monotonic()  # idleness counts from the end of the answer
             self.send("output_audio_buffer.stopped", response_id=rid)
 
     async def cancel_response(self, reason: str = "client_cancelled") -> None:
@@ -408,8 +409,12 @@ class VoicePeer(PeerConversation, PeerMicrophone):
 
     @property
     def idle_s(self) -> float:
-        busy = self.response_id is not None or self.track.queued_ms > 0
-        return 0.0 if busy else time.monotonic() - self.last_activity
+        """Seconds since the peer's last event or the end of what played to it (0 while busy)."""
+        # `playing` stays set until output_audio_buffer.stopped: between the queue running dry and that
+        # event the peer is still being answered, not idle since its response.create
+        if self.response_id is not None or self.playing is not None or self.track.queued_ms > 0:
+            return 0.0
+        return time.monotonic() - self.last_activity
 
     async def close(self) -> None:
         if self.closed:

@@ -189,3 +189,21 @@ def test_a_peer_lost_to_ice_consent_is_logged_with_its_cause_and_what_to_try(orp
     lost = [r.getMessage() for r in caplog.records if "consent" in r.getMessage()]
     assert len(lost) == 1, lost
     assert lost[0].startswith(f"peer {pc_id}: lost during response resp_") and "--peer-lost-s" in lost[0], lost
+
+
+def test_a_peer_is_not_idle_until_its_answer_has_played_and_then_idle_from_then():
+    """Between the audio queue running dry and output_audio_buffer.stopped the peer is still busy:
+    the idle watchdog once dropped a peer there, as idle since its response.create (seconds ago)."""
+    from types import SimpleNamespace
+
+    from mstar_ros.webrtc.peer import VoicePeer
+
+    idle_s = VoicePeer.idle_s.fget
+    long_ago = time.monotonic() - 60
+    peer = SimpleNamespace(response_id=None, playing="resp_1", track=SimpleNamespace(queued_ms=0),
+                           last_activity=long_ago)
+    assert idle_s(peer) == 0.0  # the answer's last frame is out, stopped not yet said
+    peer.playing = None
+    assert idle_s(peer) >= 59  # nothing playing, no event for a minute
+    for busy in ({"response_id": "resp_2"}, {"track": SimpleNamespace(queued_ms=40)}):
+        assert idle_s(SimpleNamespace(**{**vars(peer), **busy})) == 0.0
