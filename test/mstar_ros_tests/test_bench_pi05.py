@@ -5,9 +5,12 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from support.bench_reports import assert_machine_and_dtypes
 
 
+@pytest.mark.slow
 def test_bench_pi05_writes_json_and_plot(tmp_path):
     out_json, out_png = tmp_path / "p.json", tmp_path / "p.png"
     run = subprocess.run([sys.executable, "-m", "mstar_ros.cli", "-q", "bench", "pi05", "--preset", "tiny",

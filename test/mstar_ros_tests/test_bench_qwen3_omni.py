@@ -9,11 +9,13 @@ import sys
 import time
 from types import SimpleNamespace
 
-from mstar_ros.bench.qwen3_omni import _cpu_seconds
+import pytest
 
+from mstar_ros.bench.qwen3_omni import _cpu_seconds
 from support.bench_reports import assert_machine_and_dtypes
 
 
+@pytest.mark.slow
 def test_bench_qwen3_omni_quick(tmp_path):
     out, png = tmp_path / "q.json", tmp_path / "q.png"
     run = subprocess.run([sys.executable, "-m", "mstar_ros.cli", "-q", "bench", "qwen3-omni", "--quick",

@@ -8,6 +8,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 
 def bench_threads(tmp_path, *extra):
     out = tmp_path / "threads.json"
@@ -34,6 +36,7 @@ def test_other_threads_torch_work_builds_no_team_and_the_ratio_is_reported(tmp_p
     assert report["machine"]["cpu_capability"]
 
 
+@pytest.mark.slow
 def test_the_check_fails_when_another_thread_builds_a_team(tmp_path):
     run, report = bench_threads(tmp_path, "--helper-threads", "2")  # as a library calling torch.set_num_threads(2)
     assert run.returncode == 1, run.stderr[-2000:]

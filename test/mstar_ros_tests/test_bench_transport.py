@@ -10,9 +10,12 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from mstar.transport.tcp import SECRET_ENV
 
 
+@pytest.mark.slow
 def test_bench_transport_quick_measures_every_transport_and_writes_report_and_plot(tmp_path):
     out, png = tmp_path / "t.json", tmp_path / "t.png"
     env = {k: v for k, v in os.environ.items() if k != SECRET_ENV}  # the token is the bench's own business

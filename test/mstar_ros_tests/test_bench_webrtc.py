@@ -6,9 +6,12 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from support.bench_reports import assert_machine_and_dtypes
 
 
+@pytest.mark.slow
 def test_bench_webrtc_quick(tmp_path):
     out, png = tmp_path / "w.json", tmp_path / "w.png"
     run = subprocess.run([sys.executable, "-m", "mstar_ros.cli", "-q", "bench", "webrtc", "--quick",

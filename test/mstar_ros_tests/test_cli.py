@@ -6,6 +6,8 @@ import subprocess
 import sys
 import wave
 
+import pytest
+
 CLI = [sys.executable, "-m", "mstar_ros.cli"]
 
 
@@ -33,6 +35,7 @@ def test_tts_writes_a_wav_and_reports(tmp_path):
         assert f.getnframes() == 9 * 2048
 
 
+@pytest.mark.slow
 def test_tts_bad_input_exits_with_a_clear_error(tmp_path):
     out = run("tts", "--text", "  ", "--out", str(tmp_path / "x.wav"))
     assert out.returncode == 2 and "text is empty" in out.stderr

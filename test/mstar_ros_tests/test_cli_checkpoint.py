@@ -4,6 +4,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from support.pi05_layouts import lerobot_checkpoint, openpi_checkpoint
 
 CLI = [sys.executable, "-m", "mstar_ros.cli", "-q", "checkpoint", "info"]
@@ -15,6 +17,7 @@ def _info(*args: str, env=None) -> subprocess.CompletedProcess:
     return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=120, env=env)
 
 
+@pytest.mark.slow
 def test_info_of_the_generated_and_the_released_layouts(tmp_path):
     from mstar_graphs.pi05.checkpoints import ensure_tiny_pi05
 

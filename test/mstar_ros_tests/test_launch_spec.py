@@ -10,8 +10,14 @@ from pathlib import Path
 import pytest
 
 from mstar_ros.cli.main import main
-from mstar_ros.launch_spec import (LAUNCH_ARGUMENTS, ORPHEUS_LAUNCH_ARGUMENTS, VJEPA2_LAUNCH_ARGUMENTS,
-                                   orpheus_processes, pi05_processes, vjepa2_processes)
+from mstar_ros.launch_spec import (
+    LAUNCH_ARGUMENTS,
+    ORPHEUS_LAUNCH_ARGUMENTS,
+    VJEPA2_LAUNCH_ARGUMENTS,
+    orpheus_processes,
+    pi05_processes,
+    vjepa2_processes,
+)
 from support.launch_standins import describe, launch_ros_command, load_launch_file, nodes
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -55,8 +55,8 @@ def lerobot_checkpoint(out: Path, tiny: Path, stats: dict[str, dict[str, list[fl
                        state_dim: int = 8, action_dim: int = 8, empty_cameras: int = 0, tokenizer: bool = True,
                        eps: float = 1e-8) -> Path:
     """A LeRobot pi05 policy directory: ``stats`` {"observation.state": {"q01": [...], ...}, "action": {...}}."""
-    from safetensors.torch import save_file
     import torch
+    from safetensors.torch import save_file
 
     out.mkdir(parents=True, exist_ok=True)
     modes = modes or {"VISUAL": "IDENTITY", "STATE": "QUANTILES", "ACTION": "QUANTILES"}

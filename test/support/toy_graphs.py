@@ -1,7 +1,7 @@
 """Toy Walk Graphs over the toy components."""
 from __future__ import annotations
 
-from mstar.graph import (Call, DynamicLoop, GraphEdge, GraphNode, ModelGraph, StopOnValues)
+from mstar.graph import Call, DynamicLoop, GraphEdge, GraphNode, ModelGraph, StopOnValues
 
 
 def lm_graph(stop_token: int | None = None) -> ModelGraph:
@@ -55,7 +55,14 @@ def fed_loop_graph() -> ModelGraph:
     ``consumer`` LM (FedLM, fed input ``text``). Walks: ``prefill`` (the producer's prompt), then
     ``together`` (both Loops at once: the consumer reads rows as they are made) or, with request meta
     ``after``, ``after`` (the consumer starts once the producer is done: every row is there)."""
-    from mstar.graph import FixedChunkPolicy, Parallel, PartitionConnection, PartitionTopology, Sequential, StreamingGraphEdge
+    from mstar.graph import (
+        FixedChunkPolicy,
+        Parallel,
+        PartitionConnection,
+        PartitionTopology,
+        Sequential,
+        StreamingGraphEdge,
+    )
 
     def next_walk(state):
         if state.last_walk is None:

@@ -12,6 +12,7 @@ TOOL = Path(__file__).parents[2] / "tools" / "page_ttfa.py"
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.slow
 def test_one_typed_turn_on_orpheus_is_measured_on_the_page(tmp_path):
     out_json = tmp_path / "ttfa.json"
     out = subprocess.run([sys.executable, str(TOOL), "--model", "orpheus", "--turns", "2", "--warmup", "0",

@@ -6,9 +6,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 TOOL = Path(__file__).parents[2] / "tools" / "probe_control_plane.py"
 
 
+@pytest.mark.slow
 def test_announced_frames_cost_nothing_and_silent_peers_make_two_lines_with_a_reason(tmp_path):
     out_json = tmp_path / "probe.json"
     out = subprocess.run([sys.executable, str(TOOL), "--connections", "30", "--hello-timeout", "0.3", "--wait", "1",

@@ -6,9 +6,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 TOOL = Path(__file__).parents[2] / "tools" / "probe_gateway.py"
 
 
+@pytest.mark.slow
 def test_the_nested_json_probe_reports_400s_and_the_servers_memory(tmp_path):
     out_json = tmp_path / "probe.json"
     out = subprocess.run([sys.executable, str(TOOL), "--probes", "nested", "--json", str(out_json)],

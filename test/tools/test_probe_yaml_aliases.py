@@ -6,9 +6,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 TOOL = Path(__file__).parents[2] / "tools" / "probe_yaml_aliases.py"
 
 
+@pytest.mark.slow
 def test_every_hostile_file_is_refused_quickly_with_its_file_and_line(tmp_path):
     out_json = tmp_path / "probe.json"
     out = subprocess.run([sys.executable, str(TOOL), "--levels", "9", "--timeout", "60", "--max-rss-mb", "500",

@@ -7,9 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 SCRIPT = Path(__file__).resolve().parents[2] / "tools" / "thread_slowdown_repro.py"
 
 
+@pytest.mark.slow
 def test_plain_threads_build_a_team_and_the_runtimes_do_not(tmp_path):
     out = tmp_path / "repro.json"
     env = {**os.environ, "OMP_NUM_THREADS": "2"}

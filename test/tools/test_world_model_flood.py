@@ -17,6 +17,7 @@ TOOL = Path(__file__).parents[2] / "tools" / "world_model_flood.py"
 
 @pytest.mark.timeout(300)
 @pytest.mark.ros
+@pytest.mark.slow
 def test_robot1_plans_per_second_are_measured_quiet_and_with_robot2_flooded(tmp_path, monkeypatch):
     monkeypatch.setenv("ROS_DOMAIN_ID", str(next_domain()))
     apply_localhost_defaults()

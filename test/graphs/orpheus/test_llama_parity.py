@@ -146,8 +146,9 @@ def test_greedy_constrained_decode_matches_generate(ours, theirs, prompt):
 
 def test_missing_weights_are_an_error(ckpt, tmp_path):
     (tmp_path / "config.json").write_text((ckpt / "config.json").read_text())
-    from mstar.weights import save_safetensors
     from safetensors.torch import load_file
+
+    from mstar.weights import save_safetensors
 
     shard = sorted(ckpt.glob("model-*.safetensors"))[0]
     save_safetensors(load_file(str(shard)), tmp_path)

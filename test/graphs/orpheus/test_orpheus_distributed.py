@@ -85,6 +85,7 @@ def test_tensor_parallel_llm_over_two_processes_gives_the_same_tokens(tts, singl
     assert all(p.poll() is not None for p in conductor.pool._processes.values())
 
 
+@pytest.mark.slow
 def test_killing_a_tensor_parallel_rank_fails_fast_and_restarts_the_group(tts):
     import os
     import time

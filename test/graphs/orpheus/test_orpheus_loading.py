@@ -7,8 +7,8 @@ import shutil
 import pytest
 
 from mstar.weights import WeightsError, iter_checkpoint_tensors, save_safetensors
-from mstar_graphs.orpheus.checkpoints import ensure_tiny_orpheus, resolve_paths
 from mstar_graphs.common.config_loader import ConfigError
+from mstar_graphs.orpheus.checkpoints import ensure_tiny_orpheus, resolve_paths
 from mstar_graphs.orpheus.frontend import OrpheusTTS
 
 

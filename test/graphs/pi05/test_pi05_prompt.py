@@ -6,8 +6,14 @@ import numpy as np
 import pytest
 import torch
 
-from mstar_graphs.pi05.prompt import (IMAGE_PLACEHOLDER_ID, PromptEncoder, PromptError, build_prefix,
-                                      discretize_state, format_prompt)
+from mstar_graphs.pi05.prompt import (
+    IMAGE_PLACEHOLDER_ID,
+    PromptEncoder,
+    PromptError,
+    build_prefix,
+    discretize_state,
+    format_prompt,
+)
 from mstar_graphs.pi05.tokenizer import load_tokenizer
 from support.pi05_layouts import train_sentencepiece
 

@@ -55,8 +55,8 @@ def test_real_variant_names_on_other_weights_name_every_part(tmp_path, ckpt):
 
 
 def test_tensors_no_part_takes_are_named(tmp_path, ckpt):
-    from safetensors.torch import load_file, save_file
     import torch
+    from safetensors.torch import load_file, save_file
 
     path = openpi_checkpoint(tmp_path / "ck", ckpt, None)
     tensors = load_file(str(path / "model.safetensors"))

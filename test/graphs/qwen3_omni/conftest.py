@@ -6,6 +6,7 @@ import pytest
 from mstar_graphs.qwen3_omni.checkpoints import load_component
 from mstar_graphs.qwen3_omni.tiny import write_tiny_checkpoint
 
+
 @pytest.fixture(scope="session")
 def q3_ckpt(tmp_path_factory: pytest.TempPathFactory):
     return write_tiny_checkpoint(tmp_path_factory.mktemp("qwen3_omni_tiny") / "ckpt")

@@ -9,11 +9,10 @@ import pytest
 import torch
 
 from mstar_graphs.qwen3_omni.checkpoints import load_component
-from mstar_graphs.qwen3_omni.tiny import tiny_config
 from mstar_graphs.qwen3_omni.config import Qwen3OmniConfig
 from mstar_graphs.qwen3_omni.direct import generate
 from mstar_graphs.qwen3_omni.reference import load_reference, reference_generate
-
+from mstar_graphs.qwen3_omni.tiny import tiny_config
 from support.qwen3_omni_prompts import TEXT_PROMPT
 
 

@@ -9,8 +9,16 @@ import torch
 
 from mstar.conductor import Conductor, Request
 from mstar.conductor.stream_input import StreamInput
-from mstar.graph import (AwaitInput, GraphEdge, GraphNode, LeftContextChunkPolicy, ModelGraph, PartitionConnection,
-                         PartitionTopology, StreamingGraphEdge)
+from mstar.graph import (
+    AwaitInput,
+    GraphEdge,
+    GraphNode,
+    LeftContextChunkPolicy,
+    ModelGraph,
+    PartitionConnection,
+    PartitionTopology,
+    StreamingGraphEdge,
+)
 from mstar.request import RequestError
 from mstar_graphs.qwen3_omni.code2wav_stream import Code2WavStream, decode_streams, stream_step
 from support.parity import FP32

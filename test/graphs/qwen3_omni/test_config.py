@@ -5,9 +5,9 @@ import json
 
 import pytest
 
-from mstar_graphs.qwen3_omni.tiny import tiny_config
 from mstar_graphs.common.config_loader import ConfigError
 from mstar_graphs.qwen3_omni.config import Qwen3OmniConfig
+from mstar_graphs.qwen3_omni.tiny import tiny_config
 
 
 def test_the_tiny_config_reads_with_the_real_token_ids():

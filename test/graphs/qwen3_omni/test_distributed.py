@@ -15,11 +15,11 @@ import torch
 from mstar.conductor import Conductor
 from mstar.sampling_params import SamplingParams
 from mstar_graphs.qwen3_omni.components import qwen3_omni_spec
-from mstar_graphs.qwen3_omni.model import Qwen3Omni
 from mstar_graphs.qwen3_omni.frontend import Qwen3OmniChat
+from mstar_graphs.qwen3_omni.model import Qwen3Omni
 from support.images import picture
-from support.qwen3_omni_prompts import TEXT_PROMPT
 from support.parity import FP32
+from support.qwen3_omni_prompts import TEXT_PROMPT
 
 GREEDY_TALKER = SamplingParams(temperature=0.0, repetition_penalty=1.05)
 

@@ -13,8 +13,8 @@ from mstar_graphs.qwen3_omni.audio_encoder import tokens_for_frames
 from mstar_graphs.qwen3_omni.audio_features import log_mel
 from mstar_graphs.qwen3_omni.direct import chunked_decode, generate
 from mstar_graphs.qwen3_omni.model import Qwen3Omni
-from support.qwen3_omni_prompts import TEXT_PROMPT, audio_prompt
 from support.parity import FP32
+from support.qwen3_omni_prompts import TEXT_PROMPT, audio_prompt
 
 GREEDY_TALKER = SamplingParams(temperature=0.0, repetition_penalty=1.05)  # the reference's talker_do_sample=False
 

@@ -8,9 +8,14 @@ import PIL.Image
 import pytest
 import torch
 
-from mstar_graphs.qwen3_omni.image_processor import (MAX_INPUT_PIXELS, RELEASED_PREPROCESSOR_CONFIG,
-                                                     ImagePreprocessor, image_pad_count, smart_resize,
-                                                     write_preprocessor_config)
+from mstar_graphs.qwen3_omni.image_processor import (
+    MAX_INPUT_PIXELS,
+    RELEASED_PREPROCESSOR_CONFIG,
+    ImagePreprocessor,
+    image_pad_count,
+    smart_resize,
+    write_preprocessor_config,
+)
 
 RELEASED = dict(patch_size=16, temporal_patch_size=2, merge_size=2, min_pixels=3136, max_pixels=12845056,
                 image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5])

@@ -11,9 +11,9 @@ import types
 import pytest
 import torch
 
-from mstar_graphs.qwen3_omni.tiny import tiny_config
 from mstar_graphs.qwen3_omni.config import Qwen3OmniConfig
 from mstar_graphs.qwen3_omni.mrope_positions import decode_positions, thinker_positions
+from mstar_graphs.qwen3_omni.tiny import tiny_config
 
 tmod = pytest.importorskip("transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe")
 from transformers import Qwen3OmniMoeConfig  # noqa: E402

@@ -12,7 +12,6 @@ from mstar_graphs.qwen3_omni.audio_features import log_mel
 from mstar_graphs.qwen3_omni.code_predictor import DenseCausalCache
 from mstar_graphs.qwen3_omni.direct import chunked_decode, generate
 from mstar_graphs.qwen3_omni.reference import reference_generate
-
 from support.qwen3_omni_prompts import TEXT_PROMPT, audio_prompt
 
 

@@ -14,8 +14,8 @@ from mstar.sampling_params import SamplingParams
 from mstar_graphs.qwen3_omni.audio_features import log_mel
 from mstar_graphs.qwen3_omni.audio_stream import turn_stream
 from mstar_graphs.qwen3_omni.chat import Turn, prompt_ids
-from mstar_graphs.qwen3_omni.model import Qwen3Omni
 from mstar_graphs.qwen3_omni.frontend import Qwen3OmniChat
+from mstar_graphs.qwen3_omni.model import Qwen3Omni
 from support.images import picture
 from support.parity import FP32
 

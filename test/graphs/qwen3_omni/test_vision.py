@@ -17,12 +17,12 @@ from mstar_graphs.qwen3_omni.audio_encoder import tokens_for_frames
 from mstar_graphs.qwen3_omni.audio_features import log_mel
 from mstar_graphs.qwen3_omni.chat import Turn, prompt_ids
 from mstar_graphs.qwen3_omni.direct import chunked_decode
+from mstar_graphs.qwen3_omni.frontend import Qwen3OmniChat
 from mstar_graphs.qwen3_omni.image_processor import ImagePreprocessor, image_pad_count
 from mstar_graphs.qwen3_omni.reference import reference_generate
-from mstar_graphs.qwen3_omni.frontend import Qwen3OmniChat
 from support.images import bomb_png, picture
-from support.qwen3_omni_prompts import TEXT_PROMPT, audio_prompt
 from support.parity import FP32, fp32
+from support.qwen3_omni_prompts import TEXT_PROMPT, audio_prompt
 
 GREEDY_TALKER = SamplingParams(temperature=0.0, repetition_penalty=1.05)
 

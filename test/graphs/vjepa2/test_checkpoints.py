@@ -8,8 +8,14 @@ import pytest
 import torch
 
 from mstar.weights import WeightsError
-from mstar_graphs.vjepa2.checkpoints import (AC_FILE, clean_meta_key, hf_encoder_key, load_encoder, load_predictor,
-                                             resolve_source)
+from mstar_graphs.vjepa2.checkpoints import (
+    AC_FILE,
+    clean_meta_key,
+    hf_encoder_key,
+    load_encoder,
+    load_predictor,
+    resolve_source,
+)
 from mstar_graphs.vjepa2.config import RELEASED
 
 

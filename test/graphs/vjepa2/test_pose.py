@@ -6,8 +6,14 @@ import math
 import pytest
 import torch
 
-from mstar_graphs.vjepa2.pose import (euler_to_matrix, euler_to_quaternion, matrix_to_euler, next_pose, pose_delta,
-                                      quaternion_to_euler)
+from mstar_graphs.vjepa2.pose import (
+    euler_to_matrix,
+    euler_to_quaternion,
+    matrix_to_euler,
+    next_pose,
+    pose_delta,
+    quaternion_to_euler,
+)
 
 
 def _rot(axis: str, a: float) -> torch.Tensor:

@@ -69,6 +69,7 @@ def sim_time_node(ros_env):
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.slow
 def test_a_node_on_sim_time_sees_recorded_stamps_as_current(small_bag, sim_time_node, player_factory):
     bag, spec = small_bag
     player = player_factory(str(bag), "--clock", "--loop", "--stop-after", "4.5", "--progress", "0", "--topics",

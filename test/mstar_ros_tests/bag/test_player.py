@@ -34,6 +34,7 @@ def recorded(path) -> dict[str, list[tuple[int, int, str]]]:
 
 
 @pytest.mark.timeout(90)
+@pytest.mark.slow
 def test_play_waits_for_a_late_subscriber_and_follows_the_recording(small_bag, player_factory,
                                                                     subscriber_factory):
     path, spec = small_bag

@@ -12,8 +12,18 @@ from rosbags.rosbag2 import Reader
 from rosbags.typesys import Stores, get_typestore
 
 from mstar_ros.bag.info import read_info
-from mstar_ros.bag.synthetic import (GRIPPER_CLOSED, IMAGE_TYPE, JOINT_NAMES, JOINT_STATE_TYPE, LOWER, UPPER,
-                                     SyntheticBagSpec, ensure_synthetic_bag, read_spec, write_synthetic_bag)
+from mstar_ros.bag.synthetic import (
+    GRIPPER_CLOSED,
+    IMAGE_TYPE,
+    JOINT_NAMES,
+    JOINT_STATE_TYPE,
+    LOWER,
+    UPPER,
+    SyntheticBagSpec,
+    ensure_synthetic_bag,
+    read_spec,
+    write_synthetic_bag,
+)
 
 TS = get_typestore(Stores.ROS2_KILTED)
 CLI = [sys.executable, "-m", "mstar_ros.cli"]

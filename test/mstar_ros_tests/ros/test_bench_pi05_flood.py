@@ -9,6 +9,7 @@ import pytest
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.slow
 def test_flood_bench_reports_robot1_latency_with_and_without_robot2s_flood(ros_env, tmp_path):
     out = tmp_path / "flood.json"
     run = subprocess.run([sys.executable, "-m", "mstar_ros.cli", "-q", "bench", "pi05", "--flood", "--preset", "tiny",

@@ -233,6 +233,7 @@ def test_the_dtype_launch_argument_reaches_every_node_set(capsys):
 # -- `mstar-ros launch pi05` for real: remapping and parameters reach the nodes -----------------------
 
 @pytest.mark.timeout(120)
+@pytest.mark.slow
 def test_mstar_ros_launch_applies_ros_args_remapping_and_parameters(procs, start_player, short_bag, ros_client,
                                                                    tmp_path):
     from trajectory_msgs.msg import JointTrajectory

@@ -33,6 +33,7 @@ def seconds(duration) -> float:
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.slow
 def test_two_robots_get_chunks_with_the_configured_joints_horizon_and_rate(procs, start_player, short_bag,
                                                                            ros_client, tmp_path):
     from trajectory_msgs.msg import JointTrajectory
@@ -92,6 +93,7 @@ def _joints(names, positions):
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.slow
 def test_bad_input_is_reported_and_dropped_while_the_other_robot_is_served(procs, start_player, short_bag,
                                                                            ros_client, tmp_path):
     from diagnostic_msgs.msg import DiagnosticArray
@@ -165,6 +167,7 @@ def test_bad_input_is_reported_and_dropped_while_the_other_robot_is_served(procs
 
 
 @pytest.mark.timeout(150)
+@pytest.mark.slow
 def test_with_a_placement_every_worker_process_reports_on_diagnostics(procs, start_player, short_bag,
                                                                       ros_client, tmp_path):
     from pathlib import Path

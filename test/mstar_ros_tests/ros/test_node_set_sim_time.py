@@ -28,6 +28,7 @@ def recorded_bag(tmp_path_factory) -> Path:
 
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("sim_time", [True, False], ids=["use_sim_time and --clock", "system clock"])
+@pytest.mark.slow
 def test_recorded_stamps_are_served_on_sim_time_and_refused_as_stale_without(sim_time, recorded_bag, procs,
                                                                               ros_client, tmp_path):
     from trajectory_msgs.msg import JointTrajectory

@@ -31,6 +31,7 @@ def values(status) -> dict[str, str]:
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.slow
 def test_a_killed_worker_shows_error_then_ok_by_rank_on_diagnostics(procs, ros_client):
     from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus
 
@@ -80,6 +81,7 @@ def corrupt_checkpoint(tmp_path: Path) -> Path:
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.slow
 def test_a_worker_that_fails_setup_ends_the_node_set_as_without_a_placement(ros_env, tmp_path):
     bad = corrupt_checkpoint(tmp_path)
     runs = {}

@@ -65,6 +65,7 @@ def stream(client, topic: str, dtype, stream_id: str):
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.slow
 def test_talker_and_vocoder_nodes_speak_what_one_process_speaks(procs, ros_client, tmp_path):
     from diagnostic_msgs.msg import DiagnosticArray
     from std_msgs.msg import Float32MultiArray, Int64MultiArray, String

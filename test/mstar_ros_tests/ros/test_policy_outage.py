@@ -76,6 +76,7 @@ def _held_then_error(ros_client, node_set, since: float, why: str) -> object:
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.slow
 def test_a_killed_worker_holds_the_robot_and_says_error_until_chunks_resume(procs, ros_client, robot_feed, tmp_path):
     node_set, summary = _start(procs, ros_client, robot_feed, tmp_path)
     killed = time.monotonic()
@@ -110,6 +111,7 @@ def test_a_killed_worker_holds_the_robot_and_says_error_until_chunks_resume(proc
 
 
 @pytest.mark.timeout(200)
+@pytest.mark.slow
 def test_a_stalled_worker_makes_the_chunk_overdue_holds_and_resumes(procs, ros_client, robot_feed, tmp_path):
     """SIGSTOP: the Worker is alive (its heartbeat has 5 s) but computes nothing; the chunk is overdue after
     chunk_timeout_s, the robot holds, and chunks resume once it runs again."""

@@ -65,6 +65,7 @@ def _loss_then_recovery(client, node_set, lose, resume, what: str) -> None:
 
 
 @pytest.mark.timeout(150)
+@pytest.mark.slow
 def test_a_frozen_camera_stops_the_robot_until_fresh_frames_come_back(procs, ros_client, robot_feed, tmp_path):
     _watch(ros_client)
     node_set, summary_path = start_node_set(procs, tmp_path)
@@ -84,6 +85,7 @@ def test_a_frozen_camera_stops_the_robot_until_fresh_frames_come_back(procs, ros
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.slow
 def test_a_stopped_bag_stops_the_robot_until_the_bag_plays_again(procs, start_player, short_bag, ros_client,
                                                                 tmp_path):
     _watch(ros_client)
@@ -104,6 +106,7 @@ def test_a_stopped_bag_stops_the_robot_until_the_bag_plays_again(procs, start_pl
 
 
 @pytest.mark.timeout(150)
+@pytest.mark.slow
 def test_a_huge_prompt_and_a_flood_of_bad_frames_leave_the_other_robot_served(procs, start_player, short_bag,
                                                                               ros_client, tmp_path):
     from sensor_msgs.msg import Image

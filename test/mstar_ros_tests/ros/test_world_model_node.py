@@ -30,6 +30,7 @@ def _values(status) -> dict[str, str]:
 
 
 @pytest.mark.timeout(150)
+@pytest.mark.slow
 def test_world_model_session_plans_toward_a_goal_and_drops_bad_input(procs, start_player, wm_bag, ros_client,
                                                                       tmp_path):
     from diagnostic_msgs.msg import DiagnosticArray
@@ -235,6 +236,7 @@ def _frames(ros_client, ns: str) -> int:
 
 
 @pytest.mark.timeout(150)
+@pytest.mark.slow
 def test_stamps_off_the_clock_and_values_out_of_bounds_are_refused_on_their_topic(procs, ros_client, tmp_path):
     """One set stamped 1e6 s ahead no longer freezes the session (issue 28.8); a pose of x=1e300, a NaN gripper,
     an old stamp and a frame of another size are each refused on arrival, counted on their own topic and said
@@ -285,6 +287,7 @@ def test_stamps_off_the_clock_and_values_out_of_bounds_are_refused_on_their_topi
 
 
 @pytest.mark.timeout(150)
+@pytest.mark.slow
 def test_a_flood_of_bad_frames_shuts_that_camera_and_the_other_robot_keeps_planning(procs, ros_client, tmp_path):
     """400 bad frames a second on robot 2's camera: the topic is shut for a while (max_bad_rate_hz, as the
     pi0.5 node does), its problems are said throttled, and robot 1 keeps planning (issue 28.9)."""
@@ -334,6 +337,7 @@ def test_a_flood_of_bad_frames_shuts_that_camera_and_the_other_robot_keeps_plann
 
 
 @pytest.mark.timeout(150)
+@pytest.mark.slow
 def test_the_seed_parameter_reproduces_a_plan(procs, ros_client, tmp_path):
     """Three robots given the same frames, poses and goal: the two seeded 5 plan the same, the one seeded 6 plans
     otherwise (issue 28.19)."""

@@ -29,6 +29,7 @@ async def _types(page) -> list[str]:
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.slow
 def test_two_browsers_hear_their_responses_and_one_interrupts(orpheus):
     from playwright.async_api import async_playwright
 

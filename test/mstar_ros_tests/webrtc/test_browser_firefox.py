@@ -13,6 +13,7 @@ pytestmark = pytest.mark.browser
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.slow
 def test_firefox_hears_a_response_and_interrupts_the_next(orpheus):
     async def main():
         async with gateway_for(orpheus) as (c, gateway, url):

@@ -61,6 +61,7 @@ async def until(condition, what: str, timeout: float = 10.0) -> None:
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.slow
 def test_the_page_through_its_states_with_orpheus(orpheus, screens):
     from playwright.async_api import async_playwright
 
@@ -160,6 +161,7 @@ def test_the_page_through_its_states_with_orpheus(orpheus, screens):
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.slow
 def test_failed_connections_say_why_and_what_to_try(orpheus, screens):
     from playwright.async_api import async_playwright
 
@@ -234,6 +236,7 @@ def test_failed_connections_say_why_and_what_to_try(orpheus, screens):
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.slow
 def test_a_model_that_answers_a_typed_message_and_a_spoken_turn(qwen3_omni, speech_wav_long_pause, screens):
     """Qwen3-Omni: the text box invites a message; a typed one is answered; then the fake microphone's
     sentence is a spoken turn with the VAD's segment, answered, with its time to first audio."""
@@ -301,6 +304,7 @@ def test_a_model_that_answers_a_typed_message_and_a_spoken_turn(qwen3_omni, spee
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.slow
 def test_speech_over_a_reply_cuts_it_off_and_shows_the_spoken_turn(orpheus, speech_wav_long_pause, screens):
     """Orpheus takes no audio: the fake microphone's sentence barges in on a long reply, which is marked cut off,
     and the spoken turn is shown with its segment as heard, not answered."""

@@ -39,6 +39,7 @@ async def wait_for_response(page, status: str) -> None:
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.slow
 def test_a_spoken_turn_in_the_browser_is_answered_and_a_barge_in_frees_every_stage(qwen3_omni, speech_wav_long_pause,
                                                                                     tmp_path):
     from playwright.async_api import async_playwright

@@ -13,12 +13,13 @@ from aiohttp import ClientSession
 from aiortc import RTCConfiguration, RTCPeerConnection
 
 from mstar.conductor import Conductor
-from support.vanishing_peer import VANISHING_PEER
-from support.webrtc_gateway import serve_gateway
 from mstar_ros.webrtc.client import GatewayClient
 from mstar_ros.webrtc.server import GatewayLimits, VoiceGateway
+from support.vanishing_peer import VANISHING_PEER
+from support.webrtc_gateway import serve_gateway
 
 
+@pytest.mark.slow
 def test_a_peer_hears_the_response_and_gets_its_events_then_barges_in(orpheus):
     async def main():
         async with Conductor(orpheus.graph(), orpheus.modules()) as c:
@@ -263,6 +264,7 @@ def test_offers_that_never_connect_give_their_slots_to_newer_offers_and_go_after
     assert "503" in out["full"][2] and "3 peers are connected" in out["full"][2], out
 
 
+@pytest.mark.slow
 def test_v1_audio_speech_streams_the_same_audio_as_mstar_ros_tts(orpheus, tmp_path):
     import base64
     import subprocess
@@ -341,6 +343,7 @@ def test_v1_audio_speech_streams_the_same_audio_as_mstar_ros_tts(orpheus, tmp_pa
     assert blocks == idle and in_flight == 0
 
 
+@pytest.mark.slow
 def test_a_peer_that_leaves_mid_response_is_cancelled_and_idle_ones_time_out(orpheus):
     async def main():
         async with Conductor(orpheus.graph(), orpheus.modules()) as c:
@@ -397,6 +400,7 @@ def test_a_peer_that_leaves_mid_response_is_cancelled_and_idle_ones_time_out(orp
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.slow
 def test_a_peer_that_vanishes_mid_stream_is_dropped_within_2_s_and_the_others_keep_streaming(orpheus):
     """The peer's process is killed (no goodbye on the wire): ICE consent checks (RFC 7675) stop being
     answered and the gateway drops it, cancelling its request and freeing its KV, in under 2 s."""

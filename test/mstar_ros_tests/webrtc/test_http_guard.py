@@ -7,7 +7,6 @@ from aiohttp import web
 
 from mstar_ros.webrtc.http_guard import ConnectionGuard, ConnectionLimits, GuardedSite, body_middleware, request_body
 
-
 BIG = 16 * 2**20
 
 

@@ -8,7 +8,7 @@ import struct
 import numpy as np
 import pytest
 
-from mstar_ros.webrtc.media_parts import (BadRequest, decode_audio, load_image, open_image, pixels)
+from mstar_ros.webrtc.media_parts import BadRequest, decode_audio, load_image, open_image, pixels
 from support.images import bomb_png
 
 

@@ -10,13 +10,13 @@ from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from aiortc.contrib.media import MediaPlayer
 
 from mstar.conductor import Conductor
-from support.webrtc_gateway import serve_gateway
 from mstar_ros.webrtc.server import VoiceGateway
-
 from support.speech_wav import SILENCE_BEFORE_S
+from support.webrtc_gateway import serve_gateway
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.slow
 def test_speech_over_a_response_interrupts_it_and_the_turn_ends_after_the_silence(orpheus, speech_wav):
     path, speech_s = speech_wav
 

@@ -54,6 +54,7 @@ async def speech_pcm(url: str) -> bytes:
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.slow
 def test_orpheus_in_one_worker_speaks_what_the_in_process_gateway_speaks(orpheus):
     async def in_process():
         async with gateway_for(orpheus) as (_, _, url):
@@ -69,6 +70,7 @@ def test_orpheus_in_one_worker_speaks_what_the_in_process_gateway_speaks(orpheus
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.slow
 def test_qwen3_omni_on_two_ranks_answers_a_typed_turn_in_voice():
     async def talk(url: str):
         client = GatewayClient()

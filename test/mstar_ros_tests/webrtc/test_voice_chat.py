@@ -41,6 +41,7 @@ async def chatting(model, wav):
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.slow
 def test_a_spoken_turn_is_answered_in_voice_with_its_transcript(qwen3_omni, speech_wav):
     path, _ = speech_wav
 
@@ -118,6 +119,7 @@ def png_data_url(image) -> str:
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.slow
 def test_an_image_shown_before_a_spoken_turn_is_seen_with_it_and_items_can_be_answered(qwen3_omni, speech_wav):
     import torch
 

@@ -13,11 +13,24 @@ import torch
 
 from mstar.conductor import Conductor, Request, RequestCancelled, RequestError, UnknownRequest
 from mstar.sampling_params import SamplingParams
-from support.conductor_helpers import (BS, LENGTHS, LM, MAX_TOKENS, PROMPTS, config, engine_stats, make_prompts, ref,
-                                      req, run, run_batch, toks, until)
+from support.conductor_helpers import (
+    BS,
+    LENGTHS,
+    LM,
+    MAX_TOKENS,
+    PROMPTS,
+    config,
+    engine_stats,
+    make_prompts,
+    ref,
+    req,
+    run,
+    run_batch,
+    toks,
+    until,
+)
 from support.toy_graphs import lm_graph
 from support.toy_models import RangeConstrainedLM, ToyLM
-
 
 # ---- continuous batching is invisible -------------------------------------------------------------
 

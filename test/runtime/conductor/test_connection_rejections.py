@@ -8,6 +8,8 @@ import asyncio
 import logging
 import os
 
+import pytest
+
 from mstar.conductor.connection_rejections import REPORT_PERIOD_S
 from mstar.conductor.worker_pool import WorkerPool
 from mstar.worker import handshake
@@ -22,6 +24,7 @@ def warnings(caplog) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.name == LOGGER and r.levelno >= logging.WARNING]
 
 
+@pytest.mark.slow
 def test_silent_connections_make_two_lines_that_say_why_and_count_them_all(tmp_path, monkeypatch, caplog):
     caplog.set_level(logging.WARNING, logger=LOGGER)
 

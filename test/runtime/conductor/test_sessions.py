@@ -11,7 +11,6 @@ from mstar.conductor import Conductor
 from support.conductor_helpers import BS, LM, config, engine_stats, make_prompts, ref, req, run, toks, until
 from support.toy_graphs import lm_graph
 
-
 # ---- sessions ------------------------------------------------------------------------------------
 
 def blocks_for(tokens: int) -> int:

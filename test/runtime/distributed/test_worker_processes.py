@@ -10,9 +10,9 @@ import pytest
 from mstar.conductor import Conductor, RequestError, WorkerSetupError
 from mstar.placement import PlacementError
 from mstar.transport.shm import segments_with_prefix
-from support.conductor_helpers import config, make_prompts, req, run
 from mstar.worker.protocol import ModelSpec
 from mstar.worker.registry import MODELS
+from support.conductor_helpers import config, make_prompts, req, run
 from support.toy_factory import REGISTRATION, toy_spec, toy_streaming
 
 SPLIT = """
@@ -159,6 +159,7 @@ def test_worker_that_cannot_build_its_model_fails_start_clearly(tmp_path):
     assert all(p.poll() is not None for p in pool._processes.values())
 
 
+@pytest.mark.slow
 def test_a_setup_naming_an_unregistered_model_is_refused_and_nothing_named_is_imported(tmp_path, monkeypatch):
     """A Setup can name an importable module:function; the Worker imports nothing a message names."""
     marker = tmp_path / "imported"
@@ -259,6 +260,7 @@ asyncio.run(main())
         conductor.kill()
 
 
+@pytest.mark.slow
 def test_a_worker_that_stops_answering_is_taken_down_and_replaced(tmp_path):
     import signal
     import time
@@ -285,6 +287,7 @@ def test_a_worker_that_stops_answering_is_taken_down_and_replaced(tmp_path):
     assert len(after["token"]) == 8
 
 
+@pytest.mark.slow
 def test_each_worker_process_decides_its_dtype_and_says_so(tmp_path):
     """dtype auto is decided by each Worker for its own device and reported in its Ready: /diagnostics and
     the node sets' output say what every rank runs."""
@@ -299,6 +302,7 @@ def test_each_worker_process_decides_its_dtype_and_says_so(tmp_path):
     assert run(go("float32")) == ([("float32", "float32 (set explicitly)")] * 2, "float32 (set explicitly)")
 
 
+@pytest.mark.slow
 def test_worker_status_follows_a_killed_rank_through_its_restart(tmp_path):
     async def go():
         c = Conductor.distributed(toy_spec(), placement(tmp_path, SPLIT), config=config(), heartbeat_s=0.2)

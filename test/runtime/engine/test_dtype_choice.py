@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from mstar.engine.config import EngineConfig
-from mstar.engine.dtype_choice import (CpuProfile, cached_measurement, decide_cpu, measure_linears, resolve_dtype)
+from mstar.engine.dtype_choice import CpuProfile, cached_measurement, decide_cpu, measure_linears, resolve_dtype
 
 
 def profile(capability: str = "AVX512", bf16: tuple[str, ...] = ("avx512_bf16",), onednn: bool = True,

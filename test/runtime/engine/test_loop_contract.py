@@ -10,10 +10,10 @@ from mstar.engine.config import EngineConfig
 from mstar.engine.flow_loop import FlowLoop
 from mstar.engine.frame_loop import FrameLoop
 from mstar.engine.loop_contract import EngineLoop
+from mstar.engine.messages import CloseSession, ExecuteNode, NodeOutput, ReleaseRequest
 from mstar.engine.token_loop import TokenLoop
 from mstar.graph import GraphNode, LoopMode
 from mstar.transport.inprocess import InProcessTensorStore
-from mstar.engine.messages import CloseSession, ExecuteNode, NodeOutput, ReleaseRequest
 from support.toy_models import ToyLM
 
 CONTRACT = ("start", "has_work", "step", "fail_all", "release", "close_session", "stats")

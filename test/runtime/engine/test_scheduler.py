@@ -8,7 +8,7 @@ from mstar.engine.config import EngineConfig
 from mstar.engine.kv_cache import KVSpec, PagedKVCache
 from mstar.engine.messages import ExecuteNode
 from mstar.engine.scheduler import Scheduler
-from mstar.engine.sequence import ActiveCall, Sequence, SeqStatus
+from mstar.engine.sequence import ActiveCall, SeqStatus, Sequence
 from mstar.sampling_params import SamplingParams
 
 _clock = itertools.count()

@@ -9,8 +9,17 @@ import torch
 
 from mstar.conductor import Conductor, Request
 from mstar.conductor.stream_input import StreamInput
-from mstar.graph import (AwaitInput, GraphEdge, GraphNode, LeftContextChunkPolicy, ModelGraph, NodeSubmodule,
-                         PartitionConnection, PartitionTopology, StreamingGraphEdge)
+from mstar.graph import (
+    AwaitInput,
+    GraphEdge,
+    GraphNode,
+    LeftContextChunkPolicy,
+    ModelGraph,
+    NodeSubmodule,
+    PartitionConnection,
+    PartitionTopology,
+    StreamingGraphEdge,
+)
 
 
 class RunningSum(NodeSubmodule):

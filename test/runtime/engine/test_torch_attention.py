@@ -5,8 +5,8 @@ import torch
 from mstar.engine.attention.metadata import AttentionMetadata, MaskKind, SeqAttention
 from mstar.engine.attention.torch_backend import TorchAttentionBackend
 from mstar.engine.kv_cache import KVSpec, PagedKVCache
-
 from support.attention_cases import BS, run_case
+
 
 def check(out, ref, atol=1e-5):
     assert out.shape == ref.shape

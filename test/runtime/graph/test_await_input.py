@@ -9,9 +9,21 @@ import torch
 
 from mstar.conductor import Conductor, Request
 from mstar.conductor.stream_input import SampleStream, StreamInput
-from mstar.graph import (AwaitInput, Call, GraphEdge, GraphError, GraphNode, LeftContextChunkPolicy, ModelGraph,
-                         NodeSubmodule, PartitionConnection, PartitionTopology, Sequential, StreamingGraphEdge,
-                         WholeStreamPolicy)
+from mstar.graph import (
+    AwaitInput,
+    Call,
+    GraphEdge,
+    GraphError,
+    GraphNode,
+    LeftContextChunkPolicy,
+    ModelGraph,
+    NodeSubmodule,
+    PartitionConnection,
+    PartitionTopology,
+    Sequential,
+    StreamingGraphEdge,
+    WholeStreamPolicy,
+)
 from mstar.request import RequestError
 
 

@@ -5,15 +5,14 @@ import asyncio
 import pytest
 import torch
 
-from support.toy_graphs import streaming_lm_graph
-from support.toy_models import ChunkProbe, ToyLM
-
 from mstar.conductor import Conductor, Request, RequestError
 from mstar.conductor.stream_input import StreamInput
 from mstar.engine.config import EngineConfig
 from mstar.graph import GraphError, LeftContextChunkPolicy, SlidingWindowChunkPolicy, StreamingGraphEdge
 from mstar.graph.split import crossing_name, split_partition
 from mstar.sampling_params import SamplingParams
+from support.toy_graphs import streaming_lm_graph
+from support.toy_models import ChunkProbe, ToyLM
 
 CONFIG = EngineConfig(num_kv_blocks=64, block_size=4)
 OUTS = ("total", "new", "n", "ctx", "first")

@@ -6,15 +6,24 @@ import asyncio
 import pytest
 import torch
 
-from support.toy_graphs import streaming_lm_graph
-from support.toy_models import AddOne, ChunkProbe, SumChunk, ToyLM
-
 from mstar.conductor import Conductor, Request
 from mstar.engine.config import EngineConfig
-from mstar.graph import (FixedChunkPolicy, GraphEdge, GraphNode, LeftContextChunkPolicy, Loop, ModelGraph,
-                         PartitionConnection, PartitionTopology, SlidingWindowChunkPolicy, StopOnValues,
-                         StreamingGraphEdge)
+from mstar.graph import (
+    FixedChunkPolicy,
+    GraphEdge,
+    GraphNode,
+    LeftContextChunkPolicy,
+    Loop,
+    ModelGraph,
+    PartitionConnection,
+    PartitionTopology,
+    SlidingWindowChunkPolicy,
+    StopOnValues,
+    StreamingGraphEdge,
+)
 from mstar.sampling_params import SamplingParams
+from support.toy_graphs import streaming_lm_graph
+from support.toy_models import AddOne, ChunkProbe, SumChunk, ToyLM
 
 CONFIG = EngineConfig(num_kv_blocks=64, block_size=4)
 PROBE_OUTPUTS = ("total", "new", "n", "ctx", "first")

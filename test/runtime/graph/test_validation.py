@@ -3,9 +3,23 @@ import re
 
 import pytest
 
-from mstar.graph import (Call, DynamicLoop, FixedChunkPolicy, GraphEdge, GraphError, GraphNode, Loop, ModelGraph,
-                         Parallel, PartitionConnection, PartitionTopology, Sequential, StopOnValues, StopWhen,
-                         StreamingGraphEdge)
+from mstar.graph import (
+    Call,
+    DynamicLoop,
+    FixedChunkPolicy,
+    GraphEdge,
+    GraphError,
+    GraphNode,
+    Loop,
+    ModelGraph,
+    Parallel,
+    PartitionConnection,
+    PartitionTopology,
+    Sequential,
+    StopOnValues,
+    StopWhen,
+    StreamingGraphEdge,
+)
 
 
 def make(nodes, edges, walks, topology=None, name="g"):

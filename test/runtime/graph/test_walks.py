@@ -5,13 +5,22 @@ import asyncio
 import pytest
 import torch
 
-from support.toy_models import Add, AddOne, CountingScale, Scale, ToyLM
-
 from mstar.conductor import Conductor, Request, RequestError
 from mstar.engine.config import EngineConfig
-from mstar.graph import (Call, DynamicLoop, GraphEdge, GraphNode, Loop, ModelGraph, Parallel, Sequential, StopOnValues,
-                         StopWhen)
+from mstar.graph import (
+    Call,
+    DynamicLoop,
+    GraphEdge,
+    GraphNode,
+    Loop,
+    ModelGraph,
+    Parallel,
+    Sequential,
+    StopOnValues,
+    StopWhen,
+)
 from mstar.sampling_params import SamplingParams
+from support.toy_models import Add, AddOne, CountingScale, Scale, ToyLM
 
 CONFIG = EngineConfig(num_kv_blocks=64, block_size=4)
 

@@ -11,8 +11,8 @@ import torch
 from torch import nn
 
 from mstar.conductor import Conductor
-from mstar.layers import linear_packing
 from mstar.engine.config import EngineConfig
+from mstar.layers import linear_packing
 from mstar.layers.linear_packing import PackedLinear, linear_rows, pack_linears, packing_available, parameter_count
 from mstar.sampling_params import SamplingParams
 from mstar_graphs.orpheus.frontend import OrpheusTTS

@@ -26,9 +26,9 @@ from mstar.parallel import TPGroup
 from mstar.sampling_params import SamplingParams
 from mstar.transport.inprocess import InProcessTensorStore
 from mstar_graphs.orpheus.checkpoints import ensure_tiny_orpheus
-from mstar_graphs.orpheus.llama import LlamaForCausalLM
 from mstar_graphs.orpheus.config import LlamaConfig
 from mstar_graphs.orpheus.frontend import OrpheusLLM
+from mstar_graphs.orpheus.llama import LlamaForCausalLM
 from mstar_graphs.orpheus.tiny_llm import config_dict
 
 # small blocks and a small token budget: long prompts are chunked and share steps with decodes

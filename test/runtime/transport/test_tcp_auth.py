@@ -36,6 +36,7 @@ def test_a_client_without_the_secret_gets_nothing_and_the_server_keeps_serving(s
     assert torch.equal(read(good, server), torch.arange(1000, dtype=torch.float32))  # the pooled connection
 
 
+@pytest.mark.slow
 def test_a_flood_without_the_secret_is_counted_and_logged_in_two_lines(server, caplog):
     caplog.set_level(logging.INFO, logger="mstar.transport.tcp")
     for _ in range(50):

@@ -18,8 +18,15 @@ import pytest
 
 from mstar.engine.messages import FeedInput
 from mstar.transport.handle import TensorHandle
-from mstar.worker.protocol import (MAX_FRAME, MAX_HELLO, TOKEN_ENV, BlockingChannel, FrameTooLarge, Shutdown,
-                                   encode_frame)
+from mstar.worker.protocol import (
+    MAX_FRAME,
+    MAX_HELLO,
+    TOKEN_ENV,
+    BlockingChannel,
+    FrameTooLarge,
+    Shutdown,
+    encode_frame,
+)
 from support.pool_peer import TOKEN, impostor_conductor
 
 
