@@ -8,6 +8,8 @@ import os
 from glob import glob
 
 from setuptools import find_packages, setup
+
+# isort: split
 from distutils.command.install_data import install_data  # setuptools' own distutils, as setuptools is imported first
 
 PACKAGE_DIRS = {"mstar": "runtime", "mstar_graphs": "graphs", "mstar_ros": "mstar_ros"}

@@ -18,9 +18,10 @@ they are not on PyPI, and this module is importable (and tested) without them.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
-from mstar_ros.launch_spec import PACKAGE, ProcessSpec
+from mstar_ros.config_files import PACKAGE
+from mstar_ros.launch_spec import ProcessSpec
 
 
 class NodeProcessFailed(RuntimeError):

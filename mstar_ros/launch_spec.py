@@ -16,12 +16,12 @@ so ``ProcessSpec.command()`` is what ``ros2 launch`` runs, and arguments a user 
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 from mstar.engine.dtype_names import DTYPE_NAMES
-from mstar_ros.config_files import PACKAGE, config_candidates, find_config
+from mstar_ros.config_files import config_candidates, find_config
 
 PARAMS_FILE = "pi05.yaml"
 

@@ -12,7 +12,8 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Callable, Sequence, TextIO
+from collections.abc import Callable, Sequence
+from typing import TextIO
 
 from mstar_ros.launch_actions import NodeExit
 from mstar_ros.launch_spec import ProcessSpec

@@ -9,8 +9,8 @@ repeats stop, so nothing is lost silently. Time is passed in, so this is testabl
 """
 from __future__ import annotations
 
+from collections.abc import Hashable
 from dataclasses import dataclass
-from typing import Hashable
 
 
 @dataclass

@@ -77,7 +77,7 @@ class RequestStream:
             self.finished = True
             self._queue.put_nowait(error)
 
-    def __aiter__(self) -> "RequestStream":
+    def __aiter__(self) -> RequestStream:
         return self
 
     async def __anext__(self) -> RequestOutput:

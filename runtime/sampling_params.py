@@ -31,7 +31,7 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
         return self.temperature == 0.0
 
     @classmethod
-    def from_dict(cls, data: dict) -> "SamplingParams":
+    def from_dict(cls, data: dict) -> SamplingParams:
         try:
             return msgspec.convert(data, cls)
         except msgspec.ValidationError as exc:

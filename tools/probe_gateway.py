@@ -58,7 +58,7 @@ class Watch:
             self.peak, self.max_fds = max(self.peak, rss_mb(self.pid)), max(self.max_fds, fds(self.pid))
             await asyncio.sleep(0.05)
 
-    async def __aenter__(self) -> "Watch":
+    async def __aenter__(self) -> Watch:
         self._task = asyncio.ensure_future(self._sample())
         return self
 
@@ -188,7 +188,7 @@ async def probe_slowloris(http, url: str, watch: Watch, n: int = 3000, hold_s: f
             refused += 1
     opened = fds(watch.pid)
     await asyncio.sleep(hold_s)
-    still = sum(1 for w in writers if not w.transport.is_closing() and not w.is_closing())
+    sum(1 for w in writers if not w.transport.is_closing() and not w.is_closing())
     server_fds = fds(watch.pid)
     async with http.get(f"{url}/v1/models") as r:
         status = r.status

@@ -177,7 +177,8 @@ def child(args: argparse.Namespace) -> dict:
     a += [timed() for _ in range(3)]
     trigger()  # on the main thread, which never exits
     main = [timed() for _ in range(6)]
-    med = lambda runs, i=0: statistics.median(r[i] for r in runs)
+    def med(runs, i=0):
+        return statistics.median(r[i] for r in runs)
     return {"fresh_ms": med(fresh) * 1e3, "a_ms": med(a) * 1e3, "b_ms": med(b) * 1e3, "b_over_a": med(b) / med(a),
             "main_over_a": med(main) / med(a), "switches_a": med(a, 1), "switches_b": med(b, 1),
             "threads_a": min(threads_a), "threads_b": max(threads_b), "helper_width": helper_width,

@@ -11,13 +11,13 @@ window) uses :meth:`GQAttention.project` and ``o_proj``.
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import nn
 
-from mstar.parallel.group import TPGroup
 from mstar.layers.tensor_parallel import RowParallelLinear, column_parallel
+from mstar.parallel.group import TPGroup
 from mstar_graphs.common.fused_linear import fused_linear
 from mstar_graphs.common.rms_norm import RMSNorm
 from mstar_graphs.common.rope import apply_rope

@@ -4,8 +4,8 @@ from __future__ import annotations
 import logging
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from mstar.cache_dir import cache_root
 

@@ -5,14 +5,15 @@ turns gate and up into one matmul after loading.
 """
 from __future__ import annotations
 
-from typing import Callable, Literal
+from collections.abc import Callable
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mstar.parallel.group import TPGroup
 from mstar.layers.tensor_parallel import RowParallelLinear, column_parallel
+from mstar.parallel.group import TPGroup
 from mstar_graphs.common.fused_linear import fused_linear
 
 Activation = Literal["silu", "gelu_tanh"]

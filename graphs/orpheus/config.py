@@ -10,9 +10,16 @@ from typing import Any
 
 import msgspec
 
-from mstar_graphs.common.config_loader import (FieldError, JsonConfig, decode_json, field_error,
-                                               require_divides, require_dtype, require_finite_positive,
-                                               require_positive)
+from mstar_graphs.common.config_loader import (
+    FieldError,
+    JsonConfig,
+    decode_json,
+    field_error,
+    require_divides,
+    require_dtype,
+    require_finite_positive,
+    require_positive,
+)
 
 # RoPE variants we implement; anything else must fail loudly rather than give wrong positions.
 ROPE_TYPES = ("default", "linear", "llama3")

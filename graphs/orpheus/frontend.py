@@ -13,9 +13,9 @@ from mstar.parallel.group import TPGroup
 from mstar.sampling_params import SamplingParams
 from mstar.weights import no_random_init
 from mstar_graphs.orpheus.checkpoints import OrpheusPaths, resolve_paths
+from mstar_graphs.orpheus.config import LlamaConfig
 from mstar_graphs.orpheus.graph import orpheus_graph
 from mstar_graphs.orpheus.llama import LlamaForCausalLM
-from mstar_graphs.orpheus.config import LlamaConfig
 from mstar_graphs.orpheus.prompt import build_prompt_ids, load_tokenizer
 from mstar_graphs.orpheus.snac_stage import OrpheusSnacStage
 from mstar_graphs.orpheus.tokens import FRAME_TOKENS, allowed_token_ranges
@@ -65,7 +65,7 @@ class OrpheusTTS:
     @classmethod
     def load(cls, weights: str | Path | None = None, snac_weights: str | Path | None = None, *,
              preset: str = "tiny", constrain: bool = True, progress: bool = True, voice: str | None = "tara",
-             tp: TPGroup | None = None, requests_only: bool = False) -> "OrpheusTTS":
+             tp: TPGroup | None = None, requests_only: bool = False) -> OrpheusTTS:
         """Real weights from ``weights`` (and ``snac_weights``), else the generated tiny checkpoint.
         ``tp``: the LLM is this rank's tensor-parallel shard (rank 0 serves it with ``AREngine(tp=...)``).
         ``requests_only``: read the config and tokenizer, not the weights (Worker processes serve the model:

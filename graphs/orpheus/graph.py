@@ -9,8 +9,18 @@ Loop until end-of-speech or max_tokens). The KV from prefill persists into decod
 """
 from __future__ import annotations
 
-from mstar.graph import (Call, DynamicLoop, GraphEdge, GraphNode, ModelGraph, PartitionConnection,
-                         PartitionTopology, SlidingWindowChunkPolicy, StopOnValues, StreamingGraphEdge)
+from mstar.graph import (
+    Call,
+    DynamicLoop,
+    GraphEdge,
+    GraphNode,
+    ModelGraph,
+    PartitionConnection,
+    PartitionTopology,
+    SlidingWindowChunkPolicy,
+    StopOnValues,
+    StreamingGraphEdge,
+)
 from mstar_graphs.orpheus.tokens import END_OF_SPEECH, FRAME_TOKENS
 
 WINDOW_TOKENS = 4 * FRAME_TOKENS  # 28: the reference decodes 4 frames and keeps the 2nd

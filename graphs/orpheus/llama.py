@@ -127,7 +127,7 @@ class LlamaForCausalLM(ARModule):
         load_weights(module, path, dtype=dtype, progress=progress, desc=f"LLM {Path(path).name}")
         return module.shard_for_tp().eval()
 
-    def shard_for_tp(self) -> "LlamaForCausalLM":
+    def shard_for_tp(self) -> LlamaForCausalLM:
         """Slice the loaded full weights down to this rank's shard (once; before fusing)."""
         if self.sharded:
             return self
@@ -143,7 +143,7 @@ class LlamaForCausalLM(ARModule):
         self.sharded = True
         return self
 
-    def fuse_projections(self) -> "LlamaForCausalLM":
+    def fuse_projections(self) -> LlamaForCausalLM:
         """For serving: fewer, wider matmuls per layer (q|k|v and gate|up). Loading by
         checkpoint names must happen before this."""
         for layer in self.model.layers:

@@ -74,5 +74,5 @@ class SnacConfig(msgspec.Struct, JsonConfig, kw_only=True, frozen=True):
         return out
 
     @classmethod
-    def from_json(cls, data: bytes | str, *, source: str = "config.json") -> "SnacConfig":
+    def from_json(cls, data: bytes | str, *, source: str = "config.json") -> SnacConfig:
         return decode_json(data, cls, source)

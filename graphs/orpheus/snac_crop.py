@@ -23,8 +23,8 @@ different lengths may pick different kernels/blocking).
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 import torch.nn.functional as F

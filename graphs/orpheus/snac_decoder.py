@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import torch
 from torch import nn
@@ -224,7 +224,7 @@ class SnacDecoder(nn.Module):
     # ---- loading ------------------------------------------------------------------------
 
     @torch.no_grad()
-    def fold_weight_norm(self) -> "SnacDecoder":
+    def fold_weight_norm(self) -> SnacDecoder:
         """Fold every weight-normalised conv into a plain weight (once, after loading)."""
         for module in self.modules():
             if isinstance(module, WNConv):
@@ -234,7 +234,7 @@ class SnacDecoder(nn.Module):
     @classmethod
     def from_pretrained_dir(
         cls, path: str | Path, dtype: torch.dtype = torch.float32, progress: bool = True
-    ) -> "SnacDecoder":
+    ) -> SnacDecoder:
         """Load config.json + weights (model.safetensors or pytorch_model.bin), fold weight norm, cast.
 
         Weights are loaded and folded in float32, then cast to ``dtype``, so the

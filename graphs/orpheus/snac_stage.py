@@ -23,8 +23,8 @@ window and slicing up to float reassociation; ``crop=False`` keeps the full path
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import torch
 
@@ -95,7 +95,7 @@ class OrpheusSnacStage(NodeSubmodule):
         keep_start: int = 2048,
         keep_end: int = 4096,
         crop: bool = True,
-    ) -> "OrpheusSnacStage":
+    ) -> OrpheusSnacStage:
         decoder = SnacDecoder.from_pretrained_dir(path, dtype=dtype, progress=progress)
         return cls(decoder, keep_start=keep_start, keep_end=keep_end, crop=crop)
 
@@ -153,7 +153,7 @@ class OrpheusSnacStage(NodeSubmodule):
         if len(shapes) != 1 or len(keeps) != 1:
             raise ValueError(f"OrpheusSnacStage: windows of different lengths or crops in one batch: "
                              f"{sorted(shapes)}, {sorted(keeps)}")
-        batch = {f"codes_{l}": torch.stack([c[l] for c in per_call_codes]) for l in range(self.num_levels)}
+        batch = {f"codes_{level}": torch.stack([c[level] for c in per_call_codes]) for level in range(self.num_levels)}
         for i in range(len(per_call_noise[0])):
             batch[f"noise_{i}"] = torch.cat([n[i] for n in per_call_noise])
         batch["keep"] = torch.tensor(keeps.pop())
@@ -161,7 +161,7 @@ class OrpheusSnacStage(NodeSubmodule):
 
     @torch.inference_mode()
     def forward(self, **batch: torch.Tensor) -> dict[str, torch.Tensor]:
-        codes = [batch[f"codes_{l}"] for l in range(self.num_levels)]
+        codes = [batch[f"codes_{level}"] for level in range(self.num_levels)]
         noise = [batch[f"noise_{i}"] for i in range(self.num_noise)]
         start, end = (int(v) for v in batch["keep"]) if "keep" in batch else (self.keep_start, self.keep_end)
         if self.crop:

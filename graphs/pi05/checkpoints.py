@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, Literal
+from typing import Literal
 
 import torch
 
-from mstar_graphs.common.cache import cached_dir
 from mstar.weights import LoadReport, WeightsError, load_weights
+from mstar_graphs.common.cache import cached_dir
 from mstar_graphs.pi05.checkpoint_layout import CheckpointError, checkpoint_directory
 from mstar_graphs.pi05.config import Pi05Config
 from mstar_graphs.pi05.tiny import PRESETS, write_tiny_pi05

@@ -19,9 +19,17 @@ from typing import Any
 
 import msgspec
 
-from mstar_graphs.common.config_loader import (ConfigError, JsonConfig, convert, decode_json, field_error,
-                                               require_divides, require_dtype, require_finite_positive,
-                                               require_positive)
+from mstar_graphs.common.config_loader import (
+    ConfigError,
+    JsonConfig,
+    convert,
+    decode_json,
+    field_error,
+    require_divides,
+    require_dtype,
+    require_finite_positive,
+    require_positive,
+)
 
 
 class VisionDims(msgspec.Struct, frozen=True, kw_only=True):

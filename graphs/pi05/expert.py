@@ -20,8 +20,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from mstar.engine.attention.backend import AttentionContext
-from mstar_graphs.pi05.config import Pi05Config
 from mstar_graphs.common.rms_norm import rms_normalize
+from mstar_graphs.pi05.config import Pi05Config
 from mstar_graphs.pi05.gemma import gemma_attention, gemma_mlp
 
 

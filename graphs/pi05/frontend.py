@@ -46,7 +46,7 @@ class Pi05Policy:
 
     @classmethod
     def load(cls, weights: str | Path | None = None, *, preset: str = "tiny", tokenizer: str | Path | None = None,
-             asset_id: str | None = None, progress: bool = True, load_weights: bool = True) -> "Pi05Policy":
+             asset_id: str | None = None, progress: bool = True, load_weights: bool = True) -> Pi05Policy:
         """Real weights from ``weights`` (a LeRobot or openpi pi0.5 PyTorch checkpoint dir), else the
         generated tiny one. ``tokenizer``: a tokenizer file or directory (default: looked for in the
         checkpoint, then openpi's cache); ``asset_id``: which of an openpi checkpoint's statistics.
@@ -70,7 +70,7 @@ class Pi05Policy:
         encoder = run_on_device(Pi05ImageEncoder.from_pretrained_dir, path, progress=progress)
         return cls(path, model, encoder, text, layout, prompts)
 
-    def with_modules(self, model: Pi05Model, encoder: Pi05ImageEncoder) -> "Pi05Policy":
+    def with_modules(self, model: Pi05Model, encoder: Pi05ImageEncoder) -> Pi05Policy:
         """The same policy on other copies of its modules (another dtype, another device)."""
         return dataclasses.replace(self, model=model, encoder=encoder, _ids=itertools.count())
 

@@ -22,8 +22,7 @@ from typing import Any
 import msgspec
 import torch
 
-from mstar_graphs.pi05.normalization import (LEROBOT_EPS, FeatureNormalizer, Mode, Normalization,
-                                             NormalizationError)
+from mstar_graphs.pi05.normalization import LEROBOT_EPS, FeatureNormalizer, Mode, Normalization, NormalizationError
 
 log = logging.getLogger("mstar_graphs.pi05")
 

@@ -15,8 +15,8 @@ maps by prefix alone (see ``checkpoints.py``).
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import torch
 import torch.nn.functional as F

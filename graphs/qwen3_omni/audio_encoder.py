@@ -19,7 +19,7 @@ convolutions and per window in attention.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -188,7 +188,7 @@ class AudioEncoder(NodeSubmodule):
         by_length: dict[int, list[int]] = {}
         for j, (_, padded, _) in enumerate(pieces):
             by_length.setdefault(padded.shape[1], []).append(j)
-        for length, members in by_length.items():
+        for _length, members in by_length.items():
             x = torch.stack([pieces[j][1] for j in members])[:, None].to(dtype)
             for start in range(0, x.shape[0], self.cfg.conv_chunksize):
                 part = x[start:start + self.cfg.conv_chunksize]

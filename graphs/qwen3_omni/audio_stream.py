@@ -12,7 +12,7 @@ sees for the whole clip given at once (``log_mel`` on it), so the answer is the 
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 

@@ -18,7 +18,7 @@ chunk gives the samples a whole decode gives (``code2wav_stream``).
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F

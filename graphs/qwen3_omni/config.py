@@ -10,11 +10,17 @@ read where the checkpoint writes them. Errors name the bad field with its path
 """
 from __future__ import annotations
 
-
 import msgspec
 
-from mstar_graphs.common.config_loader import (ConfigError, JsonConfig, convert, decode_json, field_error,
-                                               require_divides, require_positive)
+from mstar_graphs.common.config_loader import (
+    ConfigError,
+    JsonConfig,
+    convert,
+    decode_json,
+    field_error,
+    require_divides,
+    require_positive,
+)
 from mstar_graphs.qwen3_omni.config_aliases import AliasConflict, canonical_fields
 
 
@@ -186,7 +192,7 @@ class Qwen3OmniConfig(msgspec.Struct, JsonConfig, kw_only=True):
     mstar_random_weights: bool = False  # set by our tiny generator: every output says the weights are random
 
     @classmethod
-    def from_json(cls, data: bytes | str, *, source: str = "config.json") -> "Qwen3OmniConfig":
+    def from_json(cls, data: bytes | str, *, source: str = "config.json") -> Qwen3OmniConfig:
         raw = decode_json(data, dict, source)  # aliases are resolved on the raw tree, before the types
         try:
             canonical = canonical_fields(raw)

@@ -13,7 +13,7 @@ the reference uses for images.
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import nn

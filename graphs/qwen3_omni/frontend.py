@@ -10,9 +10,9 @@ voice on ``audio_output`` at ``sample_rate``.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence, Union
 
 import torch
 
@@ -39,7 +39,8 @@ class PreparedImage:
 
 # (role, text[, its audio[, its images]]): an image is what ImagePreprocessor takes (PIL, uint8 array), or a
 # PreparedImage
-HistoryTurn = Union[tuple[str, str], tuple[str, str, "torch.Tensor | None"], tuple[str, str, "torch.Tensor | None", Sequence]]
+HistoryTurn = (tuple[str, str] | tuple[str, str, "torch.Tensor | None"] |
+               tuple[str, str, "torch.Tensor | None", Sequence])
 FIRST_CHUNK = 5  # a voice chat starts speaking after 5 frames (0.4 s of audio), not 25 (2 s)
 
 
@@ -62,7 +63,7 @@ class Qwen3OmniChat:
 
     @classmethod
     def load(cls, weights: str | Path | None = None, *, progress: bool = True, preset: str = "tiny",
-             first_chunk: int | None = FIRST_CHUNK, requests_only: bool = False) -> "Qwen3OmniChat":
+             first_chunk: int | None = FIRST_CHUNK, requests_only: bool = False) -> Qwen3OmniChat:
         return cls(Qwen3Omni.load(weights, progress=progress, preset=preset, first_chunk=first_chunk,
                                   requests_only=requests_only))
 

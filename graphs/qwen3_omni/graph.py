@@ -36,9 +36,23 @@ reference orders it; its text rows then projected in one batch as the reference 
 """
 from __future__ import annotations
 
-from mstar.graph import (AwaitInput, Call, DynamicLoop, FixedChunkPolicy, GraphEdge, GraphNode, LeftContextChunkPolicy,
-                         ModelGraph, Parallel, PartitionConnection, PartitionTopology, Sequential, StopOnValues,
-                         StreamingGraphEdge, WholeStreamPolicy)
+from mstar.graph import (
+    AwaitInput,
+    Call,
+    DynamicLoop,
+    FixedChunkPolicy,
+    GraphEdge,
+    GraphNode,
+    LeftContextChunkPolicy,
+    ModelGraph,
+    Parallel,
+    PartitionConnection,
+    PartitionTopology,
+    Sequential,
+    StopOnValues,
+    StreamingGraphEdge,
+    WholeStreamPolicy,
+)
 from mstar_graphs.qwen3_omni.audio_stream import CHUNK_ITEMS, CONTEXT_ITEMS
 
 CHUNK_FRAMES = 25  # Code2Wav's chunks carry no left context: it keeps each stream's itself

@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any, Union
+from typing import Any
 
 import msgspec
 import numpy as np
@@ -59,7 +59,7 @@ RELEASED_PREPROCESSOR_CONFIG: dict[str, Any] = {
     "temporal_patch_size": 2,
 }
 
-ImageInput = Union[PIL.Image.Image, np.ndarray, torch.Tensor]
+ImageInput = PIL.Image.Image | np.ndarray | torch.Tensor
 _RESAMPLE = {int(r): r.name.lower() for r in PIL.Image.Resampling if r <= 5}  # the filters PIL's resize takes
 
 

@@ -13,7 +13,7 @@ continue from the engine's kept positions instead.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F

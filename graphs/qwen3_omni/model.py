@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, Sequence
 
 import msgspec
 import torch
@@ -60,7 +60,7 @@ class Qwen3Omni:
 
     @classmethod
     def load(cls, weights: str | Path | None = None, *, progress: bool = True, speaker: str = "ethan",
-             preset: str = "tiny", first_chunk: int | None = None, requests_only: bool = False) -> "Qwen3Omni":
+             preset: str = "tiny", first_chunk: int | None = None, requests_only: bool = False) -> Qwen3Omni:
         """Real weights from ``weights`` (transformers' layout), else the generated ``preset`` checkpoint.
         ``requests_only``: the config, not the weights (the components are built on the meta device): what
         a gateway needs whose Worker processes serve the model; ``modules()`` then refuses."""

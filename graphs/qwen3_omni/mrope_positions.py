@@ -19,7 +19,8 @@ so audio positions depend only on where the pads are, and those are already in `
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 

@@ -17,7 +17,7 @@ and the Thinker's token embeddings (same process: same weights).
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 

@@ -24,7 +24,6 @@ import torch
 
 from mstar_graphs.qwen3_omni.config import Qwen3OmniConfig
 
-
 ASSISTANT_ROWS = 9  # the Talker's prompt rows after the user turns
 
 

@@ -20,7 +20,7 @@ image's ``<|image_pad|>`` rows and adds the others to its hidden states after it
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Mapping
 
 import torch
 
@@ -172,5 +172,6 @@ def load_predictor(source: VJepa2Source, dtype: torch.dtype = torch.float32, pro
 def tiny_checkpoint(preset: str = "tiny") -> Path:
     from mstar_graphs.vjepa2.tiny import write_tiny  # tiny writes this module's layout
 
-    make: Callable[[Path], None] = lambda p: write_tiny(p, preset)
+    def make(p: Path) -> None:
+        return write_tiny(p, preset)
     return cached_dir(f"vjepa2-{preset}-v{TINY_VERSION}", make, f"a random V-JEPA 2-AC checkpoint ({preset})")

@@ -59,7 +59,7 @@ class VJepa2Config(msgspec.Struct, JsonConfig, forbid_unknown_fields=True, froze
     def frame_tokens(self) -> int:
         return 2 + self.encoder.num_patches  # action, state, then the frame's patches
 
-    def validated(self, source: str = "V-JEPA 2-AC config") -> "VJepa2Config":
+    def validated(self, source: str = "V-JEPA 2-AC config") -> VJepa2Config:
         e, p = self.encoder, self.predictor
         checks = [
             ("encoder.width", e.width > 0 and e.width % e.heads == 0),
@@ -78,7 +78,7 @@ class VJepa2Config(msgspec.Struct, JsonConfig, forbid_unknown_fields=True, froze
         return self
 
     @classmethod
-    def from_json(cls, data: bytes | str, *, source: str = "config.json") -> "VJepa2Config":
+    def from_json(cls, data: bytes | str, *, source: str = "config.json") -> VJepa2Config:
         return decode_json(data, cls, source).validated(source)
 
     def to_json(self) -> str:

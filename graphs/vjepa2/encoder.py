@@ -9,7 +9,7 @@ Meta's checkpoint (``patch_embed.proj``, ``blocks.N.attn.qkv``, ``norm``).
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F

@@ -15,14 +15,13 @@ runtime draws a seed per request.
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import msgspec
 import torch
 
 from mstar.graph.node import NodeCall, NodeSubmodule
-from mstar.request import Request
-from mstar.sampling_params import SamplingParams
 
 BELIEF_DIMS = 4          # x, y, z, gripper
 GRIPPER_CLIP = 0.75
@@ -56,7 +55,7 @@ class CemParams(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
                              self.momentum_mean_gripper, self.momentum_std_gripper], dtype=torch.float64)
 
     @classmethod
-    def from_tensor(cls, t: torch.Tensor) -> "CemParams":
+    def from_tensor(cls, t: torch.Tensor) -> CemParams:
         v = t.double().reshape(-1).tolist()
         if len(v) != 7:
             raise ValueError(f"CEM 'params' must hold 7 values (samples, topk, maxnorm, 4 momenta); got {len(v)}")

@@ -24,9 +24,7 @@ def write_tiny(path: Path, preset: str = "tiny", seed: int = 0) -> None:
             for name, p in module.named_parameters():
                 if name.startswith(("action_encoder.", "state_encoder.")) and p.dim() >= 2:
                     p.normal_(0.0, 1.0)  # actions must move the predictions (a plan has energies to rank)
-                elif p.dim() >= 2:
-                    p.normal_(0.0, 0.02)
-                elif name.endswith("bias"):
+                elif p.dim() >= 2 or name.endswith("bias"):
                     p.normal_(0.0, 0.02)
     path.mkdir(parents=True, exist_ok=True)
     torch.save({"encoder": {f"module.backbone.{k}": v for k, v in encoder.state_dict().items()},

@@ -2,7 +2,7 @@
 on a fused ``qkv`` projection, then a GELU MLP (Meta's ``Block`` / ``ACBlock``; LayerNorm eps 1e-6)."""
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import nn

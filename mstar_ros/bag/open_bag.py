@@ -9,8 +9,9 @@ never mistaken for a broken bag.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 from mstar.user_yaml import UserYamlError, load_user_yaml_file
 

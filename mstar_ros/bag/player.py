@@ -40,9 +40,9 @@ import signal
 import struct
 import threading
 import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Mapping, Sequence
 
 from mstar_ros.bag.bag_clock import CLOCK_TOPIC, BagClock
 from mstar_ros.bag.open_bag import BagError, bag_messages, open_bag
@@ -178,7 +178,7 @@ def _message_class(topic: str, msgtype: str):
                          f"(pip install ros-kilted-{pkg.replace('_', '-')}): {exc}") from None
 
 
-def _message_classes(reports: Mapping[str, "TopicReport"]) -> dict:
+def _message_classes(reports: Mapping[str, TopicReport]) -> dict:
     """Output topic -> message class; every topic that cannot be published is named in one error."""
     classes, errors = {}, []
     for topic, rep in reports.items():

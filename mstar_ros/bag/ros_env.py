@@ -27,8 +27,8 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import MutableMapping
 from pathlib import Path
-from typing import MutableMapping
 
 from mstar_ros.bag.shm_segments import remove_stale_segments
 from mstar_ros.config_files import find_config

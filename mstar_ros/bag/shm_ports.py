@@ -22,8 +22,8 @@ import fcntl
 import logging
 import os
 import re
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Callable, Iterable
 
 log = logging.getLogger(__name__)
 
@@ -42,10 +42,7 @@ def ports_in_use(pid: int | str = "self") -> set[str]:
 
 
 def _mapped_by_a_live_process(port: str) -> bool:
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit() and port in ports_in_use(entry.name):
-            return True
-    return False
+    return any(entry.name.isdigit() and port in ports_in_use(entry.name) for entry in os.scandir("/proc"))
 
 
 def _lock_held(lock_file: Path) -> bool:

@@ -31,9 +31,10 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -111,7 +112,7 @@ class SyntheticBagSpec:
         return [f"/{self.namespace_prefix}{i + 1}" for i in range(self.robots)]
 
     @classmethod
-    def for_robots(cls, robots: str | int | Sequence[str], **fields) -> "SyntheticBagSpec":
+    def for_robots(cls, robots: str | int | Sequence[str], **fields) -> SyntheticBagSpec:
         """A spec for ``robots`` given as `launch --robots` takes them ('/robot1 /robot2',
         'robot1,robot2', a list) or as a count N (/robot1 ... /robotN, and a bare number)."""
         items = [robots] if isinstance(robots, (str, int)) else list(robots)
@@ -374,8 +375,7 @@ def synthetic_messages(spec: SyntheticBagSpec, typestore=None) -> Iterator[Synth
 
 
 def _qos(reliable: bool, depth: int):
-    from rosbags.interfaces import (Qos, QosDurability, QosHistory, QosLiveliness, QosReliability,
-                                    QosTime)
+    from rosbags.interfaces import Qos, QosDurability, QosHistory, QosLiveliness, QosReliability, QosTime
 
     zero = QosTime(0, 0)
     return Qos(history=QosHistory.KEEP_LAST, depth=depth,

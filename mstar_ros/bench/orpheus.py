@@ -90,7 +90,7 @@ def _baseline(hf, snac_model, tts, jobs: list[TTSJob], batch: int, label: str) -
 
         counts: list[int] = []
 
-        def serve() -> list[torch.Tensor]:
+        def serve(group: list = group, prompts: list = prompts, counts: list[int] = counts) -> list[torch.Tensor]:
             outs = hf_generate(hf, prompts, max_new_tokens=max(j.max_tokens for j in group), do_sample=False)
             counts.extend(len(tokens[:job.max_tokens]) for job, tokens in zip(group, outs))
             return [snac_whole(snac_model, tokens[:job.max_tokens]) for job, tokens in zip(group, outs)]
@@ -118,7 +118,7 @@ def _pick_baseline_dtype(tts, paths, device: str = "cpu") -> tuple[torch.dtype, 
     timings = {}
     prompt = [tts.prompt_ids("Calibrate the baseline please.")] * 4
     for dtype in (torch.float32, torch.bfloat16):
-        model = run_on_device(lambda: load_hf_llm(paths.llm, dtype).to(device))
+        model = run_on_device(lambda dtype=dtype: load_hf_llm(paths.llm, dtype).to(device))
         run_on_device(hf_generate, model, prompt, max_new_tokens=4, do_sample=False)
         start = time.perf_counter()
         run_on_device(hf_generate, model, prompt, max_new_tokens=24, do_sample=False)

@@ -11,8 +11,8 @@ from pathlib import Path
 
 from mstar.conductor import Conductor
 from mstar.engine.config import EngineConfig
-from mstar_graphs.orpheus.components import orpheus_spec
 from mstar.engine.dtype_choice import resolve_dtype
+from mstar_graphs.orpheus.components import orpheus_spec
 from mstar_ros.bench.orpheus import _ours
 from mstar_ros.bench.workload import summarize, tts_workload
 

@@ -31,11 +31,26 @@ from mstar.layers.linear_packing import pack_linears, parameter_count
 from mstar.progress import progress_bar
 from mstar_graphs.pi05.tiny import JOINT_LOWER, JOINT_UPPER  # the synthetic robot's, for a checkpoint without stats
 from mstar_ros.bench.machine import dtypes_section, header_line, machine_section
-from mstar_ros.bench.pi05_loads import (clock, direct_call, direct_closed, direct_open, ours_closed, ours_open,
-                                        request_for, synchronized)
+from mstar_ros.bench.pi05_loads import (
+    clock,
+    direct_call,
+    direct_closed,
+    direct_open,
+    ours_closed,
+    ours_open,
+    request_for,
+    synchronized,
+)
 from mstar_ros.bench.pi05_plot import plot_pi05, print_level
-from mstar_ros.bench.pi05_workload import (PROMPT, Observation, Run, bag_observations, closed_summary, engine_delta,
-                                           open_summary)
+from mstar_ros.bench.pi05_workload import (
+    PROMPT,
+    Observation,
+    Run,
+    bag_observations,
+    closed_summary,
+    engine_delta,
+    open_summary,
+)
 from mstar_ros.bench.threads import summary_lines, thread_slowdown_check
 from mstar_ros.bench.workload import percentile
 
@@ -77,7 +92,7 @@ def pick_dtype(policy, o: Observation, name: str = "auto",
     timings, models = {}, {}
     for dtype in (torch.float32, torch.bfloat16):
         cand = policy if dtype == torch.float32 else run_on_device(
-            lambda: policy.with_modules(_packed(copy.deepcopy(policy.model).to(dtype)),
+            lambda dtype=dtype: policy.with_modules(_packed(copy.deepcopy(policy.model).to(dtype)),
                                         _packed(copy.deepcopy(policy.encoder).to(dtype))))
         direct_call(cand, o)  # warm
         timings[str(dtype).removeprefix("torch.")] = round(min(direct_call(cand, o) for _ in range(2)), 4)

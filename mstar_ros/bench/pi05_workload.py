@@ -11,8 +11,8 @@ every input, so robots are offset by their sensors' recorded phases.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 
@@ -81,7 +81,7 @@ class Run:
     elapsed: float = 0.0   # closed loop: start -> last chunk; open loop: first offer -> last chunk
     offered: int = 0       # open loop only
 
-    def __iadd__(self, other: "Run") -> "Run":
+    def __iadd__(self, other: Run) -> Run:
         self.latencies += other.latencies
         self.forward += other.forward
         self.elapsed += other.elapsed

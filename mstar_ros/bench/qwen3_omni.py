@@ -80,7 +80,7 @@ async def _ours_level(chat, conductor, c: int, opts: OmniBenchOptions, bar) -> d
     start = time.perf_counter()
     cpu_before = _cpu_seconds(conductor)
     for r in range(opts.rounds):
-        async def one(i: int) -> None:
+        async def one(i: int, r: int = r) -> None:
             nonlocal audio_s
             request = chat.request(PROMPTS[(i + r) % len(PROMPTS)], sampling=_talker(chat, opts, seed=i + 100 * r))
             request.meta["thinker_max_tokens"] = opts.thinker_tokens

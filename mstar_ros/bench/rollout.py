@@ -156,7 +156,7 @@ async def _plans(sys: _Systems, episodes, opts: RolloutBenchOptions, bar) -> lis
             for r, (lat, st, act, _goal) in enumerate(robots):
                 await _open_session(c, lat, st, act, f"r{r}")
             ours, native, diffs = [], [], []
-            for rep in range(opts.repeats):
+            for _rep in range(opts.repeats):
                 t0 = time.perf_counter()
                 outs = await asyncio.gather(*(c.submit(Request(
                     {"goal": goal, "mean": mean, "std": std, "params": params.tensor()}, session_id=f"r{r}",

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 
 def voluntary_switches() -> int:

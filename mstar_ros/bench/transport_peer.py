@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import socket
 import struct
-from typing import Union
 
 import msgspec
 import torch
@@ -37,7 +36,7 @@ class Stop(msgspec.Struct, tag=True):
     pass
 
 
-Message = Union[Setup, Ready, Ping, Stop]
+Message = Setup | Ready | Ping | Stop
 
 
 class Channel:

@@ -4,8 +4,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-WORDS = ("robot arm camera voice stream token frame window signal planner gripper wheel sensor battery "
-         "kitchen table orange cable river morning light sound music garden window station").split()
+WORDS = ["robot", "arm", "camera", "voice", "stream", "token", "frame", "window", "signal", "planner", "gripper", "wheel", "sensor", "battery", "kitchen", "table", "orange", "cable", "river", "morning", "light", "sound", "music", "garden", "window", "station"]
 
 
 @dataclass(frozen=True)

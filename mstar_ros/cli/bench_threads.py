@@ -5,8 +5,8 @@ import argparse
 import json
 from pathlib import Path
 
-from mstar_ros.dtype_option import add_dtype_argument
 from mstar_ros.cli.bench import bench_subparsers
+from mstar_ros.dtype_option import add_dtype_argument
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

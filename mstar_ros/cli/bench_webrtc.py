@@ -4,8 +4,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from mstar_ros.dtype_option import add_dtype_argument
 from mstar_ros.cli.bench import bench_subparsers, positive_ints, write_report
+from mstar_ros.dtype_option import add_dtype_argument
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

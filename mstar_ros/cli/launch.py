@@ -11,12 +11,19 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 from mstar.engine.dtype_names import DTYPE_NAMES
-from mstar_ros.launch_spec import (LAUNCH_ARGUMENTS, ORPHEUS_LAUNCH_ARGUMENTS, USE_SIM_TIME_ARGUMENT,
-                                   VJEPA2_LAUNCH_ARGUMENTS, ProcessSpec, orpheus_processes, pi05_processes,
-                                   vjepa2_processes)
+from mstar_ros.launch_spec import (
+    LAUNCH_ARGUMENTS,
+    ORPHEUS_LAUNCH_ARGUMENTS,
+    USE_SIM_TIME_ARGUMENT,
+    VJEPA2_LAUNCH_ARGUMENTS,
+    ProcessSpec,
+    orpheus_processes,
+    pi05_processes,
+    vjepa2_processes,
+)
 from mstar_ros.process_group import ProcessGroup, wait_for_stop
 
 _HELP = {a.name: a.description for a in LAUNCH_ARGUMENTS}

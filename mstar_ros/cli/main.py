@@ -16,8 +16,21 @@ system working end to end, not real speech."""
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from mstar_ros.cli import (bag, bench, bench_pi05, bench_qwen3_omni, bench_rollout, bench_threads, bench_transport,
-                               bench_webrtc, checkpoint, demo, launch, serve, tts)
+    from mstar_ros.cli import (
+        bag,
+        bench,
+        bench_pi05,
+        bench_qwen3_omni,
+        bench_rollout,
+        bench_threads,
+        bench_transport,
+        bench_webrtc,
+        checkpoint,
+        demo,
+        launch,
+        serve,
+        tts,
+    )
 
     parser = argparse.ArgumentParser(prog="mstar-ros", description=DESCRIPTION,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)

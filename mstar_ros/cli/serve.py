@@ -5,8 +5,8 @@ import argparse
 import asyncio
 import logging
 import signal
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from mstar_ros.dtype_option import add_dtype_argument, engine_config
 from mstar_ros.webrtc.speech_models import speech_model_names

@@ -11,7 +11,7 @@ robot at once rather than at that robot's next control tick.
 from __future__ import annotations
 
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 
 class ChunkAdmission:

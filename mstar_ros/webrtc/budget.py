@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import deque
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
 
 
 class BudgetBusy(Exception):
@@ -35,7 +35,7 @@ class SharedBudget:
         return self.total - self.held
 
     @contextlib.asynccontextmanager
-    async def reserve(self, amount: int) -> AsyncIterator["Reservation"]:
+    async def reserve(self, amount: int) -> AsyncIterator[Reservation]:
         """Hold ``amount`` for the body of the ``async with`` (more as ``grow`` takes it, less once
         ``shrink_to`` says so)."""
         await self._take(amount)

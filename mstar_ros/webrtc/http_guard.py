@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from aiohttp import web
 
@@ -43,7 +43,7 @@ class ConnectionLimits:
 class GuardedConnection(asyncio.Protocol):
     """aiohttp's protocol for one connection, behind the guard's limits."""
 
-    def __init__(self, guard: "ConnectionGuard", inner: asyncio.Protocol) -> None:
+    def __init__(self, guard: ConnectionGuard, inner: asyncio.Protocol) -> None:
         self.guard, self.inner = guard, inner
         self.transport: asyncio.Transport | None = None
         self.refused = False

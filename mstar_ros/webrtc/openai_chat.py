@@ -36,8 +36,17 @@ from mstar_ros.webrtc.audio_out import pcm_s16
 from mstar_ros.webrtc.budget import BudgetBusy, SharedBudget
 from mstar_ros.webrtc.chat_params import ChatBody, check_chat_params, text_sampling
 from mstar_ros.webrtc.http_guard import request_body
-from mstar_ros.webrtc.media_parts import (MAX_AUDIO_S, MAX_REQUEST_IMAGE_PIXELS, BadRequest, decode_audio, image_url,
-                                          load_image, open_image, pixels, release_images)
+from mstar_ros.webrtc.media_parts import (
+    MAX_AUDIO_S,
+    MAX_REQUEST_IMAGE_PIXELS,
+    BadRequest,
+    decode_audio,
+    image_url,
+    load_image,
+    open_image,
+    pixels,
+    release_images,
+)
 from mstar_ros.webrtc.openai_errors import APIError, error_response
 from mstar_ros.webrtc.openai_http import decode_body, model_mismatch, voice_name
 from mstar_ros.webrtc.openai_usage import chat_usage

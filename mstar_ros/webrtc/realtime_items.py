@@ -14,8 +14,9 @@ sends its events in the order OpenAI's reference lists them: ``response.created`
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from mstar_ros.webrtc.events import EventError
 

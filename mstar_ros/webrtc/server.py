@@ -120,9 +120,9 @@ class VoiceGateway:
     @web.middleware
     async def _auth(self, request: web.Request, handler):
         # the page and its files hold no secret (it reads the token from #token=); a CORS preflight carries none (Fetch)
-        if self.token and request.path not in PUBLIC_PATHS and request.method != "OPTIONS":
-            if not authorised(request.headers.get("Authorization", ""), self.token):
-                raise web.HTTPUnauthorized(text="a Bearer token is required", headers={"WWW-Authenticate": "Bearer"})
+        needs_token = self.token and request.path not in PUBLIC_PATHS and request.method != "OPTIONS"
+        if needs_token and not authorised(request.headers.get("Authorization", ""), self.token):
+            raise web.HTTPUnauthorized(text="a Bearer token is required", headers={"WWW-Authenticate": "Bearer"})
         return await handler(request)
 
     def _body_limit(self, request: web.Request) -> int:

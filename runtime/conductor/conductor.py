@@ -12,8 +12,8 @@ import asyncio
 import itertools
 import logging
 import secrets
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Callable, Mapping
 
 import torch
 
@@ -76,7 +76,7 @@ class Conductor:
 
     @classmethod
     def distributed(cls, spec: ModelSpec, placement: str | Path | ResolvedPlacement, *,
-                    config: EngineConfig | None = None, **pool_options) -> "Conductor":
+                    config: EngineConfig | None = None, **pool_options) -> Conductor:
         """Workers in their own processes per the placement file (started here unless ``launch=False``)."""
         graph, _ = build_model(spec, set())
         resolved = placement if isinstance(placement, ResolvedPlacement) else load_placement(str(placement), graph)
@@ -96,7 +96,7 @@ class Conductor:
         return self.worker_set.host_of(rank)
 
     # -- lifecycle -------------------------------------------------------------------
-    async def start(self) -> "Conductor":
+    async def start(self) -> Conductor:
         self._loop = asyncio.get_running_loop()
         self._replies = ReplyInbox(self._loop)
         await self.worker_set.start()
@@ -112,7 +112,7 @@ class Conductor:
             await self.worker_set.stop()
             self.started = False
 
-    async def __aenter__(self) -> "Conductor":
+    async def __aenter__(self) -> Conductor:
         return await self.start()
 
     async def __aexit__(self, *exc: object) -> None:

@@ -12,11 +12,19 @@ import asyncio
 import logging
 import subprocess
 import time
-from typing import Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 from mstar.engine.messages import CloseSession, ExecuteNode, ExportKV, FeedInput, KVExported, NodeOutput, ReleaseRequest
-from mstar.worker.protocol import (HEADER_SIZE, Message, Ready, StatsRequest, WorkerStats, decode_body,
-                                   encode_frame, frame_length)
+from mstar.worker.protocol import (
+    HEADER_SIZE,
+    Message,
+    Ready,
+    StatsRequest,
+    WorkerStats,
+    decode_body,
+    encode_frame,
+    frame_length,
+)
 
 log = logging.getLogger("mstar.conductor.workers")
 
@@ -49,7 +57,7 @@ class RemoteWorker:
         self.dead = asyncio.Event()
         # asked once the connection drops: the supervisor can say more (the exit code)
         self.explain_death: Callable[[], Awaitable[str | None]] | None = None
-        self.on_lost: Callable[["RemoteWorker"], None] | None = None  # told at once, before the reason is known
+        self.on_lost: Callable[[RemoteWorker], None] | None = None  # told at once, before the reason is known
         self._task: asyncio.Task | None = None
 
     def __repr__(self) -> str:

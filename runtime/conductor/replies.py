@@ -5,7 +5,7 @@ import asyncio
 import logging
 import threading
 from collections import deque
-from typing import Callable
+from collections.abc import Callable
 
 from mstar.engine.device_loop import device_thread
 from mstar.engine.messages import NodeOutput

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
 
 import torch
 

@@ -9,7 +9,8 @@ A streaming edge into a node's fed input passes its chunks to that node's runnin
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Awaitable, Callable, Optional
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from mstar.engine.messages import ExecuteNode, FeedInput, LoopSpec, NodeOutput
 from mstar.graph.chunk_policies import Chunk
@@ -21,7 +22,7 @@ from mstar.request import RequestError, RequestOutput
 from mstar.transport.handle import TensorHandle, TensorRef
 
 # (call, its outputs' handler, what to do right after the call went to its Worker: given the Worker)
-Dispatch = Callable[[ExecuteNode, Callable[[NodeOutput], None], Optional[Callable[[Any], None]]], Awaitable[None]]
+Dispatch = Callable[[ExecuteNode, Callable[[NodeOutput], None], Callable[[Any], None] | None], Awaitable[None]]
 
 
 _CALL_FIELDS = frozenset({"mask", "mask_arg", "kv_window"})  # request meta read into ExecuteNode fields

@@ -31,9 +31,23 @@ from mstar.engine.config import EngineConfig
 from mstar.placement.resolve import ResolvedPlacement
 from mstar.transport.shm import segment_prefix, segments_with_prefix, unlink_segments
 from mstar.worker import handshake
-from mstar.worker.protocol import (HEADER_SIZE, MAX_FRAME, MAX_HELLO, TOKEN_ENV, Hello, ModelSpec, Ready, Setup,
-                                   SetupFailed, Shutdown, TensorParallel, decode_body, encode_frame, frame_length,
-                                   worker_tag)
+from mstar.worker.protocol import (
+    HEADER_SIZE,
+    MAX_FRAME,
+    MAX_HELLO,
+    TOKEN_ENV,
+    Hello,
+    ModelSpec,
+    Ready,
+    Setup,
+    SetupFailed,
+    Shutdown,
+    TensorParallel,
+    decode_body,
+    encode_frame,
+    frame_length,
+    worker_tag,
+)
 
 log = logging.getLogger("mstar.conductor.workers")
 

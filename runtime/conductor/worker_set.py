@@ -8,15 +8,24 @@ Conductor's logic is the same for both; only these operations differ.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Callable, Protocol
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
 from mstar.conductor.worker_status import WorkerStatus
+from mstar.engine.messages import (
+    CloseSession,
+    ExecuteNode,
+    ExportKV,
+    FeedInput,
+    KVExported,
+    NodeOutput,
+    ReleaseRequest,
+    TensorHandle,
+)
 from mstar.placement.resolve import ResolvedPlacement
 from mstar.transport.inprocess import InProcessTensorStore
-from mstar.engine.messages import (CloseSession, ExecuteNode, ExportKV, FeedInput, KVExported, NodeOutput,
-                                   ReleaseRequest, TensorHandle)
 
 if TYPE_CHECKING:  # only ProcessWorkers has a pool: the contract does not load it
     from mstar.conductor.worker_pool import WorkerPool

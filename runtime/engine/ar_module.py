@@ -1,8 +1,9 @@
 """The contract between the AR engine and an autoregressive model component."""
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import ClassVar, Mapping
+from typing import ClassVar
 
 import torch
 

@@ -49,7 +49,7 @@ class EngineConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
                 raise ValueError(f"engine config: {name} = {getattr(self, name)!r} is invalid"
                                  + (f" (expected one of {', '.join(DTYPE_NAMES)})" if name == "dtype" else ""))
 
-    def for_device(self, device: str | torch.device) -> tuple["EngineConfig", DtypeChoice]:
+    def for_device(self, device: str | torch.device) -> tuple[EngineConfig, DtypeChoice]:
         """This config with ``dtype`` made concrete for ``device`` (``auto`` decided), and the choice."""
         choice = resolve_dtype(self.dtype, device)
         return msgspec.structs.replace(self, dtype=choice.dtype), choice

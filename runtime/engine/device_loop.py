@@ -18,7 +18,8 @@ import concurrent.futures
 import logging
 import queue
 import threading
-from typing import Callable, Protocol, Sequence, TypeVar
+from collections.abc import Callable, Sequence
+from typing import Protocol, TypeVar
 
 from mstar.engine import intra_op
 
@@ -46,7 +47,7 @@ class DeviceThread:
     def __init__(self) -> None:
         self.wake = threading.Event()
         self._calls: queue.SimpleQueue = queue.SimpleQueue()
-        self._loops: list["DeviceLoop"] = []
+        self._loops: list[DeviceLoop] = []
         self._lock = threading.Lock()
         self._deferred: list[Callable[[], None]] = []
         self._in_call = False  # inside run_on_device work: nothing to coalesce
@@ -66,14 +67,14 @@ class DeviceThread:
         self.wake.set()
         return future.result()
 
-    def attach(self, loop: "DeviceLoop") -> None:
+    def attach(self, loop: DeviceLoop) -> None:
         with self._lock:
             self._loops = self._loops + [loop]
         self.wake.set()
 
-    def detach(self, loop: "DeviceLoop") -> None:
+    def detach(self, loop: DeviceLoop) -> None:
         with self._lock:
-            self._loops = [l for l in self._loops if l is not loop]
+            self._loops = [other for other in self._loops if other is not loop]
         self.call(lambda: None)  # returns once the thread is past any step of that loop
 
     def _run(self, claimed: threading.Event) -> None:

@@ -35,9 +35,9 @@ import math
 import os
 import threading
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
 
 import torch
 
@@ -67,7 +67,7 @@ class CpuProfile:
     isa_limits: tuple[tuple[str, str], ...] = ()  # ATEN_CPU_CAPABILITY / ONEDNN_MAX_CPU_ISA when set
 
     @classmethod
-    def detect(cls, threads: int | None = None) -> "CpuProfile":
+    def detect(cls, threads: int | None = None) -> CpuProfile:
         caps = torch.cpu.get_capabilities() if hasattr(torch.cpu, "get_capabilities") else {}
         arch = str(caps.get("architecture", os.uname().machine))
         flags = _X86_BF16 if arch in ("x86_64", "x86") else _ARM_BF16

@@ -6,9 +6,9 @@ everything they read or change besides their own calls.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, Iterator
 
 import torch
 

@@ -3,14 +3,14 @@ from __future__ import annotations
 
 import queue
 import threading
-from typing import Callable, Union
+from collections.abc import Callable
 
 from mstar.engine.device_loop import DeviceLoop
 from mstar.engine.messages import CloseSession, ExecuteNode, ExportKV, FeedInput, NodeOutput, ReleaseRequest
 
 Reply = Callable[[NodeOutput], None]
 # what an engine's device thread is handed; an ExecuteNode or ExportKV comes with a reply callback
-InboxMessage = Union[ExecuteNode, ReleaseRequest, CloseSession, FeedInput, ExportKV]
+InboxMessage = ExecuteNode | ReleaseRequest | CloseSession | FeedInput | ExportKV
 
 
 class EngineInbox:

@@ -16,8 +16,8 @@ C=8: LM-head time halved, +5% audio throughput over six paired runs).
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from mstar.engine.attention.metadata import MaskKind
 from mstar.engine.block_manager import BlockManager

@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import enum
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -63,7 +64,7 @@ class Sequence:
     embed_mask: torch.Tensor | None = None   # [len(token_ids)] bool
     rope_positions: torch.Tensor | None = None  # [axes, n]: given positions of the first n tokens (mstar.engine.rope_positions)
     rope_after: int = 0                          # token j >= n sits at j + rope_after on every axis
-    flow: "FlowState | None" = None          # an active flow Loop (mstar.engine.flow_loop)
+    flow: FlowState | None = None          # an active flow Loop (mstar.engine.flow_loop)
     phase_waits: int = 0                     # steps held back to start in phase (mstar.engine.scheduler)
     side_inputs: dict[str, torch.Tensor] = field(default_factory=dict)  # call inputs a feedback hook reads
     open_inputs: set[str] = field(default_factory=set)  # side inputs still growing (mstar.engine.fed_inputs)

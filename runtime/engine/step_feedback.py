@@ -14,7 +14,7 @@ the step that goes on; the row enters as an embedding row, the extra outputs go 
 """
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 import torch
 

@@ -1,6 +1,12 @@
 """The Walk Graph API a model author writes against."""
-from mstar.graph.chunk_policies import (Chunk, ChunkPolicy, FixedChunkPolicy, LeftContextChunkPolicy,
-                                        SlidingWindowChunkPolicy, WholeStreamPolicy)
+from mstar.graph.chunk_policies import (
+                                        Chunk,
+                                        ChunkPolicy,
+                                        FixedChunkPolicy,
+                                        LeftContextChunkPolicy,
+                                        SlidingWindowChunkPolicy,
+                                        WholeStreamPolicy,
+)
 from mstar.graph.edges import GRAPH_INPUT, GRAPH_OUTPUT, GraphEdge, StreamingGraphEdge
 from mstar.graph.loop_mode import LoopMode
 from mstar.graph.model_graph import ModelGraph

@@ -18,7 +18,7 @@ class Endpoint:
     port: str
 
     @classmethod
-    def parse(cls, text: str) -> "Endpoint":
+    def parse(cls, text: str) -> Endpoint:
         node, dot, port = text.partition(".")
         if not dot or not node or not port:
             raise ValueError(f"edge endpoint {text!r} is not of the form 'node.port'")

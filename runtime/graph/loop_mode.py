@@ -17,7 +17,7 @@ class LoopMode(enum.Enum):
     FRAMES = "frames"
 
     @classmethod
-    def parse(cls, value: "LoopMode | str") -> "LoopMode":
+    def parse(cls, value: LoopMode | str) -> LoopMode:
         """``value`` as a mode (a declaration may spell it as its string); ValueError names the choices."""
         try:
             return cls(value)

@@ -5,8 +5,9 @@ import time with a message that names it, not in the middle of a request.
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from mstar.graph.edges import GRAPH_INPUT, GRAPH_OUTPUT, RESERVED_NODE_NAMES, GraphEdge, StreamingGraphEdge
 from mstar.graph.loop_mode import LoopMode
@@ -102,8 +103,9 @@ class ModelGraph:
         node = self.node(loop.body.node)
         if node.engine != "ar":
             return None
+        if not (loop.stop is None or isinstance(loop.stop, StopOnValues)):
+            return None  # a StopWhen reads values the Conductor holds
         for edge in self.edges_into(node.name):
             if edge.source.node == node.name and not isinstance(edge, StreamingGraphEdge):
-                if loop.stop is None or isinstance(loop.stop, StopOnValues):
-                    return edge
+                return edge
         return None

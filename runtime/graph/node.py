@@ -1,8 +1,9 @@
 """Graph components: a GraphNode (wiring) and its NodeSubmodule (the computation)."""
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal, Mapping, Sequence
+from typing import Any, ClassVar, Literal
 
 import torch
 

@@ -1,8 +1,8 @@
 """Partitions of a graph and the chunk policy of each streaming connection between them."""
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
 
 from mstar.graph.chunk_policies import ChunkPolicy
 from mstar.graph.edges import GRAPH_INPUT

@@ -14,7 +14,7 @@ class GraphError(ValueError):
     """A model graph that cannot run as declared."""
 
 
-def check_graph(graph: "ModelGraph") -> None:
+def check_graph(graph: ModelGraph) -> None:
     _check_edges(graph)
     _check_inputs_fed(graph)
     _check_walks(graph)
@@ -24,7 +24,7 @@ def check_graph(graph: "ModelGraph") -> None:
     _check_fed_inputs(graph)
 
 
-def _check_edges(graph: "ModelGraph") -> None:
+def _check_edges(graph: ModelGraph) -> None:
     for edge in graph.edges:
         try:
             src, dst = edge.source, edge.target
@@ -48,7 +48,7 @@ def _check_edges(graph: "ModelGraph") -> None:
                 raise GraphError(f"graph {graph.name!r}: edge {edge}: node {dst.node!r} has no input {dst.port!r} (inputs: {list(node.inputs)})")
 
 
-def _check_inputs_fed(graph: "ModelGraph") -> None:
+def _check_inputs_fed(graph: ModelGraph) -> None:
     fed = {(e.target.node, e.target.port) for e in graph.edges}
     for node in graph.nodes:
         for port in node.inputs:
@@ -56,7 +56,7 @@ def _check_inputs_fed(graph: "ModelGraph") -> None:
                 raise GraphError(f"graph {graph.name!r}: input {node.name}.{port} is dangling: no edge feeds it")
 
 
-def _check_walks(graph: "ModelGraph") -> None:
+def _check_walks(graph: ModelGraph) -> None:
     stream_fed = any(isinstance(e, StreamingGraphEdge) and e.source.node == GRAPH_INPUT for e in graph.edges)
     if not graph.walks and not stream_fed:  # a partition cut out of a graph may run on its input streams alone
         raise GraphError(f"graph {graph.name!r} declares no walks")
@@ -77,7 +77,7 @@ def _check_walks(graph: "ModelGraph") -> None:
                     raise GraphError(f"graph {graph.name!r}: walk {walk_name!r}: loop stops on {step.stop.edge!r}, which is no node output")
 
 
-def _check_topology(graph: "ModelGraph") -> None:
+def _check_topology(graph: ModelGraph) -> None:
     topo = graph.topology
     streaming = [e for e in graph.edges if isinstance(e, StreamingGraphEdge)]
     if topo is None:
@@ -109,7 +109,7 @@ def _check_topology(graph: "ModelGraph") -> None:
             raise GraphError(f"graph {graph.name!r}: streaming edge {edge} has no chunk policy: add PartitionConnection({source!r}, {target!r}, policy)")
 
 
-def _check_cycles(graph: "ModelGraph") -> None:
+def _check_cycles(graph: ModelGraph) -> None:
     """Every cycle of (non-streaming) node-to-node edges must lie inside one Loop body."""
     succ: dict[str, set[str]] = {n: set() for n in graph.node_by_name}
     for e in graph.edges:
@@ -160,7 +160,7 @@ def _strongly_connected(succ: dict[str, set[str]]) -> list[set[str]]:
     return out
 
 
-def _check_views(graph: "ModelGraph") -> None:
+def _check_views(graph: ModelGraph) -> None:
     for node in graph.nodes:
         if node.kv_from is None:
             continue
@@ -175,7 +175,7 @@ def _check_views(graph: "ModelGraph") -> None:
             raise GraphError(f"graph {graph.name!r}: module {module!r} is viewed by nodes {names} with different engine kinds {sorted(kinds)}")
 
 
-def _check_fed_inputs(graph: "ModelGraph") -> None:
+def _check_fed_inputs(graph: ModelGraph) -> None:
     """A fed input is reached by exactly one streaming edge, from a node's ``step_*`` output."""
     for node in graph.nodes:
         for port in node.fed_inputs:

@@ -1,8 +1,9 @@
 """The Walk primitives: Sequential, Parallel, Loop / DynamicLoop, and AwaitInput (streaming edges live in edges.py)."""
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Iterator, Union
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from mstar.graph.request_state import RequestState
@@ -11,10 +12,10 @@ if TYPE_CHECKING:
 class WalkStep:
     """A node of a Walk tree."""
 
-    def children(self) -> tuple["WalkStep", ...]:
+    def children(self) -> tuple[WalkStep, ...]:
         return ()
 
-    def iter_steps(self) -> Iterator["WalkStep"]:
+    def iter_steps(self) -> Iterator[WalkStep]:
         yield self
         for child in self.children():
             yield from child.iter_steps()
@@ -23,7 +24,7 @@ class WalkStep:
         return [s.node for s in self.iter_steps() if isinstance(s, Call)]
 
 
-StepLike = Union[WalkStep, str]
+StepLike = WalkStep | str
 
 
 def as_step(step: StepLike) -> WalkStep:
@@ -95,11 +96,11 @@ class StopOnValues:
 class StopWhen:
     """Stop a Loop when ``predicate(state)`` is true after an iteration."""
 
-    predicate: Callable[["RequestState"], bool]
+    predicate: Callable[[RequestState], bool]
     name: str = "predicate"
 
 
-StopCondition = Union[StopOnValues, StopWhen]
+StopCondition = StopOnValues | StopWhen
 
 
 class Loop(WalkStep):
@@ -120,7 +121,7 @@ class Loop(WalkStep):
     def children(self) -> tuple[WalkStep, ...]:
         return (self.body,)
 
-    def trip_limit(self, state: "RequestState") -> int | None:
+    def trip_limit(self, state: RequestState) -> int | None:
         return self.max_iters
 
     def __repr__(self) -> str:
@@ -131,12 +132,12 @@ class DynamicLoop(Loop):
     """A Loop whose trip count is decided per request at run time (e.g. a requested
     number of flow steps or a rollout horizon)."""
 
-    def __init__(self, body: StepLike, trip_count: Callable[["RequestState"], int],
+    def __init__(self, body: StepLike, trip_count: Callable[[RequestState], int],
                  stop: StopCondition | None = None) -> None:
         super().__init__(body, max_iters=1 << 30, stop=stop)
         self.trip_count = trip_count
 
-    def trip_limit(self, state: "RequestState") -> int | None:
+    def trip_limit(self, state: RequestState) -> int | None:
         count = int(self.trip_count(state))
         if count < 0:
             raise ValueError(f"DynamicLoop trip count must be >= 0, got {count}")

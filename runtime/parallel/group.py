@@ -37,12 +37,12 @@ class TPGroup:
         self._decoders: dict[type, msgspec.msgpack.Decoder] = {}
 
     @classmethod
-    def single(cls, device: torch.device | str = "cpu") -> "TPGroup":
+    def single(cls, device: torch.device | str = "cpu") -> TPGroup:
         return cls(0, 1, device)
 
     @classmethod
     def init(cls, rank: int, size: int, init_method: str, device: torch.device | str = "cpu",
-             timeout: datetime.timedelta = DEFAULT_TIMEOUT) -> "TPGroup":
+             timeout: datetime.timedelta = DEFAULT_TIMEOUT) -> TPGroup:
         """Joins (creating it if needed) the process group ``init_method`` names, e.g.
         ``tcp://127.0.0.1:29500``: every member calls this with its own rank; it returns
         once all ``size`` members have joined."""

@@ -121,7 +121,7 @@ class PlacementFile:
         return PlacementError(f"{where}: {_field(path)}: {message}")
 
     @classmethod
-    def parse(cls, text: str, source: str = "<placement>") -> "PlacementFile":
+    def parse(cls, text: str, source: str = "<placement>") -> PlacementFile:
         try:
             root, data = parse_user_yaml(text, source)
         except UserYamlError as exc:
@@ -141,7 +141,7 @@ class PlacementFile:
         return parsed
 
     @classmethod
-    def load(cls, path: str | Path) -> "PlacementFile":
+    def load(cls, path: str | Path) -> PlacementFile:
         try:
             text = read_user_yaml_text(path)
         except UserYamlError as exc:

@@ -17,14 +17,23 @@ from __future__ import annotations
 import itertools
 import os
 import weakref
-from typing import Callable
+from collections.abc import Callable
 
 import msgspec
 import torch
 
 from mstar.transport.arena import SlotAllocator
-from mstar.transport.codec import (contiguous_cpu, decode_inline, destination, dtype_from_name, dtype_name,
-                                   encode_inline, flat_bytes, memcpy, nbytes)
+from mstar.transport.codec import (
+    contiguous_cpu,
+    decode_inline,
+    destination,
+    dtype_from_name,
+    dtype_name,
+    encode_inline,
+    flat_bytes,
+    memcpy,
+    nbytes,
+)
 from mstar.transport.handle import TensorHandle
 from mstar.transport.inprocess import InProcessTensorStore
 from mstar.transport.shm import PeerSegments, ShmSegment, check_tag, segment_prefix, unlink_segments
@@ -269,7 +278,7 @@ class TensorExchange(InProcessTensorStore):
             self._mooncake = None
         self._finalizer()
 
-    def __enter__(self) -> "TensorExchange":
+    def __enter__(self) -> TensorExchange:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -1,8 +1,6 @@
 """Tensor handles: what travels in a message in place of a tensor's bytes."""
 from __future__ import annotations
 
-from typing import Union
-
 import msgspec
 
 
@@ -26,4 +24,4 @@ class TensorHandle(msgspec.Struct, frozen=True):
 
 
 # A node input: one tensor, or a list of stream items stacked on the consumer side.
-TensorRef = Union[TensorHandle, list[TensorHandle]]
+TensorRef = TensorHandle | list[TensorHandle]

@@ -18,8 +18,19 @@ import torch
 from mstar.transport.auth import NONCE_BYTES, PROOF_BYTES, check_secret, new_nonce, proof, proof_matches
 from mstar.transport.codec import writable_memoryview
 from mstar.transport.tcp_server import TensorServer
-from mstar.transport.tcp_wire import (HANDSHAKE_TIMEOUT_S, MAX_KEY_BYTES, MAX_MESSAGE_BYTES, MISSING, OK, REPLY,
-                                      REQUEST, SECRET_ENV, TensorAuthError, nodelay, recv_exact)
+from mstar.transport.tcp_wire import (
+    HANDSHAKE_TIMEOUT_S,
+    MAX_KEY_BYTES,
+    MAX_MESSAGE_BYTES,
+    MISSING,
+    OK,
+    REPLY,
+    REQUEST,
+    SECRET_ENV,
+    TensorAuthError,
+    nodelay,
+    recv_exact,
+)
 
 __all__ = ["HANDSHAKE_TIMEOUT_S", "SECRET_ENV", "TensorAuthError", "TensorClient", "TensorServer"]
 

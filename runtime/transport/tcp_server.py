@@ -20,15 +20,24 @@ import socket
 import struct
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
 from mstar.counted_log import CountedLog
 from mstar.transport.auth import NONCE_BYTES, check_secret, new_nonce, proof, proof_matches
 from mstar.transport.codec import byte_view
-from mstar.transport.tcp_wire import (CLIENT_HELLO_BYTES, HANDSHAKE_TIMEOUT_S, MAX_KEY_BYTES, MISSING, OK, REFUSED,
-                                      REPLY, REQUEST, nodelay)
+from mstar.transport.tcp_wire import (
+    CLIENT_HELLO_BYTES,
+    HANDSHAKE_TIMEOUT_S,
+    MAX_KEY_BYTES,
+    MISSING,
+    OK,
+    REFUSED,
+    REPLY,
+    REQUEST,
+    nodelay,
+)
 
 log = logging.getLogger("mstar.transport.tcp")
 

@@ -6,8 +6,8 @@ from mstar.weights.checkpoint_files import (
     iter_checkpoint_tensors,
 )
 from mstar.weights.loader import LoadReport, load_weights
-from mstar.weights.save import save_safetensors
 from mstar.weights.no_random_init import no_random_init
+from mstar.weights.save import save_safetensors
 
 __all__ = [
     "CheckpointReader",

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Container, Iterator
 from pathlib import Path
-from typing import Container, Iterator
 
 import torch
 from safetensors import safe_open

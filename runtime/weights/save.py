@@ -4,8 +4,8 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
 import torch
 from safetensors.torch import save_file

@@ -4,7 +4,8 @@ The spec names a registered model (``mstar.worker.registry``); nothing a peer se
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from mstar.graph.model_graph import ModelGraph
 from mstar.graph.node import NodeSubmodule

@@ -22,8 +22,21 @@ import msgspec
 
 from mstar.engine.messages import CloseSession, ExecuteNode, ExportKV, FeedInput, KVExported, NodeOutput, ReleaseRequest
 from mstar.worker import handshake, registry
-from mstar.worker.protocol import (MAX_HELLO, TOKEN_ENV, BlockingChannel, Challenge, FrameTooLarge, Ready, Setup,
-                                   SetupFailed, Shutdown, StatsRequest, Welcome, WorkerStats, worker_tag)
+from mstar.worker.protocol import (
+    MAX_HELLO,
+    TOKEN_ENV,
+    BlockingChannel,
+    Challenge,
+    FrameTooLarge,
+    Ready,
+    Setup,
+    SetupFailed,
+    Shutdown,
+    StatsRequest,
+    Welcome,
+    WorkerStats,
+    worker_tag,
+)
 
 log = logging.getLogger("mstar.worker")
 

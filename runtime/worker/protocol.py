@@ -15,7 +15,7 @@ import hashlib
 import socket
 import struct
 import threading
-from typing import Any, Union
+from typing import Any
 
 import msgspec
 
@@ -110,8 +110,8 @@ class Shutdown(msgspec.Struct, tag=True):
     pass
 
 
-Message = Union[Challenge, Hello, Welcome, Setup, Ready, SetupFailed, StatsRequest, WorkerStats, Shutdown,
-                ExecuteNode, NodeOutput, ReleaseRequest, CloseSession, ExportKV, KVExported, FeedInput]
+Message = (Challenge | Hello | Welcome | Setup | Ready | SetupFailed | StatsRequest | WorkerStats | Shutdown |
+           ExecuteNode | NodeOutput | ReleaseRequest | CloseSession | ExportKV | KVExported | FeedInput)
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Message)

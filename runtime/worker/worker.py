@@ -7,7 +7,7 @@ CloseSession) and tensor handles, so a Worker can live in another process.
 from __future__ import annotations
 
 import logging
-from typing import Callable, Mapping
+from collections.abc import Callable, Mapping
 
 import torch
 

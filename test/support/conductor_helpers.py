@@ -49,7 +49,7 @@ def req(prompt, max_tokens=8, **kw) -> Request:
 LM = ToyLM()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def ref(prompt: tuple, n: int, stop: int | None = None) -> list[int]:
     return LM.reference_greedy(list(prompt), n, stop)
 

@@ -137,7 +137,7 @@ class Firefox:
         self._bidi: BiDiConnection | None = None
         self._pages: list[FirefoxPage] = []
 
-    async def __aenter__(self) -> "Firefox":
+    async def __aenter__(self) -> Firefox:
         profile = Path(self._profile.name)
         (profile / "user.js").write_text(
             "".join(f"user_pref({json.dumps(k)}, {json.dumps(v)});\n" for k, v in PREFS.items()))

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import contextlib
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
 
 from mstar.conductor import Conductor
 from mstar_ros.webrtc.server import VoiceGateway

@@ -6,7 +6,7 @@ which message; the caller reports it on /diagnostics and drops the frame.
 from __future__ import annotations
 
 import array
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch

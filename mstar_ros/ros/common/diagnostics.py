@@ -1,7 +1,7 @@
 """/diagnostics messages: the statuses every mstar node publishes (counters as key/value pairs)."""
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 
 def make_status(name: str, message: str, hardware_id: str, values: Mapping[str, object], level: str = "OK"):

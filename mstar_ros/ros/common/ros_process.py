@@ -19,7 +19,8 @@ import logging
 import signal
 import sys
 import threading
-from typing import Any, Coroutine, Sequence
+from collections.abc import Coroutine, Sequence
+from typing import Any
 
 log = logging.getLogger("mstar_ros.ros")
 
@@ -40,7 +41,7 @@ class RosProcess:
         self.executor = None
         self._spinner: threading.Thread | None = None
 
-    async def __aenter__(self) -> "RosProcess":
+    async def __aenter__(self) -> RosProcess:
         import rclpy
         from rclpy.executors import SingleThreadedExecutor
 

@@ -7,7 +7,8 @@ closing by then. Everything runs on the executor's thread, as the callbacks that
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 
 class SensorSubscriptions:

@@ -6,8 +6,8 @@ still starting WARN, an alive one OK.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from mstar.conductor import WorkerStatus
 

@@ -6,8 +6,8 @@ parameters, checked when set.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 import msgspec
 

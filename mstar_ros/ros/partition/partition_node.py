@@ -27,8 +27,8 @@ import logging
 import secrets
 import threading
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Sequence
 
 import torch
 from diagnostic_msgs.msg import DiagnosticArray

@@ -72,7 +72,7 @@ def summarize(nodes, elapsed: float) -> dict:
     for node in nodes:
         s = node.stats
         lat = sorted(s.latencies_s)
-        pct = (lambda q: round(1000 * lat[min(len(lat) - 1, int(q * len(lat)))], 1)) if lat else (lambda q: None)
+        pct = (lambda q, lat=lat: round(1000 * lat[min(len(lat) - 1, int(q * len(lat)))], 1)) if lat else (lambda q: None)
         served = end - s.first_request if s.first_request is not None else 0.0
         out["robots"][node.get_namespace()] = {
             "chunks": s.chunks, "serving_s": round(served, 2),

@@ -16,7 +16,8 @@ names).
 from __future__ import annotations
 
 import typing
-from typing import Annotated, Any, Literal, Sequence
+from collections.abc import Sequence
+from typing import Annotated, Any, Literal
 
 import msgspec
 

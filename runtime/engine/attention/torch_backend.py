@@ -188,7 +188,7 @@ class TorchAttentionBackend(AttentionBackend):
         if meta is None:
             raise RuntimeError("TorchAttentionBackend.forward called before plan()")
         T, Hq, D = q.shape
-        if T != meta.num_tokens:
+        if meta.num_tokens != T:
             raise ValueError(f"forward got {T} query tokens, plan() was for {meta.num_tokens}")
         Hkv = self.cache.spec.num_kv_heads
         if Hq % Hkv:

@@ -41,7 +41,9 @@ def test_persisted_prefix_equals_recompute_every_step(model, harness, observe):
         n, bs = o.ids.shape[0], harness.cache.block_size
         k_before, v_before = prefix_kv[b]
         k_now, v_now = harness.cache.k[:, harness.tables[b]], harness.cache.v[:, harness.tables[b]]
-        flat = lambda t: t.reshape(t.shape[0], -1, *t.shape[3:])[:, :n]  # noqa: E731 - [layers, tokens, kv, d]
+        def flat(t: torch.Tensor, n: int = n) -> torch.Tensor:  # [layers, tokens, kv, d] -> the first n tokens
+            return t.reshape(t.shape[0], -1, *t.shape[3:])[:, :n]
+
         assert torch.equal(flat(k_now), flat(k_before)) and torch.equal(flat(v_now), flat(v_before))
         assert bs * len(harness.tables[b]) >= n + model.action_horizon
 

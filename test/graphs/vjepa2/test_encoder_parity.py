@@ -23,7 +23,7 @@ def _hf_model(tmp_path):
     torch.manual_seed(3)
     model = transformers.VJEPA2Model(cfg).eval()
     with torch.no_grad():  # non-trivial norms and biases, so a swapped name cannot pass
-        for name, p in model.named_parameters():
+        for _name, p in model.named_parameters():
             if p.dim() == 1:
                 p.normal_(0.0, 0.3)
     model.save_pretrained(tmp_path / "hf")

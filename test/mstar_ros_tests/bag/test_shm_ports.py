@@ -16,7 +16,6 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import posix_ipc
 import pytest

@@ -110,7 +110,7 @@ def test_joint_states_are_smooth_franka_trajectories(small_bag):
         if msgtype == JOINT_STATE_TYPE:
             per_robot.setdefault(topic, []).append(TS.deserialize_cdr(data, msgtype))
     assert len(per_robot) == 2
-    for topic, msgs in per_robot.items():
+    for msgs in per_robot.values():
         assert all(list(m.name) == list(JOINT_NAMES) for m in msgs)
         assert JOINT_NAMES[0] == "panda_joint1" and len(JOINT_NAMES) == 8
         q = np.stack([m.position for m in msgs])
@@ -149,7 +149,7 @@ def test_bytes_are_what_rclpy_puts_on_the_wire(small_bag):
 
     path, _ = small_bag
     seen = set()
-    for topic, msgtype, _, data in read_all(path):
+    for _topic, msgtype, _, data in read_all(path):
         if msgtype in seen:
             continue
         seen.add(msgtype)

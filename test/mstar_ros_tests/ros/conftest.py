@@ -188,7 +188,7 @@ class RobotFeed:
         self._stop = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
 
-    def start(self) -> "RobotFeed":
+    def start(self) -> RobotFeed:
         self.client.wait_for(lambda: all(p.get_subscription_count() > 0 for p in self.image_pubs + [self.joint_pub]),
                              60, "the policy node's subscriptions")
         self.thread.start()

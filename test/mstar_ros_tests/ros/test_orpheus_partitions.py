@@ -128,7 +128,7 @@ def test_talker_and_vocoder_nodes_speak_what_one_process_speaks(procs, ros_clien
                         f"each of {expected} on /diagnostics", [talker, vocoder])
     # every stream the vocoder took on ends, as failed (on its own topic: it may arrive after the diagnostics)
     for sid in ("gappy", "late", "doomed", "stalled"):
-        ros_client.wait_for(lambda: stream(ros_client, "/tts/audio", torch.float32, sid)[1], 10,
+        ros_client.wait_for(lambda sid=sid: stream(ros_client, "/tts/audio", torch.float32, sid)[1], 10,
                             f"the end of stream {sid!r} on /tts/audio", [talker, vocoder])
         assert stream(ros_client, "/tts/audio", torch.float32, sid)[1:] == (True, True), sid
 

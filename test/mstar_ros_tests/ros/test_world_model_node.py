@@ -200,7 +200,7 @@ class WorldModelFeed:
         self.camera.publish(self.image(stamp, size))
         self.sets += 1
 
-    def run(self, hz: float = 8.0) -> "WorldModelFeed":
+    def run(self, hz: float = 8.0) -> WorldModelFeed:
         def loop() -> None:
             while not self._stop.is_set():
                 change, self.next_set = self.next_set, {}

@@ -98,7 +98,7 @@ def test_session_update_sets_the_sampling_and_length_of_later_responses(orpheus)
                 for _ in range(2):  # same seed, same sampling: the same audio, at most 49 tokens of it
                     n = client.types().count("response.done")
                     client.send(type="response.create", text="Say something rather long, please, for a while.")
-                    await client.until(lambda: client.types().count("response.done") == n + 1, 60, "response.done")
+                    await client.until(lambda n=n: client.types().count("response.done") == n + 1, 60, "response.done")
                     audio.append(peer.timings[-1].audio_s)
                 client.send(type="response.create", response={"instructions": "Shorter.", "max_output_tokens": 14})
                 await client.until(lambda: client.types().count("response.done") == 3, 60, "response.done")

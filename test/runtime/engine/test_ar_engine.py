@@ -35,14 +35,14 @@ class Harness:
     def close(self) -> None:
         self.engine.stop()
 
-    def __enter__(self) -> "Harness":
+    def __enter__(self) -> Harness:
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
 
     def call(self, request_id: str, ids=None, *, loop: LoopSpec | None = None, sampling=GREEDY,
-             session_id=None, kv_window=None, node="llm", seed=0, on_reply=None) -> "queue.Queue[NodeOutput]":
+             session_id=None, kv_window=None, node="llm", seed=0, on_reply=None) -> queue.Queue[NodeOutput]:
         replies: queue.Queue[NodeOutput] = queue.Queue()
         inputs = {} if ids is None else {"input_ids": self.store.put(torch.tensor(ids, dtype=torch.long), owner=request_id)}
         msg = ExecuteNode(call_id=next(self.ids), request_id=request_id, node=node, inputs=inputs, seed=seed,
@@ -57,7 +57,7 @@ class Harness:
         return replies
 
     @staticmethod
-    def wait(replies: "queue.Queue[NodeOutput]", timeout: float = 10.0) -> list[NodeOutput]:
+    def wait(replies: queue.Queue[NodeOutput], timeout: float = 10.0) -> list[NodeOutput]:
         outs = []
         while True:
             out = replies.get(timeout=timeout)
@@ -340,7 +340,7 @@ def test_cancelling_a_preempted_session_message_keeps_the_session_history():
     assert st.drain() == LM.reference_greedy(P1 + P3, 1)[0]
 
 
-def _fed_call(h: "Harness", request_id: str, prompt, iters: int) -> "queue.Queue[NodeOutput]":
+def _fed_call(h: Harness, request_id: str, prompt, iters: int) -> queue.Queue[NodeOutput]:
     replies: queue.Queue[NodeOutput] = queue.Queue()
     msg = ExecuteNode(call_id=next(h.ids), request_id=request_id, node="llm",
                       inputs={"input_ids": h.store.put(torch.tensor(prompt), owner=request_id)}, sampling=GREEDY,
@@ -349,7 +349,7 @@ def _fed_call(h: "Harness", request_id: str, prompt, iters: int) -> "queue.Queue
     return replies
 
 
-def _feed(h: "Harness", request_id: str, rows: torch.Tensor | None, final: bool = False, port: str = "text") -> None:
+def _feed(h: Harness, request_id: str, rows: torch.Tensor | None, final: bool = False, port: str = "text") -> None:
     items = [] if rows is None else [h.store.put(rows, owner=request_id)]
     h.engine.feed(FeedInput(request_id, "llm", port, items, final))
 

@@ -8,7 +8,7 @@ import torch
 from mstar.conductor import Conductor, Request, RequestError
 from mstar.conductor.stream_input import StreamInput
 from mstar.engine.config import EngineConfig
-from mstar.graph import GraphError, LeftContextChunkPolicy, SlidingWindowChunkPolicy, StreamingGraphEdge
+from mstar.graph import GraphError, LeftContextChunkPolicy, SlidingWindowChunkPolicy
 from mstar.graph.split import crossing_name, split_partition
 from mstar.sampling_params import SamplingParams
 from support.toy_graphs import streaming_lm_graph
@@ -113,7 +113,7 @@ def test_a_view_reading_kv_across_the_cut_cannot_be_split():
 
 
 def _two_partition_graph(walk, edges_extra=(), out_port="y"):
-    from mstar.graph import Call, GraphEdge, GraphNode, ModelGraph, PartitionTopology, Sequential
+    from mstar.graph import GraphEdge, GraphNode, ModelGraph, PartitionTopology
 
     return ModelGraph(name="g", nodes=[GraphNode("a", inputs=["x"], outputs=[out_port]),
                                        GraphNode("b", inputs=["x"], outputs=["y"])],
