@@ -4,6 +4,7 @@ The three source folders are mapped to import names that do not collide with
 common names: runtime/ -> ``mstar``, graphs/ -> ``mstar_graphs``,
 mstar_ros/ -> ``mstar_ros``.
 """
+
 import os
 from glob import glob
 
@@ -69,7 +70,9 @@ setup(
     version="0.1.0",
     packages=_packages(),
     package_dir=PACKAGE_DIRS,
-    package_data={"mstar_ros": ["webrtc/static/*.html", "webrtc/static/*.js", "webrtc/static/*.css"]},  # the voice page (/)
+    package_data={
+        "mstar_ros": ["webrtc/static/*.html", "webrtc/static/*.js", "webrtc/static/*.css"]
+    },  # the voice page (/)
     # ament_python layout: `ros2 launch mstar_ros pi05.launch.py` finds launch files and
     # config under <prefix>/share/mstar_ros, the package through the ament resource index
     data_files=[
@@ -99,10 +102,18 @@ setup(
         # ROS 2 Kilted from PyPI (no /opt/ros): rclpy needs its [fastrtps] extra to import; pinned,
         # never mixed with ros-jazzy-*. rosbags reads/writes rosbag2 (MCAP, sqlite3) in pure Python.
         # rosgraph-msgs: /clock (bag play --clock); posix-ipc: Fast DDS port mutexes (mstar_ros.bag.shm_ports)
-        "ros": ["ros-kilted-rclpy[fastrtps]==9.1.2", "ros-kilted-sensor-msgs==5.5.1", "ros-kilted-std-msgs==5.5.1",
-                "ros-kilted-geometry-msgs==5.5.1", "ros-kilted-trajectory-msgs==5.5.1",
-                "ros-kilted-diagnostic-msgs==5.5.1", "ros-kilted-nav-msgs==5.5.1", "ros-kilted-rosgraph-msgs==2.3.0",
-                "rosbags==0.11.9", "posix-ipc==1.3.2"],
+        "ros": [
+            "ros-kilted-rclpy[fastrtps]==9.1.2",
+            "ros-kilted-sensor-msgs==5.5.1",
+            "ros-kilted-std-msgs==5.5.1",
+            "ros-kilted-geometry-msgs==5.5.1",
+            "ros-kilted-trajectory-msgs==5.5.1",
+            "ros-kilted-diagnostic-msgs==5.5.1",
+            "ros-kilted-nav-msgs==5.5.1",
+            "ros-kilted-rosgraph-msgs==2.3.0",
+            "rosbags==0.11.9",
+            "posix-ipc==1.3.2",
+        ],
         # silero-vad: the voice activity detector of a peer's microphone (its wheel ships the model)
         "webrtc": ["aiortc==1.16.0", "av==18.1.0", "aiohttp==3.14.5", "silero-vad==6.2.3"],
         "gpu": ["flashinfer-python==0.6.13", "flashinfer-cubin==0.6.13"],
@@ -113,26 +124,42 @@ setup(
         # is part of setuptools since 70.1)
         # playwright drives Debian's chromium (make test installs it; never a downloaded browser)
         # openai: the official client, against the gateway's OpenAI-compatible routes
-        "test": ["pytest>=8", "pytest-timeout>=2", "playwright==1.65.2", "transformers>=5.0,<6", "snac==1.2.1", "matplotlib>=3.7",
-                 "setuptools>=70.1", "openai==3.63.0"],
+        "test": [
+            "pytest>=8",
+            "pytest-timeout>=2",
+            "playwright==1.65.2",
+            "transformers>=5.0,<6",
+            "snac==1.2.1",
+            "matplotlib>=3.7",
+            "setuptools>=70.1",
+            "openai==3.63.0",
+        ],
     },
     # console scripts: with pip in bin/ and, as launchers, in lib/mstar_ros/ (install_data above);
     # with colcon in lib/mstar_ros/ (setup.cfg), where launch_ros.actions.Node(package="mstar_ros",
     # executable=...) looks for them
     cmdclass={"install_data": install_data_and_ros_executables},
-    entry_points={"console_scripts": ["mstar-ros = mstar_ros.cli:main",
-                                      "mstar_pi05_node_set = mstar_ros.ros.pi05.node_set:main",
-                                      "mstar_orpheus_node = mstar_ros.ros.orpheus.node_set:main",
-                                      "mstar_vjepa2_node_set = mstar_ros.ros.vjepa2.node_set:main"],
-                  # what a Worker may build, by name (mstar.worker.registry): never code a peer names
-                  "mstar.models": ["orpheus = mstar_graphs.orpheus.components:orpheus_components",
-                                   "pi05 = mstar_graphs.pi05.components:pi05_components",
-                                   "vjepa2 = mstar_graphs.vjepa2.components:vjepa2_components",
-                                   "qwen3_omni = mstar_graphs.qwen3_omni.components:qwen3_omni_components"],
-                  "mstar.worker_plugins": ["ros_diagnostics = mstar_ros.ros.common.worker_diagnostics:attach"],
-                  # what the WebRTC gateway can serve, by name (mstar_ros.webrtc.speech_models)
-                  "mstar.speech_models": ["orpheus = mstar_graphs.orpheus.frontend:OrpheusTTS",
-                                          "qwen3-omni = mstar_graphs.qwen3_omni.frontend:Qwen3OmniChat"]},
+    entry_points={
+        "console_scripts": [
+            "mstar-ros = mstar_ros.cli:main",
+            "mstar_pi05_node_set = mstar_ros.ros.pi05.node_set:main",
+            "mstar_orpheus_node = mstar_ros.ros.orpheus.node_set:main",
+            "mstar_vjepa2_node_set = mstar_ros.ros.vjepa2.node_set:main",
+        ],
+        # what a Worker may build, by name (mstar.worker.registry): never code a peer names
+        "mstar.models": [
+            "orpheus = mstar_graphs.orpheus.components:orpheus_components",
+            "pi05 = mstar_graphs.pi05.components:pi05_components",
+            "vjepa2 = mstar_graphs.vjepa2.components:vjepa2_components",
+            "qwen3_omni = mstar_graphs.qwen3_omni.components:qwen3_omni_components",
+        ],
+        "mstar.worker_plugins": ["ros_diagnostics = mstar_ros.ros.common.worker_diagnostics:attach"],
+        # what the WebRTC gateway can serve, by name (mstar_ros.webrtc.speech_models)
+        "mstar.speech_models": [
+            "orpheus = mstar_graphs.orpheus.frontend:OrpheusTTS",
+            "qwen3-omni = mstar_graphs.qwen3_omni.frontend:Qwen3OmniChat",
+        ],
+    },
     zip_safe=True,
     maintainer="mstar_ros developers",
     description="Walk Graph serving runtime for composite multimodal models, as ROS 2 nodes",

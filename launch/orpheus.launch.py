@@ -11,6 +11,7 @@ action; the namespace is the ``namespace`` argument. When either process exits t
 ends (non-zero, with its one-line error, when it failed: see mstar_ros.launch_actions).
 use_sim_time:=true: the nodes keep time by /clock.
 """
+
 from launch import LaunchDescription
 from launch.actions import DeclareLaunchArgument, OpaqueFunction
 from launch.substitutions import LaunchConfiguration
@@ -26,6 +27,9 @@ def _nodes(context, *args, **kwargs):
 
 def generate_launch_description():
     return LaunchDescription(
-        [DeclareLaunchArgument(arg.name, default_value=arg.default, description=arg.description)
-         for arg in ORPHEUS_LAUNCH_ARGUMENTS]
-        + [OpaqueFunction(function=_nodes)])
+        [
+            DeclareLaunchArgument(arg.name, default_value=arg.default, description=arg.description)
+            for arg in ORPHEUS_LAUNCH_ARGUMENTS
+        ]
+        + [OpaqueFunction(function=_nodes)]
+    )

@@ -18,6 +18,7 @@ namespace), so no ``name`` or ``namespace`` is given to the Node action: ``__nod
 ``launch_ros.actions.SetRemap`` in an including launch file, or with ``-r`` rules given to
 ``mstar-ros launch pi05 ... --ros-args``.
 """
+
 from launch import LaunchDescription
 from launch.actions import DeclareLaunchArgument, OpaqueFunction
 from launch.substitutions import LaunchConfiguration
@@ -33,6 +34,9 @@ def _node_set(context, *args, **kwargs):
 
 def generate_launch_description():
     return LaunchDescription(
-        [DeclareLaunchArgument(arg.name, default_value=arg.default, description=arg.description)
-         for arg in LAUNCH_ARGUMENTS]
-        + [OpaqueFunction(function=_node_set)])
+        [
+            DeclareLaunchArgument(arg.name, default_value=arg.default, description=arg.description)
+            for arg in LAUNCH_ARGUMENTS
+        ]
+        + [OpaqueFunction(function=_node_set)]
+    )

@@ -9,6 +9,7 @@ launch vjepa2`` starts too where the ROS 2 launch tools are not installed. When 
 exits the launch ends (non-zero, with its one-line error, when it failed).
 use_sim_time:=true: the nodes keep time by /clock (a bag replayed with ``bag play --clock``).
 """
+
 from launch import LaunchDescription
 from launch.actions import DeclareLaunchArgument, OpaqueFunction
 from launch.substitutions import LaunchConfiguration
@@ -24,6 +25,9 @@ def _nodes(context, *args, **kwargs):
 
 def generate_launch_description():
     return LaunchDescription(
-        [DeclareLaunchArgument(arg.name, default_value=arg.default, description=arg.description)
-         for arg in VJEPA2_LAUNCH_ARGUMENTS]
-        + [OpaqueFunction(function=_nodes)])
+        [
+            DeclareLaunchArgument(arg.name, default_value=arg.default, description=arg.description)
+            for arg in VJEPA2_LAUNCH_ARGUMENTS
+        ]
+        + [OpaqueFunction(function=_nodes)]
+    )

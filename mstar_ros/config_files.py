@@ -7,6 +7,7 @@ runs; then the share directory ament finds (AMENT_PREFIX_PATH, as ``ros2 launch`
 then the prefix this package is installed in (``<prefix>/lib/pythonX.Y/site-packages/
 mstar_ros``: a ``--prefix`` or ``--user`` install); then this interpreter's own prefix.
 """
+
 from __future__ import annotations
 
 import sys
@@ -25,7 +26,10 @@ def config_candidates(name: str) -> list[Path]:
         candidates.append(Path(get_package_share_directory(PACKAGE)) / "config" / name)
     except Exception:  # no ROS install, AMENT_PREFIX_PATH unset, or the package not indexed there
         pass
-    if len(here.parents) > 4 and here.parents[3].name in ("lib", "lib64"):  # <prefix>/lib/pythonX.Y/site-packages/mstar_ros
+    if len(here.parents) > 4 and here.parents[3].name in (
+        "lib",
+        "lib64",
+    ):  # <prefix>/lib/pythonX.Y/site-packages/mstar_ros
         candidates.append(here.parents[4] / "share" / PACKAGE / "config" / name)
     candidates.append(Path(sys.prefix) / "share" / PACKAGE / "config" / name)
     return list(dict.fromkeys(candidates))  # once each

@@ -1,21 +1,26 @@
 """``--dtype``: one spelling and one help text for every command and node set that chooses a compute dtype."""
+
 from __future__ import annotations
 
 import argparse
 
 from mstar.engine.dtype_names import DTYPE_NAMES
 
-DTYPE_HELP = ("auto: the fastest dtype this machine runs natively -- bfloat16 on CPUs with AVX512-BF16 or AMX and on "
-              "GPUs with bf16, float32 where bf16 would be emulated (AVX2-only CPUs), measured once where the CPU's "
-              "flags cannot tell; the log and the output say which and why")
+DTYPE_HELP = (
+    "auto: the fastest dtype this machine runs natively -- bfloat16 on CPUs with AVX512-BF16 or AMX and on "
+    "GPUs with bf16, float32 where bf16 would be emulated (AVX2-only CPUs), measured once where the CPU's "
+    "flags cannot tell; the log and the output say which and why"
+)
 
 
-def add_dtype_argument(parser: argparse.ArgumentParser, *, default: str | None = "auto", what: str = "compute dtype",
-                       flag: str = "--dtype") -> None:
+def add_dtype_argument(
+    parser: argparse.ArgumentParser, *, default: str | None = "auto", what: str = "compute dtype", flag: str = "--dtype"
+) -> None:
     """``flag`` with the dtype names; ``default`` None means "from --engine-config, else auto"."""
     when = "default: from --engine-config, else auto" if default is None else f"default {default}"
-    parser.add_argument(flag, choices=DTYPE_NAMES, default=default, help=f"{what}: {', '.join(DTYPE_NAMES)} ({when}). "
-                                                                          + DTYPE_HELP)
+    parser.add_argument(
+        flag, choices=DTYPE_NAMES, default=default, help=f"{what}: {', '.join(DTYPE_NAMES)} ({when}). " + DTYPE_HELP
+    )
 
 
 def engine_config(args: argparse.Namespace):

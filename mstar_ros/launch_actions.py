@@ -16,6 +16,7 @@ exit ends the launch, as ``mstar-ros launch`` ends its process group:
 ``launch`` and ``launch_ros`` are imported when the actions are built, not at import time:
 they are not on PyPI, and this module is importable (and tested) without them.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -73,7 +74,14 @@ def node_actions(specs: Sequence[ProcessSpec]) -> list:
         exit_ = NodeExit(spec)
         # the spec's parameters as a dict after the params files: launch_ros passes it after them, so it wins
         parameters = list(spec.params_files) + ([dict(spec.parameters)] if spec.parameters else [])
-        node = Node(package=PACKAGE, executable=spec.executable, arguments=list(spec.arguments),
-                    parameters=parameters, remappings=list(spec.remappings), output="screen", on_exit=exit_)
+        node = Node(
+            package=PACKAGE,
+            executable=spec.executable,
+            arguments=list(spec.arguments),
+            parameters=parameters,
+            remappings=list(spec.remappings),
+            output="screen",
+            on_exit=exit_,
+        )
         actions += [RegisterEventHandler(OnProcessIO(target_action=node, on_stderr=exit_.on_stderr)), node]
     return actions

@@ -13,6 +13,7 @@ The command line is laid out as launch_ros lays out a Node's::
 so ``ProcessSpec.command()`` is what ``ros2 launch`` runs, and arguments a user adds after
 ``--ros-args`` come last and win (rcl applies parameters and remappings in order).
 """
+
 from __future__ import annotations
 
 import re
@@ -33,14 +34,22 @@ class LaunchArgument:
     description: str
 
 
-DTYPE_ARGUMENT = LaunchArgument("dtype", "auto", f"compute dtype: {', '.join(DTYPE_NAMES)} (auto: the fastest this "
-                                                 "machine runs natively -- bfloat16 with AVX512-BF16/AMX or a bf16 GPU, "
-                                                 "float32 where bf16 would be emulated; logged with its reason)")
+DTYPE_ARGUMENT = LaunchArgument(
+    "dtype",
+    "auto",
+    f"compute dtype: {', '.join(DTYPE_NAMES)} (auto: the fastest this "
+    "machine runs natively -- bfloat16 with AVX512-BF16/AMX or a bf16 GPU, "
+    "float32 where bf16 would be emulated; logged with its reason)",
+)
 
 
-USE_SIM_TIME_ARGUMENT = LaunchArgument("use_sim_time", "false", "true: every node of the set keeps time by the "
-                                     "/clock topic (a bag replayed with `mstar-ros bag play --clock` or `ros2 bag play "
-                                     "--clock`), so recorded stamps are judged against the recording's time")
+USE_SIM_TIME_ARGUMENT = LaunchArgument(
+    "use_sim_time",
+    "false",
+    "true: every node of the set keeps time by the "
+    "/clock topic (a bag replayed with `mstar-ros bag play --clock` or `ros2 bag play "
+    "--clock`), so recorded stamps are judged against the recording's time",
+)
 
 
 def _flag(name: str, text: str | bool) -> bool:
@@ -65,24 +74,41 @@ def _dtype_arguments(dtype: str) -> list[str]:
 #: ``ros2 launch mstar_ros pi05.launch.py NAME:=VALUE`` / ``mstar-ros launch pi05 --NAME VALUE``
 LAUNCH_ARGUMENTS = (
     LaunchArgument("robots", "/robot1", "robot namespaces, separated by spaces or commas"),
-    LaunchArgument("weights", "", "pi0.5 PyTorch checkpoint directory (empty: a generated tiny checkpoint with "
-                                  "RANDOM weights)"),
-    LaunchArgument("placement", "", "placement YAML: the model's nodes in Worker processes (empty: all in the "
-                                    "node set's process)"),
-    LaunchArgument("rate", "", "control rate in Hz for every robot, over the params file (empty: "
-                               "control_rate_hz from the params file)"),
-    LaunchArgument("max_inflight", "0", "at most this many robots' chunks in flight at once (0: no limit): "
-                                        "bounds sensor-to-action latency under load, batching fewer robots"),
-    LaunchArgument("params_file", "", f"ROS params file for the policy nodes (empty: config/{PARAMS_FILE} "
-                                      "as installed)"),
-    LaunchArgument("prompt", "", "task prompt for every robot, over the params file (empty: the params file's "
-                                 "prompt; NS/prompt changes it while serving)"),
-    LaunchArgument("status_every", "0", "print a status line (chunks, latency per robot) every this many seconds "
-                                        "(0: never)"),
-    LaunchArgument("tokenizer", "", "PaliGemma tokenizer file or directory (empty: looked for in the checkpoint, "
-                                    "then in openpi's download cache)"),
-    LaunchArgument("asset_id", "", "openpi checkpoints: which assets/<asset_id>/norm_stats.json (empty: the only "
-                                   "one)"),
+    LaunchArgument(
+        "weights", "", "pi0.5 PyTorch checkpoint directory (empty: a generated tiny checkpoint with RANDOM weights)"
+    ),
+    LaunchArgument(
+        "placement", "", "placement YAML: the model's nodes in Worker processes (empty: all in the node set's process)"
+    ),
+    LaunchArgument(
+        "rate",
+        "",
+        "control rate in Hz for every robot, over the params file (empty: control_rate_hz from the params file)",
+    ),
+    LaunchArgument(
+        "max_inflight",
+        "0",
+        "at most this many robots' chunks in flight at once (0: no limit): "
+        "bounds sensor-to-action latency under load, batching fewer robots",
+    ),
+    LaunchArgument(
+        "params_file", "", f"ROS params file for the policy nodes (empty: config/{PARAMS_FILE} as installed)"
+    ),
+    LaunchArgument(
+        "prompt",
+        "",
+        "task prompt for every robot, over the params file (empty: the params file's "
+        "prompt; NS/prompt changes it while serving)",
+    ),
+    LaunchArgument(
+        "status_every", "0", "print a status line (chunks, latency per robot) every this many seconds (0: never)"
+    ),
+    LaunchArgument(
+        "tokenizer",
+        "",
+        "PaliGemma tokenizer file or directory (empty: looked for in the checkpoint, then in openpi's download cache)",
+    ),
+    LaunchArgument("asset_id", "", "openpi checkpoints: which assets/<asset_id>/norm_stats.json (empty: the only one)"),
     DTYPE_ARGUMENT,
     USE_SIM_TIME_ARGUMENT,
 )
@@ -90,14 +116,14 @@ LAUNCH_ARGUMENTS = (
 
 @dataclass(frozen=True)
 class ProcessSpec:
-    name: str                                    # label for output and errors
-    executable: str                              # in <prefix>/lib/mstar_ros/ (launch_ros) and on PATH
-    module: str                                  # the same program as ``python -m MODULE``
+    name: str  # label for output and errors
+    executable: str  # in <prefix>/lib/mstar_ros/ (launch_ros) and on PATH
+    module: str  # the same program as ``python -m MODULE``
     arguments: tuple[str, ...] = ()
     params_files: tuple[str, ...] = ()
     parameters: tuple[tuple[str, bool], ...] = ()  # ROS parameters of every node, over the params files
     remappings: tuple[tuple[str, str], ...] = ()
-    ros_arguments: tuple[str, ...] = ()          # a user's own, after everything else
+    ros_arguments: tuple[str, ...] = ()  # a user's own, after everything else
 
     def ros_args(self) -> list[str]:
         out = []
@@ -124,8 +150,9 @@ def parse_robots(text: str | Sequence[str]) -> list[str]:
         raise ValueError("robots: give at least one robot namespace, e.g. /robot1")
     for ns in robots:
         if not re.fullmatch(r"(/[A-Za-z][A-Za-z0-9_]*)+", ns):
-            raise ValueError(f"robots: {ns!r} is not a valid ROS namespace (letters, digits, _; parts start "
-                             "with a letter)")
+            raise ValueError(
+                f"robots: {ns!r} is not a valid ROS namespace (letters, digits, _; parts start with a letter)"
+            )
     if len(set(robots)) != len(robots):
         raise ValueError(f"robots: {robots} names a namespace twice")
     return robots
@@ -140,12 +167,24 @@ def default_params_file() -> Path:
     return found
 
 
-def pi05_processes(robots: str | Sequence[str] = "/robot1", weights: str = "", placement: str = "",
-                   rate: str | float = "", params_file: str = "", max_inflight: str | int = "0",
-                   prompt: str = "", status_every: str | float = "0", tokenizer: str = "", asset_id: str = "",
-                   dtype: str = "auto", use_sim_time: str | bool = "false", *,
-                   extra_arguments: Sequence[str] = (), remappings: Sequence[tuple[str, str]] = (),
-                   ros_arguments: Sequence[str] = ()) -> list[ProcessSpec]:
+def pi05_processes(
+    robots: str | Sequence[str] = "/robot1",
+    weights: str = "",
+    placement: str = "",
+    rate: str | float = "",
+    params_file: str = "",
+    max_inflight: str | int = "0",
+    prompt: str = "",
+    status_every: str | float = "0",
+    tokenizer: str = "",
+    asset_id: str = "",
+    dtype: str = "auto",
+    use_sim_time: str | bool = "false",
+    *,
+    extra_arguments: Sequence[str] = (),
+    remappings: Sequence[tuple[str, str]] = (),
+    ros_arguments: Sequence[str] = (),
+) -> list[ProcessSpec]:
     """The pi0.5 node set's processes. Launch arguments come as strings (empty = default);
     ``extra_arguments`` go to the node set (e.g. ``--duration 20``), ``ros_arguments`` after
     its ROS arguments."""
@@ -189,29 +228,49 @@ def pi05_processes(robots: str | Sequence[str] = "/robot1", weights: str = "", p
     params = Path(params_file) if params_file else default_params_file()
     if not params.is_file():
         raise FileNotFoundError(f"params_file: no file {params}")
-    return [ProcessSpec(name="pi05_node_set", executable="mstar_pi05_node_set", module="mstar_ros.ros.pi05.node_set",
-                        arguments=tuple(args) + tuple(extra_arguments), params_files=(str(params),),
-                        parameters=_sim_time_parameters(use_sim_time),
-                        remappings=tuple((str(a), str(b)) for a, b in remappings),
-                        ros_arguments=tuple(ros_arguments))]
+    return [
+        ProcessSpec(
+            name="pi05_node_set",
+            executable="mstar_pi05_node_set",
+            module="mstar_ros.ros.pi05.node_set",
+            arguments=tuple(args) + tuple(extra_arguments),
+            params_files=(str(params),),
+            parameters=_sim_time_parameters(use_sim_time),
+            remappings=tuple((str(a), str(b)) for a, b in remappings),
+            ros_arguments=tuple(ros_arguments),
+        )
+    ]
 
 
 #: ``ros2 launch mstar_ros orpheus.launch.py NAME:=VALUE`` / ``mstar-ros launch orpheus --NAME VALUE``
 ORPHEUS_LAUNCH_ARGUMENTS = (
-    LaunchArgument("split", "true", "true: the talker (LLM) and vocoder (SNAC) partitions as two nodes in two "
-                                    "processes, joined by the llm_token topic; false: one node"),
+    LaunchArgument(
+        "split",
+        "true",
+        "true: the talker (LLM) and vocoder (SNAC) partitions as two nodes in two "
+        "processes, joined by the llm_token topic; false: one node",
+    ),
     LaunchArgument("namespace", "/tts", "ROS namespace of the nodes and their topics"),
-    LaunchArgument("weights", "", "Orpheus checkpoint directory (empty: a generated tiny checkpoint with RANDOM "
-                                  "weights)"),
+    LaunchArgument(
+        "weights", "", "Orpheus checkpoint directory (empty: a generated tiny checkpoint with RANDOM weights)"
+    ),
     LaunchArgument("snac_weights", "", "SNAC 24 kHz checkpoint directory (empty: WEIGHTS/snac)"),
     DTYPE_ARGUMENT,
     USE_SIM_TIME_ARGUMENT,
 )
 
 
-def orpheus_processes(split: str | bool = "true", namespace: str = "/tts", weights: str = "", snac_weights: str = "",
-                      dtype: str = "auto", use_sim_time: str | bool = "false", *, extra_arguments: Sequence[str] = (),
-                      ros_arguments: Sequence[str] = ()) -> list[ProcessSpec]:
+def orpheus_processes(
+    split: str | bool = "true",
+    namespace: str = "/tts",
+    weights: str = "",
+    snac_weights: str = "",
+    dtype: str = "auto",
+    use_sim_time: str | bool = "false",
+    *,
+    extra_arguments: Sequence[str] = (),
+    ros_arguments: Sequence[str] = (),
+) -> list[ProcessSpec]:
     """Orpheus TTS as ROS nodes (mstar_ros.ros.orpheus.node_set): one per partition when ``split``."""
     try:
         (ns,) = parse_robots(namespace)  # the same rules as any namespace
@@ -225,29 +284,48 @@ def orpheus_processes(split: str | bool = "true", namespace: str = "/tts", weigh
             args += [flag, str(path)]
     args += _dtype_arguments(dtype)
     partitions = ["talker", "vocoder"] if _flag("split", split) else ["all"]
-    return [ProcessSpec(name="orpheus" if part == "all" else f"orpheus_{part}", executable="mstar_orpheus_node",
-                        module="mstar_ros.ros.orpheus.node_set",
-                        arguments=("--partition", part, *args, *extra_arguments),
-                        parameters=_sim_time_parameters(use_sim_time), ros_arguments=tuple(ros_arguments))
-            for part in partitions]
+    return [
+        ProcessSpec(
+            name="orpheus" if part == "all" else f"orpheus_{part}",
+            executable="mstar_orpheus_node",
+            module="mstar_ros.ros.orpheus.node_set",
+            arguments=("--partition", part, *args, *extra_arguments),
+            parameters=_sim_time_parameters(use_sim_time),
+            ros_arguments=tuple(ros_arguments),
+        )
+        for part in partitions
+    ]
 
 
 #: ``ros2 launch mstar_ros vjepa2.launch.py NAME:=VALUE`` / ``mstar-ros launch vjepa2 --NAME VALUE``
 VJEPA2_PARAMS_FILE = "vjepa2.yaml"
 VJEPA2_LAUNCH_ARGUMENTS = (
     LaunchArgument("robots", "/robot1", "robot namespaces, separated by spaces or commas"),
-    LaunchArgument("weights", "", "Meta's vjepa2-ac-vitg.pt or a checkpoint directory (empty: a generated tiny "
-                                  "checkpoint with RANDOM weights)"),
-    LaunchArgument("params_file", "", f"ROS params file for the world-model nodes (empty: config/{VJEPA2_PARAMS_FILE} "
-                                      "as installed)"),
+    LaunchArgument(
+        "weights",
+        "",
+        "Meta's vjepa2-ac-vitg.pt or a checkpoint directory (empty: a generated tiny checkpoint with RANDOM weights)",
+    ),
+    LaunchArgument(
+        "params_file",
+        "",
+        f"ROS params file for the world-model nodes (empty: config/{VJEPA2_PARAMS_FILE} as installed)",
+    ),
     DTYPE_ARGUMENT,
     USE_SIM_TIME_ARGUMENT,
 )
 
 
-def vjepa2_processes(robots: str | Sequence[str] = "/robot1", weights: str = "", params_file: str = "",
-                     dtype: str = "auto", use_sim_time: str | bool = "false", *,
-                     extra_arguments: Sequence[str] = (), ros_arguments: Sequence[str] = ()) -> list[ProcessSpec]:
+def vjepa2_processes(
+    robots: str | Sequence[str] = "/robot1",
+    weights: str = "",
+    params_file: str = "",
+    dtype: str = "auto",
+    use_sim_time: str | bool = "false",
+    *,
+    extra_arguments: Sequence[str] = (),
+    ros_arguments: Sequence[str] = (),
+) -> list[ProcessSpec]:
     """The V-JEPA 2-AC node set's process (mstar_ros.ros.vjepa2.node_set)."""
     args = ["--robots", *parse_robots(robots)]
     if weights:
@@ -264,6 +342,14 @@ def vjepa2_processes(robots: str | Sequence[str] = "/robot1", weights: str = "",
             raise FileNotFoundError(f"{VJEPA2_PARAMS_FILE} not found (looked at {looked}); give params_file")
     if not params.is_file():
         raise FileNotFoundError(f"params_file: no file {params}")
-    return [ProcessSpec(name="vjepa2_node_set", executable="mstar_vjepa2_node_set", module="mstar_ros.ros.vjepa2.node_set",
-                        arguments=tuple(args) + tuple(extra_arguments), params_files=(str(params),),
-                        parameters=_sim_time_parameters(use_sim_time), ros_arguments=tuple(ros_arguments))]
+    return [
+        ProcessSpec(
+            name="vjepa2_node_set",
+            executable="mstar_vjepa2_node_set",
+            module="mstar_ros.ros.vjepa2.node_set",
+            arguments=tuple(args) + tuple(extra_arguments),
+            params_files=(str(params),),
+            parameters=_sim_time_parameters(use_sim_time),
+            ros_arguments=tuple(ros_arguments),
+        )
+    ]

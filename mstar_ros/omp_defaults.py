@@ -1,4 +1,5 @@
 """OpenMP threads spin at most GOMP_SPINCOUNT=10000 before sleeping, unless the user chose (docs/performance.md)."""
+
 from __future__ import annotations
 
 import os

@@ -4,6 +4,7 @@ Each runs in its own session (a terminal's Ctrl-C reaches only us; we forward it
 dies with us. ``mstar-ros launch`` and ``demo`` run node sets with it, and so do the
 benchmarks, so it lives below both ``cli`` and ``bench``.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -35,20 +36,27 @@ class ProcessGroup:
 
     def __init__(self, out: Callable[[str], None] = lambda s: print(s, flush=True)) -> None:
         self.procs: dict[str, subprocess.Popen] = {}
-        self.exits: dict[str, NodeExit] = {}   # per process: the last line of its stderr
+        self.exits: dict[str, NodeExit] = {}  # per process: the last line of its stderr
         self._readers: list[threading.Thread] = []
         self.out = out
 
-    def start(self, spec: ProcessSpec, *, stdout: TextIO | int | None = None,
-              on_line: Callable[[str], None] | None = None) -> subprocess.Popen:
+    def start(
+        self, spec: ProcessSpec, *, stdout: TextIO | int | None = None, on_line: Callable[[str], None] | None = None
+    ) -> subprocess.Popen:
         """``on_line``: the process's output goes through it line by line (a reader thread). Without
         ``on_line`` or ``stdout`` the output goes to ours, stderr through a thread that keeps its last line."""
         cmd = spec.command(python=sys.executable)
         merged = on_line is not None or stdout is not None
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE if on_line else stdout,
-                                stderr=subprocess.STDOUT if merged else subprocess.PIPE,
-                                text=True, errors="replace", bufsize=1, start_new_session=True,
-                                preexec_fn=_child_setup)
+        proc = subprocess.Popen(
+            cmd,
+            stdout=subprocess.PIPE if on_line else stdout,
+            stderr=subprocess.STDOUT if merged else subprocess.PIPE,
+            text=True,
+            errors="replace",
+            bufsize=1,
+            start_new_session=True,
+            preexec_fn=_child_setup,
+        )
         self.exits[spec.name] = NodeExit(spec)
         if on_line:
             self._read(spec, lambda: [on_line(line.rstrip("\n")) for line in proc.stdout])

@@ -1,4 +1,5 @@
 """Where mstar keeps what it makes once per machine: ``$MSTAR_CACHE``, else ``~/.cache/mstar_ros``."""
+
 from __future__ import annotations
 
 import os

@@ -4,6 +4,7 @@ repeats once per period with their count (``mstar.report_throttle``), none lost.
 The owner calls ``flush`` at ``next_flush_at`` (an event loop's timer, a selector's timeout),
 so a count is said even when the repeats stop coming; ``flush(force=True)`` when it stops.
 """
+
 from __future__ import annotations
 
 import logging
@@ -16,8 +17,13 @@ REPORT_PERIOD_S = 5.0
 
 
 class CountedLog:
-    def __init__(self, log: logging.Logger, prefix: str = "", period_s: float = REPORT_PERIOD_S,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        log: logging.Logger,
+        prefix: str = "",
+        period_s: float = REPORT_PERIOD_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.counts: dict[str, int] = {}  # kind -> problems noted
         self._log, self._prefix, self._clock = log, prefix, clock
         self._throttle = ReportThrottle(period_s)

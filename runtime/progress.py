@@ -1,4 +1,5 @@
 """Progress bars that never fail, or hang, the work they report (why: docs/performance.md, "Progress bars")."""
+
 from __future__ import annotations
 
 import sys

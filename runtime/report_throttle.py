@@ -7,6 +7,7 @@ are counted, and the next one after the period goes out with the count
 ("... (37 more like this in the last 5.0 s)"); ``flush`` says a pending count when the
 repeats stop, so nothing is lost silently. Time is passed in, so this is testable alone.
 """
+
 from __future__ import annotations
 
 from collections.abc import Hashable

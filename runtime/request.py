@@ -1,4 +1,5 @@
 """What a caller submits and what it gets back."""
+
 from __future__ import annotations
 
 import asyncio

@@ -1,4 +1,5 @@
 """Per-request sampling parameters, validated with errors that name the field."""
+
 from __future__ import annotations
 
 import msgspec

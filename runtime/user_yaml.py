@@ -6,6 +6,7 @@ schema check) would walk them all. ROS 2's own parameter-file parser refuses ali
 Nesting is bounded, so a file of ``[[[[...`` gets an error, not a RecursionError. Every
 error is one line that names the file, the line and what is wrong.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -31,8 +32,10 @@ class _RefusingLoader(yaml.SafeLoader):
     def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node:
         event = self.peek_event()
         if isinstance(event, yaml.AliasEvent):
-            raise yaml.MarkedYAMLError(problem=f"aliases are not accepted (*{event.anchor}): write the value out",
-                                       problem_mark=event.start_mark)
+            raise yaml.MarkedYAMLError(
+                problem=f"aliases are not accepted (*{event.anchor}): write the value out",
+                problem_mark=event.start_mark,
+            )
         if self.depth >= MAX_DEPTH:
             raise yaml.MarkedYAMLError(problem=f"nested deeper than {MAX_DEPTH} levels", problem_mark=event.start_mark)
         self.depth += 1
@@ -45,8 +48,10 @@ class _RefusingLoader(yaml.SafeLoader):
         try:
             return super().construct_object(node, deep)
         except (ValueError, TypeError) as exc:
-            raise yaml.MarkedYAMLError(problem=f"{node.value!r} is not a valid {node.tag.rsplit(':', 1)[-1]}: {exc}",
-                                       problem_mark=node.start_mark) from None
+            raise yaml.MarkedYAMLError(
+                problem=f"{node.value!r} is not a valid {node.tag.rsplit(':', 1)[-1]}: {exc}",
+                problem_mark=node.start_mark,
+            ) from None
 
 
 def _one_line(exc: yaml.YAMLError, source: str) -> UserYamlError:

@@ -8,6 +8,7 @@ prefix on AMENT_PREFIX_PATH; launch files, config and package.xml in <prefix>/sh
 and each Node's executable in <prefix>/lib/mstar_ros/ (launch_ros' ExecutableInPackage:
 `which(executable, path=<get_package_prefix(package)>/lib/<package>)`), executable, running.
 """
+
 from __future__ import annotations
 
 import configparser
@@ -27,8 +28,14 @@ sys.path.insert(0, str(ROOT / "tools"))
 
 from install_ros_layout import NOT_COPIED  # noqa: E402  (what a build of this tree leaves out)
 
-SHARE_FILES = ["package.xml", "launch/pi05.launch.py", "launch/orpheus.launch.py", "config/pi05.yaml",
-               "config/engine.yaml", "config/fastdds_localhost.xml"]
+SHARE_FILES = [
+    "package.xml",
+    "launch/pi05.launch.py",
+    "launch/orpheus.launch.py",
+    "config/pi05.yaml",
+    "config/engine.yaml",
+    "config/fastdds_localhost.xml",
+]
 
 
 def _copy_of_the_tree(dest: Path) -> Path:
@@ -49,9 +56,24 @@ def prefix(tmp_path_factory) -> Path:
     before = _this_venvs_install()
     # --ignore-installed: without it pip first uninstalls the project from the environment it runs in
     # (this venv's editable install), even though it installs into another prefix
-    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-                    "--ignore-installed", "--no-compile", "--prefix", str(tmp / "prefix"), str(src)],
-                   check=True, timeout=180)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "--ignore-installed",
+            "--no-compile",
+            "--prefix",
+            str(tmp / "prefix"),
+            str(src),
+        ],
+        check=True,
+        timeout=180,
+    )
     assert _this_venvs_install() == before
     return tmp / "prefix"
 
@@ -90,12 +112,27 @@ def test_every_console_script_is_on_path_and_in_lib_mstar_ros_and_runs_from_ther
         for where in (prefix / "bin", prefix / "lib" / "mstar_ros"):
             assert shutil.which(name, path=str(where)) == str(where / name), f"{where}/{name} is not executable"
         # as launch_ros runs it: by its path, from elsewhere; it runs the prefix's own console script
-        out = subprocess.run([str(prefix / "lib" / "mstar_ros" / name), "--help"], cwd=tmp_path,
-                             env=_installed_env(prefix), capture_output=True, text=True, timeout=60)
+        out = subprocess.run(
+            [str(prefix / "lib" / "mstar_ros" / name), "--help"],
+            cwd=tmp_path,
+            env=_installed_env(prefix),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert out.returncode == 0 and "usage:" in out.stdout, (name, out.stdout, out.stderr)
-    imported = subprocess.run([sys.executable, "-c", "import mstar_ros, mstar, mstar_graphs; "
-                               "print(mstar_ros.__file__, mstar.__file__, mstar_graphs.__file__)"],
-                              cwd=tmp_path, env=_installed_env(prefix), capture_output=True, text=True, check=True)
+    imported = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import mstar_ros, mstar, mstar_graphs; print(mstar_ros.__file__, mstar.__file__, mstar_graphs.__file__)",
+        ],
+        cwd=tmp_path,
+        env=_installed_env(prefix),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert all(p.startswith(str(_site_packages(prefix))) for p in imported.stdout.split()), imported.stdout
 
 
@@ -108,23 +145,34 @@ def test_ament_finds_the_package_and_launch_ros_the_launch_files_executables(pre
     assert get_resource("packages", "mstar_ros") == ("", str(prefix))
     libexec = Path(get_package_prefix("mstar_ros")) / "lib" / "mstar_ros"
     for launch_file in ("pi05.launch.py", "orpheus.launch.py"):  # the installed files, as ros2 launch loads them
-        _declared, entities = describe(load_launch_file(prefix / "share" / "mstar_ros" / "launch" / launch_file,
-                                                        monkeypatch), {})
+        _declared, entities = describe(
+            load_launch_file(prefix / "share" / "mstar_ros" / "launch" / launch_file, monkeypatch), {}
+        )
         for node in nodes(entities):
             assert node.kwargs["package"] == "mstar_ros"
-            assert shutil.which(node.kwargs["executable"], path=str(libexec)) == str(libexec / node.kwargs["executable"])
+            assert shutil.which(node.kwargs["executable"], path=str(libexec)) == str(
+                libexec / node.kwargs["executable"]
+            )
 
 
 def test_the_installed_package_finds_its_config_in_share(prefix, tmp_path):
     """Outside the source tree, with no AMENT_PREFIX_PATH: the params file and the Fast DDS profile come from
     <prefix>/share/mstar_ros/config/ (and through the ament index when it names the prefix)."""
-    probe = ("from mstar_ros.bag.ros_env import apply_localhost_defaults; from mstar_ros.launch_spec import "
-             "default_params_file; env = {}; apply_localhost_defaults(env); "
-             "print(default_params_file()); print(env['FASTDDS_DEFAULT_PROFILES_FILE'])")
+    probe = (
+        "from mstar_ros.bag.ros_env import apply_localhost_defaults; from mstar_ros.launch_spec import "
+        "default_params_file; env = {}; apply_localhost_defaults(env); "
+        "print(default_params_file()); print(env['FASTDDS_DEFAULT_PROFILES_FILE'])"
+    )
     config = prefix / "share" / "mstar_ros" / "config"
     for more in ({}, {"AMENT_PREFIX_PATH": str(prefix)}):
-        out = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env=_installed_env(prefix, **more),
-                             capture_output=True, text=True, check=True)
+        out = subprocess.run(
+            [sys.executable, "-c", probe],
+            cwd=tmp_path,
+            env=_installed_env(prefix, **more),
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         assert out.stdout.split() == [str(config / "pi05.yaml"), str(config / "fastdds_localhost.xml")], more
 
 
@@ -136,13 +184,40 @@ def test_colcon_install_puts_the_console_scripts_themselves_in_lib_mstar_ros(tmp
     site = prefix / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
     site.mkdir(parents=True)
     (tmp_path / "egg").mkdir()
-    subprocess.run([sys.executable, "setup.py", "-q", "egg_info", "--egg-base", str(tmp_path / "egg"),
-                    "build", "--build-base", str(tmp_path / "build"), "install", "--prefix", str(prefix),
-                    "--record", str(tmp_path / "install.log"), "--install-scripts", "$base/lib/mstar_ros",
-                    "--single-version-externally-managed", "install_data"],
-                   cwd=src, env={**os.environ, "PYTHONPATH": str(site)}, check=True, capture_output=True, timeout=180)
+    subprocess.run(
+        [
+            sys.executable,
+            "setup.py",
+            "-q",
+            "egg_info",
+            "--egg-base",
+            str(tmp_path / "egg"),
+            "build",
+            "--build-base",
+            str(tmp_path / "build"),
+            "install",
+            "--prefix",
+            str(prefix),
+            "--record",
+            str(tmp_path / "install.log"),
+            "--install-scripts",
+            "$base/lib/mstar_ros",
+            "--single-version-externally-managed",
+            "install_data",
+        ],
+        cwd=src,
+        env={**os.environ, "PYTHONPATH": str(site)},
+        check=True,
+        capture_output=True,
+        timeout=180,
+    )
     lib = prefix / "lib" / "mstar_ros"
-    assert sorted(p.name for p in lib.iterdir()) == ["mstar-ros", "mstar_orpheus_node", "mstar_pi05_node_set", "mstar_vjepa2_node_set"]
+    assert sorted(p.name for p in lib.iterdir()) == [
+        "mstar-ros",
+        "mstar_orpheus_node",
+        "mstar_pi05_node_set",
+        "mstar_vjepa2_node_set",
+    ]
     for exe in lib.iterdir():
         assert exe.read_text().startswith("#!" + sys.executable) and os.access(exe, os.X_OK), exe
     assert not (prefix / "bin").exists()

@@ -7,6 +7,7 @@ if any, is a heading of that file (GitHub's heading ids).
 Links inside fenced code blocks and inline code are not links. Absolute URLs (``http:``, ``mailto:``...)
 are not checked. Prints one line per broken link, ``FILE:LINE: target: why``, and exits 1 if any.
 """
+
 from __future__ import annotations
 
 import argparse

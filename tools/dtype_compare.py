@@ -14,6 +14,7 @@ bf16 emulated included. Run nothing else meanwhile: the benches time the machine
 
     python tools/dtype_compare.py --out out/dtype-compare [--emulate-avx2] [--benches qwen3-omni,orpheus,pi05]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,8 +36,21 @@ AVX2 = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
 
 def run_bench(bench: str, dtype: str, out: Path, env: dict[str, str]) -> dict:
     stem = out / f"{bench}-{dtype}"
-    cmd = [sys.executable, "-m", "mstar_ros.cli", "-q", "bench", bench, *BENCHES[bench], "--dtype", dtype,
-           "--json", f"{stem}.json", "--plot", f"{stem}.png"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "mstar_ros.cli",
+        "-q",
+        "bench",
+        bench,
+        *BENCHES[bench],
+        "--dtype",
+        dtype,
+        "--json",
+        f"{stem}.json",
+        "--plot",
+        f"{stem}.png",
+    ]
     print(f"$ {' '.join(cmd[1:])}", flush=True)
     start = time.monotonic()
     done = subprocess.run(cmd, env=env, capture_output=True, text=True)
@@ -79,15 +93,22 @@ def row(bench: str, dtype: str, r: dict) -> dict:
 def markdown(machine: dict, rows: list[dict]) -> str:
     bf16 = ", ".join(machine.get("bf16_instructions", [])) or "none"
     limits = "".join(f", {k}={v}" for k, v in machine.get("isa_limits", {}).items())
-    lines = [f"Machine: {machine.get('cpu')}, ATen dispatch {machine.get('cpu_capability')}, bf16 instructions: "
-             f"{bf16}{limits}, {machine.get('threads')} threads, torch {machine.get('torch')}", ""]
+    lines = [
+        f"Machine: {machine.get('cpu')}, ATen dispatch {machine.get('cpu_capability')}, bf16 instructions: "
+        f"{bf16}{limits}, {machine.get('threads')} threads, torch {machine.get('torch')}",
+        "",
+    ]
     for bench in BENCHES:
         mine = [r for r in rows if r["bench"] == bench]
         if not mine:
             continue
         keys = [k for k in mine[0] if k not in ("bench", "dtype", "ran")]
-        lines += [f"`bench {bench}`", "", "| --dtype | ran | " + " | ".join(keys) + " |",
-                  "|---" * (len(keys) + 2) + "|"]
+        lines += [
+            f"`bench {bench}`",
+            "",
+            "| --dtype | ran | " + " | ".join(keys) + " |",
+            "|---" * (len(keys) + 2) + "|",
+        ]
         lines += ["| " + " | ".join([r["dtype"], r["ran"]] + [str(r[k]) for k in keys]) + " |" for r in mine]
         lines.append("")
     return "\n".join(lines)

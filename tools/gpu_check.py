@@ -17,6 +17,7 @@ Hard failures (exit 1): an exception, a wrong backend, attention error over tole
 non-finite or missing outputs. Token agreement and action error are reported (bf16 vs fp32
 may legitimately differ); the JSON holds every figure.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,9 +40,13 @@ ATTENTION_CASES = {
     "chunked prefill prefix-bidirectional": [{"ctx": 15, "ql": 6, "mask": 1, "arg": 12}],
     "chunked prefill block-causal": [{"ctx": 15, "ql": 6, "mask": 2, "arg": 5}],
     "decode batch": [{"ctx": c, "ql": 1} for c in (3, 40, 17, 8, 1)],
-    "mixed, rows out of order": [{"ctx": 17, "ql": 17}, {"ctx": 1, "ql": 1},
-                                 {"ctx": 22, "ql": 5, "mask": 1, "arg": 19}, {"ctx": 30, "ql": 1, "mask": 2, "arg": 4},
-                                 {"ctx": 9, "ql": 1, "mask": 1, "arg": 20}],
+    "mixed, rows out of order": [
+        {"ctx": 17, "ql": 17},
+        {"ctx": 1, "ql": 1},
+        {"ctx": 22, "ql": 5, "mask": 1, "arg": 19},
+        {"ctx": 30, "ql": 1, "mask": 2, "arg": 4},
+        {"ctx": 9, "ql": 1, "mask": 1, "arg": 20},
+    ],
     "after eviction": [{"ctx": 14, "ql": 5, "first": 8, "mask": 1, "arg": 14}, {"ctx": 10, "ql": 1, "first": 4}],
     "flow suffixes of 3 robots": [{"ctx": 40 + 6, "ql": 6, "mask": 1, "arg": 40} for _ in range(3)],
 }
@@ -60,8 +65,9 @@ def check_attention(device: str, dtype: torch.dtype) -> dict:
     for name, specs in ATTENTION_CASES.items():
         specs = [{**s, "mask": MaskKind(s.get("mask", 0))} for s in specs]
         for hq, hkv, d in ((8, 2, 64), (4, 4, 64)):  # one head_dim: each is a kernel FlashInfer compiles there
-            got, ref = run_case(specs, hq=hq, hkv=hkv, d=d, dtype=dtype, num_blocks=64, backend_cls=backend_cls,
-                                device=device)
+            got, ref = run_case(
+                specs, hq=hq, hkv=hkv, d=d, dtype=dtype, num_blocks=64, backend_cls=backend_cls, device=device
+            )
             err = float((got.double() - ref).abs().max())
             out["cases"][f"{name} (Hq {hq}, Hkv {hkv}, D {d})"] = err
     out["max_error"] = max(out["cases"].values())
@@ -89,8 +95,10 @@ def check_orpheus(device: str, dtype: str, preset: str) -> dict:
     texts = ["Hello there.", "The quick brown fox jumps over the lazy dog."]
 
     def requests(tts):
-        return lambda: [tts.request(t, sampling=SamplingParams(max_tokens=48, seed=i), request_id=f"r{i}")
-                        for i, t in enumerate(texts)]
+        return lambda: [
+            tts.request(t, sampling=SamplingParams(max_tokens=48, seed=i), request_id=f"r{i}")
+            for i, t in enumerate(texts)
+        ]
 
     ref_tts = OrpheusTTS.load(preset=preset, progress=False)
     reference = asyncio.run(_serve(ref_tts.graph(), ref_tts.modules(), requests(ref_tts), "cpu", "float32"))
@@ -105,8 +113,15 @@ def check_orpheus(device: str, dtype: str, preset: str) -> dict:
         audio = torch.cat([c.float().cpu() for c in got.get("audio", [])]) if got.get("audio") else torch.zeros(0)
         finite = bool(torch.isfinite(audio).all())
         ok &= audio.numel() > 0 and finite
-        out["requests"].append({"tokens": len(a), "reference_tokens": len(b), "identical_prefix": same,
-                                "audio_samples": audio.numel(), "audio_finite": finite})
+        out["requests"].append(
+            {
+                "tokens": len(a),
+                "reference_tokens": len(b),
+                "identical_prefix": same,
+                "audio_samples": audio.numel(),
+                "audio_finite": finite,
+            }
+        )
     out["ok"] = ok
     return out
 
@@ -117,19 +132,31 @@ def check_pi05(device: str, dtype: str, preset: str) -> dict:
 
     policy = Pi05Policy.load(preset=preset, progress=False)
     gen = torch.Generator().manual_seed(0)
-    observations = [(torch.randint(0, 256, (2, 224, 224, 3), dtype=torch.uint8, generator=gen),
-                     torch.rand(8, generator=gen) * 2 - 1) for _ in range(3)]
+    observations = [
+        (
+            torch.randint(0, 256, (2, 224, 224, 3), dtype=torch.uint8, generator=gen),
+            torch.rand(8, generator=gen) * 2 - 1,
+        )
+        for _ in range(3)
+    ]
 
     def requests():
-        return [policy.request(img, state, "pick up the cup", seed=i, request_id=f"robot{i}")
-                for i, (img, state) in enumerate(observations)]
+        return [
+            policy.request(img, state, "pick up the cup", seed=i, request_id=f"robot{i}")
+            for i, (img, state) in enumerate(observations)
+        ]
 
     references = []  # first, on the CPU in fp32: serving moves the policy's modules to the device
     for request in requests():
         i = request.inputs
         with torch.no_grad():
-            references.append(sample_actions_direct(policy.model, policy.encoder, i["images"], i["input_ids"],
-                                                    i["embed_mask"], i["noise"]).float().cpu())
+            references.append(
+                sample_actions_direct(
+                    policy.model, policy.encoder, i["images"], i["input_ids"], i["embed_mask"], i["noise"]
+                )
+                .float()
+                .cpu()
+            )
     start = time.perf_counter()
     served = asyncio.run(_serve(policy.graph(), policy.modules(), requests, device, dtype))
     seconds = round(time.perf_counter() - start, 2)
@@ -137,27 +164,40 @@ def check_pi05(device: str, dtype: str, preset: str) -> dict:
     for ref, got in zip(references, served):
         actions = got["actions"][-1].float().cpu()
         errors.append(float((actions - ref).abs().max()) if torch.isfinite(actions).all() else float("inf"))
-    return {"seconds": seconds, "max_abs_error": max(errors), "per_robot": errors,
-            "ok": all(e < float("inf") for e in errors)}
+    return {
+        "seconds": seconds,
+        "max_abs_error": max(errors),
+        "per_robot": errors,
+        "ok": all(e < float("inf") for e in errors),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--json", type=Path, help="write every figure here")
-    parser.add_argument("--preset", help="generated checkpoints for the serving checks (default: bench on CUDA, "
-                                         "whose head_dim 64 FlashInfer serves; tiny on CPU)")
+    parser.add_argument(
+        "--preset",
+        help="generated checkpoints for the serving checks (default: bench on CUDA, "
+        "whose head_dim 64 FlashInfer serves; tiny on CPU)",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     cuda = args.device.startswith("cuda")
     dtype = "bfloat16" if cuda else "float32"
     preset = args.preset or ("bench" if cuda else "tiny")
-    report: dict = {"device": args.device, "torch": torch.__version__, "preset": preset,
-                    "gpu": torch.cuda.get_device_name() if cuda else None}
+    report: dict = {
+        "device": args.device,
+        "torch": torch.__version__,
+        "preset": preset,
+        "gpu": torch.cuda.get_device_name() if cuda else None,
+    }
     failed = []
-    for name, check in (("attention", lambda: check_attention(args.device, getattr(torch, dtype))),
-                        ("orpheus", lambda: check_orpheus(args.device, dtype, preset)),
-                        ("pi05", lambda: check_pi05(args.device, dtype, preset))):
+    for name, check in (
+        ("attention", lambda: check_attention(args.device, getattr(torch, dtype))),
+        ("orpheus", lambda: check_orpheus(args.device, dtype, preset)),
+        ("pi05", lambda: check_pi05(args.device, dtype, preset)),
+    ):
         try:
             report[name] = check()
         except Exception as exc:  # the script's job is to say what broke, then go on

@@ -28,8 +28,7 @@ FOLDERS = {"mstar": "runtime", "mstar_graphs": "graphs", "mstar_ros": "mstar_ros
 # The layers, lowest first: a package may import only its own layer or one below it.
 LAYERS = {"mstar": 0, "mstar_graphs": 1, "mstar_ros": 2}
 # The runtime's subpackages, lowest first (modules at runtime/'s top are leaves, below all).
-RUNTIME_ORDER = ("parallel", "layers", "transport", "weights", "graph", "placement", "engine", "worker",
-                 "conductor")
+RUNTIME_ORDER = ("parallel", "layers", "transport", "weights", "graph", "placement", "engine", "worker", "conductor")
 
 
 @dataclass
@@ -95,8 +94,7 @@ class SourceTree:
                 found.append(target)
                 if target.split(".")[0] in FOLDERS:
                     # `from mstar.engine import sampler` imports the module mstar.engine.sampler
-                    found.extend(sub for alias in node.names
-                                 if self.resolves(sub := f"{target}.{alias.name}"))
+                    found.extend(sub for alias in node.names if self.resolves(sub := f"{target}.{alias.name}"))
         return [name for name in found if name.split(".")[0] in FOLDERS]
 
 
@@ -163,8 +161,12 @@ def rank(package: str) -> tuple[int, int]:
 def upward(graph: ImportGraph) -> list[tuple[str, str]]:
     """Edges into a higher layer, or into a later runtime subpackage (graphs' and mstar_ros'
     subpackages have no order among themselves: only cycles count there)."""
-    return sorted((src, dst) for src, dsts in graph.edges.items() for dst in dsts
-                  if rank(dst) > rank(src) and not (rank(dst)[0] == rank(src)[0] > 0))
+    return sorted(
+        (src, dst)
+        for src, dsts in graph.edges.items()
+        for dst in dsts
+        if rank(dst) > rank(src) and not (rank(dst)[0] == rank(src)[0] > 0)
+    )
 
 
 def report(graph: ImportGraph) -> dict:
@@ -172,9 +174,12 @@ def report(graph: ImportGraph) -> dict:
         return sorted({f"{a} -> {b}" for a, b in graph.witnesses[(src, dst)]})
 
     found_cycles = cycles(graph)
-    cycle_edges = {f"{src} -> {dst}": witness(src, dst)
-                   for component in found_cycles for src in component
-                   for dst in sorted(graph.edges.get(src, set()) & set(component))}
+    cycle_edges = {
+        f"{src} -> {dst}": witness(src, dst)
+        for component in found_cycles
+        for src in component
+        for dst in sorted(graph.edges.get(src, set()) & set(component))
+    }
     return {
         "packages": len(graph.packages()),
         "edges": sum(len(dsts) for dsts in graph.edges.values()),
@@ -188,8 +193,7 @@ def format_report(result: dict) -> str:
     def why(modules: list[str]) -> str:
         return "; ".join(modules[:3]) + (" ..." if len(modules) > 3 else "")
 
-    lines = [f"{result['packages']} packages, {result['edges']} package edges",
-             f"{len(result['cycles'])} cycles"]
+    lines = [f"{result['packages']} packages, {result['edges']} package edges", f"{len(result['cycles'])} cycles"]
     lines += ["  cycle: " + " <-> ".join(component) for component in result["cycles"]]
     lines += [f"    {edge}: {why(modules)}" for edge, modules in result["cycle_edges"].items()]
     lines.append(f"{len(result['upward'])} upward imports")

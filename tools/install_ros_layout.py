@@ -15,6 +15,7 @@ PREFIX, as colcon's --symlink-install does beside its develop install:
 The Python code stays editable; these files are copies (``make`` copies them again when one
 changes). pip does not record them: uninstalling the editable install leaves them.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,8 +28,20 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 #: not part of the package's build; the copy leaves them out (a venv is large, build/ is stale)
-NOT_COPIED = (".git", ".venv*", "build", "dist", "out", "*.egg-info", "__pycache__", ".cache", ".pytest_cache", "test",
-              "docs", ".whl")
+NOT_COPIED = (
+    ".git",
+    ".venv*",
+    "build",
+    "dist",
+    "out",
+    "*.egg-info",
+    "__pycache__",
+    ".cache",
+    ".pytest_cache",
+    "test",
+    "docs",
+    ".whl",
+)
 
 
 def build_wheel(source: Path, out_dir: Path, *, isolation: bool = True) -> Path:
@@ -65,18 +78,28 @@ def install_data(wheel: Path, prefix: Path) -> list[Path]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--prefix", type=Path, default=Path(sys.prefix),
-                        help="install prefix, e.g. the venv (default: this Python's, %(default)s)")
+    parser.add_argument(
+        "--prefix",
+        type=Path,
+        default=Path(sys.prefix),
+        help="install prefix, e.g. the venv (default: this Python's, %(default)s)",
+    )
     parser.add_argument("--source", type=Path, default=ROOT, help="the project tree (default: %(default)s)")
-    parser.add_argument("--no-build-isolation", dest="isolation", action="store_false",
-                        help="build with this environment's setuptools instead of a fresh one from the index")
+    parser.add_argument(
+        "--no-build-isolation",
+        dest="isolation",
+        action="store_false",
+        help="build with this environment's setuptools instead of a fresh one from the index",
+    )
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="mstar-ros-wheel-") as out:
         wheel = build_wheel(args.source, Path(out), isolation=args.isolation)
         written = install_data(wheel, args.prefix)
     lib = sorted(p.name for p in written if p.parent.name == "mstar_ros" and p.parent.parent.name == "lib")
-    print(f"installed {len(written)} files under {args.prefix}: lib/mstar_ros/ ({', '.join(lib)}), "
-          "share/mstar_ros/, the ament index marker")
+    print(
+        f"installed {len(written)} files under {args.prefix}: lib/mstar_ros/ ({', '.join(lib)}), "
+        "share/mstar_ros/, the ament index marker"
+    )
     return 0
 
 

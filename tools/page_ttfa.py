@@ -16,6 +16,7 @@ running (timings on a shared machine swing 2-4x).
 
     python tools/page_ttfa.py --model qwen3-omni [--turns 10] [--kinds typed,spoken] [--json out.json]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,8 +35,13 @@ from pathlib import Path
 import numpy as np
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--use-fake-ui-for-media-stream", "--use-fake-device-for-media-stream", "--no-sandbox",
-                 "--autoplay-policy=no-user-gesture-required", "--allow-loopback-in-peer-connection"]
+CHROMIUM_ARGS = [
+    "--use-fake-ui-for-media-stream",
+    "--use-fake-device-for-media-stream",
+    "--no-sandbox",
+    "--autoplay-policy=no-user-gesture-required",
+    "--allow-loopback-in-peer-connection",
+]
 CONNECTED = "window.mstarVoice.phase === 'connected' && window.mstarVoice.channel.readyState === 'open'"
 SENTENCE = "Hello there. Can you tell me what time it is?"
 
@@ -43,8 +49,12 @@ SENTENCE = "Hello there. Can you tell me what time it is?"
 def start_server(model: str) -> tuple[subprocess.Popen, str]:
     """``serve voice`` on a free loopback port: (its process, its base URL)."""
     env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
-    proc = subprocess.Popen([sys.executable, "-m", "mstar_ros.cli", "serve", "voice", "--model", model, "--port", "0"],
-                            stdout=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mstar_ros.cli", "serve", "voice", "--model", model, "--port", "0"],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     for line in proc.stdout:
         found = re.search(r"(http://[\d.]+:\d+)", line)
         if found:
@@ -63,7 +73,9 @@ def microphone_wav(directory: Path, pause_s: float) -> Path:
         w.setnchannels(1)
         w.setsampwidth(2)
         w.setframerate(rate)
-        w.writeframes(np.concatenate([np.zeros(rate, np.int16), speech, np.zeros(int(rate * pause_s), np.int16)]).tobytes())
+        w.writeframes(
+            np.concatenate([np.zeros(rate, np.int16), speech, np.zeros(int(rate * pause_s), np.int16)]).tobytes()
+        )
     return out
 
 
@@ -76,7 +88,9 @@ async def open_page(pw, url: str, args: argparse.Namespace, mic: Path | None):
         await page.check("#mic")
     await page.click("#connect")
     await page.wait_for_function(CONNECTED, timeout=30000)
-    session = json.dumps({"type": "session.update", "session": {"max_output_tokens": args.max_output_tokens, "seed": 5}})
+    session = json.dumps(
+        {"type": "session.update", "session": {"max_output_tokens": args.max_output_tokens, "seed": 5}}
+    )
     await page.evaluate(f"window.mstarVoice.channel.send({json.dumps(session)})")
     return browser, page
 
@@ -86,27 +100,37 @@ async def typed(pw, url: str, args: argparse.Namespace) -> list[float]:
     for i in range(args.warmup + args.turns):
         await page.fill("#text", f"Hello there, this is turn {i + 1}.")
         await page.click("#speak")
-        await page.wait_for_function(f"window.mstarVoice.ttfas.length > {i} && window.mstarVoice.events.filter("
-                                     f"e => e.type === 'response.done').length > {i}", timeout=args.timeout_s * 1000)
+        await page.wait_for_function(
+            f"window.mstarVoice.ttfas.length > {i} && window.mstarVoice.events.filter("
+            f"e => e.type === 'response.done').length > {i}",
+            timeout=args.timeout_s * 1000,
+        )
     measured = await page.evaluate("window.mstarVoice.ttfas")
     await browser.close()
-    return [t["ms"] for t in measured[args.warmup:]]
+    return [t["ms"] for t in measured[args.warmup :]]
 
 
 async def spoken(pw, url: str, args: argparse.Namespace) -> list[float]:
     with tempfile.TemporaryDirectory(prefix="page-ttfa-") as tmp:
         browser, page = await open_page(pw, url, args, microphone_wav(Path(tmp), args.pause_s))
         want = args.warmup + args.turns
-        await page.wait_for_function(f"window.mstarVoice.ttfas.filter(t => t.kind === 'spoken').length >= {want}",
-                                     timeout=args.timeout_s * 1000 * want)
+        await page.wait_for_function(
+            f"window.mstarVoice.ttfas.filter(t => t.kind === 'spoken').length >= {want}",
+            timeout=args.timeout_s * 1000 * want,
+        )
         measured = await page.evaluate("window.mstarVoice.ttfas.filter(t => t.kind === 'spoken')")
         await browser.close()
-    return [t["ms"] for t in measured[args.warmup:want]]
+    return [t["ms"] for t in measured[args.warmup : want]]
 
 
 def summary(values: list[float]) -> dict:
-    return {"n": len(values), "p50_ms": round(statistics.median(values)), "min_ms": round(min(values)),
-            "max_ms": round(max(values)), "all_ms": [round(v) for v in values]}
+    return {
+        "n": len(values),
+        "p50_ms": round(statistics.median(values)),
+        "min_ms": round(min(values)),
+        "max_ms": round(max(values)),
+        "all_ms": [round(v) for v in values],
+    }
 
 
 async def main(args: argparse.Namespace) -> dict:
@@ -118,8 +142,11 @@ async def main(args: argparse.Namespace) -> dict:
         async with async_playwright() as pw:
             for kind in args.kinds.split(","):
                 results[kind] = summary(await (typed if kind == "typed" else spoken)(pw, url, args))
-                print(f"{args.model} {kind}: p50 {results[kind]['p50_ms']} ms "
-                      f"(min {results[kind]['min_ms']}, max {results[kind]['max_ms']}, n {results[kind]['n']})", flush=True)
+                print(
+                    f"{args.model} {kind}: p50 {results[kind]['p50_ms']} ms "
+                    f"(min {results[kind]['min_ms']}, max {results[kind]['max_ms']}, n {results[kind]['n']})",
+                    flush=True,
+                )
         results["load_after"] = os.getloadavg()
         return results
     finally:
@@ -132,12 +159,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog="Run inside `unshare -n` (loopback only).")
     p.add_argument("--model", default="orpheus", help="speech model to serve (default orpheus)")
     p.add_argument("--url", help="a running gateway's base URL instead of starting one")
-    p.add_argument("--kinds", default="typed", help="typed, spoken or typed,spoken (spoken: a model that answers speech)")
+    p.add_argument(
+        "--kinds", default="typed", help="typed, spoken or typed,spoken (spoken: a model that answers speech)"
+    )
     p.add_argument("--turns", type=int, default=10, help="measured turns per kind (default 10)")
     p.add_argument("--warmup", type=int, default=1, help="turns first, not counted (default 1)")
     p.add_argument("--max-output-tokens", type=int, default=25, help="each reply's bound (default 25)")
-    p.add_argument("--pause-s", type=float, default=10.0,
-                   help="silence after the spoken sentence: more than a reply lasts, or the next loop cuts it off")
+    p.add_argument(
+        "--pause-s",
+        type=float,
+        default=10.0,
+        help="silence after the spoken sentence: more than a reply lasts, or the next loop cuts it off",
+    )
     p.add_argument("--timeout-s", type=float, default=120.0, help="the longest one turn may take (default 120)")
     p.add_argument("--json", type=Path, help="write the results here too")
     return p.parse_args(argv)

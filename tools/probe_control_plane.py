@@ -18,6 +18,7 @@ Cases, each against the real code on 127.0.0.1 (run it in a loopback-only namesp
   Reported: seconds until the pool has closed them all, the WARNING lines its logger
   wrote (and how many gave no reason), and those lines.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -46,6 +47,7 @@ def rss_kb(pid: int | str = "self") -> int:
 
 def _recv_frame(sock: socket.socket):
     from mstar.worker.protocol import HEADER_SIZE, decode_body, frame_length
+
     data = b""
     while len(data) < HEADER_SIZE or len(data) < HEADER_SIZE + frame_length(data[:HEADER_SIZE]):
         chunk = sock.recv(65536)
@@ -59,11 +61,23 @@ def worker_announces(length: int, wait_s: float) -> dict:
     """A real Worker passes the handshake with us; we announce ``length`` bytes and send none."""
     from mstar.worker import handshake
     from mstar.worker.protocol import TOKEN_ENV, Welcome, encode_frame
+
     listener = socket.create_server(("127.0.0.1", 0))
     env = {**os.environ, TOKEN_ENV: TOKEN, "OMP_NUM_THREADS": "1"}
-    worker = subprocess.Popen([sys.executable, "-m", "mstar.worker.process_main", "--conductor",
-                               f"127.0.0.1:{listener.getsockname()[1]}", "--rank", "0"], env=env,
-                              stderr=subprocess.PIPE, text=True)
+    worker = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "mstar.worker.process_main",
+            "--conductor",
+            f"127.0.0.1:{listener.getsockname()[1]}",
+            "--rank",
+            "0",
+        ],
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         listener.settimeout(60)
         conn, _ = listener.accept()
@@ -73,7 +87,9 @@ def worker_announces(length: int, wait_s: float) -> dict:
         if not handshake.hello_is_valid(TOKEN, challenge, hello):
             raise RuntimeError("the Worker's Hello did not prove the token")
         baseline = rss_kb(worker.pid)
-        conn.sendall(encode_frame(Welcome(handshake.welcome(TOKEN, challenge, hello).proof)) + length.to_bytes(4, "big"))
+        conn.sendall(
+            encode_frame(Welcome(handshake.welcome(TOKEN, challenge, hello).proof)) + length.to_bytes(4, "big")
+        )
         start, peak, exited_s = time.monotonic(), baseline, None
         while time.monotonic() - start < wait_s:
             if worker.poll() is not None:
@@ -94,9 +110,13 @@ def worker_announces(length: int, wait_s: float) -> dict:
             worker.kill()
         stderr = worker.communicate(timeout=30)[1]
         listener.close()
-    return {"announced_bytes": length, "rss_growth_mb": round((peak - baseline) / 1024, 1),
-            "exited_after_s": None if exited_s is None else round(exited_s, 3), "exit_status": worker.returncode,
-            "stderr": stderr.strip().splitlines()[-1] if stderr.strip() else ""}
+    return {
+        "announced_bytes": length,
+        "rss_growth_mb": round((peak - baseline) / 1024, 1),
+        "exited_after_s": None if exited_s is None else round(exited_s, 3),
+        "exit_status": worker.returncode,
+        "stderr": stderr.strip().splitlines()[-1] if stderr.strip() else "",
+    }
 
 
 class _Lines(logging.Handler):
@@ -114,10 +134,12 @@ async def _with_pool(hello_timeout_s: float, body):
     from mstar.placement import PlacementFile, ResolvedPlacement
     from mstar.worker.protocol import TOKEN_ENV, ModelSpec
     from mstar_graphs.orpheus.graph import orpheus_graph
+
     os.environ[TOKEN_ENV] = TOKEN
     placement = ResolvedPlacement(orpheus_graph(), PlacementFile.parse(PLACEMENT, "probe.yaml"))
-    pool = WorkerPool(ModelSpec("orpheus"), placement, EngineConfig(), launch=False, hello_timeout_s=hello_timeout_s,
-                      heartbeat_s=0)
+    pool = WorkerPool(
+        ModelSpec("orpheus"), placement, EngineConfig(), launch=False, hello_timeout_s=hello_timeout_s, heartbeat_s=0
+    )
     await pool.listen()  # no Worker is started: the probe speaks on their side
     try:
         return await body(pool)
@@ -127,6 +149,7 @@ async def _with_pool(hello_timeout_s: float, body):
 
 async def _read_one_frame(reader: asyncio.StreamReader):
     from mstar.worker.protocol import HEADER_SIZE, decode_body, frame_length
+
     return decode_body(await reader.readexactly(frame_length(await reader.readexactly(HEADER_SIZE))))
 
 
@@ -183,8 +206,13 @@ def silent_connections(count: int, hello_timeout_s: float) -> dict:
     finally:
         logger.removeHandler(handler)
     empty = sum(1 for line in handler.lines if line.rstrip().endswith(":"))
-    return {**result, "warning_lines": len(handler.lines), "lines_without_a_reason": empty,
-            "first_lines": handler.lines[:3], "last_line": handler.lines[-1] if handler.lines else ""}
+    return {
+        **result,
+        "warning_lines": len(handler.lines),
+        "lines_without_a_reason": empty,
+        "first_lines": handler.lines[:3],
+        "last_line": handler.lines[-1] if handler.lines else "",
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

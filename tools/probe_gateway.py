@@ -16,6 +16,7 @@ Loopback only: run it inside ``unshare -n`` as the tests do.
 
     python tools/probe_gateway.py [--probes chunked,wav,png,slots,slowloris,nested,auth] [--json out.json]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -67,15 +68,27 @@ class Watch:
 
     async def settled(self, wait_s: float = 3.0) -> dict:
         await asyncio.sleep(wait_s)
-        return {"rss_before_mb": round(self.before), "rss_peak_mb": round(max(self.peak, rss_mb(self.pid))),
-                "rss_after_mb": round(rss_mb(self.pid)), "fds_peak": self.max_fds, "fds_after": fds(self.pid)}
+        return {
+            "rss_before_mb": round(self.before),
+            "rss_peak_mb": round(max(self.peak, rss_mb(self.pid))),
+            "rss_after_mb": round(rss_mb(self.pid)),
+            "fds_peak": self.max_fds,
+            "fds_after": fds(self.pid),
+        }
 
 
 def wav_bytes(rate: int, frames: int) -> bytes:
     """A mono 16-bit WAV header claiming ``rate`` and ``frames``, with that many (silent) frames."""
     data = bytes(2 * frames)
-    return (b"RIFF" + struct.pack("<I", 36 + len(data)) + b"WAVEfmt " + struct.pack("<IHHIIHH", 16, 1, 1, rate, rate * 2, 2, 16)
-            + b"data" + struct.pack("<I", len(data)) + data)
+    return (
+        b"RIFF"
+        + struct.pack("<I", 36 + len(data))
+        + b"WAVEfmt "
+        + struct.pack("<IHHIIHH", 16, 1, 1, rate, rate * 2, 2, 16)
+        + b"data"
+        + struct.pack("<I", len(data))
+        + data
+    )
 
 
 def png_data_url(width: int, height: int) -> str:
@@ -107,6 +120,7 @@ async def post(http, url: str, **kwargs) -> tuple[int, str]:
 async def probe_chunked(http, url: str, watch: Watch) -> dict:
     out = {}
     for n in (40, 80):
+
         async def body():
             for _ in range(15 * 16):
                 yield b"x" * 65536
@@ -119,8 +133,10 @@ async def probe_chunked(http, url: str, watch: Watch) -> dict:
 async def probe_wav(http, url: str, watch: Watch) -> dict:
     out = {}
     for name, rate, frames in (("rate_100_2.6MB", 100, 1_300_000), ("rate_1_156KB", 1, 78_000), ("rate_0", 0, 100)):
-        part = {"type": "input_audio", "input_audio": {"format": "wav",
-                                                        "data": base64.b64encode(wav_bytes(rate, frames)).decode()}}
+        part = {
+            "type": "input_audio",
+            "input_audio": {"format": "wav", "data": base64.b64encode(wav_bytes(rate, frames)).decode()},
+        }
         took, (status, text) = await timed(post(http, f"{url}/v1/chat/completions", json=chat_body([part])))
         out[name] = {"status": status, "seconds": took, "says": text[:120], "rss_peak_mb": round(watch.peak)}
     return out
@@ -130,8 +146,13 @@ async def probe_png(http, url: str, watch: Watch) -> dict:
     out = {}
     big = {"type": "image_url", "image_url": {"url": png_data_url(8192, 8192)}}
     took, (status, text) = await timed(post(http, f"{url}/v1/chat/completions", json=chat_body([big])))
-    out["8192x8192"] = {"status": status, "seconds": took, "bytes": len(big["image_url"]["url"]), "says": text[:120],
-                        "rss_peak_mb": round(watch.peak)}
+    out["8192x8192"] = {
+        "status": status,
+        "seconds": took,
+        "bytes": len(big["image_url"]["url"]),
+        "says": text[:120],
+        "rss_peak_mb": round(watch.peak),
+    }
     text_only = chat_body([{"type": "text", "text": "Hello?"}])
     alone, _ = await timed(post(http, f"{url}/v1/chat/completions", json=text_only))
     many = {"type": "image_url", "image_url": {"url": png_data_url(4096, 3000)}}
@@ -140,9 +161,13 @@ async def probe_png(http, url: str, watch: Watch) -> dict:
     await asyncio.sleep(0.05)
     beside, _ = await timed(post(http, f"{url}/v1/chat/completions", json=text_only))
     statuses = await flood
-    out["8_images_beside_text"] = {"image_bytes": len(many["image_url"]["url"]), "statuses": sorted({s for s, _ in statuses}),
-                                   "text_alone_s": alone, "text_beside_s": beside,
-                                   "slowdown": round(beside / max(alone, 1e-3), 1)}
+    out["8_images_beside_text"] = {
+        "image_bytes": len(many["image_url"]["url"]),
+        "statuses": sorted({s for s, _ in statuses}),
+        "text_alone_s": alone,
+        "text_beside_s": beside,
+        "slowdown": round(beside / max(alone, 1e-3), 1),
+    }
     return out
 
 
@@ -172,8 +197,12 @@ async def probe_slots(http, url: str, watch: Watch) -> dict:
             await asyncio.sleep(1.0)
         finally:
             await client.close()
-    return {"ghost_offers": ghosts, "real_peer_waited_s": round(time.monotonic() - started, 1),
-            "real_peer_refusals": len(refusals), "first_refusal": refusals[0] if refusals else None}
+    return {
+        "ghost_offers": ghosts,
+        "real_peer_waited_s": round(time.monotonic() - started, 1),
+        "real_peer_refusals": len(refusals),
+        "first_refusal": refusals[0] if refusals else None,
+    }
 
 
 async def probe_slowloris(http, url: str, watch: Watch, n: int = 3000, hold_s: float = 30.0) -> dict:
@@ -194,26 +223,41 @@ async def probe_slowloris(http, url: str, watch: Watch, n: int = 3000, hold_s: f
         status = r.status
     for w in writers:
         w.close()
-    return {"connections": n, "refused_at_connect": refused, "server_fds_after_open": opened,
-            f"server_fds_after_{hold_s:g}s": server_fds, "models_status_meanwhile": status}
+    return {
+        "connections": n,
+        "refused_at_connect": refused,
+        "server_fds_after_open": opened,
+        f"server_fds_after_{hold_s:g}s": server_fds,
+        "models_status_meanwhile": status,
+    }
 
 
 async def probe_nested(http, url: str, watch: Watch) -> dict:
     deep = b"[" * 30000
-    bodies = {"/offer": deep, "/v1/audio/speech": b'{"input": "hi", "extra": ' + deep,
-              "/v1/chat/completions": b'{"messages": [{"role": "user", "content": ' + deep}
-    return {route: (await post(http, f"{url}{route}", data=body, headers={"Content-Type": "application/json"}))[0]
-            for route, body in bodies.items()}
+    bodies = {
+        "/offer": deep,
+        "/v1/audio/speech": b'{"input": "hi", "extra": ' + deep,
+        "/v1/chat/completions": b'{"messages": [{"role": "user", "content": ' + deep,
+    }
+    return {
+        route: (await post(http, f"{url}{route}", data=body, headers={"Content-Type": "application/json"}))[0]
+        for route, body in bodies.items()
+    }
 
 
 async def probe_auth(http, url: str, watch: Watch) -> dict:
     out = {}
-    for name, header in (("non_ascii", b"Bearer \xe9t\xe9"),
-                         ("lower_case_scheme", f"bearer {TOKEN}".encode()), ("no_scheme", TOKEN.encode()),
-                         ("right", f"Bearer {TOKEN}".encode())):
+    for name, header in (
+        ("non_ascii", b"Bearer \xe9t\xe9"),
+        ("lower_case_scheme", f"bearer {TOKEN}".encode()),
+        ("no_scheme", TOKEN.encode()),
+        ("right", f"Bearer {TOKEN}".encode()),
+    ):
         host, port = re.match(r"http://([^:]+):(\d+)", url).groups()
         reader, writer = await asyncio.open_connection(host, int(port))
-        writer.write(b"GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\nAuthorization: " + header + b"\r\n\r\n")
+        writer.write(
+            b"GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\nAuthorization: " + header + b"\r\n\r\n"
+        )
         line = await reader.readline()
         writer.close()
         out[name] = int(line.split()[1]) if line else 0
@@ -248,13 +292,16 @@ def start_server(token: bool) -> tuple[subprocess.Popen, str]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__
+    )
     parser.add_argument("--probes", default=",".join(PROBES), help=f"comma-separated, of {', '.join(PROBES)}")
     parser.add_argument("--json", type=Path, help="write all results here")
-    parser.add_argument("--token-in-argv", action="store_true",
-                        help="give the auth probe's server its token with --token (a gateway without "
-                             "$MSTAR_GATEWAY_TOKEN support)")
+    parser.add_argument(
+        "--token-in-argv",
+        action="store_true",
+        help="give the auth probe's server its token with --token (a gateway without $MSTAR_GATEWAY_TOKEN support)",
+    )
     args = parser.parse_args()
     probes = [p for p in args.probes.split(",") if p]
     unknown = set(probes) - set(PROBES)

@@ -9,6 +9,7 @@ levels deep. Printed per case: how it ended (refused, loaded, killed), the secon
 the loader's peak RSS growth over its baseline, and its message. A case is killed once it
 passes ``--timeout`` seconds or ``--max-rss-mb`` of growth, so the probe itself is safe.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -75,8 +76,9 @@ def run_case(loader: str, text: str, timeout: float, max_rss_mb: float) -> dict:
         path = Path(tmp) / "hostile.yaml"
         path.write_text(text)
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
-        proc = subprocess.Popen([sys.executable, "-c", _CHILD, loader, str(path)], stdout=subprocess.PIPE,
-                                text=True, env=env)
+        proc = subprocess.Popen(
+            [sys.executable, "-c", _CHILD, loader, str(path)], stdout=subprocess.PIPE, text=True, env=env
+        )
         baseline_kb = int(proc.stdout.readline().split()[1])
         start, peak_kb, killed = time.monotonic(), baseline_kb, ""
         while proc.poll() is None:
@@ -88,8 +90,11 @@ def run_case(loader: str, text: str, timeout: float, max_rss_mb: float) -> dict:
                 break
             time.sleep(0.05)
         out = proc.communicate()[0]
-    result = {"bytes": len(text.encode()), "seconds": round(time.monotonic() - start, 3),
-              "rss_growth_mb": round((peak_kb - baseline_kb) / 1024, 1)}
+    result = {
+        "bytes": len(text.encode()),
+        "seconds": round(time.monotonic() - start, 3),
+        "rss_growth_mb": round((peak_kb - baseline_kb) / 1024, 1),
+    }
     if killed:
         return {**result, "outcome": "killed", "message": killed}
     fields = out.strip().split("\t")
@@ -100,16 +105,23 @@ def run_case(loader: str, text: str, timeout: float, max_rss_mb: float) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--levels", type=int, default=9, help="nested anchors in the laughs cases (default 9: 387 million values)")
+    p.add_argument(
+        "--levels", type=int, default=9, help="nested anchors in the laughs cases (default 9: 387 million values)"
+    )
     p.add_argument("--timeout", type=float, default=20.0, help="seconds before a case is killed (default 20)")
-    p.add_argument("--max-rss-mb", type=float, default=3000.0, help="RSS growth at which a case is killed (default 3000)")
+    p.add_argument(
+        "--max-rss-mb", type=float, default=3000.0, help="RSS growth at which a case is killed (default 3000)"
+    )
     p.add_argument("--json", type=Path, help="also write the results here")
     args = p.parse_args(argv)
     results = {}
     for name, (loader, text) in cases(args.levels).items():
         results[name] = r = run_case(loader, text, args.timeout, args.max_rss_mb)
-        print(f"{name:22s} {r['outcome']:8s} {r['bytes']:6d} B {r['seconds']:7.2f} s {r['rss_growth_mb']:8.1f} MB  "
-              f"{r['message'][:200]}", flush=True)
+        print(
+            f"{name:22s} {r['outcome']:8s} {r['bytes']:6d} B {r['seconds']:7.2f} s {r['rss_growth_mb']:8.1f} MB  "
+            f"{r['message'][:200]}",
+            flush=True,
+        )
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
     return 0

@@ -9,6 +9,7 @@ units ([-1, 1]), on frames of the synthetic DROID-like bag rendered at each size
 
     python tools/resize_difference.py [--sizes 640x480 1280x720 320x240]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -51,9 +52,11 @@ def main() -> None:
             if len(diffs) == args.frames:
                 break
         d = torch.stack(diffs)
-        print(f"{size}: mean |openpi - lerobot| = {d.mean():.4f}, p99 {d.flatten().quantile(0.99):.4f}, "
-              f"max {d.max():.4f} (in [-1, 1] units; 1/127.5 = {1 / 127.5:.4f} is one uint8 step), "
-              f"{len(diffs)} frames")
+        print(
+            f"{size}: mean |openpi - lerobot| = {d.mean():.4f}, p99 {d.flatten().quantile(0.99):.4f}, "
+            f"max {d.max():.4f} (in [-1, 1] units; 1/127.5 = {1 / 127.5:.4f} is one uint8 step), "
+            f"{len(diffs)} frames"
+        )
 
 
 if __name__ == "__main__":

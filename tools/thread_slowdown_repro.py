@@ -43,6 +43,7 @@ counts them all, and once it exceeds the cores every barrier of every team spins
 ``gomp_throttled_spin_count_var`` times (100; 1000 with OMP_WAIT_POLICY=ACTIVE) instead of
 GOMP_SPINCOUNT (300000 unless set) before a futex sleep.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -78,8 +79,13 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=6, help="A/B rounds per variant (default 6)")
     parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated, of: " + ", ".join(VARIANTS))
     parser.add_argument("--json", help="also write every variant's figures to this file")
-    parser.add_argument("--contend", type=int, default=0, metavar="N",
-                        help="N busy processes (a Python spin loop each) share the cores while a variant runs")
+    parser.add_argument(
+        "--contend",
+        type=int,
+        default=0,
+        metavar="N",
+        help="N busy processes (a Python spin loop each) share the cores while a variant runs",
+    )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--helper", default="stays", help=argparse.SUPPRESS)
     parser.add_argument("--dtype", default="bfloat16", help=argparse.SUPPRESS)
@@ -93,16 +99,23 @@ def main() -> int:
     unknown = sorted(set(names) - set(VARIANTS))
     if unknown:
         parser.error(f"unknown variants {unknown}")
-    print(f"{'variant':<15} {'fresh':>7} {'A':>7} {'B':>7} {'B/A':>6} {'main/A':>7}  switches/forward A, B   "
-          "OS threads A, B")
+    print(
+        f"{'variant':<15} {'fresh':>7} {'A':>7} {'B':>7} {'B/A':>6} {'main/A':>7}  switches/forward A, B   "
+        "OS threads A, B"
+    )
     results = {}
     for name in names:
         extra_env, options = VARIANTS[name]
         env = {k: v for k, v in os.environ.items() if k not in _OMP_ENV} | extra_env
         busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.contend)]
         try:
-            run = subprocess.run([sys.executable, __file__, "--child", "--rounds", str(args.rounds), *options],
-                                 env=env, capture_output=True, text=True, timeout=900)
+            run = subprocess.run(
+                [sys.executable, __file__, "--child", "--rounds", str(args.rounds), *options],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=900,
+            )
         finally:
             for proc in busy:
                 proc.kill()
@@ -111,9 +124,11 @@ def main() -> int:
             print(f"{name:<15} failed: {run.stderr.strip()[-500:]}")
             continue
         r = results[name] = json.loads(run.stdout.strip().splitlines()[-1])
-        print(f"{name:<15} {r['fresh_ms']:7.1f} {r['a_ms']:7.1f} {r['b_ms']:7.1f} {r['b_over_a']:6.2f} "
-              f"{r['main_over_a']:7.2f}  {r['switches_a']:8.0f} {r['switches_b']:8.0f}   {r['threads_a']:4d} "
-              f"{r['threads_b']:4d}   (device thread width {r['device_width']}, helper {r['helper_width']})")
+        print(
+            f"{name:<15} {r['fresh_ms']:7.1f} {r['a_ms']:7.1f} {r['b_ms']:7.1f} {r['b_over_a']:6.2f} "
+            f"{r['main_over_a']:7.2f}  {r['switches_a']:8.0f} {r['switches_b']:8.0f}   {r['threads_a']:4d} "
+            f"{r['threads_b']:4d}   (device thread width {r['device_width']}, helper {r['helper_width']})"
+        )
     if args.json:
         with open(args.json, "w") as out:
             json.dump(results, out, indent=2)
@@ -134,8 +149,13 @@ def child(args: argparse.Namespace) -> dict:
             torch.set_flush_denormal(True)
         g = torch.Generator().manual_seed(0)
         x = torch.randn(rows, width, generator=g).to(dtype)
-        layers = [((torch.randn(4 * width, width, generator=g) * 0.02).to(dtype),
-                   (torch.randn(width, 4 * width, generator=g) * 0.02).to(dtype)) for _ in range(8)]
+        layers = [
+            (
+                (torch.randn(4 * width, width, generator=g) * 0.02).to(dtype),
+                (torch.randn(width, 4 * width, generator=g) * 0.02).to(dtype),
+            )
+            for _ in range(8)
+        ]
         return x, layers
 
     x, layers = call(setup)
@@ -177,12 +197,23 @@ def child(args: argparse.Namespace) -> dict:
     a += [timed() for _ in range(3)]
     trigger()  # on the main thread, which never exits
     main = [timed() for _ in range(6)]
+
     def med(runs, i=0):
         return statistics.median(r[i] for r in runs)
-    return {"fresh_ms": med(fresh) * 1e3, "a_ms": med(a) * 1e3, "b_ms": med(b) * 1e3, "b_over_a": med(b) / med(a),
-            "main_over_a": med(main) / med(a), "switches_a": med(a, 1), "switches_b": med(b, 1),
-            "threads_a": min(threads_a), "threads_b": max(threads_b), "helper_width": helper_width,
-            "device_width": call(torch.get_num_threads)}
+
+    return {
+        "fresh_ms": med(fresh) * 1e3,
+        "a_ms": med(a) * 1e3,
+        "b_ms": med(b) * 1e3,
+        "b_over_a": med(b) / med(a),
+        "main_over_a": med(main) / med(a),
+        "switches_a": med(a, 1),
+        "switches_b": med(b, 1),
+        "threads_a": min(threads_a),
+        "threads_b": max(threads_b),
+        "helper_width": helper_width,
+        "device_width": call(torch.get_num_threads),
+    }
 
 
 def _helper(work, how: str) -> HelperThread:
@@ -203,6 +234,7 @@ def _device_thread(kind: str):
     """``call(fn)`` runs ``fn`` on the dedicated thread and returns its result."""
     if kind == "mstar":
         from mstar.engine.device_loop import run_on_device
+
         return run_on_device
     import queue
 
@@ -219,6 +251,7 @@ def _device_thread(kind: str):
         out: queue.SimpleQueue = queue.SimpleQueue()
         calls.put((fn, out))
         return out.get()
+
     return call
 
 
@@ -226,6 +259,7 @@ def _libgomp():
     import ctypes
 
     import torch
+
     return ctypes.CDLL(os.path.join(os.path.dirname(torch.__file__), "lib", "libgomp.so.1"))
 
 

@@ -15,6 +15,7 @@ as it was before the guard.
 
 Run nothing else meanwhile: it times the machine.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -59,16 +60,38 @@ def run(seconds: float, warmup_s: float, rate_hz: float, guard: bool = True) -> 
     apply_localhost_defaults()
     total = warmup_s + len(ORDER) * seconds
     with tempfile.TemporaryDirectory(prefix="mstar-wm-flood-") as tmp:
-        bag = write_end_effector_bag(Path(tmp) / "wm", EndEffectorBagSpec(robots=2, seconds=8.0, seed=1, width=FRAME,
-                                                                           height=FRAME))
+        bag = write_end_effector_bag(
+            Path(tmp) / "wm", EndEffectorBagSpec(robots=2, seconds=8.0, seed=1, width=FRAME, height=FRAME)
+        )
         summary_path = Path(tmp) / "summary.json"
-        (node_set,) = vjepa2_processes(" ".join(ROBOTS), extra_arguments=[
-            "--summary-json", str(summary_path), "--duration", repr(total + 180)],
-            ros_arguments=[] if guard else ["-p", "max_bad_rate_hz:=0.0"])
-        player = ProcessSpec("bag_player", "mstar-ros", "mstar_ros.cli",
-                             arguments=("bag", "play", str(bag), "--loop", "--restamp", "--progress", "0",
-                                        "--wait-timeout", "120", "--topics", "/robot1/camera", "/robot1/ee_pose",
-                                        "/robot1/gripper", "/robot2/camera", "/robot2/ee_pose", "/robot2/gripper"))
+        (node_set,) = vjepa2_processes(
+            " ".join(ROBOTS),
+            extra_arguments=["--summary-json", str(summary_path), "--duration", repr(total + 180)],
+            ros_arguments=[] if guard else ["-p", "max_bad_rate_hz:=0.0"],
+        )
+        player = ProcessSpec(
+            "bag_player",
+            "mstar-ros",
+            "mstar_ros.cli",
+            arguments=(
+                "bag",
+                "play",
+                str(bag),
+                "--loop",
+                "--restamp",
+                "--progress",
+                "0",
+                "--wait-timeout",
+                "120",
+                "--topics",
+                "/robot1/camera",
+                "/robot1/ee_pose",
+                "/robot1/gripper",
+                "/robot2/camera",
+                "/robot2/ee_pose",
+                "/robot2/gripper",
+            ),
+        )
         group = ProcessGroup(out=lambda s: None)
         flooder = Flooder(rate_hz, "/robot2/camera/exterior/image_raw")
         planning = threading.Event()
@@ -78,8 +101,11 @@ def run(seconds: float, warmup_s: float, rate_hz: float, guard: bool = True) -> 
             group.start(player, stdout=subprocess.DEVNULL)
             _goal_until_planning(flooder, group, planning, 240)
             flooder.wait_for_subscriber(60)
-            print(f"warming up {warmup_s:g} s, then windows {', '.join(ORDER)} of {seconds:g} s; flood: "
-                  f"{rate_hz:g} bad frames/s on {flooder.topic}", flush=True)
+            print(
+                f"warming up {warmup_s:g} s, then windows {', '.join(ORDER)} of {seconds:g} s; flood: "
+                f"{rate_hz:g} bad frames/s on {flooder.topic}",
+                flush=True,
+            )
             time.sleep(warmup_s)
             for kind in ORDER:
                 (flooder.on.set if kind == "flood" else flooder.on.clear)()
@@ -100,9 +126,17 @@ def run(seconds: float, warmup_s: float, rate_hz: float, guard: bool = True) -> 
         spans = [(s, e) for k, s, e in windows if k == kind]
         plans = sum(1 for t in times for s, e in spans if s <= t < e)
         rates[kind] = round(plans / sum(e - s for s, e in spans), 2)
-    return {"robot1_plans_per_s": rates, "flood_guard": guard, "flood_rate_hz": rate_hz, "seconds_per_window": seconds,
-            "order": list(ORDER), "flood_frames_sent": flooder.sent,
-            "robots": summary["robots"], "dtype": summary.get("dtype"), "machine": machine_section()}
+    return {
+        "robot1_plans_per_s": rates,
+        "flood_guard": guard,
+        "flood_rate_hz": rate_hz,
+        "seconds_per_window": seconds,
+        "order": list(ORDER),
+        "flood_frames_sent": flooder.sent,
+        "robots": summary["robots"],
+        "dtype": summary.get("dtype"),
+        "machine": machine_section(),
+    }
 
 
 def main() -> int:
@@ -115,9 +149,11 @@ def main() -> int:
     args = parser.parse_args()
     result = run(args.seconds, args.warmup, args.rate, guard=not args.no_guard)
     r = result["robot1_plans_per_s"]
-    print(f"flood guard {'on' if result['flood_guard'] else 'off'}: robot 1 plans/s quiet {r['quiet']:.2f}, robot 2's "
-          f"camera flooded at {args.rate:g}/s {r['flood']:.2f} (ratio {r['flood'] / r['quiet']:.2f}); "
-          f"{result['flood_frames_sent']} bad frames sent")
+    print(
+        f"flood guard {'on' if result['flood_guard'] else 'off'}: robot 1 plans/s quiet {r['quiet']:.2f}, robot 2's "
+        f"camera flooded at {args.rate:g}/s {r['flood']:.2f} (ratio {r['flood'] / r['quiet']:.2f}); "
+        f"{result['flood_frames_sent']} bad frames sent"
+    )
     for ns, robot in result["robots"].items():
         print(f"  {ns}: {json.dumps(robot)}")
     if args.json:

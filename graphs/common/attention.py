@@ -9,6 +9,7 @@ KV: :meth:`GQAttention.forward` hands q, k, v to the caller's ``attn(layer, q, k
 AR engine's paged KV, or a dense cache). A caller with its own attention (Code2Wav's sliding
 window) uses :meth:`GQAttention.project` and ``o_proj``.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -28,13 +29,23 @@ AttnFn = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor, float], torch.
 class GQAttention(nn.Module):
     """``layer_idx`` names the KV layer ``attn`` reads and writes."""
 
-    def __init__(self, hidden: int, num_heads: int, num_kv_heads: int, head_dim: int, layer_idx: int, *,
-                 bias: bool = False, qk_norm_eps: float | None = None, dtype: torch.dtype | None = None,
-                 device: torch.device | str | None = None) -> None:
+    def __init__(
+        self,
+        hidden: int,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        layer_idx: int,
+        *,
+        bias: bool = False,
+        qk_norm_eps: float | None = None,
+        dtype: torch.dtype | None = None,
+        device: torch.device | str | None = None,
+    ) -> None:
         super().__init__()
         self.layer_idx = layer_idx
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
-        self.scale = head_dim ** -0.5
+        self.scale = head_dim**-0.5
         factory = {"dtype": dtype, "device": device}
         self.q_proj = nn.Linear(hidden, num_heads * head_dim, bias=bias, **factory)
         self.k_proj = nn.Linear(hidden, num_kv_heads * head_dim, bias=bias, **factory)
@@ -54,17 +65,19 @@ class GQAttention(nn.Module):
         k_norm act per head, so they stay whole), o_proj row-parallel. Before :meth:`fuse`."""
         if hasattr(self, "qkv_proj"):
             raise RuntimeError("shard the attention before fusing its projections")
-        self.q_proj, self.k_proj, self.v_proj = (column_parallel(p, tp) for p in (self.q_proj, self.k_proj, self.v_proj))
+        self.q_proj, self.k_proj, self.v_proj = (
+            column_parallel(p, tp) for p in (self.q_proj, self.k_proj, self.v_proj)
+        )
         self.o_proj = RowParallelLinear(self.o_proj, tp)  # type: ignore[assignment]
         self.num_heads, self.num_kv_heads = self.num_heads // tp.size, self.num_kv_heads // tp.size
 
-    def project(self, x: torch.Tensor, cos: torch.Tensor,
-                sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def project(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x [T, hidden]; cos, sin [T, head_dim/2] -> q [T, heads, D], k and v [T, kv_heads, D] (q, k rotated)."""
         t, d = x.shape[0], self.head_dim
         if hasattr(self, "qkv_proj"):
-            q, k, v = self.qkv_proj(x).split([self.num_heads * d, self.num_kv_heads * d, self.num_kv_heads * d],
-                                             dim=-1)
+            q, k, v = self.qkv_proj(x).split([self.num_heads * d, self.num_kv_heads * d, self.num_kv_heads * d], dim=-1)
         else:
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         q, k = q.reshape(t, self.num_heads, d), k.reshape(t, self.num_kv_heads, d)

@@ -1,4 +1,5 @@
 """Generated fixtures (tiny checkpoints, bags) cached on disk, made once even with racing processes."""
+
 from __future__ import annotations
 
 import logging

@@ -3,6 +3,7 @@
 Every model's config reads through here, so a front end catches one :class:`ConfigError` whatever the
 model, and every message reads ``<file>: <field path>: <what is wrong>``.
 """
+
 from __future__ import annotations
 
 import math
@@ -76,8 +77,10 @@ def convert(data: Any, kind: type[T], source: str, where: str = "") -> T:
 
 def field_error(source: str) -> FieldError:
     """``bad(field, why)`` -> the ConfigError ``"<source>: <field>: <why>"`` (validators raise it)."""
+
     def bad(field: str, why: str) -> ConfigError:
         return ConfigError(f"{source}: {field}: {why}")
+
     return bad
 
 
@@ -118,7 +121,9 @@ def field_message(text: str) -> str:
     "Object missing required field `width` - at `$.vision`" -> "vision.width: missing required field"."""
     missing = _MISSING.match(text)
     if missing:
-        return f"{_join((missing.group('path') or '').lstrip('.'), missing.group('field'), '.')}: missing required field"
+        return (
+            f"{_join((missing.group('path') or '').lstrip('.'), missing.group('field'), '.')}: missing required field"
+        )
     located = _LOCATED.match(text)
     if located:
         return _join(located.group("path").lstrip("."), located.group("msg"))

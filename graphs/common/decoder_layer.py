@@ -5,6 +5,7 @@ experts) and kept under the checkpoints' names, registered in the model's ``orde
 order of its ``state_dict``, which tiny-checkpoint generators draw weights in and reports list
 names in, so each model keeps its own.
 """
+
 from __future__ import annotations
 
 import torch
@@ -22,11 +23,21 @@ class PreNormDecoderLayer(nn.Module):
     input_layernorm: nn.Module
     post_attention_layernorm: nn.Module
 
-    def __init__(self, self_attn: GQAttention, mlp: nn.Module, input_layernorm: nn.Module,
-                 post_attention_layernorm: nn.Module, order: tuple[str, ...] = HF_ORDER) -> None:
+    def __init__(
+        self,
+        self_attn: GQAttention,
+        mlp: nn.Module,
+        input_layernorm: nn.Module,
+        post_attention_layernorm: nn.Module,
+        order: tuple[str, ...] = HF_ORDER,
+    ) -> None:
         super().__init__()
-        parts = {"self_attn": self_attn, "mlp": mlp, "input_layernorm": input_layernorm,
-                 "post_attention_layernorm": post_attention_layernorm}
+        parts = {
+            "self_attn": self_attn,
+            "mlp": mlp,
+            "input_layernorm": input_layernorm,
+            "post_attention_layernorm": post_attention_layernorm,
+        }
         if sorted(order) != sorted(parts):
             raise ValueError(f"order must list {sorted(parts)} once each, got {order}")
         for name in order:

@@ -1,4 +1,5 @@
 """Several linears over the same input as one wider matmul (for serving, after loading by checkpoint names)."""
+
 from __future__ import annotations
 
 import torch

@@ -3,6 +3,7 @@
 Parameter names are the checkpoints' (``gate_proj``, ``up_proj``, ``down_proj``); :meth:`GatedMLP.fuse`
 turns gate and up into one matmul after loading.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -25,8 +26,16 @@ ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 
 
 class GatedMLP(nn.Module):
-    def __init__(self, hidden: int, inner: int, activation: Activation = "silu", *, bias: bool = False,
-                 dtype: torch.dtype | None = None, device: torch.device | str | None = None) -> None:
+    def __init__(
+        self,
+        hidden: int,
+        inner: int,
+        activation: Activation = "silu",
+        *,
+        bias: bool = False,
+        dtype: torch.dtype | None = None,
+        device: torch.device | str | None = None,
+    ) -> None:
         super().__init__()
         if activation not in ACTIVATIONS:
             raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")

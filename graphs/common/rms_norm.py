@@ -1,4 +1,5 @@
 """RMS norms of the decoder families: Llama / Qwen (scale by ``weight``) and Gemma (scale by ``1 + weight``)."""
+
 from __future__ import annotations
 
 import torch
@@ -15,8 +16,9 @@ class RMSNorm(nn.Module):
 
     initial_weight = 1.0
 
-    def __init__(self, size: int, eps: float, *, dtype: torch.dtype | None = None,
-                 device: torch.device | str | None = None) -> None:
+    def __init__(
+        self, size: int, eps: float, *, dtype: torch.dtype | None = None, device: torch.device | str | None = None
+    ) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.full((size,), self.initial_weight, dtype=dtype, device=device))
         self.eps = eps

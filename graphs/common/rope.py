@@ -1,4 +1,5 @@
 """Rotary position embedding, rotate-half convention (HF Llama / Gemma / Qwen): frequencies, tables, rotation."""
+
 from __future__ import annotations
 
 import torch
@@ -19,8 +20,9 @@ def rope_tables(inv_freq: torch.Tensor, length: int) -> tuple[torch.Tensor, torc
     return angles.cos(), angles.sin()
 
 
-def register_rope_tables(module: nn.Module, cos: torch.Tensor, sin: torch.Tensor, dtype: torch.dtype,
-                         device: torch.device | str | None) -> None:
+def register_rope_tables(
+    module: nn.Module, cos: torch.Tensor, sin: torch.Tensor, dtype: torch.dtype, device: torch.device | str | None
+) -> None:
     """``module.rope_cos`` / ``rope_sin``, cast once to ``dtype`` as transformers casts cos/sin to the
     activations'. Non-persistent: derived from the config, never in a checkpoint (the loader's strict
     check would otherwise ask for them). A meta-device build gets them on the CPU."""

@@ -1,4 +1,5 @@
 """A checkpoint's ``tokenizer.json`` (Hugging Face fast-tokenizer file) with errors that say what is wrong."""
+
 from __future__ import annotations
 
 from pathlib import Path

@@ -1,4 +1,5 @@
 """Where Orpheus weights come from: a local directory, or the deterministic tiny ones (cached)."""
+
 from __future__ import annotations
 
 import json
@@ -15,24 +16,31 @@ TINY_VERSION = 2  # bump when the generators change, so stale caches are not reu
 
 @dataclass(frozen=True)
 class OrpheusPaths:
-    llm: Path   # HF Llama layout: config.json, (sharded) safetensors, tokenizer.json
+    llm: Path  # HF Llama layout: config.json, (sharded) safetensors, tokenizer.json
     snac: Path  # SNAC layout: config.json, model.safetensors or pytorch_model.bin
 
     @property
     def random_weights(self) -> bool:
-        return any(json.loads((p / "config.json").read_text()).get("mstar_random_weights", False)
-                   for p in (self.llm, self.snac))
+        return any(
+            json.loads((p / "config.json").read_text()).get("mstar_random_weights", False)
+            for p in (self.llm, self.snac)
+        )
 
 
 def ensure_tiny_orpheus(preset: str = "tiny") -> OrpheusPaths:
     """The generated checkpoint for ``preset`` ("tiny" for tests, "bench"), made on first use."""
     parts(preset)  # an unknown preset fails before a cache directory is named after it
-    root = cached_dir(f"orpheus-{preset}-v{TINY_VERSION}", lambda tmp: write_tiny_orpheus(tmp, preset),
-                      f"the {preset} Orpheus checkpoint (random weights)")
+    root = cached_dir(
+        f"orpheus-{preset}-v{TINY_VERSION}",
+        lambda tmp: write_tiny_orpheus(tmp, preset),
+        f"the {preset} Orpheus checkpoint (random weights)",
+    )
     return OrpheusPaths(root / "llm", root / "snac")
 
 
-def resolve_paths(weights: str | Path | None, snac_weights: str | Path | None = None, preset: str = "tiny") -> OrpheusPaths:
+def resolve_paths(
+    weights: str | Path | None, snac_weights: str | Path | None = None, preset: str = "tiny"
+) -> OrpheusPaths:
     """``weights``: an Orpheus LLM dir (HF layout); ``snac_weights``: a SNAC 24 kHz dir
     (default: ``<weights>/snac`` if present). None: the generated tiny checkpoint."""
     if weights is None:

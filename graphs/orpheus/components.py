@@ -4,6 +4,7 @@ Registered as the model ``orpheus`` (entry point group ``mstar.models`` in setup
 ``ModelSpec("orpheus", {...})`` names it; each Worker process calls it with the nodes the placement gives it (the Conductor
 with none, for the graph alone), so the SNAC rank never loads the LLM and back.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -17,17 +18,31 @@ from mstar_graphs.orpheus.graph import orpheus_graph
 MODEL = "orpheus"  # its registered name (setup.py entry_points["mstar.models"])
 
 
-def orpheus_spec(weights: str | Path | None = None, snac_weights: str | Path | None = None, *,
-                 preset: str = "tiny", constrain: bool = True) -> ModelSpec:
-    kwargs = {"weights": None if weights is None else str(weights),
-              "snac_weights": None if snac_weights is None else str(snac_weights),
-              "preset": preset, "constrain": constrain}
+def orpheus_spec(
+    weights: str | Path | None = None,
+    snac_weights: str | Path | None = None,
+    *,
+    preset: str = "tiny",
+    constrain: bool = True,
+) -> ModelSpec:
+    kwargs = {
+        "weights": None if weights is None else str(weights),
+        "snac_weights": None if snac_weights is None else str(snac_weights),
+        "preset": preset,
+        "constrain": constrain,
+    }
     return ModelSpec(MODEL, kwargs)
 
 
-def orpheus_components(nodes: set[str], weights: str | None = None, snac_weights: str | None = None,
-                       preset: str = "tiny", constrain: bool = True, progress: bool = False,
-                       tp=None) -> tuple[ModelGraph, dict[str, NodeSubmodule]]:
+def orpheus_components(
+    nodes: set[str],
+    weights: str | None = None,
+    snac_weights: str | None = None,
+    preset: str = "tiny",
+    constrain: bool = True,
+    progress: bool = False,
+    tp=None,
+) -> tuple[ModelGraph, dict[str, NodeSubmodule]]:
     from mstar_graphs.orpheus.frontend import OrpheusLLM  # the Conductor (no nodes) never imports the model code
     from mstar_graphs.orpheus.snac_stage import OrpheusSnacStage
 

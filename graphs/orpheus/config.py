@@ -3,6 +3,7 @@
 Field names are HF ``LlamaConfig``'s so a downloaded checkpoint's config reads as is;
 unknown fields are ignored (real configs carry many we do not need).
 """
+
 from __future__ import annotations
 
 import math
@@ -117,8 +118,18 @@ class LlamaConfig(msgspec.Struct, JsonConfig, kw_only=True):
 
     def _resolved(self, source: str) -> LlamaConfig:
         bad = field_error(source)
-        require_positive(bad, self, ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-                                     "num_attention_heads", "max_position_embeddings"))
+        require_positive(
+            bad,
+            self,
+            (
+                "vocab_size",
+                "hidden_size",
+                "intermediate_size",
+                "num_hidden_layers",
+                "num_attention_heads",
+                "max_position_embeddings",
+            ),
+        )
         heads = self.num_attention_heads
         kv_heads = heads if self.num_key_value_heads is None else self.num_key_value_heads
         if kv_heads <= 0:
@@ -162,5 +173,7 @@ class LlamaConfig(msgspec.Struct, JsonConfig, kw_only=True):
             if not (value > 0 and math.isfinite(value)):
                 raise bad(f"{field}.{key}", f"must be a finite number > 0, got {value}")
         if kind == "llama3" and params["high_freq_factor"] <= params["low_freq_factor"]:
-            raise bad(f"{field}.high_freq_factor",
-                      f"must exceed low_freq_factor ({params['high_freq_factor']} <= {params['low_freq_factor']})")
+            raise bad(
+                f"{field}.high_freq_factor",
+                f"must exceed low_freq_factor ({params['high_freq_factor']} <= {params['low_freq_factor']})",
+            )

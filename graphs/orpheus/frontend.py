@@ -1,4 +1,5 @@
 """Orpheus TTS as a servable model: its graph, its two submodules, its tokenizer and request builder."""
+
 from __future__ import annotations
 
 import logging
@@ -52,7 +53,7 @@ class OrpheusLLM(LlamaForCausalLM):
 class OrpheusTTS:
     """Orpheus as a speech model (what the WebRTC gateway serves: entry point group mstar.speech_models)."""
 
-    audio_output = "audio"     # the graph output carrying float PCM chunks
+    audio_output = "audio"  # the graph output carrying float PCM chunks
     audio_token_output = "tokens"  # the LLM's tokens: the output audio tokens usage counts
     sample_rate = SAMPLE_RATE
     default_sampling = DEFAULT_SAMPLING
@@ -63,9 +64,18 @@ class OrpheusTTS:
     voice: str | None = "tara"
 
     @classmethod
-    def load(cls, weights: str | Path | None = None, snac_weights: str | Path | None = None, *,
-             preset: str = "tiny", constrain: bool = True, progress: bool = True, voice: str | None = "tara",
-             tp: TPGroup | None = None, requests_only: bool = False) -> OrpheusTTS:
+    def load(
+        cls,
+        weights: str | Path | None = None,
+        snac_weights: str | Path | None = None,
+        *,
+        preset: str = "tiny",
+        constrain: bool = True,
+        progress: bool = True,
+        voice: str | None = "tara",
+        tp: TPGroup | None = None,
+        requests_only: bool = False,
+    ) -> OrpheusTTS:
         """Real weights from ``weights`` (and ``snac_weights``), else the generated tiny checkpoint.
         ``tp``: the LLM is this rank's tensor-parallel shard (rank 0 serves it with ``AREngine(tp=...)``).
         ``requests_only``: read the config and tokenizer, not the weights (Worker processes serve the model:
@@ -115,23 +125,45 @@ class OrpheusTTS:
     def prompt_ids(self, text: str, voice: str | None = None) -> list[int]:
         return build_prompt_ids(self.tokenizer, text, voice if voice is not None else self.voice)
 
-    def request(self, text: str, *, voice: str | None = None, sampling: SamplingParams | None = None,
-                request_id: str | None = None, outputs: frozenset[str] | None = None) -> Request:
+    def request(
+        self,
+        text: str,
+        *,
+        voice: str | None = None,
+        sampling: SamplingParams | None = None,
+        request_id: str | None = None,
+        outputs: frozenset[str] | None = None,
+    ) -> Request:
         """A request to speak ``text``; raises ValueError for empty text or text over the context limit.
         ``outputs``: which of "audio" and "tokens" to stream (default both)."""
-        return speech_request(self.tokenizer, self.llm.max_positions, text,
-                              voice=voice if voice is not None else self.voice, sampling=sampling,
-                              request_id=request_id, outputs=outputs)
+        return speech_request(
+            self.tokenizer,
+            self.llm.max_positions,
+            text,
+            voice=voice if voice is not None else self.voice,
+            sampling=sampling,
+            request_id=request_id,
+            outputs=outputs,
+        )
 
 
-def speech_request(tokenizer, max_positions: int, text: str, *, voice: str | None = "tara",
-                   sampling: SamplingParams | None = None, request_id: str | None = None,
-                   outputs: frozenset[str] | None = None) -> Request:
+def speech_request(
+    tokenizer,
+    max_positions: int,
+    text: str,
+    *,
+    voice: str | None = "tara",
+    sampling: SamplingParams | None = None,
+    request_id: str | None = None,
+    outputs: frozenset[str] | None = None,
+) -> Request:
     """The request for speaking ``text`` (what OrpheusTTS.request builds, for a process holding only the LLM)."""
     sampling = sampling or DEFAULT_SAMPLING
     ids = build_prompt_ids(tokenizer, text, voice)
     if len(ids) + sampling.max_tokens > max_positions:
-        raise ValueError(f"text is {len(ids)} prompt tokens; with max_tokens={sampling.max_tokens} that is over "
-                         f"the model's context limit of {max_positions} tokens")
+        raise ValueError(
+            f"text is {len(ids)} prompt tokens; with max_tokens={sampling.max_tokens} that is over "
+            f"the model's context limit of {max_positions} tokens"
+        )
     kwargs = {} if request_id is None else {"request_id": request_id}
     return Request({"prompt_ids": torch.tensor(ids, dtype=torch.long)}, sampling, outputs=outputs, **kwargs)

@@ -7,6 +7,7 @@
 Walks: ``prefill`` (the prompt, first token) then ``decode`` (an engine-resident
 Loop until end-of-speech or max_tokens). The KV from prefill persists into decode.
 """
+
 from __future__ import annotations
 
 from mstar.graph import (
@@ -25,7 +26,7 @@ from mstar_graphs.orpheus.tokens import END_OF_SPEECH, FRAME_TOKENS
 
 WINDOW_TOKENS = 4 * FRAME_TOKENS  # 28: the reference decodes 4 frames and keeps the 2nd
 # (edges=True: we also keep the first frame of the first window and the last two of the last)
-STRIDE_TOKENS = FRAME_TOKENS      # a new window every frame
+STRIDE_TOKENS = FRAME_TOKENS  # a new window every frame
 
 
 def next_walk(state) -> str | None:
@@ -48,12 +49,19 @@ def orpheus_graph() -> ModelGraph:
         ],
         walks={
             "prefill": Call("llm"),
-            "decode": DynamicLoop("llm", trip_count=lambda s: s.request.sampling.max_tokens - 1,
-                                  stop=StopOnValues("llm.token", (END_OF_SPEECH,))),
+            "decode": DynamicLoop(
+                "llm",
+                trip_count=lambda s: s.request.sampling.max_tokens - 1,
+                stop=StopOnValues("llm.token", (END_OF_SPEECH,)),
+            ),
         },
         topology=PartitionTopology(
             partitions={"talker": ["llm"], "vocoder": ["snac"]},
-            connections=[PartitionConnection("talker", "vocoder", SlidingWindowChunkPolicy(WINDOW_TOKENS, STRIDE_TOKENS, edges=True))],
+            connections=[
+                PartitionConnection(
+                    "talker", "vocoder", SlidingWindowChunkPolicy(WINDOW_TOKENS, STRIDE_TOKENS, edges=True)
+                )
+            ],
         ),
         next_walk=next_walk,
     )

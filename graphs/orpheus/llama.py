@@ -5,6 +5,7 @@ maps them 1:1. The engine hands ``forward`` the packed tokens of a whole step (a
 mix of sequences, prefill and decode), so nothing here knows about batches or KV:
 attention goes through the engine's ``attn(layer, q, k, v, scale)``.
 """
+
 from __future__ import annotations
 
 import math
@@ -59,8 +60,9 @@ def llama_layer(cfg: LlamaConfig, layer_idx: int, **factory: object) -> PreNormD
     def norm() -> RMSNorm:
         return RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, **factory)  # type: ignore[arg-type]
 
-    attention = GQAttention(cfg.hidden_size, cfg.num_attention_heads, cfg.kv_heads, cfg.dim_per_head,
-                            layer_idx, **factory)  # type: ignore[arg-type]
+    attention = GQAttention(
+        cfg.hidden_size, cfg.num_attention_heads, cfg.kv_heads, cfg.dim_per_head, layer_idx, **factory
+    )  # type: ignore[arg-type]
     mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, "silu", **factory)  # type: ignore[arg-type]
     return PreNormDecoderLayer(attention, mlp, norm(), norm())
 
@@ -86,15 +88,25 @@ class LlamaForCausalLM(ARModule):
 
     plain_linears = ("lm_head",)  # compute_logits reads row ranges of its weight
 
-    def __init__(self, config: LlamaConfig, *, dtype: torch.dtype = torch.float32,
-                 device: torch.device | str | None = None, tp: TPGroup | None = None) -> None:
+    def __init__(
+        self,
+        config: LlamaConfig,
+        *,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str | None = None,
+        tp: TPGroup | None = None,
+    ) -> None:
         super().__init__()
         self.config = config
         self.tp = tp or TPGroup.single()
         self.sharded = self.tp.size == 1
-        check_divisible(self.tp, num_attention_heads=config.num_attention_heads,
-                        num_key_value_heads=config.kv_heads, intermediate_size=config.intermediate_size,
-                        vocab_size=config.vocab_size)
+        check_divisible(
+            self.tp,
+            num_attention_heads=config.num_attention_heads,
+            num_key_value_heads=config.kv_heads,
+            intermediate_size=config.intermediate_size,
+            vocab_size=config.vocab_size,
+        )
         factory = {"dtype": dtype, "device": device}
         self.model = LlamaModel(config, **factory)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False, **factory)  # type: ignore[arg-type]
@@ -112,8 +124,9 @@ class LlamaForCausalLM(ARModule):
     # ------------------------------------------------------------------ loading
 
     @classmethod
-    def from_pretrained_dir(cls, path: str | Path, dtype: torch.dtype = torch.float32,
-                            progress: bool = True, tp: TPGroup | None = None) -> LlamaForCausalLM:
+    def from_pretrained_dir(
+        cls, path: str | Path, dtype: torch.dtype = torch.float32, progress: bool = True, tp: TPGroup | None = None
+    ) -> LlamaForCausalLM:
         """Config + module + weights from an HF checkpoint directory, on CPU in ``dtype``;
         with ``tp``, this rank's shard (the whole checkpoint is read, then sliced)."""
         config = LlamaConfig.from_dir(path)
@@ -170,12 +183,17 @@ class LlamaForCausalLM(ARModule):
     def dtype(self) -> torch.dtype:
         return self.model.norm.weight.dtype
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,  # type: ignore[override]
-                attn: AttentionContext) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,  # type: ignore[override]
+        attn: AttentionContext,
+    ) -> torch.Tensor:
         """input_ids, positions: [T] int64 (packed step tokens) -> final-normed hidden [T, H]."""
         if input_ids.dim() != 1 or positions.shape != input_ids.shape:
-            raise ValueError(f"input_ids and positions must both be [T]; got {tuple(input_ids.shape)} "
-                             f"and {tuple(positions.shape)}")
+            raise ValueError(
+                f"input_ids and positions must both be [T]; got {tuple(input_ids.shape)} and {tuple(positions.shape)}"
+            )
         cos = self.rope_cos.index_select(0, positions)
         sin = self.rope_sin.index_select(0, positions)
         h = self.model.embed_tokens(input_ids)

@@ -8,6 +8,7 @@ Layout, as the reference ``orpheus_tts`` package builds it at the id level:
 Llama 3 tokenizer prepends <|begin_of_text|>), so the ids match the reference's
 ``tokenizer(prompt).input_ids``.
 """
+
 from __future__ import annotations
 
 from pathlib import Path

@@ -3,6 +3,7 @@
 The numerical reference in tests and the baseline in ``mstar-ros bench orpheus``.
 Needs the ``bench`` / ``test`` extras (transformers, snac).
 """
+
 from __future__ import annotations
 
 import json
@@ -18,11 +19,13 @@ from mstar_graphs.orpheus.tokens import END_OF_SPEECH, allowed_token_ids, tokens
 
 def load_hf_llm(path: Path, dtype: torch.dtype = torch.float32):
     from transformers import LlamaForCausalLM
+
     return LlamaForCausalLM.from_pretrained(path, local_files_only=True, dtype=dtype).eval()
 
 
 def load_reference_snac(path: Path):
     import snac
+
     config = json.loads((path / "config.json").read_text())
     kwargs = {k: v for k, v in config.items() if k in snac.SNAC.__init__.__code__.co_varnames}
     model = snac.SNAC(**kwargs)
@@ -59,13 +62,21 @@ def hf_generate(model, prompts: list[list[int]], max_new_tokens: int, **sampling
     ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts], device=model.device)
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=model.device)
     from transformers import LogitsProcessorList
+
     processor = AudioSlotLogitsProcessor(width, model.config.vocab_size)
     with torch.no_grad():
-        out = model.generate(ids, attention_mask=mask, max_new_tokens=max_new_tokens, eos_token_id=END_OF_SPEECH,
-                             pad_token_id=END_OF_SPEECH, logits_processor=LogitsProcessorList([processor]), **sampling)
+        out = model.generate(
+            ids,
+            attention_mask=mask,
+            max_new_tokens=max_new_tokens,
+            eos_token_id=END_OF_SPEECH,
+            pad_token_id=END_OF_SPEECH,
+            logits_processor=LogitsProcessorList([processor]),
+            **sampling,
+        )
     rows = []
     for row in out[:, width:].tolist():
-        rows.append(row[:row.index(END_OF_SPEECH)] if END_OF_SPEECH in row else row)
+        rows.append(row[: row.index(END_OF_SPEECH)] if END_OF_SPEECH in row else row)
     return rows
 
 
@@ -77,6 +88,7 @@ def snac_windows(snac_model, tokens: list[int], seed: int, edges: bool = True) -
     (one more chunk, same noise, when tokens after the last whole frame sent it early); a
     stream shorter than a window is decoded whole. The chunks are the ones our graph streams.
     """
+
     def decode(window: list[int], index: int) -> torch.Tensor:
         codes = tokens_to_snac_codes(torch.tensor(window))
         torch.manual_seed(window_noise_seed(seed, index))
@@ -88,11 +100,11 @@ def snac_windows(snac_model, tokens: list[int], seed: int, edges: bool = True) -
     for index, end in enumerate(ends):
         start = 0 if edges and index == 0 else 2048
         stop = None if edges and end == len(tokens) else 4096  # the last window, held to the close: all its tail
-        chunks.append(decode(tokens[end - WINDOW_TOKENS:end], index)[start:stop])
+        chunks.append(decode(tokens[end - WINDOW_TOKENS : end], index)[start:stop])
     if edges and ends and ends[-1] < len(tokens):
-        chunks.append(decode(tokens[ends[-1] - WINDOW_TOKENS:ends[-1]], len(ends) - 1)[4096:])
+        chunks.append(decode(tokens[ends[-1] - WINDOW_TOKENS : ends[-1]], len(ends) - 1)[4096:])
     elif edges and not ends and len(tokens) >= STRIDE_TOKENS:
-        chunks.append(decode(tokens[:len(tokens) // STRIDE_TOKENS * STRIDE_TOKENS], 0))
+        chunks.append(decode(tokens[: len(tokens) // STRIDE_TOKENS * STRIDE_TOKENS], 0))
     return chunks
 
 

@@ -3,6 +3,7 @@
 Field names are exactly those of SNAC's config.json (and of ``snac.SNAC.__init__``),
 so a config round-trips between our decoder, the reference package and the hub file.
 """
+
 from __future__ import annotations
 
 import math
@@ -43,7 +44,9 @@ class SnacConfig(msgspec.Struct, JsonConfig, kw_only=True, frozen=True):
         if self.latent_dim is not None and self.latent_dim <= 0:
             raise ValueError(f"SnacConfig field 'latent_dim' must be positive or null, got {self.latent_dim}")
         if self.attn_window_size is not None and self.attn_window_size <= 0:
-            raise ValueError(f"SnacConfig field 'attn_window_size' must be positive or null, got {self.attn_window_size}")
+            raise ValueError(
+                f"SnacConfig field 'attn_window_size' must be positive or null, got {self.attn_window_size}"
+            )
         if self.decoder_dim % (2 ** len(self.decoder_rates)) != 0:
             # Each decoder block halves the channel count.
             raise ValueError(

@@ -21,6 +21,7 @@ by the caller (the random stream is unchanged) and sliced here.
 The result equals ``decode(...)[..., a:b]`` up to float reassociation (convs of
 different lengths may pick different kernels/blocking).
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence

@@ -11,6 +11,7 @@ Here noise is an explicit input; :meth:`SnacDecoder.make_noise` draws it in the
 same order, shapes and dtype, so a ``torch.Generator`` seeded with ``s``
 reproduces ``torch.manual_seed(s); snac.SNAC.decode(...)`` exactly on CPU.
 """
+
 from __future__ import annotations
 
 import math
@@ -175,7 +176,9 @@ class SnacDecoder(nn.Module):
         n_blocks = len(self.config.decoder_rates) if self.config.noise else 0
         if n_blocks and (noise is None or len(noise) != n_blocks):
             got = "none" if noise is None else len(noise)
-            raise ValueError(f"SnacDecoder.{what}: expected {n_blocks} noise tensors (one per decoder block), got {got}")
+            raise ValueError(
+                f"SnacDecoder.{what}: expected {n_blocks} noise tensors (one per decoder block), got {got}"
+            )
         return n_blocks
 
     def decode(self, codes: Sequence[torch.Tensor], noise: Sequence[torch.Tensor] | None = None) -> torch.Tensor:
@@ -245,7 +248,14 @@ class SnacDecoder(nn.Module):
         path = Path(path)
         config = SnacConfig.from_dir(path)
         model = cls(config)
-        load_weights(model, path, name_map=checkpoint_name_map, dtype=torch.float32, strict=True,
-                     progress=progress, desc="snac decoder")
+        load_weights(
+            model,
+            path,
+            name_map=checkpoint_name_map,
+            dtype=torch.float32,
+            strict=True,
+            progress=progress,
+            desc="snac decoder",
+        )
         model.fold_weight_norm()
         return model.to(dtype).eval().requires_grad_(False)

@@ -5,6 +5,7 @@ Every parameter has the same name as in the reference ``snac`` package's
 convolutions keep the (g, v) pair under ``parametrizations.weight.original0/1``
 until :meth:`WNConv.fold` replaces it with one plain ``weight``.
 """
+
 from __future__ import annotations
 
 import math

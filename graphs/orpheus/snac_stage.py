@@ -21,6 +21,7 @@ With ``crop=True`` (the default) the decoder computes only the receptive field o
 the kept samples (:meth:`SnacDecoder.decode_range`), equal to decoding the whole
 window and slicing up to float reassociation; ``crop=False`` keeps the full path.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -151,8 +152,10 @@ class OrpheusSnacStage(NodeSubmodule):
             per_call_noise.append(self.decoder.make_noise(gen, 1, levels[-1].numel()))
         shapes = {tuple(c[0].shape) for c in per_call_codes}
         if len(shapes) != 1 or len(keeps) != 1:
-            raise ValueError(f"OrpheusSnacStage: windows of different lengths or crops in one batch: "
-                             f"{sorted(shapes)}, {sorted(keeps)}")
+            raise ValueError(
+                f"OrpheusSnacStage: windows of different lengths or crops in one batch: "
+                f"{sorted(shapes)}, {sorted(keeps)}"
+            )
         batch = {f"codes_{level}": torch.stack([c[level] for c in per_call_codes]) for level in range(self.num_levels)}
         for i in range(len(per_call_noise[0])):
             batch[f"noise_{i}"] = torch.cat([n[i] for n in per_call_noise])

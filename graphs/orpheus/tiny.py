@@ -3,6 +3,7 @@
 Each part is written by its own generator (``tiny_llm``, ``tiny_snac``) in the real layout;
 ``checkpoints.ensure_tiny_orpheus`` caches what :func:`write_tiny_orpheus` writes.
 """
+
 from __future__ import annotations
 
 from pathlib import Path

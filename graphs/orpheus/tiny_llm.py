@@ -14,6 +14,7 @@ N(0, 1/fan_in) so every layer changes the residual stream by O(1) and attention 
 neither uniform nor one-hot; norm weights ~ 1 + N(0, 0.1^2) so a missing norm shows.
 Same seed, same torch version -> same bytes.
 """
+
 from __future__ import annotations
 
 import json
@@ -33,20 +34,46 @@ SPECIAL_TOKENS = {"<|begin_of_text|>": BEGIN_OF_TEXT, "<|end_of_text|>": 128001,
 PRESETS: dict[str, dict[str, Any]] = {
     # Fast enough for unit tests; llama3 rope numbers chosen so all three frequency bands
     # (kept, blended, scaled) occur with head_dim 16.
-    "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                 num_key_value_heads=2, head_dim=16, max_position_embeddings=2048, tie_word_embeddings=False,
-                 rope_theta=10000.0,
-                 rope_scaling={"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0,
-                               "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
-                 torch_dtype="float32"),
+    "tiny": dict(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=2048,
+        tie_word_embeddings=False,
+        rope_theta=10000.0,
+        rope_scaling={
+            "rope_type": "llama3",
+            "factor": 4.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64,
+        },
+        torch_dtype="float32",
+    ),
     # Orpheus-shaped (GQA 2:1, head_dim 64, llama3 rope, tied head as in Llama 3.2 3B) but small
     # enough for a 2-core CPU, big enough that compute dominates Python overhead.
-    "bench": dict(hidden_size=512, intermediate_size=1536, num_hidden_layers=8, num_attention_heads=8,
-                  num_key_value_heads=4, head_dim=64, max_position_embeddings=16384, tie_word_embeddings=True,
-                  rope_theta=500000.0,
-                  rope_scaling={"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
-                                "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
-                  torch_dtype="bfloat16"),
+    "bench": dict(
+        hidden_size=512,
+        intermediate_size=1536,
+        num_hidden_layers=8,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        head_dim=64,
+        max_position_embeddings=16384,
+        tie_word_embeddings=True,
+        rope_theta=500000.0,
+        rope_scaling={
+            "rope_type": "llama3",
+            "factor": 32.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+        },
+        torch_dtype="bfloat16",
+    ),
 }
 
 _CORPUS = """\
@@ -131,8 +158,13 @@ def build_tokenizer() -> Any:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=TEXT_VOCAB, min_frequency=1, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), special_tokens=[])
+    trainer = trainers.BpeTrainer(
+        vocab_size=TEXT_VOCAB,
+        min_frequency=1,
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        special_tokens=[],
+    )
     tok.train_from_iterator(_CORPUS.splitlines(), trainer=trainer)
 
     # The trainer numbers tokens 0..N; move the specials to their Llama 3 ids through the
@@ -140,16 +172,27 @@ def build_tokenizer() -> Any:
     data = json.loads(tok.to_str())
     data["model"]["vocab"].update(SPECIAL_TOKENS)
     data["added_tokens"] = [
-        {"id": tid, "content": text, "single_word": False, "lstrip": False, "rstrip": False,
-         "normalized": False, "special": True}
+        {
+            "id": tid,
+            "content": text,
+            "single_word": False,
+            "lstrip": False,
+            "rstrip": False,
+            "normalized": False,
+            "special": True,
+        }
         for text, tid in SPECIAL_TOKENS.items()
     ]
     bos = "<|begin_of_text|>"
     data["post_processor"] = {
         "type": "TemplateProcessing",
         "single": [{"SpecialToken": {"id": bos, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
-        "pair": [{"SpecialToken": {"id": bos, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
-                 {"SpecialToken": {"id": bos, "type_id": 1}}, {"Sequence": {"id": "B", "type_id": 1}}],
+        "pair": [
+            {"SpecialToken": {"id": bos, "type_id": 0}},
+            {"Sequence": {"id": "A", "type_id": 0}},
+            {"SpecialToken": {"id": bos, "type_id": 1}},
+            {"Sequence": {"id": "B", "type_id": 1}},
+        ],
         "special_tokens": {bos: {"id": bos, "ids": [BEGIN_OF_TEXT], "tokens": [bos]}},
     }
     return Tokenizer.from_str(json.dumps(data))
@@ -171,10 +214,17 @@ def write_tiny_llm(directory: str | Path, preset: str = "tiny") -> Path:
     save_safetensors(state, out, max_shard_bytes=max(1, total // 3))
 
     build_tokenizer().save(str(out / "tokenizer.json"))
-    (out / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "bos_token": "<|begin_of_text|>",
-        "eos_token": "<|eot_id|>",
-        "model_max_length": cfg["max_position_embeddings"],
-    }, indent=2, sort_keys=True) + "\n")
+    (out / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "bos_token": "<|begin_of_text|>",
+                "eos_token": "<|eot_id|>",
+                "model_max_length": cfg["max_position_embeddings"],
+            },
+            indent=2,
+            sort_keys=True,
+        )
+        + "\n"
+    )
     return out

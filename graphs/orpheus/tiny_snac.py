@@ -5,6 +5,7 @@ and ``model.safetensors`` holding the FULL state dict of ``snac.SNAC(**config)``
 (encoder included, as in the real file), so loaders see exactly the names and
 shapes of ``hubertsiuzdak/snac_24khz``. Needs the reference ``snac`` package.
 """
+
 from __future__ import annotations
 
 import json

@@ -9,6 +9,7 @@ a sequence of 7-token frames; the token at stream index ``i`` carries one code
 
 All ranges here are half-open: ``(lo, hi)`` means ``lo <= id < hi``.
 """
+
 from __future__ import annotations
 
 from functools import lru_cache
@@ -101,8 +102,10 @@ def tokens_to_snac_codes(token_ids: torch.Tensor) -> tuple[torch.Tensor, torch.T
     its slot's range.
     """
     if token_ids.dim() == 0 or token_ids.shape[-1] % FRAME_TOKENS:
-        raise ValueError(f"token_ids: last dim must be a multiple of {FRAME_TOKENS} (whole frames), "
-                         f"got shape {tuple(token_ids.shape)}")
+        raise ValueError(
+            f"token_ids: last dim must be a multiple of {FRAME_TOKENS} (whole frames), "
+            f"got shape {tuple(token_ids.shape)}"
+        )
     if token_ids.dtype.is_floating_point or token_ids.dtype == torch.bool:
         raise ValueError(f"token_ids: expected an integer tensor, got {token_ids.dtype}")
     lead = token_ids.shape[:-1]
@@ -129,7 +132,9 @@ def snac_codes_to_tokens(c0: torch.Tensor, c1: torch.Tensor, c2: torch.Tensor) -
     lead = c0.shape[:-1]
     for name, codes, per in (("c1", c1, 2), ("c2", c2, 4)):
         if codes.shape != (*lead, per * frames):
-            raise ValueError(f"{name}: expected shape {(*lead, per * frames)} for {frames} frames, got {tuple(codes.shape)}")
+            raise ValueError(
+                f"{name}: expected shape {(*lead, per * frames)} for {frames} frames, got {tuple(codes.shape)}"
+            )
     for name, codes in (("c0", c0), ("c1", c1), ("c2", c2)):
         if bool(((codes < 0) | (codes >= CODEBOOK_SIZE)).any()):
             raise ValueError(f"{name}: codes must be in 0..{CODEBOOK_SIZE - 1}")

@@ -18,6 +18,7 @@ tokenizer) and fails naming what is missing, before any weight is read. LeRobot 
 tokenizer: ``checkpoint info`` inspects with ``tokenizer_required=False`` so it can show all it
 found before naming the missing tokenizer.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -60,16 +61,16 @@ class _Features(msgspec.Struct):
 @dataclass(frozen=True)
 class CheckpointLayout:
     path: Path
-    kind: str                      # "lerobot" | "openpi"
+    kind: str  # "lerobot" | "openpi"
     config: Pi05Config
     weight_files: tuple[Path, ...]
-    cameras: tuple[str, ...]       # camera names, in the model's order (placeholders excluded)
+    cameras: tuple[str, ...]  # camera names, in the model's order (placeholders excluded)
     placeholder_cameras: tuple[str, ...]  # LeRobot's empty_camera_<i>: always masked, never fed
-    state_dim: int | None          # None: whatever the robot gives (no statistics say otherwise)
-    action_dim: int | None         # the dims a robot gets (the model computes config.action_dim); None: the
-                                   # checkpoint does not say (no statistics): the robot's joints decide
+    state_dim: int | None  # None: whatever the robot gives (no statistics say otherwise)
+    action_dim: int | None  # the dims a robot gets (the model computes config.action_dim); None: the
+    # checkpoint does not say (no statistics): the robot's joints decide
     normalization: Normalization | None
-    tokenizer_file: Path | None    # None only when inspected with tokenizer_required=False and none was found
+    tokenizer_file: Path | None  # None only when inspected with tokenizer_required=False and none was found
     notes: tuple[str, ...] = field(default=())
     tokenizer_missing: str | None = None  # then: which tokenizer is missing and every path tried
 
@@ -83,8 +84,10 @@ def weight_files(directory: Path) -> tuple[Path, ...]:
     for name in ("model.safetensors", "model.safetensors.index.json"):
         if (directory / name).is_file():
             return (directory / name,)
-    raise CheckpointError(f"{directory}: no model.safetensors (or model.safetensors.index.json): "
-                          "expected a pi0.5 PyTorch checkpoint (LeRobot's or openpi's conversion)")
+    raise CheckpointError(
+        f"{directory}: no model.safetensors (or model.safetensors.index.json): "
+        "expected a pi0.5 PyTorch checkpoint (LeRobot's or openpi's conversion)"
+    )
 
 
 def _read_features(file: Path) -> _Features:
@@ -100,8 +103,11 @@ def _lerobot_cameras(features: _Features, file: Path) -> tuple[tuple[str, ...], 
         if f.type == "VISUAL" and not key.startswith(IMAGE_PREFIX):
             raise CheckpointError(f"{file}: input_features: image feature {key!r} is not under {IMAGE_PREFIX!r}")
     placeholders = [n for n in names if n.startswith(EMPTY_CAMERA_PREFIX)]
-    placeholders += [f"{EMPTY_CAMERA_PREFIX}{i}" for i in range(features.empty_cameras)
-                     if f"{EMPTY_CAMERA_PREFIX}{i}" not in placeholders]
+    placeholders += [
+        f"{EMPTY_CAMERA_PREFIX}{i}"
+        for i in range(features.empty_cameras)
+        if f"{EMPTY_CAMERA_PREFIX}{i}" not in placeholders
+    ]
     cameras = tuple(n for n in names if not n.startswith(EMPTY_CAMERA_PREFIX))
     if not cameras:
         raise CheckpointError(f"{file}: input_features name no camera (observation.images.*)")
@@ -130,8 +136,13 @@ def checkpoint_directory(path: str | Path) -> Path:
     return directory
 
 
-def inspect_checkpoint(path: str | Path, *, tokenizer: str | Path | None = None, asset_id: str | None = None,
-                       tokenizer_required: bool = True) -> CheckpointLayout:
+def inspect_checkpoint(
+    path: str | Path,
+    *,
+    tokenizer: str | Path | None = None,
+    asset_id: str | None = None,
+    tokenizer_required: bool = True,
+) -> CheckpointLayout:
     """The layout of the checkpoint at ``path`` and every file a load would use (nothing read but
     config, processor JSON, statistics and file names). Raises CheckpointError / ConfigError /
     NormalizationError / TokenizerError naming the path at fault; with ``tokenizer_required=False``
@@ -164,49 +175,77 @@ def inspect_checkpoint(path: str | Path, *, tokenizer: str | Path | None = None,
         state_dim = normalization.state.dim if normalization else None
         action_dim = normalization.action.dim if normalization else None
         if normalization is None:
-            notes.append("no assets/<asset_id>/norm_stats.json (openpi's converter copies assets only from beside "
-                         "the JAX checkpoint): state and actions are scaled by the joint limits, and the robot's "
-                         "joints give the action dims")
+            notes.append(
+                "no assets/<asset_id>/norm_stats.json (openpi's converter copies assets only from beside "
+                "the JAX checkpoint): state and actions are scaled by the joint limits, and the robot's "
+                "joints give the action dims"
+            )
         if features.discrete_state_input is None:
-            notes.append("discrete_state_input not in config.json (openpi's converter does not write it): the state "
-                         "goes into the prompt, as pi05_droid / pi05_base were trained; a pi05_libero conversion "
-                         'needs "discrete_state_input": false added to its config.json')
+            notes.append(
+                "discrete_state_input not in config.json (openpi's converter does not write it): the state "
+                "goes into the prompt, as pi05_droid / pi05_base were trained; a pi05_libero conversion "
+                'needs "discrete_state_input": false added to its config.json'
+            )
     if action_dim is not None and action_dim > config.action_dim:
-        raise CheckpointError(f"{file}: the robot's action has {action_dim} dims, more than the model's "
-                              f"{config.action_dim}")
+        raise CheckpointError(
+            f"{file}: the robot's action has {action_dim} dims, more than the model's {config.action_dim}"
+        )
     if normalization is not None:
-        for name, dim, want in (("state", normalization.state.dim, state_dim),
-                                ("action", normalization.action.dim, action_dim)):
+        for name, dim, want in (
+            ("state", normalization.state.dim, state_dim),
+            ("action", normalization.action.dim, action_dim),
+        ):
             if dim is not None and want is not None and dim != want:
                 raise CheckpointError(f"{directory}: {name} statistics have {dim} dims, the config says {want}")
-    return CheckpointLayout(directory, kind, config, weights, cameras, placeholders, state_dim, action_dim,
-                            normalization, tokenizer_file, tuple(notes), tokenizer_missing)
+    return CheckpointLayout(
+        directory,
+        kind,
+        config,
+        weights,
+        cameras,
+        placeholders,
+        state_dim,
+        action_dim,
+        normalization,
+        tokenizer_file,
+        tuple(notes),
+        tokenizer_missing,
+    )
 
 
-def describe(layout: CheckpointLayout, sizes: dict[str, Any] | None = None,
-             shapes: list[str] | None = None) -> list[str]:
+def describe(
+    layout: CheckpointLayout, sizes: dict[str, Any] | None = None, shapes: list[str] | None = None
+) -> list[str]:
     """What a load would use, as lines (``mstar-ros checkpoint info``); ``shapes``: lines on how the
     sizes compare with the tensors' shapes, printed after them."""
     c = layout.config
-    lines = [f"checkpoint: {layout.path}",
-             f"layout: {layout.kind}" + (" (generated, RANDOM weights)" if layout.random_weights else ""),
-             f"weights: {', '.join(f.name for f in layout.weight_files)} ({c.dtype})"]
+    lines = [
+        f"checkpoint: {layout.path}",
+        f"layout: {layout.kind}" + (" (generated, RANDOM weights)" if layout.random_weights else ""),
+        f"weights: {', '.join(f.name for f in layout.weight_files)} ({c.dtype})",
+    ]
     if sizes:
         lines.append("sizes: " + ", ".join(f"{k} {v}" for k, v in sizes.items()))
-    lines += [f"vision: SigLIP {c.vision.width} wide, {c.vision.depth} layers, {c.vision.image_size} px, "
-              f"{c.vision.num_patches} tokens per camera",
-              f"prefix LM: Gemma {c.prefix.width} wide, {c.prefix.depth} layers, {c.prefix.num_heads} heads "
-              f"({c.prefix.num_kv_heads} KV), head_dim {c.prefix.head_dim}",
-              f"action expert: {c.expert.width} wide, {c.expert.depth} layers; {c.num_steps} flow steps, "
-              f"chunk {c.action_horizon} x {c.action_dim}",
-              *(shapes or []),
-              f"cameras: {', '.join(layout.cameras)}"
-              + (f" (+ always masked: {', '.join(layout.placeholder_cameras)})" if layout.placeholder_cameras else ""),
-              f"state: {layout.state_dim if layout.state_dim is not None else 'any number of'} dims"
-              + (" (as text in the prompt)" if c.discrete_state_input else " (not in the prompt)"),
-              f"action: {layout.action_dim if layout.action_dim is not None else 'the robot joints'} dims "
-              f"(of the model's {c.action_dim})",
-              "normalisation: " + (layout.normalization.describe() if layout.normalization
-                                   else "none in the checkpoint: scaled by the robot's joint limits"),
-              f"tokenizer: {layout.tokenizer_file or 'NONE FOUND'} (prompt budget {c.max_token_len} tokens)"]
+    lines += [
+        f"vision: SigLIP {c.vision.width} wide, {c.vision.depth} layers, {c.vision.image_size} px, "
+        f"{c.vision.num_patches} tokens per camera",
+        f"prefix LM: Gemma {c.prefix.width} wide, {c.prefix.depth} layers, {c.prefix.num_heads} heads "
+        f"({c.prefix.num_kv_heads} KV), head_dim {c.prefix.head_dim}",
+        f"action expert: {c.expert.width} wide, {c.expert.depth} layers; {c.num_steps} flow steps, "
+        f"chunk {c.action_horizon} x {c.action_dim}",
+        *(shapes or []),
+        f"cameras: {', '.join(layout.cameras)}"
+        + (f" (+ always masked: {', '.join(layout.placeholder_cameras)})" if layout.placeholder_cameras else ""),
+        f"state: {layout.state_dim if layout.state_dim is not None else 'any number of'} dims"
+        + (" (as text in the prompt)" if c.discrete_state_input else " (not in the prompt)"),
+        f"action: {layout.action_dim if layout.action_dim is not None else 'the robot joints'} dims "
+        f"(of the model's {c.action_dim})",
+        "normalisation: "
+        + (
+            layout.normalization.describe()
+            if layout.normalization
+            else "none in the checkpoint: scaled by the robot's joint limits"
+        ),
+        f"tokenizer: {layout.tokenizer_file or 'NONE FOUND'} (prompt budget {c.max_token_len} tokens)",
+    ]
     return lines + [f"note: {n}" for n in layout.notes]

@@ -16,6 +16,7 @@ LeRobot prefixes every name with ``model.``; checkpoints converted with transfor
 < 4.52 spell the PaliGemma part ``paligemma.{language_model.model, vision_tower,
 multi_modal_projector}``. Both are accepted. Anything else is reported by the loader.
 """
+
 from __future__ import annotations
 
 import logging
@@ -53,10 +54,14 @@ _PREFIXES: list[tuple[str, str | None, Part | None]] = [
     *((f"{p}.", f"expert.{p}.", "model") for p in ("action_in_proj", "action_out_proj", "time_mlp_in", "time_mlp_out")),
 ]
 # our prefix -> the canonical (openpi) checkpoint prefix, for messages
-_CANONICAL = [("tower.", _PG + "model.vision_tower.vision_model."),
-              ("projector.", _PG + "model.multi_modal_projector.linear."),
-              ("llm.embed_tokens.weight", _PG + "lm_head.weight"),
-              ("llm.", _PG + "model.language_model."), ("expert.model.", _EXPERT + "model."), ("expert.", "")]
+_CANONICAL = [
+    ("tower.", _PG + "model.vision_tower.vision_model."),
+    ("projector.", _PG + "model.multi_modal_projector.linear."),
+    ("llm.embed_tokens.weight", _PG + "lm_head.weight"),
+    ("llm.", _PG + "model.language_model."),
+    ("expert.model.", _EXPERT + "model."),
+    ("expert.", ""),
+]
 
 
 def name_map(part: Part) -> Callable[[str], str | None]:
@@ -68,7 +73,7 @@ def name_map(part: Part) -> Callable[[str], str | None]:
             if bare.startswith(ckpt):
                 if owner != part or ours is None:
                     return None
-                return ours + bare[len(ckpt):] if ckpt.endswith(".") else ours
+                return ours + bare[len(ckpt) :] if ckpt.endswith(".") else ours
         return name  # unknown: the loader reports it as unexpected, by its checkpoint name
 
     return mapped
@@ -78,25 +83,34 @@ def checkpoint_name(ours: str) -> str:
     """Our parameter name -> the openpi checkpoint name it loads from."""
     for mine, theirs in _CANONICAL:
         if ours.startswith(mine):
-            return theirs + ours[len(mine):] if mine.endswith(".") else theirs
+            return theirs + ours[len(mine) :] if mine.endswith(".") else theirs
     return ours
 
 
 _OUR_NAME = re.compile(r"(?<![\w.])((?:tower|projector|llm|expert)\.[\w.]+)")
 
 
-def load_part(module: torch.nn.Module, path: str | Path, part: Part, *, dtype: torch.dtype | None = None,
-              progress: bool = True) -> LoadReport:
+def load_part(
+    module: torch.nn.Module, path: str | Path, part: Part, *, dtype: torch.dtype | None = None, progress: bool = True
+) -> LoadReport:
     """Load ``part``'s tensors of the checkpoint at ``path`` into ``module`` (strict).
 
     Errors name tensors by their checkpoint names (ours appear only after ``->``).
     """
     try:
-        return load_weights(module, path, name_map=name_map(part), dtype=dtype, progress=progress,
-                            desc=f"pi0.5 {part} {Path(path).name}")
+        return load_weights(
+            module,
+            path,
+            name_map=name_map(part),
+            dtype=dtype,
+            progress=progress,
+            desc=f"pi0.5 {part} {Path(path).name}",
+        )
     except WeightsError as exc:
-        lines = [ln if "->" in ln else _OUR_NAME.sub(lambda m: checkpoint_name(m.group(1)), ln)
-                 for ln in str(exc).splitlines()]
+        lines = [
+            ln if "->" in ln else _OUR_NAME.sub(lambda m: checkpoint_name(m.group(1)), ln)
+            for ln in str(exc).splitlines()
+        ]
         raise WeightsError("\n".join(lines)) from None
 
 
@@ -104,8 +118,11 @@ def ensure_tiny_pi05(preset: str = "tiny") -> Path:
     """The generated checkpoint directory for ``preset``, made on first use (RANDOM weights)."""
     if preset not in PRESETS:
         raise ValueError(f"unknown pi0.5 preset {preset!r} (known: {sorted(PRESETS)})")
-    root = cached_dir(f"pi05-{preset}-v{TINY_VERSION}", lambda tmp: write_tiny_pi05(tmp / "ckpt", preset),
-                      f"the {preset} pi0.5 checkpoint (RANDOM weights)")
+    root = cached_dir(
+        f"pi05-{preset}-v{TINY_VERSION}",
+        lambda tmp: write_tiny_pi05(tmp / "ckpt", preset),
+        f"the {preset} pi0.5 checkpoint (RANDOM weights)",
+    )
     return root / "ckpt"
 
 
@@ -138,7 +155,13 @@ def parameter_counts(path: str | Path) -> dict[str, str]:
             part = "vision"
         else:
             ours = name_map("model")(name)
-            part = "unused" if ours is None or ours == name else "prefix LM" if ours.startswith("llm.") else "action expert"
+            part = (
+                "unused"
+                if ours is None or ours == name
+                else "prefix LM"
+                if ours.startswith("llm.")
+                else "action expert"
+            )
         counts[part] += prod(shape)
     out = {k: _human(v) for k, v in counts.items() if v}
     out["file"] = _human(sum(f.stat().st_size for f in reader.files), unit="B")

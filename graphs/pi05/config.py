@@ -13,6 +13,7 @@ SigLIP tower is always So400m/14 at 224 px. Our generated checkpoints add an
 ``mstar_dims`` object with explicit sizes (their variants are not real ones).
 Unknown fields are ignored: real configs carry many we do not need.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -113,12 +114,16 @@ class Pi05Config(msgspec.Struct, JsonConfig, frozen=True, kw_only=True):
         # The expert's attention reads the prefix KV layer by layer, in the same heads.
         for field in ("depth", "num_kv_heads", "head_dim", "num_heads"):
             if getattr(self.expert, field) != getattr(self.prefix, field):
-                raise bad(f"action_expert.{field}", f"must equal the prefix LM's ({getattr(self.prefix, field)}): "
-                          f"the expert attends to the prefix KV; got {getattr(self.expert, field)}")
+                raise bad(
+                    f"action_expert.{field}",
+                    f"must equal the prefix LM's ({getattr(self.prefix, field)}): "
+                    f"the expert attends to the prefix KV; got {getattr(self.expert, field)}",
+                )
         if self.expert.width % 2:
             raise bad("action_expert.width", f"must be even (sin|cos time embedding), got {self.expert.width}")
-        require_positive(bad, self, ("vocab_size", "action_horizon", "action_dim", "max_token_len", "num_steps",
-                                     "max_positions"))
+        require_positive(
+            bad, self, ("vocab_size", "action_horizon", "action_dim", "max_token_len", "num_steps", "max_positions")
+        )
         if not 0 <= self.bos_token_id < self.vocab_size:
             raise bad("bos_token_id", f"{self.bos_token_id} is outside the vocabulary [0, {self.vocab_size})")
         require_finite_positive(bad, self, ("rope_theta", "rms_norm_eps", "min_period", "max_period"))
@@ -171,13 +176,16 @@ class _RawConfig(msgspec.Struct, kw_only=True):
         if dims:
             raise bad("mstar_dims", f"unknown keys {sorted(dims)}")
         cfg = Pi05Config(
-            vision=vision, prefix=prefix, expert=expert,
+            vision=vision,
+            prefix=prefix,
+            expert=expert,
             action_horizon=_first(self.action_horizon, self.chunk_size, 50),
             action_dim=_first(self.action_dim, self.max_action_dim, 32),
             discrete_state_input=self.discrete_state_input,
             max_token_len=_first(self.max_token_len, self.tokenizer_max_length, 200),
             num_steps=_first(self.num_inference_steps, None, 10),
-            min_period=self.min_period, max_period=self.max_period,
+            min_period=self.min_period,
+            max_period=self.max_period,
             dtype=self.precision or self.dtype or "float32",
             random_weights=self.mstar_random_weights,
         )
@@ -193,6 +201,8 @@ def _variant(name: str, explicit: dict[str, Any] | None, source: str, field: str
     if explicit is not None:
         return convert(explicit, GemmaDims, source, f"mstar_dims.{field.removesuffix('_variant')}")
     if name not in VARIANTS:
-        raise ConfigError(f"{source}: {field}: unknown Gemma variant {name!r} (known: {', '.join(VARIANTS)}; "
-                          f"other sizes need an explicit mstar_dims entry)")
+        raise ConfigError(
+            f"{source}: {field}: unknown Gemma variant {name!r} (known: {', '.join(VARIANTS)}; "
+            f"other sizes need an explicit mstar_dims entry)"
+        )
     return VARIANTS[name]

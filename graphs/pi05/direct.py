@@ -12,6 +12,7 @@ they are given as ``attn(layer, q, k, v, scale)``, here :class:`DenseKV`. Attent
 in fp32 on CPU (bf16 SDPA is several times slower there), as in our torch backend, so
 a bf16 baseline is not handicapped.
 """
+
 from __future__ import annotations
 
 import torch
@@ -41,8 +42,9 @@ class DenseKV:
             k, v = torch.cat([self.k[layer], k], dim=1), torch.cat([self.v[layer], v], dim=1)
         qs = q.to(cdt).transpose(0, 1)
         # 4-D (batch of one): 3-D inputs send CPU SDPA down its slower math path
-        out = F.scaled_dot_product_attention(qs[None], k[None], v[None], scale=scale,
-                                             enable_gqa=qs.shape[0] != k.shape[0])[0]
+        out = F.scaled_dot_product_attention(
+            qs[None], k[None], v[None], scale=scale, enable_gqa=qs.shape[0] != k.shape[0]
+        )[0]
         return out.transpose(0, 1).to(q.dtype)
 
 
@@ -54,21 +56,31 @@ def encode_images(encoder: Pi05ImageEncoder, images: torch.Tensor) -> torch.Tens
 
 
 @torch.inference_mode()
-def prefix_direct(model: Pi05Model, embeds: torch.Tensor, input_ids: torch.Tensor,
-                  embed_mask: torch.Tensor) -> DenseKV:
+def prefix_direct(model: Pi05Model, embeds: torch.Tensor, input_ids: torch.Tensor, embed_mask: torch.Tensor) -> DenseKV:
     """The prefix through the Gemma LM once (``embeds`` from :func:`encode_images`): its K/V."""
     device = input_ids.device
     kv = DenseKV(torch.float32 if device.type == "cpu" else None)  # on CUDA the model dtype is fast
-    model(input_ids, torch.arange(input_ids.shape[0], device=device), kv, embeds=embeds,
-          embed_mask=embed_mask.to(torch.bool))
+    model(
+        input_ids,
+        torch.arange(input_ids.shape[0], device=device),
+        kv,
+        embeds=embeds,
+        embed_mask=embed_mask.to(torch.bool),
+    )
     kv.recording = False  # the prefix ran once; the flow steps only read its K/V
     return kv
 
 
 @torch.inference_mode()
-def sample_actions_direct(model: Pi05Model, encoder: Pi05ImageEncoder, images: torch.Tensor,
-                          input_ids: torch.Tensor, embed_mask: torch.Tensor, noise: torch.Tensor,
-                          steps: int | None = None) -> torch.Tensor:
+def sample_actions_direct(
+    model: Pi05Model,
+    encoder: Pi05ImageEncoder,
+    images: torch.Tensor,
+    input_ids: torch.Tensor,
+    embed_mask: torch.Tensor,
+    noise: torch.Tensor,
+    steps: int | None = None,
+) -> torch.Tensor:
     """One observation -> its action chunk [H, A] (fp32).
 
     ``images`` uint8 [C, H, W, 3]; ``input_ids`` / ``embed_mask`` [P] the prefix (as

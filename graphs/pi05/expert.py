@@ -11,6 +11,7 @@ prefix) and leave through ``action_out_proj`` as the velocity.
 Each layer attends, through the engine, to the sequence's prefix KV of the same layer
 index plus its own H rows; its K/V are written like any other rows'.
 """
+
 from __future__ import annotations
 
 import math
@@ -69,8 +70,9 @@ class ExpertDecoderLayer(nn.Module):
         self.post_attention_layernorm = AdaRMSNorm(dims.width, dims.width, eps, **factory)
         self.mlp = gemma_mlp(dims, **factory)
 
-    def forward(self, x: torch.Tensor, cond: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                attn: AttentionContext) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, cond: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: AttentionContext
+    ) -> torch.Tensor:
         """x [B, H, width] (a sequence's rows together); cond [B, width]."""
         b, h, w = x.shape
         normed, gate = self.input_layernorm(x, self.input_layernorm.modulation(cond))
@@ -109,13 +111,16 @@ class ActionExpert(nn.Module):
         emb = emb.to(device=self.time_mlp_in.bias.device, dtype=self.time_mlp_in.bias.dtype)
         return F.silu(self.time_mlp_out(F.silu(self.time_mlp_in(emb))))
 
-    def forward(self, x: torch.Tensor, time: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                attn: AttentionContext) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, time: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: AttentionContext
+    ) -> torch.Tensor:
         """x [B, H, A] noisy actions at ``time`` [B]; cos/sin [B*H, D/2] -> velocity [B, H, A] (fp32)."""
         b, h, a = x.shape
         if a != self.config.action_dim or time.shape != (b,):
-            raise ValueError(f"flow_velocity needs x [B, H, {self.config.action_dim}] and time [B]; "
-                             f"got {tuple(x.shape)} and {tuple(time.shape)}")
+            raise ValueError(
+                f"flow_velocity needs x [B, H, {self.config.action_dim}] and time [B]; "
+                f"got {tuple(x.shape)} and {tuple(time.shape)}"
+            )
         like = self.action_in_proj.bias  # the module's device and dtype (the weight may be packed)
         cond = self.condition(time)
         hidden = self.action_in_proj(x.reshape(b * h, a).to(device=like.device, dtype=like.dtype))

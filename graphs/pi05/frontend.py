@@ -6,6 +6,7 @@ file fails in a moment, naming the paths tried. The policy knows the checkpoint'
 state and action dims and its normalisation; a robot front-end normalises the raw state
 with ``normalization(...)``, builds the request, and unnormalises the chunk it gets.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -45,8 +46,16 @@ class Pi05Policy:
     _ids: Any = field(default_factory=itertools.count)
 
     @classmethod
-    def load(cls, weights: str | Path | None = None, *, preset: str = "tiny", tokenizer: str | Path | None = None,
-             asset_id: str | None = None, progress: bool = True, load_weights: bool = True) -> Pi05Policy:
+    def load(
+        cls,
+        weights: str | Path | None = None,
+        *,
+        preset: str = "tiny",
+        tokenizer: str | Path | None = None,
+        asset_id: str | None = None,
+        progress: bool = True,
+        load_weights: bool = True,
+    ) -> Pi05Policy:
         """Real weights from ``weights`` (a LeRobot or openpi pi0.5 PyTorch checkpoint dir), else the
         generated tiny one. ``tokenizer``: a tokenizer file or directory (default: looked for in the
         checkpoint, then openpi's cache); ``asset_id``: which of an openpi checkpoint's statistics.
@@ -57,10 +66,13 @@ class Pi05Policy:
         text = load_tokenizer(layout.tokenizer_file)
         config = layout.config
         if text.vocab_size() > config.vocab_size:
-            raise ValueError(f"{layout.tokenizer_file}: {text.vocab_size()} tokens, more than the model's vocabulary "
-                             f"({config.vocab_size}): not this checkpoint's tokenizer")
-        prompts = PromptEncoder(text, bos_id=config.bos_token_id, max_len=config.max_token_len,
-                                state_in_prompt=config.discrete_state_input)
+            raise ValueError(
+                f"{layout.tokenizer_file}: {text.vocab_size()} tokens, more than the model's vocabulary "
+                f"({config.vocab_size}): not this checkpoint's tokenizer"
+            )
+        prompts = PromptEncoder(
+            text, bos_id=config.bos_token_id, max_len=config.max_token_len, state_in_prompt=config.discrete_state_input
+        )
         if not load_weights:
             with no_random_init():
                 model, encoder = Pi05Model(config, device="meta"), Pi05ImageEncoder(config, device="meta")
@@ -98,14 +110,17 @@ class Pi05Policy:
     def cameras(self) -> tuple[str, ...]:
         return self.layout.cameras
 
-    def normalization(self, joint_lower: list[float] | None = None,
-                      joint_upper: list[float] | None = None) -> Normalization:
+    def normalization(
+        self, joint_lower: list[float] | None = None, joint_upper: list[float] | None = None
+    ) -> Normalization:
         """The checkpoint's own statistics; without any, the joint limits given (else ValueError)."""
         if self.layout.normalization is not None:
             return self.layout.normalization
         if not joint_lower or not joint_upper:
-            raise ValueError(f"{self.path}: the checkpoint has no normalisation statistics: give joint_lower and "
-                             "joint_upper to scale the state and actions by")
+            raise ValueError(
+                f"{self.path}: the checkpoint has no normalisation statistics: give joint_lower and "
+                "joint_upper to scale the state and actions by"
+            )
         return joint_limits(list(joint_lower), list(joint_upper))
 
     def graph(self):
@@ -118,10 +133,19 @@ class Pi05Policy:
         """A prompt, tokenized once (PromptError when empty or over ``max_tokens``)."""
         return self.prompts.task(text, max_tokens=max_tokens)
 
-    def request(self, images: torch.Tensor, state: torch.Tensor, prompt: str | TaskPrompt, *, seed: int | None = None,
-                noise: torch.Tensor | None = None, guide: torch.Tensor | None = None,
-                guide_weights: torch.Tensor | None = None, request_id: str | None = None,
-                session_id: str | None = None) -> Request:
+    def request(
+        self,
+        images: torch.Tensor,
+        state: torch.Tensor,
+        prompt: str | TaskPrompt,
+        *,
+        seed: int | None = None,
+        noise: torch.Tensor | None = None,
+        guide: torch.Tensor | None = None,
+        guide_weights: torch.Tensor | None = None,
+        request_id: str | None = None,
+        session_id: str | None = None,
+    ) -> Request:
         """One observation -> a Request whose output ``actions`` is an [H, model action dims] chunk,
         still normalised (take ``[:, :robot_action_dim]`` and unnormalise it).
 
@@ -146,10 +170,20 @@ class Pi05Policy:
             guide, guide_weights = torch.zeros(h, a), torch.zeros(h)
         elif guide_weights is None:
             raise ValueError("guide needs guide_weights")
-        inputs = {"images": images, "input_ids": ids, "embed_mask": mask, "noise": noise.float(),
-                  "guide": guide.float(), "guide_weights": guide_weights.float()}
-        meta = {"prefix.mask": int(MaskKind.PREFIX_BIDIRECTIONAL), "prefix.mask_arg": int(ids.numel()),
-                "prompt_truncated": truncated}
+        inputs = {
+            "images": images,
+            "input_ids": ids,
+            "embed_mask": mask,
+            "noise": noise.float(),
+            "guide": guide.float(),
+            "guide_weights": guide_weights.float(),
+        }
+        meta = {
+            "prefix.mask": int(MaskKind.PREFIX_BIDIRECTIONAL),
+            "prefix.mask_arg": int(ids.numel()),
+            "prompt_truncated": truncated,
+        }
         rid = request_id if request_id is not None else f"pi05-{next(self._ids)}"
-        return Request(inputs, SamplingParams(max_tokens=1, seed=seed), request_id=rid, session_id=session_id,
-                       meta=meta)
+        return Request(
+            inputs, SamplingParams(max_tokens=1, seed=seed), request_id=rid, session_id=session_id, meta=meta
+        )

@@ -8,6 +8,7 @@
 Walks: ``prefill`` (vision, then the prefix with a bidirectional mask) then
 ``action_gen`` (``steps`` Euler steps, engine-resident, over the prefix KV).
 """
+
 from __future__ import annotations
 
 from mstar.graph import Call, GraphEdge, GraphNode, Loop, LoopMode, ModelGraph, Sequential
@@ -23,8 +24,15 @@ def pi05_graph(steps: int = 10) -> ModelGraph:
         nodes=[
             GraphNode("vision", inputs=["images"], outputs=["embeds"]),
             GraphNode("prefix", inputs=["input_ids", "embeds", "embed_mask"], outputs=[], engine="ar", module="pi05"),
-            GraphNode("action", inputs=["x", "guide", "guide_weights"], outputs=["x"], engine="ar", module="pi05",
-                      kv_from="prefix", loop_mode=LoopMode.FLOW),
+            GraphNode(
+                "action",
+                inputs=["x", "guide", "guide_weights"],
+                outputs=["x"],
+                engine="ar",
+                module="pi05",
+                kv_from="prefix",
+                loop_mode=LoopMode.FLOW,
+            ),
         ],
         edges=[
             GraphEdge("input.images", "vision.images"),
@@ -37,7 +45,9 @@ def pi05_graph(steps: int = 10) -> ModelGraph:
             GraphEdge("action.x", "action.x"),
             GraphEdge("action.x", "output.actions"),
         ],
-        walks={"prefill": Sequential(Call("vision"), Call("prefix")),
-               "action_gen": Loop(Call("action"), max_iters=steps)},
+        walks={
+            "prefill": Sequential(Call("vision"), Call("prefix")),
+            "action_gen": Loop(Call("action"), max_iters=steps),
+        },
         next_walk=next_walk,
     )

@@ -9,6 +9,7 @@ after). Float frames in [0, 1] become uint8 first by truncation (``(255 * x).ast
 as openpi's ``convert_to_uint8``). LeRobot instead resizes float frames with
 ``F.interpolate(bilinear, antialias=False)``; the README gives the measured difference.
 """
+
 from __future__ import annotations
 
 import numpy as np

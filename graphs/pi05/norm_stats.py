@@ -13,6 +13,7 @@ openpi keeps ``assets/<asset_id>/norm_stats.json`` (asset ids may hold a slash, 
 ``physical-intelligence/libero``): ``{"norm_stats": {"state": {"mean", "std", "q01",
 "q99"}, "actions": {...}}}``; pi0.5 normalises both with the quantiles.
 """
+
 from __future__ import annotations
 
 import logging
@@ -76,8 +77,9 @@ def _read_pipeline(file: Path) -> _Pipeline:
 def _step(pipeline: _Pipeline, file: Path, name: str) -> _Step | None:
     for step in pipeline.steps:
         if step.registry_name in _UNSUPPORTED_STEPS and step.config.get("enabled"):
-            raise NormalizationError(f"{file}: step {step.registry_name!r} is enabled (relative actions); this "
-                                     "server does not apply it yet")
+            raise NormalizationError(
+                f"{file}: step {step.registry_name!r} is enabled (relative actions); this server does not apply it yet"
+            )
     return next((s for s in pipeline.steps if s.registry_name == name), None)
 
 
@@ -89,13 +91,15 @@ def _lerobot_feature(directory: Path, file: Path, step: _Step, key: str) -> Feat
         raise NormalizationError(f"{file}: {step.registry_name} config: {exc}") from None
     feature = config.features.get(key)
     if feature is None:
-        raise NormalizationError(f"{file}: {step.registry_name} has no feature {key!r} "
-                                 f"(it has {sorted(config.features)})")
+        raise NormalizationError(
+            f"{file}: {step.registry_name} has no feature {key!r} (it has {sorted(config.features)})"
+        )
     try:
         mode = Mode(config.norm_map.get(feature.type, "IDENTITY"))
     except ValueError:
-        raise NormalizationError(f"{file}: norm_map: unknown mode {config.norm_map[feature.type]!r} for "
-                                 f"{feature.type}") from None
+        raise NormalizationError(
+            f"{file}: norm_map: unknown mode {config.norm_map[feature.type]!r} for {feature.type}"
+        ) from None
     if mode is Mode.IDENTITY:
         return FeatureNormalizer(mode, {}, "lerobot", config.eps)
     if step.state_file is None:
@@ -109,8 +113,7 @@ def _lerobot_feature(directory: Path, file: Path, step: _Step, key: str) -> Feat
         flat = load_file(str(stats_file))
     except Exception as exc:  # safetensors raises its own error types
         raise NormalizationError(f"{stats_file}: not a safetensors file: {exc}") from None
-    stats = {name.rsplit(".", 1)[1]: t.float().reshape(-1) for name, t in flat.items()
-             if name.rsplit(".", 1)[0] == key}
+    stats = {name.rsplit(".", 1)[1]: t.float().reshape(-1) for name, t in flat.items() if name.rsplit(".", 1)[0] == key}
     if not stats:
         log.warning("%s: no statistics for %s: passed through unnormalised, as LeRobot does", stats_file, key)
         return FeatureNormalizer(Mode.IDENTITY, {}, "lerobot", config.eps)
@@ -156,8 +159,9 @@ def openpi_normalization(directory: Path, asset_id: str | None = None) -> Normal
             return None
         if len(files) > 1:
             ids = [str(f.parent.relative_to(directory / "assets")) for f in files]
-            raise NormalizationError(f"{directory}/assets holds statistics for several robots {ids}: choose one "
-                                     "with --asset-id")
+            raise NormalizationError(
+                f"{directory}/assets holds statistics for several robots {ids}: choose one with --asset-id"
+            )
         file = files[0]
     try:
         stats = msgspec.json.decode(file.read_bytes(), type=_OpenpiFile).norm_stats
@@ -170,8 +174,10 @@ def openpi_normalization(directory: Path, asset_id: str | None = None) -> Normal
         s = stats[key]
         if s.q01 is None or s.q99 is None:
             raise NormalizationError(f"{file}: {key}: pi0.5 normalises with quantiles, and q01 / q99 are missing")
-        return FeatureNormalizer(Mode.QUANTILES, {"q01": torch.tensor(s.q01, dtype=torch.float64),
-                                                 "q99": torch.tensor(s.q99, dtype=torch.float64)}, "openpi")
+        return FeatureNormalizer(
+            Mode.QUANTILES,
+            {"q01": torch.tensor(s.q01, dtype=torch.float64), "q99": torch.tensor(s.q99, dtype=torch.float64)},
+            "openpi",
+        )
 
     return Normalization(feature("state"), feature("actions"), str(file.relative_to(directory)))
-

@@ -25,6 +25,7 @@ Neither clamps, so nothing here clamps. A checkpoint without statistics is scale
 robot's joint limits instead (``joint_limits``; our fallback, no reference), and whoever
 uses it says so.
 """
+
 from __future__ import annotations
 
 import enum
@@ -52,8 +53,14 @@ class Mode(str, enum.Enum):
 
 
 #: the two statistics (low, high) or (mean, std) each mode needs
-_NEEDS = {Mode.MEAN_STD: ("mean", "std"), Mode.MIN_MAX: ("min", "max"), Mode.QUANTILES: ("q01", "q99"),
-          Mode.QUANTILE10: ("q10", "q90"), Mode.JOINT_LIMITS: ("lower", "upper"), Mode.IDENTITY: ()}
+_NEEDS = {
+    Mode.MEAN_STD: ("mean", "std"),
+    Mode.MIN_MAX: ("min", "max"),
+    Mode.QUANTILES: ("q01", "q99"),
+    Mode.QUANTILE10: ("q10", "q90"),
+    Mode.JOINT_LIMITS: ("lower", "upper"),
+    Mode.IDENTITY: (),
+}
 
 
 @dataclass(frozen=True)
@@ -62,19 +69,21 @@ class FeatureNormalizer:
 
     mode: Mode
     stats: dict[str, torch.Tensor]  # the two statistics the mode needs, [D] each
-    flavour: str                    # "lerobot" | "openpi" | "limits"
+    flavour: str  # "lerobot" | "openpi" | "limits"
     eps: float = LEROBOT_EPS
 
     def __post_init__(self) -> None:
         names = _NEEDS[self.mode]
         missing = [n for n in names if n not in self.stats]
         if missing:
-            raise NormalizationError(f"{self.mode.value} normalisation needs statistics {list(names)}; missing "
-                                     f"{missing}")
+            raise NormalizationError(
+                f"{self.mode.value} normalisation needs statistics {list(names)}; missing {missing}"
+            )
         shapes = {tuple(self.stats[n].shape) for n in names}
         if len(shapes) > 1 or any(len(s) != 1 for s in shapes):
-            raise NormalizationError(f"statistics {list(names)} must be vectors of one length, got shapes "
-                                     f"{sorted(shapes)}")
+            raise NormalizationError(
+                f"statistics {list(names)} must be vectors of one length, got shapes {sorted(shapes)}"
+            )
         for n in names:
             if not torch.isfinite(self.stats[n]).all():
                 raise NormalizationError(f"statistic {n!r} has NaN or infinite values")
@@ -93,8 +102,11 @@ class FeatureNormalizer:
         if x.shape[-1] != low.shape[0]:
             raise NormalizationError(f"{x.shape[-1]} values but the statistics have {low.shape[0]} dims")
         span = high - low
-        span = span + OPENPI_EPS if self.flavour == "openpi" else torch.where(
-            span == 0, torch.as_tensor(self.eps, dtype=dtype), span)
+        span = (
+            span + OPENPI_EPS
+            if self.flavour == "openpi"
+            else torch.where(span == 0, torch.as_tensor(self.eps, dtype=dtype), span)
+        )
         return x.to(dtype), low, high, span
 
     def normalize(self, x: torch.Tensor) -> torch.Tensor:
@@ -138,8 +150,9 @@ def joint_limits(lower: list[float], upper: list[float]) -> Normalization:
     """The fallback for a checkpoint without statistics: joint limits map to [-1, 1], both ways."""
     lo, hi = torch.tensor(lower, dtype=torch.float32), torch.tensor(upper, dtype=torch.float32)
     if lo.shape != hi.shape or lo.dim() != 1 or lo.numel() == 0:
-        raise NormalizationError(f"joint_lower and joint_upper must be non-empty and of one length, got "
-                                 f"{len(lower)} and {len(upper)}")
+        raise NormalizationError(
+            f"joint_lower and joint_upper must be non-empty and of one length, got {len(lower)} and {len(upper)}"
+        )
     if not (hi > lo).all():
         bad = [i for i, ok in enumerate((hi > lo).tolist()) if not ok]
         raise NormalizationError(f"joint_upper must be above joint_lower; not at indices {bad}")

@@ -13,6 +13,7 @@ Engine contract (see ``mstar.engine.ar_module`` and ``mstar.engine.flow_loop``):
 - Flow convention (openpi): x at t = 1 is noise; ``euler_step`` with dt = -1/steps
   down to t = 0.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -51,8 +52,9 @@ class Pi05Model(ARModule):
 
     accepts_need_hidden = True  # the engine may ask for the KV only (see forward)
 
-    def __init__(self, config: Pi05Config, *, dtype: torch.dtype = torch.float32,
-                 device: torch.device | str | None = None) -> None:
+    def __init__(
+        self, config: Pi05Config, *, dtype: torch.dtype = torch.float32, device: torch.device | str | None = None
+    ) -> None:
         super().__init__()
         self.config = config.validated()
         factory = {"dtype": dtype, "device": device}
@@ -66,8 +68,9 @@ class Pi05Model(ARModule):
         register_rope_tables(self, cos, sin, self.llm.norm.weight.dtype, device)
 
     @classmethod
-    def from_pretrained_dir(cls, path: str | Path, dtype: torch.dtype = torch.float32,
-                            progress: bool = True) -> Pi05Model:
+    def from_pretrained_dir(
+        cls, path: str | Path, dtype: torch.dtype = torch.float32, progress: bool = True
+    ) -> Pi05Model:
         """Config + prefix LM + expert weights from a pi0.5 checkpoint directory, on CPU in ``dtype``."""
         from mstar_graphs.pi05.checkpoints import load_part  # checkpoints imports this module
 
@@ -117,24 +120,34 @@ class Pi05Model(ARModule):
         # positions below max_positions, and index_select fails loudly past the tables.
         return self.rope_cos.index_select(0, positions), self.rope_sin.index_select(0, positions)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,  # type: ignore[override]
-                attn: AttentionContext, embeds: torch.Tensor | None = None,
-                embed_mask: torch.Tensor | None = None, need_hidden: bool = True) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,  # type: ignore[override]
+        attn: AttentionContext,
+        embeds: torch.Tensor | None = None,
+        embed_mask: torch.Tensor | None = None,
+        need_hidden: bool = True,
+    ) -> torch.Tensor:
         """input_ids, positions [T] int64; embeds [T or marked, width], embed_mask [T] bool
         -> final-normed hidden [T, prefix_width]; with ``need_hidden=False`` (the engine samples
         nothing from this step: a pi0.5 prefix) only the KV is computed and the result is unused."""
         if input_ids.dim() != 1 or positions.shape != input_ids.shape:
-            raise ValueError(f"input_ids and positions must both be [T]; got {tuple(input_ids.shape)} "
-                             f"and {tuple(positions.shape)}")
+            raise ValueError(
+                f"input_ids and positions must both be [T]; got {tuple(input_ids.shape)} and {tuple(positions.shape)}"
+            )
         cos, sin = self._rope(positions)
         return self.llm(self.llm.embed(input_ids, embeds, embed_mask), cos, sin, attn, kv_only=not need_hidden)
 
-    def flow_velocity(self, x: torch.Tensor, time: torch.Tensor, positions: torch.Tensor,
-                      attn: AttentionContext) -> torch.Tensor:
+    def flow_velocity(
+        self, x: torch.Tensor, time: torch.Tensor, positions: torch.Tensor, attn: AttentionContext
+    ) -> torch.Tensor:
         """x [B, H, A], time [B], positions [B*H] (sequence-major) -> velocity [B, H, A] fp32."""
         if x.dim() != 3 or positions.shape != (x.shape[0] * x.shape[1],):
-            raise ValueError(f"flow_velocity needs x [B, H, A] and positions [B*H]; got {tuple(x.shape)} "
-                             f"and {tuple(positions.shape)}")
+            raise ValueError(
+                f"flow_velocity needs x [B, H, A] and positions [B*H]; got {tuple(x.shape)} "
+                f"and {tuple(positions.shape)}"
+            )
         cos, sin = self._rope(positions)
         return self.expert(x, time, cos, sin, attn)
 

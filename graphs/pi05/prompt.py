@@ -25,6 +25,7 @@ the SigLIP node's output fills them. The whole prefix is bidirectional. A camera
 references mask out (a missing one) is simply absent here: masked tokens take no position
 and no one attends to them, so leaving them out gives the same result.
 """
+
 from __future__ import annotations
 
 import logging
@@ -39,7 +40,7 @@ log = logging.getLogger("mstar_graphs.pi05")
 
 STATE_BINS = 256
 IMAGE_PLACEHOLDER_ID = 0  # Gemma's <pad>; rows under embed_mask never look their id up
-_STATE_SEP = ", State:"   # the head ends here; the state text starts with a space
+_STATE_SEP = ", State:"  # the head ends here; the state text starts with a space
 
 
 class PromptError(ValueError):
@@ -90,8 +91,9 @@ class TaskPrompt:
 class PromptEncoder:
     """Token ids of pi0.5 prompts for one tokenizer and checkpoint (<bos>, token budget, state or not)."""
 
-    def __init__(self, tokenizer: TextTokenizer, *, bos_id: int, max_len: int, state_in_prompt: bool = True,
-                 split: bool = True) -> None:
+    def __init__(
+        self, tokenizer: TextTokenizer, *, bos_id: int, max_len: int, state_in_prompt: bool = True, split: bool = True
+    ) -> None:
         """``split=False``: always tokenize the whole text (no check; for one-off prompts)."""
         if max_len <= 0:
             raise ValueError(f"max_len must be > 0, got {max_len}")
@@ -126,8 +128,10 @@ class PromptEncoder:
         cap = self.max_len if max_tokens is None else max_tokens
         room = cap - len(head)  # what is left for the state text (nothing needs to be left without one)
         if room < (1 if self.state_in_prompt else 0):
-            raise PromptError(f"prompt is {len(head)} tokens before the state, over the limit of {cap} "
-                              f"(the checkpoint's tokenizer_max_length is {self.max_len})")
+            raise PromptError(
+                f"prompt is {len(head)} tokens before the state, over the limit of {cap} "
+                f"(the checkpoint's tokenizer_max_length is {self.max_len})"
+            )
         return TaskPrompt(text.strip(), cleaned, head, whole=self.state_in_prompt and not self.split_safe)
 
     def ids(self, task: TaskPrompt, state: torch.Tensor | Any) -> tuple[list[int], bool]:
@@ -145,8 +149,9 @@ class PromptEncoder:
         return ids[: self.max_len], len(ids) > self.max_len
 
 
-def prefix_tensors(text_ids: list[int], images_count: int,
-                   tokens_per_image: int = 256) -> tuple[torch.Tensor, torch.Tensor]:
+def prefix_tensors(
+    text_ids: list[int], images_count: int, tokens_per_image: int = 256
+) -> tuple[torch.Tensor, torch.Tensor]:
     """-> (input_ids [N] int64, embed_mask [N] bool): ``images_count * tokens_per_image`` image
     placeholders, then the text ids."""
     if images_count < 0 or tokens_per_image <= 0:
@@ -158,11 +163,20 @@ def prefix_tensors(text_ids: list[int], images_count: int,
     return ids, mask
 
 
-def build_prefix(tokenizer: TextTokenizer, images_count: int, prompt: str, state: torch.Tensor | Any, *,
-                 tokens_per_image: int = 256, bos_id: int = 2, max_token_len: int = 200,
-                 state_in_prompt: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+def build_prefix(
+    tokenizer: TextTokenizer,
+    images_count: int,
+    prompt: str,
+    state: torch.Tensor | Any,
+    *,
+    tokens_per_image: int = 256,
+    bos_id: int = 2,
+    max_token_len: int = 200,
+    state_in_prompt: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """One observation's (input_ids, embed_mask), without caching (tests, one-off calls)."""
-    encoder = PromptEncoder(tokenizer, bos_id=bos_id, max_len=max_token_len, state_in_prompt=state_in_prompt,
-                            split=False)
+    encoder = PromptEncoder(
+        tokenizer, bos_id=bos_id, max_len=max_token_len, state_in_prompt=state_in_prompt, split=False
+    )
     ids, _ = encoder.ids(encoder.task(prompt), state)
     return prefix_tensors(ids, images_count, tokens_per_image)

@@ -8,6 +8,7 @@ splits them again. It shares only the parameter tensors with :class:`Pi05Model` 
 math here is written out separately (HF-style full-width RoPE, eager softmax in fp32),
 so "persisted prefix KV == recompute every step" is checked against independent code.
 """
+
 from __future__ import annotations
 
 import math
@@ -39,8 +40,9 @@ def _time_embedding(t: float, dim: int, min_period: float, max_period: float) ->
     return torch.cat([x.sin(), x.cos()]).float()
 
 
-def prefix_embeddings(model: Pi05Model, input_ids: torch.Tensor, embeds: torch.Tensor | None,
-                      embed_mask: torch.Tensor | None) -> torch.Tensor:
+def prefix_embeddings(
+    model: Pi05Model, input_ids: torch.Tensor, embeds: torch.Tensor | None, embed_mask: torch.Tensor | None
+) -> torch.Tensor:
     """[P, width]: token rows scaled by sqrt(width); image rows (packed, in order) as given."""
     weight = model.llm.embed_tokens.weight
     h = weight[input_ids.clamp(0, weight.shape[0] - 1)] * math.sqrt(weight.shape[1])
@@ -51,8 +53,9 @@ def prefix_embeddings(model: Pi05Model, input_ids: torch.Tensor, embeds: torch.T
     return h
 
 
-def joint_forward(model: Pi05Model, prefix: torch.Tensor, suffix: torch.Tensor,
-                  cond: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def joint_forward(
+    model: Pi05Model, prefix: torch.Tensor, suffix: torch.Tensor, cond: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """prefix [P, Wp], suffix [H, We], cond [We] -> final-normed (prefix [P, Wp], suffix [H, We])."""
     c = model.config
     eps, d, nh, nkv = c.rms_norm_eps, c.prefix.head_dim, c.prefix.num_heads, c.prefix.num_kv_heads
@@ -78,7 +81,7 @@ def joint_forward(model: Pi05Model, prefix: torch.Tensor, suffix: torch.Tensor,
         v = _heads(hp, hs, ap.v_proj.weight, ae.v_proj.weight, nkv, d)
         q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
         k, v = k.repeat_interleave(nh // nkv, 0), v.repeat_interleave(nh // nkv, 0)
-        scores = (q @ k.transpose(1, 2)) * d ** -0.5
+        scores = (q @ k.transpose(1, 2)) * d**-0.5
         scores = scores.masked_fill(~allowed, float("-inf"))
         out = (scores.float().softmax(-1).to(q.dtype) @ v).transpose(0, 1).reshape(p_len + h_len, nh * d)
         prefix = prefix + out[:p_len] @ ap.o_proj.weight.T
@@ -87,8 +90,9 @@ def joint_forward(model: Pi05Model, prefix: torch.Tensor, suffix: torch.Tensor,
         hp = _rms(prefix, eps) * (1 + lp.post_attention_layernorm.weight)
         hs, gate = ada(le.post_attention_layernorm, suffix)
         for x_in, mlp, is_suffix in ((hp, lp.mlp, False), (hs, le.mlp, True)):
-            y = (F.gelu(x_in @ mlp.gate_proj.weight.T, approximate="tanh") * (x_in @ mlp.up_proj.weight.T)) \
-                @ mlp.down_proj.weight.T
+            y = (
+                F.gelu(x_in @ mlp.gate_proj.weight.T, approximate="tanh") * (x_in @ mlp.up_proj.weight.T)
+            ) @ mlp.down_proj.weight.T
             if is_suffix:
                 suffix = suffix + y * gate
             else:
@@ -99,9 +103,15 @@ def joint_forward(model: Pi05Model, prefix: torch.Tensor, suffix: torch.Tensor,
 
 
 @torch.no_grad()
-def sample_actions(model: Pi05Model, input_ids: torch.Tensor, noise: torch.Tensor, *,
-                   embeds: torch.Tensor | None = None, embed_mask: torch.Tensor | None = None,
-                   steps: int | None = None) -> torch.Tensor:
+def sample_actions(
+    model: Pi05Model,
+    input_ids: torch.Tensor,
+    noise: torch.Tensor,
+    *,
+    embeds: torch.Tensor | None = None,
+    embed_mask: torch.Tensor | None = None,
+    steps: int | None = None,
+) -> torch.Tensor:
     """One sequence: prefix ids [P] (+ image rows), noise [H, A] at t = 1 -> actions [H, A] at t = 0,
     with ``steps`` Euler steps, each a full joint forward of prefix + action rows."""
     c, e = model.config, model.expert
@@ -112,8 +122,13 @@ def sample_actions(model: Pi05Model, input_ids: torch.Tensor, noise: torch.Tenso
     for k in range(steps):
         t = 1.0 - k / steps
         temb = _time_embedding(t, c.expert.width, c.min_period, c.max_period)
-        cond = F.silu(F.linear(F.silu(F.linear(temb, e.time_mlp_in.weight, e.time_mlp_in.bias)),
-                               e.time_mlp_out.weight, e.time_mlp_out.bias))
+        cond = F.silu(
+            F.linear(
+                F.silu(F.linear(temb, e.time_mlp_in.weight, e.time_mlp_in.bias)),
+                e.time_mlp_out.weight,
+                e.time_mlp_out.bias,
+            )
+        )
         suffix = F.linear(x, e.action_in_proj.weight, e.action_in_proj.bias)
         _, out = joint_forward(model, prefix, suffix, cond)
         v = F.linear(out, e.action_out_proj.weight, e.action_out_proj.bias)
@@ -122,8 +137,13 @@ def sample_actions(model: Pi05Model, input_ids: torch.Tensor, noise: torch.Tenso
 
 
 @torch.no_grad()
-def prefix_hidden(model: Pi05Model, input_ids: torch.Tensor, *, embeds: torch.Tensor | None = None,
-                  embed_mask: torch.Tensor | None = None) -> torch.Tensor:
+def prefix_hidden(
+    model: Pi05Model,
+    input_ids: torch.Tensor,
+    *,
+    embeds: torch.Tensor | None = None,
+    embed_mask: torch.Tensor | None = None,
+) -> torch.Tensor:
     """The prefix LM's final hidden states [P, Wp] (bidirectional prefix), densely."""
     prefix = prefix_embeddings(model, input_ids, embeds, embed_mask)
     width = model.config.expert.width

@@ -4,6 +4,7 @@ The sizes come from the config's variant names (``paligemma_variant: gemma_2b``.
 ``mstar_dims``; weights made for other sizes would otherwise fail only when they are read. The model
 is built on the meta device (no memory) and every tensor's shape compared, from the headers alone.
 """
+
 from __future__ import annotations
 
 import re
@@ -46,8 +47,11 @@ class PartMismatch:
         what = []
         if self.layers is not None:
             what.append(f"the checkpoint has {self.layers[0]} layers, the config {self.layers[1]}")
-        for items, kind in ((self.mis_shaped, "differ in shape"), (self.missing, "missing from the checkpoint"),
-                            (self.unexpected, "in the checkpoint with no place in the model")):
+        for items, kind in (
+            (self.mis_shaped, "differ in shape"),
+            (self.missing, "missing from the checkpoint"),
+            (self.unexpected, "in the checkpoint with no place in the model"),
+        ):
             if items:
                 what.append(f"{len(items)} tensor{'s' if len(items) > 1 else ''} {kind} (first: {items[0]})")
         return f"{self.part} (sizes from {self.sizes_from}): " + "; ".join(what)
@@ -55,22 +59,26 @@ class PartMismatch:
 
 @dataclass(frozen=True)
 class ShapeCheck:
-    tensors: int                       # tensors in the checkpoint's headers
+    tensors: int  # tensors in the checkpoint's headers
     mismatches: tuple[PartMismatch, ...]
 
     def lines(self) -> list[str]:
         """For ``checkpoint info``, after the architecture lines."""
         if not self.mismatches:
             return [f"shapes: all {self.tensors} tensors in the headers match the sizes above"]
-        return ["shapes: the tensors in the headers DO NOT MATCH the sizes above:",
-                *(f"  {m}" for m in self.mismatches)]
+        return [
+            "shapes: the tensors in the headers DO NOT MATCH the sizes above:",
+            *(f"  {m}" for m in self.mismatches),
+        ]
 
     def problem(self) -> str | None:
         """One line naming the parts that do not match, or None."""
         if not self.mismatches:
             return None
-        return (f"the checkpoint's tensors do not match the config's sizes in "
-                f"{', '.join(m.part for m in self.mismatches)} (shapes: above)")
+        return (
+            f"the checkpoint's tensors do not match the config's sizes in "
+            f"{', '.join(m.part for m in self.mismatches)} (shapes: above)"
+        )
 
 
 @dataclass
@@ -116,9 +124,14 @@ def check_shapes(path: str | Path, config: Pi05Config | None = None) -> ShapeChe
     order = [part for _, part in _PARTS] + [UNKNOWN]
     for part, t in sorted(tallies.items(), key=lambda item: order.index(item[0])):
         layers = (max(t.layers) + 1 if t.layers else None, depth[part]) if part in depth else None
-        mismatch = PartMismatch(part, sources.get(part, "no part of pi0.5"), tuple(t.mis_shaped),
-                                tuple(t.missing), tuple(t.unexpected),
-                                layers if layers is not None and layers[0] != layers[1] else None)
+        mismatch = PartMismatch(
+            part,
+            sources.get(part, "no part of pi0.5"),
+            tuple(t.mis_shaped),
+            tuple(t.missing),
+            tuple(t.unexpected),
+            layers if layers is not None and layers[0] != layers[1] else None,
+        )
         if mismatch.mis_shaped or mismatch.missing or mismatch.unexpected or mismatch.layers:
             mismatches.append(mismatch)
     return ShapeCheck(len(checkpoint), tuple(mismatches))
@@ -140,11 +153,15 @@ def _sources(path: Path, config: Pi05Config) -> dict[str, str]:
     raw = msgspec.json.decode((path / "config.json").read_bytes(), type=_SizeSources)
     dims = raw.mstar_dims or {}
     return {
-        "vision": "mstar_dims.vision" if "vision" in dims
+        "vision": "mstar_dims.vision"
+        if "vision" in dims
         else f"pi0.5's SigLIP So400m/14 at {config.vision.image_size} px",
         "prefix LM": "mstar_dims.paligemma" if "paligemma" in dims else f"paligemma_variant {raw.paligemma_variant!r}",
-        "action expert": ("mstar_dims.action_expert" if "action_expert" in dims
-                          else f"action_expert_variant {raw.action_expert_variant!r}")
+        "action expert": (
+            "mstar_dims.action_expert"
+            if "action_expert" in dims
+            else f"action_expert_variant {raw.action_expert_variant!r}"
+        )
         + f" and action_dim {config.action_dim}",
     }
 

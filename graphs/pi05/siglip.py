@@ -13,6 +13,7 @@ transformers 5's ``GemmaTextScaledWordEmbedding``), image rows enter as they are
 Submodule names follow transformers' ``SiglipVisionTransformer`` so the checkpoint
 maps by prefix alone (see ``checkpoints.py``).
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -39,9 +40,10 @@ class SiglipAttention(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, n, w = x.shape
-        q, k, v = (p(x).view(b, n, self.heads, self.head_dim).transpose(1, 2)
-                   for p in (self.q_proj, self.k_proj, self.v_proj))
-        out = F.scaled_dot_product_attention(q, k, v, scale=self.head_dim ** -0.5)  # no mask: full attention
+        q, k, v = (
+            p(x).view(b, n, self.heads, self.head_dim).transpose(1, 2) for p in (self.q_proj, self.k_proj, self.v_proj)
+        )
+        out = F.scaled_dot_product_attention(q, k, v, scale=self.head_dim**-0.5)  # no mask: full attention
         return self.out_proj(out.transpose(1, 2).reshape(b, n, w))
 
 
@@ -106,8 +108,9 @@ def preprocess_images(images: torch.Tensor, size: int, *, who: str = "images") -
     if images.dim() == 3:
         images = images[None]
     if images.dim() != 4 or images.shape[-1] != 3 or images.shape[0] == 0:
-        raise ValueError(f"{who}: expected [H, W, 3] or [cameras, H, W, 3] (RGB, channels last), "
-                         f"got shape {tuple(images.shape)}")
+        raise ValueError(
+            f"{who}: expected [H, W, 3] or [cameras, H, W, 3] (RGB, channels last), got shape {tuple(images.shape)}"
+        )
     if images.dtype.is_floating_point:
         if not torch.isfinite(images).all():
             raise ValueError(f"{who}: float images contain NaN or infinite values")
@@ -126,8 +129,9 @@ class Pi05ImageEncoder(NodeSubmodule):
     """Stateless node: ``images`` -> ``embeds`` [cameras * patches, prefix_width]. Calls with the
     same number of cameras share a batch (one tower pass over all their images)."""
 
-    def __init__(self, config: Pi05Config, *, dtype: torch.dtype = torch.float32,
-                 device: torch.device | str | None = None) -> None:
+    def __init__(
+        self, config: Pi05Config, *, dtype: torch.dtype = torch.float32, device: torch.device | str | None = None
+    ) -> None:
         super().__init__()
         self.config = config
         factory = {"dtype": dtype, "device": device}
@@ -135,8 +139,9 @@ class Pi05ImageEncoder(NodeSubmodule):
         self.projector = nn.Linear(config.vision.width, config.prefix.width, **factory)
 
     @classmethod
-    def from_pretrained_dir(cls, path: str | Path, dtype: torch.dtype = torch.float32,
-                            progress: bool = True) -> Pi05ImageEncoder:
+    def from_pretrained_dir(
+        cls, path: str | Path, dtype: torch.dtype = torch.float32, progress: bool = True
+    ) -> Pi05ImageEncoder:
         from mstar_graphs.pi05.checkpoints import load_part  # checkpoints imports this module
 
         with no_random_init():

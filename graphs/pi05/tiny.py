@@ -20,6 +20,7 @@ Initialisation: embeddings ~ N(0, 1); projections ~ N(0, 1/fan_in); Gemma norm w
 (used as 1 + w) and biases ~ N(0, 0.1^2); LayerNorm weights ~ 1 + N(0, 0.1^2) - so a
 missing or misplaced tensor changes the outputs clearly.
 """
+
 from __future__ import annotations
 
 import json
@@ -57,17 +58,31 @@ JOINT_UPPER = [2.9, 1.8, 2.9, 0.0, 2.9, 3.8, 2.9, 0.8]
 
 def _features() -> dict[str, Any]:
     images = {f"observation.images.{name}": {"type": "VISUAL", "shape": [3, 224, 224]} for name in CAMERAS}
-    return {"input_features": {**images, "observation.state": {"type": "STATE", "shape": [STATE_DIM]}},
-            "output_features": {"action": {"type": "ACTION", "shape": [ACTION_DIM]}}}
+    return {
+        "input_features": {**images, "observation.state": {"type": "STATE", "shape": [STATE_DIM]}},
+        "output_features": {"action": {"type": "ACTION", "shape": [ACTION_DIM]}},
+    }
 
 
 PRESETS: dict[str, dict[str, Any]] = {
-    name: {"type": "pi05", "chunk_size": 50, "n_action_steps": 50, "max_action_dim": 32, "max_state_dim": 32,
-           "num_inference_steps": 10, "tokenizer_max_length": 200, "image_resolution": [224, 224],
-           "paligemma_variant": f"mstar_{name}", "action_expert_variant": f"mstar_{name}_expert",
-           "dtype": "float32", "empty_cameras": 0,
-           "normalization_mapping": {"VISUAL": "IDENTITY", "STATE": "QUANTILES", "ACTION": "QUANTILES"},
-           **_features(), "mstar_dims": dims, "mstar_random_weights": True}
+    name: {
+        "type": "pi05",
+        "chunk_size": 50,
+        "n_action_steps": 50,
+        "max_action_dim": 32,
+        "max_state_dim": 32,
+        "num_inference_steps": 10,
+        "tokenizer_max_length": 200,
+        "image_resolution": [224, 224],
+        "paligemma_variant": f"mstar_{name}",
+        "action_expert_variant": f"mstar_{name}_expert",
+        "dtype": "float32",
+        "empty_cameras": 0,
+        "normalization_mapping": {"VISUAL": "IDENTITY", "STATE": "QUANTILES", "ACTION": "QUANTILES"},
+        **_features(),
+        "mstar_dims": dims,
+        "mstar_random_weights": True,
+    }
     for name, dims in (("tiny", _TINY_DIMS), ("bench", _BENCH_DIMS))
 }
 
@@ -76,55 +91,101 @@ def robot_statistics() -> dict[str, dict[str, list[float]]]:
     """Statistics a dataset of the generated robot could have (LeRobot's names): the state's
     quantiles sit inside the joint limits; the actions' are wider (commands overshoot a little),
     so a server that mixed the two up would give different actions."""
+
     def stats(inset: float) -> dict[str, list[float]]:
         lo = [a + inset * (b - a) for a, b in zip(JOINT_LOWER, JOINT_UPPER)]
         hi = [b - inset * (b - a) for a, b in zip(JOINT_LOWER, JOINT_UPPER)]
         mid = [(a + b) / 2 for a, b in zip(lo, hi)]
-        return {"min": list(JOINT_LOWER), "max": list(JOINT_UPPER), "mean": mid,
-                "std": [(b - a) / 4 for a, b in zip(lo, hi)], "q01": lo, "q99": hi,
-                "q10": [m - (m - a) * 0.8 for m, a in zip(mid, lo)], "q90": [m + (b - m) * 0.8 for m, b in zip(mid, hi)]}
+        return {
+            "min": list(JOINT_LOWER),
+            "max": list(JOINT_UPPER),
+            "mean": mid,
+            "std": [(b - a) / 4 for a, b in zip(lo, hi)],
+            "q01": lo,
+            "q99": hi,
+            "q10": [m - (m - a) * 0.8 for m, a in zip(mid, lo)],
+            "q90": [m + (b - m) * 0.8 for m, b in zip(mid, hi)],
+        }
+
     return {"observation.state": stats(0.05), "action": stats(-0.02)}
 
 
-def write_lerobot_processors(directory: Path, config: dict[str, Any],
-                             statistics: dict[str, dict[str, list[float]]]) -> None:
+def write_lerobot_processors(
+    directory: Path, config: dict[str, Any], statistics: dict[str, dict[str, list[float]]]
+) -> None:
     """LeRobot's two processor pipelines for ``config`` (its features and normalization_mapping),
     with ``statistics`` ({feature key: {stat: values}}) in their normaliser state files."""
     from safetensors.torch import save_file
 
-    flat = {f"{key}.{stat}": torch.tensor(values, dtype=torch.float32)
-            for key, stats in statistics.items() for stat, values in stats.items()}
+    flat = {
+        f"{key}.{stat}": torch.tensor(values, dtype=torch.float32)
+        for key, stats in statistics.items()
+        for stat, values in stats.items()
+    }
     features = {**config["input_features"], **config["output_features"]}
     norm_map = config["normalization_mapping"]
-    pre_state, post_state = ("policy_preprocessor_step_3_normalizer_processor.safetensors",
-                             "policy_postprocessor_step_0_unnormalizer_processor.safetensors")
+    pre_state, post_state = (
+        "policy_preprocessor_step_3_normalizer_processor.safetensors",
+        "policy_postprocessor_step_0_unnormalizer_processor.safetensors",
+    )
     save_file(flat, str(directory / pre_state))
     save_file(flat, str(directory / post_state))
-    pre = {"name": "policy_preprocessor", "steps": [
-        {"registry_name": "rename_observations_processor", "config": {"rename_map": {}}},
-        {"registry_name": "to_batch_processor", "config": {}},
-        {"registry_name": "relative_actions_processor", "config": {"enabled": False, "exclude_joints": ["gripper"],
-                                                                     "action_names": None}},
-        {"registry_name": "normalizer_processor", "config": {"eps": 1e-08, "features": features, "norm_map": norm_map},
-         "state_file": pre_state},
-        {"registry_name": "pi05_prepare_state_tokenizer_processor_step", "config": {}},
-        {"registry_name": "tokenizer_processor", "config": {
-            "max_length": config["tokenizer_max_length"], "task_key": "task", "padding_side": "right",
-            "padding": "max_length", "truncation": True, "tokenizer_name": "google/paligemma-3b-pt-224"}},
-        {"registry_name": "device_processor", "config": {"device": "cpu", "float_dtype": None}}]}
-    post = {"name": "policy_postprocessor", "steps": [
-        {"registry_name": "unnormalizer_processor", "config": {"eps": 1e-08, "features": config["output_features"],
-                                                               "norm_map": norm_map}, "state_file": post_state},
-        {"registry_name": "absolute_actions_processor", "config": {"enabled": False}},
-        {"registry_name": "device_processor", "config": {"device": "cpu", "float_dtype": None}}]}
+    pre = {
+        "name": "policy_preprocessor",
+        "steps": [
+            {"registry_name": "rename_observations_processor", "config": {"rename_map": {}}},
+            {"registry_name": "to_batch_processor", "config": {}},
+            {
+                "registry_name": "relative_actions_processor",
+                "config": {"enabled": False, "exclude_joints": ["gripper"], "action_names": None},
+            },
+            {
+                "registry_name": "normalizer_processor",
+                "config": {"eps": 1e-08, "features": features, "norm_map": norm_map},
+                "state_file": pre_state,
+            },
+            {"registry_name": "pi05_prepare_state_tokenizer_processor_step", "config": {}},
+            {
+                "registry_name": "tokenizer_processor",
+                "config": {
+                    "max_length": config["tokenizer_max_length"],
+                    "task_key": "task",
+                    "padding_side": "right",
+                    "padding": "max_length",
+                    "truncation": True,
+                    "tokenizer_name": "google/paligemma-3b-pt-224",
+                },
+            },
+            {"registry_name": "device_processor", "config": {"device": "cpu", "float_dtype": None}},
+        ],
+    }
+    post = {
+        "name": "policy_postprocessor",
+        "steps": [
+            {
+                "registry_name": "unnormalizer_processor",
+                "config": {"eps": 1e-08, "features": config["output_features"], "norm_map": norm_map},
+                "state_file": post_state,
+            },
+            {"registry_name": "absolute_actions_processor", "config": {"enabled": False}},
+            {"registry_name": "device_processor", "config": {"device": "cpu", "float_dtype": None}},
+        ],
+    }
     for name, pipeline in (("policy_preprocessor.json", pre), ("policy_postprocessor.json", post)):
         (directory / name).write_text(json.dumps(pipeline, indent=2) + "\n")
 
 
 _CORPUS = [
-    "pick up the red cube and place it in the bowl", "open the top drawer", "close the microwave door",
-    "put the spoon next to the plate", "stack the green block on the blue block", "wipe the table with the towel",
-    "move the cup to the left", "push the button", "fold the cloth in half", "pour water into the glass",
+    "pick up the red cube and place it in the bowl",
+    "open the top drawer",
+    "close the microwave door",
+    "put the spoon next to the plate",
+    "stack the green block on the blue block",
+    "wipe the table with the towel",
+    "move the cup to the left",
+    "push the button",
+    "fold the cloth in half",
+    "pour water into the glass",
     "Task: pick up the fork, State: 128 127 130 0 255 64 192;\nAction: ",
 ]
 
@@ -141,18 +202,26 @@ def weight_shapes(cfg: Pi05Config) -> list[tuple[str, tuple[int, ...], str]]:
     v, p, e = cfg.vision, cfg.prefix, cfg.expert
     out: list[tuple[str, tuple[int, ...], str]] = []
     vt = "paligemma_with_expert.paligemma.model.vision_tower.vision_model."
-    out += [(vt + "embeddings.patch_embedding.weight", (v.width, 3, v.patch_size, v.patch_size), "proj"),
-            (vt + "embeddings.patch_embedding.bias", (v.width,), "small"),
-            (vt + "embeddings.position_embedding.weight", (v.num_patches, v.width), "unit")]
+    out += [
+        (vt + "embeddings.patch_embedding.weight", (v.width, 3, v.patch_size, v.patch_size), "proj"),
+        (vt + "embeddings.patch_embedding.bias", (v.width,), "small"),
+        (vt + "embeddings.position_embedding.weight", (v.num_patches, v.width), "unit"),
+    ]
     for n in range(v.depth):
         lp = f"{vt}encoder.layers.{n}."
         for norm in ("layer_norm1", "layer_norm2"):
             out += [(f"{lp}{norm}.weight", (v.width,), "layernorm"), (f"{lp}{norm}.bias", (v.width,), "small")]
         for proj in ("q_proj", "k_proj", "v_proj", "out_proj"):
-            out += [(f"{lp}self_attn.{proj}.weight", (v.width, v.width), "proj"),
-                    (f"{lp}self_attn.{proj}.bias", (v.width,), "small")]
-        out += [(f"{lp}mlp.fc1.weight", (v.mlp_dim, v.width), "proj"), (f"{lp}mlp.fc1.bias", (v.mlp_dim,), "small"),
-                (f"{lp}mlp.fc2.weight", (v.width, v.mlp_dim), "proj"), (f"{lp}mlp.fc2.bias", (v.width,), "small")]
+            out += [
+                (f"{lp}self_attn.{proj}.weight", (v.width, v.width), "proj"),
+                (f"{lp}self_attn.{proj}.bias", (v.width,), "small"),
+            ]
+        out += [
+            (f"{lp}mlp.fc1.weight", (v.mlp_dim, v.width), "proj"),
+            (f"{lp}mlp.fc1.bias", (v.mlp_dim,), "small"),
+            (f"{lp}mlp.fc2.weight", (v.width, v.mlp_dim), "proj"),
+            (f"{lp}mlp.fc2.bias", (v.width,), "small"),
+        ]
     out += [(vt + "post_layernorm.weight", (v.width,), "layernorm"), (vt + "post_layernorm.bias", (v.width,), "small")]
     mm = "paligemma_with_expert.paligemma.model.multi_modal_projector.linear."
     out += [(mm + "weight", (p.width, v.width), "proj"), (mm + "bias", (p.width,), "small")]
@@ -161,8 +230,12 @@ def weight_shapes(cfg: Pi05Config) -> list[tuple[str, tuple[int, ...], str]]:
     out += _gemma_layers("paligemma_with_expert.gemma_expert.model.", e.width, cfg, adarms=True)
     out.append(("paligemma_with_expert.gemma_expert.lm_head.weight", (cfg.vocab_size, e.width), "unit"))
     a = cfg.action_dim
-    for name, shape in (("action_in_proj", (e.width, a)), ("action_out_proj", (a, e.width)),
-                        ("time_mlp_in", (e.width, e.width)), ("time_mlp_out", (e.width, e.width))):
+    for name, shape in (
+        ("action_in_proj", (e.width, a)),
+        ("action_out_proj", (a, e.width)),
+        ("time_mlp_in", (e.width, e.width)),
+        ("time_mlp_out", (e.width, e.width)),
+    ):
         out += [(f"{name}.weight", shape, "proj"), (f"{name}.bias", (shape[0],), "small")]
     return out
 
@@ -180,11 +253,18 @@ def _gemma_layers(prefix: str, width: int, cfg: Pi05Config, *, adarms: bool) -> 
     for n in range(d.depth):
         lp = f"{prefix}layers.{n}."
         out += norm(lp + "input_layernorm")
-        out += [(lp + "self_attn.q_proj.weight", (q, width), "proj"), (lp + "self_attn.k_proj.weight", (kv, width), "proj"),
-                (lp + "self_attn.v_proj.weight", (kv, width), "proj"), (lp + "self_attn.o_proj.weight", (width, q), "proj")]
+        out += [
+            (lp + "self_attn.q_proj.weight", (q, width), "proj"),
+            (lp + "self_attn.k_proj.weight", (kv, width), "proj"),
+            (lp + "self_attn.v_proj.weight", (kv, width), "proj"),
+            (lp + "self_attn.o_proj.weight", (width, q), "proj"),
+        ]
         out += norm(lp + "post_attention_layernorm")
-        out += [(lp + "mlp.gate_proj.weight", (mlp, width), "proj"), (lp + "mlp.up_proj.weight", (mlp, width), "proj"),
-                (lp + "mlp.down_proj.weight", (width, mlp), "proj")]
+        out += [
+            (lp + "mlp.gate_proj.weight", (mlp, width), "proj"),
+            (lp + "mlp.up_proj.weight", (mlp, width), "proj"),
+            (lp + "mlp.down_proj.weight", (width, mlp), "proj"),
+        ]
     return out + norm(prefix + "norm")
 
 
@@ -211,8 +291,13 @@ def build_tokenizer(vocab_size: int) -> Any:
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=min(vocab_size, 600), min_frequency=1, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), special_tokens=SPECIAL_TOKENS)
+    trainer = trainers.BpeTrainer(
+        vocab_size=min(vocab_size, 600),
+        min_frequency=1,
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        special_tokens=SPECIAL_TOKENS,
+    )
     numbers = [" ".join(str((i * 37 + k) % 256) for k in range(16)) for i in range(64)]
     tok.train_from_iterator(_CORPUS + numbers, trainer=trainer)
     return tok

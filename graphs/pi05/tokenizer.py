@@ -8,6 +8,7 @@ saves it under ``<checkpoint>/tokenizer/``). Either file gives the same ids. Bot
 references put ``<bos>`` first and no ``<eos>``: ``encode`` here adds no special token, the
 prompt builder adds ``<bos>``.
 """
+
 from __future__ import annotations
 
 import os
@@ -15,8 +16,13 @@ from pathlib import Path
 from typing import Protocol
 
 #: where a tokenizer is looked for inside a directory, in this order
-FILE_NAMES = ("tokenizer.model", "paligemma_tokenizer.model", "tokenizer.json",
-              "tokenizer/tokenizer.model", "tokenizer/tokenizer.json")
+FILE_NAMES = (
+    "tokenizer.model",
+    "paligemma_tokenizer.model",
+    "tokenizer.json",
+    "tokenizer/tokenizer.model",
+    "tokenizer/tokenizer.json",
+)
 
 
 class TokenizerError(ValueError):
@@ -99,9 +105,11 @@ def find_tokenizer(checkpoint: Path, given: str | Path | None = None) -> Path:
     for path in tried:
         if path.is_file():
             return path
-    hint = ("PaliGemma's tokenizer: openpi's paligemma_tokenizer.model (gs://big_vision/paligemma_tokenizer.model) "
-            "or tokenizer.json / tokenizer.model of google/paligemma-3b-pt-224; put it in the checkpoint directory "
-            "or pass --tokenizer PATH")
+    hint = (
+        "PaliGemma's tokenizer: openpi's paligemma_tokenizer.model (gs://big_vision/paligemma_tokenizer.model) "
+        "or tokenizer.json / tokenizer.model of google/paligemma-3b-pt-224; put it in the checkpoint directory "
+        "or pass --tokenizer PATH"
+    )
     raise TokenizerError(f"no tokenizer found (tried {', '.join(map(str, tried))}): pi0.5 needs {hint}")
 
 

@@ -16,6 +16,7 @@ zeros), so each clip is padded as it would be alone: batching clips of several r
 each the embeddings it gets alone. Clips are batched per padded chunk length in the
 convolutions and per window in attention.
 """
+
 from __future__ import annotations
 
 import math
@@ -69,12 +70,14 @@ class AudioAttention(nn.Module):
     def forward(self, x: torch.Tensor, windows: list[int]) -> torch.Tensor:
         """x [N, d] rows of all windows back to back; ``windows`` their lengths."""
         n = x.shape[0]
-        q, k, v = (p(x).reshape(n, self.heads, self.head_dim).transpose(0, 1) for p in (self.q_proj, self.k_proj, self.v_proj))
+        q, k, v = (
+            p(x).reshape(n, self.heads, self.head_dim).transpose(0, 1) for p in (self.q_proj, self.k_proj, self.v_proj)
+        )
         outs = []
         start = 0
         for length in windows:  # bidirectional within a window
             sl = slice(start, start + length)
-            w = torch.matmul(q[:, sl], k[:, sl].transpose(1, 2)) * self.head_dim ** -0.5
+            w = torch.matmul(q[:, sl], k[:, sl].transpose(1, 2)) * self.head_dim**-0.5
             outs.append(torch.matmul(torch.softmax(w, dim=-1, dtype=torch.float32).to(q.dtype), v[:, sl]))
             start += length
         out = torch.cat(outs, dim=1).transpose(0, 1).reshape(n, -1)
@@ -167,7 +170,7 @@ class AudioEncoder(NodeSubmodule):
         per_clip = self.encode(clips)
         out, at = [], 0
         for n in counts:
-            out.append(torch.cat(per_clip[at:at + n]))
+            out.append(torch.cat(per_clip[at : at + n]))
             at += n
         return {"embeds": out}
 
@@ -181,7 +184,7 @@ class AudioEncoder(NodeSubmodule):
             frames = clip.shape[1]
             longest = chunk if frames >= chunk else frames
             for start in range(0, frames, chunk):
-                part = clip[:, start:start + chunk]
+                part = clip[:, start : start + chunk]
                 pieces.append((i, F.pad(part, (0, longest - part.shape[1])), part.shape[1]))
         # convolutions batched over pieces of one padded length
         rows: list[torch.Tensor | None] = [None] * len(pieces)
@@ -191,12 +194,12 @@ class AudioEncoder(NodeSubmodule):
         for _length, members in by_length.items():
             x = torch.stack([pieces[j][1] for j in members])[:, None].to(dtype)
             for start in range(0, x.shape[0], self.cfg.conv_chunksize):
-                part = x[start:start + self.cfg.conv_chunksize]
+                part = x[start : start + self.cfg.conv_chunksize]
                 y = F.gelu(self.conv2d3(F.gelu(self.conv2d2(F.gelu(self.conv2d1(part))))))
                 b, c, f, t = y.shape
                 y = self.conv_out(y.permute(0, 3, 1, 2).reshape(b, t, c * f)) + self.positions[:t].to(y.dtype)
                 for j, row in zip(members[start:], y):
-                    rows[j] = row[:tokens_for_frames(pieces[j][2], self.cfg.n_window)]
+                    rows[j] = row[: tokens_for_frames(pieces[j][2], self.cfg.n_window)]
         # attention windows, per clip
         hidden, windows, per_clip = [], [], []
         full = _full_chunk_tokens(chunk)

@@ -6,6 +6,7 @@ window, Slaney mel scale and area normalisation from 0 to 8 kHz, no dither): pow
 1e-10, floored 8 below the clip's maximum, then ``(x + 4) / 4``. The filter bank is computed here
 from the Slaney formulas in float64 and cast to float32 for the product, as transformers does.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -30,8 +31,9 @@ def mel_to_hertz(m: np.ndarray) -> np.ndarray:
     return np.where(m >= 15.0, 1000.0 * np.exp(np.log(6.4) / 27.0 * (m - 15.0)), f)
 
 
-def mel_filters(bins: int = N_FFT // 2 + 1, mels: int = 128, rate: int = SAMPLE_RATE,
-                low: float = 0.0, high: float = 8000.0) -> torch.Tensor:
+def mel_filters(
+    bins: int = N_FFT // 2 + 1, mels: int = 128, rate: int = SAMPLE_RATE, low: float = 0.0, high: float = 8000.0
+) -> torch.Tensor:
     """[bins, mels] float32 triangular filters, Slaney-normalised."""
     edges = mel_to_hertz(np.linspace(hertz_to_mel(low), hertz_to_mel(high), mels + 2))
     fft = np.linspace(0, rate // 2, bins)
@@ -40,7 +42,7 @@ def mel_filters(bins: int = N_FFT // 2 + 1, mels: int = 128, rate: int = SAMPLE_
     down = -slopes[:, :-2] / widths[:-1]
     up = slopes[:, 2:] / widths[1:]
     tri = np.maximum(0.0, np.minimum(down, up))
-    enorm = 2.0 / (edges[2:mels + 2] - edges[:mels])
+    enorm = 2.0 / (edges[2 : mels + 2] - edges[:mels])
     return torch.from_numpy(tri * enorm[None, :]).to(torch.float32)
 
 
@@ -69,8 +71,9 @@ def floor_and_scale(spec: torch.Tensor) -> torch.Tensor:
 def log_mel(samples: torch.Tensor, mels: int = 128) -> torch.Tensor:
     """16 kHz mono float samples [N] -> features [mels, N // 160]."""
     if samples.dim() != 1 or samples.numel() < N_FFT:
-        raise ValueError(f"audio must be mono samples, at least {N_FFT} of them (25 ms at 16 kHz); "
-                         f"got shape {tuple(samples.shape)}")
+        raise ValueError(
+            f"audio must be mono samples, at least {N_FFT} of them (25 ms at 16 kHz); got shape {tuple(samples.shape)}"
+        )
     check_samples(samples)
     stft = torch.stft(samples.float(), N_FFT, HOP, window=torch.hann_window(N_FFT), return_complex=True)
     power = (stft[..., :-1].abs() ** 2).contiguous()
@@ -99,12 +102,12 @@ def streamed_log10_mel(samples: torch.Tensor, context: int, first: bool, final: 
     if first:
         if n <= half:
             raise ValueError(f"a clip needs more than {half} samples ({half * 1000 // SAMPLE_RATE} ms)")
-        x = torch.cat([x[1:half + 1].flip(0), x])
+        x = torch.cat([x[1 : half + 1].flip(0), x])
     if final:
         if n <= half:
             raise ValueError(f"a clip's end needs more than {half} samples of context")
-        x = torch.cat([x, x[-half - 1:-1].flip(0)])
+        x = torch.cat([x, x[-half - 1 : -1].flip(0)])
     offset = half if first else 0
-    segment = x[first_centre + offset - half:last_centre + offset + half]
+    segment = x[first_centre + offset - half : last_centre + offset + half]
     stft = torch.stft(segment, N_FFT, HOP, window=torch.hann_window(N_FFT), center=False, return_complex=True)
     return log10_mel((stft.abs() ** 2).contiguous(), mels)

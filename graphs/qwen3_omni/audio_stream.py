@@ -10,6 +10,7 @@ of up to 8 s, so the frames of the whole turn are its input. ``audio_prompt`` th
 prompt's one audio slot to as many pads as the encoder made embeddings. The Thinker sees what it
 sees for the whole clip given at once (``log_mel`` on it), so the answer is the same.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -20,9 +21,9 @@ from mstar.conductor.stream_input import SampleStream
 from mstar.graph.node import NodeCall, NodeSubmodule
 from mstar_graphs.qwen3_omni.audio_features import HOP, MAX_SECONDS, SAMPLE_RATE, check_samples, streamed_log10_mel
 
-ITEM_SAMPLES = 320     # 20 ms at 16 kHz: what a microphone's frame holds, a multiple of the hop
-CHUNK_ITEMS = 25       # 0.5 s of audio per audio_frames call
-CONTEXT_ITEMS = 3      # 60 ms before it: a frame needs 200 samples left of its centre
+ITEM_SAMPLES = 320  # 20 ms at 16 kHz: what a microphone's frame holds, a multiple of the hop
+CHUNK_ITEMS = 25  # 0.5 s of audio per audio_frames call
+CONTEXT_ITEMS = 3  # 60 ms before it: a frame needs 200 samples left of its centre
 
 
 def turn_stream() -> SampleStream:
@@ -48,11 +49,12 @@ class AudioFramesNode(NodeSubmodule):
                 # the stream's last item may be shorter; it ends its chunk (a shorter one before it would show
                 # in the next chunk's context, and fail there)
                 if item.numel() % HOP and i != len(items) - 1:
-                    raise ValueError(f"streamed audio items hold a multiple of {HOP} samples (the last may not), "
-                                     f"got {item.numel()}")
+                    raise ValueError(
+                        f"streamed audio items hold a multiple of {HOP} samples (the last may not), got {item.numel()}"
+                    )
             samples = torch.cat(items).float()
             check_samples(samples)
-            context = sum(item.numel() for item in items[:int(c.meta.get("left_context", 0))])
+            context = sum(item.numel() for item in items[: int(c.meta.get("left_context", 0))])
             chunks.append((samples, context, bool(c.meta.get("first", 0)), final))
         return {"chunks": chunks}
 
@@ -60,7 +62,9 @@ class AudioFramesNode(NodeSubmodule):
         return "audio_frames"
 
     def forward(self, chunks: list) -> dict:  # type: ignore[override]
-        return {"log_mel": [streamed_log10_mel(s, context, first, final, self.mels) for s, context, first, final in chunks]}
+        return {
+            "log_mel": [streamed_log10_mel(s, context, first, final, self.mels) for s, context, first, final in chunks]
+        }
 
     def split_outputs(self, outputs, calls):
         return [{"log_mel": m} for m in outputs["log_mel"]]
@@ -88,8 +92,10 @@ class AudioPromptNode(NodeSubmodule):
                 raise ValueError(f"{embeds.shape[0]} audio embeddings for {known} earlier pads and a turn")
             length = ids.numel() - 1 + embeds.shape[0] - known
             if length > self.max_prompt:
-                raise ValueError(f"the spoken turn makes a prompt of {length} tokens, over the {self.max_prompt} "
-                                 "the context leaves for it: speak for less time")
+                raise ValueError(
+                    f"the spoken turn makes a prompt of {length} tokens, over the {self.max_prompt} "
+                    "the context leaves for it: speak for less time"
+                )
             prompts.append((ids, slot, embeds.shape[0] - known))
         return {"prompts": prompts}
 
@@ -100,7 +106,7 @@ class AudioPromptNode(NodeSubmodule):
         out = []
         for ids, slot, tokens in prompts:
             pads = torch.full((tokens,), self.audio_token_id, dtype=ids.dtype)
-            wide = torch.cat([ids[:slot], pads, ids[slot + 1:]])
+            wide = torch.cat([ids[:slot], pads, ids[slot + 1 :]])
             given = wide == self.audio_token_id
             if self.image_token_id is not None:
                 given |= wide == self.image_token_id

@@ -8,6 +8,7 @@ then the generation prompt ``<|im_start|>assistant\\n``. The tokenizer is the ch
 small byte-level one with every special token at its real id, and the rest of the vocabulary as
 filler tokens, so any id the random Thinker picks decodes to something.
 """
+
 from __future__ import annotations
 
 import json
@@ -19,17 +20,28 @@ import tokenizers
 from mstar_graphs.common.tokenizer_file import load_tokenizer_file
 from mstar_graphs.qwen3_omni.config import Qwen3OmniConfig
 
-SPECIALS = {"<|endoftext|>": 151643, "<|im_start|>": 151644, "<|im_end|>": 151645, "<|vision_start|>": 151652,
-            "<|vision_end|>": 151653, "<|image_pad|>": 151655, "<|video_pad|>": 151656, "<|audio_start|>": 151669,
-            "<|audio_end|>": 151670, "<|audio_pad|>": 151675, "<tts_pad>": 151671, "<tts_text_bos>": 151672,
-            "<tts_text_eod>": 151673}
+SPECIALS = {
+    "<|endoftext|>": 151643,
+    "<|im_start|>": 151644,
+    "<|im_end|>": 151645,
+    "<|vision_start|>": 151652,
+    "<|vision_end|>": 151653,
+    "<|image_pad|>": 151655,
+    "<|video_pad|>": 151656,
+    "<|audio_start|>": 151669,
+    "<|audio_end|>": 151670,
+    "<|audio_pad|>": 151675,
+    "<tts_pad>": 151671,
+    "<tts_text_bos>": 151672,
+    "<tts_text_eod>": 151673,
+}
 
 
 @dataclass(frozen=True)
 class Turn:
-    role: str                 # "system", "user" or "assistant"
+    role: str  # "system", "user" or "assistant"
     text: str = ""
-    audio_tokens: int = 0     # an audio clip of this many encoder rows, before the text
+    audio_tokens: int = 0  # an audio clip of this many encoder rows, before the text
     image_pads: tuple[int, ...] = ()  # images of this many merged patches each, before the audio
 
 
@@ -73,10 +85,20 @@ def build_tiny_tokenizer(vocab_size: int) -> tokenizers.Tokenizer:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=600, min_frequency=1, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), special_tokens=[])
-    tok.train_from_iterator(["user assistant system hello there how are you today what is the weather like",
-                             "the robot can hear you and speak back to you in real time"], trainer=trainer)
+    trainer = trainers.BpeTrainer(
+        vocab_size=600,
+        min_frequency=1,
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        special_tokens=[],
+    )
+    tok.train_from_iterator(
+        [
+            "user assistant system hello there how are you today what is the weather like",
+            "the robot can hear you and speak back to you in real time",
+        ],
+        trainer=trainer,
+    )
     data = json.loads(tok.to_str())
     vocab = data["model"]["vocab"]
     taken = set(vocab.values()) | set(SPECIALS.values())
@@ -87,6 +109,16 @@ def build_tiny_tokenizer(vocab_size: int) -> tokenizers.Tokenizer:
     for word, tid in (("system", 8948), ("user", 872), ("assistant", 77091)):  # Qwen's ids of the role words
         vocab.pop(next((k for k, v in vocab.items() if v == tid), None), None)
         vocab[f"Ġ{word}"] = tid
-    data["added_tokens"] = [{"id": tid, "content": text, "single_word": False, "lstrip": False, "rstrip": False,
-                             "normalized": False, "special": True} for text, tid in SPECIALS.items()]
+    data["added_tokens"] = [
+        {
+            "id": tid,
+            "content": text,
+            "single_word": False,
+            "lstrip": False,
+            "rstrip": False,
+            "normalized": False,
+            "special": True,
+        }
+        for text, tid in SPECIALS.items()
+    ]
     return Tokenizer.from_str(json.dumps(data))

@@ -7,6 +7,7 @@ expert (``...mlp.experts.{e}.gate_proj.weight``). Each component loads only its 
 (:func:`load_component`); the experts are fused in memory after loading. The vision tower's
 weights are not read yet (no vision walk).
 """
+
 from __future__ import annotations
 
 import logging
@@ -31,8 +32,9 @@ PREFIXES = {
 }
 
 
-def build_component(name: str, config: Qwen3OmniConfig, dtype: torch.dtype = torch.float32,
-                    device: str | None = None) -> torch.nn.Module:
+def build_component(
+    name: str, config: Qwen3OmniConfig, dtype: torch.dtype = torch.float32, device: str | None = None
+) -> torch.nn.Module:
     from mstar_graphs.qwen3_omni.audio_encoder import AudioEncoder
     from mstar_graphs.qwen3_omni.code2wav import Code2Wav
     from mstar_graphs.qwen3_omni.talker import Talker
@@ -53,8 +55,9 @@ def build_component(name: str, config: Qwen3OmniConfig, dtype: torch.dtype = tor
     raise ValueError(f"no Qwen3-Omni component {name!r} (known: {sorted(PREFIXES)})")
 
 
-def load_component(name: str, path: str | Path, dtype: torch.dtype = torch.float32,
-                   progress: bool = True) -> torch.nn.Module:
+def load_component(
+    name: str, path: str | Path, dtype: torch.dtype = torch.float32, progress: bool = True
+) -> torch.nn.Module:
     """One component with its weights from a checkpoint directory, experts fused, in eval mode."""
     path = Path(path)
     config = Qwen3OmniConfig.from_dir(path)
@@ -68,7 +71,7 @@ def load_component(name: str, path: str | Path, dtype: torch.dtype = torch.float
     def name_map(ckpt: str) -> str | None:
         if not ckpt.startswith(prefix) or ckpt.startswith(elsewhere):
             return None
-        return ckpt[len(prefix):]
+        return ckpt[len(prefix) :]
 
     load_weights(module, path, name_map=name_map, dtype=dtype, progress=progress, desc=f"Qwen3-Omni {name}")
     if hasattr(module, "fuse_experts"):
@@ -89,5 +92,8 @@ def component_state_dicts(modules: dict[str, torch.nn.Module]) -> dict[str, torc
 def ensure_tiny_qwen3_omni(preset: str = "tiny") -> Path:
     from mstar_graphs.qwen3_omni.tiny import write_tiny_checkpoint  # tiny builds with build_component
 
-    return cached_dir(f"qwen3-omni-{preset}-v{TINY_VERSION}", lambda d: write_tiny_checkpoint(d, preset=preset),
-                      f"the {preset} Qwen3-Omni checkpoint (random weights)")
+    return cached_dir(
+        f"qwen3-omni-{preset}-v{TINY_VERSION}",
+        lambda d: write_tiny_checkpoint(d, preset=preset),
+        f"the {preset} Qwen3-Omni checkpoint (random weights)",
+    )

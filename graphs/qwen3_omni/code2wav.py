@@ -15,6 +15,7 @@ Each layer also streams (``stream``): it keeps what its next chunk reads of the 
 K/V over the window, each convolution's last inputs; ``StreamCache``), so a stream decoded chunk by
 chunk gives the samples a whole decode gives (``code2wav_stream``).
 """
+
 from __future__ import annotations
 
 import math
@@ -78,7 +79,7 @@ class CausalTransConv(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.conv(x)
-        return y[..., self.trim:y.shape[-1] - self.trim]
+        return y[..., self.trim : y.shape[-1] - self.trim]
 
     def stream(self, x: torch.Tensor, cache: StreamCache) -> torch.Tensor:
         """Input samples [i0, i1) complete the outputs [stride i0, stride i1) (later ones also take
@@ -87,8 +88,8 @@ class CausalTransConv(nn.Module):
         if self.reach:
             x = torch.cat([cache.past(self.slot, x, self.reach), x], dim=-1)
             cache.keep(self.slot, x, self.reach)
-        y = self.conv(x)[..., s * self.reach:s * (self.reach + n)]
-        return y[..., self.trim:] if cache.first else y
+        y = self.conv(x)[..., s * self.reach : s * (self.reach + n)]
+        return y[..., self.trim :] if cache.first else y
 
 
 class ConvNeXtBlock(nn.Module):
@@ -143,8 +144,9 @@ class ResidualUnit(nn.Module):
 class DecoderBlock(nn.Module):
     def __init__(self, cin: int, cout: int, rate: int) -> None:
         super().__init__()
-        self.block = nn.ModuleList([SnakeBeta(cin), CausalTransConv(cin, cout, 2 * rate, rate),
-                                    *(ResidualUnit(cout, d) for d in (1, 3, 9))])
+        self.block = nn.ModuleList(
+            [SnakeBeta(cin), CausalTransConv(cin, cout, 2 * rate, rate), *(ResidualUnit(cout, d) for d in (1, 3, 9))]
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for layer in self.block:
@@ -180,9 +182,15 @@ class PreTransformerLayer(nn.Module):
         self.self_attn_layer_scale = LayerScale(h, cfg.layer_scale_initial_scale)
         self.mlp_layer_scale = LayerScale(h, cfg.layer_scale_initial_scale)
 
-    def attention(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, past_k: torch.Tensor | None = None,
-                  past_v: torch.Tensor | None = None,
-                  visible: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def attention(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        past_k: torch.Tensor | None = None,
+        past_v: torch.Tensor | None = None,
+        visible: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x [B, T, H] -> (out, keys, values): causal attention over the last ``window`` frames. A stream
         passes its earlier keys and values [B, kv_heads, P, D] and which of them each frame sees
         (``visible`` [B, 1, T, P + T]); the keys and values returned are theirs and the T new ones."""
@@ -200,14 +208,20 @@ class PreTransformerLayer(nn.Module):
         if visible is None:
             i = torch.arange(t, device=x.device)
             visible = (i[None, :] <= i[:, None]) & (i[None, :] > i[:, None] - self.window)
-        w = torch.matmul(q, k.transpose(2, 3)) * self.head_dim ** -0.5
+        w = torch.matmul(q, k.transpose(2, 3)) * self.head_dim**-0.5
         w = w.masked_fill(~visible, torch.finfo(w.dtype).min)
         out = torch.matmul(torch.softmax(w, dim=-1, dtype=torch.float32).to(q.dtype), v)
         return self.self_attn.o_proj(out.transpose(1, 2).reshape(b, t, -1)), keys, values
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, past_k: torch.Tensor | None = None,
-                past_v: torch.Tensor | None = None,
-                visible: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        past_k: torch.Tensor | None = None,
+        past_v: torch.Tensor | None = None,
+        visible: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         attended, keys, values = self.attention(self.input_layernorm(x), cos, sin, past_k, past_v, visible)
         x = x + self.self_attn_layer_scale(attended)
         return x + self.mlp_layer_scale(self.mlp(self.post_attention_layernorm(x))), keys, values
@@ -229,12 +243,18 @@ class Code2Wav(NodeSubmodule):
         self.pre_transformer = nn.Module()
         self.pre_transformer.layers = nn.ModuleList(PreTransformerLayer(cfg) for _ in range(cfg.num_hidden_layers))
         self.pre_transformer.norm = RMSNorm(h, cfg.rms_norm_eps, dtype=torch.float32, device=None)
-        self.upsample = nn.ModuleList(nn.ModuleList([CausalTransConv(h, h, f, f), ConvNeXtBlock(h)])
-                                      for f in cfg.upsampling_ratios)
-        dims = [cfg.decoder_dim // 2 ** i for i in range(len(cfg.upsample_rates) + 1)]
-        self.decoder = nn.ModuleList([CausalConv(h, cfg.decoder_dim, 7),
-                                      *(DecoderBlock(dims[i], dims[i + 1], r) for i, r in enumerate(cfg.upsample_rates)),
-                                      SnakeBeta(dims[-1]), CausalConv(dims[-1], 1, 7)])
+        self.upsample = nn.ModuleList(
+            nn.ModuleList([CausalTransConv(h, h, f, f), ConvNeXtBlock(h)]) for f in cfg.upsampling_ratios
+        )
+        dims = [cfg.decoder_dim // 2**i for i in range(len(cfg.upsample_rates) + 1)]
+        self.decoder = nn.ModuleList(
+            [
+                CausalConv(h, cfg.decoder_dim, 7),
+                *(DecoderBlock(dims[i], dims[i + 1], r) for i, r in enumerate(cfg.upsample_rates)),
+                SnakeBeta(dims[-1]),
+                CausalConv(dims[-1], 1, 7),
+            ]
+        )
         self.register_buffer("code_offset", self._offsets(), persistent=False)
         for name, module in self.named_modules():
             if isinstance(module, (CausalConv, CausalTransConv)):
@@ -271,15 +291,16 @@ class Code2Wav(NodeSubmodule):
         """codes [B, num_quantizers, T] int -> waveform [B, 1, samples_per_frame * T - lag] in [-1, 1]."""
         x = self.embed(codes)
         t = x.shape[1]
-        cos, sin = rope_cos_sin(torch.arange(t, device=x.device).repeat(x.shape[0]), self.cfg.head_dim,
-                                self.cfg.theta, x.dtype)
+        cos, sin = rope_cos_sin(
+            torch.arange(t, device=x.device).repeat(x.shape[0]), self.cfg.head_dim, self.cfg.theta, x.dtype
+        )
         for layer in self.pre_transformer.layers:
             x = layer(x, cos, sin)[0]
         return self.synthesize(self.pre_transformer.norm(x).transpose(1, 2))
 
     def decode_chunk(self, codes: torch.Tensor, left_context: int) -> torch.Tensor:
         """codes [B, Q, left_context + n] -> the chunk's own samples [B, 1, ...] (the context's dropped)."""
-        return self.decode(codes)[..., left_context * self.samples_per_frame:]
+        return self.decode(codes)[..., left_context * self.samples_per_frame :]
 
     # -- as a graph node: each request's chunks, in order, through its stream ----------------------
     def prepare_inputs(self, calls: Sequence[NodeCall]) -> dict:
@@ -292,8 +313,10 @@ class Code2Wav(NodeSubmodule):
             chunks.append(frames.reshape(-1, self.cfg.num_quantizers).T.long())
             stream = self._streams.get(c.request_id, Code2WavStream())
             if stream.calls != c.index:
-                raise ValueError(f"request {c.request_id}: Code2Wav chunk {c.index} came after {stream.calls} "
-                                 "chunk(s) of its stream (its earlier chunks ran elsewhere?)")
+                raise ValueError(
+                    f"request {c.request_id}: Code2Wav chunk {c.index} came after {stream.calls} "
+                    "chunk(s) of its stream (its earlier chunks ran elsewhere?)"
+                )
             streams.append(stream)
         return {"codes": chunks, "streams": streams, "request_ids": [c.request_id for c in calls]}
 
@@ -301,8 +324,12 @@ class Code2Wav(NodeSubmodule):
         frames = call.inputs["codes"]
         return ("code2wav", len(frames) if isinstance(frames, (list, tuple)) else frames.shape[0], call.index == 0)
 
-    def forward(self, codes: list[torch.Tensor], streams: list[Code2WavStream],  # type: ignore[override]
-                request_ids: list[str]) -> dict:
+    def forward(
+        self,
+        codes: list[torch.Tensor],
+        streams: list[Code2WavStream],  # type: ignore[override]
+        request_ids: list[str],
+    ) -> dict:
         audio, after = decode_streams(self, codes, streams)
         self._streams.update(zip(request_ids, after))  # only now: a failed batch leaves every stream as it was
         return {"audio": audio}

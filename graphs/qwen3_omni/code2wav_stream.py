@@ -8,6 +8,7 @@ exactly the samples its frames add to its segment's decode, and where a segment 
 starts again after its last 25 frames, as the reference does. So the chunk sizes (a short first chunk
 for a low time to first audio) change when audio comes out, not the audio.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
@@ -39,32 +40,34 @@ class StreamCache:
         return x.new_zeros(x.shape[0], x.shape[1], samples) if kept is None else kept
 
     def keep(self, slot: str, inputs: torch.Tensor, samples: int) -> None:
-        self.tensors[slot] = inputs[..., inputs.shape[-1] - samples:]
+        self.tensors[slot] = inputs[..., inputs.shape[-1] - samples :]
 
 
 @dataclass(frozen=True)
 class Code2WavStream:
     """One request's stream between its chunks."""
 
-    calls: int = 0          # chunks taken (the NodeCall.index the next one has)
-    seen: int = 0           # the request's frames so far
+    calls: int = 0  # chunks taken (the NodeCall.index the next one has)
+    seen: int = 0  # the request's frames so far
     segment_start: int = 0  # the request's frame where the current segment's own frames begin
-    frames: int = 0         # frames the segment's decode has taken, its context too (RoPE goes on from here)
-    keys: tuple[torch.Tensor, ...] = ()    # per pre-transformer layer [kv_heads, <= window - 1, head_dim]
+    frames: int = 0  # frames the segment's decode has taken, its context too (RoPE goes on from here)
+    keys: tuple[torch.Tensor, ...] = ()  # per pre-transformer layer [kv_heads, <= window - 1, head_dim]
     values: tuple[torch.Tensor, ...] = ()
     convs: dict[str, torch.Tensor] = field(default_factory=dict)  # a convolution's slot -> its last inputs [C, n]
-    recent: torch.Tensor | None = None     # the last SEGMENT_CONTEXT frames' codes [Q, <= 25]: a new segment's context
+    recent: torch.Tensor | None = None  # the last SEGMENT_CONTEXT frames' codes [Q, <= 25]: a new segment's context
 
 
-def decode_streams(code2wav: Code2Wav, chunks: list[torch.Tensor],
-                   streams: list[Code2WavStream]) -> tuple[list[torch.Tensor], list[Code2WavStream]]:
+def decode_streams(
+    code2wav: Code2Wav, chunks: list[torch.Tensor], streams: list[Code2WavStream]
+) -> tuple[list[torch.Tensor], list[Code2WavStream]]:
     """Each request's next chunk of codes [Q, n] (n alike) -> its new samples, and its stream after them.
     The chunks that stay within their segment go through in one batch; one that fills its segment or
     starts the next goes alone."""
     audio: list[torch.Tensor | None] = [None] * len(chunks)
     after: list[Code2WavStream | None] = [None] * len(chunks)
-    within = [i for i, (c, s) in enumerate(zip(chunks, streams))
-              if s.seen + c.shape[1] <= s.segment_start + SEGMENT_FRAMES]
+    within = [
+        i for i, (c, s) in enumerate(zip(chunks, streams)) if s.seen + c.shape[1] <= s.segment_start + SEGMENT_FRAMES
+    ]
     if within:
         samples, stepped = stream_step(code2wav, torch.stack([chunks[i] for i in within]), [streams[i] for i in within])
         for i, got, stream in zip(within, samples, stepped):
@@ -77,12 +80,12 @@ def decode_streams(code2wav: Code2Wav, chunks: list[torch.Tensor],
 def _took(stream: Code2WavStream, codes: torch.Tensor) -> Code2WavStream:
     """``stream`` after it decoded ``codes`` [Q, n]: their frames counted, the last ones kept as context."""
     recent = codes if stream.recent is None else torch.cat([stream.recent, codes], dim=1)
-    return replace(stream, seen=stream.seen + codes.shape[1],
-                   recent=recent[:, -SEGMENT_CONTEXT:].clone())
+    return replace(stream, seen=stream.seen + codes.shape[1], recent=recent[:, -SEGMENT_CONTEXT:].clone())
 
 
-def _across_segments(code2wav: Code2Wav, codes: torch.Tensor,
-                     stream: Code2WavStream) -> tuple[torch.Tensor, Code2WavStream]:
+def _across_segments(
+    code2wav: Code2Wav, codes: torch.Tensor, stream: Code2WavStream
+) -> tuple[torch.Tensor, Code2WavStream]:
     """One request's chunk that reaches a segment's end: each piece in its segment, a new segment
     primed with the 25 frames before it (their samples dropped, and the 555 the reference drops too)."""
     pieces, calls = [], stream.calls
@@ -102,12 +105,13 @@ def _across_segments(code2wav: Code2Wav, codes: torch.Tensor,
         pieces.append(samples[drop:])
         drop = max(0, drop - samples.shape[-1])
         stream = _took(stream, take)
-        codes = codes[:, take.shape[1]:]
+        codes = codes[:, take.shape[1] :]
     return torch.cat(pieces), replace(stream, calls=calls + 1)
 
 
-def stream_step(code2wav: Code2Wav, codes: torch.Tensor,
-                streams: list[Code2WavStream]) -> tuple[list[torch.Tensor], list[Code2WavStream]]:
+def stream_step(
+    code2wav: Code2Wav, codes: torch.Tensor, streams: list[Code2WavStream]
+) -> tuple[list[torch.Tensor], list[Code2WavStream]]:
     """n more frames [B, Q, n] of B streams, all at their segment's start or none: the samples they add
     to each segment's decode, and the streams with their caches moved on (``frames`` counted)."""
     first = streams[0].frames == 0
@@ -123,9 +127,9 @@ def stream_step(code2wav: Code2Wav, codes: torch.Tensor,
     cos, sin = rope_cos_sin(positions, cfg.head_dim, cfg.theta, x.dtype)
     # key slots: each stream's cached frames right-aligned in `longest`, then the n new ones
     back = torch.arange(n, device=device)[:, None] + longest - torch.arange(longest + n, device=device)[None, :]
-    in_window = (back >= 0) & (back < cfg.sliding_window)                       # [n, longest + n]
+    in_window = (back >= 0) & (back < cfg.sliding_window)  # [n, longest + n]
     cached = torch.arange(longest + n, device=device)[None, :] >= longest - torch.tensor(kept, device=device)[:, None]
-    visible = (in_window[None] & cached[:, None, :])[:, None]                   # [B, 1, n, longest + n]
+    visible = (in_window[None] & cached[:, None, :])[:, None]  # [B, 1, n, longest + n]
     layers = code2wav.pre_transformer.layers
     keys, values = [], []
     for i, layer in enumerate(layers):
@@ -140,10 +144,15 @@ def stream_step(code2wav: Code2Wav, codes: torch.Tensor,
     out = []
     for row, s in enumerate(streams):
         have = min(kept[row] + n, window)
-        out.append(replace(s, frames=s.frames + n,
-                           keys=tuple(k[row, :, k.shape[2] - have:].clone() for k in keys),
-                           values=tuple(v[row, :, v.shape[2] - have:].clone() for v in values),
-                           convs={slot: t[row].clone() for slot, t in convs.tensors.items()}))
+        out.append(
+            replace(
+                s,
+                frames=s.frames + n,
+                keys=tuple(k[row, :, k.shape[2] - have :].clone() for k in keys),
+                values=tuple(v[row, :, v.shape[2] - have :].clone() for v in values),
+                convs={slot: t[row].clone() for slot, t in convs.tensors.items()},
+            )
+        )
     return [audio[row, 0] for row in range(b)], out
 
 

@@ -9,6 +9,7 @@ samples, top-k 50 then top-p 0.8 at temperature 1 (the reference's settings for 
 Here every frame of a step (all sequences of the batch) runs at once: B rows, 15 small steps over a
 dense per-call cache of at most 16 positions, so nothing is paged.
 """
+
 from __future__ import annotations
 
 import torch
@@ -39,10 +40,14 @@ class DenseCausalCache:
         self.k[layer], self.v[layer] = k, v
         past = k.shape[2] - t
         # one new position sees every key; a first block is plainly causal: no mask to build (15 steps a frame)
-        mask = None if t == 1 or past == 0 else \
-            torch.ones(t, k.shape[2], dtype=torch.bool, device=q.device).tril(diagonal=past)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=past == 0 and t > 1, scale=scale,
-                                             enable_gqa=q.shape[1] != k.shape[1])
+        mask = (
+            None
+            if t == 1 or past == 0
+            else torch.ones(t, k.shape[2], dtype=torch.bool, device=q.device).tril(diagonal=past)
+        )
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=past == 0 and t > 1, scale=scale, enable_gqa=q.shape[1] != k.shape[1]
+        )
         return out.transpose(1, 2).reshape(b * t, q.shape[1], q.shape[3])
 
 
@@ -68,10 +73,12 @@ class CodePredictor(nn.Module):
         super().__init__()
         self.cfg, self.groups = cfg, groups
         self.model = DecoderStack(cfg, lambda _: False, **factory)
-        self.model.codec_embedding = nn.ModuleList(nn.Embedding(cfg.vocab_size, cfg.hidden_size, **factory)
-                                                   for _ in range(groups - 1))
-        self.lm_head = nn.ModuleList(nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False, **factory)
-                                     for _ in range(groups - 1))
+        self.model.codec_embedding = nn.ModuleList(
+            nn.Embedding(cfg.vocab_size, cfg.hidden_size, **factory) for _ in range(groups - 1)
+        )
+        self.lm_head = nn.ModuleList(
+            nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False, **factory) for _ in range(groups - 1)
+        )
         self._rope: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}  # (dtype, device) -> cos, sin [groups+1, D/2]
 
     def _rope_rows(self, start: int, t: int, b: int, dtype: torch.dtype, device: torch.device):
@@ -79,11 +86,12 @@ class CodePredictor(nn.Module):
         steps each rebuilt it: ~10 small ops a step), equal to computing them per step."""
         table = self._rope.get((dtype, device))
         if table is None:
-            table = rope_cos_sin(torch.arange(self.groups + 1, device=device), self.cfg.dim_per_head, self.cfg.theta,
-                                 dtype)
+            table = rope_cos_sin(
+                torch.arange(self.groups + 1, device=device), self.cfg.dim_per_head, self.cfg.theta, dtype
+            )
             self._rope[(dtype, device)] = table
         cos, sin = table
-        return cos[start:start + t].repeat(b, 1), sin[start:start + t].repeat(b, 1)
+        return cos[start : start + t].repeat(b, 1), sin[start : start + t].repeat(b, 1)
 
     def _run(self, x: torch.Tensor, start: int, cache: DenseCausalCache) -> torch.Tensor:
         """x [B, T, H] at positions start.. -> final-normed hidden of the last position [B, H]."""
@@ -92,8 +100,13 @@ class CodePredictor(nn.Module):
         out, _ = self.model.run(x.reshape(b * t, h), cos, sin, cache)
         return out.reshape(b, t, h)[:, -1]
 
-    def predict(self, talker_hidden: torch.Tensor, code0_embed: torch.Tensor,
-                sample: list[bool], generators: list[torch.Generator | None]) -> tuple[torch.Tensor, torch.Tensor]:
+    def predict(
+        self,
+        talker_hidden: torch.Tensor,
+        code0_embed: torch.Tensor,
+        sample: list[bool],
+        generators: list[torch.Generator | None],
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """talker_hidden, code0_embed [B, H] -> (codes [B, groups - 1], the frame's codec embeddings
         [B, groups, H]: ``code0_embed`` then each residual code's; the Talker's next input is their sum)."""
         b = talker_hidden.shape[0]

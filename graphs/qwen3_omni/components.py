@@ -9,6 +9,7 @@ without the Thinker loads alone. With ``tp`` (a tensor-parallel group, e.g.
 config/placement/qwen3-omni-thinker-tp2.yaml) the Thinker is loaded whole and sharded
 (``tensor_parallel.shard_thinker``); the Talker's nodes then sit on a rank outside the group.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -26,10 +27,12 @@ from mstar_graphs.qwen3_omni.graph import qwen3_omni_graph
 MODEL = "qwen3_omni"  # its registered name
 
 
-def qwen3_omni_spec(weights: str | Path | None = None, *, preset: str = "tiny",
-                    first_chunk: int | None = None) -> ModelSpec:
-    return ModelSpec(MODEL, {"weights": None if weights is None else str(weights), "preset": preset,
-                             "first_chunk": first_chunk})
+def qwen3_omni_spec(
+    weights: str | Path | None = None, *, preset: str = "tiny", first_chunk: int | None = None
+) -> ModelSpec:
+    return ModelSpec(
+        MODEL, {"weights": None if weights is None else str(weights), "preset": preset, "first_chunk": first_chunk}
+    )
 
 
 def thinker_embeddings(path: Path, config: Qwen3OmniConfig) -> torch.nn.Embedding:
@@ -37,19 +40,30 @@ def thinker_embeddings(path: Path, config: Qwen3OmniConfig) -> torch.nn.Embeddin
     text = config.thinker_config.text_config
     holder = torch.nn.Module()
     holder.embed_tokens = torch.nn.Embedding(text.vocab_size, text.hidden_size)
-    load_weights(holder, path, name_map=lambda n: "embed_tokens.weight" if n == "thinker.model.embed_tokens.weight" else None,
-                 progress=False)
+    load_weights(
+        holder,
+        path,
+        name_map=lambda n: "embed_tokens.weight" if n == "thinker.model.embed_tokens.weight" else None,
+        progress=False,
+    )
     return holder.embed_tokens
 
 
-def qwen3_omni_components(nodes: set[str], weights: str | None = None, preset: str = "tiny",
-                          first_chunk: int | None = None, progress: bool = False,
-                          tp=None) -> tuple[ModelGraph, dict[str, NodeSubmodule]]:
+def qwen3_omni_components(
+    nodes: set[str],
+    weights: str | None = None,
+    preset: str = "tiny",
+    first_chunk: int | None = None,
+    progress: bool = False,
+    tp=None,
+) -> tuple[ModelGraph, dict[str, NodeSubmodule]]:
     sharded = tp is not None and tp.size > 1
     if sharded and nodes & {"talker", "talker_inputs", "code2wav"} and "thinker" in nodes:
         raise ValueError("tensor parallelism shards the Thinker: place the Talker's nodes on a rank of their own")
     if sharded and "thinker" not in nodes:
-        raise ValueError(f"a tensor-parallel group of Qwen3-Omni shards the Thinker; this rank's nodes are {sorted(nodes)}")
+        raise ValueError(
+            f"a tensor-parallel group of Qwen3-Omni shards the Thinker; this rank's nodes are {sorted(nodes)}"
+        )
     path = Path(weights) if weights is not None else ensure_tiny_qwen3_omni(preset)
     config = Qwen3OmniConfig.from_dir(path)
     graph = qwen3_omni_graph(config.im_end_token_id, config.talker_config.codec_eos_token_id, first_chunk)

@@ -8,6 +8,7 @@ by the config classes (``head_dim``, the Talker's ``shared_expert_intermediate_s
 read where the checkpoint writes them. Errors name the bad field with its path
 (``talker_config.text_config.num_experts_per_tok``).
 """
+
 from __future__ import annotations
 
 import msgspec
@@ -27,13 +28,14 @@ from mstar_graphs.qwen3_omni.config_aliases import AliasConflict, canonical_fiel
 class RopeParameters(msgspec.Struct, kw_only=True):
     rope_type: str = "default"
     rope_theta: float = 10000.0
-    mrope_section: list[int] | None = None   # [t, h, w] frequency counts of M-RoPE (sum = head_dim / 2)
+    mrope_section: list[int] | None = None  # [t, h, w] frequency counts of M-RoPE (sum = head_dim / 2)
     interleaved: bool = False
     mrope_interleaved: bool = False
 
 
 class TextConfig(msgspec.Struct, kw_only=True):
     """A Qwen3-style decoder: the Thinker's MoE LLM, the Talker's MoE, the code predictor (dense)."""
+
     vocab_size: int
     hidden_size: int
     intermediate_size: int = 0
@@ -43,7 +45,7 @@ class TextConfig(msgspec.Struct, kw_only=True):
     head_dim: int | None = None
     rms_norm_eps: float = 1e-6
     rope_parameters: RopeParameters | None = None
-    rope_theta: float | None = None           # transformers 4 spelling
+    rope_theta: float | None = None  # transformers 4 spelling
     max_position_embeddings: int = 32768
     hidden_act: str = "silu"
     attention_bias: bool = False
@@ -55,7 +57,7 @@ class TextConfig(msgspec.Struct, kw_only=True):
     decoder_sparse_step: int = 1
     mlp_only_layers: list[int] = msgspec.field(default_factory=list)
     shared_expert_intermediate_size: int = 0  # the Talker's shared expert
-    num_code_groups: int = 0                   # the code predictor: codebooks per frame
+    num_code_groups: int = 0  # the code predictor: codebooks per frame
 
     @property
     def dim_per_head(self) -> int:
@@ -69,8 +71,9 @@ class TextConfig(msgspec.Struct, kw_only=True):
 
     def is_moe_layer(self, index: int) -> bool:
         """transformers' rule for the Thinker: MoE unless listed dense or off the sparse step."""
-        return (self.num_experts > 0 and index not in self.mlp_only_layers
-                and (index + 1) % self.decoder_sparse_step == 0)
+        return (
+            self.num_experts > 0 and index not in self.mlp_only_layers and (index + 1) % self.decoder_sparse_step == 0
+        )
 
 
 class AudioEncoderConfig(msgspec.Struct, kw_only=True):
@@ -80,8 +83,8 @@ class AudioEncoderConfig(msgspec.Struct, kw_only=True):
     encoder_ffn_dim: int = 5120
     d_model: int = 1280
     max_source_positions: int = 1500
-    n_window: int = 50              # a chunk is 2 * n_window mel frames
-    n_window_infer: int = 800       # attention windows of (n_window_infer / (2 n_window)) chunks
+    n_window: int = 50  # a chunk is 2 * n_window mel frames
+    n_window_infer: int = 800  # attention windows of (n_window_infer / (2 n_window)) chunks
     conv_chunksize: int = 500
     downsample_hidden_size: int = 480
     output_dim: int = 3584
@@ -90,6 +93,7 @@ class AudioEncoderConfig(msgspec.Struct, kw_only=True):
 
 class VisionEncoderConfig(msgspec.Struct, kw_only=True):
     """The Thinker's vision encoder (transformers' defaults are the released model's)."""
+
     depth: int = 27
     hidden_size: int = 1152
     hidden_act: str = "gelu_pytorch_tanh"
@@ -100,7 +104,7 @@ class VisionEncoderConfig(msgspec.Struct, kw_only=True):
     spatial_merge_size: int = 2
     temporal_patch_size: int = 2
     out_hidden_size: int = 3584
-    num_position_embeddings: int = 2304   # a learned square grid (48 x 48), resampled to each image's
+    num_position_embeddings: int = 2304  # a learned square grid (48 x 48), resampled to each image's
     deepstack_visual_indexes: list[int] = msgspec.field(default_factory=lambda: [8, 16, 24])
     rope_parameters: RopeParameters = msgspec.field(default_factory=lambda: RopeParameters(rope_type="axial"))
 
@@ -205,59 +209,106 @@ class Qwen3OmniConfig(msgspec.Struct, JsonConfig, kw_only=True):
     def check(self, source: str = "config.json") -> None:
         """Shapes that cannot work, named by field path."""
         bad = field_error(source)
-        for name, text in (("thinker_config.text_config", self.thinker_config.text_config),
-                           ("talker_config.text_config", self.talker_config.text_config),
-                           ("talker_config.code_predictor_config", self.talker_config.code_predictor_config)):
-            require_positive(bad, text, ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-                                         "num_key_value_heads"), prefix=name)
-            require_divides(bad, f"{name}.num_key_value_heads", text.num_key_value_heads, "num_attention_heads",
-                            text.num_attention_heads)
+        for name, text in (
+            ("thinker_config.text_config", self.thinker_config.text_config),
+            ("talker_config.text_config", self.talker_config.text_config),
+            ("talker_config.code_predictor_config", self.talker_config.code_predictor_config),
+        ):
+            require_positive(
+                bad,
+                text,
+                ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads"),
+                prefix=name,
+            )
+            require_divides(
+                bad,
+                f"{name}.num_key_value_heads",
+                text.num_key_value_heads,
+                "num_attention_heads",
+                text.num_attention_heads,
+            )
             if text.num_experts == 0 and text.num_experts_per_tok > 0:
                 # would build no experts, and every expert tensor of the checkpoint would be "unexpected"
-                raise bad(f"{name}.num_experts", f"0 experts, but num_experts_per_tok is {text.num_experts_per_tok} "
-                                                 "(the expert count is read from num_experts or num_local_experts)")
+                raise bad(
+                    f"{name}.num_experts",
+                    f"0 experts, but num_experts_per_tok is {text.num_experts_per_tok} "
+                    "(the expert count is read from num_experts or num_local_experts)",
+                )
             if text.num_experts and not 0 < text.num_experts_per_tok <= text.num_experts:
-                raise bad(f"{name}.num_experts_per_tok", f"must be in [1, num_experts={text.num_experts}], "
-                                                         f"got {text.num_experts_per_tok}")
+                raise bad(
+                    f"{name}.num_experts_per_tok",
+                    f"must be in [1, num_experts={text.num_experts}], got {text.num_experts_per_tok}",
+                )
             rope = text.rope_parameters
-            if rope is not None and rope.mrope_section is not None and sum(rope.mrope_section) != text.dim_per_head // 2:
-                raise bad(f"{name}.rope_parameters.mrope_section", f"{rope.mrope_section} must sum to head_dim / 2 = "
-                                                                   f"{text.dim_per_head // 2}")
+            if (
+                rope is not None
+                and rope.mrope_section is not None
+                and sum(rope.mrope_section) != text.dim_per_head // 2
+            ):
+                raise bad(
+                    f"{name}.rope_parameters.mrope_section",
+                    f"{rope.mrope_section} must sum to head_dim / 2 = {text.dim_per_head // 2}",
+                )
         talker, thinker = self.talker_config, self.thinker_config
         if talker.text_config.shared_expert_intermediate_size <= 0:
-            raise bad("talker_config.text_config.shared_expert_intermediate_size",
-                      "the Talker's shared expert needs a size > 0")
+            raise bad(
+                "talker_config.text_config.shared_expert_intermediate_size",
+                "the Talker's shared expert needs a size > 0",
+            )
         if talker.code_predictor_config.hidden_size != talker.text_config.hidden_size:
-            raise bad("talker_config.code_predictor_config.hidden_size",
-                      f"must equal the Talker's hidden_size {talker.text_config.hidden_size}")
+            raise bad(
+                "talker_config.code_predictor_config.hidden_size",
+                f"must equal the Talker's hidden_size {talker.text_config.hidden_size}",
+            )
         if not 0 <= talker.accept_hidden_layer <= thinker.text_config.num_hidden_layers:
-            raise bad("talker_config.accept_hidden_layer",
-                      f"must be in [0, {thinker.text_config.num_hidden_layers}] (the Thinker's layers)")
+            raise bad(
+                "talker_config.accept_hidden_layer",
+                f"must be in [0, {thinker.text_config.num_hidden_layers}] (the Thinker's layers)",
+            )
         if talker.thinker_hidden_size != thinker.text_config.hidden_size:
-            raise bad("talker_config.thinker_hidden_size",
-                      f"must equal the Thinker's hidden_size {thinker.text_config.hidden_size}")
+            raise bad(
+                "talker_config.thinker_hidden_size",
+                f"must equal the Thinker's hidden_size {thinker.text_config.hidden_size}",
+            )
         if thinker.audio_config.output_dim != thinker.text_config.hidden_size:
-            raise bad("thinker_config.audio_config.output_dim",
-                      f"must equal the Thinker's hidden_size {thinker.text_config.hidden_size}")
+            raise bad(
+                "thinker_config.audio_config.output_dim",
+                f"must equal the Thinker's hidden_size {thinker.text_config.hidden_size}",
+            )
         vision = thinker.vision_config
         if vision.out_hidden_size != thinker.text_config.hidden_size:
-            raise bad("thinker_config.vision_config.out_hidden_size",
-                      f"must equal the Thinker's hidden_size {thinker.text_config.hidden_size}")
+            raise bad(
+                "thinker_config.vision_config.out_hidden_size",
+                f"must equal the Thinker's hidden_size {thinker.text_config.hidden_size}",
+            )
         if vision.hidden_size % vision.num_heads or (vision.hidden_size // vision.num_heads) % 4:
-            raise bad("thinker_config.vision_config.num_heads",
-                      f"head size {vision.hidden_size} / {vision.num_heads} must be a whole multiple of 4 (2-D RoPE)")
-        if int(vision.num_position_embeddings ** 0.5) ** 2 != vision.num_position_embeddings:
-            raise bad("thinker_config.vision_config.num_position_embeddings",
-                      f"{vision.num_position_embeddings} is not a square grid")
+            raise bad(
+                "thinker_config.vision_config.num_heads",
+                f"head size {vision.hidden_size} / {vision.num_heads} must be a whole multiple of 4 (2-D RoPE)",
+            )
+        if int(vision.num_position_embeddings**0.5) ** 2 != vision.num_position_embeddings:
+            raise bad(
+                "thinker_config.vision_config.num_position_embeddings",
+                f"{vision.num_position_embeddings} is not a square grid",
+            )
         layers = thinker.text_config.num_hidden_layers
-        if any(not 0 <= i < vision.depth for i in vision.deepstack_visual_indexes) \
-                or len(vision.deepstack_visual_indexes) > layers:
-            raise bad("thinker_config.vision_config.deepstack_visual_indexes",
-                      f"{vision.deepstack_visual_indexes}: each must be a vision layer (depth {vision.depth}), "
-                      f"and at most {layers} (the Thinker's layers take one each)")
+        if (
+            any(not 0 <= i < vision.depth for i in vision.deepstack_visual_indexes)
+            or len(vision.deepstack_visual_indexes) > layers
+        ):
+            raise bad(
+                "thinker_config.vision_config.deepstack_visual_indexes",
+                f"{vision.deepstack_visual_indexes}: each must be a vision layer (depth {vision.depth}), "
+                f"and at most {layers} (the Thinker's layers take one each)",
+            )
         if vision.hidden_act != "gelu_pytorch_tanh":
-            raise bad("thinker_config.vision_config.hidden_act", f"{vision.hidden_act!r}: only gelu_pytorch_tanh is implemented")
+            raise bad(
+                "thinker_config.vision_config.hidden_act",
+                f"{vision.hidden_act!r}: only gelu_pytorch_tanh is implemented",
+            )
         if talker.num_code_groups != self.code2wav_config.num_quantizers:
-            raise bad("talker_config.num_code_groups",
-                      f"{talker.num_code_groups} codebooks per frame, but Code2Wav has "
-                      f"{self.code2wav_config.num_quantizers} quantizers")
+            raise bad(
+                "talker_config.num_code_groups",
+                f"{talker.num_code_groups} codebooks per frame, but Code2Wav has "
+                f"{self.code2wav_config.num_quantizers} quantizers",
+            )

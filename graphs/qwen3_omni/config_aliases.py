@@ -9,22 +9,29 @@ below are those of transformers 5.25's ``configuration_qwen3_omni_moe.py``; its 
 Files written by transformers 4 (the released checkpoints among them) spell ``rope_parameters``
 ``rope_scaling``, with ``rope_theta`` beside it rather than inside: read as transformers 5 reads them.
 """
+
 from __future__ import annotations
 
 from typing import Any
 
 # config path -> {the other name: our field}
 ALIASES: dict[tuple[str, ...], dict[str, str]] = {
-    ("thinker_config", "audio_config"): {"num_hidden_layers": "encoder_layers", "hidden_size": "d_model",
-                                         "num_attention_heads": "encoder_attention_heads",
-                                         "intermediate_size": "encoder_ffn_dim"},
+    ("thinker_config", "audio_config"): {
+        "num_hidden_layers": "encoder_layers",
+        "hidden_size": "d_model",
+        "num_attention_heads": "encoder_attention_heads",
+        "intermediate_size": "encoder_ffn_dim",
+    },
     ("thinker_config", "vision_config"): {"num_attention_heads": "num_heads", "num_hidden_layers": "depth"},
     ("talker_config", "text_config"): {"num_local_experts": "num_experts"},
 }
 # the configs that carry RoPE parameters (transformers' RotaryEmbeddingConfigMixin)
 ROPE_CONFIGS: tuple[tuple[str, ...], ...] = (
-    ("thinker_config", "text_config"), ("talker_config", "text_config"),
-    ("talker_config", "code_predictor_config"), ("code2wav_config",))
+    ("thinker_config", "text_config"),
+    ("talker_config", "text_config"),
+    ("talker_config", "code_predictor_config"),
+    ("code2wav_config",),
+)
 
 
 class AliasConflict(ValueError):
@@ -44,8 +51,10 @@ def canonical_fields(raw: dict[str, Any]) -> dict[str, Any]:
             value = node.pop(alias)
             if field in node and node[field] != value:
                 where = ".".join(path)
-                raise AliasConflict(f"{where}.{alias}: {value!r}, but {where}.{field} (the same field, "
-                                    f"transformers' other name for it) is {node[field]!r}")
+                raise AliasConflict(
+                    f"{where}.{alias}: {value!r}, but {where}.{field} (the same field, "
+                    f"transformers' other name for it) is {node[field]!r}"
+                )
             node[field] = value
     for path in ROPE_CONFIGS:
         node = _at(out, path)

@@ -11,6 +11,7 @@ For text and audio the Thinker's and Talker's M-RoPE has the same position on it
 which makes it exactly 1-D RoPE; :func:`mrope_cos_sin` also computes the interleaved t/h/w layout
 the reference uses for images.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -29,14 +30,17 @@ from mstar_graphs.qwen3_omni.config import TextConfig
 from mstar_graphs.qwen3_omni.moe import SparseMoE
 
 
-def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_cos_sin(
+    positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
     """1-D RoPE: positions [T] -> cos, sin [T, head_dim/2] (fp32 angles, cast like the reference)."""
     angles = positions.float()[:, None] * rope_inv_freq(head_dim, theta).to(positions.device)[None, :]
     return angles.cos().to(dtype), angles.sin().to(dtype)
 
 
-def mrope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, section: list[int],
-                  dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+def mrope_cos_sin(
+    positions: torch.Tensor, head_dim: int, theta: float, section: list[int], dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Interleaved M-RoPE: positions [3, T] (t, h, w) -> cos, sin [T, head_dim/2]. Frequency j
     takes h if j % 3 == 1 and j < 3 * section[1], w if j % 3 == 2 and j < 3 * section[2], else t."""
     freqs = positions.float()[..., None] * rope_inv_freq(head_dim, theta).to(positions.device)  # [3, T, D/2]
@@ -49,16 +53,34 @@ def mrope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, section:
 
 
 def decoder_layer(cfg: TextConfig, layer_idx: int, moe: bool, **factory) -> PreNormDecoderLayer:
-    attention = GQAttention(cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.dim_per_head,
-                            layer_idx, bias=cfg.attention_bias, qk_norm_eps=cfg.rms_norm_eps, **factory)
+    attention = GQAttention(
+        cfg.hidden_size,
+        cfg.num_attention_heads,
+        cfg.num_key_value_heads,
+        cfg.dim_per_head,
+        layer_idx,
+        bias=cfg.attention_bias,
+        qk_norm_eps=cfg.rms_norm_eps,
+        **factory,
+    )
     if moe:
-        mlp: nn.Module = SparseMoE(cfg.hidden_size, cfg.moe_intermediate_size, cfg.num_experts,
-                                   cfg.num_experts_per_tok, cfg.norm_topk_prob,
-                                   cfg.shared_expert_intermediate_size, **factory)
+        mlp: nn.Module = SparseMoE(
+            cfg.hidden_size,
+            cfg.moe_intermediate_size,
+            cfg.num_experts,
+            cfg.num_experts_per_tok,
+            cfg.norm_topk_prob,
+            cfg.shared_expert_intermediate_size,
+            **factory,
+        )
     else:
         mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, **factory)
-    return PreNormDecoderLayer(attention, mlp, RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, **factory),
-                               RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, **factory))
+    return PreNormDecoderLayer(
+        attention,
+        mlp,
+        RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, **factory),
+        RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, **factory),
+    )
 
 
 class DecoderStack(nn.Module):
@@ -66,7 +88,9 @@ class DecoderStack(nn.Module):
 
     def __init__(self, cfg: TextConfig, moe_layers: Callable[[int], bool], **factory) -> None:
         super().__init__()
-        self.layers = nn.ModuleList(decoder_layer(cfg, i, moe_layers(i), **factory) for i in range(cfg.num_hidden_layers))
+        self.layers = nn.ModuleList(
+            decoder_layer(cfg, i, moe_layers(i), **factory) for i in range(cfg.num_hidden_layers)
+        )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, **factory)
 
     def fuse_experts(self) -> None:
@@ -74,9 +98,15 @@ class DecoderStack(nn.Module):
             if isinstance(layer.mlp, SparseMoE):
                 layer.mlp.fuse()
 
-    def run(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: AttnFn,
-            capture: int | None = None, deepstack: tuple[torch.Tensor, torch.Tensor] | None = None,
-            ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def run(
+        self,
+        h: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        attn: AttnFn,
+        capture: int | None = None,
+        deepstack: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """-> (final-normed hidden, the hidden after ``capture`` layers (0: the input) or None).
         ``deepstack`` (rows mask [T], features [D, rows, H]): feature i is added at the masked rows
         after layer i (an image's deepstack rows, as the reference adds them)."""
@@ -101,8 +131,11 @@ class DecoderARModule(ARModule):
     tp_size: int = 1  # tensor-parallel shards: this rank's KV holds its share of the KV heads
 
     def kv_spec(self) -> KVSpec:
-        return KVSpec(num_layers=self.text.num_hidden_layers, num_kv_heads=self.text.num_key_value_heads // self.tp_size,
-                      head_dim=self.text.dim_per_head)
+        return KVSpec(
+            num_layers=self.text.num_hidden_layers,
+            num_kv_heads=self.text.num_key_value_heads // self.tp_size,
+            head_dim=self.text.dim_per_head,
+        )
 
     @property
     def vocab_size(self) -> int:
@@ -121,16 +154,18 @@ class DecoderARModule(ARModule):
         return self
 
     @staticmethod
-    def rows(table: nn.Embedding, input_ids: torch.Tensor, embeds: torch.Tensor | None,
-             embed_mask: torch.Tensor | None) -> torch.Tensor:
+    def rows(
+        table: nn.Embedding, input_ids: torch.Tensor, embeds: torch.Tensor | None, embed_mask: torch.Tensor | None
+    ) -> torch.Tensor:
         h = table(input_ids)
         if embeds is not None and embed_mask is not None and bool(embed_mask.any()):
             h = h.clone()
             h[embed_mask] = embeds[embed_mask].to(h.dtype)
         return h
 
-    def cos_sin(self, positions: torch.Tensor, rope_positions: torch.Tensor | None,
-                dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    def cos_sin(
+        self, positions: torch.Tensor, rope_positions: torch.Tensor | None, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """1-D RoPE from the engine's positions, or interleaved M-RoPE from a request's ``rope_positions`` [3, T]."""
         if rope_positions is None:
             return rope_cos_sin(positions, self.text.dim_per_head, self.text.theta, dtype)
@@ -141,5 +176,6 @@ class DecoderARModule(ARModule):
 
     def _positions_check(self, input_ids: torch.Tensor, positions: torch.Tensor) -> None:
         if input_ids.dim() != 1 or positions.shape != input_ids.shape:
-            raise ValueError(f"input_ids and positions must both be [T]; got {tuple(input_ids.shape)} "
-                             f"and {tuple(positions.shape)}")
+            raise ValueError(
+                f"input_ids and positions must both be [T]; got {tuple(input_ids.shape)} and {tuple(positions.shape)}"
+            )

@@ -8,6 +8,7 @@ for codes 1-15, the next input from the frame's embeddings plus the next text ro
 chunks with left context. The served graph computes the same with the runtime's engines; this is
 the yardstick its tests compare with, and the parity tests compare this with transformers.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -21,9 +22,9 @@ from mstar_graphs.qwen3_omni.talker_prompt import talker_inputs
 
 @dataclass
 class OmniReply:
-    text_ids: list[int]          # the Thinker's reply
-    codes: torch.Tensor          # [num_code_groups, frames]
-    audio: torch.Tensor | None   # [samples] float, or None without Code2Wav
+    text_ids: list[int]  # the Thinker's reply
+    codes: torch.Tensor  # [num_code_groups, frames]
+    audio: torch.Tensor | None  # [samples] float, or None without Code2Wav
 
 
 def penalise(logits: torch.Tensor, history: list[int], penalty: float) -> torch.Tensor:
@@ -38,10 +39,22 @@ def penalise(logits: torch.Tensor, history: list[int], penalty: float) -> torch.
 
 
 @torch.inference_mode()
-def generate(thinker, talker, code2wav, prompt_ids: list[int], *, audio_rows: torch.Tensor | None = None,
-             thinker_max_new_tokens: int = 32, talker_max_new_tokens: int = 64, speaker: str = "ethan",
-             eos_token_id: int | None = None, repetition_penalty: float = 1.05,
-             chunk: int = 300, left_context: int = 25, audio_cap: bool = True) -> OmniReply:
+def generate(
+    thinker,
+    talker,
+    code2wav,
+    prompt_ids: list[int],
+    *,
+    audio_rows: torch.Tensor | None = None,
+    thinker_max_new_tokens: int = 32,
+    talker_max_new_tokens: int = 64,
+    speaker: str = "ethan",
+    eos_token_id: int | None = None,
+    repetition_penalty: float = 1.05,
+    chunk: int = 300,
+    left_context: int = 25,
+    audio_cap: bool = True,
+) -> OmniReply:
     """Greedy Thinker and Talker (the code predictor greedy too), as ``generate(..., talker_do_sample=False)``;
     ``audio_cap``: the Talker's frames also capped by the reply's text (``talker_cap``), as served."""
     cfg = thinker.config
@@ -68,8 +81,9 @@ def generate(thinker, talker, code2wav, prompt_ids: list[int], *, audio_rows: to
         rows_embed.append(thinker.embedded)
         rows_hidden.append(thinker.captured)
         position += 1
-    inputs = talker_inputs(talker, thinker.model.embed_tokens, cfg, prompt_ids, torch.cat(rows_embed),
-                           torch.cat(rows_hidden), speaker)
+    inputs = talker_inputs(
+        talker, thinker.model.embed_tokens, cfg, prompt_ids, torch.cat(rows_embed), torch.cat(rows_hidden), speaker
+    )
     codes = talk(talker, inputs, talker_max_new_tokens, repetition_penalty, audio_cap)
     audio = None
     if code2wav is not None and codes.shape[1]:
@@ -88,8 +102,13 @@ def talk(talker, inputs, max_new_tokens: int, repetition_penalty: float, audio_c
         allowed[lo:hi] = True
     kv = DenseCausalCache(1)
     n = inputs.prefill.shape[0]
-    hidden = talker(torch.zeros(n, dtype=torch.long), torch.arange(n), kv, embeds=inputs.prefill,
-                    embed_mask=torch.ones(n, dtype=torch.bool))
+    hidden = talker(
+        torch.zeros(n, dtype=torch.long),
+        torch.arange(n),
+        kv,
+        embeds=inputs.prefill,
+        embed_mask=torch.ones(n, dtype=torch.bool),
+    )
     history: list[int] = []
     frames = []
     position = n
@@ -100,14 +119,20 @@ def talk(talker, inputs, max_new_tokens: int, repetition_penalty: float, audio_c
         if code0 == tc.codec_eos_token_id or len(history) >= max_new_tokens:
             break
         c0 = torch.tensor([code0])
-        residual, frame_embeds = talker.code_predictor.predict(hidden[-1:], talker.model.codec_embedding(c0),
-                                                               [False], [None])
+        residual, frame_embeds = talker.code_predictor.predict(
+            hidden[-1:], talker.model.codec_embedding(c0), [False], [None]
+        )
         frames.append(torch.cat([c0, residual[0]]))
         step = len(frames) - 1
         text = inputs.trailing[step] if step < inputs.trailing.shape[0] else inputs.tts_pad
         x = talker.next_input(frame_embeds, text[None])
-        hidden = talker(torch.zeros(1, dtype=torch.long), torch.tensor([position]), kv, embeds=x,
-                        embed_mask=torch.ones(1, dtype=torch.bool))
+        hidden = talker(
+            torch.zeros(1, dtype=torch.long),
+            torch.tensor([position]),
+            kv,
+            embeds=x,
+            embed_mask=torch.ones(1, dtype=torch.bool),
+        )
         position += 1
     if not frames:
         return torch.zeros(tc.num_code_groups, 0, dtype=torch.long)
@@ -120,6 +145,6 @@ def chunked_decode(code2wav, codes: torch.Tensor, chunk: int, left_context: int)
     while start < frames:
         end = min(start + chunk, frames)
         context = left_context if start - left_context > 0 else start
-        outs.append(code2wav.decode_chunk(codes[None, :, start - context:end], context)[0, 0])
+        outs.append(code2wav.decode_chunk(codes[None, :, start - context : end], context)[0, 0])
         start = end
     return torch.cat(outs)

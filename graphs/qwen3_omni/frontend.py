@@ -8,6 +8,7 @@ its frames are computed as the samples come, and the answer starts when the stre
 text streams out on ``text_output`` (token ids, :meth:`decode_text` makes text of them) and its
 voice on ``audio_output`` at ``sample_rate``.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -32,6 +33,7 @@ from mstar_graphs.qwen3_omni.model import TALKER_SAMPLING, Qwen3Omni
 class PreparedImage:
     """An image already through the checkpoint's preprocessor (:meth:`Qwen3OmniChat.prepare_image`): a
     conversation that shows it again each turn does not resize and patch it again, nor keep its pixels."""
+
     pixel_values: torch.Tensor
     grid: tuple[int, int, int]
     pixels: int  # of the resized image the patches cover
@@ -39,8 +41,9 @@ class PreparedImage:
 
 # (role, text[, its audio[, its images]]): an image is what ImagePreprocessor takes (PIL, uint8 array), or a
 # PreparedImage
-HistoryTurn = (tuple[str, str] | tuple[str, str, "torch.Tensor | None"] |
-               tuple[str, str, "torch.Tensor | None", Sequence])
+HistoryTurn = (
+    tuple[str, str] | tuple[str, str, "torch.Tensor | None"] | tuple[str, str, "torch.Tensor | None", Sequence]
+)
 FIRST_CHUNK = 5  # a voice chat starts speaking after 5 frames (0.4 s of audio), not 25 (2 s)
 
 
@@ -62,10 +65,20 @@ class Qwen3OmniChat:
         self.images = ImagePreprocessor.from_dir(model.path)  # the checkpoint's preprocessor_config.json
 
     @classmethod
-    def load(cls, weights: str | Path | None = None, *, progress: bool = True, preset: str = "tiny",
-             first_chunk: int | None = FIRST_CHUNK, requests_only: bool = False) -> Qwen3OmniChat:
-        return cls(Qwen3Omni.load(weights, progress=progress, preset=preset, first_chunk=first_chunk,
-                                  requests_only=requests_only))
+    def load(
+        cls,
+        weights: str | Path | None = None,
+        *,
+        progress: bool = True,
+        preset: str = "tiny",
+        first_chunk: int | None = FIRST_CHUNK,
+        requests_only: bool = False,
+    ) -> Qwen3OmniChat:
+        return cls(
+            Qwen3Omni.load(
+                weights, progress=progress, preset=preset, first_chunk=first_chunk, requests_only=requests_only
+            )
+        )
 
     @property
     def random_weights(self) -> bool:
@@ -98,14 +111,25 @@ class Qwen3OmniChat:
         """The prompt's placeholders for a clip's and an image's tokens (what usage counts as audio and image
         tokens of a prompt), and the token that ends a reply (a reply cut short lacks it)."""
         thinker = self.model.config.thinker_config
-        return {"audio": thinker.audio_token_id, "image": thinker.image_token_id, "end": self.model.config.im_end_token_id}
+        return {
+            "audio": thinker.audio_token_id,
+            "image": thinker.image_token_id,
+            "end": self.model.config.im_end_token_id,
+        }
 
     def decode_text(self, ids: list[int]) -> str:
         return decode(self.tokenizer, ids)
 
-    def speech_request(self, text: str, *, voice: str | None = None, sampling: SamplingParams | None = None,
-                       request_id: str | None = None, outputs: frozenset[str] | None = None,
-                       instructions: str | None = None) -> Request:
+    def speech_request(
+        self,
+        text: str,
+        *,
+        voice: str | None = None,
+        sampling: SamplingParams | None = None,
+        request_id: str | None = None,
+        outputs: frozenset[str] | None = None,
+        instructions: str | None = None,
+    ) -> Request:
         """Text to speech (``/v1/audio/speech``): the Talker speaks ``text`` as if it were the reply to a
         user turn asking for it; the Thinker does not run. ``instructions`` (how to say it) go in that user
         turn: the Talker reads the prompt's user turns only, so a system turn would not reach it."""
@@ -114,14 +138,30 @@ class Qwen3OmniChat:
         ask = f"{instructions.strip()}\nSay this." if instructions and instructions.strip() else "Say this."
         ids = prompt_ids(self.tokenizer, self.model.config, [Turn("user", ask)])
         talker = sampling or TALKER_SAMPLING
-        return self.model.request(ids, say_ids=self.tokenizer.encode(text, add_special_tokens=False).ids,
-                                  speaker=voice, talker_max_tokens=talker.max_tokens, talker_sampling=talker,
-                                  seed=talker.seed, request_id=request_id, outputs=outputs)
+        return self.model.request(
+            ids,
+            say_ids=self.tokenizer.encode(text, add_special_tokens=False).ids,
+            speaker=voice,
+            talker_max_tokens=talker.max_tokens,
+            talker_sampling=talker,
+            seed=talker.seed,
+            request_id=request_id,
+            outputs=outputs,
+        )
 
-    def request(self, text: str | None = None, *, audio: torch.Tensor | None = None, images: Sequence = (),
-                history: Sequence[HistoryTurn] = (), voice: str | None = None,
-                sampling: SamplingParams | None = None, request_id: str | None = None,
-                outputs: frozenset[str] | None = None, speak: bool = True) -> Request:
+    def request(
+        self,
+        text: str | None = None,
+        *,
+        audio: torch.Tensor | None = None,
+        images: Sequence = (),
+        history: Sequence[HistoryTurn] = (),
+        voice: str | None = None,
+        sampling: SamplingParams | None = None,
+        request_id: str | None = None,
+        outputs: frozenset[str] | None = None,
+        speak: bool = True,
+    ) -> Request:
         """One user turn (``text``, or ``audio``: 16 kHz mono float samples, or both) after ``history``
         ((role, text) turns, or (role, text, audio) for a spoken one, (role, text, audio, images) with
         images) -> the request. ``images``: the turn's images (PIL images or uint8 arrays [H, W, 3]),
@@ -132,9 +172,17 @@ class Qwen3OmniChat:
             raise ValueError("an empty turn: give text, audio or an image")
         return self._turn(text, features, None, history, voice, sampling, request_id, outputs, speak, images)
 
-    def listen_request(self, *, history: Sequence[HistoryTurn] = (), images: Sequence = (), voice: str | None = None,
-                       sampling: SamplingParams | None = None, request_id: str | None = None,
-                       outputs: frozenset[str] | None = None, speak: bool = True) -> tuple[Request, SampleStream]:
+    def listen_request(
+        self,
+        *,
+        history: Sequence[HistoryTurn] = (),
+        images: Sequence = (),
+        voice: str | None = None,
+        sampling: SamplingParams | None = None,
+        request_id: str | None = None,
+        outputs: frozenset[str] | None = None,
+        speak: bool = True,
+    ) -> tuple[Request, SampleStream]:
         """A spoken turn that streams in: the request (submit it as the turn starts) and the stream its
         16 kHz samples go into (``push`` as they come, ``close`` at the end of the turn). ``images``: the
         turn's own, shown before it (encoded while it is said, as are the history's)."""
@@ -148,21 +196,27 @@ class Qwen3OmniChat:
         """An image resized and patched once, for a conversation to show again on every turn."""
         values, grid = self.images(image)
         t, h, w = (int(g) for g in grid)
-        return PreparedImage(values, (t, h, w), h * w * self.images.patch_size ** 2)
+        return PreparedImage(values, (t, h, w), h * w * self.images.patch_size**2)
 
     def _pictures(self, images: Sequence) -> tuple[list, tuple[int, ...]]:
         """Images -> (pixel_values, grid) each, and each one's image pad count."""
-        made = [(image.pixel_values, image.grid) if isinstance(image, PreparedImage) else self.images(image)
-                for image in images]
+        made = [
+            (image.pixel_values, image.grid) if isinstance(image, PreparedImage) else self.images(image)
+            for image in images
+        ]
         return made, tuple(image_pad_count(grid, self.images.merge_size) for _, grid in made)
 
     def check_images(self, images: Sequence) -> None:
         """The images' pads from their sizes alone (PIL images whose pixels are not decoded yet will do), against
         the context: a front-end refuses images too large for it before it decodes any."""
-        grids = [image.grid if isinstance(image, PreparedImage) else
-                 self.images.grid_thw(*((image.height, image.width) if hasattr(image, "height")
-                                        else tuple(image.shape[:2])))
-                 for image in images]
+        grids = [
+            image.grid
+            if isinstance(image, PreparedImage)
+            else self.images.grid_thw(
+                *((image.height, image.width) if hasattr(image, "height") else tuple(image.shape[:2]))
+            )
+            for image in images
+        ]
         pads = sum(image_pad_count(grid, self.images.merge_size) for grid in grids)
         room = self.model.config.thinker_config.text_config.max_position_embeddings - 64  # the turn's text, a reply
         if pads > room:
@@ -188,8 +242,17 @@ class Qwen3OmniChat:
         ids = prompt_ids(self.tokenizer, self.model.config, turns + [Turn("user", text or "", last, pads)])
         talker = sampling or TALKER_SAMPLING
         # max_tokens caps both the reply's text tokens and its audio frames (the Realtime API's max_output_tokens)
-        return self.model.request(ids, features=clips or None, pcm=pcm, images=pictures or None, audio=speak,
-                                  speaker=voice,
-                                  thinker_max_tokens=min(self.max_reply_tokens, talker.max_tokens),
-                                  talker_max_tokens=talker.max_tokens,
-                                  talker_sampling=talker, seed=talker.seed, request_id=request_id, outputs=outputs)
+        return self.model.request(
+            ids,
+            features=clips or None,
+            pcm=pcm,
+            images=pictures or None,
+            audio=speak,
+            speaker=voice,
+            thinker_max_tokens=min(self.max_reply_tokens, talker.max_tokens),
+            talker_max_tokens=talker.max_tokens,
+            talker_sampling=talker,
+            seed=talker.seed,
+            request_id=request_id,
+            outputs=outputs,
+        )

@@ -34,6 +34,7 @@ comes rather than in one batch, may differ in the last bit (1.3e-7 at most, meas
 alone; ``talker_after_reply`` runs ``think`` then ``talk`` (the Talker on the complete reply, as the
 reference orders it; its text rows then projected in one batch as the reference does, to the last bit).
 """
+
 from __future__ import annotations
 
 from mstar.graph import (
@@ -70,7 +71,14 @@ def walk_chooser(im_end: int):
             if "pixel_values" in state.request.inputs:
                 return "prefill_media" if "features" in state.request.inputs else "prefill_vision"
             return "prefill_audio" if "features" in state.request.inputs else "prefill_text"
-        if last in ("prefill_stream", "prefill_stream_media", "prefill_audio", "prefill_vision", "prefill_media", "prefill_text"):
+        if last in (
+            "prefill_stream",
+            "prefill_stream_media",
+            "prefill_audio",
+            "prefill_vision",
+            "prefill_media",
+            "prefill_text",
+        ):
             first = state.value("thinker.token")
             if first is not None and int(first) == im_end:
                 return None  # an empty reply: nothing to say
@@ -82,6 +90,7 @@ def walk_chooser(im_end: int):
         if last == "think" and audio:
             return "talk"
         return None
+
     return next_walk
 
 
@@ -99,31 +108,70 @@ def budget(state, key: str, default: int) -> int:
 def qwen3_omni_graph(im_end: int, codec_eos: int, first_chunk: int | None = None) -> ModelGraph:
     """``first_chunk``: frames of Code2Wav's first chunk (default 25, as later ones; fewer: audio starts
     sooner, and the same audio comes)."""
-    thinker_loop = DynamicLoop("thinker", trip_count=lambda s: budget(s, "thinker_max_tokens", 1024) - 1,
-                               stop=StopOnValues("thinker.token", (im_end,)))
-    talker_loop = DynamicLoop("talker", trip_count=lambda s: budget(s, "talker_max_tokens", 4096),
-                              stop=StopOnValues("talker.token", (codec_eos,)))
+    thinker_loop = DynamicLoop(
+        "thinker",
+        trip_count=lambda s: budget(s, "thinker_max_tokens", 1024) - 1,
+        stop=StopOnValues("thinker.token", (im_end,)),
+    )
+    talker_loop = DynamicLoop(
+        "talker",
+        trip_count=lambda s: budget(s, "talker_max_tokens", 4096),
+        stop=StopOnValues("talker.token", (codec_eos,)),
+    )
     return ModelGraph(
         name="qwen3_omni",
         nodes=[
             GraphNode("audio_frames", inputs=["pcm"], outputs=["log_mel"]),
-            GraphNode("audio_encoder", inputs=["features", "clip_frames", "log_mel"], outputs=["embeds"],
-                      optional_inputs=["features", "clip_frames"]),
+            GraphNode(
+                "audio_encoder",
+                inputs=["features", "clip_frames", "log_mel"],
+                outputs=["embeds"],
+                optional_inputs=["features", "clip_frames"],
+            ),
             GraphNode("audio_prompt", inputs=["prompt_ids", "embeds"], outputs=["input_ids", "embed_mask"]),
             GraphNode("vision_encoder", inputs=["pixel_values", "image_grid_thw"], outputs=["embeds"]),
             GraphNode("image_positions", inputs=["prompt_ids", "image_grid_thw"], outputs=["rope_positions"]),
             GraphNode("media_prompt", inputs=["prompt_ids", "audio_embeds", "image_embeds"], outputs=["embeds"]),
-            GraphNode("thinker", inputs=["input_ids", "embeds", "embed_mask", "rope_positions"],
-                      outputs=["token", "rows", "step_rows"], engine="ar",
-                      optional_inputs=["embeds", "embed_mask", "rope_positions"]),
-            GraphNode("talker_inputs", inputs=["prompt_ids", "rows", "first_token", "say_ids", "image_grid_thw"],
-                      outputs=["input_ids", "embeds", "embed_mask", "trailing", "tts_eos", "tts_pad", "audio_cap",
-                               "rope_positions"],
-                      optional_inputs=["rows", "first_token", "say_ids", "image_grid_thw"]),
-            GraphNode("talker", inputs=["input_ids", "embeds", "embed_mask", "trailing", "reply_rows", "tts_eos", "tts_pad",
-                                        "audio_cap", "rope_positions"],
-                      outputs=["token", "frame", "audio_capped"], engine="ar", fed_inputs=["reply_rows"],
-                      optional_inputs=["trailing", "reply_rows", "tts_eos", "audio_cap", "rope_positions"]),
+            GraphNode(
+                "thinker",
+                inputs=["input_ids", "embeds", "embed_mask", "rope_positions"],
+                outputs=["token", "rows", "step_rows"],
+                engine="ar",
+                optional_inputs=["embeds", "embed_mask", "rope_positions"],
+            ),
+            GraphNode(
+                "talker_inputs",
+                inputs=["prompt_ids", "rows", "first_token", "say_ids", "image_grid_thw"],
+                outputs=[
+                    "input_ids",
+                    "embeds",
+                    "embed_mask",
+                    "trailing",
+                    "tts_eos",
+                    "tts_pad",
+                    "audio_cap",
+                    "rope_positions",
+                ],
+                optional_inputs=["rows", "first_token", "say_ids", "image_grid_thw"],
+            ),
+            GraphNode(
+                "talker",
+                inputs=[
+                    "input_ids",
+                    "embeds",
+                    "embed_mask",
+                    "trailing",
+                    "reply_rows",
+                    "tts_eos",
+                    "tts_pad",
+                    "audio_cap",
+                    "rope_positions",
+                ],
+                outputs=["token", "frame", "audio_capped"],
+                engine="ar",
+                fed_inputs=["reply_rows"],
+                optional_inputs=["trailing", "reply_rows", "tts_eos", "audio_cap", "rope_positions"],
+            ),
             GraphNode("code2wav", inputs=["codes"], outputs=["audio"]),
         ],
         edges=[
@@ -164,8 +212,10 @@ def qwen3_omni_graph(im_end: int, codec_eos: int, first_chunk: int | None = None
             # the reply's rows, as the Thinker makes them, into the Talker's running Loop
             StreamingGraphEdge("thinker.step_rows", "talker.reply_rows", target_partition="talker"),
             GraphEdge("input.say_ids", "talker_inputs.say_ids"),
-            *(GraphEdge(f"talker_inputs.{p}", f"talker.{p}") for p in ("input_ids", "embeds", "embed_mask",
-                                                                      "trailing", "tts_eos", "tts_pad", "audio_cap")),
+            *(
+                GraphEdge(f"talker_inputs.{p}", f"talker.{p}")
+                for p in ("input_ids", "embeds", "embed_mask", "trailing", "tts_eos", "tts_pad", "audio_cap")
+            ),
             GraphEdge("talker.token", "talker.input_ids"),  # the Loop's feedback (its row: Talker.feedback)
             GraphEdge("talker.frame", "output.codes"),
             GraphEdge("talker.audio_capped", "output.audio_capped"),  # [frames, text tokens]: the cap cut the audio
@@ -176,27 +226,47 @@ def qwen3_omni_graph(im_end: int, codec_eos: int, first_chunk: int | None = None
             "prefill_text": Call("thinker"),
             "prefill_stream": Sequential(AwaitInput("pcm"), Call("audio_prompt"), Call("thinker")),
             # the images are encoded while the turn is said; their positions wait for the widened prompt
-            "prefill_stream_media": Sequential(Parallel(AwaitInput("pcm"), Call("vision_encoder")), Call("audio_prompt"),
-                                               Call("image_positions"), Call("media_prompt"), Call("thinker")),
+            "prefill_stream_media": Sequential(
+                Parallel(AwaitInput("pcm"), Call("vision_encoder")),
+                Call("audio_prompt"),
+                Call("image_positions"),
+                Call("media_prompt"),
+                Call("thinker"),
+            ),
             "prefill_audio": Sequential(Call("audio_encoder"), Call("thinker")),
             "prefill_vision": Sequential(Call("vision_encoder"), Call("image_positions"), Call("thinker")),
-            "prefill_media": Sequential(Call("audio_encoder"), Call("vision_encoder"), Call("image_positions"),
-                                        Call("media_prompt"), Call("thinker")),
+            "prefill_media": Sequential(
+                Call("audio_encoder"),
+                Call("vision_encoder"),
+                Call("image_positions"),
+                Call("media_prompt"),
+                Call("thinker"),
+            ),
             "think": thinker_loop,
             "talk": Sequential(Call("talker_inputs"), talker_loop),
             # the Talker starts on the reply's first token and reads each later one as the Thinker makes it
             "think_and_talk": Sequential(Call("talker_inputs"), Parallel(thinker_loop, talker_loop)),
         },
         topology=PartitionTopology(
-            partitions={"thinker": ["audio_frames", "audio_encoder", "audio_prompt", "vision_encoder", "image_positions",
-                                    "media_prompt", "thinker"],
-                        "talker": ["talker_inputs", "talker"], "vocoder": ["code2wav"]},
-            connections=[PartitionConnection("input", "thinker", LeftContextChunkPolicy(CHUNK_ITEMS, CONTEXT_ITEMS,
-                                                                                        edges=True)),
-                         PartitionConnection("thinker", "thinker", WholeStreamPolicy()),
-                         PartitionConnection("thinker", "talker", FixedChunkPolicy(1)),
-                         PartitionConnection("talker", "vocoder",
-                                             LeftContextChunkPolicy(CHUNK_FRAMES, 0, first_chunk))],
+            partitions={
+                "thinker": [
+                    "audio_frames",
+                    "audio_encoder",
+                    "audio_prompt",
+                    "vision_encoder",
+                    "image_positions",
+                    "media_prompt",
+                    "thinker",
+                ],
+                "talker": ["talker_inputs", "talker"],
+                "vocoder": ["code2wav"],
+            },
+            connections=[
+                PartitionConnection("input", "thinker", LeftContextChunkPolicy(CHUNK_ITEMS, CONTEXT_ITEMS, edges=True)),
+                PartitionConnection("thinker", "thinker", WholeStreamPolicy()),
+                PartitionConnection("thinker", "talker", FixedChunkPolicy(1)),
+                PartitionConnection("talker", "vocoder", LeftContextChunkPolicy(CHUNK_FRAMES, 0, first_chunk)),
+            ],
         ),
         # features, clip_frames and embed_mask (or pcm) come with audio prompts only; pixel_values,
         # image_grid_thw and embed_mask with images

@@ -17,6 +17,7 @@ std 0.5). This module does the same job without transformers, to the same number
 Fields missing from a ``preprocessor_config.json`` take the released model's values (not the
 Qwen2-VL class defaults transformers would use, which describe a different vision encoder).
 """
+
 from __future__ import annotations
 
 import json
@@ -29,8 +30,8 @@ import numpy as np
 import PIL.Image
 import torch
 
-MAX_INPUT_PIXELS = 8192 * 8192   # a raw image over this is refused before decoding work (memory guard)
-MAX_ASPECT_RATIO = 200           # the reference refuses longer / shorter ratios
+MAX_INPUT_PIXELS = 8192 * 8192  # a raw image over this is refused before decoding work (memory guard)
+MAX_ASPECT_RATIO = 200  # the reference refuses longer / shorter ratios
 CONFIG_FILE = "preprocessor_config.json"
 
 # Qwen/Qwen3-Omni-30B-A3B-Instruct's preprocessor_config.json (the image and the audio front end share
@@ -69,8 +70,10 @@ def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixe
         raise ValueError(f"image is {width} x {height}: it is empty")
     ratio = max(height, width) / min(height, width)
     if ratio > MAX_ASPECT_RATIO:
-        raise ValueError(f"image is {width} x {height}: its aspect ratio {ratio:.1f} is over the limit of "
-                         f"{MAX_ASPECT_RATIO}; crop or pad it")
+        raise ValueError(
+            f"image is {width} x {height}: its aspect ratio {ratio:.1f} is over the limit of "
+            f"{MAX_ASPECT_RATIO}; crop or pad it"
+        )
     h, w = round(height / factor) * factor, round(width / factor) * factor  # round() is half-to-even, as there
     if h * w > max_pixels:
         scale = math.sqrt(height * width / max_pixels)
@@ -93,13 +96,14 @@ def image_pad_count(grid_thw: tuple[int, int, int], merge_size: int = 2) -> int:
 
 class _ConfigFile(msgspec.Struct, kw_only=True):
     """The image fields of a preprocessor_config.json as written (None: absent or null)."""
+
     image_processor_type: str | None = None
     patch_size: int | None = None
     temporal_patch_size: int | None = None
     merge_size: int | None = None
     min_pixels: int | None = None
     max_pixels: int | None = None
-    size: dict[str, int | None] | None = None   # newer dumps: {"shortest_edge": min, "longest_edge": max}
+    size: dict[str, int | None] | None = None  # newer dumps: {"shortest_edge": min, "longest_edge": max}
     image_mean: list[float] | float | None = None
     image_std: list[float] | float | None = None
     rescale_factor: float | None = None
@@ -112,6 +116,7 @@ class _ConfigFile(msgspec.Struct, kw_only=True):
 
 class ImagePreprocessor(msgspec.Struct, frozen=True, kw_only=True):
     """Qwen3-Omni's image preprocessing; the defaults are the released checkpoint's."""
+
     patch_size: int = 16
     temporal_patch_size: int = 2
     merge_size: int = 2
@@ -130,8 +135,7 @@ class ImagePreprocessor(msgspec.Struct, frozen=True, kw_only=True):
         def bad(name: str, why: str) -> ValueError:
             return ValueError(f"{name}: {getattr(self, name)!r} {why}")
 
-        for name in ("patch_size", "temporal_patch_size", "merge_size", "min_pixels", "max_pixels",
-                     "max_input_pixels"):
+        for name in ("patch_size", "temporal_patch_size", "merge_size", "min_pixels", "max_pixels", "max_input_pixels"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise bad(name, "must be a positive integer")
@@ -152,16 +156,19 @@ class ImagePreprocessor(msgspec.Struct, frozen=True, kw_only=True):
                 raise bad(name, "must be true or false")
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any], *, max_input_pixels: int = MAX_INPUT_PIXELS,
-                  where: str = CONFIG_FILE) -> ImagePreprocessor:
+    def from_dict(
+        cls, data: dict[str, Any], *, max_input_pixels: int = MAX_INPUT_PIXELS, where: str = CONFIG_FILE
+    ) -> ImagePreprocessor:
         """The image fields of a preprocessor_config.json's content; other fields (audio) are ignored."""
         try:
             raw = msgspec.convert(data, _ConfigFile)
         except msgspec.ValidationError as err:
             raise ValueError(f"{where}: {err}") from None
         if raw.image_processor_type is not None and not raw.image_processor_type.startswith("Qwen2VLImageProcessor"):
-            raise ValueError(f"{where}: image_processor_type: {raw.image_processor_type!r} is not the Qwen2-VL "
-                             "image processor Qwen3-Omni uses")
+            raise ValueError(
+                f"{where}: image_processor_type: {raw.image_processor_type!r} is not the Qwen2-VL "
+                "image processor Qwen3-Omni uses"
+            )
         if raw.do_resize is False:
             raise ValueError(f"{where}: do_resize: false is not supported (the patch grid needs the resize)")
         fields: dict[str, Any] = {"max_input_pixels": max_input_pixels}
@@ -176,8 +183,16 @@ class ImagePreprocessor(msgspec.Struct, frozen=True, kw_only=True):
             value = getattr(raw, name)
             if value is not None:
                 fields[name] = tuple(value) if isinstance(value, list) else (value,) * 3
-        for name in ("patch_size", "temporal_patch_size", "merge_size", "rescale_factor", "resample",
-                     "do_rescale", "do_normalize", "do_convert_rgb"):
+        for name in (
+            "patch_size",
+            "temporal_patch_size",
+            "merge_size",
+            "rescale_factor",
+            "resample",
+            "do_rescale",
+            "do_normalize",
+            "do_convert_rgb",
+        ):
             if getattr(raw, name) is not None:
                 fields[name] = getattr(raw, name)
         try:
@@ -223,16 +238,18 @@ class ImagePreprocessor(msgspec.Struct, frozen=True, kw_only=True):
         # float64 product then float32, as the reference rescales; normalisation is in float32
         x = (x.to(torch.float64) * self.rescale_factor).to(torch.float32) if self.do_rescale else x.to(torch.float32)
         if self.do_normalize:
-            x = (x - torch.tensor(self.image_mean, dtype=torch.float32)) / torch.tensor(self.image_std,
-                                                                                         dtype=torch.float32)
+            x = (x - torch.tensor(self.image_mean, dtype=torch.float32)) / torch.tensor(
+                self.image_std, dtype=torch.float32
+            )
         return self._patchify(x)
 
     def _check_size(self, height: int, width: int) -> None:
         if height <= 0 or width <= 0:
             raise ValueError(f"image is {width} x {height}: it is empty")
         if height * width > self.max_input_pixels:
-            raise ValueError(f"image is {width} x {height} = {width * height} pixels, over the limit of "
-                             f"{self.max_input_pixels}")
+            raise ValueError(
+                f"image is {width} x {height} = {width * height} pixels, over the limit of {self.max_input_pixels}"
+            )
 
     def _rgb(self, image: ImageInput) -> np.ndarray:
         """Any accepted image -> uint8 [H, W, 3] (checked before any conversion work)."""
@@ -251,8 +268,10 @@ class ImagePreprocessor(msgspec.Struct, frozen=True, kw_only=True):
         if not isinstance(image, np.ndarray):
             raise ValueError(f"image must be a PIL image or a uint8 array [H, W, 3]; got {type(image).__name__}")
         if image.ndim not in (2, 3) or (image.ndim == 3 and image.shape[2] not in (1, 3, 4)):
-            raise ValueError(f"image array must be [H, W] (gray), [H, W, 1], [H, W, 3] or [H, W, 4] (RGBA), "
-                             f"channels last; got shape {tuple(image.shape)}")
+            raise ValueError(
+                f"image array must be [H, W] (gray), [H, W, 1], [H, W, 3] or [H, W, 4] (RGBA), "
+                f"channels last; got shape {tuple(image.shape)}"
+            )
         self._check_size(image.shape[0], image.shape[1])
         if np.issubdtype(image.dtype, np.floating) and not np.isfinite(image).all():
             raise ValueError("image array contains NaN or infinite values")

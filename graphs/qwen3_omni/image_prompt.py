@@ -11,6 +11,7 @@ continue from the engine's kept positions instead.
 -> ``embeds``: one row per pad in prompt order, the audio rows zero-padded to the image rows' width
 (no deepstack feature: adding zero leaves an audio row as it is).
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -29,8 +30,11 @@ class ImagePositionsNode(NodeSubmodule):
         self.config = config
 
     def prepare_inputs(self, calls: Sequence[NodeCall]) -> dict:
-        return {"each": [(c.inputs["prompt_ids"].reshape(-1), c.inputs["image_grid_thw"].reshape(-1, 3).tolist())
-                         for c in calls]}
+        return {
+            "each": [
+                (c.inputs["prompt_ids"].reshape(-1), c.inputs["image_grid_thw"].reshape(-1, 3).tolist()) for c in calls
+            ]
+        }
 
     def batch_key(self, call: NodeCall):
         return "image_positions"
@@ -48,8 +52,11 @@ class MediaPromptNode(NodeSubmodule):
         self.audio_id, self.image_id = config.thinker_config.audio_token_id, config.thinker_config.image_token_id
 
     def prepare_inputs(self, calls: Sequence[NodeCall]) -> dict:
-        return {"each": [(c.inputs["prompt_ids"].reshape(-1), c.inputs["audio_embeds"], c.inputs["image_embeds"])
-                         for c in calls]}
+        return {
+            "each": [
+                (c.inputs["prompt_ids"].reshape(-1), c.inputs["audio_embeds"], c.inputs["image_embeds"]) for c in calls
+            ]
+        }
 
     def batch_key(self, call: NodeCall):
         return "media_prompt"
@@ -61,10 +68,15 @@ class MediaPromptNode(NodeSubmodule):
         out = []
         for ids, audio, image in each:
             pads = ids[(ids == self.audio_id) | (ids == self.image_id)]
-            if int((pads == self.audio_id).sum()) != audio.shape[0] or int((pads == self.image_id).sum()) != image.shape[0]:
-                raise ValueError(f"the prompt has {int((pads == self.audio_id).sum())} audio and "
-                                 f"{int((pads == self.image_id).sum())} image pads for {audio.shape[0]} audio and "
-                                 f"{image.shape[0]} image embeddings")
+            if (
+                int((pads == self.audio_id).sum()) != audio.shape[0]
+                or int((pads == self.image_id).sum()) != image.shape[0]
+            ):
+                raise ValueError(
+                    f"the prompt has {int((pads == self.audio_id).sum())} audio and "
+                    f"{int((pads == self.image_id).sum())} image pads for {audio.shape[0]} audio and "
+                    f"{image.shape[0]} image embeddings"
+                )
             rows = torch.zeros(pads.numel(), image.shape[1], dtype=image.dtype)
             rows[pads == self.audio_id] = F.pad(audio.to(image.dtype), (0, image.shape[1] - audio.shape[1]))
             rows[pads == self.image_id] = image

@@ -10,6 +10,7 @@ Outputs: ``text_ids`` (each reply token as it is decided), ``codes`` (each 16-co
 ``audio`` (24 kHz float PCM chunks from Code2Wav), and ``audio_capped`` ([frames, text tokens]) when
 the audio stopped at the cap its text allows (``talker_cap``).
 """
+
 from __future__ import annotations
 
 import logging
@@ -59,8 +60,16 @@ class Qwen3Omni:
     sample_rate = SAMPLE_RATE
 
     @classmethod
-    def load(cls, weights: str | Path | None = None, *, progress: bool = True, speaker: str = "ethan",
-             preset: str = "tiny", first_chunk: int | None = None, requests_only: bool = False) -> Qwen3Omni:
+    def load(
+        cls,
+        weights: str | Path | None = None,
+        *,
+        progress: bool = True,
+        speaker: str = "ethan",
+        preset: str = "tiny",
+        first_chunk: int | None = None,
+        requests_only: bool = False,
+    ) -> Qwen3Omni:
         """Real weights from ``weights`` (transformers' layout), else the generated ``preset`` checkpoint.
         ``requests_only``: the config, not the weights (the components are built on the meta device): what
         a gateway needs whose Worker processes serve the model; ``modules()`` then refuses."""
@@ -82,8 +91,9 @@ class Qwen3Omni:
         return self.config.mstar_random_weights
 
     def graph(self):
-        return qwen3_omni_graph(self.config.im_end_token_id, self.config.talker_config.codec_eos_token_id,
-                                self.first_chunk)
+        return qwen3_omni_graph(
+            self.config.im_end_token_id, self.config.talker_config.codec_eos_token_id, self.first_chunk
+        )
 
     @property
     def requests_only(self) -> bool:
@@ -92,20 +102,36 @@ class Qwen3Omni:
     def modules(self) -> dict[str, torch.nn.Module]:
         if self.requests_only:
             raise RuntimeError("this Qwen3-Omni was loaded with requests_only: Worker processes hold its weights")
-        return {"audio_encoder": self.audio_encoder, "vision_encoder": self.vision_encoder, "thinker": self.thinker,
-                "talker_inputs": TalkerInputsNode(self.talker, self.thinker.model.embed_tokens, self.speaker),
-                "talker": self.talker, "code2wav": self.code2wav, **stream_nodes(self.config)}
+        return {
+            "audio_encoder": self.audio_encoder,
+            "vision_encoder": self.vision_encoder,
+            "thinker": self.thinker,
+            "talker_inputs": TalkerInputsNode(self.talker, self.thinker.model.embed_tokens, self.speaker),
+            "talker": self.talker,
+            "code2wav": self.code2wav,
+            **stream_nodes(self.config),
+        }
 
-    def request(self, prompt_ids: list[int], *, features: torch.Tensor | list[torch.Tensor] | None = None,
-                pcm: StreamInput | None = None,
-                images: list[tuple[torch.Tensor, tuple[int, int, int]]] | None = None,
-                audio: bool = True,
-                say_ids: list[int] | None = None,
-                thinker_max_tokens: int = 256, talker_max_tokens: int = 1024, speaker: str | None = None,
-                sampling: SamplingParams | None = None, talker_sampling: SamplingParams | None = None,
-                seed: int | None = None, request_id: str | None = None,
-                outputs: frozenset[str] | None = None, talker_after_reply: bool = False,
-                audio_cap: bool = True) -> Request:
+    def request(
+        self,
+        prompt_ids: list[int],
+        *,
+        features: torch.Tensor | list[torch.Tensor] | None = None,
+        pcm: StreamInput | None = None,
+        images: list[tuple[torch.Tensor, tuple[int, int, int]]] | None = None,
+        audio: bool = True,
+        say_ids: list[int] | None = None,
+        thinker_max_tokens: int = 256,
+        talker_max_tokens: int = 1024,
+        speaker: str | None = None,
+        sampling: SamplingParams | None = None,
+        talker_sampling: SamplingParams | None = None,
+        seed: int | None = None,
+        request_id: str | None = None,
+        outputs: frozenset[str] | None = None,
+        talker_after_reply: bool = False,
+        audio_cap: bool = True,
+    ) -> Request:
         """``features``: one clip's log-mel frames [128, T] (mstar_graphs.qwen3_omni.audio_features.log_mel), or
         the clips of several turns in prompt order; the prompt then holds exactly ``tokens_for_frames(T)``
         audio pad tokens per clip. ``pcm``: the last turn's 16 kHz samples, streamed in
@@ -138,8 +164,10 @@ class Qwen3Omni:
             raise ValueError("the prompt has <|audio_pad|> tokens but no audio features came with it")
         if int(pads.sum()) != want + (pcm is not None):
             slot = " and one slot for the streamed turn" if pcm is not None else ""
-            raise ValueError(f"{sum(c.shape[1] for c in clips)} audio frames make {want} audio tokens{slot}; "
-                             f"the prompt has {int(pads.sum())} <|audio_pad|>")
+            raise ValueError(
+                f"{sum(c.shape[1] for c in clips)} audio frames make {want} audio tokens{slot}; "
+                f"the prompt has {int(pads.sum())} <|audio_pad|>"
+            )
         if clips:
             inputs["features"] = torch.cat(clips, dim=1).float()
             inputs["clip_frames"] = torch.tensor([clip.shape[1] for clip in clips], dtype=torch.long)
@@ -166,17 +194,24 @@ class Qwen3Omni:
         talker_room = cfg.talker_config.text_config.max_position_embeddings - len(prompt_ids) - 9
         thinker_room = cfg.thinker_config.text_config.max_position_embeddings - len(prompt_ids)
         if thinker_room < 1 or talker_room < 1:
-            raise ValueError(f"a prompt of {len(prompt_ids)} tokens leaves no room to answer (context limit "
-                             f"{cfg.thinker_config.text_config.max_position_embeddings})")
+            raise ValueError(
+                f"a prompt of {len(prompt_ids)} tokens leaves no room to answer (context limit "
+                f"{cfg.thinker_config.text_config.max_position_embeddings})"
+            )
         if pcm is not None:  # the streamed turn's pads come later: the graph takes them off these rooms
             meta |= {"thinker_max_tokens_room": thinker_room, "talker_max_tokens_room": talker_room}
-        meta |= {"thinker_max_tokens": min(thinker_max_tokens, thinker_room),
-                "talker_max_tokens": min(talker_max_tokens, talker_room), "audio": audio,
-                "talker_after_reply": bool(talker_after_reply), "talker_inputs.audio_cap": bool(audio_cap),
-                "talker.sampling": talker,
-                "talker_inputs.speaker": speaker_code(cfg, speaker or self.speaker)}
-        return Request(inputs=inputs, sampling=thinker, request_id=request_id or uuid.uuid4().hex[:12], meta=meta,
-                       outputs=outputs)
+        meta |= {
+            "thinker_max_tokens": min(thinker_max_tokens, thinker_room),
+            "talker_max_tokens": min(talker_max_tokens, talker_room),
+            "audio": audio,
+            "talker_after_reply": bool(talker_after_reply),
+            "talker_inputs.audio_cap": bool(audio_cap),
+            "talker.sampling": talker,
+            "talker_inputs.speaker": speaker_code(cfg, speaker or self.speaker),
+        }
+        return Request(
+            inputs=inputs, sampling=thinker, request_id=request_id or uuid.uuid4().hex[:12], meta=meta, outputs=outputs
+        )
 
     @staticmethod
     def audio_cap_note(outputs: Mapping[str, Sequence[torch.Tensor]]) -> str | None:
@@ -194,23 +229,31 @@ class Qwen3Omni:
         vision = thinker.vision_config
         if not images:
             raise ValueError("the prompt has <|image_pad|> tokens but no image came with it")
-        per_patch = vision.in_channels * vision.temporal_patch_size * vision.patch_size ** 2
+        per_patch = vision.in_channels * vision.temporal_patch_size * vision.patch_size**2
         grids = []
         for values, grid in images:
             grid = tuple(int(g) for g in grid)
             if len(grid) != 3 or values.dim() != 2 or values.shape != (grid[0] * grid[1] * grid[2], per_patch):
-                raise ValueError(f"an image's pixel_values {tuple(values.shape)} do not fit its grid {grid} "
-                                 f"({per_patch} values per patch)")
+                raise ValueError(
+                    f"an image's pixel_values {tuple(values.shape)} do not fit its grid {grid} "
+                    f"({per_patch} values per patch)"
+                )
             grids.append(grid)
         thinker_positions(ids, self.config, grids)  # checks each image's pads against its grid, here and now
-        return {"pixel_values": torch.cat([v for v, _ in images]).float(),
-                "image_grid_thw": torch.tensor(grids, dtype=torch.long), "embed_mask": ids == thinker.image_token_id}
+        return {
+            "pixel_values": torch.cat([v for v, _ in images]).float(),
+            "image_grid_thw": torch.tensor(grids, dtype=torch.long),
+            "embed_mask": ids == thinker.image_token_id,
+        }
 
 
 def stream_nodes(config: Qwen3OmniConfig) -> dict[str, torch.nn.Module]:
     """The weightless nodes: a streamed turn's (mstar_graphs.qwen3_omni.audio_stream), an image prompt's positions."""
     thinker, talker = config.thinker_config, config.talker_config
     room = min(thinker.text_config.max_position_embeddings - 1, talker.text_config.max_position_embeddings - 10)
-    return {"audio_frames": AudioFramesNode(thinker.audio_config.num_mel_bins),
-            "audio_prompt": AudioPromptNode(thinker.audio_token_id, room, thinker.image_token_id),
-            "image_positions": ImagePositionsNode(config), "media_prompt": MediaPromptNode(config)}
+    return {
+        "audio_frames": AudioFramesNode(thinker.audio_config.num_mel_bins),
+        "audio_prompt": AudioPromptNode(thinker.audio_token_id, room, thinker.image_token_id),
+        "image_positions": ImagePositionsNode(config),
+        "media_prompt": MediaPromptNode(config),
+    }

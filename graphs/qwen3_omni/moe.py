@@ -9,6 +9,7 @@ Experts are loaded per expert, the checkpoint's layout (``experts.{e}.gate_proj.
 sequences of the batch, prefill and decode together) are grouped by expert: each expert that got
 rows runs one matmul over all of them, never row by row.
 """
+
 from __future__ import annotations
 
 import torch
@@ -19,8 +20,16 @@ from mstar_graphs.common.mlp import GatedMLP
 
 
 class SparseMoE(nn.Module):
-    def __init__(self, hidden: int, inner: int, num_experts: int, top_k: int, norm_topk_prob: bool,
-                 shared_inner: int = 0, **factory) -> None:
+    def __init__(
+        self,
+        hidden: int,
+        inner: int,
+        num_experts: int,
+        top_k: int,
+        norm_topk_prob: bool,
+        shared_inner: int = 0,
+        **factory,
+    ) -> None:
         super().__init__()
         self.num_experts, self.top_k, self.norm_topk_prob = num_experts, top_k, norm_topk_prob
         self.gate = nn.Linear(hidden, num_experts, bias=False, **factory)  # the router
@@ -29,8 +38,8 @@ class SparseMoE(nn.Module):
         if shared_inner:
             self.shared_expert = GatedMLP(hidden, shared_inner, **factory)
             self.shared_expert_gate = nn.Linear(hidden, 1, bias=False, **factory)
-        self.gate_up: torch.Tensor | None = None   # [E, 2I, H] after fuse()
-        self.down: torch.Tensor | None = None      # [E, H, I]
+        self.gate_up: torch.Tensor | None = None  # [E, 2I, H] after fuse()
+        self.down: torch.Tensor | None = None  # [E, H, I]
         self.tp = None  # a TPGroup once sharded (tensor_parallel.shard_moe): each rank holds a slice of I
 
     def fuse(self) -> None:
@@ -55,7 +64,7 @@ class SparseMoE(nn.Module):
         weights, ids = self.route(x)
         out = torch.zeros_like(x)
         flat = ids.reshape(-1)
-        order = torch.argsort(flat, stable=True)       # (row, slot) pairs grouped by expert
+        order = torch.argsort(flat, stable=True)  # (row, slot) pairs grouped by expert
         counts = torch.bincount(flat, minlength=self.num_experts).tolist()
         rows = order // self.top_k
         slot_weights = weights.reshape(-1)[order]
@@ -63,9 +72,9 @@ class SparseMoE(nn.Module):
         for expert, n in enumerate(counts):
             if n == 0:
                 continue
-            picked = rows[start:start + n]
+            picked = rows[start : start + n]
             y = self._expert(expert, x.index_select(0, picked))
-            out.index_add_(0, picked, y * slot_weights[start:start + n, None])
+            out.index_add_(0, picked, y * slot_weights[start : start + n, None])
             start += n
         if self.tp is not None:  # every rank summed its slice of each expert's inner width
             self.tp.all_reduce_(out)

@@ -17,6 +17,7 @@ Audio needs no lengths here. The reference works out each clip's span from its m
 numbers that span one per token, the same as text. A valid prompt has exactly that many audio pads,
 so audio positions depend only on where the pads are, and those are already in ``input_ids``.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -27,8 +28,9 @@ import torch
 Grid = tuple[int, int, int]
 
 
-def thinker_positions(input_ids: Sequence[int] | torch.Tensor, config: Any,
-                      image_grid_thw: Sequence[Sequence[int]] = ()) -> tuple[torch.Tensor, int]:
+def thinker_positions(
+    input_ids: Sequence[int] | torch.Tensor, config: Any, image_grid_thw: Sequence[Sequence[int]] = ()
+) -> tuple[torch.Tensor, int]:
     """Positions long [3, T] for a 1-D prompt, and ``delta`` (decode token ``i`` sits at ``i + delta``).
 
     ``config`` is a ``Qwen3OmniConfig`` or its ``thinker_config``. ``image_grid_thw`` has one
@@ -49,8 +51,11 @@ def thinker_positions(input_ids: Sequence[int] | torch.Tensor, config: Any,
     for (run_start, run_len), (t, h, w) in zip(runs, grids):
         pieces.append(_line(next_pos, run_start - cursor))  # text/audio before the image, vision_start included
         next_pos += run_start - cursor
-        grid = torch.stack(torch.meshgrid(torch.arange(t) * per_second, torch.arange(h // merge),
-                                          torch.arange(w // merge), indexing="ij")).reshape(3, -1)
+        grid = torch.stack(
+            torch.meshgrid(
+                torch.arange(t) * per_second, torch.arange(h // merge), torch.arange(w // merge), indexing="ij"
+            )
+        ).reshape(3, -1)
         pieces.append(grid + next_pos)
         # The next token goes one past the image's largest value on any axis, not one past its last pad.
         next_pos += max((t - 1) * per_second, h // merge - 1, w // merge - 1) + 1
@@ -91,8 +96,9 @@ def _image_runs(ids: list[int], thinker: Any, grids: list[Grid], merge: int) -> 
     """(start, length) of each run of image pads. Checks that each run has a grid and the right length."""
     image_id, start_id = int(thinker.image_token_id), int(thinker.vision_start_token_id)
     if int(thinker.video_token_id) in ids:
-        raise ValueError(f"the prompt has video pad tokens (id {thinker.video_token_id}); video positions are "
-                         f"not implemented")
+        raise ValueError(
+            f"the prompt has video pad tokens (id {thinker.video_token_id}); video positions are not implemented"
+        )
     runs: list[tuple[int, int]] = []
     for i, tok in enumerate(ids):
         if tok != image_id:
@@ -102,21 +108,27 @@ def _image_runs(ids: list[int], thinker: Any, grids: list[Grid], merge: int) -> 
         else:
             runs.append((i, 1))
     if grids and not runs:
-        raise ValueError(f"image_grid_thw has {len(grids)} grid(s) but the prompt has no image pad token "
-                         f"(id {image_id})")
+        raise ValueError(
+            f"image_grid_thw has {len(grids)} grid(s) but the prompt has no image pad token (id {image_id})"
+        )
     if len(runs) != len(grids):
-        raise ValueError(f"the prompt has {len(runs)} image(s) (runs of image pad id {image_id}) but "
-                         f"image_grid_thw has {len(grids)} grid(s)")
+        raise ValueError(
+            f"the prompt has {len(runs)} image(s) (runs of image pad id {image_id}) but "
+            f"image_grid_thw has {len(grids)} grid(s)"
+        )
     for n, ((start, length), (t, h, w)) in enumerate(zip(runs, grids)):
         if h % merge or w % merge:
-            raise ValueError(f"image {n}: grid (t={t}, h={h}, w={w}): h and w must be multiples of "
-                             f"spatial_merge_size {merge}")
+            raise ValueError(
+                f"image {n}: grid (t={t}, h={h}, w={w}): h and w must be multiples of spatial_merge_size {merge}"
+            )
         want = t * h * w // (merge * merge)
         if length != want:
-            raise ValueError(f"image {n}: {length} image pad token(s) but grid (t={t}, h={h}, w={w}) needs "
-                             f"t*h*w/{merge}^2 = {want}")
+            raise ValueError(
+                f"image {n}: {length} image pad token(s) but grid (t={t}, h={h}, w={w}) needs t*h*w/{merge}^2 = {want}"
+            )
         # The reference finds each image from its <|vision_start|>; pads without one would be misplaced there.
         if start == 0 or ids[start - 1] != start_id:
-            raise ValueError(f"image {n}: its pad tokens at index {start} do not follow <|vision_start|> "
-                             f"(id {start_id})")
+            raise ValueError(
+                f"image {n}: its pad tokens at index {start} do not follow <|vision_start|> (id {start_id})"
+            )
     return runs

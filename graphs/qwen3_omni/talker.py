@@ -16,6 +16,7 @@ An MoE decoder whose every layer has a shared expert (sigmoid-gated), over input
 sampled, as the reference suppresses them); :class:`CodePredictor` gives codes 1-15.
 Module names are the checkpoint's under ``talker.``.
 """
+
 from __future__ import annotations
 
 import logging
@@ -51,10 +52,11 @@ class ResizeMLP(nn.Module):
 class Talker(DecoderARModule):
     plain_linears = ("codec_head",)
     prompt_in_history = False  # the reference's repetition penalty sees only generated code-0 tokens
-    has_feedback = True        # a frame's next input is its 16 code embeddings plus the next text row
+    has_feedback = True  # a frame's next input is its 16 code embeddings plus the next text row
 
-    def __init__(self, config: Qwen3OmniConfig, *, dtype: torch.dtype = torch.float32,
-                 device: torch.device | str | None = None) -> None:
+    def __init__(
+        self, config: Qwen3OmniConfig, *, dtype: torch.dtype = torch.float32, device: torch.device | str | None = None
+    ) -> None:
         super().__init__()
         self.config = config
         tc = config.talker_config
@@ -76,9 +78,15 @@ class Talker(DecoderARModule):
             ranges.append((eos, eos + 1))
         return ranges
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,  # type: ignore[override]
-                attn: AttentionContext, embeds: torch.Tensor | None = None,
-                embed_mask: torch.Tensor | None = None, rope_positions: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,  # type: ignore[override]
+        attn: AttentionContext,
+        embeds: torch.Tensor | None = None,
+        embed_mask: torch.Tensor | None = None,
+        rope_positions: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         self._positions_check(input_ids, positions)
         h = self.rows(self.model.codec_embedding, input_ids, embeds, embed_mask)
         cos, sin = self.cos_sin(positions, rope_positions, h.dtype)
@@ -127,9 +135,9 @@ class Talker(DecoderARModule):
         row i + 1, ``tts_eos`` once the reply has ended, then ``tts_pad``. Output ``audio_capped`` with the
         last frame the reply's audio cap allows."""
         code0 = self.model.codec_embedding(tokens)
-        residual, frame_embeds = self.code_predictor.predict(hidden.to(code0.dtype), code0,
-                                                             [not c.greedy for c in calls],
-                                                             [c.generator for c in calls])
+        residual, frame_embeds = self.code_predictor.predict(
+            hidden.to(code0.dtype), code0, [not c.greedy for c in calls], [c.generator for c in calls]
+        )
         rows = self.next_input(frame_embeds, self._text_rows(calls, code0.dtype, code0.device))
         frames = torch.cat([tokens[:, None], residual], dim=1)
         return rows, [self._frame_outputs(c, f) for c, f in zip(calls, frames)]

@@ -9,11 +9,12 @@ vLLM-Omni PR 6215). A Talker that never ends (random weights, or a trained one t
 the whole 4096. The cap allows 1.8x the slowest of those rates plus 2 s, so a trained reply ends by
 itself well before it, with the reference's codes, and a runaway one stops near its text's length.
 """
+
 from __future__ import annotations
 
 FRAMES_PER_TEXT_TOKEN = 10  # 0.8 s of audio per text token (80 ms frames)
-SLACK_FRAMES = 25           # 2 s: a short reply's lead-in and trailing silence
-FRAME_SECONDS = 0.08        # 12.5 Hz codec frames
+SLACK_FRAMES = 25  # 2 s: a short reply's lead-in and trailing silence
+FRAME_SECONDS = 0.08  # 12.5 Hz codec frames
 
 
 def frame_cap(text_tokens: int) -> int:
@@ -32,5 +33,7 @@ def cap_note(text_tokens: int, frames: int) -> str | None:
     cap = frame_cap(text_tokens)
     if frames < cap:
         return None
-    return (f"audio cut at {cap} frames ({cap * FRAME_SECONDS:.1f} s), the cap for {text_tokens} text tokens "
-            f"({FRAMES_PER_TEXT_TOKEN} frames per token + {SLACK_FRAMES}): the Talker did not end it")
+    return (
+        f"audio cut at {cap} frames ({cap * FRAME_SECONDS:.1f} s), the cap for {text_tokens} text tokens "
+        f"({FRAMES_PER_TEXT_TOKEN} frames per token + {SLACK_FRAMES}): the Talker did not end it"
+    )

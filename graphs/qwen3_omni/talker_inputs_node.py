@@ -15,6 +15,7 @@ images) also the Talker's M-RoPE ``rope_positions``: the reference numbers the T
 turns' tokens, then its 9 assistant rows) as it numbers the Thinker's. It shares the Talker's projections
 and the Thinker's token embeddings (same process: same weights).
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -29,7 +30,7 @@ from mstar_graphs.qwen3_omni.talker_prompt import ASSISTANT_ROWS, talker_inputs,
 class TalkerInputsNode(NodeSubmodule):
     def __init__(self, talker, thinker_embed_tokens, speaker: str = "ethan") -> None:
         super().__init__()
-        self._talker = [talker]                 # not submodules: they belong to the Talker and Thinker nodes
+        self._talker = [talker]  # not submodules: they belong to the Talker and Thinker nodes
         self._embed_tokens = [thinker_embed_tokens]
         self.speaker = speaker
 
@@ -58,15 +59,31 @@ class TalkerInputsNode(NodeSubmodule):
                 streamed = rows.shape[0] == call.inputs["prompt_ids"].numel()
                 if streamed:  # the reply goes on streaming to the Talker: its first token's row here
                     if "first_token" not in call.inputs:
-                        raise ValueError("talker_inputs: the Thinker's rows hold the prompt only, and no first reply token came")
+                        raise ValueError(
+                            "talker_inputs: the Thinker's rows hold the prompt only, and no first reply token came"
+                        )
                     first = embed(call.inputs["first_token"].reshape(1).to(embed.weight.device)).to(talker.dtype)
                     rows = torch.cat([rows, torch.cat([first, torch.zeros_like(first)], dim=-1)])
-            speaker = int(call.meta["speaker"]) if "speaker" in call.meta else self.speaker  # request meta talker_inputs.speaker
-            made = talker_inputs(talker, embed, cfg, call.inputs["prompt_ids"].reshape(-1).tolist(),
-                                 rows[:, :width], rows[:, width:], speaker)
+            speaker = (
+                int(call.meta["speaker"]) if "speaker" in call.meta else self.speaker
+            )  # request meta talker_inputs.speaker
+            made = talker_inputs(
+                talker,
+                embed,
+                cfg,
+                call.inputs["prompt_ids"].reshape(-1).tolist(),
+                rows[:, :width],
+                rows[:, width:],
+                speaker,
+            )
             n = made.prefill.shape[0]
-            out = {"input_ids": torch.zeros(n, dtype=torch.long), "embeds": made.prefill,
-                   "embed_mask": torch.ones(n, dtype=torch.bool), "tts_eos": made.trailing[-1], "tts_pad": made.tts_pad}
+            out = {
+                "input_ids": torch.zeros(n, dtype=torch.long),
+                "embeds": made.prefill,
+                "embed_mask": torch.ones(n, dtype=torch.bool),
+                "tts_eos": made.trailing[-1],
+                "tts_pad": made.tts_pad,
+            }
             if "say_ids" in call.inputs or not streamed:
                 out["trailing"] = made.trailing
             if call.meta.get("audio_cap", 1):  # request meta talker_inputs.audio_cap = 0 lifts the Talker's cap
@@ -74,6 +91,8 @@ class TalkerInputsNode(NodeSubmodule):
             if "image_grid_thw" in call.inputs:
                 prompt = call.inputs["prompt_ids"].reshape(-1).tolist()
                 ids = [prompt[i] for i in user_rows(prompt, cfg)] + [0] * ASSISTANT_ROWS  # codec rows: plain text axes
-                out["rope_positions"] = thinker_positions(ids, cfg, call.inputs["image_grid_thw"].reshape(-1, 3).tolist())[0]
+                out["rope_positions"] = thinker_positions(
+                    ids, cfg, call.inputs["image_grid_thw"].reshape(-1, 3).tolist()
+                )[0]
             each.append(out)
         return {"each": each}

@@ -16,6 +16,7 @@ after ``accept_hidden_layer`` layers at the same rows.
 A reply of one token leaves no first reply row: the reference then fails (a size mismatch); here
 it is a clear error.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -29,9 +30,9 @@ ASSISTANT_ROWS = 9  # the Talker's prompt rows after the user turns
 
 @dataclass
 class TalkerInputs:
-    prefill: torch.Tensor    # [user rows + 9, H_talker]
-    trailing: torch.Tensor   # [reply tokens - 1, H_talker]: the text of each later step, tts_eos last
-    tts_pad: torch.Tensor    # [H_talker]: the text of every step after the trailing rows
+    prefill: torch.Tensor  # [user rows + 9, H_talker]
+    trailing: torch.Tensor  # [reply tokens - 1, H_talker]: the text of each later step, tts_eos last
+    tts_pad: torch.Tensor  # [H_talker]: the text of every step after the trailing rows
 
 
 def user_rows(prompt_ids: list[int], cfg: Qwen3OmniConfig) -> list[int]:
@@ -46,16 +47,26 @@ def user_rows(prompt_ids: list[int], cfg: Qwen3OmniConfig) -> list[int]:
 
 
 def assistant_start(prompt_ids: list[int], cfg: Qwen3OmniConfig) -> int:
-    starts = [i for i in range(len(prompt_ids) - 1)
-              if prompt_ids[i] == cfg.im_start_token_id and prompt_ids[i + 1] == cfg.assistant_token_id]
+    starts = [
+        i
+        for i in range(len(prompt_ids) - 1)
+        if prompt_ids[i] == cfg.im_start_token_id and prompt_ids[i + 1] == cfg.assistant_token_id
+    ]
     if not starts:
         raise ValueError("the prompt has no '<|im_start|>assistant' turn for the Talker to speak")
     return starts[-1]
 
 
 @torch.inference_mode()
-def talker_inputs(talker, thinker_embed_tokens, cfg: Qwen3OmniConfig, prompt_ids: list[int],
-                  thinker_embed: torch.Tensor, thinker_hidden: torch.Tensor, speaker: str | int) -> TalkerInputs:
+def talker_inputs(
+    talker,
+    thinker_embed_tokens,
+    cfg: Qwen3OmniConfig,
+    prompt_ids: list[int],
+    thinker_embed: torch.Tensor,
+    thinker_hidden: torch.Tensor,
+    speaker: str | int,
+) -> TalkerInputs:
     """``talker`` (a :class:`~mstar_graphs.qwen3_omni.talker.Talker`), ``thinker_embed_tokens`` (the
     Thinker's token embedding table), rows [P + reply - 1, H_thinker] -> the Talker's inputs."""
     tc = cfg.talker_config
@@ -64,10 +75,13 @@ def talker_inputs(talker, thinker_embed_tokens, cfg: Qwen3OmniConfig, prompt_ids
     p = len(prompt_ids)
     a = assistant_start(prompt_ids, cfg)
     if thinker_embed.shape[0] < a + 4:
-        raise ValueError("the Talker needs at least two reply tokens from the Thinker (one reached it); "
-                         "the reference fails on a one-token reply too")
-    special = thinker_embed_tokens(torch.tensor([cfg.tts_bos_token_id, cfg.tts_eos_token_id, cfg.tts_pad_token_id],
-                                                device=thinker_embed.device))
+        raise ValueError(
+            "the Talker needs at least two reply tokens from the Thinker (one reached it); "
+            "the reference fails on a one-token reply too"
+        )
+    special = thinker_embed_tokens(
+        torch.tensor([cfg.tts_bos_token_id, cfg.tts_eos_token_id, cfg.tts_pad_token_id], device=thinker_embed.device)
+    )
     tts_bos, tts_eos, tts_pad = talker.text_projection(special.to(dtype)).unbind(0)
     # projected over the whole prompt at once, as the reference does (same matmul shapes, same bits)
     ids = torch.tensor(prompt_ids, device=thinker_embed.device)
@@ -79,9 +93,21 @@ def talker_inputs(talker, thinker_embed_tokens, cfg: Qwen3OmniConfig, prompt_ids
     users = user_rows(prompt_ids, cfg)
     assistant = talker.text_projection(thinker_embed[a:].to(dtype))
     text = torch.cat([assistant[:3], tts_pad.expand(4, -1), tts_bos[None], assistant[3:4]])
-    codec = torch.cat([torch.zeros(3, text.shape[1], dtype=dtype, device=text.device),
-                       talker.codec_rows([tc.codec_nothink_id, tc.codec_think_bos_id, tc.codec_think_eos_id,
-                                          speaker_id, tc.codec_pad_id, tc.codec_bos_id]).to(dtype)])
+    codec = torch.cat(
+        [
+            torch.zeros(3, text.shape[1], dtype=dtype, device=text.device),
+            talker.codec_rows(
+                [
+                    tc.codec_nothink_id,
+                    tc.codec_think_bos_id,
+                    tc.codec_think_eos_id,
+                    speaker_id,
+                    tc.codec_pad_id,
+                    tc.codec_bos_id,
+                ]
+            ).to(dtype),
+        ]
+    )
     prefill = torch.cat([projected[users], text + codec])
     trailing = torch.cat([assistant[4:], tts_eos[None]])
     return TalkerInputs(prefill, trailing, tts_pad)

@@ -10,6 +10,7 @@
 - Token embeddings and the LM head vocab-parallel: the logits are gathered, or summed for a
   restricted id set.
 """
+
 from __future__ import annotations
 
 import torch
@@ -32,8 +33,9 @@ def shard_moe(moe: SparseMoE, tp: TPGroup) -> None:
     check_divisible(tp, moe_intermediate_size=moe.inner)
     lo, hi = shard_range(moe.inner, tp)
     gate_up = moe.gate_up.detach()
-    moe.gate_up = nn.Parameter(torch.cat([gate_up[:, lo:hi], gate_up[:, moe.inner + lo:moe.inner + hi]], dim=1),
-                               requires_grad=False)
+    moe.gate_up = nn.Parameter(
+        torch.cat([gate_up[:, lo:hi], gate_up[:, moe.inner + lo : moe.inner + hi]], dim=1), requires_grad=False
+    )
     moe.down = nn.Parameter(moe.down.detach()[:, :, lo:hi].contiguous(), requires_grad=False)
     moe.inner = hi - lo
     if hasattr(moe, "shared_expert"):
@@ -44,8 +46,12 @@ def shard_moe(moe: SparseMoE, tp: TPGroup) -> None:
 def shard_thinker(thinker, tp: TPGroup):
     """``thinker`` (a loaded, fused :class:`~mstar_graphs.qwen3_omni.thinker.Thinker`) -> this rank's shard."""
     text = thinker.text
-    check_divisible(tp, num_attention_heads=text.num_attention_heads, num_key_value_heads=text.num_key_value_heads,
-                    vocab_size=text.vocab_size)
+    check_divisible(
+        tp,
+        num_attention_heads=text.num_attention_heads,
+        num_key_value_heads=text.num_key_value_heads,
+        vocab_size=text.vocab_size,
+    )
     for layer in thinker.model.layers:
         layer.self_attn.shard(tp)
         if isinstance(layer.mlp, SparseMoE):

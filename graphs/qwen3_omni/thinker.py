@@ -11,6 +11,7 @@ reads layer ``accept_hidden_layer`` at the prompt's audio and image rows).
 Module names are the checkpoint's under ``thinker.`` (``model.embed_tokens``, ``model.layers.N``,
 ``model.norm``, ``lm_head``), with the experts fused after loading.
 """
+
 from __future__ import annotations
 
 import torch
@@ -25,8 +26,9 @@ class Thinker(DecoderARModule):
     plain_linears = ("lm_head",)  # compute_logits reads row ranges of its weight
     row_outputs = ("rows",)  # per row: [input embedding | hidden after accept_hidden_layer] (the Talker's inputs)
 
-    def __init__(self, config: Qwen3OmniConfig, *, dtype: torch.dtype = torch.float32,
-                 device: torch.device | str | None = None) -> None:
+    def __init__(
+        self, config: Qwen3OmniConfig, *, dtype: torch.dtype = torch.float32, device: torch.device | str | None = None
+    ) -> None:
         super().__init__()
         self.config = config
         text = config.thinker_config.text_config
@@ -39,13 +41,20 @@ class Thinker(DecoderARModule):
         self.captured: torch.Tensor | None = None  # [T, H] of the last forward, after capture_layer layers
         self.embedded: torch.Tensor | None = None  # [T, H]: the last forward's input embeddings
 
-    def embed(self, input_ids: torch.Tensor, embeds: torch.Tensor | None = None,
-              embed_mask: torch.Tensor | None = None) -> torch.Tensor:
+    def embed(
+        self, input_ids: torch.Tensor, embeds: torch.Tensor | None = None, embed_mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
         return self.rows(self.model.embed_tokens, input_ids, embeds, embed_mask)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,  # type: ignore[override]
-                attn: AttentionContext, embeds: torch.Tensor | None = None,
-                embed_mask: torch.Tensor | None = None, rope_positions: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,  # type: ignore[override]
+        attn: AttentionContext,
+        embeds: torch.Tensor | None = None,
+        embed_mask: torch.Tensor | None = None,
+        rope_positions: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """input_ids, positions [T]; embeds [T, H * (1 + D)] with embed_mask [T] (an image's rows carry D
         deepstack features after the embedding; audio rows none, or zeros); rope_positions [3, T] for
         M-RoPE (a prompt with images) -> final-normed hidden [T, H]."""

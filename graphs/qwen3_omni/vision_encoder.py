@@ -18,6 +18,7 @@ The node's output ``embeds`` holds, per merged token, the embedding and then eve
 side by side: [tokens, out_hidden * (1 + deepstack)]. The Thinker puts the first part in at the
 image's ``<|image_pad|>`` rows and adds the others to its hidden states after its first layers.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -39,7 +40,7 @@ class PatchMerger(nn.Module):
 
     def __init__(self, cfg: VisionEncoderConfig, before_merge: bool) -> None:
         super().__init__()
-        merged = cfg.hidden_size * cfg.spatial_merge_size ** 2
+        merged = cfg.hidden_size * cfg.spatial_merge_size**2
         self.merged, self.before_merge = merged, before_merge
         self.ln_q = nn.LayerNorm(cfg.hidden_size if before_merge else merged, eps=1e-6)
         self.mlp = nn.ModuleList([nn.Linear(merged, merged), nn.GELU(), nn.Linear(merged, cfg.out_hidden_size)])
@@ -65,8 +66,11 @@ class VisionAttention(nn.Module):
         outs, start = [], 0
         for length in frames:  # bidirectional within one frame of one image
             sl = slice(start, start + length)
-            outs.append(F.scaled_dot_product_attention(q[sl].transpose(0, 1), k[sl].transpose(0, 1),
-                                                       v[sl].transpose(0, 1)).transpose(0, 1))
+            outs.append(
+                F.scaled_dot_product_attention(
+                    q[sl].transpose(0, 1), k[sl].transpose(0, 1), v[sl].transpose(0, 1)
+                ).transpose(0, 1)
+            )
             start += length
         return self.proj(torch.cat(outs).reshape(n, -1))
 
@@ -114,7 +118,7 @@ class VisionEncoder(NodeSubmodule):
         super().__init__()
         self.cfg = cfg
         self.merge = cfg.spatial_merge_size
-        self.side = int(cfg.num_position_embeddings ** 0.5)
+        self.side = int(cfg.num_position_embeddings**0.5)
         self.patch_embed = PatchEmbed(cfg)
         self.pos_embed = nn.Embedding(cfg.num_position_embeddings, cfg.hidden_size)
         self.blocks = nn.ModuleList(VisionBlock(cfg) for _ in range(cfg.depth))
@@ -138,7 +142,7 @@ class VisionEncoder(NodeSubmodule):
     # -- the node's batch: images of any sizes -----------------------------------------------------
     def prepare_inputs(self, calls: Sequence[NodeCall]) -> dict:
         pixels, grids, counts = [], [], []
-        per_patch = self.cfg.in_channels * self.cfg.temporal_patch_size * self.cfg.patch_size ** 2
+        per_patch = self.cfg.in_channels * self.cfg.temporal_patch_size * self.cfg.patch_size**2
         for c in calls:
             values, grid = c.inputs["pixel_values"], c.inputs["image_grid_thw"]
             grid = torch.as_tensor(grid).reshape(-1, 3).long()
@@ -147,11 +151,15 @@ class VisionEncoder(NodeSubmodule):
             if bool((grid <= 0).any()) or bool((grid[:, 1:] % self.merge).any()):
                 raise ValueError(f"image_grid_thw {grid.tolist()}: sides must be positive multiples of {self.merge}")
             if int(grid.prod(-1).sum()) != values.shape[0]:
-                raise ValueError(f"image_grid_thw {grid.tolist()} makes {int(grid.prod(-1).sum())} patches, "
-                                 f"pixel_values has {values.shape[0]}")
+                raise ValueError(
+                    f"image_grid_thw {grid.tolist()} makes {int(grid.prod(-1).sum())} patches, "
+                    f"pixel_values has {values.shape[0]}"
+                )
             if int(grid.prod(-1).max()) > MAX_IMAGE_PATCHES:
-                raise ValueError(f"an image of {int(grid.prod(-1).max())} patches is over the {MAX_IMAGE_PATCHES} "
-                                 "patch limit (the released preprocessor's largest image)")
+                raise ValueError(
+                    f"an image of {int(grid.prod(-1).max())} patches is over the {MAX_IMAGE_PATCHES} "
+                    "patch limit (the released preprocessor's largest image)"
+                )
             if not torch.isfinite(values).all():
                 raise ValueError("pixel_values contain NaN or infinite values")
             pixels.append(values)
@@ -165,14 +173,18 @@ class VisionEncoder(NodeSubmodule):
     def batch_key(self, call: NodeCall):
         return "image"
 
-    def forward(self, pixel_values: torch.Tensor, grids: list[tuple[int, int, int]],  # type: ignore[override]
-                counts: list[int]) -> dict[str, list[torch.Tensor]]:
+    def forward(
+        self,
+        pixel_values: torch.Tensor,
+        grids: list[tuple[int, int, int]],  # type: ignore[override]
+        counts: list[int],
+    ) -> dict[str, list[torch.Tensor]]:
         rows = self.encode(pixel_values, grids)
-        tokens = [t * h * w // self.merge ** 2 for t, h, w in grids]
+        tokens = [t * h * w // self.merge**2 for t, h, w in grids]
         per_image = list(rows.split(tokens))
         out, at = [], 0
         for n in counts:
-            out.append(torch.cat(per_image[at:at + n]))
+            out.append(torch.cat(per_image[at : at + n]))
             at += n
         return {"embeds": out}
 
@@ -203,7 +215,9 @@ class VisionEncoder(NodeSubmodule):
             cols.append(c.repeat(t))
             frames += [h * w] * t
         x = x + torch.cat(pos).to(x.dtype)
-        angles = torch.cat([torch.cat(rows).float()[:, None] * self.inv_freq, torch.cat(cols).float()[:, None] * self.inv_freq], dim=-1)
+        angles = torch.cat(
+            [torch.cat(rows).float()[:, None] * self.inv_freq, torch.cat(cols).float()[:, None] * self.inv_freq], dim=-1
+        )
         cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
         deepstack = []
         for i, block in enumerate(self.blocks):

@@ -2,6 +2,7 @@
 
 Registered as the model ``vjepa2`` (setup.py entry_points["mstar.models"]).
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -20,8 +21,9 @@ def vjepa2_spec(weights: str | Path | None = None, *, preset: str = "tiny") -> M
     return ModelSpec(MODEL, {"weights": None if weights is None else str(weights), "preset": preset})
 
 
-def vjepa2_components(nodes: set[str], weights: str | None = None, preset: str = "tiny",
-                      progress: bool = False, tp=None) -> tuple[ModelGraph, dict[str, NodeSubmodule]]:
+def vjepa2_components(
+    nodes: set[str], weights: str | None = None, preset: str = "tiny", progress: bool = False, tp=None
+) -> tuple[ModelGraph, dict[str, NodeSubmodule]]:
     if tp is not None:
         raise ValueError("V-JEPA 2-AC does not support tensor parallelism yet (frame Loops run on one rank)")
     source = resolve_source(weights, preset)
@@ -35,6 +37,12 @@ def vjepa2_components(nodes: set[str], weights: str | None = None, preset: str =
 
 
 def _needed(nodes: set[str]) -> set[str]:
-    names = {"encoder": "encoder", "context": "predictor", "rollout": "predictor", "sample": "cem_sample",
-             "energy": "cem_energy", "refit": "cem_refit"}
+    names = {
+        "encoder": "encoder",
+        "context": "predictor",
+        "rollout": "predictor",
+        "sample": "cem_sample",
+        "energy": "cem_energy",
+        "refit": "cem_refit",
+    }
     return {names[n] for n in nodes if n in names}

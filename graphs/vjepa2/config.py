@@ -5,6 +5,7 @@ Released values (Meta's ``vjepa2-ac-vitg.pt``, hub entry ``vjepa2_ac_vit_giant``
 tubelet 2; predictor 1024 wide, 24 deep, 16 heads, MLP ratio 4, 7-d actions and states,
 ``num_frames`` 64 (so 64 // 2 = 32 frames in one context: the size of its prebuilt mask).
 """
+
 from __future__ import annotations
 
 import json
@@ -39,7 +40,7 @@ class PredictorConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     heads: int = 16
     mlp_ratio: float = 4.0
     action_dim: int = 7
-    num_frames: int = 64     # video frames; the context holds num_frames // tubelet frames
+    num_frames: int = 64  # video frames; the context holds num_frames // tubelet frames
     eps: float = 1e-6
 
 
@@ -70,7 +71,8 @@ class VJepa2Config(msgspec.Struct, JsonConfig, forbid_unknown_fields=True, froze
             ("predictor.heads", p.heads > 0 and (p.width // p.heads) % 2 == 0),
             ("predictor.action_dim", p.action_dim == 7),
             ("predictor.num_frames", p.num_frames >= e.tubelet),
-            ("encoder.depth", e.depth >= 1), ("predictor.depth", p.depth >= 1),
+            ("encoder.depth", e.depth >= 1),
+            ("predictor.depth", p.depth >= 1),
         ]
         for name, ok in checks:
             if not ok:
@@ -88,11 +90,15 @@ class VJepa2Config(msgspec.Struct, JsonConfig, forbid_unknown_fields=True, froze
 RELEASED = VJepa2Config()
 PRESETS: dict[str, VJepa2Config] = {
     # CI: 32 px frames of 4x4 patches, head dim 16 (5/5/5 RoPE split is 4/4/4 + 4 unrotated)
-    "tiny": VJepa2Config(EncoderConfig(width=64, depth=2, heads=4, mlp_hidden=128, image_size=32, patch_size=8),
-                         PredictorConfig(width=64, depth=2, heads=4, num_frames=64)),
+    "tiny": VJepa2Config(
+        EncoderConfig(width=64, depth=2, heads=4, mlp_hidden=128, image_size=32, patch_size=8),
+        PredictorConfig(width=64, depth=2, heads=4, num_frames=64),
+    ),
     # benchmarks: the released frame layout (256 patches + 2 tokens per frame, head dim 64), fewer,
     # narrower layers so a CPU finishes
-    "bench": VJepa2Config(EncoderConfig(width=192, depth=2, heads=3, mlp_hidden=384),
-                          PredictorConfig(width=256, depth=4, heads=4, num_frames=64)),
+    "bench": VJepa2Config(
+        EncoderConfig(width=192, depth=2, heads=3, mlp_hidden=384),
+        PredictorConfig(width=256, depth=4, heads=4, num_frames=64),
+    ),
     "released": RELEASED,
 }

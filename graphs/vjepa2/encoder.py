@@ -7,6 +7,7 @@ depth position is 0; the encoder's own final LayerNorm is followed by a LayerNor
 (eps 1e-5), as the world-model wrapper applies it (``normalize_reps``). Module names follow
 Meta's checkpoint (``patch_embed.proj``, ``blocks.N.attn.qkv``, ``norm``).
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -30,7 +31,7 @@ def center_square(frames: torch.Tensor) -> torch.Tensor:
     h, w = frames.shape[-2:]
     side = min(h, w)
     top, left = (h - side) // 2, (w - side) // 2  # floored, as Meta's crop
-    return frames[..., top:top + side, left:left + side]
+    return frames[..., top : top + side, left : left + side]
 
 
 def prepare_frames(frames: torch.Tensor, size: int) -> torch.Tensor:
@@ -52,8 +53,13 @@ class PatchEmbed3D(nn.Module):
     def __init__(self, c: EncoderConfig, **factory) -> None:
         super().__init__()
         self.tubelet = c.tubelet
-        self.proj = nn.Conv3d(3, c.width, kernel_size=(c.tubelet, c.patch_size, c.patch_size),
-                              stride=(c.tubelet, c.patch_size, c.patch_size), **factory)
+        self.proj = nn.Conv3d(
+            3,
+            c.width,
+            kernel_size=(c.tubelet, c.patch_size, c.patch_size),
+            stride=(c.tubelet, c.patch_size, c.patch_size),
+            **factory,
+        )
 
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:
         """[B, 3, S, S] (one frame) -> [B, patches, width]: the frame fills a tubelet."""

@@ -4,6 +4,7 @@ A session (``session_id``) holds the context of observed frames in the predictor
 sessionless. Inputs are tensors as the graph's nodes take them (frames [T, H, W, 3] uint8, states and
 actions [T, 7]).
 """
+
 from __future__ import annotations
 
 import torch
@@ -18,8 +19,9 @@ def encode_request(frames: torch.Tensor) -> Request:
     return Request({"frames": frames}, meta={"walk": "encode"})
 
 
-def observe_request(frames: torch.Tensor, states: torch.Tensor, actions: torch.Tensor, *, session_id: str,
-                    kv_window: int | None = None) -> Request:
+def observe_request(
+    frames: torch.Tensor, states: torch.Tensor, actions: torch.Tensor, *, session_id: str, kv_window: int | None = None
+) -> Request:
     """Frames with the robot's states and the actions between them, appended to the session's context;
     ``kv_window`` keeps only the last that many frames (default: the model's whole context)."""
     meta: dict[str, object] = {"walk": "observe"}
@@ -37,14 +39,19 @@ def rollout_request(actions: torch.Tensor, *, session_id: str, all_frames: bool 
     return Request({"actions": actions}, session_id=session_id, meta=meta)
 
 
-def plan_request(goal: torch.Tensor, horizon: int, params: CemParams, *, session_id: str,
-                 seed: int | None = None) -> Request:
+def plan_request(
+    goal: torch.Tensor, horizon: int, params: CemParams, *, session_id: str, seed: int | None = None
+) -> Request:
     """A ``plan`` request: CEM from Meta's initial belief over the session's frames toward ``goal``
     [P, D] (an encoded goal image). Outputs ``plan`` [H, 7] and ``energies`` [S] per iteration.
     ``seed`` (>= 0) makes the plan reproducible; None: the runtime draws one."""
-    if seed is not None and not 0 <= seed < 2 ** 63:
+    if seed is not None and not 0 <= seed < 2**63:
         raise ValueError(f"a plan's seed must be in [0, 2**63) or None (drawn per request), got {seed}")
     mean, std = initial_belief(horizon, params)
-    return Request({"goal": goal, "mean": mean, "std": std, "params": params.tensor()}, session_id=session_id,
-                   sampling=SamplingParams(seed=seed), meta={"walk": "plan", "iterations": params.iterations},
-                   outputs=frozenset({"plan", "energies"}))
+    return Request(
+        {"goal": goal, "mean": mean, "std": std, "params": params.tensor()},
+        session_id=session_id,
+        sampling=SamplingParams(seed=seed),
+        meta={"walk": "plan", "iterations": params.iterations},
+        outputs=frozenset({"plan", "energies"}),
+    )

@@ -13,6 +13,7 @@
 Walks ``encode``, ``observe``, ``extend``, ``rollout``, ``plan``: a request names one in ``meta["walk"]``
 (or it follows from its inputs). ``meta["iterations"]`` sets a plan's CEM iterations.
 """
+
 from __future__ import annotations
 
 from mstar.graph import Call, GraphEdge, GraphNode, LoopMode, ModelGraph, Sequential
@@ -63,14 +64,32 @@ def vjepa2_graph() -> ModelGraph:
         name="vjepa2_ac",
         nodes=[
             GraphNode("encoder", inputs=["frames"], outputs=["latents"]),
-            GraphNode("context", inputs=["latents", "states", "actions"], outputs=[], engine="ar",
-                      module="predictor", loop_mode=LoopMode.FRAMES),
-            GraphNode("rollout", inputs=["actions", "frame", "state"], outputs=["frame", "frames"], engine="ar",
-                      module="predictor", loop_mode=LoopMode.FRAMES, kv_from="context", optional_inputs=("frame", "state")),
+            GraphNode(
+                "context",
+                inputs=["latents", "states", "actions"],
+                outputs=[],
+                engine="ar",
+                module="predictor",
+                loop_mode=LoopMode.FRAMES,
+            ),
+            GraphNode(
+                "rollout",
+                inputs=["actions", "frame", "state"],
+                outputs=["frame", "frames"],
+                engine="ar",
+                module="predictor",
+                loop_mode=LoopMode.FRAMES,
+                kv_from="context",
+                optional_inputs=("frame", "state"),
+            ),
             GraphNode("sample", inputs=["mean", "std", "params"], outputs=["actions"], module="cem_sample"),
             GraphNode("energy", inputs=["frame", "goal"], outputs=["energies"], module="cem_energy"),
-            GraphNode("refit", inputs=["actions", "energies", "mean", "std", "params"],
-                      outputs=["mean", "std", "plan"], module="cem_refit"),
+            GraphNode(
+                "refit",
+                inputs=["actions", "energies", "mean", "std", "params"],
+                outputs=["mean", "std", "plan"],
+                module="cem_refit",
+            ),
         ],
         edges=[
             GraphEdge("input.frames", "encoder.frames"),
@@ -108,8 +127,9 @@ def vjepa2_graph() -> ModelGraph:
             "observe": Sequential(Call("encoder"), Call("context")),
             "extend": Call("context"),  # frames encoded already (e.g. each at its arrival)
             "rollout": rollout_loop,
-            "plan": DynamicLoop(Sequential(Call("sample"), rollout_loop, Call("energy"), Call("refit")),
-                                trip_count=iterations),
+            "plan": DynamicLoop(
+                Sequential(Call("sample"), rollout_loop, Call("energy"), Call("refit")), trip_count=iterations
+            ),
         },
         next_walk=next_walk,
         required_inputs=(),  # each walk reads its own (see choose_walk)

@@ -13,6 +13,7 @@ whether or not other robots' calls share its batch. ``frontend.plan_request`` bu
 a ``seed`` the same seed, session frames, goal and parameters give the same plan; without one the
 runtime draws a seed per request.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -23,7 +24,7 @@ import torch
 
 from mstar.graph.node import NodeCall, NodeSubmodule
 
-BELIEF_DIMS = 4          # x, y, z, gripper
+BELIEF_DIMS = 4  # x, y, z, gripper
 GRIPPER_CLIP = 0.75
 GRIPPER_ROUND = 0.25
 
@@ -41,26 +42,51 @@ class CemParams(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     momentum_std_gripper: float = 0.15
 
     def __post_init__(self) -> None:
-        checks = [("samples", self.samples >= 2), ("topk", 2 <= self.topk <= self.samples),
-                  ("iterations", self.iterations >= 1), ("maxnorm", self.maxnorm > 0)]
-        checks += [(name, 0.0 <= getattr(self, name) <= 1.0) for name in
-                   ("momentum_mean", "momentum_std", "momentum_mean_gripper", "momentum_std_gripper")]
+        checks = [
+            ("samples", self.samples >= 2),
+            ("topk", 2 <= self.topk <= self.samples),
+            ("iterations", self.iterations >= 1),
+            ("maxnorm", self.maxnorm > 0),
+        ]
+        checks += [
+            (name, 0.0 <= getattr(self, name) <= 1.0)
+            for name in ("momentum_mean", "momentum_std", "momentum_mean_gripper", "momentum_std_gripper")
+        ]
         for name, ok in checks:
             if not ok:
-                raise ValueError(f"CEM parameters: {name} = {getattr(self, name)!r} is invalid "
-                                 f"(samples >= 2, 2 <= topk <= samples, iterations >= 1, maxnorm > 0, momenta in [0, 1])")
+                raise ValueError(
+                    f"CEM parameters: {name} = {getattr(self, name)!r} is invalid "
+                    f"(samples >= 2, 2 <= topk <= samples, iterations >= 1, maxnorm > 0, momenta in [0, 1])"
+                )
 
     def tensor(self) -> torch.Tensor:
-        return torch.tensor([self.samples, self.topk, self.maxnorm, self.momentum_mean, self.momentum_std,
-                             self.momentum_mean_gripper, self.momentum_std_gripper], dtype=torch.float64)
+        return torch.tensor(
+            [
+                self.samples,
+                self.topk,
+                self.maxnorm,
+                self.momentum_mean,
+                self.momentum_std,
+                self.momentum_mean_gripper,
+                self.momentum_std_gripper,
+            ],
+            dtype=torch.float64,
+        )
 
     @classmethod
     def from_tensor(cls, t: torch.Tensor) -> CemParams:
         v = t.double().reshape(-1).tolist()
         if len(v) != 7:
             raise ValueError(f"CEM 'params' must hold 7 values (samples, topk, maxnorm, 4 momenta); got {len(v)}")
-        return cls(samples=int(v[0]), topk=int(v[1]), maxnorm=v[2], momentum_mean=v[3], momentum_std=v[4],
-                   momentum_mean_gripper=v[5], momentum_std_gripper=v[6])
+        return cls(
+            samples=int(v[0]),
+            topk=int(v[1]),
+            maxnorm=v[2],
+            momentum_mean=v[3],
+            momentum_std=v[4],
+            momentum_mean_gripper=v[5],
+            momentum_std_gripper=v[6],
+        )
 
 
 def initial_belief(horizon: int, params: CemParams) -> tuple[torch.Tensor, torch.Tensor]:
@@ -78,7 +104,9 @@ def to_action(xyzg: torch.Tensor) -> torch.Tensor:
     return torch.cat([xyzg[..., :3], zeros, xyzg[..., 3:]], dim=-1)
 
 
-def sample_actions(mean: torch.Tensor, std: torch.Tensor, params: CemParams, generator: torch.Generator) -> torch.Tensor:
+def sample_actions(
+    mean: torch.Tensor, std: torch.Tensor, params: CemParams, generator: torch.Generator
+) -> torch.Tensor:
     """S sequences [S, H, 7] from the belief, step by step in Meta's order."""
     steps = []
     for h in range(mean.shape[0]):
@@ -89,11 +117,12 @@ def sample_actions(mean: torch.Tensor, std: torch.Tensor, params: CemParams, gen
     return torch.stack(steps, dim=1)
 
 
-def refit_belief(actions: torch.Tensor, energies: torch.Tensor, mean: torch.Tensor, std: torch.Tensor,
-                 params: CemParams) -> tuple[torch.Tensor, torch.Tensor]:
+def refit_belief(
+    actions: torch.Tensor, energies: torch.Tensor, mean: torch.Tensor, std: torch.Tensor, params: CemParams
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The belief moved toward the top-k (lowest energy) sequences."""
-    chosen = actions[energies.topk(params.topk, largest=False).indices]         # [k, H, 7]
-    xyzg = torch.cat([chosen[..., :3], chosen[..., 6:]], dim=-1)                  # [k, H, 4]
+    chosen = actions[energies.topk(params.topk, largest=False).indices]  # [k, H, 7]
+    xyzg = torch.cat([chosen[..., :3], chosen[..., 6:]], dim=-1)  # [k, H, 4]
     sel_mean, sel_std = xyzg.mean(dim=0), xyzg.std(dim=0)
     m = torch.tensor([params.momentum_mean] * 3 + [params.momentum_mean_gripper])
     s = torch.tensor([params.momentum_std] * 3 + [params.momentum_std_gripper])
@@ -135,9 +164,10 @@ class CemSample(_PerCall):
             params = _params(call)
             mean, std = call.inputs["mean"].float().cpu(), call.inputs["std"].float().cpu()
             if mean.dim() != 2 or mean.shape[1] != BELIEF_DIMS or std.shape != mean.shape:
-                raise ValueError(f"CEM 'mean' and 'std' must both be [H, {BELIEF_DIMS}]; got {tuple(mean.shape)}, "
-                                 f"{tuple(std.shape)}")
-            generator = torch.Generator().manual_seed((call.seed * 1_000_003 + call.index) % (2 ** 63))
+                raise ValueError(
+                    f"CEM 'mean' and 'std' must both be [H, {BELIEF_DIMS}]; got {tuple(mean.shape)}, {tuple(std.shape)}"
+                )
+            generator = torch.Generator().manual_seed((call.seed * 1_000_003 + call.index) % (2**63))
             out.append({"actions": sample_actions(mean, std, params, generator)})
         return {"per_call": out}
 
@@ -150,8 +180,9 @@ class CemEnergy(_PerCall):
         for call in calls:
             frame, goal = call.inputs["frame"].float(), call.inputs["goal"].float()
             if frame.dim() != 3 or tuple(frame.shape[1:]) != tuple(goal.shape):
-                raise ValueError(f"energy: 'frame' [S, P, D] and 'goal' [P, D] disagree: {tuple(frame.shape)} "
-                                 f"vs {tuple(goal.shape)}")
+                raise ValueError(
+                    f"energy: 'frame' [S, P, D] and 'goal' [P, D] disagree: {tuple(frame.shape)} vs {tuple(goal.shape)}"
+                )
             out.append({"energies": (frame - goal).abs().flatten(1).mean(dim=1)})
         return {"per_call": out}
 
@@ -163,7 +194,12 @@ class CemRefit(_PerCall):
         out = []
         for call in calls:
             params = _params(call)
-            mean, std = refit_belief(call.inputs["actions"].float(), call.inputs["energies"].float(),
-                                     call.inputs["mean"].float(), call.inputs["std"].float(), params)
+            mean, std = refit_belief(
+                call.inputs["actions"].float(),
+                call.inputs["energies"].float(),
+                call.inputs["mean"].float(),
+                call.inputs["std"].float(),
+                params,
+            )
             out.append({"mean": mean, "std": std, "plan": plan_from_belief(mean)})
         return {"per_call": out}

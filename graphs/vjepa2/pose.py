@@ -7,6 +7,7 @@ matrix back gives roll, yaw in [-pi, pi] and pitch in [-pi/2, pi/2] (the only wr
 - ``pose_delta``: xyz_end - xyz_start, ``R_end @ R_start^T``, gripper_end - gripper_start.
 Computed in float64 (the reference goes through numpy), returned in the input's dtype.
 """
+
 from __future__ import annotations
 
 import torch
@@ -59,10 +60,14 @@ def quaternion_to_euler(q: torch.Tensor) -> torch.Tensor:
     q = q.double()
     q = q / q.norm(dim=-1, keepdim=True)
     x, y, z, w = q.unbind(-1)
-    m = torch.stack([
-        torch.stack([1 - 2 * (y * y + z * z), 2 * (x * y - z * w), 2 * (x * z + y * w)], -1),
-        torch.stack([2 * (x * y + z * w), 1 - 2 * (x * x + z * z), 2 * (y * z - x * w)], -1),
-        torch.stack([2 * (x * z - y * w), 2 * (y * z + x * w), 1 - 2 * (x * x + y * y)], -1)], -2)
+    m = torch.stack(
+        [
+            torch.stack([1 - 2 * (y * y + z * z), 2 * (x * y - z * w), 2 * (x * z + y * w)], -1),
+            torch.stack([2 * (x * y + z * w), 1 - 2 * (x * x + z * z), 2 * (y * z - x * w)], -1),
+            torch.stack([2 * (x * z - y * w), 2 * (y * z + x * w), 1 - 2 * (x * x + y * y)], -1),
+        ],
+        -2,
+    )
     return matrix_to_euler(m)
 
 
@@ -72,5 +77,12 @@ def euler_to_quaternion(angles: torch.Tensor) -> torch.Tensor:
     cr, sr = a[..., 0].cos(), a[..., 0].sin()
     cp, sp = a[..., 1].cos(), a[..., 1].sin()
     cy, sy = a[..., 2].cos(), a[..., 2].sin()
-    return torch.stack([sr * cp * cy - cr * sp * sy, cr * sp * cy + sr * cp * sy,
-                        cr * cp * sy - sr * sp * cy, cr * cp * cy + sr * sp * sy], -1)
+    return torch.stack(
+        [
+            sr * cp * cy - cr * sp * sy,
+            cr * sp * cy + sr * cp * sy,
+            cr * cp * sy - sr * sp * cy,
+            cr * cp * cy + sr * sp * sy,
+        ],
+        -1,
+    )

@@ -12,6 +12,7 @@ Two ways to run the same weights: ``forward_frames`` through the engine's paged 
 computed once, then attended to from the cache), and ``native_forward``, Meta's way, the whole
 context at once with its block-causal mask (what a native rollout re-runs every step).
 """
+
 from __future__ import annotations
 
 import torch
@@ -115,8 +116,14 @@ class VJepa2Predictor(FrameModule):
             rows = block(rows, cos, sin, attend, i)
         return rows
 
-    def forward_frames(self, latents: torch.Tensor, actions: torch.Tensor, states: torch.Tensor,
-                       frame_positions: torch.Tensor, attn: AttentionContext) -> torch.Tensor:
+    def forward_frames(
+        self,
+        latents: torch.Tensor,
+        actions: torch.Tensor,
+        states: torch.Tensor,
+        frame_positions: torch.Tensor,
+        attn: AttentionContext,
+    ) -> torch.Tensor:
         n = latents.shape[0]
         cos, sin = self._rope(frame_positions)
         rows = self._run(self._rows(latents, actions, states), cos, sin, attn)

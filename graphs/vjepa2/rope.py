@@ -8,6 +8,7 @@ Meta's code tiles the D/2 angles by *concatenation* while it rotates *interleave
 members of a pair get different angles. The source keeps this for the checkpoints' sake; so do we.
 It is neither norm-preserving nor shift-invariant: positions are absolute and must start at 0.
 """
+
 from __future__ import annotations
 
 import torch
@@ -17,16 +18,17 @@ def block_dim(head_dim: int) -> int:
     return 2 * ((head_dim // 3) // 2)
 
 
-def rope_tables(head_dim: int, depth: torch.Tensor, height: torch.Tensor, width: torch.Tensor,
-                dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_tables(
+    head_dim: int, depth: torch.Tensor, height: torch.Tensor, width: torch.Tensor, dtype: torch.dtype = torch.float32
+) -> tuple[torch.Tensor, torch.Tensor]:
     """cos, sin [N, head_dim] for rows at (depth, height, width) positions [N] (any numeric dtype)."""
     d = block_dim(head_dim)
     omega = torch.arange(d // 2, dtype=dtype, device=depth.device) / (d / 2.0)
-    omega = 1.0 / 10000 ** omega
+    omega = 1.0 / 10000**omega
     parts_cos, parts_sin = [], []
     for pos in (depth, height, width):
-        freq = pos.to(dtype)[:, None] * omega[None, :]                      # [N, d/2]
-        parts_cos.append(freq.cos().repeat(1, 2))                            # tiled, not interleaved
+        freq = pos.to(dtype)[:, None] * omega[None, :]  # [N, d/2]
+        parts_cos.append(freq.cos().repeat(1, 2))  # tiled, not interleaved
         parts_sin.append(freq.sin().repeat(1, 2))
     rest = head_dim - 3 * d
     if rest:

@@ -2,6 +2,7 @@
 
 Sizes are the ``config.PRESETS``; ``checkpoints.tiny_checkpoint`` caches what :func:`write_tiny` writes.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -27,6 +28,11 @@ def write_tiny(path: Path, preset: str = "tiny", seed: int = 0) -> None:
                 elif p.dim() >= 2 or name.endswith("bias"):
                     p.normal_(0.0, 0.02)
     path.mkdir(parents=True, exist_ok=True)
-    torch.save({"encoder": {f"module.backbone.{k}": v for k, v in encoder.state_dict().items()},
-                "predictor": {f"module.{k}": v for k, v in predictor.state_dict().items()}}, path / AC_FILE)
+    torch.save(
+        {
+            "encoder": {f"module.backbone.{k}": v for k, v in encoder.state_dict().items()},
+            "predictor": {f"module.{k}": v for k, v in predictor.state_dict().items()},
+        },
+        path / AC_FILE,
+    )
     (path / "config.json").write_text(config.to_json())

@@ -1,5 +1,6 @@
 """The transformer block V-JEPA 2's encoder and predictor share: pre-norm attention with 3-D RoPE
 on a fused ``qkv`` projection, then a GELU MLP (Meta's ``Block`` / ``ACBlock``; LayerNorm eps 1e-6)."""
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -32,11 +33,13 @@ class RopeAttention(nn.Module):
         self.qkv = nn.Linear(width, 3 * width, **factory)  # rows [q; k; v], head-major in each
         self.proj = nn.Linear(width, width, **factory)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: Attend, layer: int) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: Attend, layer: int
+    ) -> torch.Tensor:
         n = x.shape[0]
         q, k, v = self.qkv(x).view(n, 3, self.heads, self.head_dim).unbind(1)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        out = attend(layer, q, k, v.contiguous(), self.head_dim ** -0.5)
+        out = attend(layer, q, k, v.contiguous(), self.head_dim**-0.5)
         return self.proj(out.reshape(n, -1))
 
 
@@ -48,7 +51,9 @@ class Block(nn.Module):
         self.norm2 = nn.LayerNorm(width, eps=eps, **factory)
         self.mlp = Mlp(width, mlp_hidden, **factory)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: Attend, layer: int) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: Attend, layer: int
+    ) -> torch.Tensor:
         x = x + self.attn(self.norm1(x), cos, sin, attend, layer)
         return x + self.mlp(self.norm2(x))
 
@@ -56,10 +61,12 @@ class Block(nn.Module):
 def dense_attend(batch: int, mask: torch.Tensor | None = None) -> Attend:
     """Attention over ``batch`` equal-length sequences packed row-wise, with an optional
     [L, L] bool mask (True: may attend) shared by all of them."""
+
     def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
         n, h, d = q.shape
         shape = (batch, n // batch, h, d)
         qb, kb, vb = (t.reshape(shape).transpose(1, 2) for t in (q, k, v))
         out = torch.nn.functional.scaled_dot_product_attention(qb, kb, vb, attn_mask=mask, scale=scale)
         return out.transpose(1, 2).reshape(n, h, d)
+
     return attend

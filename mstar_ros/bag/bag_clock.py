@@ -7,6 +7,7 @@ the bag's start time plus the playback time elapsed since the pass began times `
 ``--loop`` each pass starts the clock over at the bag's start, as ``ros2 bag play --loop --clock``
 does (the recorded stamps start over too).
 """
+
 from __future__ import annotations
 
 import math
@@ -27,11 +28,15 @@ class BagClock:
             raise ValueError(f"--clock: the rate must be a positive number of Hz, got {hz}")
         self._message = Clock
         # reliable matches every subscriber (rclpy's TimeSource subscribes best effort); only the latest matters
-        qos = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=1, reliability=ReliabilityPolicy.RELIABLE,
-                         durability=DurabilityPolicy.VOLATILE)
+        qos = QoSProfile(
+            history=HistoryPolicy.KEEP_LAST,
+            depth=1,
+            reliability=ReliabilityPolicy.RELIABLE,
+            durability=DurabilityPolicy.VOLATILE,
+        )
         self.publisher = node.create_publisher(Clock, CLOCK_TOPIC, qos)
         self.period, self.bag_start_ns, self.rate = 1.0 / hz, bag_start_ns, rate
-        self.origin = 0.0       # monotonic time at which this pass plays the bag's start
+        self.origin = 0.0  # monotonic time at which this pass plays the bag's start
         self.next_at = math.inf
         self.published = 0
 

@@ -1,6 +1,7 @@
 """The bundled synthetic bag: two DROID-like robots, made once under the cache and reused.
 
 ``mstar-ros demo`` plays it, and so does ``bench pi05 --flood``."""
+
 from __future__ import annotations
 
 from pathlib import Path

@@ -17,6 +17,7 @@ What V-JEPA 2-AC reads from DROID, per robot namespace NS (``/robot1``, ...):
 Stamps and receive times like a recording (capture time, then a few ms of transport).
 Deterministic from the seed.
 """
+
 from __future__ import annotations
 
 import json
@@ -39,8 +40,12 @@ CUSTOM_DATA_KEY = "mstar_ros.end_effector_spec"
 
 def world_model_topics(namespace: str) -> dict[str, str]:
     """The default topic of each stream under a robot namespace."""
-    return {"camera": f"{namespace}/camera/exterior/image_raw", "pose": f"{namespace}/ee_pose",
-            "gripper": f"{namespace}/gripper/joint_states", "action": f"{namespace}/action"}
+    return {
+        "camera": f"{namespace}/camera/exterior/image_raw",
+        "pose": f"{namespace}/ee_pose",
+        "gripper": f"{namespace}/gripper/joint_states",
+        "action": f"{namespace}/action",
+    }
 
 
 @dataclass(frozen=True)
@@ -95,16 +100,19 @@ class _Arm:
     def image(self, pose: np.ndarray, h: int, w: int) -> np.ndarray:
         yy, xx = np.mgrid[0:h, 0:w].astype(np.float32)
         x, y = xx / w, yy / h
-        img = np.where((y >= 0.6)[..., None], self.table * (0.8 + 0.2 * y)[..., None],
-                       self.wall * (0.75 + 0.25 * (1 - y))[..., None]).astype(np.float32)
+        img = np.where(
+            (y >= 0.6)[..., None],
+            self.table * (0.8 + 0.2 * y)[..., None],
+            self.wall * (0.75 + 0.25 * (1 - y))[..., None],
+        ).astype(np.float32)
         for bx, by, color in self.blocks:
             img[(np.abs(x - bx) < 0.05) & (np.abs(y - by) < 0.04)] = color
-        cx = 0.5 + (pose[1] / 0.3)            # y -> image x
-        cy = 0.85 - (pose[2] - 0.1) / 0.5     # z -> image y (higher is up)
-        size = 0.04 + 0.1 * (pose[0] - 0.4)   # closer to the camera is bigger
+        cx = 0.5 + (pose[1] / 0.3)  # y -> image x
+        cy = 0.85 - (pose[2] - 0.1) / 0.5  # z -> image y (higher is up)
+        size = 0.04 + 0.1 * (pose[0] - 0.4)  # closer to the camera is bigger
         opening = size * (1.2 - pose[6])
         yaw = pose[5]
-        for side in (-1, 1):                  # two fingers, turned with the yaw
+        for side in (-1, 1):  # two fingers, turned with the yaw
             fx = cx + side * opening * math.cos(yaw)
             fy = cy + side * opening * math.sin(yaw) * 0.3
             img[((x - fx) ** 2 + ((y - fy) * h / w) ** 2) < (size * 0.35) ** 2] = (40, 40, 40)
@@ -116,8 +124,12 @@ def _quaternion(rpy: np.ndarray) -> tuple[float, float, float, float]:
     """Extrinsic xyz angles -> (x, y, z, w), as geometry_msgs/Quaternion orders them."""
     r, p, y = rpy / 2
     cr, sr, cp, sp, cy, sy = math.cos(r), math.sin(r), math.cos(p), math.sin(p), math.cos(y), math.sin(y)
-    return (sr * cp * cy - cr * sp * sy, cr * sp * cy + sr * cp * sy, cr * cp * sy - sr * sp * cy,
-            cr * cp * cy + sr * sp * sy)
+    return (
+        sr * cp * cy - cr * sp * sy,
+        cr * sp * cy + sr * cp * sy,
+        cr * cp * sy - sr * sp * cy,
+        cr * cp * cy + sr * sp * sy,
+    )
 
 
 def end_effector_messages(spec: EndEffectorBagSpec, typestore=None) -> Iterator[SyntheticMessage]:
@@ -144,19 +156,44 @@ def end_effector_messages(spec: EndEffectorBagSpec, typestore=None) -> Iterator[
             header = Header(stamp=Time(sec=sec, nanosec=nsec), frame_id=f"{ns.strip('/')}/base_link")
             pose = poses[k]
             q = _quaternion(pose[3:6])
-            ee = PoseStamped(header=header, pose=Pose(position=Point(x=pose[0], y=pose[1], z=pose[2]),
-                                                      orientation=Quaternion(x=q[0], y=q[1], z=q[2], w=q[3])))
-            grip = JointState(header=header, name=[GRIPPER_JOINT], position=np.array([pose[6]]),
-                              velocity=np.array([], dtype=np.float64), effort=np.array([], dtype=np.float64))
+            ee = PoseStamped(
+                header=header,
+                pose=Pose(
+                    position=Point(x=pose[0], y=pose[1], z=pose[2]),
+                    orientation=Quaternion(x=q[0], y=q[1], z=q[2], w=q[3]),
+                ),
+            )
+            grip = JointState(
+                header=header,
+                name=[GRIPPER_JOINT],
+                position=np.array([pose[6]]),
+                velocity=np.array([], dtype=np.float64),
+                effort=np.array([], dtype=np.float64),
+            )
             delta = pose_delta(torch.from_numpy(pose), torch.from_numpy(poses[k + 1])).numpy()
-            action = Action(layout=Layout(dim=[Dim(label="action", size=7, stride=7)], data_offset=0),
-                            data=delta.astype(np.float64))
-            cam_header = Header(stamp=Time(sec=sec, nanosec=nsec), frame_id=f"{ns.strip('/')}/exterior_camera_optical_frame")
-            image = Image(header=cam_header, height=spec.height, width=spec.width, encoding="rgb8", is_bigendian=0,
-                          step=spec.width * 3, data=arm.image(pose, spec.height, spec.width).reshape(-1))
-            for i, (key, msgtype, msg, latency) in enumerate([
-                    ("camera", IMAGE_TYPE, image, 0.012), ("pose", POSE_TYPE, ee, 0.001),
-                    ("gripper", JOINT_STATE_TYPE, grip, 0.001), ("action", ACTION_TYPE, action, 0.002)]):
+            action = Action(
+                layout=Layout(dim=[Dim(label="action", size=7, stride=7)], data_offset=0), data=delta.astype(np.float64)
+            )
+            cam_header = Header(
+                stamp=Time(sec=sec, nanosec=nsec), frame_id=f"{ns.strip('/')}/exterior_camera_optical_frame"
+            )
+            image = Image(
+                header=cam_header,
+                height=spec.height,
+                width=spec.width,
+                encoding="rgb8",
+                is_bigendian=0,
+                step=spec.width * 3,
+                data=arm.image(pose, spec.height, spec.width).reshape(-1),
+            )
+            for i, (key, msgtype, msg, latency) in enumerate(
+                [
+                    ("camera", IMAGE_TYPE, image, 0.012),
+                    ("pose", POSE_TYPE, ee, 0.001),
+                    ("gripper", JOINT_STATE_TYPE, grip, 0.001),
+                    ("action", ACTION_TYPE, action, 0.002),
+                ]
+            ):
                 events.append((stamp + int(latency * 1e9) + r * 1000 + i, topics[key], msgtype, msg))
     events.sort(key=lambda e: e[0])
     for recv, topic, msgtype, msg in events:
@@ -179,8 +216,9 @@ def write_end_effector_bag(path: str | Path, spec: EndEffectorBagSpec | None = N
         conns = {}
         for ns in spec.namespaces:
             for key, topic in world_model_topics(ns).items():
-                msgtype = {"camera": IMAGE_TYPE, "pose": POSE_TYPE, "gripper": JOINT_STATE_TYPE,
-                           "action": ACTION_TYPE}[key]
+                msgtype = {"camera": IMAGE_TYPE, "pose": POSE_TYPE, "gripper": JOINT_STATE_TYPE, "action": ACTION_TYPE}[
+                    key
+                ]
                 qos = _qos(reliable=key != "camera", depth=5 if key == "camera" else 10)
                 conns[topic] = writer.add_connection(topic, msgtype, typestore=ts, offered_qos_profiles=[qos])
         for m in end_effector_messages(spec, ts):

@@ -5,6 +5,7 @@ nearest each tick, the end-effector pose (PoseStamped -> x, y, z and extrinsic x
 gripper position at that frame's stamp, and the action between consecutive frames as Meta's code
 computes it from the poses (recorded ``action`` topics are not needed).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -20,8 +21,8 @@ from mstar_ros.bag.open_bag import bag_messages, open_bag
 @dataclass
 class Episode:
     namespace: str
-    frames: torch.Tensor   # [T, H, W, 3] uint8
-    states: torch.Tensor   # [T, 7]
+    frames: torch.Tensor  # [T, H, W, 3] uint8
+    states: torch.Tensor  # [T, 7]
     actions: torch.Tensor  # [T - 1, 7]: actions[t] takes states[t] to states[t + 1]
     stamps_ns: list[int]
 
@@ -29,7 +30,7 @@ class Episode:
 def _image(msg) -> np.ndarray:
     if msg.encoding not in ("rgb8", "bgr8"):
         raise ValueError(f"camera frames must be rgb8 or bgr8, got {msg.encoding!r}")
-    data = np.asarray(msg.data, dtype=np.uint8).reshape(msg.height, msg.step)[:, :msg.width * 3]
+    data = np.asarray(msg.data, dtype=np.uint8).reshape(msg.height, msg.step)[:, : msg.width * 3]
     img = data.reshape(msg.height, msg.width, 3)
     return img[..., ::-1].copy() if msg.encoding == "bgr8" else img.copy()
 
@@ -83,8 +84,12 @@ def read_episodes(bag: str | Path, fps: float = 4.0, namespaces: list[str] | Non
             g = grips[int(np.abs(grip_stamps - stamp).argmin())][1]
             quat = torch.tensor([p.orientation.x, p.orientation.y, p.orientation.z, p.orientation.w])
             euler = quaternion_to_euler(quat)
-            states.append(torch.tensor([p.position.x, p.position.y, p.position.z, *euler.tolist(),
-                                        float(g.position[0])], dtype=torch.float32))
+            states.append(
+                torch.tensor(
+                    [p.position.x, p.position.y, p.position.z, *euler.tolist(), float(g.position[0])],
+                    dtype=torch.float32,
+                )
+            )
             frames.append(torch.from_numpy(_image(img)))
             stamps.append(stamp)
         st = torch.stack(states)

@@ -1,5 +1,6 @@
 """What a rosbag2 holds (``mstar-ros bag info``), read with ``rosbags``; no ROS install needed.
 A broken bag is one :class:`~mstar_ros.bag.open_bag.BagError` naming the file (see open_bag)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -65,11 +66,18 @@ def read_info(path: str | Path) -> BagInfo:
         if not compression and storage == "mcap":
             compression = "per MCAP chunk" if _mcap_compressed(path) else ""
         size = sum(f.stat().st_size for f in path.iterdir() if f.is_file()) if path.is_dir() else path.stat().st_size
-        return BagInfo(path=path, storage=storage, version=meta.get("version"),
-                       start_ns=reader.start_time if reader.message_count else 0,
-                       end_ns=(reader.end_time - 1) if reader.message_count else 0,
-                       messages=reader.message_count, topics=topics, compression=compression,
-                       custom_data=dict(meta.get("custom_data") or {}), size_bytes=size)
+        return BagInfo(
+            path=path,
+            storage=storage,
+            version=meta.get("version"),
+            start_ns=reader.start_time if reader.message_count else 0,
+            end_ns=(reader.end_time - 1) if reader.message_count else 0,
+            messages=reader.message_count,
+            topics=topics,
+            compression=compression,
+            custom_data=dict(meta.get("custom_data") or {}),
+            size_bytes=size,
+        )
 
 
 def _mcap_compressed(path: Path) -> bool:
@@ -86,7 +94,8 @@ def format_info(info: BagInfo) -> str:
     start = datetime.fromtimestamp(info.start_ns / 1e9, tz=timezone.utc).isoformat(timespec="milliseconds")
     lines = [
         f"bag:         {info.path}",
-        f"storage:     {info.storage}" + (f" (rosbag2 metadata version {info.version})" if info.version else "")
+        f"storage:     {info.storage}"
+        + (f" (rosbag2 metadata version {info.version})" if info.version else "")
         + (f", compressed {info.compression}" if info.compression else ""),
         f"size:        {info.size_bytes / 2**20:.1f} MiB",
         f"start:       {start} ({info.start_ns} ns)",

@@ -6,6 +6,7 @@ file. Here every such failure becomes one :class:`BagError` that names the file 
 in plain words. Only the reading is wrapped (opening, and the message iterator), so a bug elsewhere is
 never mistaken for a broken bag.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -107,8 +108,10 @@ def open_bag(bag: str | Path) -> Iterator[Any]:
     if not bag.exists():
         raise FileNotFoundError(f"no bag at {bag}")
     if bag.is_dir() and not (bag / METADATA).exists():
-        raise BagError(f"{bag}: no {METADATA}: not a rosbag2 directory (give the directory rosbag2 wrote, "
-                       f"or one of its .mcap / .db3 files)")
+        raise BagError(
+            f"{bag}: no {METADATA}: not a rosbag2 directory (give the directory rosbag2 wrote, "
+            f"or one of its .mcap / .db3 files)"
+        )
     if not bag.is_dir() and bag.suffix not in STORAGE_SUFFIXES:
         raise BagError(f"{bag}: not a rosbag2 (a directory, or a .mcap / .db3 file)")
     read_metadata(bag)  # its own errors say the line
@@ -144,5 +147,6 @@ def bag_messages(reader: Any, bag: str | Path, connections: Iterable[Any] | None
         read += 1
         yield item
     if read < expected:
-        raise BagError(f"{where}: only {read} of the {expected} messages its index lists could be read "
-                       "(a corrupt chunk?)")
+        raise BagError(
+            f"{where}: only {read} of the {expected} messages its index lists could be read (a corrupt chunk?)"
+        )

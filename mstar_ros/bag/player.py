@@ -29,6 +29,7 @@ How it plays (what ``ros2 bag play`` does, minus the parts that are not on PyPI)
 6. At exit removes the Fast DDS shared-memory ports it used that nobody uses any more
    (mstar_ros.bag.shm_ports).
 """
+
 from __future__ import annotations
 
 import collections
@@ -89,9 +90,11 @@ class PlayOptions:
         if self.clock_hz is not None and not (self.clock_hz > 0 and math.isfinite(self.clock_hz)):
             raise ValueError(f"--clock must be a positive number of Hz, got {self.clock_hz}")
         if self.clock_hz is not None and self.restamp:
-            raise ValueError("--clock and --restamp contradict each other: --clock keeps the recorded stamps and "
-                             "publishes the recording's time on /clock (for nodes on use_sim_time); --restamp "
-                             "stamps with the time now")
+            raise ValueError(
+                "--clock and --restamp contradict each other: --clock keeps the recorded stamps and "
+                "publishes the recording's time on /clock (for nodes on use_sim_time); --restamp "
+                "stamps with the time now"
+            )
         if self.stop_after is not None and self.stop_after <= 0:
             raise ValueError(f"--stop-after must be positive, got {self.stop_after}")
 
@@ -146,7 +149,7 @@ def remap_topic(topic: str, remaps: Mapping[str, str]) -> str:
     if not prefixes:
         return topic
     p = max(prefixes, key=len)
-    return (remaps[p].rstrip("/") + topic[len(p.rstrip("/")):]) or "/"
+    return (remaps[p].rstrip("/") + topic[len(p.rstrip("/")) :]) or "/"
 
 
 def select_topics(available: Sequence[str], wanted: Sequence[str] | None) -> list[str]:
@@ -168,14 +171,18 @@ def _message_class(topic: str, msgtype: str):
     looked up (their packages are the standard ones), so a bag can never make us import a module it names."""
     pkg, kind, name = (msgtype.split("/") + ["", "", ""])[:3]
     if kind != "msg" or msgtype not in _kilted_typestore().fielddefs:
-        raise ValueError(f"{topic}: message type {msgtype!r} is not a standard ROS 2 message type (rosbags' Kilted "
-                         f"type store); the player publishes only those and imports nothing a bag names "
-                         f"(play the other topics with --topics)")
+        raise ValueError(
+            f"{topic}: message type {msgtype!r} is not a standard ROS 2 message type (rosbags' Kilted "
+            f"type store); the player publishes only those and imports nothing a bag names "
+            f"(play the other topics with --topics)"
+        )
     try:
         return getattr(importlib.import_module(f"{pkg}.msg"), name)
     except (ImportError, AttributeError) as exc:
-        raise ValueError(f"{topic}: cannot publish {msgtype}: its Python message package is not installed "
-                         f"(pip install ros-kilted-{pkg.replace('_', '-')}): {exc}") from None
+        raise ValueError(
+            f"{topic}: cannot publish {msgtype}: its Python message package is not installed "
+            f"(pip install ros-kilted-{pkg.replace('_', '-')}): {exc}"
+        ) from None
 
 
 def _message_classes(reports: Mapping[str, TopicReport]) -> dict:
@@ -239,15 +246,19 @@ class _Lateness:
         if not self.recent:
             return {"p50": 0.0, "p95": 0.0, "max": 0.0}
         xs = sorted(self.recent)
-        return {"p50": 1e3 * xs[len(xs) // 2], "p95": 1e3 * xs[min(len(xs) - 1, int(0.95 * len(xs)))],
-                "max": 1e3 * self.max}
+        return {
+            "p50": 1e3 * xs[len(xs) // 2],
+            "p95": 1e3 * xs[min(len(xs) - 1, int(0.95 * len(xs)))],
+            "max": 1e3 * self.max,
+        }
 
 
 class BagPlayer:
     """Plays one bag; ``run()`` returns a :class:`PlayReport`. Prints through ``out``."""
 
-    def __init__(self, bag: str | Path, options: PlayOptions | None = None,
-                 out: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self, bag: str | Path, options: PlayOptions | None = None, out: Callable[[str], None] | None = None
+    ) -> None:
         self.bag = Path(bag)
         self.options = options or PlayOptions()
         self.out = out or (lambda s: print(s, flush=True))
@@ -273,8 +284,9 @@ class BagPlayer:
             out_topic = remap_topic(c.topic, self.options.remap)
             prev = reports.get(out_topic)
             if prev is not None and prev.msgtype != c.msgtype:
-                raise ValueError(f"--remap sends {prev.source} ({prev.msgtype}) and {c.topic} ({c.msgtype}) "
-                                 f"to one topic {out_topic}")
+                raise ValueError(
+                    f"--remap sends {prev.source} ({prev.msgtype}) and {c.topic} ({c.msgtype}) to one topic {out_topic}"
+                )
             reports.setdefault(out_topic, TopicReport(out_topic, c.topic, c.msgtype))
             by_conn[c.id] = out_topic
         return selected, reports, by_conn
@@ -285,15 +297,21 @@ class BagPlayer:
         from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
 
         rel = ReliabilityPolicy.RELIABLE if self.options.reliability == "reliable" else ReliabilityPolicy.BEST_EFFORT
-        return QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=self.options.depth, reliability=rel,
-                          durability=DurabilityPolicy.VOLATILE)
+        return QoSProfile(
+            history=HistoryPolicy.KEEP_LAST,
+            depth=self.options.depth,
+            reliability=rel,
+            durability=DurabilityPolicy.VOLATILE,
+        )
 
     def _wait_for_subscribers(self, executor, publishers: dict) -> float:
         opts = self.options
         t0 = time.monotonic()
         deadline = t0 + opts.wait_timeout
-        self.out(f"waiting for a subscriber on each of {len(publishers)} topics "
-                 f"(timeout {opts.wait_timeout:g} s; --no-wait to start at once) ...")
+        self.out(
+            f"waiting for a subscriber on each of {len(publishers)} topics "
+            f"(timeout {opts.wait_timeout:g} s; --no-wait to start at once) ..."
+        )
         while True:
             missing = [t for t, p in publishers.items() if p.get_subscription_count() == 0]
             if not missing:
@@ -306,7 +324,8 @@ class BagPlayer:
                     f"no subscriber on {len(missing)} of {len(publishers)} topics after {opts.wait_timeout:g} s: "
                     f"{', '.join(missing)}. Start the subscribers first (same ROS_DOMAIN_ID, and "
                     f"ROS_AUTOMATIC_DISCOVERY_RANGE allowing this host), play only the topics that have "
-                    f"subscribers with --topics, rename with --remap, or start at once with --no-wait.")
+                    f"subscribers with --topics, rename with --remap, or start at once with --no-wait."
+                )
             # woken early by the publishers' matched events; the timeout bounds each check
             executor.spin_once(timeout_sec=min(0.1, deadline - now))
         matched = time.monotonic() - t0
@@ -317,8 +336,10 @@ class BagPlayer:
             end = time.monotonic() + opts.settle
             while (left := end - time.monotonic()) > 0 and not self._stop.is_set():
                 executor.spin_once(timeout_sec=left)
-        self.out(f"every topic has a subscriber after {matched:.2f} s; starting in {opts.settle:g} s "
-                 "(subscriber-side discovery)")
+        self.out(
+            f"every topic has a subscriber after {matched:.2f} s; starting in {opts.settle:g} s "
+            "(subscriber-side discovery)"
+        )
         return time.monotonic() - t0
 
     def run(self) -> PlayReport:
@@ -338,12 +359,16 @@ class BagPlayer:
             headers = {c.id: _has_leading_header(c) for c in selected} if opts.restamp else {}
             classes = _message_classes(reports)
             if opts.clock_hz is not None and CLOCK_TOPIC in reports:
-                raise ValueError(f"--clock: the bag plays a {CLOCK_TOPIC} topic of its own ("
-                                 f"{reports[CLOCK_TOPIC].source}); play it without --clock, or leave that topic out "
-                                 "with --topics")
+                raise ValueError(
+                    f"--clock: the bag plays a {CLOCK_TOPIC} topic of its own ("
+                    f"{reports[CLOCK_TOPIC].source}); play it without --clock, or leave that topic out "
+                    "with --topics"
+                )
 
-            self.out(f"bag {self.bag}: {total} messages on {len(reports)} topics, {(bag_end - bag_start) / 1e9:.2f} s; "
-                     f"rate {opts.rate:g}" + (", looping" if opts.loop else ""))
+            self.out(
+                f"bag {self.bag}: {total} messages on {len(reports)} topics, {(bag_end - bag_start) / 1e9:.2f} s; "
+                f"rate {opts.rate:g}" + (", looping" if opts.loop else "")
+            )
             apply_localhost_defaults()  # before rclpy creates a DDS participant
             import rclpy
             from rclpy.context import Context
@@ -373,24 +398,29 @@ class BagPlayer:
                     self._bag_clock = BagClock(node, opts.clock_hz, bag_start, opts.rate)
                     # nodes on sim time subscribe to /clock: wait for them as for the topics
                     awaited = {**publishers, CLOCK_TOPIC: self._bag_clock.publisher}
-                    self.out(f"  {CLOCK_TOPIC}  [rosgraph_msgs/msg/Clock]  the bag time being played, "
-                             f"{opts.clock_hz:g} Hz")
+                    self.out(
+                        f"  {CLOCK_TOPIC}  [rosgraph_msgs/msg/Clock]  the bag time being played, {opts.clock_hz:g} Hz"
+                    )
                 try:
                     waited = self._wait_for_subscribers(executor, awaited) if opts.wait else 0.0
                 except KeyboardInterrupt:
                     self.out("stopped while waiting for subscribers; nothing published")
                     raise
-                return self._play(reader, selected, reports, by_conn, publishers, node, headers,
-                                  bag_start, span_ns, waited)
+                return self._play(
+                    reader, selected, reports, by_conn, publishers, node, headers, bag_start, span_ns, waited
+                )
             finally:
+
                 def close() -> None:
                     if node is not None:
                         node.destroy_node()
                     context.try_shutdown()
+
                 shut_down_removing_ports(close)  # and the Fast DDS ports nobody uses now
 
-    def _play(self, reader, selected, reports, by_conn, publishers, node, headers,
-              bag_start: int, span_ns: int, waited: float) -> PlayReport:
+    def _play(
+        self, reader, selected, reports, by_conn, publishers, node, headers, bag_start: int, span_ns: int, waited: float
+    ) -> PlayReport:
         opts = self.options
         clock = node.get_clock()
         lateness = _Lateness()
@@ -456,9 +486,17 @@ class BagPlayer:
             rep.subscribers = publishers[topic].get_subscription_count()
         wall = (last_wall - first_wall) if first_wall is not None else 0.0
         bag_s = (last_bag - first_bag) / 1e9
-        report = PlayReport(messages=published, topics=list(reports.values()), passes=passes, wall_s=wall,
-                            bag_s=bag_s, achieved_rate=(bag_s / wall) if wall > 0 else 0.0,
-                            lateness_ms=lateness.summary(), waited_s=waited, interrupted=interrupted)
+        report = PlayReport(
+            messages=published,
+            topics=list(reports.values()),
+            passes=passes,
+            wall_s=wall,
+            bag_s=bag_s,
+            achieved_rate=(bag_s / wall) if wall > 0 else 0.0,
+            lateness_ms=lateness.summary(),
+            waited_s=waited,
+            interrupted=interrupted,
+        )
         self.out(format_report(report, opts.rate))
         if broken is not None:
             raise broken
@@ -473,22 +511,27 @@ class BagPlayer:
                 return True
         return False
 
-    def _progress(self, wall: float, bag_t: int, span_ns: int, pass_index: int, published: int,
-                  lateness: _Lateness) -> None:
+    def _progress(
+        self, wall: float, bag_t: int, span_ns: int, pass_index: int, published: int, lateness: _Lateness
+    ) -> None:
         lat = lateness.summary()
         in_pass = (bag_t - pass_index * span_ns) / 1e9
         loop = f"pass {pass_index + 1}  " if self.options.loop else ""
-        self.out(f"[{wall:7.1f} s] {loop}bag {in_pass:6.2f}/{span_ns / 1e9:.2f} s  {published} msgs "
-                 f"({published / wall if wall > 0 else 0:.1f}/s)  late p50 {lat['p50']:.2f} ms max {lat['max']:.1f} ms")
+        self.out(
+            f"[{wall:7.1f} s] {loop}bag {in_pass:6.2f}/{span_ns / 1e9:.2f} s  {published} msgs "
+            f"({published / wall if wall > 0 else 0:.1f}/s)  late p50 {lat['p50']:.2f} ms max {lat['max']:.1f} ms"
+        )
 
 
 def format_report(r: PlayReport, rate: float) -> str:
     lat = r.lateness_ms
     head = "stopped" if r.interrupted else "done"
-    lines = [f"{head}: published {r.messages} messages on {len(r.topics)} topics in {r.wall_s:.2f} s "
-             f"({r.passes} pass{'es' if r.passes != 1 else ''}): {r.bag_s:.2f} s of bag time, "
-             f"achieved rate {r.achieved_rate:.3f} (asked {rate:g})",
-             f"publish lateness vs schedule: p50 {lat['p50']:.2f} ms, p95 {lat['p95']:.2f} ms, max {lat['max']:.1f} ms"]
+    lines = [
+        f"{head}: published {r.messages} messages on {len(r.topics)} topics in {r.wall_s:.2f} s "
+        f"({r.passes} pass{'es' if r.passes != 1 else ''}): {r.bag_s:.2f} s of bag time, "
+        f"achieved rate {r.achieved_rate:.3f} (asked {rate:g})",
+        f"publish lateness vs schedule: p50 {lat['p50']:.2f} ms, p95 {lat['p95']:.2f} ms, max {lat['max']:.1f} ms",
+    ]
     width = max((len(t.topic) for t in r.topics), default=0)
     for t in r.topics:
         hz = t.published / r.wall_s if r.wall_s > 0 else 0.0
@@ -496,16 +539,17 @@ def format_report(r: PlayReport, rate: float) -> str:
     return "\n".join(lines)
 
 
-def play(bag: str | Path, options: PlayOptions | None = None,
-         out: Callable[[str], None] | None = None) -> PlayReport:
+def play(bag: str | Path, options: PlayOptions | None = None, out: Callable[[str], None] | None = None) -> PlayReport:
     """Plays ``bag``; SIGTERM and Ctrl-C stop it with a summary (main thread only). Ctrl-C works even where
     the player was started with SIGINT ignored (a background job of a script: Python then installs no
     handler of its own), as the node sets' rclpy handlers do."""
     player = BagPlayer(bag, options, out)
     restore = None
     if threading.current_thread() is threading.main_thread():
-        restore = (signal.signal(signal.SIGTERM, lambda *_: player.stop()),
-                   signal.signal(signal.SIGINT, signal.default_int_handler))
+        restore = (
+            signal.signal(signal.SIGTERM, lambda *_: player.stop()),
+            signal.signal(signal.SIGINT, signal.default_int_handler),
+        )
     try:
         return player.run()
     finally:
@@ -514,5 +558,14 @@ def play(bag: str | Path, options: PlayOptions | None = None,
             signal.signal(signal.SIGINT, restore[1])
 
 
-__all__ = ["BagPlayer", "NoSubscribersError", "PlayOptions", "PlayReport", "format_report", "parse_remaps",
-           "play", "remap_topic", "select_topics"]
+__all__ = [
+    "BagPlayer",
+    "NoSubscribersError",
+    "PlayOptions",
+    "PlayReport",
+    "format_report",
+    "parse_remaps",
+    "play",
+    "remap_topic",
+    "select_topics",
+]

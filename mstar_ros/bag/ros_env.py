@@ -23,6 +23,7 @@ Nothing else you set is changed: your own profile stays, and a range other than 
 (SUBNET, SYSTEM_DEFAULT) is a choice to widen discovery, so the localhost profile is not
 applied then.
 """
+
 from __future__ import annotations
 
 import logging

@@ -16,6 +16,7 @@ live process still uses is never touched. Processes whose memory maps we may not
 are not seen; they cannot open our ports either (Fast DDS opens them read-write, and they are 0644),
 root's processes excepted.
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -97,8 +98,11 @@ def remove_unused_ports(ports: Iterable[str]) -> list[str]:
         import posix_ipc  # noqa: F401  (the pip `ros` extra has it; a colcon or /opt/ros install may not)
     except ImportError:
         if ports:
-            log.info("posix_ipc is not installed (pip install posix-ipc): Fast DDS's %d port file(s) of this "
-                     "process are left for Fast DDS to clean", len(ports))
+            log.info(
+                "posix_ipc is not installed (pip install posix-ipc): Fast DDS's %d port file(s) of this "
+                "process are left for Fast DDS to clean",
+                len(ports),
+            )
         return removed
     for port in ports:
         try:

@@ -9,6 +9,7 @@ then fills it. This removes a segment whose lock file no process holds -- the sa
 Fast DDS's tool -- and, so as never to race a participant that is creating its segment right now
 (file made, lock not yet taken), only when the lock file is older than ``min_age_s``.
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -52,6 +53,7 @@ def remove_stale_segments(shm_dir: str | Path = "/dev/shm", min_age_s: float = 3
             continue  # another process removed it first, or it is not ours to remove
         removed.append(segment.name)
     if removed:
-        log.info("removed %d Fast DDS shared-memory segment(s) of processes that died (%.0f MB)", len(removed),
-                 freed / 1e6)
+        log.info(
+            "removed %d Fast DDS shared-memory segment(s) of processes that died (%.0f MB)", len(removed), freed / 1e6
+        )
     return removed

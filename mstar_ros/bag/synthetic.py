@@ -27,6 +27,7 @@ compressed here, which rosbag2 reads natively, and our synthetic frames compress
 Messages are CDR-serialized by ``rosbags`` with its ROS 2 Kilted typestore: the same
 bytes rclpy puts on the wire (type hashes equal the Kilted wheels' RIHS01 hashes).
 """
+
 from __future__ import annotations
 
 import json
@@ -161,6 +162,7 @@ def _count(seconds: float, hz: float) -> int:
 
 # ----------------------------------------------------------------------------- trajectories
 
+
 class _Robot:
     """One robot's smooth joint trajectory and scene, all functions of time (s)."""
 
@@ -175,10 +177,17 @@ class _Robot:
         # scene: wall/table colours, blocks on the table, a distractor orbit
         self.wall = rng.integers(120, 230, 3)
         self.table = rng.integers(60, 170, 3)
-        self.blocks = [(rng.uniform(0.1, 0.9), rng.uniform(0.68, 0.92), rng.uniform(0.05, 0.1),
-                        rng.integers(0, 256, 3)) for _ in range(3)]
-        self.orbit = (rng.uniform(0.2, 0.8), rng.uniform(0.2, 0.45), rng.uniform(0.08, 0.18),
-                      rng.uniform(0.2, 0.6), rng.integers(0, 256, 3))
+        self.blocks = [
+            (rng.uniform(0.1, 0.9), rng.uniform(0.68, 0.92), rng.uniform(0.05, 0.1), rng.integers(0, 256, 3))
+            for _ in range(3)
+        ]
+        self.orbit = (
+            rng.uniform(0.2, 0.8),
+            rng.uniform(0.2, 0.45),
+            rng.uniform(0.08, 0.18),
+            rng.uniform(0.2, 0.6),
+            rng.integers(0, 256, 3),
+        )
         self.texture = (rng.integers(0, 256, 3), rng.integers(0, 256, 3), rng.uniform(10, 20))
         self.clock_phase = rng.uniform(0, 0.02)  # when this robot's sensors start (s)
 
@@ -204,13 +213,14 @@ class _Robot:
 
 # ----------------------------------------------------------------------------- images
 
+
 class _Painter:
     """Draws the frames of one robot's cameras; pure numpy, a few ms per frame."""
 
     def __init__(self, spec: SyntheticBagSpec, robot: _Robot) -> None:
         self.h, self.w = spec.height, spec.width
         self.robot = robot
-        yy, xx = np.mgrid[0:self.h, 0:self.w].astype(np.float32)
+        yy, xx = np.mgrid[0 : self.h, 0 : self.w].astype(np.float32)
         self.x, self.y = xx / self.w, yy / self.h  # normalised pixel coordinates
         # exterior background: wall gradient above the table edge, table below with a faint grid
         base = np.empty((self.h, self.w, 3), np.float32)
@@ -230,8 +240,9 @@ class _Painter:
         mask = (self.x - cx) ** 2 + ((self.y - cy) * self.h / self.w) ** 2 < r * r
         img[mask] = color
 
-    def _segment(self, img: np.ndarray, p: tuple[float, float], q: tuple[float, float],
-                 width: float, color: Any) -> None:
+    def _segment(
+        self, img: np.ndarray, p: tuple[float, float], q: tuple[float, float], width: float, color: Any
+    ) -> None:
         px, py = p
         dx, dy = q[0] - px, q[1] - py
         n2 = dx * dx + dy * dy + 1e-12
@@ -246,7 +257,7 @@ class _Painter:
         for bx, by, size, color in self.robot.blocks:
             x0, x1 = int((bx - size / 2) * self.w), int((bx + size / 2) * self.w)
             y0, y1 = int((by - size / 2) * self.h), int((by + size / 2) * self.h)
-            img[max(y0, 0):max(y1, 0), max(x0, 0):max(x1, 0)] = color
+            img[max(y0, 0) : max(y1, 0), max(x0, 0) : max(x1, 0)] = color
         cx, cy, rad, speed, color = self.robot.orbit
         phase = speed * 2 * math.pi * t
         self._disc(img, cx + rad * math.cos(phase), cy + 0.5 * rad * math.sin(phase), 0.04, color)
@@ -300,6 +311,7 @@ def _encode(rgb: np.ndarray, encoding: str) -> np.ndarray:
 
 
 # ----------------------------------------------------------------------------- messages
+
 
 @dataclass(frozen=True)
 class SyntheticMessage:
@@ -364,13 +376,25 @@ def synthetic_messages(spec: SyntheticBagSpec, typestore=None) -> Iterator[Synth
                 rgb = painters[r].exterior(t, q, grip, view=s)
             pixels = _encode(rgb, spec.encoding)
             header = Header(stamp=Time(sec=sec, nanosec=nsec), frame_id=f"{robot_name}/{cam}_camera_optical_frame")
-            msg = Image(header=header, height=spec.height, width=spec.width, encoding=spec.encoding,
-                        is_bigendian=0, step=spec.width * channels, data=pixels.reshape(-1))
+            msg = Image(
+                header=header,
+                height=spec.height,
+                width=spec.width,
+                encoding=spec.encoding,
+                is_bigendian=0,
+                step=spec.width * channels,
+                data=pixels.reshape(-1),
+            )
             yield SyntheticMessage(camera_topic(ns, cam), IMAGE_TYPE, recv_ns, msg)
         else:
             header = Header(stamp=Time(sec=sec, nanosec=nsec), frame_id=f"{robot_name}/base_link")
-            msg = JointState(header=header, name=list(JOINT_NAMES), position=np.append(q, grip),
-                             velocity=np.append(dq, dgrip), effort=robot.efforts(q, grip))
+            msg = JointState(
+                header=header,
+                name=list(JOINT_NAMES),
+                position=np.append(q, grip),
+                velocity=np.append(dq, dgrip),
+                effort=robot.efforts(q, grip),
+            )
             yield SyntheticMessage(joint_topic(ns), JOINT_STATE_TYPE, recv_ns, msg)
 
 
@@ -378,11 +402,17 @@ def _qos(reliable: bool, depth: int):
     from rosbags.interfaces import Qos, QosDurability, QosHistory, QosLiveliness, QosReliability, QosTime
 
     zero = QosTime(0, 0)
-    return Qos(history=QosHistory.KEEP_LAST, depth=depth,
-               reliability=QosReliability.RELIABLE if reliable else QosReliability.BEST_EFFORT,
-               durability=QosDurability.VOLATILE, deadline=zero, lifespan=zero,
-               liveliness=QosLiveliness.AUTOMATIC, liveliness_lease_duration=zero,
-               avoid_ros_namespace_conventions=False)
+    return Qos(
+        history=QosHistory.KEEP_LAST,
+        depth=depth,
+        reliability=QosReliability.RELIABLE if reliable else QosReliability.BEST_EFFORT,
+        durability=QosDurability.VOLATILE,
+        deadline=zero,
+        lifespan=zero,
+        liveliness=QosLiveliness.AUTOMATIC,
+        liveliness_lease_duration=zero,
+        avoid_ros_namespace_conventions=False,
+    )
 
 
 @dataclass
@@ -454,8 +484,9 @@ def ensure_synthetic_bag(path: str | Path, spec: SyntheticBagSpec | None = None)
         found = read_spec(path) if (path / "metadata.yaml").exists() else None
         if found == spec:
             return path
-        raise FileExistsError(f"{path} exists and is not a synthetic bag written from this spec; "
-                              "remove it or choose another path")
+        raise FileExistsError(
+            f"{path} exists and is not a synthetic bag written from this spec; remove it or choose another path"
+        )
     path.parent.mkdir(parents=True, exist_ok=True)
     write_synthetic_bag(path, spec)
     return path

@@ -3,6 +3,7 @@
 A figure means little without them: the same run is 2.5-2.7x apart in bf16 between a CPU with
 bf16 instructions and an AVX2-only one (mstar.engine.dtype_choice).
 """
+
 from __future__ import annotations
 
 import platform
@@ -27,16 +28,20 @@ def dtypes_section(ours: DtypeChoice, baseline: str | None, baseline_why: str) -
 
 def _bf16_and_limits(m: dict, joiner: str, none: str) -> tuple[str, str]:
     """A machine section's bf16 instructions (joined, or ``none``) and its ISA limits (", K=V" each)."""
-    return (joiner.join(m.get("bf16_instructions", [])) or none,
-            "".join(f", {k}={v}" for k, v in m.get("isa_limits", {}).items()))
+    return (
+        joiner.join(m.get("bf16_instructions", [])) or none,
+        "".join(f", {k}={v}" for k, v in m.get("isa_limits", {}).items()),
+    )
 
 
 def header_line(report: dict) -> str:
     """One line for the printed summary: where it ran and in what dtypes."""
     m = report.get("machine", {})
     bf16, limits = _bf16_and_limits(m, ", ", "none")
-    line = (f"machine: {m.get('cpu', '?')}, {m.get('cpu_capability', '?')} dispatch, bf16 instructions: {bf16}{limits}, "
-            f"{m.get('threads', '?')} threads, torch {m.get('torch', '?')}")
+    line = (
+        f"machine: {m.get('cpu', '?')}, {m.get('cpu_capability', '?')} dispatch, bf16 instructions: {bf16}{limits}, "
+        f"{m.get('threads', '?')} threads, torch {m.get('torch', '?')}"
+    )
     d = report.get("dtypes", {})
     if "ours" in d:
         o = d["ours"]

@@ -12,6 +12,7 @@ level; a system's figures are those of its median-throughput run, and every run'
 throughput and paired ratio are kept in the JSON. The sequential baseline runs once
 (it is the slowest by far at every level above 1).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,8 +37,14 @@ log = logging.getLogger("mstar_ros.bench")
 SAMPLE_RATE = 24_000
 
 
-async def _ours(tts, jobs: list[TTSJob], concurrency: int, config: EngineConfig,
-                conductor: Conductor | None = None, label: str = "ours") -> tuple[list[JobResult], dict]:
+async def _ours(
+    tts,
+    jobs: list[TTSJob],
+    concurrency: int,
+    config: EngineConfig,
+    conductor: Conductor | None = None,
+    label: str = "ours",
+) -> tuple[list[JobResult], dict]:
     """Serves ``jobs`` through ``conductor`` (default: embedded, one process)."""
     conductor = conductor or Conductor(tts.graph(), tts.modules(), config=config)
     async with conductor:
@@ -60,8 +67,9 @@ async def _ours(tts, jobs: list[TTSJob], concurrency: int, config: EngineConfig,
                         samples += out.data.numel()
                     elif out.name == "tokens":
                         tokens += 1
-                results.append(JobResult(job.arrival, started, first, time.perf_counter() - t0, samples / SAMPLE_RATE,
-                                         tokens))
+                results.append(
+                    JobResult(job.arrival, started, first, time.perf_counter() - t0, samples / SAMPLE_RATE, tokens)
+                )
                 bar.update()
 
         await asyncio.gather(*(one(j) for j in jobs))
@@ -92,8 +100,8 @@ def _baseline(hf, snac_model, tts, jobs: list[TTSJob], batch: int, label: str) -
 
         def serve(group: list = group, prompts: list = prompts, counts: list[int] = counts) -> list[torch.Tensor]:
             outs = hf_generate(hf, prompts, max_new_tokens=max(j.max_tokens for j in group), do_sample=False)
-            counts.extend(len(tokens[:job.max_tokens]) for job, tokens in zip(group, outs))
-            return [snac_whole(snac_model, tokens[:job.max_tokens]) for job, tokens in zip(group, outs)]
+            counts.extend(len(tokens[: job.max_tokens]) for job, tokens in zip(group, outs))
+            return [snac_whole(snac_model, tokens[: job.max_tokens]) for job, tokens in zip(group, outs)]
 
         audio = run_on_device(serve)  # same thread (one OpenMP team) as our engines: a fair fight
         if audio and audio[0].is_cuda:
@@ -115,6 +123,7 @@ def median_run(runs: list[tuple[dict, dict | None]]) -> tuple[dict, dict | None]
 def _pick_baseline_dtype(tts, paths, device: str = "cpu") -> tuple[torch.dtype, dict[str, float]]:
     """A CPU user would try fp32 and bf16; the faster one is the baseline (measured now)."""
     from mstar_graphs.orpheus.reference import hf_generate, load_hf_llm
+
     timings = {}
     prompt = [tts.prompt_ids("Calibrate the baseline please.")] * 4
     for dtype in (torch.float32, torch.bfloat16):
@@ -146,19 +155,36 @@ def run_orpheus_bench(args: argparse.Namespace) -> int:
     ours_choice = resolve_dtype(args.dtype, device)
     base_name = str(base_dtype).removeprefix("torch.")
     report: dict = {
-        "model": {"preset": args.preset if args.weights is None else None, "weights": str(paths.llm),
-                  "random_weights": paths.random_weights,
-                  "llm_params_m": round(parameter_count(tts.llm) / 1e6, 1),
-                  "snac_params_m": round(parameter_count(tts.snac) / 1e6, 2)},
-        "workload": {"requests_per_level": n, "arrival": f"Poisson, {rate} req/s", "texts": "2-10 words",
-                     "audio_tokens": "7 * (4 + 3 * words)", "sampling": "greedy", "seed": args.seed},
-        "ours": {"dtype": ours_choice.dtype, "config": {"block_size": config.block_size,
-                                                        "max_batched_tokens": config.max_batched_tokens,
-                                                        "pack_linears": config.pack_linears}},
+        "model": {
+            "preset": args.preset if args.weights is None else None,
+            "weights": str(paths.llm),
+            "random_weights": paths.random_weights,
+            "llm_params_m": round(parameter_count(tts.llm) / 1e6, 1),
+            "snac_params_m": round(parameter_count(tts.snac) / 1e6, 2),
+        },
+        "workload": {
+            "requests_per_level": n,
+            "arrival": f"Poisson, {rate} req/s",
+            "texts": "2-10 words",
+            "audio_tokens": "7 * (4 + 3 * words)",
+            "sampling": "greedy",
+            "seed": args.seed,
+        },
+        "ours": {
+            "dtype": ours_choice.dtype,
+            "config": {
+                "block_size": config.block_size,
+                "max_batched_tokens": config.max_batched_tokens,
+                "pack_linears": config.pack_linears,
+            },
+        },
         "baseline": {"dtype": base_name, "calibration_s_24_tokens_b4": calibration},
         "machine": machine_section(device),
-        "dtypes": dtypes_section(ours_choice, base_name, "the faster of float32 and bfloat16 for transformers, "
-                                                         f"timed now (24 tokens, batch 4: {calibration})"),
+        "dtypes": dtypes_section(
+            ours_choice,
+            base_name,
+            f"the faster of float32 and bfloat16 for transformers, timed now (24 tokens, batch 4: {calibration})",
+        ),
         "levels": {},
     }
     print(header_line(report))
@@ -173,14 +199,17 @@ def run_orpheus_bench(args: argparse.Namespace) -> int:
         jobs = tts_workload(n, rate, args.seed + c)
         runs: dict[str, list[tuple[dict, dict | None]]] = {"ours": [], "ours_placement": [], "baseline_static": []}
         for _ in range(repeats):  # interleaved, so a slow spell of the machine hits both systems
-            ours, stats = asyncio.run(_ours(tts, jobs, c, config, Conductor(tts.graph(), tts.modules(), config=config,
-                                                                             device=device)))
+            ours, stats = asyncio.run(
+                _ours(tts, jobs, c, config, Conductor(tts.graph(), tts.modules(), config=config, device=device))
+            )
             runs["ours"].append((summarize(ours), stats["workers"]))
             if placement:
                 from mstar_graphs.orpheus.components import orpheus_spec
+
                 spec = orpheus_spec(args.weights, args.snac_weights, preset=args.preset)
-                placed, stats = asyncio.run(_ours(tts, jobs, c, config, Conductor.distributed(spec, placement, config=config),
-                                                  label="placed"))
+                placed, stats = asyncio.run(
+                    _ours(tts, jobs, c, config, Conductor.distributed(spec, placement, config=config), label="placed")
+                )
                 runs["ours_placement"].append((summarize(placed), stats["workers"]))
             runs["baseline_static"].append((summarize(_baseline(hf, snac_model, tts, jobs, c, f"static c={c}")), None))
         level: dict = {}
@@ -192,7 +221,10 @@ def run_orpheus_bench(args: argparse.Namespace) -> int:
                 if engine_key:
                     level[engine_key] = engine
         level["baseline_sequential"] = summarize(_baseline(hf, snac_model, tts, jobs, 1, f"seq c={c}"))
-        best_tp = max(level["baseline_sequential"]["throughput_audio_s_per_s"], level["baseline_static"]["throughput_audio_s_per_s"])
+        best_tp = max(
+            level["baseline_sequential"]["throughput_audio_s_per_s"],
+            level["baseline_static"]["throughput_audio_s_per_s"],
+        )
         best_ttfa = min(level["baseline_sequential"]["ttfa_p50_ms"], level["baseline_static"]["ttfa_p50_ms"])
         seq_tp = level["baseline_sequential"]["throughput_audio_s_per_s"]
         for row, suffix in (("ours", "_one_process"), ("ours_placement", "_placement")):
@@ -200,9 +232,12 @@ def run_orpheus_bench(args: argparse.Namespace) -> int:
                 level["throughput_ratio" + suffix] = round(level[row]["throughput_audio_s_per_s"] / best_tp, 3)
                 level["throughput_ratio_runs" + suffix] = [  # run i of ours against run i of the baseline
                     round(a / max(b, seq_tp), 3)
-                    for a, b in zip(level[row + "_runs_audio_s_per_s"], level["baseline_static_runs_audio_s_per_s"])]
+                    for a, b in zip(level[row + "_runs_audio_s_per_s"], level["baseline_static_runs_audio_s_per_s"])
+                ]
                 level["ttfa_ratio" + suffix] = round(level[row]["ttfa_p50_ms"] / best_ttfa, 4)
-        best_tokens = max(level["baseline_sequential"]["audio_tokens_per_s"], level["baseline_static"]["audio_tokens_per_s"])
+        best_tokens = max(
+            level["baseline_sequential"]["audio_tokens_per_s"], level["baseline_static"]["audio_tokens_per_s"]
+        )
         for row, suffix in (("ours", "_one_process"), ("ours_placement", "_placement")):
             if row in level:  # the same work counted in tokens, whatever audio each decode delivers
                 level["token_throughput_ratio" + suffix] = round(level[row]["audio_tokens_per_s"] / best_tokens, 3)
@@ -220,6 +255,7 @@ def run_orpheus_bench(args: argparse.Namespace) -> int:
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(report, indent=2) + "\n")
     from mstar_ros.bench.plot import plot_orpheus
+
     plot_orpheus(report, args.plot)
     print(header_line(report))
     print(f"wrote {args.json} and {args.plot}")
@@ -229,8 +265,10 @@ def run_orpheus_bench(args: argparse.Namespace) -> int:
 
 
 def _print_level(c: int, level: dict) -> None:
-    print(f"\nconcurrency {c}: throughput ratio {level['throughput_ratio']:.2f}x (audio), "
-          f"{level['token_throughput_ratio']:.2f}x (tokens), TTFA ratio {level['ttfa_ratio']:.3f}")
+    print(
+        f"\nconcurrency {c}: throughput ratio {level['throughput_ratio']:.2f}x (audio), "
+        f"{level['token_throughput_ratio']:.2f}x (tokens), TTFA ratio {level['ttfa_ratio']:.3f}"
+    )
     if len(level["throughput_ratio_runs"]) > 1:
         print(f"  throughput ratio of each run: {', '.join(f'{r:.2f}x' for r in level['throughput_ratio_runs'])}")
     print(f"  {'system':<20}{'audio s/s':>10}{'tokens/s':>10}{'TTFA p50 ms':>13}{'TTFA p95 ms':>13}{'RTF':>8}")
@@ -238,4 +276,6 @@ def _print_level(c: int, level: dict) -> None:
         if name not in level:
             continue
         s = level[name]
-        print(f"  {name:<20}{s['throughput_audio_s_per_s']:>10.3f}{s['audio_tokens_per_s']:>10.1f}{s['ttfa_p50_ms']:>13.0f}{s['ttfa_p95_ms']:>13.0f}{s['rtf_mean']:>8.3f}")
+        print(
+            f"  {name:<20}{s['throughput_audio_s_per_s']:>10.3f}{s['audio_tokens_per_s']:>10.1f}{s['ttfa_p50_ms']:>13.0f}{s['ttfa_p95_ms']:>13.0f}{s['rtf_mean']:>8.3f}"
+        )

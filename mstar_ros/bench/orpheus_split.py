@@ -4,6 +4,7 @@ Same checkpoint, same workload, same run: what splitting components across proce
 costs (or gains) on this machine. Both use every core: one process runs torch on all
 of them; two processes split them.
 """
+
 from __future__ import annotations
 
 import tempfile
@@ -24,8 +25,15 @@ transport: {default: %s}
 """
 
 
-async def orpheus_split_comparison(preset: str = "bench", concurrency: int = 8, requests: int = 16,
-                                   rate: float = 10.0, seed: int = 0, transport: str = "shm", dtype: str = "auto") -> dict:
+async def orpheus_split_comparison(
+    preset: str = "bench",
+    concurrency: int = 8,
+    requests: int = 16,
+    rate: float = 10.0,
+    seed: int = 0,
+    transport: str = "shm",
+    dtype: str = "auto",
+) -> dict:
     from mstar_graphs.orpheus.frontend import OrpheusTTS
 
     tts = OrpheusTTS.load(preset=preset, progress=False)
@@ -38,8 +46,14 @@ async def orpheus_split_comparison(preset: str = "bench", concurrency: int = 8, 
         conductor = Conductor.distributed(orpheus_spec(preset=preset), path, config=config)
         split, _ = await _ours(tts, jobs, concurrency, config, conductor=conductor, label="2 proc")
     one, two = summarize(single), summarize(split)
-    return {"preset": preset, "concurrency": concurrency, "requests": requests, "transport": transport,
-            "dtype": resolve_dtype(dtype).as_dict(),
-            "single_process": one, "two_processes": two,
-            "two_vs_single_throughput": round(two["throughput_audio_s_per_s"] / one["throughput_audio_s_per_s"], 3),
-            "two_vs_single_ttfa_p50": round(two["ttfa_p50_ms"] / one["ttfa_p50_ms"], 3)}
+    return {
+        "preset": preset,
+        "concurrency": concurrency,
+        "requests": requests,
+        "transport": transport,
+        "dtype": resolve_dtype(dtype).as_dict(),
+        "single_process": one,
+        "two_processes": two,
+        "two_vs_single_throughput": round(two["throughput_audio_s_per_s"] / one["throughput_audio_s_per_s"], 3),
+        "two_vs_single_ttfa_p50": round(two["ttfa_p50_ms"] / one["ttfa_p50_ms"], 3),
+    }

@@ -14,6 +14,7 @@ saturation) and open loop (observations at ``hz`` per robot: sensor-to-action la
 Each load is measured in ABBA slices (ours, baseline, baseline, ours) against drifting load.
 Both systems run their torch work on the one device thread (one OpenMP team).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -62,20 +63,25 @@ def batching_bound(policy, o: Observation, reps: int = 5) -> dict[str, float]:
     batched or not; only the vision tower and the flow steps get cheaper when robots share
     steps. Even if those were free, N robots would take N prefix passes."""
     from mstar_graphs.pi05.direct import encode_images, prefix_direct
+
     device = next(policy.model.parameters()).device
     i = {k: v.to(device) for k, v in request_for(policy, o).inputs.items()}
     embeds = run_on_device(encode_images, policy.encoder, i["images"])
 
     def prefix() -> float:
         start = clock()
-        run_on_device(lambda: synchronized(lambda: prefix_direct(policy.model, embeds, i["input_ids"],
-                                                                  i["embed_mask"]).k[0]))
+        run_on_device(
+            lambda: synchronized(lambda: prefix_direct(policy.model, embeds, i["input_ids"], i["embed_mask"]).k[0])
+        )
         return clock() - start
 
     prefix_s = min(prefix() for _ in range(reps))
     total_s = min(direct_call(policy, o) for _ in range(reps))
-    return {"direct_forward_ms": round(total_s * 1000, 1), "prefix_pass_ms": round(prefix_s * 1000, 1),
-            "throughput_ratio_bound": round(total_s / prefix_s, 2)}
+    return {
+        "direct_forward_ms": round(total_s * 1000, 1),
+        "prefix_pass_ms": round(prefix_s * 1000, 1),
+        "throughput_ratio_bound": round(total_s / prefix_s, 2),
+    }
 
 
 def _packed(module: torch.nn.Module) -> torch.nn.Module:
@@ -84,22 +90,32 @@ def _packed(module: torch.nn.Module) -> torch.nn.Module:
     return module
 
 
-def pick_dtype(policy, o: Observation, name: str = "auto",
-               device: str = "cpu") -> tuple[DtypeChoice, dict[str, float], object]:
+def pick_dtype(
+    policy, o: Observation, name: str = "auto", device: str = "cpu"
+) -> tuple[DtypeChoice, dict[str, float], object]:
     """Both systems run the same modules, so the same dtype: ``name`` as the engines decide it. A CPU user
     would try fp32 and bf16, so both are timed (one direct call each, best of 2) and reported beside it."""
     choice = resolve_dtype(name, device)
     timings, models = {}, {}
     for dtype in (torch.float32, torch.bfloat16):
-        cand = policy if dtype == torch.float32 else run_on_device(
-            lambda dtype=dtype: policy.with_modules(_packed(copy.deepcopy(policy.model).to(dtype)),
-                                        _packed(copy.deepcopy(policy.encoder).to(dtype))))
+        cand = (
+            policy
+            if dtype == torch.float32
+            else run_on_device(
+                lambda dtype=dtype: policy.with_modules(
+                    _packed(copy.deepcopy(policy.model).to(dtype)), _packed(copy.deepcopy(policy.encoder).to(dtype))
+                )
+            )
+        )
         direct_call(cand, o)  # warm
         timings[str(dtype).removeprefix("torch.")] = round(min(direct_call(cand, o) for _ in range(2)), 4)
         models[str(dtype).removeprefix("torch.")] = cand
     if choice.dtype not in models:  # float16: not timed, converted as asked
-        models[choice.dtype] = run_on_device(lambda: policy.with_modules(
-            copy.deepcopy(policy.model).to(choice.torch_dtype), copy.deepcopy(policy.encoder).to(choice.torch_dtype)))
+        models[choice.dtype] = run_on_device(
+            lambda: policy.with_modules(
+                copy.deepcopy(policy.model).to(choice.torch_dtype), copy.deepcopy(policy.encoder).to(choice.torch_dtype)
+            )
+        )
     return choice, timings, models[choice.dtype]
 
 
@@ -129,16 +145,20 @@ async def _run_levels(policy, config: EngineConfig, observations, levels: list[i
             await conductor.submit(request_for(policy, o)).collect()
             await asyncio.to_thread(direct_call, policy, o)
         bound = await asyncio.to_thread(batching_bound, policy, observations[0][0])
-        print(f"batching bound: a direct call takes {bound['direct_forward_ms']:.0f} ms, its prefix pass alone "
-              f"{bound['prefix_pass_ms']:.0f} ms: no batching can beat {bound['throughput_ratio_bound']:.2f}x here")
+        print(
+            f"batching bound: a direct call takes {bound['direct_forward_ms']:.0f} ms, its prefix pass alone "
+            f"{bound['prefix_pass_ms']:.0f} ms: no batching can beat {bound['throughput_ratio_bound']:.2f}x here"
+        )
         for n in levels:
             bar = progress_bar(desc=f"robots={n:<2}", unit="chunk", leave=False)
             before = conductor.stats()["workers"][0]
             closed, open_ = await _measure(policy, conductor, observations[:n], args, bar)
             await conductor.wait_idle(timeout=30)
             bar.close()
-            level = {who: {"closed_loop": closed_summary(closed[who]),
-                           "open_loop": open_summary(open_[who], n, args.hz)} for who in ("ours", "baseline")}
+            level = {
+                who: {"closed_loop": closed_summary(closed[who]), "open_loop": open_summary(open_[who], n, args.hz)}
+                for who in ("ours", "baseline")
+            }
             forward = closed["baseline"].forward + open_["baseline"].forward
             level["baseline"]["bare_forward_p50_ms"] = round(percentile(forward, 50) * 1000, 1)
             (oc, oo), (bc, bo) = ((level[w]["closed_loop"], level[w]["open_loop"]) for w in ("ours", "baseline"))
@@ -160,16 +180,22 @@ def run_pi05_bench(args: argparse.Namespace) -> int:
     device = getattr(args, "device", "cpu")
     if device != "cpu":  # the direct baseline runs where ours does
         policy.model, policy.encoder = run_on_device(lambda: (policy.model.to(device), policy.encoder.to(device)))
-    observations = bag_observations(max(levels), args.seconds + 1.0, args.hz, args.seed,
-                                    normalize=policy.normalization(JOINT_LOWER, JOINT_UPPER).state.normalize)
+    observations = bag_observations(
+        max(levels),
+        args.seconds + 1.0,
+        args.hz,
+        args.seed,
+        normalize=policy.normalization(JOINT_LOWER, JOINT_UPPER).state.normalize,
+    )
     choice, calibration, policy = pick_dtype(policy, observations[0][0], args.dtype, device)
     config = EngineConfig(dtype=choice.dtype, kv_cache_mb=256)
     prefix_tokens = request_for(policy, observations[0][0]).inputs["input_ids"].numel()
     report = _header(args, policy, config, calibration, prefix_tokens)
     report["dtypes"] = dtypes_section(choice, choice.dtype, "the same modules as ours (direct calls)")
     report["dtypes"]["timed_now_s"] = calibration
-    report["dtypes"]["auto_was_faster"] = (None if choice.dtype not in calibration
-                                           else calibration[choice.dtype] <= min(calibration.values()))
+    report["dtypes"]["auto_was_faster"] = (
+        None if choice.dtype not in calibration else calibration[choice.dtype] <= min(calibration.values())
+    )
     print(header_line(report))
     report["levels"], report["batching_bound"] = asyncio.run(_run_levels(policy, config, observations, levels, args))
     top, one = report["levels"][str(max(levels))], report["levels"][str(min(levels))]
@@ -179,15 +205,18 @@ def run_pi05_bench(args: argparse.Namespace) -> int:
     report["overhead_ratio_closed_loop"] = round(one["ours"]["closed_loop"]["chunk_latency_p50_ms"] / bare, 3)
     report["notes"] = {
         "overhead_ratio": f"ours, {min(levels)} robot(s), open-loop latency p50 / the bare direct forward p50; the "
-                          "observation's age when served is in the numerator (frame_policy says how it is bounded)",
-        "overhead_ratio_closed_loop": "ours, observation submitted -> chunk (no frame waiting), p50 / bare forward p50"}
+        "observation's age when served is in the numerator (frame_policy says how it is bounded)",
+        "overhead_ratio_closed_loop": "ours, observation submitted -> chunk (no frame waiting), p50 / bare forward p50",
+    }
     report["goals"] = {"throughput_ratio_8_robots": ">= 3", "overhead_ratio_1_robot": "<= 1.15"}
     report["notes"]["batching_bound"] = (
         "throughput_ratio_bound = direct_forward_ms / prefix_pass_ms: the prefix is compute-bound and costs the same "
-        "per robot batched or not, so even free vision and flow steps could not raise throughput by more than this")
+        "per robot batched or not, so even free vision and flow steps could not raise throughput by more than this"
+    )
     # issue 16's guard: the same forward in a fresh process, before and after other threads' torch work
-    report["thread_slowdown"] = thread_slowdown_check(preset=args.preset, weights=args.weights, dtype=config.dtype,
-                                                      rounds=3)
+    report["thread_slowdown"] = thread_slowdown_check(
+        preset=args.preset, weights=args.weights, dtype=config.dtype, rounds=3
+    )
     report["thread_slowdown_ratio"] = report["thread_slowdown"]["thread_slowdown_ratio"]
     print("\n".join(summary_lines(report["thread_slowdown"])))
     print(header_line(report))
@@ -203,25 +232,46 @@ def run_pi05_bench(args: argparse.Namespace) -> int:
 def _header(args: argparse.Namespace, policy, config: EngineConfig, calibration: dict, prefix_tokens: int) -> dict:
     modules = (policy.model, policy.encoder)
     return {
-        "model": {"preset": args.preset if args.weights is None else None, "weights": str(policy.path),
-                  "random_weights": policy.random_weights, "dtype": config.dtype,
-                  "params_m": round(sum(parameter_count(m) for m in modules) / 1e6, 1),
-                  "action_horizon": policy.action_horizon, "action_dim": policy.action_dim,
-                  "flow_steps": policy.model.num_steps, "prefix_tokens": int(prefix_tokens)},
-        "workload": {"source": "synthetic DROID-like bag (2 cameras 224x224 rgb8 at 15 Hz, 8 joints at 30 Hz)",
-                     "observation_hz": args.hz, "seconds_per_measurement": args.seconds, "prompt": PROMPT,
-                     "closed_loop": "each robot offers its next observation when its previous chunk returned",
-                     "open_loop": "observations at observation_hz per robot; a robot acts on its newest one, "
-                                  "superseded ones are dropped (dropped_fraction); latency = offer -> chunk",
-                     "frame_policy": args.frame_policy + (
-                         ": both systems wait for the next observation when the newest is past half a period "
-                         "old (the policy node's wait_for_fresh_frames)" if args.frame_policy == "fresh" else
-                         ": both systems act on the newest observation whatever its age")},
-        "ours": {"serving": "one embedded Conductor, in process (no ROS transport in the timed path)",
-                 "max_inflight": args.max_inflight or "no limit",
-                 "config": {"dtype": config.dtype, "block_size": config.block_size,
-                            "max_batched_tokens": config.max_batched_tokens}},
-        "baseline": {"serving": "graphs/pi05/direct.py: the model called directly, batch 1, dense prefix K/V, "
-                                "robots one after another", "dtype_calibration_s": calibration},
+        "model": {
+            "preset": args.preset if args.weights is None else None,
+            "weights": str(policy.path),
+            "random_weights": policy.random_weights,
+            "dtype": config.dtype,
+            "params_m": round(sum(parameter_count(m) for m in modules) / 1e6, 1),
+            "action_horizon": policy.action_horizon,
+            "action_dim": policy.action_dim,
+            "flow_steps": policy.model.num_steps,
+            "prefix_tokens": int(prefix_tokens),
+        },
+        "workload": {
+            "source": "synthetic DROID-like bag (2 cameras 224x224 rgb8 at 15 Hz, 8 joints at 30 Hz)",
+            "observation_hz": args.hz,
+            "seconds_per_measurement": args.seconds,
+            "prompt": PROMPT,
+            "closed_loop": "each robot offers its next observation when its previous chunk returned",
+            "open_loop": "observations at observation_hz per robot; a robot acts on its newest one, "
+            "superseded ones are dropped (dropped_fraction); latency = offer -> chunk",
+            "frame_policy": args.frame_policy
+            + (
+                ": both systems wait for the next observation when the newest is past half a period "
+                "old (the policy node's wait_for_fresh_frames)"
+                if args.frame_policy == "fresh"
+                else ": both systems act on the newest observation whatever its age"
+            ),
+        },
+        "ours": {
+            "serving": "one embedded Conductor, in process (no ROS transport in the timed path)",
+            "max_inflight": args.max_inflight or "no limit",
+            "config": {
+                "dtype": config.dtype,
+                "block_size": config.block_size,
+                "max_batched_tokens": config.max_batched_tokens,
+            },
+        },
+        "baseline": {
+            "serving": "graphs/pi05/direct.py: the model called directly, batch 1, dense prefix K/V, "
+            "robots one after another",
+            "dtype_calibration_s": calibration,
+        },
         "machine": machine_section(getattr(args, "device", "cpu")),
     }

@@ -11,6 +11,7 @@ p95 is the figure; robot 2's counters show what its node did with the flood: the
 received and dropped, how often it cut the topic (max_bad_rate_hz) and the sensor losses
 that followed (robot 2 stops while its camera is cut).
 """
+
 from __future__ import annotations
 
 import json
@@ -30,13 +31,13 @@ ORDER = ("quiet", "flood", "flood", "quiet")
 
 @dataclass(frozen=True)
 class FloodOptions:
-    seconds: float = 15.0      # per window
-    warmup_s: float = 8.0      # after the first chunks, before the first window
-    rate_hz: float = 400.0     # bad frames per second in the flood windows
+    seconds: float = 15.0  # per window
+    warmup_s: float = 8.0  # after the first chunks, before the first window
+    rate_hz: float = 400.0  # bad frames per second in the flood windows
     control_rate_hz: float = 15.0  # the robots' rate (the node set's default)
     weights: str = ""
     preset: str = "tiny"
-    dtype: str = "auto"        # the node set's --dtype
+    dtype: str = "auto"  # the node set's --dtype
 
 
 class Flooder:
@@ -97,24 +98,45 @@ def run_flood(opts: FloodOptions, out=print) -> dict:
         summary_path = Path(tmp) / "summary.json"
         serving = threading.Event()
         extra = ["--summary-json", str(summary_path), "--preset", opts.preset, "--duration", repr(total + 120)]
-        (node_set,) = pi05_processes(robots="/robot1 /robot2", weights=opts.weights, rate=opts.control_rate_hz,
-                                     dtype=opts.dtype, extra_arguments=extra)
-        player = ProcessSpec("bag_player", "mstar-ros", "mstar_ros.cli",
-                             arguments=("bag", "play", str(bundled_bag()), "--loop", "--restamp", "--progress", "0",
-                                        "--wait-timeout", "120"))
+        (node_set,) = pi05_processes(
+            robots="/robot1 /robot2",
+            weights=opts.weights,
+            rate=opts.control_rate_hz,
+            dtype=opts.dtype,
+            extra_arguments=extra,
+        )
+        player = ProcessSpec(
+            "bag_player",
+            "mstar-ros",
+            "mstar_ros.cli",
+            arguments=(
+                "bag",
+                "play",
+                str(bundled_bag()),
+                "--loop",
+                "--restamp",
+                "--progress",
+                "0",
+                "--wait-timeout",
+                "120",
+            ),
+        )
         group = ProcessGroup(out=lambda s: None)
         flooder = Flooder(opts.rate_hz)
         windows: list[tuple[str, float, float]] = []
         cpu: dict[str, float] = {"quiet": 0.0, "flood": 0.0}  # the node set process's CPU seconds per condition
         sent_in: dict[str, int] = {"quiet": 0, "flood": 0}
         try:
-            proc = group.start(node_set, on_line=lambda line: serving.set() if line.startswith("serving pi0.5")
-                               else None)
+            proc = group.start(
+                node_set, on_line=lambda line: serving.set() if line.startswith("serving pi0.5") else None
+            )
             group.start(player, stdout=subprocess.DEVNULL)
             _wait(serving, 180, group, "the node set to serve")
             flooder.wait_for_subscriber(60)
-            out(f"bench pi05 --flood: warming up {opts.warmup_s:g} s, then windows {', '.join(ORDER)} of "
-                f"{opts.seconds:g} s; flood: {opts.rate_hz:g} bad frames/s on {FLOOD_TOPIC}")
+            out(
+                f"bench pi05 --flood: warming up {opts.warmup_s:g} s, then windows {', '.join(ORDER)} of "
+                f"{opts.seconds:g} s; flood: {opts.rate_hz:g} bad frames/s on {FLOOD_TOPIC}"
+            )
             time.sleep(opts.warmup_s)
             for kind in ORDER:
                 (flooder.on.set if kind == "flood" else flooder.on.clear)()
@@ -133,12 +155,12 @@ def run_flood(opts: FloodOptions, out=print) -> dict:
     result = figures(summary, windows, flooder.sent, opts)
     result["dtype"] = summary.get("dtype")  # what the node set's engines ran, and why
     from mstar_ros.bench.machine import machine_section
+
     result["machine"] = machine_section()
     per_window = {k: v / ORDER.count(k) for k, v in cpu.items()}
     result["node_set_cpu_s_per_window"] = {k: round(v, 2) for k, v in per_window.items()}
     if sent_in["flood"]:
-        result["node_set_cpu_us_per_bad_frame"] = round(
-            (cpu["flood"] - cpu["quiet"]) / sent_in["flood"] * 1e6, 1)
+        result["node_set_cpu_us_per_bad_frame"] = round((cpu["flood"] - cpu["quiet"]) / sent_in["flood"] * 1e6, 1)
     return result
 
 
@@ -165,41 +187,64 @@ def figures(summary: dict, windows: list[tuple[str, float, float]], sent: int, o
         for kind, start, end in windows:
             if start <= t < end:
                 by_kind[kind].append(latency)
-    stats = {kind: {"chunks": len(v), "p50_ms": percentile(v, 50) if v else None,
-                    "p95_ms": percentile(v, 95) if v else None} for kind, v in by_kind.items()}
+    stats = {
+        kind: {"chunks": len(v), "p50_ms": percentile(v, 50) if v else None, "p95_ms": percentile(v, 95) if v else None}
+        for kind, v in by_kind.items()
+    }
     if not (by_kind["quiet"] and by_kind["flood"]):
         raise RuntimeError(f"robot 1 got no chunk in some windows: {stats}")
     return {
-        "seconds_per_window": opts.seconds, "order": list(ORDER), "flood_rate_hz": opts.rate_hz,
-        "control_rate_hz": opts.control_rate_hz, "preset": opts.preset if not opts.weights else opts.weights,
-        "robot1": stats, "robot1_p50_ratio": round(stats["flood"]["p50_ms"] / stats["quiet"]["p50_ms"], 3),
+        "seconds_per_window": opts.seconds,
+        "order": list(ORDER),
+        "flood_rate_hz": opts.rate_hz,
+        "control_rate_hz": opts.control_rate_hz,
+        "preset": opts.preset if not opts.weights else opts.weights,
+        "robot1": stats,
+        "robot1_p50_ratio": round(stats["flood"]["p50_ms"] / stats["quiet"]["p50_ms"], 3),
         "robot1_p95_ratio": round(stats["flood"]["p95_ms"] / stats["quiet"]["p95_ms"], 3),
-        "flood_frames_sent": sent, "robot2_dropped_frames": r2["dropped_frames"], "robot2_chunks": r2["chunks"],
-        "robot2_topics_shut": r2.get("topics_shut", 0), "robot2_sensor_losses": r2.get("sensor_losses", 0),
-        "robot1_chunks": r1["chunks"], "robot1_dropped_frames": r1["dropped_frames"],
+        "flood_frames_sent": sent,
+        "robot2_dropped_frames": r2["dropped_frames"],
+        "robot2_chunks": r2["chunks"],
+        "robot2_topics_shut": r2.get("topics_shut", 0),
+        "robot2_sensor_losses": r2.get("sensor_losses", 0),
+        "robot1_chunks": r1["chunks"],
+        "robot1_dropped_frames": r1["dropped_frames"],
     }
 
 
 def print_flood(result: dict, out=print) -> None:
     from mstar_ros.bench.machine import header_line
+
     out(header_line({"machine": result.get("machine", {})}) + f"; node set dtype {result.get('dtype')}")
     r = result["robot1"]
-    out(f"robot 1 sensor-to-action latency, quiet: p50 {r['quiet']['p50_ms']:.1f} ms / p95 {r['quiet']['p95_ms']:.1f} "
+    out(
+        f"robot 1 sensor-to-action latency, quiet: p50 {r['quiet']['p50_ms']:.1f} ms / p95 {r['quiet']['p95_ms']:.1f} "
         f"ms over {r['quiet']['chunks']} chunks; with robot 2 flooded: p50 {r['flood']['p50_ms']:.1f} ms / p95 "
-        f"{r['flood']['p95_ms']:.1f} ms over {r['flood']['chunks']} chunks")
-    out(f"robot1_p50_ratio {result['robot1_p50_ratio']:.3f}, robot1_p95_ratio {result['robot1_p95_ratio']:.3f} "
+        f"{r['flood']['p95_ms']:.1f} ms over {r['flood']['chunks']} chunks"
+    )
+    out(
+        f"robot1_p50_ratio {result['robot1_p50_ratio']:.3f}, robot1_p95_ratio {result['robot1_p95_ratio']:.3f} "
         f"(goal <= 1.15); robot 2: {result['flood_frames_sent']} bad frames sent, {result['robot2_dropped_frames']} "
         f"received and dropped (its camera cut {result['robot2_topics_shut']} times, "
-        f"{result['robot2_sensor_losses']} sensor losses), {result['robot2_chunks']} chunks served meanwhile")
+        f"{result['robot2_sensor_losses']} sensor losses), {result['robot2_chunks']} chunks served meanwhile"
+    )
     if "node_set_cpu_us_per_bad_frame" in result:
         c = result["node_set_cpu_s_per_window"]
-        out(f"node set CPU per window: quiet {c['quiet']:.2f} s, flood {c['flood']:.2f} s: "
-            f"{result['node_set_cpu_us_per_bad_frame']:.0f} us per bad frame")
+        out(
+            f"node set CPU per window: quiet {c['quiet']:.2f} s, flood {c['flood']:.2f} s: "
+            f"{result['node_set_cpu_us_per_bad_frame']:.0f} us per bad frame"
+        )
 
 
 def main_flood(args) -> int:
-    opts = FloodOptions(seconds=args.seconds, warmup_s=args.flood_warmup, rate_hz=args.flood_rate,
-                        weights=str(args.weights or ""), preset=args.preset, dtype=args.dtype)
+    opts = FloodOptions(
+        seconds=args.seconds,
+        warmup_s=args.flood_warmup,
+        rate_hz=args.flood_rate,
+        weights=str(args.weights or ""),
+        preset=args.preset,
+        dtype=args.dtype,
+    )
     result = run_flood(opts)
     print_flood(result)
     json_path = Path(args.json or "bench-pi05-flood.json")

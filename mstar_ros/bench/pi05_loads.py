@@ -11,6 +11,7 @@ past half a period old waits for the next one; the same rule for both systems. S
 starts only inside the window (frames left at its end count as dropped). Ours may hold
 robots to ``max_inflight`` chunks in flight, as the node set's ``--max-inflight`` does.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -36,10 +37,19 @@ def request_for(policy, o: Observation):
 def direct_call(policy, o: Observation) -> float:
     """One baseline call (tokenising included); returns the bare forward's seconds."""
     from mstar_graphs.pi05.direct import sample_actions_direct
+
     i = request_for(policy, o).inputs
     start = clock()
-    run_on_device(synchronized, sample_actions_direct, policy.model, policy.encoder, i["images"], i["input_ids"],
-                  i["embed_mask"], i["noise"])
+    run_on_device(
+        synchronized,
+        sample_actions_direct,
+        policy.model,
+        policy.encoder,
+        i["images"],
+        i["input_ids"],
+        i["embed_mask"],
+        i["noise"],
+    )
     return clock() - start
 
 
@@ -72,8 +82,9 @@ async def admitted(admission: ChunkAdmission, robot: str):
         admission.release()
 
 
-async def ours_closed(policy, conductor: Conductor, robots: list[list[Observation]], seconds: float, bar,
-                      max_inflight: int = 0) -> Run:
+async def ours_closed(
+    policy, conductor: Conductor, robots: list[list[Observation]], seconds: float, bar, max_inflight: int = 0
+) -> Run:
     run = Run()
     t0 = clock()
     admission = ChunkAdmission(max_inflight)
@@ -113,8 +124,15 @@ def waits_for_next(at: list[float], k: int, now: float, fresh_period_s: float | 
     return fresh_period_s is not None and k + 1 < len(at) and worth_waiting(now - at[k], fresh_period_s)
 
 
-async def ours_open(policy, conductor: Conductor, robots: list[list[Observation]], seconds: float, bar,
-                    fresh_period_s: float | None = None, max_inflight: int = 0) -> Run:
+async def ours_open(
+    policy,
+    conductor: Conductor,
+    robots: list[list[Observation]],
+    seconds: float,
+    bar,
+    fresh_period_s: float | None = None,
+    max_inflight: int = 0,
+) -> Run:
     robots, times = _offers(robots, seconds)
     run = Run(offered=sum(map(len, robots)))
     t0 = clock()
@@ -143,16 +161,20 @@ async def ours_open(policy, conductor: Conductor, robots: list[list[Observation]
     return run
 
 
-def direct_open(policy, robots: list[list[Observation]], seconds: float, bar,
-                fresh_period_s: float | None = None) -> Run:
+def direct_open(
+    policy, robots: list[list[Observation]], seconds: float, bar, fresh_period_s: float | None = None
+) -> Run:
     robots, times = _offers(robots, seconds)
     run = Run(offered=sum(map(len, robots)))
     last, served_at = [-1] * len(robots), [0.0] * len(robots)
     t0 = clock()
     while (now := clock() - t0) < seconds:
         newest = [bisect.bisect_right(at, now) - 1 for at in times]
-        pending = [r for r in range(len(robots))
-                   if newest[r] > last[r] and not waits_for_next(times[r], newest[r], now, fresh_period_s)]
+        pending = [
+            r
+            for r in range(len(robots))
+            if newest[r] > last[r] and not waits_for_next(times[r], newest[r], now, fresh_period_s)
+        ]
         if not pending:
             upcoming = [at[n + 1] for at, n in zip(times, newest) if n + 1 < len(at)]
             if not upcoming:

@@ -8,6 +8,7 @@ in the configured order, normalised as the policy node normalises them: ``normal
 checkpoint's state normaliser). Ticks start when a robot has
 every input, so robots are offset by their sensors' recorded phases.
 """
+
 from __future__ import annotations
 
 import math
@@ -28,17 +29,22 @@ PROMPT = PARAMETERS["prompt"][0]
 class Observation:
     robot: int
     index: int
-    offset_s: float        # tick time, seconds after the bag's start
-    images: torch.Tensor   # uint8 [cameras, H, W, 3]
-    state: torch.Tensor    # [joints], normalised (by the checkpoint's statistics)
+    offset_s: float  # tick time, seconds after the bag's start
+    images: torch.Tensor  # uint8 [cameras, H, W, 3]
+    state: torch.Tensor  # [joints], normalised (by the checkpoint's statistics)
 
     @property
     def seed(self) -> int:  # the flow's noise: the same for every system that serves this observation
         return self.robot * 100_003 + self.index
 
 
-def bag_observations(robots: int, seconds: float, hz: float = 10.0, seed: int = 0,
-                     normalize: Callable[[torch.Tensor], torch.Tensor] = lambda s: s) -> list[list[Observation]]:
+def bag_observations(
+    robots: int,
+    seconds: float,
+    hz: float = 10.0,
+    seed: int = 0,
+    normalize: Callable[[torch.Tensor], torch.Tensor] = lambda s: s,
+) -> list[list[Observation]]:
     """Per robot, its observations at ``hz`` over ``seconds`` of the synthetic bag (states through ``normalize``)."""
     spec = SyntheticBagSpec(robots=robots, seconds=seconds, seed=seed)
     cams = {camera_topic(ns, c): (r, i) for r, ns in enumerate(spec.namespaces) for i, c in enumerate(spec.cameras)}
@@ -54,8 +60,9 @@ def bag_observations(robots: int, seconds: float, hz: float = 10.0, seed: int = 
             while next_tick[r] <= now_ns:
                 state = states[r]
                 assert state is not None
-                out[r].append(Observation(r, len(out[r]), (next_tick[r] - spec.start_ns) / 1e9,
-                                          torch.stack(images[r]), state))  # type: ignore[arg-type]
+                out[r].append(
+                    Observation(r, len(out[r]), (next_tick[r] - spec.start_ns) / 1e9, torch.stack(images[r]), state)
+                )  # type: ignore[arg-type]
                 next_tick[r] += period_ns
 
     for m in synthetic_messages(spec):
@@ -78,8 +85,8 @@ class Run:
 
     latencies: list[float] = field(default_factory=list)
     forward: list[float] = field(default_factory=list)  # the baseline's bare forwards
-    elapsed: float = 0.0   # closed loop: start -> last chunk; open loop: first offer -> last chunk
-    offered: int = 0       # open loop only
+    elapsed: float = 0.0  # closed loop: start -> last chunk; open loop: first offer -> last chunk
+    offered: int = 0  # open loop only
 
     def __iadd__(self, other: Run) -> Run:
         self.latencies += other.latencies
@@ -91,20 +98,30 @@ class Run:
 
 def closed_summary(run: Run) -> dict[str, float]:
     chunks = len(run.latencies)
-    return {"chunks": chunks, "seconds": round(run.elapsed, 3), "chunks_per_s": round(chunks / run.elapsed, 4),
-            "chunk_latency_p50_ms": _ms(percentile(run.latencies, 50)),
-            "chunk_latency_p95_ms": _ms(percentile(run.latencies, 95))}
+    return {
+        "chunks": chunks,
+        "seconds": round(run.elapsed, 3),
+        "chunks_per_s": round(chunks / run.elapsed, 4),
+        "chunk_latency_p50_ms": _ms(percentile(run.latencies, 50)),
+        "chunk_latency_p95_ms": _ms(percentile(run.latencies, 95)),
+    }
 
 
 def open_summary(run: Run, robots: int, hz: float) -> dict[str, float | bool]:
     served, offered = len(run.latencies), run.offered
     dropped = offered - served
-    return {"offered": offered, "served": served, "dropped": dropped, "offered_hz": round(robots * hz, 2),
-            "served_hz": round(served / run.elapsed, 3),
-            "chunks_per_robot_per_s": round(served / run.elapsed / robots, 3),
-            "dropped_fraction": round(dropped / max(offered, 1), 4), "overloaded": dropped > 0.05 * offered,
-            "latency_p50_ms": _ms(percentile(run.latencies, 50)),
-            "latency_p95_ms": _ms(percentile(run.latencies, 95))}
+    return {
+        "offered": offered,
+        "served": served,
+        "dropped": dropped,
+        "offered_hz": round(robots * hz, 2),
+        "served_hz": round(served / run.elapsed, 3),
+        "chunks_per_robot_per_s": round(served / run.elapsed / robots, 3),
+        "dropped_fraction": round(dropped / max(offered, 1), 4),
+        "overloaded": dropped > 0.05 * offered,
+        "latency_p50_ms": _ms(percentile(run.latencies, 50)),
+        "latency_p95_ms": _ms(percentile(run.latencies, 95)),
+    }
 
 
 def _ms(seconds: float) -> float:
@@ -116,5 +133,7 @@ _COUNTERS = ("steps", "tokens_computed", "busy_ms", "forward_ms", "batches", "ca
 
 def engine_delta(before: dict, after: dict) -> dict:
     """What each engine did during one level (its counters are cumulative)."""
-    return {eng: {k: v - before.get(eng, {}).get(k, 0) for k, v in figures.items() if k in _COUNTERS}
-            for eng, figures in after.items()}
+    return {
+        eng: {k: v - before.get(eng, {}).get(k, 0) for k, v in figures.items() if k in _COUNTERS}
+        for eng, figures in after.items()
+    }

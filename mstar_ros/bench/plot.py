@@ -1,4 +1,5 @@
 """PNG plots of benchmark reports (matplotlib, headless)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -8,6 +9,7 @@ from mstar_ros.bench.machine import layout_with_caption
 
 def plot_orpheus(report: dict, path: Path) -> None:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

@@ -17,6 +17,7 @@ Keys ``ttfa_growth_1_to_8`` (ours, p50 at 8 / p50 at 1) and ``throughput_ratio_c
 ``cpu_cores_busy``: CPU seconds per wall second of this process and, under a placement, of each Worker
 rank, which shows a rank that is the bottleneck and one that waits.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -33,8 +34,16 @@ from mstar_ros.bench.machine import dtypes_section, header_line, machine_section
 from mstar_ros.bench.workload import percentile
 
 log = logging.getLogger("mstar_ros.bench")
-PROMPTS = ["hello there, how are you today", "what is the weather like", "the robot can hear you",
-           "speak back to you in real time", "how are you", "what is the robot", "you can speak", "hello robot"]
+PROMPTS = [
+    "hello there, how are you today",
+    "what is the weather like",
+    "the robot can hear you",
+    "speak back to you in real time",
+    "how are you",
+    "what is the robot",
+    "you can speak",
+    "hello robot",
+]
 GOALS = {"ttfa_growth_1_to_8": 1.5, "throughput_ratio_c8": 3.0}
 
 
@@ -48,9 +57,9 @@ class OmniBenchOptions:
     preset: str = "bench"
     weights: str | None = None
     first_chunk: int | None = None
-    dtype: str = "auto"              # ours: the fastest this machine runs natively (mstar.engine.dtype_choice)
+    dtype: str = "auto"  # ours: the fastest this machine runs natively (mstar.engine.dtype_choice)
     baseline_dtype: str = "fastest"  # transformers: the faster of float32 and bfloat16, timed in this run
-    placement: str | None = None     # ours in Worker processes (e.g. the two-rank disaggregation)
+    placement: str | None = None  # ours in Worker processes (e.g. the two-rank disaggregation)
     talker_after_reply: bool = False  # ours starts the Talker once the reply is complete (the reference's order)
 
 
@@ -80,6 +89,7 @@ async def _ours_level(chat, conductor, c: int, opts: OmniBenchOptions, bar) -> d
     start = time.perf_counter()
     cpu_before = _cpu_seconds(conductor)
     for r in range(opts.rounds):
+
         async def one(i: int, r: int = r) -> None:
             nonlocal audio_s
             request = chat.request(PROMPTS[(i + r) % len(PROMPTS)], sampling=_talker(chat, opts, seed=i + 100 * r))
@@ -102,9 +112,15 @@ async def _ours_level(chat, conductor, c: int, opts: OmniBenchOptions, bar) -> d
     wall = time.perf_counter() - start
     cpu_after = _cpu_seconds(conductor)
     busy = {name: round((cpu_after[name] - cpu_before[name]) / wall, 3) for name in cpu_after if name in cpu_before}
-    return {"requests": c * opts.rounds, "ttfa_ms": _stats(ttfa), "rtf": _stats(rtf),
-            "audio_s": round(audio_s, 2), "wall_s": round(wall, 2), "throughput_audio_s_per_s": round(audio_s / wall, 3),
-            "cpu_cores_busy": busy}
+    return {
+        "requests": c * opts.rounds,
+        "ttfa_ms": _stats(ttfa),
+        "rtf": _stats(rtf),
+        "audio_s": round(audio_s, 2),
+        "wall_s": round(wall, 2),
+        "throughput_audio_s_per_s": round(audio_s / wall, 3),
+        "cpu_cores_busy": busy,
+    }
 
 
 def _talker(chat, opts: OmniBenchOptions, seed: int):
@@ -138,8 +154,14 @@ class Baseline:
             self.count += 1
             ids = prompt_ids(self.tokenizer, self.cfg, [Turn("user", PROMPTS[i % len(PROMPTS)])])
             t0 = time.perf_counter()
-            out = reference_generate(self.model, ids, thinker_max_new_tokens=opts.thinker_tokens,
-                                     talker_max_new_tokens=opts.talker_tokens, sample=True, seed=i)
+            out = reference_generate(
+                self.model,
+                ids,
+                thinker_max_new_tokens=opts.thinker_tokens,
+                talker_max_new_tokens=opts.talker_tokens,
+                sample=True,
+                seed=i,
+            )
             if warm and i == 0:
                 continue  # the first call warms up, not counted
             self.times.append(time.perf_counter() - t0)
@@ -149,9 +171,13 @@ class Baseline:
     def report(self) -> dict:
         per_request = percentile(self.times, 50)
         audio = sum(self.audio) / len(self.audio)
-        return {"requests": len(self.times), "seconds_per_request": round(per_request, 3),
-                "seconds_each": [round(t, 3) for t in self.times], "audio_s_per_request": round(audio, 3),
-                "throughput_audio_s_per_s": round(audio / per_request, 3)}
+        return {
+            "requests": len(self.times),
+            "seconds_per_request": round(per_request, 3),
+            "seconds_each": [round(t, 3) for t in self.times],
+            "audio_s_per_request": round(audio, 3),
+            "throughput_audio_s_per_s": round(audio / per_request, 3),
+        }
 
 
 def _baseline(path, opts: OmniBenchOptions, bar) -> tuple[Baseline, dict[str, float] | None]:
@@ -196,8 +222,11 @@ def run_omni_bench(opts: OmniBenchOptions) -> dict:
 
     chat = Qwen3OmniChat.load(opts.weights, progress=True, preset=opts.preset, first_chunk=opts.first_chunk)
     calibrating = 2 if opts.baseline_dtype == "fastest" else 0
-    bar = progress_bar(total=len(opts.concurrency) * opts.rounds + opts.baseline_requests + calibrating,
-                       desc="bench qwen3-omni", unit="round")
+    bar = progress_bar(
+        total=len(opts.concurrency) * opts.rounds + opts.baseline_requests + calibrating,
+        desc="bench qwen3-omni",
+        unit="round",
+    )
     reference, calibration = _baseline(chat.model.path, opts, bar)
     before = (opts.baseline_requests + 1) // 2
     reference.run(before, opts, bar, warm=calibration is None)
@@ -208,27 +237,47 @@ def run_omni_bench(opts: OmniBenchOptions) -> dict:
     bar.close()
     levels = {}
     for c in opts.concurrency:
-        level = {"ours": ours[str(c)],
-                 "baseline_sequential": {"ttfa_ms": _queued_ttfa(baseline["seconds_per_request"], c),
-                                         "throughput_audio_s_per_s": baseline["throughput_audio_s_per_s"]}}
-        level["throughput_ratio"] = round(level["ours"]["throughput_audio_s_per_s"] /
-                                          baseline["throughput_audio_s_per_s"], 3)
+        level = {
+            "ours": ours[str(c)],
+            "baseline_sequential": {
+                "ttfa_ms": _queued_ttfa(baseline["seconds_per_request"], c),
+                "throughput_audio_s_per_s": baseline["throughput_audio_s_per_s"],
+            },
+        }
+        level["throughput_ratio"] = round(
+            level["ours"]["throughput_audio_s_per_s"] / baseline["throughput_audio_s_per_s"], 3
+        )
         levels[str(c)] = level
     lo, hi = str(min(opts.concurrency)), str(max(opts.concurrency))
-    base_why = (f"the faster of float32 and bfloat16 for transformers, one request each timed now: {calibration}"
-                if calibration else f"--baseline-dtype {opts.baseline_dtype}")
+    base_why = (
+        f"the faster of float32 and bfloat16 for transformers, one request each timed now: {calibration}"
+        if calibration
+        else f"--baseline-dtype {opts.baseline_dtype}"
+    )
     report = {
-        "model": {"preset": opts.preset if opts.weights is None else None, "weights": str(chat.model.path),
-                  "random_weights": chat.random_weights, "first_chunk_frames": opts.first_chunk or 25,
-                  "talker_after_reply": opts.talker_after_reply,
-                  "dtype": ours_choice.dtype, "baseline_dtype": reference.dtype, "placement": opts.placement},
-        "options": {"concurrency": opts.concurrency, "rounds": opts.rounds, "thinker_tokens": opts.thinker_tokens,
-                    "talker_tokens": opts.talker_tokens},
+        "model": {
+            "preset": opts.preset if opts.weights is None else None,
+            "weights": str(chat.model.path),
+            "random_weights": chat.random_weights,
+            "first_chunk_frames": opts.first_chunk or 25,
+            "talker_after_reply": opts.talker_after_reply,
+            "dtype": ours_choice.dtype,
+            "baseline_dtype": reference.dtype,
+            "placement": opts.placement,
+        },
+        "options": {
+            "concurrency": opts.concurrency,
+            "rounds": opts.rounds,
+            "thinker_tokens": opts.thinker_tokens,
+            "talker_tokens": opts.talker_tokens,
+        },
         "machine": machine_section(),
         "dtypes": {**dtypes_section(ours_choice, reference.dtype, base_why), "ours_workers": ours_workers},
         "baseline": baseline,
         "levels": levels,
-        f"ttfa_growth_{lo}_to_{hi}": round(levels[hi]["ours"]["ttfa_ms"]["p50"] / levels[lo]["ours"]["ttfa_ms"]["p50"], 3),
+        f"ttfa_growth_{lo}_to_{hi}": round(
+            levels[hi]["ours"]["ttfa_ms"]["p50"] / levels[lo]["ours"]["ttfa_ms"]["p50"], 3
+        ),
         f"throughput_ratio_c{hi}": levels[hi]["throughput_ratio"],
         "goals": GOALS,
     }
@@ -236,16 +285,21 @@ def run_omni_bench(opts: OmniBenchOptions) -> dict:
 
 
 def summary_lines(report: dict) -> list[str]:
-    lines = [header_line(report), f"transformers generate(return_audio=True), one at a time: {report['baseline']['seconds_per_request']:.2f} s "
-             f"per request for {report['baseline']['audio_s_per_request']:.2f} s of audio "
-             f"({report['baseline']['throughput_audio_s_per_s']:.2f} audio s/s)",
-             f"{'C':>3} {'ours ttfa p50/p95':>18} {'ours rtf p50/p95':>17} {'ours audio s/s':>14} "
-             f"{'baseline ttfa p50':>17} {'ratio':>6}"]
+    lines = [
+        header_line(report),
+        f"transformers generate(return_audio=True), one at a time: {report['baseline']['seconds_per_request']:.2f} s "
+        f"per request for {report['baseline']['audio_s_per_request']:.2f} s of audio "
+        f"({report['baseline']['throughput_audio_s_per_s']:.2f} audio s/s)",
+        f"{'C':>3} {'ours ttfa p50/p95':>18} {'ours rtf p50/p95':>17} {'ours audio s/s':>14} "
+        f"{'baseline ttfa p50':>17} {'ratio':>6}",
+    ]
     for c, lv in sorted(report["levels"].items(), key=lambda kv: int(kv[0])):
         o = lv["ours"]
-        lines.append(f"{c:>3} {o['ttfa_ms']['p50']:>8.0f}/{o['ttfa_ms']['p95']:<6.0f}ms {o['rtf']['p50']:>8.2f}/"
-                     f"{o['rtf']['p95']:<7.2f} {o['throughput_audio_s_per_s']:>14.2f} "
-                     f"{lv['baseline_sequential']['ttfa_ms']['p50']:>15.0f}ms {lv['throughput_ratio']:>6.2f}x")
+        lines.append(
+            f"{c:>3} {o['ttfa_ms']['p50']:>8.0f}/{o['ttfa_ms']['p95']:<6.0f}ms {o['rtf']['p50']:>8.2f}/"
+            f"{o['rtf']['p95']:<7.2f} {o['throughput_audio_s_per_s']:>14.2f} "
+            f"{lv['baseline_sequential']['ttfa_ms']['p50']:>15.0f}ms {lv['throughput_ratio']:>6.2f}x"
+        )
     for c, lv in sorted(report["levels"].items(), key=lambda kv: int(kv[0])):
         busy = lv["ours"].get("cpu_cores_busy", {})
         if any(name.startswith("rank") for name in busy):
@@ -253,9 +307,12 @@ def summary_lines(report: dict) -> list[str]:
     growth = next(v for k, v in report.items() if k.startswith("ttfa_growth_"))
     ratio = next(v for k, v in report.items() if k.startswith("throughput_ratio_c"))
     g = report["goals"]
-    lines.append(f"time to first audio growth, lowest to highest concurrency: {growth:.2f}x (goal <= "
-                 f"{g['ttfa_growth_1_to_8']:g}): {'met' if growth <= g['ttfa_growth_1_to_8'] else 'NOT met'}")
-    lines.append(f"throughput vs transformers at the highest concurrency: {ratio:.2f}x (goal >= "
-                 f"{g['throughput_ratio_c8']:g}): {'met' if ratio >= g['throughput_ratio_c8'] else 'NOT met'}")
+    lines.append(
+        f"time to first audio growth, lowest to highest concurrency: {growth:.2f}x (goal <= "
+        f"{g['ttfa_growth_1_to_8']:g}): {'met' if growth <= g['ttfa_growth_1_to_8'] else 'NOT met'}"
+    )
+    lines.append(
+        f"throughput vs transformers at the highest concurrency: {ratio:.2f}x (goal >= "
+        f"{g['throughput_ratio_c8']:g}): {'met' if ratio >= g['throughput_ratio_c8'] else 'NOT met'}"
+    )
     return lines
-

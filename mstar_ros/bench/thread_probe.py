@@ -4,6 +4,7 @@ An OpenMP team shows as OS threads (a team of N adds N - 1), and a team whose ba
 sleep instead of spinning shows as voluntary context switches: both are counts, steadier on
 a shared machine than the timings they explain.
 """
+
 from __future__ import annotations
 
 import os
@@ -44,8 +45,13 @@ class HelperThread:
     """A thread that runs ``work`` and then stays alive (as ROS executor threads and a bench's main
     thread do) until :meth:`close`. ``width`` is its torch intra-op thread count after ``work``."""
 
-    def __init__(self, work: Callable[[], object], *, before: Callable[[], object] | None = None,
-                 after: Callable[[], object] | None = None) -> None:
+    def __init__(
+        self,
+        work: Callable[[], object],
+        *,
+        before: Callable[[], object] | None = None,
+        after: Callable[[], object] | None = None,
+    ) -> None:
         import torch
 
         self.width = 0

@@ -16,6 +16,7 @@ every barrier: ~2300 per bench-preset forward instead of a few) and the OS threa
 the main thread added (an OpenMP team of N adds N - 1: the cause). ``ok`` is False when either
 built a team or the ratio passes ``max_ratio``.
 """
+
 from __future__ import annotations
 
 import json
@@ -33,20 +34,39 @@ MAX_RATIO = 1.3
 _OMP_ENV = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "MKL_NUM_THREADS")
 
 
-def thread_slowdown_check(*, preset: str = "bench", weights: Path | None = None, dtype: str = "auto",
-                          rounds: int = 6, helper_threads: int = 0, max_ratio: float = MAX_RATIO,
-                          timeout_s: float = 900.0) -> dict:
+def thread_slowdown_check(
+    *,
+    preset: str = "bench",
+    weights: Path | None = None,
+    dtype: str = "auto",
+    rounds: int = 6,
+    helper_threads: int = 0,
+    max_ratio: float = MAX_RATIO,
+    timeout_s: float = 900.0,
+) -> dict:
     """Runs the check in a fresh child process and returns its figures (``ok`` the verdict)."""
-    spec = {"preset": preset, "weights": str(weights) if weights else None, "dtype": dtype, "rounds": rounds,
-            "helper_threads": helper_threads}
-    run = subprocess.run([sys.executable, "-m", "mstar_ros.bench.threads", json.dumps(spec)],
-                         capture_output=True, text=True, timeout=timeout_s)
+    spec = {
+        "preset": preset,
+        "weights": str(weights) if weights else None,
+        "dtype": dtype,
+        "rounds": rounds,
+        "helper_threads": helper_threads,
+    }
+    run = subprocess.run(
+        [sys.executable, "-m", "mstar_ros.bench.threads", json.dumps(spec)],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )
     if run.returncode != 0:
         raise RuntimeError(f"the thread-slowdown child failed (exit {run.returncode}): {run.stderr.strip()[-2000:]}")
     report = json.loads(run.stdout.strip().splitlines()[-1])
     report["max_ratio"] = max_ratio
-    report["ok"] = (report["helper_threads_added"] <= 1 and report["main_threads_added"] == 0
-                    and report["thread_slowdown_ratio"] <= max_ratio)
+    report["ok"] = (
+        report["helper_threads_added"] <= 1
+        and report["main_threads_added"] == 0
+        and report["thread_slowdown_ratio"] <= max_ratio
+    )
     return report
 
 
@@ -120,17 +140,31 @@ def _measure(spec: dict) -> dict:
     def med(runs: list[tuple[float, int]], i: int = 0) -> float:
         return statistics.median(r[i] for r in runs)
 
-    return {"preset": spec["preset"], "weights": spec["weights"], "dtype": choice.dtype, "rounds": spec["rounds"],
-            "dtype_choice": choice.as_dict(), "machine": machine_section(),
-            "device_threads": run_on_device(torch.get_num_threads), "helper_width": helper_width,
-            "main_width": torch.get_num_threads(), "cpus": len(os.sched_getaffinity(0)),
-            "omp_env": {k: os.environ[k] for k in _OMP_ENV if k in os.environ},
-            "fresh_ms": round(med(fresh) * 1e3, 1), "a_ms": round(med(a) * 1e3, 1), "b_ms": round(med(b) * 1e3, 1),
-            "after_main_ms": round(med(after_main) * 1e3, 1),
-            "thread_slowdown_ratio": round(med(b) / med(a), 3), "after_main_ratio": round(med(after_main) / med(a), 3),
-            "switches_fresh": med(fresh, 1), "switches_a": med(a, 1), "switches_b": med(b, 1),
-            "switches_after_main": med(after_main, 1),
-            "helper_threads_added": max(busy) - min(idle), "main_threads_added": main_added}
+    return {
+        "preset": spec["preset"],
+        "weights": spec["weights"],
+        "dtype": choice.dtype,
+        "rounds": spec["rounds"],
+        "dtype_choice": choice.as_dict(),
+        "machine": machine_section(),
+        "device_threads": run_on_device(torch.get_num_threads),
+        "helper_width": helper_width,
+        "main_width": torch.get_num_threads(),
+        "cpus": len(os.sched_getaffinity(0)),
+        "omp_env": {k: os.environ[k] for k in _OMP_ENV if k in os.environ},
+        "fresh_ms": round(med(fresh) * 1e3, 1),
+        "a_ms": round(med(a) * 1e3, 1),
+        "b_ms": round(med(b) * 1e3, 1),
+        "after_main_ms": round(med(after_main) * 1e3, 1),
+        "thread_slowdown_ratio": round(med(b) / med(a), 3),
+        "after_main_ratio": round(med(after_main) / med(a), 3),
+        "switches_fresh": med(fresh, 1),
+        "switches_a": med(a, 1),
+        "switches_b": med(b, 1),
+        "switches_after_main": med(after_main, 1),
+        "helper_threads_added": max(busy) - min(idle),
+        "main_threads_added": main_added,
+    }
 
 
 if __name__ == "__main__":  # the child: python -m mstar_ros.bench.threads '<spec json>'

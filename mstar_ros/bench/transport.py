@@ -10,6 +10,7 @@ faster of torch ``copy_`` and a plain memcpy into a preallocated tensor), is mea
 the same run, alternating with the transports in rounds at each size, since timings on
 shared machines swing 2-4x within seconds.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,8 +37,12 @@ from mstar_ros.bench.transport_peer import Channel, Ping, Ready, Setup, Stop, be
 DEFAULT_SIZES = "4K,16K,64K,256K,1M,4M,16M,64M"
 # option -> (default, with --quick): the quick run still measures every transport, at a small and a
 # larger size, and the Orpheus split
-DEFAULTS = {"sizes": (DEFAULT_SIZES, "4K,1M"), "repeats": (50, 3), "orpheus_requests": (16, 2),
-            "orpheus_preset": ("bench", "tiny")}
+DEFAULTS = {
+    "sizes": (DEFAULT_SIZES, "4K,1M"),
+    "repeats": (50, 3),
+    "orpheus_requests": (16, 2),
+    "orpheus_preset": ("bench", "tiny"),
+}
 TRANSPORTS = ("inline", "shm", "tcp", "mooncake")
 WARMUP = 3  # first reads attach segments, open connections, open Mooncake segments
 ROUNDS = 3  # memcpy and the transports alternate this many times per size
@@ -73,14 +78,20 @@ def extra_sections(args: argparse.Namespace) -> dict[str, Any]:
     import asyncio
 
     from mstar_ros.bench.orpheus_split import orpheus_split_comparison
-    section = asyncio.run(orpheus_split_comparison(preset=args.orpheus_preset, concurrency=8,
-                                                   requests=args.orpheus_requests))
+
+    section = asyncio.run(
+        orpheus_split_comparison(preset=args.orpheus_preset, concurrency=8, requests=args.orpheus_requests)
+    )
     one, two = section["single_process"], section["two_processes"]
     print(f"\nOrpheus ({section['preset']}), concurrency 8, {section['requests']} requests:")
     print(f"  {'':<14}{'audio s/s':>10}{'TTFA p50 ms':>13}{'TTFA p95 ms':>13}")
     for label, row in (("one process", one), ("two processes", two)):
-        print(f"  {label:<14}{row['throughput_audio_s_per_s']:>10.2f}{row['ttfa_p50_ms']:>13.0f}{row['ttfa_p95_ms']:>13.0f}")
-    print(f"  two / one: throughput {section['two_vs_single_throughput']:.2f}x, TTFA p50 {section['two_vs_single_ttfa_p50']:.2f}x")
+        print(
+            f"  {label:<14}{row['throughput_audio_s_per_s']:>10.2f}{row['ttfa_p50_ms']:>13.0f}{row['ttfa_p95_ms']:>13.0f}"
+        )
+    print(
+        f"  two / one: throughput {section['two_vs_single_throughput']:.2f}x, TTFA p50 {section['two_vs_single_ttfa_p50']:.2f}x"
+    )
     return {"orpheus_split": section}
 
 
@@ -90,8 +101,11 @@ def _p(values: list[float], q: float) -> float:
 
 def _figures(one_way_s: list[float], nbytes: int) -> dict[str, float]:
     p50 = statistics.median(one_way_s)
-    return {"latency_us_p50": p50 * 1e6, "latency_us_p90": _p(one_way_s, 90) * 1e6,
-            "bandwidth_gbps": nbytes / p50 / 1e9}
+    return {
+        "latency_us_p50": p50 * 1e6,
+        "latency_us_p90": _p(one_way_s, 90) * 1e6,
+        "bandwidth_gbps": nbytes / p50 / 1e9,
+    }
 
 
 def _memcpy_times(nbytes: int, repeats: int) -> dict[str, list[float]]:
@@ -128,8 +142,9 @@ def _ping_pong_times(exchange: TensorExchange, channel: Channel, kind: str, nbyt
     return times
 
 
-def _measure_size(exchange: TensorExchange, channel: Channel, kinds: list[str], nbytes: int, repeats: int,
-                  bar: tqdm) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
+def _measure_size(
+    exchange: TensorExchange, channel: Channel, kinds: list[str], nbytes: int, repeats: int, bar: tqdm
+) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
     """memcpy and every transport in alternating rounds, so load swings on a shared host hit all alike."""
     per_round = -(-repeats // ROUNDS)
     times: dict[str, list[float]] = {name: [] for name in ("torch_copy", "memcpy", *kinds)}
@@ -144,8 +159,11 @@ def _measure_size(exchange: TensorExchange, channel: Channel, kinds: list[str], 
             bar.update()
     candidates = {name: _figures(times[name], nbytes) for name in ("torch_copy", "memcpy")}
     limit = max(candidates.values(), key=lambda r: r["bandwidth_gbps"])  # the faster of the two is the limit
-    limit = {**limit, "torch_copy_gbps": candidates["torch_copy"]["bandwidth_gbps"],
-             "memcpy_gbps": candidates["memcpy"]["bandwidth_gbps"]}
+    limit = {
+        **limit,
+        "torch_copy_gbps": candidates["torch_copy"]["bandwidth_gbps"],
+        "memcpy_gbps": candidates["memcpy"]["bandwidth_gbps"],
+    }
     rows = {}
     for kind in kinds:
         rows[kind] = _figures(times[kind], nbytes)
@@ -158,9 +176,12 @@ def _start_peer(mooncake: bool, arena_mb: int, secret: bytes) -> tuple[multiproc
     server.settimeout(120)  # the peer imports torch (and Mooncake) first
     ctx = multiprocessing.get_context("spawn")
     # the secret goes through the spawn pipe of this host's own child, never argv or a socket
-    peer = ctx.Process(target=peer_main, name="transport-bench-peer", daemon=True,
-                       args=(server.getsockname()[1], f"benchpeer{os.getpid()}", mooncake, arena_mb,
-                             torch.get_num_threads(), secret))
+    peer = ctx.Process(
+        target=peer_main,
+        name="transport-bench-peer",
+        daemon=True,
+        args=(server.getsockname()[1], f"benchpeer{os.getpid()}", mooncake, arena_mb, torch.get_num_threads(), secret),
+    )
     peer.start()
     try:
         conn, _ = server.accept()
@@ -183,9 +204,14 @@ def run_transport_bench(args: argparse.Namespace) -> int:
     arena_mb = -(-max(sizes) // (1 << 20)) + 1  # one tensor of the largest size in flight per process
     # both TCP ends must hold one secret before either exchange is made (a pool's token, in a real run)
     secret = (os.environ.get(SECRET_ENV) or secrets.token_hex(16)).encode()
-    exchange = TensorExchange(f"bench{os.getpid()}", shm=True, tcp_host="127.0.0.1",
-                              mooncake_host="127.0.0.1" if "mooncake" in kinds else None, shm_arena_mb=arena_mb,
-                              secret=secret)
+    exchange = TensorExchange(
+        f"bench{os.getpid()}",
+        shm=True,
+        tcp_host="127.0.0.1",
+        mooncake_host="127.0.0.1" if "mooncake" in kinds else None,
+        shm_arena_mb=arena_mb,
+        secret=secret,
+    )
     peer, channel = _start_peer("mooncake" in kinds, arena_mb, secret)
     limits: dict[str, dict[str, float]] = {}
     tables: dict[str, dict[str, dict[str, float]]] = {k: {} for k in kinds}
@@ -204,10 +230,12 @@ def run_transport_bench(args: argparse.Namespace) -> int:
         exchange.close()
     section = _section(args, sizes, limits, tables, skipped)
     from mstar_ros.bench.machine import machine_section
+
     report = {"transport": section, "machine": machine_section(), **extra_sections(args)}
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(report, indent=2) + "\n")
     from mstar_ros.bench.transport_plot import plot_transport
+
     plot_transport(section, args.plot)
     print_tables(section)
     print(f"wrote {args.json} and {args.plot}")
@@ -219,8 +247,12 @@ def _section(args: argparse.Namespace, sizes: list[int], limits: dict, tables: d
     at64, at4 = str(64 << 20), str(4 << 10)
     return {
         "method": __doc__.split("Method: ", 1)[1].strip(),
-        "environment": {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-                        "torch": torch.__version__, "python": platform.python_version()},
+        "environment": {
+            "cpus": os.cpu_count(),
+            "torch_threads": torch.get_num_threads(),
+            "torch": torch.__version__,
+            "python": platform.python_version(),
+        },
         "repeats": args.repeats,
         "sizes": sizes,
         "shm_vs_memcpy_64mb": shm[at64]["vs_memcpy"] if at64 in shm else None,
@@ -233,8 +265,10 @@ def _section(args: argparse.Namespace, sizes: list[int], limits: dict, tables: d
 
 def print_tables(section: dict[str, Any]) -> None:
     kinds = list(section["transports"])
-    for title, field, fmt in (("one-way latency p50, us", "latency_us_p50", "{:>12.1f}"),
-                              ("bandwidth, GB/s (x memcpy)", "bandwidth_gbps", "{:>12.2f}")):
+    for title, field, fmt in (
+        ("one-way latency p50, us", "latency_us_p50", "{:>12.1f}"),
+        ("bandwidth, GB/s (x memcpy)", "bandwidth_gbps", "{:>12.2f}"),
+    ):
         print(f"\n{title}")
         print(f"  {'size':>6}{'memcpy':>12}" + "".join(f"{k:>18}" for k in kinds))
         for nbytes in section["sizes"]:
@@ -245,7 +279,9 @@ def print_tables(section: dict[str, Any]) -> None:
                 ratio = f" ({row['vs_memcpy']:.2f}x)" if field == "bandwidth_gbps" else "      "
                 line += fmt.format(row[field]) + ratio
             print(line)
-    print(f"\nshm vs memcpy at 64MB: {section['shm_vs_memcpy_64mb']}   "
-          f"shm one-way latency at 4KB: {section['shm_latency_4kb_us']} us")
+    print(
+        f"\nshm vs memcpy at 64MB: {section['shm_vs_memcpy_64mb']}   "
+        f"shm one-way latency at 4KB: {section['shm_latency_4kb_us']} us"
+    )
     for kind, why in section["skipped"].items():
         print(f"skipped {kind}: {why}")

@@ -5,6 +5,7 @@ length-prefixed msgspec messages (tensors travel as handles, never pickled).
 The peer echoes: it reads each incoming tensor through its TensorExchange into a
 preallocated tensor, then exports its own tensor of the same size the same way.
 """
+
 from __future__ import annotations
 
 import socket
@@ -79,8 +80,14 @@ def read_reply(exchange: TensorExchange, handle, kind: str, out: torch.Tensor) -
 
 def peer_main(port: int, tag: str, mooncake: bool, arena_mb: int, threads: int, secret: bytes) -> None:
     torch.set_num_threads(threads)
-    exchange = TensorExchange(tag, shm=True, tcp_host="127.0.0.1",
-                              mooncake_host="127.0.0.1" if mooncake else None, shm_arena_mb=arena_mb, secret=secret)
+    exchange = TensorExchange(
+        tag,
+        shm=True,
+        tcp_host="127.0.0.1",
+        mooncake_host="127.0.0.1" if mooncake else None,
+        shm_arena_mb=arena_mb,
+        secret=secret,
+    )
     channel = Channel(socket.create_connection(("127.0.0.1", port)))
     kind, out, reply, n = "shm", torch.empty(0), torch.empty(0), 0
     try:

@@ -1,4 +1,5 @@
 """PNG plot of the transport benchmark (matplotlib, headless), in the style of plot.py."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -6,6 +7,7 @@ from pathlib import Path
 
 def plot_transport(section: dict, path: Path) -> None:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

@@ -19,6 +19,7 @@ with the level's N peers still connected and idle (the gateway keeps sending the
 peers' own requests started under: ``ttfa_ratio_stream_vs_file`` compares with this one), and with no
 peer connected (``..._no_peers``).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -43,12 +44,12 @@ GOALS = {"ttfa_overhead_p95_ms": 60.0, "underruns_where_rtf_below_1": 0, "ttfa_r
 class WebrtcBenchOptions:
     peers: list[int] = field(default_factory=lambda: [1, 2, 4, 8])
     rounds: int = 3
-    max_tokens: int = 280          # 40 SNAC frames: ~3.4 s of audio per response
+    max_tokens: int = 280  # 40 SNAC frames: ~3.4 s of audio per response
     model: str = "orpheus"
     weights: Path | None = None
     preset: str = "bench"
     seed: int = 0
-    dtype: str = "auto"            # the fastest this machine runs natively (mstar.engine.dtype_choice)
+    dtype: str = "auto"  # the fastest this machine runs natively (mstar.engine.dtype_choice)
     placement: Path | None = None  # the model in Worker processes (off the gateway's interpreter)
 
 
@@ -66,8 +67,11 @@ class PeerResponse:
 
 
 def _stats(values: list[float]) -> dict[str, float]:
-    return {"p50": round(percentile(values, 50), 1), "p95": round(percentile(values, 95), 1),
-            "max": round(max(values), 1) if values else float("nan")}
+    return {
+        "p50": round(percentile(values, 50), 1),
+        "p95": round(percentile(values, 95), 1),
+        "max": round(max(values), 1) if values else float("nan"),
+    }
 
 
 async def _peers_level(model, conductor, n: int, opts: WebrtcBenchOptions, bar) -> dict:
@@ -79,8 +83,17 @@ async def _peers_level(model, conductor, n: int, opts: WebrtcBenchOptions, bar) 
     responses: list[PeerResponse] = []
     jitter: list[float] = []
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "mstar_ros.bench.webrtc_peers", url, str(n), str(opts.rounds), str(opts.max_tokens),
-        str(opts.seed), stdout=asyncio.subprocess.PIPE, stdin=asyncio.subprocess.PIPE)
+        sys.executable,
+        "-m",
+        "mstar_ros.bench.webrtc_peers",
+        url,
+        str(n),
+        str(opts.rounds),
+        str(opts.max_tokens),
+        str(opts.seed),
+        stdout=asyncio.subprocess.PIPE,
+        stdin=asyncio.subprocess.PIPE,
+    )
     loaded_file: dict = {}
     try:
         async for line in proc.stdout:  # type: ignore[union-attr]
@@ -97,13 +110,21 @@ async def _peers_level(model, conductor, n: int, opts: WebrtcBenchOptions, bar) 
                 timing = peers_by_id[row["pc_id"]].timings[row["round"]]
                 if timing.status != "completed" or row["heard"] is None or timing.rtf is None:
                     raise RuntimeError(f"a response did not complete ({timing.status}) or was not heard")
-                responses.append(PeerResponse((row["heard"] - row["sent"]) * 1000, timing.model_ttfa_ms, timing.rtf,
-                                              timing.underruns, timing.audio_s))
+                responses.append(
+                    PeerResponse(
+                        (row["heard"] - row["sent"]) * 1000,
+                        timing.model_ttfa_ms,
+                        timing.rtf,
+                        timing.underruns,
+                        timing.audio_s,
+                    )
+                )
                 if len(responses) % n == 0:
                     bar.update(1)
         if await proc.wait() != 0 or len(responses) != n * opts.rounds:
-            raise RuntimeError(f"the peers' process failed (exit {proc.returncode}, {len(responses)} of "
-                               f"{n * opts.rounds} responses)")
+            raise RuntimeError(
+                f"the peers' process failed (exit {proc.returncode}, {len(responses)} of {n * opts.rounds} responses)"
+            )
     finally:
         if proc.returncode is None:
             proc.kill()
@@ -115,7 +136,8 @@ async def _peers_level(model, conductor, n: int, opts: WebrtcBenchOptions, bar) 
         "ttfa_peer_ms": _stats([r.ttfa_peer_ms for r in responses]),
         "ttfa_in_process_ms": _stats([r.ttfa_model_ms for r in responses]),
         "ttfa_overhead_ms": _stats([r.overhead_ms for r in responses]),
-        "rtf_p50": round(percentile([r.rtf for r in responses], 50), 3), "rtf_max": round(rtf_max, 3),
+        "rtf_p50": round(percentile([r.rtf for r in responses], 50), 3),
+        "rtf_max": round(rtf_max, 3),
         "underruns": sum(r.underruns for r in responses),
         "underrun_ms": sum(r.underruns for r in responses) * 20,
         # per response: one that the model made faster than real time must have had no gap
@@ -132,8 +154,12 @@ async def _whole_file_level(conductor_url: str, n: int, opts: WebrtcBenchOptions
 
     async def one(http, i: int) -> tuple[float, int]:
         t = time.monotonic()
-        body = {"input": TEXTS[i % len(TEXTS)], "response_format": "wav", "seed": opts.seed + i,
-                "max_tokens": opts.max_tokens}
+        body = {
+            "input": TEXTS[i % len(TEXTS)],
+            "response_format": "wav",
+            "seed": opts.seed + i,
+            "max_tokens": opts.max_tokens,
+        }
         async with http.post(f"{conductor_url}/v1/audio/speech", json=body) as r:
             data = await r.read()
             if r.status != 200:
@@ -186,12 +212,21 @@ def run_webrtc_bench(opts: WebrtcBenchOptions) -> dict:
     top = str(max(opts.peers))
     slow_levels = [n for n, lv in levels.items() if lv["rtf_max"] >= 1]
     report = {
-        "model": {"name": opts.model, "preset": opts.preset if opts.weights is None else None,
-                  "weights": str(opts.weights) if opts.weights else None,
-                  "random_weights": bool(getattr(model, "random_weights", False))},
-        "options": {"peers": opts.peers, "rounds": opts.rounds, "max_tokens": opts.max_tokens, "seed": opts.seed,
-                    "dtype": resolve_dtype(opts.dtype).dtype, "jitter_prefetch_frames": JITTER_PREFETCH,
-                    "placement": str(opts.placement) if opts.placement else None},
+        "model": {
+            "name": opts.model,
+            "preset": opts.preset if opts.weights is None else None,
+            "weights": str(opts.weights) if opts.weights else None,
+            "random_weights": bool(getattr(model, "random_weights", False)),
+        },
+        "options": {
+            "peers": opts.peers,
+            "rounds": opts.rounds,
+            "max_tokens": opts.max_tokens,
+            "seed": opts.seed,
+            "dtype": resolve_dtype(opts.dtype).dtype,
+            "jitter_prefetch_frames": JITTER_PREFETCH,
+            "placement": str(opts.placement) if opts.placement else None,
+        },
         "machine": machine_section(),
         "dtypes": dtypes_section(resolve_dtype(opts.dtype), None, ""),
         "levels": levels,
@@ -209,30 +244,48 @@ def run_webrtc_bench(opts: WebrtcBenchOptions) -> dict:
 
 def summary_lines(report: dict) -> list[str]:
     top = max(int(n) for n in report["levels"])
-    lines = [header_line(report), f"{'peers':>5} {'ttfa peer p50/p95':>18} {'in-process p50/p95':>19} {'overhead p50/p95':>17} "
-             f"{'file p50 (peers on / none)':>27} {'ratio on / none':>15} {'rtf max':>7} {'underruns':>9} {'jitter':>7}"]
+    lines = [
+        header_line(report),
+        f"{'peers':>5} {'ttfa peer p50/p95':>18} {'in-process p50/p95':>19} {'overhead p50/p95':>17} "
+        f"{'file p50 (peers on / none)':>27} {'ratio on / none':>15} {'rtf max':>7} {'underruns':>9} {'jitter':>7}",
+    ]
     for n, lv in sorted(report["levels"].items(), key=lambda kv: int(kv[0])):
-        lines.append(f"{n:>5} {lv['ttfa_peer_ms']['p50']:>8.0f}/{lv['ttfa_peer_ms']['p95']:<6.0f}ms "
-                     f"{lv['ttfa_in_process_ms']['p50']:>9.0f}/{lv['ttfa_in_process_ms']['p95']:<6.0f}ms "
-                     f"{lv['ttfa_overhead_ms']['p50']:>7.0f}/{lv['ttfa_overhead_ms']['p95']:<6.0f}ms "
-                     f"{lv['whole_file_with_peers_ms']['p50']:>14.0f} / {lv['whole_file_ms']['p50']:<7.0f}ms "
-                     f"{lv['ttfa_ratio_stream_vs_file']:>6.3f} / {lv['ttfa_ratio_stream_vs_file_no_peers']:<6.3f} "
-                     f"{lv['rtf_max']:>7.3f} {lv['underruns']:>9d} {lv['jitter_ms_max']:>5.1f}ms")
+        lines.append(
+            f"{n:>5} {lv['ttfa_peer_ms']['p50']:>8.0f}/{lv['ttfa_peer_ms']['p95']:<6.0f}ms "
+            f"{lv['ttfa_in_process_ms']['p50']:>9.0f}/{lv['ttfa_in_process_ms']['p95']:<6.0f}ms "
+            f"{lv['ttfa_overhead_ms']['p50']:>7.0f}/{lv['ttfa_overhead_ms']['p95']:<6.0f}ms "
+            f"{lv['whole_file_with_peers_ms']['p50']:>14.0f} / {lv['whole_file_ms']['p50']:<7.0f}ms "
+            f"{lv['ttfa_ratio_stream_vs_file']:>6.3f} / {lv['ttfa_ratio_stream_vs_file_no_peers']:<6.3f} "
+            f"{lv['rtf_max']:>7.3f} {lv['underruns']:>9d} {lv['jitter_ms_max']:>5.1f}ms"
+        )
     overhead = report[f"ttfa_overhead_p95_ms_{top}_peers"]
     goals = report["goals"]
-    lines.append(f"gateway overhead p95 at {top} peers: {overhead:.0f} ms (goal <= {goals['ttfa_overhead_p95_ms']:g}): "
-                 f"{'met' if overhead <= goals['ttfa_overhead_p95_ms'] else 'NOT met'}")
+    lines.append(
+        f"gateway overhead p95 at {top} peers: {overhead:.0f} ms (goal <= {goals['ttfa_overhead_p95_ms']:g}): "
+        f"{'met' if overhead <= goals['ttfa_overhead_p95_ms'] else 'NOT met'}"
+    )
     below, gaps = report["responses_below_rtf_1"], report["underruns_in_responses_below_rtf_1"]
-    lines.append(f"underruns in the {below} responses made at RTF < 1: {gaps} (goal 0): "
-                 f"{'met' if gaps == 0 and below else 'not exercised (no response at RTF < 1)' if not below else 'NOT met'}")
+    lines.append(
+        f"underruns in the {below} responses made at RTF < 1: {gaps} (goal 0): "
+        f"{'met' if gaps == 0 and below else 'not exercised (no response at RTF < 1)' if not below else 'NOT met'}"
+    )
     under = report["underruns_where_rtf_below_1"]
-    lines.append(f"underruns where RTF < 1: {under} (goal 0): {'met' if under == 0 else 'NOT met'}"
-                 + (f"; levels at RTF >= 1: {', '.join(report['levels_with_rtf_at_or_above_1'])}"
-                    if report["levels_with_rtf_at_or_above_1"] else ""))
+    lines.append(
+        f"underruns where RTF < 1: {under} (goal 0): {'met' if under == 0 else 'NOT met'}"
+        + (
+            f"; levels at RTF >= 1: {', '.join(report['levels_with_rtf_at_or_above_1'])}"
+            if report["levels_with_rtf_at_or_above_1"]
+            else ""
+        )
+    )
     ratio = report["ttfa_ratio_stream_vs_file"]
-    lines.append(f"streamed time to first audio / whole file at the same load, worst level: {ratio:.3f} (goal <= "
-                 f"{goals['ttfa_ratio_stream_vs_file']:g}): {'met' if ratio <= goals['ttfa_ratio_stream_vs_file'] else 'NOT met'}")
+    lines.append(
+        f"streamed time to first audio / whole file at the same load, worst level: {ratio:.3f} (goal <= "
+        f"{goals['ttfa_ratio_stream_vs_file']:g}): {'met' if ratio <= goals['ttfa_ratio_stream_vs_file'] else 'NOT met'}"
+    )
     alone = report["ttfa_ratio_stream_vs_file_no_peers"]
-    lines.append(f"  (against the whole file with no peer connected: {alone:.3f}, "
-                 f"{'met' if alone <= goals['ttfa_ratio_stream_vs_file'] else 'NOT met'})")
+    lines.append(
+        f"  (against the whole file with no peer connected: {alone:.3f}, "
+        f"{'met' if alone <= goals['ttfa_ratio_stream_vs_file'] else 'NOT met'})"
+    )
     return lines

@@ -9,6 +9,7 @@ line with each peer's RTP jitter; then ``{"idle": true}``, and they stay connect
 comes on stdin. Running them apart keeps their Opus decoding, SRTP and event
 loop off the gateway process's interpreter, as a browser's are.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -16,14 +17,16 @@ import json
 import sys
 import time
 
-TEXTS = ["Hello there, and welcome to the voice gateway benchmark.",
-         "The quick brown fox jumps over the lazy dog, twice in a row.",
-         "Streaming speech starts playing long before the whole answer is ready.",
-         "Every peer has its own session, and one Conductor batches them all.",
-         "Time to first audio is what a listener notices first.",
-         "Robots and browsers share one runtime on this machine.",
-         "A paced clock sends one frame every twenty milliseconds.",
-         "Interrupt me whenever you like, and I will stop at once."]
+TEXTS = [
+    "Hello there, and welcome to the voice gateway benchmark.",
+    "The quick brown fox jumps over the lazy dog, twice in a row.",
+    "Streaming speech starts playing long before the whole answer is ready.",
+    "Every peer has its own session, and one Conductor batches them all.",
+    "Time to first audio is what a listener notices first.",
+    "Robots and browsers share one runtime on this machine.",
+    "A paced clock sends one frame every twenty milliseconds.",
+    "Interrupt me whenever you like, and I will stop at once.",
+]
 OPUS_CLOCK = 48_000
 JITTER_PREFETCH = 1  # frames the peers' receivers buffer (aiortc's fixed default is 4: 80 ms; browsers adapt)
 
@@ -47,8 +50,9 @@ async def run_peers(url: str, n: int, rounds: int, max_tokens: int, seed: int) -
             answers = [await c.connect(http, url) for c in clients]
         for i, c in enumerate(clients):
             c.send(type="session.update", session={"max_output_tokens": max_tokens, "seed": seed + i})
-        await asyncio.gather(*(c.until(lambda c=c: "session.updated" in c.types(), 10, "session.updated")
-                               for c in clients))
+        await asyncio.gather(
+            *(c.until(lambda c=c: "session.updated" in c.types(), 10, "session.updated") for c in clients)
+        )
         print(json.dumps({"connected": [a["pc_id"] for a in answers]}), flush=True)
         for r in range(rounds):
             sent = []
@@ -56,14 +60,23 @@ async def run_peers(url: str, n: int, rounds: int, max_tokens: int, seed: int) -
                 sent.append(time.monotonic())
                 c.send(type="response.create", text=TEXTS[(i + r) % len(TEXTS)])
             # each answer heard to its end (output_audio_buffer.stopped comes after response.done, once played)
-            await asyncio.gather(*(c.until(lambda c=c, r=r: c.types().count("output_audio_buffer.stopped") == r + 1,
-                                           600, "output_audio_buffer.stopped") for c in clients))
+            await asyncio.gather(
+                *(
+                    c.until(
+                        lambda c=c, r=r: c.types().count("output_audio_buffer.stopped") == r + 1,
+                        600,
+                        "output_audio_buffer.stopped",
+                    )
+                    for c in clients
+                )
+            )
             # the last frames of this round are still in flight (jitter buffers): let them land, so
             # that the next round's first audible frame is its own
             await asyncio.sleep(0.3)
             for c, a, t in zip(clients, answers, sent):
-                print(json.dumps({"pc_id": a["pc_id"], "round": r, "sent": t, "heard": c.first_loud_after(t)}),
-                      flush=True)
+                print(
+                    json.dumps({"pc_id": a["pc_id"], "round": r, "sent": t, "heard": c.first_loud_after(t)}), flush=True
+                )
         print(json.dumps({"jitter_ms": [await _jitter_ms(c) for c in clients]}), flush=True)
         # connected and idle (the gateway sends them silence) while the bench times the whole-file path at
         # the same load; a line on stdin lets them go

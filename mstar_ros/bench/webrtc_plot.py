@@ -1,4 +1,5 @@
 """The PNG of ``mstar-ros bench webrtc``: time to first audio by path, the gateway's overhead, underruns vs RTF."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -8,6 +9,7 @@ from mstar_ros.bench.machine import layout_with_caption
 
 def plot_webrtc(report: dict, path: Path) -> None:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -15,10 +17,12 @@ def plot_webrtc(report: dict, path: Path) -> None:
     xs = [int(n) for n in levels]
     lv = [report["levels"][n] for n in levels]
     fig, (ttfa, over, under) = plt.subplots(1, 3, figsize=(15, 4))
-    for key, label, style in (("ttfa_peer_ms", "at the peer (WebRTC)", "o-"),
-                              ("ttfa_in_process_ms", "in process (Conductor)", "s--"),
-                              ("whole_file_with_peers_ms", "/v1/audio/speech, whole file (peers connected)", "^:"),
-                              ("whole_file_ms", "/v1/audio/speech, whole file (no peers)", "v:")):
+    for key, label, style in (
+        ("ttfa_peer_ms", "at the peer (WebRTC)", "o-"),
+        ("ttfa_in_process_ms", "in process (Conductor)", "s--"),
+        ("whole_file_with_peers_ms", "/v1/audio/speech, whole file (peers connected)", "^:"),
+        ("whole_file_ms", "/v1/audio/speech, whole file (no peers)", "v:"),
+    ):
         ttfa.plot(xs, [x[key]["p50"] for x in lv], style, label=f"{label} p50")
     ttfa.set(title="Time to first audio", xlabel="peers", ylabel="ms", yscale="log")
     over.plot(xs, [x["ttfa_overhead_ms"]["p50"] for x in lv], "o-", label="p50")

@@ -1,18 +1,46 @@
 """Benchmark workloads (texts of different lengths, Poisson arrivals) and latency statistics."""
+
 from __future__ import annotations
 
 import random
 from dataclasses import dataclass
 
-WORDS = ["robot", "arm", "camera", "voice", "stream", "token", "frame", "window", "signal", "planner", "gripper", "wheel", "sensor", "battery", "kitchen", "table", "orange", "cable", "river", "morning", "light", "sound", "music", "garden", "window", "station"]
+WORDS = [
+    "robot",
+    "arm",
+    "camera",
+    "voice",
+    "stream",
+    "token",
+    "frame",
+    "window",
+    "signal",
+    "planner",
+    "gripper",
+    "wheel",
+    "sensor",
+    "battery",
+    "kitchen",
+    "table",
+    "orange",
+    "cable",
+    "river",
+    "morning",
+    "light",
+    "sound",
+    "music",
+    "garden",
+    "window",
+    "station",
+]
 
 
 @dataclass(frozen=True)
 class TTSJob:
     index: int
     text: str
-    arrival: float      # seconds after the run starts
-    max_tokens: int     # audio length: random weights never say "stop", so length is set per request
+    arrival: float  # seconds after the run starts
+    max_tokens: int  # audio length: random weights never say "stop", so length is set per request
 
 
 def tts_workload(n: int, rate: float, seed: int, min_words: int = 2, max_words: int = 10) -> list[TTSJob]:
@@ -40,11 +68,11 @@ def percentile(values: list[float], q: float) -> float:
 @dataclass
 class JobResult:
     arrival: float
-    started: float        # when the server took the request
+    started: float  # when the server took the request
     first_audio: float
     finished: float
     audio_seconds: float
-    tokens: int = 0       # audio tokens generated (7 per 85 ms frame)
+    tokens: int = 0  # audio tokens generated (7 per 85 ms frame)
 
 
 def summarize(results: list[JobResult]) -> dict[str, float]:

@@ -1,4 +1,5 @@
 """``mstar-ros checkpoint info DIR``: what loading a pi0.5 checkpoint would use, without reading its weights."""
+
 from __future__ import annotations
 
 import argparse
@@ -6,20 +7,26 @@ from pathlib import Path
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("checkpoint", help="inspect a model checkpoint directory (pi0.5: LeRobot or openpi layout)",
-                       description="Checkpoint tools. Nothing here reads the weights themselves (only headers, "
-                                   "configs, statistics and file names), so they answer in a moment for a 13 GB "
-                                   "checkpoint.")
+    p = sub.add_parser(
+        "checkpoint",
+        help="inspect a model checkpoint directory (pi0.5: LeRobot or openpi layout)",
+        description="Checkpoint tools. Nothing here reads the weights themselves (only headers, "
+        "configs, statistics and file names), so they answer in a moment for a 13 GB "
+        "checkpoint.",
+    )
     ck = p.add_subparsers(dest="checkpoint_command", required=True, metavar="CHECKPOINT_COMMAND")
-    info = ck.add_parser("info", help="print what a load of a pi0.5 checkpoint would use",
-                         description="Prints what `--weights DIR` would use: the layout (LeRobot or openpi's PyTorch "
-                                     "conversion), model variant and sizes (checked against the tensor shapes in the "
-                                     "safetensors headers), the cameras in the model's order (the names of the "
-                                     "policy node's cameras.<name> parameters), state and action dims, the "
-                                     "normalisation mode and where its statistics come from, and the tokenizer file. "
-                                     "Exits 2 when a file a load needs is missing (naming the paths tried) or the "
-                                     "shapes do not match the sizes; a missing tokenizer (LeRobot saves none) or a "
-                                     "mismatch is named after everything else found is printed.")
+    info = ck.add_parser(
+        "info",
+        help="print what a load of a pi0.5 checkpoint would use",
+        description="Prints what `--weights DIR` would use: the layout (LeRobot or openpi's PyTorch "
+        "conversion), model variant and sizes (checked against the tensor shapes in the "
+        "safetensors headers), the cameras in the model's order (the names of the "
+        "policy node's cameras.<name> parameters), state and action dims, the "
+        "normalisation mode and where its statistics come from, and the tokenizer file. "
+        "Exits 2 when a file a load needs is missing (naming the paths tried) or the "
+        "shapes do not match the sizes; a missing tokenizer (LeRobot saves none) or a "
+        "mismatch is named after everything else found is printed.",
+    )
     info.add_argument("dir", type=Path, nargs="?", help="the checkpoint directory (default: the generated tiny one)")
     info.add_argument("--tokenizer", help="a tokenizer file or directory, as the node set's --tokenizer")
     info.add_argument("--asset-id", help="openpi: which assets/<asset_id>/norm_stats.json")

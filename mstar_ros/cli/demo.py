@@ -1,4 +1,5 @@
 """``mstar-ros demo``: the pi0.5 node set serving two robots, driven by the bundled synthetic bag."""
+
 from __future__ import annotations
 
 import argparse
@@ -27,14 +28,20 @@ system works end to end, the actions are noise. Logs go to out/demo/."""
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("demo", help="pi0.5 node set serving two robots from the bundled synthetic bag (~20 s)",
-                       description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser(
+        "demo",
+        help="pi0.5 node set serving two robots from the bundled synthetic bag (~20 s)",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--seconds", type=float, default=20.0, help="how long to serve (default 20)")
     p.add_argument("--forever", action="store_true", help="serve until Ctrl-C")
     p.add_argument("--weights", default="", help="pi0.5 checkpoint dir (default: generated tiny, RANDOM weights)")
     p.add_argument("--rate", default="", help="control rate in Hz (default: config/pi05.yaml, 15)")
     p.add_argument("--bag", type=Path, help="play this bag instead (its robots are /robot1, /robot2, ...)")
-    p.add_argument("--robots", nargs="+", default=["/robot1", "/robot2"], help="robot namespaces (default /robot1 /robot2)")
+    p.add_argument(
+        "--robots", nargs="+", default=["/robot1", "/robot2"], help="robot namespaces (default /robot1 /robot2)"
+    )
     p.add_argument("--logs", type=Path, default=Path("out/demo"), help="log directory (default out/demo)")
     p.set_defaults(run=run)
 
@@ -52,23 +59,32 @@ def run(args: argparse.Namespace) -> int:
         extra = ["--summary-json", str(summary_path)]
         if not args.forever:
             extra += ["--duration", repr(float(args.seconds))]
-        (node_set,) = pi05_processes(args.robots, args.weights, "", args.rate, "", status_every="5",
-                                     extra_arguments=extra)
-        player = ProcessSpec("bag_player", "mstar-ros", "mstar_ros.cli",
-                             # restamped: the policy judges frames by header.stamp, and a looped recording's
-                             # stamps are old and repeat
-                             arguments=("bag", "play", str(bag), "--loop", "--restamp", "--progress", "0",
-                                        "--wait-timeout", "120"))
+        (node_set,) = pi05_processes(
+            args.robots, args.weights, "", args.rate, "", status_every="5", extra_arguments=extra
+        )
+        player = ProcessSpec(
+            "bag_player",
+            "mstar-ros",
+            "mstar_ros.cli",
+            # restamped: the policy judges frames by header.stamp, and a looped recording's
+            # stamps are old and repeat
+            arguments=("bag", "play", str(bag), "--loop", "--restamp", "--progress", "0", "--wait-timeout", "120"),
+        )
         group = ProcessGroup(out=lambda s: None)
         with open(args.logs / "node_set.log", "w") as ns_log, open(args.logs / "bag_player.log", "w") as bag_log:
+
             def on_line(line: str) -> None:
                 ns_log.write(line + "\n")
                 ns_log.flush()
                 if line.startswith(("serving pi0.5", "status after", "mstar_pi05_node_set: error")):
                     say(f"node set: {line}")
 
-            say("demo: starting the pi0.5 node set (" + " ".join(node_set.command()) + ") and the bag player; "
-                + ("Ctrl-C stops" if args.forever else f"serving for {args.seconds:g} s"))
+            say(
+                "demo: starting the pi0.5 node set ("
+                + " ".join(node_set.command())
+                + ") and the bag player; "
+                + ("Ctrl-C stops" if args.forever else f"serving for {args.seconds:g} s")
+            )
             try:
                 group.start(node_set, on_line=on_line)
                 group.start(player, stdout=bag_log)
@@ -91,16 +107,22 @@ def run(args: argparse.Namespace) -> int:
 
 def print_demo_summary(summary: dict, *, random_weights: bool) -> None:
     robots = summary["robots"]
-    print(f"\npi0.5 node set served {len(robots)} robots for {summary['seconds']:.1f} s"
-          + (" (tiny model, RANDOM weights: the actions are noise)" if random_weights else ""))
+    print(
+        f"\npi0.5 node set served {len(robots)} robots for {summary['seconds']:.1f} s"
+        + (" (tiny model, RANDOM weights: the actions are noise)" if random_weights else "")
+    )
     if summary.get("dtype"):
         print(f"  dtype {summary['dtype']}")
-    print(f"  action chunks per second, all robots: {summary['chunks_per_s']} (paced by the robots: each runs "
-          f"its actions at the control rate and asks for the next chunk when refill_at are left)")
+    print(
+        f"  action chunks per second, all robots: {summary['chunks_per_s']} (paced by the robots: each runs "
+        f"its actions at the control rate and asks for the next chunk when refill_at are left)"
+    )
     for ns, r in robots.items():
-        print(f"  {ns}/action_chunk: {r['chunks']} chunks, {r['chunks_per_s']} chunks/s, "
-              f"sensor-to-action latency p50 {r['latency_p50_ms']} ms / p95 {r['latency_p95_ms']} ms; "
-              f"{r['horizon']} actions per chunk at {r['rate_hz']:g} Hz, refill_at {r['refill_at']}; "
-              f"{r['dropped_frames']} frames dropped; {r['fresh_waits']} requests waited for a fresher frame")
+        print(
+            f"  {ns}/action_chunk: {r['chunks']} chunks, {r['chunks_per_s']} chunks/s, "
+            f"sensor-to-action latency p50 {r['latency_p50_ms']} ms / p95 {r['latency_p95_ms']} ms; "
+            f"{r['horizon']} actions per chunk at {r['rate_hz']:g} Hz, refill_at {r['refill_at']}; "
+            f"{r['dropped_frames']} frames dropped; {r['fresh_waits']} requests waited for a fresher frame"
+        )
         print(f"      joints: {', '.join(r['joint_names'])}")
     sys.stdout.flush()

@@ -6,6 +6,7 @@ then SIGTERM, then SIGKILL), and when one exits the others are stopped too. A pr
 fails ends the group with its exit status and its one-line error (the last line it wrote
 to stderr), as the launch files end a launch (mstar_ros.launch_actions).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -50,11 +51,18 @@ ROS_AUTOMATIC_DISCOVERY_RANGE or FASTDDS_DEFAULT_PROFILES_FILE yourself."""
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    launch = sub.add_parser("launch", help="start a node set (pi05, orpheus, vjepa2) without the ROS 2 launch tools",
-                            description="Start a node set described in mstar_ros.launch_spec.")
+    launch = sub.add_parser(
+        "launch",
+        help="start a node set (pi05, orpheus, vjepa2) without the ROS 2 launch tools",
+        description="Start a node set described in mstar_ros.launch_spec.",
+    )
     targets = launch.add_subparsers(dest="launch_target", required=True, metavar="NODE_SET")
-    p = targets.add_parser("pi05", help="the pi0.5 policy node set", description=DESCRIPTION,
-                           formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = targets.add_parser(
+        "pi05",
+        help="the pi0.5 policy node set",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--robots", nargs="+", default=["/robot1"], help=_HELP["robots"] + " (default /robot1)")
     p.add_argument("--weights", default="", help=_HELP["weights"])
     p.add_argument("--placement", default="", help=_HELP["placement"])
@@ -70,8 +78,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--duration", type=float, help="stop after this many seconds (default: run until Ctrl-C)")
     p.add_argument("--summary-json", help="the node set writes its summary here as JSON when it stops")
     p.add_argument("--print-commands", action="store_true", help="print the commands and exit")
-    p.add_argument("--ros-args", dest="ros_args", nargs=argparse.REMAINDER, default=[], metavar="ARG",
-                   help="ROS arguments for the node set (-r FROM:=TO, -p NAME:=VALUE, --params-file F, ...)")
+    p.add_argument(
+        "--ros-args",
+        dest="ros_args",
+        nargs=argparse.REMAINDER,
+        default=[],
+        metavar="ARG",
+        help="ROS arguments for the node set (-r FROM:=TO, -p NAME:=VALUE, --params-file F, ...)",
+    )
     p.set_defaults(run=run)
     _add_orpheus(targets)
     _add_vjepa2(targets)
@@ -93,14 +107,21 @@ layout.dim[0].label). --no-split: one node. The same processes as
 
 
 def _add_use_sim_time(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--use-sim-time", action="store_true",
-                   help=USE_SIM_TIME_ARGUMENT.description.replace("true: every", "every") + " (use_sim_time:=true)")
+    p.add_argument(
+        "--use-sim-time",
+        action="store_true",
+        help=USE_SIM_TIME_ARGUMENT.description.replace("true: every", "every") + " (use_sim_time:=true)",
+    )
 
 
 def _add_orpheus(targets: argparse._SubParsersAction) -> None:
     helps = {a.name: a.description for a in ORPHEUS_LAUNCH_ARGUMENTS}
-    p = targets.add_parser("orpheus", help="Orpheus TTS, one node per partition", description=ORPHEUS_DESCRIPTION,
-                           formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = targets.add_parser(
+        "orpheus",
+        help="Orpheus TTS, one node per partition",
+        description=ORPHEUS_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--no-split", dest="split", action="store_false", help="the whole graph in one node")
     p.add_argument("--namespace", default="/tts", help=helps["namespace"] + " (default /tts)")
     p.add_argument("--weights", default="", help=helps["weights"])
@@ -109,16 +130,29 @@ def _add_orpheus(targets: argparse._SubParsersAction) -> None:
     _add_use_sim_time(p)
     p.add_argument("--duration", type=float, help="stop after this many seconds (default: run until Ctrl-C)")
     p.add_argument("--print-commands", action="store_true", help="print the commands and exit")
-    p.add_argument("--ros-args", dest="ros_args", nargs=argparse.REMAINDER, default=[], metavar="ARG",
-                   help="ROS arguments for every node (-r FROM:=TO, -p NAME:=VALUE, ...)")
+    p.add_argument(
+        "--ros-args",
+        dest="ros_args",
+        nargs=argparse.REMAINDER,
+        default=[],
+        metavar="ARG",
+        help="ROS arguments for every node (-r FROM:=TO, -p NAME:=VALUE, ...)",
+    )
     p.set_defaults(run=run_orpheus)
 
 
 def run_orpheus(args: argparse.Namespace) -> int:
     extra = ["--duration", repr(float(args.duration))] if args.duration else []
-    specs = orpheus_processes(args.split, args.namespace, args.weights, args.snac_weights, args.dtype,
-                              args.use_sim_time, extra_arguments=extra,
-                              ros_arguments=args.ros_args)
+    specs = orpheus_processes(
+        args.split,
+        args.namespace,
+        args.weights,
+        args.snac_weights,
+        args.dtype,
+        args.use_sim_time,
+        extra_arguments=extra,
+        ros_arguments=args.ros_args,
+    )
     return _start(specs, args.print_commands)
 
 
@@ -137,8 +171,12 @@ config/vjepa2.yaml. The same as `ros2 launch mstar_ros vjepa2.launch.py robots:=
 
 def _add_vjepa2(targets: argparse._SubParsersAction) -> None:
     helps = {a.name: a.description for a in VJEPA2_LAUNCH_ARGUMENTS}
-    p = targets.add_parser("vjepa2", help="V-JEPA 2-AC world models, one node per robot", description=VJEPA2_DESCRIPTION,
-                           formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = targets.add_parser(
+        "vjepa2",
+        help="V-JEPA 2-AC world models, one node per robot",
+        description=VJEPA2_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--robots", nargs="+", default=["/robot1"], help=helps["robots"] + " (default /robot1)")
     p.add_argument("--weights", default="", help=helps["weights"])
     p.add_argument("--params-file", default="", help=helps["params_file"])
@@ -147,8 +185,14 @@ def _add_vjepa2(targets: argparse._SubParsersAction) -> None:
     p.add_argument("--duration", type=float, help="stop after this many seconds (default: run until Ctrl-C)")
     p.add_argument("--summary-json", help="write the node set's summary as JSON to this file")
     p.add_argument("--print-commands", action="store_true", help="print the commands and exit")
-    p.add_argument("--ros-args", dest="ros_args", nargs=argparse.REMAINDER, default=[], metavar="ARG",
-                   help="ROS arguments for every node (-r FROM:=TO, -p NAME:=VALUE, ...)")
+    p.add_argument(
+        "--ros-args",
+        dest="ros_args",
+        nargs=argparse.REMAINDER,
+        default=[],
+        metavar="ARG",
+        help="ROS arguments for every node (-r FROM:=TO, -p NAME:=VALUE, ...)",
+    )
     p.set_defaults(run=run_vjepa2)
 
 
@@ -156,9 +200,15 @@ def run_vjepa2(args: argparse.Namespace) -> int:
     extra = ["--duration", repr(float(args.duration))] if args.duration else []
     if args.summary_json:
         extra += ["--summary-json", args.summary_json]
-    specs = vjepa2_processes(" ".join(args.robots), args.weights, args.params_file, args.dtype, args.use_sim_time,
-                             extra_arguments=extra,
-                             ros_arguments=args.ros_args)
+    specs = vjepa2_processes(
+        " ".join(args.robots),
+        args.weights,
+        args.params_file,
+        args.dtype,
+        args.use_sim_time,
+        extra_arguments=extra,
+        ros_arguments=args.ros_args,
+    )
     return _start(specs, args.print_commands)
 
 
@@ -168,10 +218,22 @@ def run(args: argparse.Namespace) -> int:
         extra += ["--duration", repr(float(args.duration))]
     if args.summary_json:
         extra += ["--summary-json", args.summary_json]
-    specs = pi05_processes(args.robots, args.weights, args.placement, args.rate, args.params_file,
-                           args.max_inflight, args.prompt, args.status_every, args.tokenizer, args.asset_id,
-                           args.dtype, args.use_sim_time, extra_arguments=extra,
-                           ros_arguments=args.ros_args)
+    specs = pi05_processes(
+        args.robots,
+        args.weights,
+        args.placement,
+        args.rate,
+        args.params_file,
+        args.max_inflight,
+        args.prompt,
+        args.status_every,
+        args.tokenizer,
+        args.asset_id,
+        args.dtype,
+        args.use_sim_time,
+        extra_arguments=extra,
+        ros_arguments=args.ros_args,
+    )
     return _start(specs, args.print_commands)
 
 

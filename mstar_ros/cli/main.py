@@ -1,4 +1,5 @@
 """``mstar-ros``: the command line of mstar_ros."""
+
 from __future__ import annotations
 
 import argparse
@@ -32,8 +33,9 @@ def build_parser() -> argparse.ArgumentParser:
         tts,
     )
 
-    parser = argparse.ArgumentParser(prog="mstar-ros", description=DESCRIPTION,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="mstar-ros", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="log at debug level")
     parser.add_argument("-q", "--quiet", action="store_true", help="log warnings and errors only")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -68,4 +70,3 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
-

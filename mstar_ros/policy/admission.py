@@ -8,6 +8,7 @@ limit bounds sensor-to-action latency, not just queueing. Robots are admitted in
 order their requests fell due; a finished chunk hands its slot to the longest-waiting
 robot at once rather than at that robot's next control tick.
 """
+
 from __future__ import annotations
 
 import threading
@@ -56,6 +57,6 @@ class ChunkAdmission:
         # a free slot is for is woken (a woken one only leaves the queue when it retries).
         with self._lock:
             free = self.limit - self.in_flight if self.limit else 0
-            first = sorted(self._waiting.values(), key=lambda w: w[0])[:max(0, free)]
+            first = sorted(self._waiting.values(), key=lambda w: w[0])[: max(0, free)]
         for _, retry in first:
             retry()

@@ -8,6 +8,7 @@ requested more than ``timeout_s`` ago is overdue; by default that is one chunk's
 an outage as well. The outage lasts until a chunk is published again. Times are passed in
 (monotonic seconds), so this is testable without ROS or a runtime.
 """
+
 from __future__ import annotations
 
 
@@ -17,15 +18,14 @@ class ChunkWatch:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
         self.timeout_s = timeout_s
         self.since: float | None = None  # in an outage since (monotonic), until a chunk is published
-        self.why = ""                    # what the outage is (the latest reason)
+        self.why = ""  # what the outage is (the latest reason)
 
     def problem(self, now: float, worker_down: str | None, requested_at: float | None) -> str | None:
         """Why no chunk can come now: a Worker down, or the chunk in flight overdue; None when neither."""
         if worker_down is not None:
             return f"no policy: {worker_down}"
         if requested_at is not None and now - requested_at > self.timeout_s:
-            return (f"chunk overdue: requested {now - requested_at:.1f} s ago "
-                    f"(chunk_timeout_s={self.timeout_s:g})")
+            return f"chunk overdue: requested {now - requested_at:.1f} s ago (chunk_timeout_s={self.timeout_s:g})"
         return None
 
     def begin(self, now: float, why: str) -> bool:

@@ -11,6 +11,7 @@ that belong to ticks already executed are skipped.
 
 Time is passed in (seconds, any monotonic clock), so the logic is testable without a robot.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -20,13 +21,21 @@ import torch
 
 @dataclass
 class PendingRequest:
-    tick: int              # global tick whose action the new chunk's row 0 is
+    tick: int  # global tick whose action the new chunk's row 0 is
     sent_at: float
 
 
 class ActionChunker:
-    def __init__(self, horizon: int, action_dim: int, rate_hz: float, *, refill_at: int | None = None,
-                 smooth: bool = True, initial_delay_ticks: int = 2) -> None:
+    def __init__(
+        self,
+        horizon: int,
+        action_dim: int,
+        rate_hz: float,
+        *,
+        refill_at: int | None = None,
+        smooth: bool = True,
+        initial_delay_ticks: int = 2,
+    ) -> None:
         if rate_hz <= 0:
             raise ValueError(f"rate_hz must be > 0, got {rate_hz}")
         self.horizon, self.action_dim, self.rate_hz = horizon, action_dim, rate_hz
@@ -35,9 +44,9 @@ class ActionChunker:
             raise ValueError(f"refill_at must be in (0, {horizon}), got {self.refill_at}")
         self.smooth = smooth
         self.delay_ticks = float(initial_delay_ticks)  # running estimate of inference delay, in ticks
-        self.t0: float | None = None       # clock time of tick 0
-        self.chunk: torch.Tensor | None = None   # the actions being executed
-        self.chunk_tick = 0                # global tick of chunk row 0
+        self.t0: float | None = None  # clock time of tick 0
+        self.chunk: torch.Tensor | None = None  # the actions being executed
+        self.chunk_tick = 0  # global tick of chunk row 0
         self.pending: PendingRequest | None = None
 
     # -- clock ---------------------------------------------------------------------------
@@ -79,7 +88,7 @@ class ActionChunker:
         overlap = max(0, self.horizon - offset)
         if overlap == 0:
             return guide, weights
-        guide[:overlap] = self.chunk[offset:offset + overlap]
+        guide[:overlap] = self.chunk[offset : offset + overlap]
         frozen = min(overlap, max(1, round(self.delay_ticks)))
         weights[:frozen] = 1.0  # will have run before the chunk lands: keep them exactly
         fade = overlap - frozen

@@ -11,6 +11,7 @@ shuts it again at once, for twice as long (up to ``max_hold_s``); after ``max_ho
 a trip the hold starts over. A camera that is merely misconfigured (all its frames the wrong
 size at 30 Hz) stays under the rate and is reported, not shut. Times are passed in.
 """
+
 from __future__ import annotations
 
 from collections import deque
@@ -20,17 +21,20 @@ from dataclasses import dataclass, field
 @dataclass
 class _Topic:
     bad: deque = field(default_factory=deque)  # times of the bad messages within the last window
-    hold_s: float = 0.0                        # the next hold (0: the first)
+    hold_s: float = 0.0  # the next hold (0: the first)
     shut_until: float | None = None  # shut (and until when), None while listened to
     reopened_at: float = float("-inf")  # when it was last listened to again after a hold
 
 
 class FloodGuard:
-    def __init__(self, max_bad_per_s: float, first_hold_s: float = 5.0, max_hold_s: float = 60.0,
-                 window_s: float = 0.25) -> None:
+    def __init__(
+        self, max_bad_per_s: float, first_hold_s: float = 5.0, max_hold_s: float = 60.0, window_s: float = 0.25
+    ) -> None:
         if max_bad_per_s < 0 or not 0 < first_hold_s <= max_hold_s or not window_s > 0:
-            raise ValueError(f"need max_bad_per_s >= 0, 0 < first_hold_s <= max_hold_s and window_s > 0, got "
-                             f"{max_bad_per_s}, {first_hold_s}, {max_hold_s}, {window_s}")
+            raise ValueError(
+                f"need max_bad_per_s >= 0, 0 < first_hold_s <= max_hold_s and window_s > 0, got "
+                f"{max_bad_per_s}, {first_hold_s}, {max_hold_s}, {window_s}"
+            )
         self.max_bad_per_s, self.first_hold_s, self.max_hold_s = max_bad_per_s, first_hold_s, max_hold_s
         self.window_s = window_s
         self._topics: dict[str, _Topic] = {}

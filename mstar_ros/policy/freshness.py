@@ -9,6 +9,7 @@ and the wait is bounded by one period so a camera that stops cannot hold the rob
 (Black et al.'s real-time chunking inpaints the actions run while a chunk is computed;
 a fresher observation shortens what it must bridge.)
 """
+
 from __future__ import annotations
 
 

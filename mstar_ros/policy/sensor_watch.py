@@ -15,6 +15,7 @@ arrival or by stamp, whichever is older. After the robot was fed once, data olde
 again. Times are passed in (monotonic seconds, and the ROS clock's seconds), so this is
 testable without ROS.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Verdict:
-    kind: str   # "ok" | "unstamped" | "stale" | "future" | "frozen"
+    kind: str  # "ok" | "unstamped" | "stale" | "future" | "frozen"
     text: str = ""
 
     @property
@@ -33,8 +34,8 @@ class Verdict:
 
 @dataclass
 class _Newest:
-    arrival: float        # time.monotonic() it arrived
-    stamp: float | None   # its header.stamp on the ROS clock (None: unstamped)
+    arrival: float  # time.monotonic() it arrived
+    stamp: float | None  # its header.stamp on the ROS clock (None: unstamped)
 
 
 class SensorWatch:
@@ -50,19 +51,26 @@ class SensorWatch:
     def check(self, sensor: str, stamp: float, clock_now: float) -> Verdict:
         """The verdict on a new message of ``sensor`` stamped ``stamp`` (seconds; 0: no stamp)."""
         if stamp == 0:
-            return Verdict("unstamped", f"{sensor}: messages carry no header.stamp: their age is judged by arrival "
-                                        "only")
+            return Verdict(
+                "unstamped", f"{sensor}: messages carry no header.stamp: their age is judged by arrival only"
+            )
         age = clock_now - stamp
         if age > self.max_age_s:
-            return Verdict("stale", f"{sensor}: stamped {age:.2f} s ago, over max_observation_age_s="
-                                    f"{self.max_age_s:g} (a lagging driver, or a bag replayed with its recorded "
-                                    "stamps: restamp it or use sim time); not acted on")
+            return Verdict(
+                "stale",
+                f"{sensor}: stamped {age:.2f} s ago, over max_observation_age_s="
+                f"{self.max_age_s:g} (a lagging driver, or a bag replayed with its recorded "
+                "stamps: restamp it or use sim time); not acted on",
+            )
         if -age > self.max_age_s:
-            return Verdict("future", f"{sensor}: stamped {-age:.2f} s ahead of this node's clock (clocks out of "
-                                     "step?); not acted on")
+            return Verdict(
+                "future",
+                f"{sensor}: stamped {-age:.2f} s ahead of this node's clock (clocks out of step?); not acted on",
+            )
         if self._last_stamp.get(sensor) == stamp:
-            return Verdict("frozen", f"{sensor}: the same header.stamp again ({stamp:.3f}): a frozen driver? "
-                                     "not acted on")
+            return Verdict(
+                "frozen", f"{sensor}: the same header.stamp again ({stamp:.3f}): a frozen driver? not acted on"
+            )
         return Verdict("ok")
 
     def accept(self, sensor: str, stamp: float, arrival: float) -> None:
@@ -91,8 +99,10 @@ class SensorWatch:
         missing = [s for s in self.sensors if s not in self._newest]
         if missing:
             return missing[0]
-        return max(self.sensors, key=lambda s: max(now - self._newest[s].arrival,
-                                                   clock_now - (self._newest[s].stamp or clock_now)))
+        return max(
+            self.sensors,
+            key=lambda s: max(now - self._newest[s].arrival, clock_now - (self._newest[s].stamp or clock_now)),
+        )
 
     def oldest_arrival(self) -> float:
         return min(self._newest[s].arrival for s in self.sensors)

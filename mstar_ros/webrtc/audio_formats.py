@@ -9,6 +9,7 @@ ready, so a response streams them while the model is still speaking. Every forma
   and muxers, written into a buffer that is emptied after each chunk. Nothing is seekable, so no muxer
   goes back to patch a header.
 """
+
 from __future__ import annotations
 
 import struct
@@ -39,8 +40,14 @@ FORMATS: dict[str, AudioFormat] = {
 
 def wav_header(rate: int) -> bytes:
     """A mono 16-bit WAV header for a stream of unknown length."""
-    return (b"RIFF" + struct.pack("<I", 0xFFFFFFFF) + b"WAVEfmt " + struct.pack("<IHHIIHH", 16, 1, 1, rate, rate * 2, 2, 16)
-            + b"data" + struct.pack("<I", 0xFFFFFFFF))
+    return (
+        b"RIFF"
+        + struct.pack("<I", 0xFFFFFFFF)
+        + b"WAVEfmt "
+        + struct.pack("<IHHIIHH", 16, 1, 1, rate, rate * 2, 2, 16)
+        + b"data"
+        + struct.pack("<I", 0xFFFFFFFF)
+    )
 
 
 class _Sink:
@@ -126,7 +133,14 @@ def encode_whole(pcm: np.ndarray, fmt: str, rate: int) -> bytes:
     """A whole clip in ``fmt`` (a WAV then with its real sizes)."""
     if fmt == "wav":
         data = np.ascontiguousarray(pcm, dtype=np.int16).tobytes()
-        return (b"RIFF" + struct.pack("<I", 36 + len(data)) + b"WAVEfmt "
-                + struct.pack("<IHHIIHH", 16, 1, 1, rate, rate * 2, 2, 16) + b"data" + struct.pack("<I", len(data)) + data)
+        return (
+            b"RIFF"
+            + struct.pack("<I", 36 + len(data))
+            + b"WAVEfmt "
+            + struct.pack("<IHHIIHH", 16, 1, 1, rate, rate * 2, 2, 16)
+            + b"data"
+            + struct.pack("<I", len(data))
+            + data
+        )
     encoder = AudioEncoder(fmt, rate)
     return encoder.encode(pcm) + encoder.finish()

@@ -13,6 +13,7 @@ pause's start plus its pad, and nothing past it is handed out until the speech g
 ``tail`` is the rest, so what was handed out is exactly the stop's ``audio`` (for turns up to
 ``MAX_TURN_S``).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -29,25 +30,26 @@ MAX_TURN_S = 60.0
 
 @dataclass(frozen=True)
 class SpeechEvent:
-    kind: str   # "started" or "stopped"
-    ms: int     # position in the peer's audio
+    kind: str  # "started" or "stopped"
+    ms: int  # position in the peer's audio
     audio: np.ndarray | None = None  # "stopped": the turn's 16 kHz float samples
-    tail: np.ndarray | None = None   # "stopped": those fresh_turn_audio had not handed out yet
+    tail: np.ndarray | None = None  # "stopped": those fresh_turn_audio had not handed out yet
 
 
 class SpeechDetector:
     def __init__(self, silence_duration_ms: int = 500, threshold: float = 0.5) -> None:
         from silero_vad import VADIterator, load_silero_vad
 
-        self._vad = VADIterator(load_silero_vad(), threshold=threshold, sampling_rate=VAD_RATE,
-                                min_silence_duration_ms=silence_duration_ms)
+        self._vad = VADIterator(
+            load_silero_vad(), threshold=threshold, sampling_rate=VAD_RATE, min_silence_duration_ms=silence_duration_ms
+        )
         self._handed = 0  # stream position up to which the turn's samples were handed out
         self._resampler = av.AudioResampler(format="s16", layout="mono", rate=VAD_RATE)
         self._pending = np.zeros(0, dtype=np.float32)
         self.speaking = False
         self._kept = np.zeros(0, dtype=np.float32)  # the latest samples (the turn so far, or the pre-roll)
-        self._kept_from = 0                          # stream position of _kept[0]
-        self._fed = 0                                # samples scored so far
+        self._kept_from = 0  # stream position of _kept[0]
+        self._fed = 0  # samples scored so far
         self._turn_start = 0
 
     def feed(self, frame: av.AudioFrame) -> list[SpeechEvent]:
@@ -76,7 +78,7 @@ class SpeechDetector:
         return events
 
     def _slice(self, start: int, end: int) -> np.ndarray:
-        return self._kept[max(0, start - self._kept_from):max(0, end - self._kept_from)].copy()
+        return self._kept[max(0, start - self._kept_from) : max(0, end - self._kept_from)].copy()
 
     def fresh_turn_audio(self) -> np.ndarray:
         """While a turn goes on: its samples not handed out yet, up to where its end may still fall (silero's

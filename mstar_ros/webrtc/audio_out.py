@@ -18,6 +18,7 @@ drops what is queued (barge-in): the next frame is silence. Frames that had audi
 sent silent in the middle of an utterance, after its first audio (an underrun: the model fell
 behind), are counted.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -34,14 +35,14 @@ FRAME_MS = 20
 FRAME_SAMPLES = RATE * FRAME_MS // 1000  # 960
 TIME_BASE = fractions.Fraction(1, RATE)
 OPUS_BIT_RATE = 64_000  # mono speech; aiortc's own encoder spends 96 kb/s on stereo
-FLUSH_FRAMES = 2        # silent frames through the encoder after audio: its look-ahead (6.5 ms) comes out
+FLUSH_FRAMES = 2  # silent frames through the encoder after audio: its look-ahead (6.5 ms) comes out
 
 
 def _opus_encoder() -> av.CodecContext:
     codec = av.CodecContext.create("libopus", "w")
     codec.bit_rate = OPUS_BIT_RATE
     codec.format = "s16"
-    codec.layout = "mono"   # RFC 7587: a stereo-negotiated receiver decodes mono packets
+    codec.layout = "mono"  # RFC 7587: a stereo-negotiated receiver decodes mono packets
     codec.options = {"application": "voip"}
     codec.sample_rate = RATE
     codec.time_base = TIME_BASE
@@ -89,13 +90,13 @@ class PacedAudioTrack(MediaStreamTrack):
         self._source_rate = 0
         self._start: float | None = None
         self._sent = 0
-        self._slot0 = 0          # the frame count at which the clock last restarted
+        self._slot0 = 0  # the frame count at which the clock last restarted
         self._audio_ready = asyncio.Event()
         self._encoder: av.CodecContext | None = None
         self._flush_left = 0
-        self.speaking = False          # an utterance is under way (pushed audio, not ended)
+        self.speaking = False  # an utterance is under way (pushed audio, not ended)
         self.frames_with_audio = 0
-        self.underruns = 0             # silent frames sent while an utterance was under way
+        self.underruns = 0  # silent frames sent while an utterance was under way
         self.first_audio_at: float | None = None  # time.monotonic() the first audible frame went out
 
     # -- the model's side ---------------------------------------------------------------------------------
@@ -113,8 +114,9 @@ class PacedAudioTrack(MediaStreamTrack):
                 self._source_rate = rate
             frame = av.AudioFrame.from_ndarray(samples[None, :], format="s16", layout="mono")
             frame.sample_rate = rate
-            samples = np.concatenate([f.to_ndarray().reshape(-1) for f in self._resampler.resample(frame)] or
-                                     [np.zeros(0, dtype=np.int16)])
+            samples = np.concatenate(
+                [f.to_ndarray().reshape(-1) for f in self._resampler.resample(frame)] or [np.zeros(0, dtype=np.int16)]
+            )
         self._queue = np.concatenate([self._queue, samples])
         if len(self._queue):
             self._audio_ready.set()

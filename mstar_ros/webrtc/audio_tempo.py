@@ -4,6 +4,7 @@ FFmpeg's ``atempo`` filter (through PyAV) time-stretches as the chunks arrive. O
 factors from 0.5 up, so slower speeds chain several (0.25 = 0.5 x 0.5); above 2 it skips samples
 instead of blending them (FFmpeg's documentation), so faster speeds chain factors of 2 as well.
 """
+
 from __future__ import annotations
 
 from fractions import Fraction

@@ -6,6 +6,7 @@ client's flood queues behind itself and a small request is never starved by larg
 larger than the whole budget is refused at once, one that cannot get its share in time gets
 ``BudgetBusy`` (the gateway answers 503).
 """
+
 from __future__ import annotations
 
 import asyncio

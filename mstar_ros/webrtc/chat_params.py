@@ -12,6 +12,7 @@ pcm16, and pcm16 when streaming, as OpenAI), ``stream``, ``stream_options.includ
 bookkeeping): ``user``, ``metadata``, ``store``, ``service_tier``, ``safety_identifier``,
 ``prompt_cache_*``, ``parallel_tool_calls``. Any other field: 400.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -80,8 +81,12 @@ def _unsupported(param: str, what: str) -> APIError:
 
 
 def _unsupported_value(param: str, value: Any, what: str) -> APIError:
-    return APIError(400, f"Unsupported value: '{param}' does not support {value!r} here: {what}", param=param,
-                    code="unsupported_value")
+    return APIError(
+        400,
+        f"Unsupported value: '{param}' does not support {value!r} here: {what}",
+        param=param,
+        code="unsupported_value",
+    )
 
 
 def check_chat_params(body: ChatBody) -> None:
@@ -129,8 +134,12 @@ def check_chat_params(body: ChatBody) -> None:
         raise _unsupported_value("modalities", modalities, 'use ["text"] or ["text", "audio"]')
     if body.audio is not None:
         if body.audio.format not in AUDIO_FORMATS:
-            raise APIError(400, f"audio.format {body.audio.format!r}: one of {', '.join(AUDIO_FORMATS)}",
-                           param="audio.format", code="invalid_value")
+            raise APIError(
+                400,
+                f"audio.format {body.audio.format!r}: one of {', '.join(AUDIO_FORMATS)}",
+                param="audio.format",
+                code="invalid_value",
+            )
         if body.stream and body.audio.format != "pcm16":
             raise _unsupported_value("audio.format", body.audio.format, "a streamed reply's audio is pcm16")
 

@@ -4,6 +4,7 @@ It offers a data channel (``oai-events``) for the Realtime-API events, receives 
 track, and may send a microphone track. Each decoded 20 ms frame is kept with its arrival time, so a
 caller can tell when the first audible frame of a response came (time to first audio at the peer).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -16,8 +17,8 @@ import numpy as np
 
 @dataclass(frozen=True)
 class HeardFrame:
-    at: float        # time.monotonic() the decoded frame came out of the peer's receiver
-    loud: bool       # any sample not zero (the gateway sends digital silence between responses)
+    at: float  # time.monotonic() the decoded frame came out of the peer's receiver
+    loud: bool  # any sample not zero (the gateway sends digital silence between responses)
 
 
 class GatewayClient:
@@ -66,6 +67,7 @@ class GatewayClient:
                 self.heard.append(HeardFrame(time.monotonic(), bool(np.abs(samples).max() > 0)))
                 if self.keep_samples:
                     self.frames.append(samples)
+
         self._reader = asyncio.ensure_future(read())
 
     async def connect(self, http, url: str, timeout: float = 20.0, token: str | None = None) -> dict:
@@ -74,8 +76,9 @@ class GatewayClient:
 
         await self.pc.setLocalDescription(await self.pc.createOffer())
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        async with http.post(f"{url}/offer", json={"sdp": self.pc.localDescription.sdp, "type": "offer"},
-                             headers=headers) as r:
+        async with http.post(
+            f"{url}/offer", json={"sdp": self.pc.localDescription.sdp, "type": "offer"}, headers=headers
+        ) as r:
             if r.status != 200:
                 raise ConnectionError(f"/offer answered {r.status}: {await r.text()}")
             answer = await r.json()

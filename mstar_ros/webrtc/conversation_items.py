@@ -7,6 +7,7 @@ that takes images (``image_input``), ``{"type": "input_image", "image_url": "dat
 turn, spoken or typed; ``response.create`` without text answers the conversation as it stands. Every
 problem is an error naming the field; an image's declared size is checked before it is decoded.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -14,7 +15,7 @@ from typing import Any
 
 from mstar_ros.webrtc.events import EventError
 
-MAX_ITEM_IMAGES = 4        # per item
+MAX_ITEM_IMAGES = 4  # per item
 MAX_ITEM_TEXT_CHARS = 2000
 
 
@@ -42,8 +43,8 @@ class ConversationItem:
     id: str
     role: str
     text: str
-    images: list = field(default_factory=list)    # decoded PIL images
-    prepared: list | None = None                  # the same through the model's prepare_image, where it has one
+    images: list = field(default_factory=list)  # decoded PIL images
+    prepared: list | None = None  # the same through the model's prepare_image, where it has one
 
     def history_turn(self) -> tuple:
         """The model's history entry: (role, text) or (role, text, no audio, images)."""
@@ -52,8 +53,9 @@ class ConversationItem:
 
     def summary(self) -> dict:
         """The item as ``conversation.item.created`` echoes it: its images' sizes, not their bytes."""
-        content: list[dict[str, Any]] = [{"type": "input_image", "width": im.width, "height": im.height}
-                                         for im in self.images]
+        content: list[dict[str, Any]] = [
+            {"type": "input_image", "width": im.width, "height": im.height} for im in self.images
+        ]
         content += message_content(self.role, self.text)
         return {"id": self.id, "type": "message", "role": self.role, "status": "completed", "content": content}
 
@@ -77,8 +79,10 @@ def conversation_item(raw: Any, item_id: str, *, images_ok: bool, pixels_left: i
     kinds = [part.get("type") if isinstance(part, dict) else None for part in content]
     pictures = [i for i, kind in enumerate(kinds) if kind == "input_image"]
     if pictures and (role != "user" or not images_ok):
-        raise EventError(f"item.content[{pictures[0]}]: " + ("images are taken in user messages only"
-                                                              if images_ok else "this model takes no image input"))
+        raise EventError(
+            f"item.content[{pictures[0]}]: "
+            + ("images are taken in user messages only" if images_ok else "this model takes no image input")
+        )
     if len(pictures) > MAX_ITEM_IMAGES:  # counted before any is decoded
         raise EventError(f"item.content has {len(pictures)} images, over the limit of {MAX_ITEM_IMAGES} per item")
     texts, images = [], []

@@ -12,6 +12,7 @@ it as the user's turn, or, without text, answers the conversation as it stands),
 Every client event is validated; a bad one gets an ``error`` event in OpenAI's shape (``error.type``,
 ``code``, ``message``, ``param``, ``event_id``) naming the field.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -46,11 +47,11 @@ class ClientEvent(msgspec.Struct, forbid_unknown_fields=False):
     type: str
     event_id: str | None = None
     response: ResponseSpec | None = None
-    text: str | None = None          # a shorthand for response.instructions
-    session: dict | None = None      # session.update's (checked by session_update, which names every field it lacks)
-    item: dict | None = None         # conversation.item.create's message (checked by conversation_items)
-    audio: str | None = None         # input_audio_buffer.append: base64 pcm16
-    item_id: str | None = None       # conversation.item.delete / truncate
+    text: str | None = None  # a shorthand for response.instructions
+    session: dict | None = None  # session.update's (checked by session_update, which names every field it lacks)
+    item: dict | None = None  # conversation.item.create's message (checked by conversation_items)
+    audio: str | None = None  # input_audio_buffer.append: base64 pcm16
+    item_id: str | None = None  # conversation.item.delete / truncate
     content_index: int | None = None
     audio_end_ms: int | None = None
 
@@ -63,8 +64,14 @@ class EventError(ValueError):
         self.param, self.code = param, code
 
 
-def error_body(message: str, *, param: str | None = None, code: str | None = None, event_id: str | None = None,
-               kind: str = "invalid_request_error") -> dict:
+def error_body(
+    message: str,
+    *,
+    param: str | None = None,
+    code: str | None = None,
+    event_id: str | None = None,
+    kind: str = "invalid_request_error",
+) -> dict:
     """An ``error`` event's ``error``, as OpenAI's Realtime API shapes it."""
     return {"type": kind, "code": code, "message": message, "param": param, "event_id": event_id}
 
@@ -77,8 +84,10 @@ def parse_client_event(raw: str | bytes) -> ClientEvent:
     except BadJSON as exc:
         raise EventError(f"not a valid event: {exc}") from None
     if len(raw) > MAX_EVENT_BYTES and event.type != "conversation.item.create":
-        raise EventError(f"event of {len(raw)} bytes is over the {MAX_EVENT_BYTES}-byte limit "
-                         f"({MAX_ITEM_EVENT_BYTES} for conversation.item.create)")
+        raise EventError(
+            f"event of {len(raw)} bytes is over the {MAX_EVENT_BYTES}-byte limit "
+            f"({MAX_ITEM_EVENT_BYTES} for conversation.item.create)"
+        )
     return event
 
 

@@ -5,6 +5,7 @@ from the environment): ``--token`` still works, with a warning, since every user
 process's argv in ``ps``. A header is ``Bearer <token>`` with the scheme in any case (RFC 9110: schemes
 are case-insensitive); a header without the scheme, or with bytes that are not ASCII, is refused (401).
 """
+
 from __future__ import annotations
 
 import hmac
@@ -17,16 +18,22 @@ TOKEN_ENV = "MSTAR_GATEWAY_TOKEN"
 log = logging.getLogger("mstar_ros.webrtc")
 
 
-def gateway_token(flag: str | None = None, file: Path | None = None,
-                  environ: dict[str, str] | os._Environ = os.environ) -> str | None:
+def gateway_token(
+    flag: str | None = None, file: Path | None = None, environ: dict[str, str] | os._Environ = os.environ
+) -> str | None:
     """The token from at most one of ``--token``, ``--token-file`` and ``$MSTAR_GATEWAY_TOKEN``; None without any."""
-    given = [name for name, value in (("--token", flag), ("--token-file", file), (f"${TOKEN_ENV}", environ.get(TOKEN_ENV)))
-             if value]
+    given = [
+        name
+        for name, value in (("--token", flag), ("--token-file", file), (f"${TOKEN_ENV}", environ.get(TOKEN_ENV)))
+        if value
+    ]
     if len(given) > 1:
         raise ValueError(f"the gateway token is given twice ({' and '.join(given)}): give one")
     if flag:
-        log.warning("--token is visible to every user of this host (ps shows argv): use --token-file FILE or "
-                    "$%s instead", TOKEN_ENV)
+        log.warning(
+            "--token is visible to every user of this host (ps shows argv): use --token-file FILE or $%s instead",
+            TOKEN_ENV,
+        )
         token = flag
     elif file:
         token = _read_token_file(Path(file))

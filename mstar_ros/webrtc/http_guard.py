@@ -14,6 +14,7 @@ and a chunked body (no Content-Length) is read whole before a handler can look a
   whole buffered chunk before it compares, and a refused request's buffer stayed referenced: about
   1 MB of RSS per refused chunked body, never returned.)
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -36,7 +37,7 @@ class ConnectionLimits:
     max_connections: int = 256
     max_connections_per_client: int = 32  # from one address (behind a reverse proxy: raise it, or limit there)
     header_timeout_s: float = 10.0  # a whole request head, from the connection's start or its last response
-    body_timeout_s: float = 60.0    # a whole body, once its head is in (16 MiB at ~2 Mbit/s)
+    body_timeout_s: float = 60.0  # a whole body, once its head is in (16 MiB at ~2 Mbit/s)
     max_body_bytes_held: int = 64 * 2**20  # bodies being read or handled at once, all requests together
 
 
@@ -57,8 +58,11 @@ class GuardedConnection(asyncio.Protocol):
         if self.guard.open >= limits.max_connections or theirs >= limits.max_connections_per_client:
             self.refused = True
             self.guard.refused += 1
-            full = (f"{self.guard.open} connections are open (the limit)" if self.guard.open >= limits.max_connections
-                    else f"{self.client} has {theirs} connections open (the limit per address)")
+            full = (
+                f"{self.guard.open} connections are open (the limit)"
+                if self.guard.open >= limits.max_connections
+                else f"{self.client} has {theirs} connections open (the limit per address)"
+            )
             self.guard.report(f"{full}: new ones get 503")
             transport.write(BUSY)
             transport.close()
@@ -81,8 +85,9 @@ class GuardedConnection(asyncio.Protocol):
             self.waiting_for_head()  # a response still going out to a slow client: its time starts after
             return
         self.guard.timed_out += 1
-        self.guard.report(f"a connection sent no whole request head within {self.guard.limits.header_timeout_s:g} s: "
-                          f"closed (408)")
+        self.guard.report(
+            f"a connection sent no whole request head within {self.guard.limits.header_timeout_s:g} s: closed (408)"
+        )
         if self.transport is not None and not self.transport.is_closing():
             self.transport.write(TIMEOUT)
             self.transport.close()
@@ -153,7 +158,8 @@ class GuardedSite(web.TCPSite):
         await web.BaseSite.start(self)
         server = self._runner.server
         self._server = await asyncio.get_running_loop().create_server(
-            self.guard.protocol_factory(server), self._host, self._port, backlog=self._backlog)
+            self.guard.protocol_factory(server), self._host, self._port, backlog=self._backlog
+        )
         self._bound_port = self._server.sockets[0].getsockname()[1]
 
 
@@ -180,7 +186,8 @@ def body_middleware(limit_of: Callable[[web.Request], int], limits: ConnectionLi
                         body = await asyncio.wait_for(_read_within(request, limit, held), limits.body_timeout_s)
                     except asyncio.TimeoutError:
                         raise web.HTTPRequestTimeout(
-                            text=f"the body did not arrive within {limits.body_timeout_s:g} s") from None
+                            text=f"the body did not arrive within {limits.body_timeout_s:g} s"
+                        ) from None
                     request[BODY] = body
                     return await handler(request)
             except BudgetBusy as exc:

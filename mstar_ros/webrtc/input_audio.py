@@ -5,6 +5,7 @@ makes the pieces one user turn (resampled to the model's input rate), ``clear`` 
 holds at most ``MAX_TURN_S`` (a turn's limit at the microphone too); past it an append is refused, and
 what came before stays.
 """
+
 from __future__ import annotations
 
 import base64
@@ -41,8 +42,11 @@ class AppendedAudio:
             raise EventError(f"audio has {len(raw)} bytes: pcm16 has 2 a sample", param="audio")
         piece = np.frombuffer(raw, dtype="<i2").astype(np.int16)
         if self.samples + len(piece) > self.max_samples:
-            raise EventError(f"the input audio buffer holds at most {self.max_samples // RATE} s: commit or clear "
-                             "it first", param="audio", code="input_audio_buffer_full")
+            raise EventError(
+                f"the input audio buffer holds at most {self.max_samples // RATE} s: commit or clear it first",
+                param="audio",
+                code="input_audio_buffer_full",
+            )
         self._pieces.append(piece)
         self.samples += len(piece)
 
@@ -52,8 +56,10 @@ class AppendedAudio:
     def take(self, rate: int) -> np.ndarray:
         """The buffer as one turn: float samples in [-1, 1] at ``rate``; the buffer is empty after."""
         if self.ms < MIN_COMMIT_MS:
-            raise EventError(f"the input audio buffer holds {self.ms} ms: a turn needs at least {MIN_COMMIT_MS} ms",
-                             code="input_audio_buffer_commit_empty")
+            raise EventError(
+                f"the input audio buffer holds {self.ms} ms: a turn needs at least {MIN_COMMIT_MS} ms",
+                code="input_audio_buffer_commit_empty",
+            )
         pcm = np.concatenate(self._pieces)
         self.clear()
         if rate != RATE:

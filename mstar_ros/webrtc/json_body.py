@@ -1,5 +1,6 @@
 """A request body's JSON, decoded into a msgspec type: any body a client can send gives a ``BadJSON``
 (the routes answer 400 with its message), never an exception the server did not expect."""
+
 from __future__ import annotations
 
 from typing import Any, TypeVar

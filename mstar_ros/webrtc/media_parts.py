@@ -8,6 +8,7 @@ Images (``image_url`` / ``input_image`` with a base64 ``data:`` URL; this server
 caller checks the model's room for them and reserves their pixels in the gateway's shared decoding
 budget, and only then ``load_image`` decodes them.
 """
+
 from __future__ import annotations
 
 import base64
@@ -53,7 +54,7 @@ def decode_audio(part: dict[str, Any], rate: int, seconds_left: list[float] | No
     elif fmt == "pcm16":
         seconds = len(raw) // 2 / PCM16_INPUT_RATE
         _check_seconds(seconds, left)
-        source_rate, pcm = PCM16_INPUT_RATE, np.frombuffer(raw[:len(raw) // 2 * 2], dtype=np.int16)
+        source_rate, pcm = PCM16_INPUT_RATE, np.frombuffer(raw[: len(raw) // 2 * 2], dtype=np.int16)
     else:
         raise BadRequest(f"input_audio.format {fmt!r}: wav or pcm16")
     if seconds_left is not None:
@@ -78,20 +79,23 @@ def _wav_samples(raw: bytes, seconds_left: float) -> tuple[int, int, np.ndarray]
             if width != 2:
                 raise BadRequest(f"input_audio wav must be 16-bit PCM, not {8 * width}-bit")
             if not MIN_INPUT_RATE <= rate <= MAX_INPUT_RATE:
-                raise BadRequest(f"input_audio wav sample rate {rate} Hz: must be in [{MIN_INPUT_RATE}, {MAX_INPUT_RATE}]")
+                raise BadRequest(
+                    f"input_audio wav sample rate {rate} Hz: must be in [{MIN_INPUT_RATE}, {MAX_INPUT_RATE}]"
+                )
             if not 1 <= channels <= 8:
                 raise BadRequest(f"input_audio wav has {channels} channels: 1 to 8")
             _check_seconds(frames / rate, seconds_left)  # the header's claim, before any sample is read
             pcm = np.frombuffer(w.readframes(frames), dtype=np.int16)
     except (wave.Error, EOFError) as exc:
         raise BadRequest(f"input_audio is not a readable wav: {exc}") from None
-    return rate, channels, pcm[:len(pcm) // channels * channels]
+    return rate, channels, pcm[: len(pcm) // channels * channels]
 
 
 def _check_seconds(seconds: float, left: float) -> None:
     if seconds > left:
-        raise BadRequest(f"the messages' audio is over the {MAX_AUDIO_S:g} s limit (this clip alone is "
-                         f"{seconds:.0f} s)")
+        raise BadRequest(
+            f"the messages' audio is over the {MAX_AUDIO_S:g} s limit (this clip alone is {seconds:.0f} s)"
+        )
 
 
 def image_url(part: dict[str, Any]) -> Any:
@@ -100,8 +104,12 @@ def image_url(part: dict[str, Any]) -> Any:
     return url.get("url", "") if isinstance(url, dict) else url
 
 
-def open_image(url: Any, pixels_left: list[int] | None = None, what: str = "the request's images",
-               limit: int = MAX_REQUEST_IMAGE_PIXELS):
+def open_image(
+    url: Any,
+    pixels_left: list[int] | None = None,
+    what: str = "the request's images",
+    limit: int = MAX_REQUEST_IMAGE_PIXELS,
+):
     """A base64 ``data:`` URL -> a PIL image with its header read and its pixels not yet decoded.
     ``pixels_left`` ([pixels]): what the request's images may still hold together (named ``what``, out of
     ``limit``), checked against this one's declared size and then spent."""
@@ -121,8 +129,9 @@ def open_image(url: Any, pixels_left: list[int] | None = None, what: str = "the 
         raise BadRequest(f"the image is not a readable {', '.join(IMAGE_FORMATS)} file") from None
     width, height = image.size
     if width * height > MAX_IMAGE_PIXELS:
-        raise BadRequest(f"the image is {width} x {height} = {width * height} pixels, over the limit of "
-                         f"{MAX_IMAGE_PIXELS}")
+        raise BadRequest(
+            f"the image is {width} x {height} = {width * height} pixels, over the limit of {MAX_IMAGE_PIXELS}"
+        )
     if pixels_left is not None:
         if width * height > pixels_left[0]:
             raise BadRequest(f"{what} are over {limit} pixels together")

@@ -16,6 +16,7 @@ in ``audio.format``) with ``usage`` (mstar_ros.webrtc.openai_usage). Errors are 
 An assistant message may carry ``content: null`` with its ``audio.transcript`` (as OpenAI clients
 send an earlier audio answer back); messages without text or audio are left out of the prompt.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -54,9 +55,13 @@ from mstar_ros.webrtc.openai_usage import chat_usage
 MAX_IMAGES = 8  # per request, all messages together
 
 
-def turn_of(message: dict[str, Any], rate: int | None, images_ok: bool = False,
-            budget: list[int] | None = None, seconds_left: list[float] | None = None
-            ) -> tuple[str, str, torch.Tensor | None, list]:
+def turn_of(
+    message: dict[str, Any],
+    rate: int | None,
+    images_ok: bool = False,
+    budget: list[int] | None = None,
+    seconds_left: list[float] | None = None,
+) -> tuple[str, str, torch.Tensor | None, list]:
     """A message -> (role, its text, its audio or None, its images: opened, their pixels not yet decoded).
     ``budget`` ([pixels]) and ``seconds_left`` ([seconds]): what the request's images and audio may still take."""
     role = message.get("role")
@@ -90,8 +95,9 @@ def turn_of(message: dict[str, Any], rate: int | None, images_ok: bool = False,
 
 
 class OpenAIChat:
-    def __init__(self, model, conductor, model_name: str, max_text_chars: int,
-                 decode_budget: SharedBudget | None = None) -> None:
+    def __init__(
+        self, model, conductor, model_name: str, max_text_chars: int, decode_budget: SharedBudget | None = None
+    ) -> None:
         self.model, self.conductor, self.name, self.max_text_chars = model, conductor, model_name, max_text_chars
         # pixels of images being decoded at once, shared with every route and peer that takes images
         self.decode_budget = decode_budget or SharedBudget(MAX_REQUEST_IMAGE_PIXELS, "pixels of images being decoded")
@@ -114,8 +120,13 @@ class OpenAIChat:
             raise BadRequest("messages is empty")
         rate = getattr(self.model, "audio_input_rate", None)
         images_ok = bool(getattr(self.model, "image_input", False))
-        image_parts = sum(1 for m in body.messages if isinstance(m.get("content"), list)
-                          for p in m["content"] if isinstance(p, dict) and p.get("type") == "image_url")
+        image_parts = sum(
+            1
+            for m in body.messages
+            if isinstance(m.get("content"), list)
+            for p in m["content"]
+            if isinstance(p, dict) and p.get("type") == "image_url"
+        )
         if image_parts > MAX_IMAGES:  # counted before any is decoded
             raise BadRequest(f"{image_parts} images, over the limit of {MAX_IMAGES} per request")
         budget, seconds_left = [MAX_REQUEST_IMAGE_PIXELS], [MAX_AUDIO_S]
@@ -153,12 +164,22 @@ class OpenAIChat:
         counted = getattr(self.model, "audio_token_output", None)  # what usage counts as output audio tokens
         outputs = {self.model.text_output} | ({self.model.audio_output, counted} - {None} if speak else set())
         # earlier turns: text, and a user's audio (heard again, as the reference takes a conversation's audio)
-        history = [(r, t) if a is None and not i else (r, t, a, i) if i else (r, t, a)
-                   for r, t, a, i in turns[:-1] if t.strip() or a is not None or i]
+        history = [
+            (r, t) if a is None and not i else (r, t, a, i) if i else (r, t, a)
+            for r, t, a, i in turns[:-1]
+            if t.strip() or a is not None or i
+        ]
         extra = {"images": images} if images else {}
-        request = self.model.request(text, audio=audio, history=history, **extra,
-                                     voice=voice_name(body.audio.voice) if body.audio else None, sampling=sampling,
-                                     outputs=frozenset(outputs), speak=speak)
+        request = self.model.request(
+            text,
+            audio=audio,
+            history=history,
+            **extra,
+            voice=voice_name(body.audio.voice) if body.audio else None,
+            sampling=sampling,
+            outputs=frozenset(outputs),
+            speak=speak,
+        )
         # a model that answers samples its text with the request's own sampling (the voice's is `sampling`)
         request.sampling = text_sampling(body, request.sampling)
         return request, speak
@@ -214,22 +235,46 @@ class OpenAIChat:
             samples = np.concatenate(pcm) if pcm else np.zeros(0, np.int16)
             data = encode_whole(samples, "pcm" if fmt == "pcm16" else fmt, self.model.sample_rate)
             # expires_at: OpenAI keeps an answer's audio an hour for a later turn to cite; this server keeps none
-            message["audio"] = {"id": f"audio_{cid}", "data": base64.b64encode(data).decode(),
-                                "expires_at": created + 3600, "transcript": text}
-        choice = {"index": 0, "message": message, "finish_reason": self._finish_reason(request, ids, frames),
-                  "logprobs": None}
-        return web.json_response({"id": cid, "object": "chat.completion", "created": created, "model": self.name,
-                                  "choices": [choice], "usage": chat_usage(self.model, request, len(ids), frames)})
+            message["audio"] = {
+                "id": f"audio_{cid}",
+                "data": base64.b64encode(data).decode(),
+                "expires_at": created + 3600,
+                "transcript": text,
+            }
+        choice = {
+            "index": 0,
+            "message": message,
+            "finish_reason": self._finish_reason(request, ids, frames),
+            "logprobs": None,
+        }
+        return web.json_response(
+            {
+                "id": cid,
+                "object": "chat.completion",
+                "created": created,
+                "model": self.name,
+                "choices": [choice],
+                "usage": chat_usage(self.model, request, len(ids), frames),
+            }
+        )
 
-    async def _stream(self, http: web.Request, request: Request, speak: bool, cid: str, created: int,
-                      include_usage: bool) -> web.StreamResponse:
+    async def _stream(
+        self, http: web.Request, request: Request, speak: bool, cid: str, created: int, include_usage: bool
+    ) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         response.enable_chunked_encoding()
         await response.prepare(http)
 
         async def send(choices: list, **more) -> None:
-            event = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": self.name,
-                     "choices": choices, **more, **({"usage": None} if include_usage and "usage" not in more else {})}
+            event = {
+                "id": cid,
+                "object": "chat.completion.chunk",
+                "created": created,
+                "model": self.name,
+                "choices": choices,
+                **more,
+                **({"usage": None} if include_usage and "usage" not in more else {}),
+            }
             await response.write(f"data: {json.dumps(event)}\n\n".encode())
 
         async def chunk(delta: dict, finish: str | None = None) -> None:
@@ -247,7 +292,7 @@ class OpenAIChat:
                     ids.append(int(out.data))
                     now = self.model.decode_text(ids)
                     if now.startswith(said) and len(now) > len(said) and not now.endswith("\ufffd"):
-                        piece, said = now[len(said):], now
+                        piece, said = now[len(said) :], now
                         await chunk({"audio": {"transcript": piece}} if speak else {"content": piece})
                 elif out.name == self.model.audio_output:
                     data = base64.b64encode(pcm_s16(out.data).tobytes()).decode()
@@ -267,4 +312,3 @@ class OpenAIChat:
             return response
         await response.write_eof()
         return response
-

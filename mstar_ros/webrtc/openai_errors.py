@@ -6,6 +6,7 @@ so a refused field is named there, not only in the message. ``openai_error_middl
 error answered on a ``/v1/`` path in that shape, including the ones raised before a route runs:
 401 from authentication, 413 / 408 / 503 from the body guard, aiohttp's own 404 and 405.
 """
+
 from __future__ import annotations
 
 import logging
@@ -23,8 +24,9 @@ KEPT_HEADERS = ("WWW-Authenticate", "Allow", "Retry-After")
 class APIError(Exception):
     """A refused request: answered as OpenAI's error object with this status."""
 
-    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
-                 type: str | None = None) -> None:
+    def __init__(
+        self, status: int, message: str, *, param: str | None = None, code: str | None = None, type: str | None = None
+    ) -> None:
         super().__init__(message)
         self.status, self.message, self.param, self.code = status, message, param, code
         self.type = type or error_type(status)
@@ -35,19 +37,27 @@ def error_type(status: int) -> str:
     return "server_error" if status >= 500 else "invalid_request_error"
 
 
-def error_body(status: int, message: str, *, param: str | None = None, code: str | None = None,
-               type: str | None = None) -> dict:
+def error_body(
+    status: int, message: str, *, param: str | None = None, code: str | None = None, type: str | None = None
+) -> dict:
     return {"error": {"message": message, "type": type or error_type(status), "param": param, "code": code}}
 
 
-def error_response(status: int, message: str, *, param: str | None = None, code: str | None = None,
-                   headers: dict[str, str] | None = None) -> web.Response:
+def error_response(
+    status: int,
+    message: str,
+    *,
+    param: str | None = None,
+    code: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> web.Response:
     return web.json_response(error_body(status, message, param=param, code=code), status=status, headers=headers)
 
 
 def api_error_response(exc: APIError) -> web.Response:
-    return web.json_response(error_body(exc.status, exc.message, param=exc.param, code=exc.code, type=exc.type),
-                             status=exc.status)
+    return web.json_response(
+        error_body(exc.status, exc.message, param=exc.param, code=exc.code, type=exc.type), status=exc.status
+    )
 
 
 _AT = re.compile(r"at `\$\.([A-Za-z0-9_.\[\]]+)`")
@@ -67,16 +77,24 @@ def param_of(message: str) -> str | None:
 def check_range(param: str, value: float, lo: float | None = None, hi: float | None = None) -> None:
     """An APIError (400) when ``value`` is outside [lo, hi], worded and coded as OpenAI's range errors."""
     kind = "integer" if isinstance(value, int) else "decimal"
-    for bound, word, sign, code, bad in ((lo, "below minimum", ">=", "below_min", lo is not None and value < lo),
-                                         (hi, "above maximum", "<=", "above_max", hi is not None and value > hi)):
+    for bound, word, sign, code, bad in (
+        (lo, "below minimum", ">=", "below_min", lo is not None and value < lo),
+        (hi, "above maximum", "<=", "above_max", hi is not None and value > hi),
+    ):
         if bad:
-            raise APIError(400, f"Invalid '{param}': {kind} {word} value. Expected a value {sign} {bound:g}, but got "
-                                f"{value:g} instead.", param=param, code=f"{kind}_{code}_value")
+            raise APIError(
+                400,
+                f"Invalid '{param}': {kind} {word} value. Expected a value {sign} {bound:g}, but got "
+                f"{value:g} instead.",
+                param=param,
+                code=f"{kind}_{code}_value",
+            )
 
 
 def _code_of(exc: web.HTTPException) -> str | None:
-    return {401: "invalid_api_key", 404: "unknown_url", 405: "method_not_allowed",
-            413: "request_too_large"}.get(exc.status)
+    return {401: "invalid_api_key", 404: "unknown_url", 405: "method_not_allowed", 413: "request_too_large"}.get(
+        exc.status
+    )
 
 
 def _message_of(request: web.Request, exc: web.HTTPException) -> str:

@@ -12,6 +12,7 @@ decoded; ``sse``: ``speech.audio.delta`` events, each the next bytes of that fil
 gives the same audio as ``mstar-ros tts --seed``). A client that goes away cancels the request.
 Refusals are OpenAI's error JSON naming the field (mstar_ros.webrtc.openai_errors).
 """
+
 from __future__ import annotations
 
 import base64
@@ -49,8 +50,12 @@ class SpeechBody(msgspec.Struct, forbid_unknown_fields=True):
 def model_mismatch(asked: str | None, served: str) -> None:
     """OpenAI answers a model it does not serve with 404 ``model_not_found``."""
     if asked not in (None, served):
-        raise APIError(404, f"The model {asked!r} does not exist here; this server serves {served!r} "
-                            f"(GET /v1/models)", param="model", code="model_not_found")
+        raise APIError(
+            404,
+            f"The model {asked!r} does not exist here; this server serves {served!r} (GET /v1/models)",
+            param="model",
+            code="model_not_found",
+        )
 
 
 def decode_body(raw: bytes, kind: type):
@@ -63,7 +68,7 @@ def decode_body(raw: bytes, kind: type):
 def voice_name(voice: str | dict[str, Any] | None) -> str | None:
     if isinstance(voice, dict):  # OpenAI's custom-voice reference {"id": ...}
         if not isinstance(voice.get("id"), str):
-            raise APIError(400, "voice must be a name or {\"id\": name}", param="voice", code="invalid_value")
+            raise APIError(400, 'voice must be a name or {"id": name}', param="voice", code="invalid_value")
         return voice["id"]
     return voice
 
@@ -80,9 +85,14 @@ class OpenAISpeech:
         app.router.add_get("/v1/models/{model}", self.model_entry)
 
     def _entry(self) -> dict:
-        return {"id": self.name, "object": "model", "created": self.created, "owned_by": "mstar_ros",
-                # our extension: a model with random weights speaks noise (the page says so)
-                "random_weights": bool(getattr(self.model, "random_weights", False))}
+        return {
+            "id": self.name,
+            "object": "model",
+            "created": self.created,
+            "owned_by": "mstar_ros",
+            # our extension: a model with random weights speaks noise (the page says so)
+            "random_weights": bool(getattr(self.model, "random_weights", False)),
+        }
 
     async def models(self, _request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [self._entry()]})
@@ -95,30 +105,45 @@ class OpenAISpeech:
         """The model's request for ``body``, every field checked first (APIError naming it)."""
         model_mismatch(body.model, self.name)
         if body.response_format not in FORMATS:
-            raise APIError(400, f"response_format {body.response_format!r}: one of {', '.join(FORMATS)}",
-                           param="response_format", code="invalid_value")
+            raise APIError(
+                400,
+                f"response_format {body.response_format!r}: one of {', '.join(FORMATS)}",
+                param="response_format",
+                code="invalid_value",
+            )
         if body.stream_format not in ("audio", "sse"):
-            raise APIError(400, f"stream_format {body.stream_format!r}: audio or sse", param="stream_format",
-                           code="invalid_value")
+            raise APIError(
+                400, f"stream_format {body.stream_format!r}: audio or sse", param="stream_format", code="invalid_value"
+            )
         check_range("speed", body.speed, MIN_SPEED, MAX_SPEED)
         if not body.input.strip():
             raise APIError(400, "input is empty", param="input", code="invalid_value")
         if len(body.input) > self.max_input_chars:
-            raise APIError(400, f"Invalid 'input': string too long. Expected a string with maximum length "
-                                f"{self.max_input_chars}, but got a string with length {len(body.input)} instead.",
-                           param="input", code="string_above_max_length")
+            raise APIError(
+                400,
+                f"Invalid 'input': string too long. Expected a string with maximum length "
+                f"{self.max_input_chars}, but got a string with length {len(body.input)} instead.",
+                param="input",
+                code="string_above_max_length",
+            )
         extra = {}
         if body.instructions:
             if not getattr(self.model, "speech_instructions", False):
-                raise APIError(400, f"{self.name} takes no instructions for speech", param="instructions",
-                               code="unsupported_parameter")
+                raise APIError(
+                    400,
+                    f"{self.name} takes no instructions for speech",
+                    param="instructions",
+                    code="unsupported_parameter",
+                )
             extra["instructions"] = body.instructions
         defaults = self.model.default_sampling
         sampling = None
         if body.seed is not None or body.max_tokens is not None:
             if body.max_tokens is not None:
                 check_range("max_tokens", body.max_tokens, 1, defaults.max_tokens)
-            sampling = msgspec.structs.replace(defaults, seed=body.seed, max_tokens=body.max_tokens or defaults.max_tokens)
+            sampling = msgspec.structs.replace(
+                defaults, seed=body.seed, max_tokens=body.max_tokens or defaults.max_tokens
+            )
         outputs = {self.model.audio_output}
         counted = getattr(self.model, "audio_token_output", None)  # what usage counts as output tokens
         if counted:
@@ -126,8 +151,9 @@ class OpenAISpeech:
         # a model that answers has a separate way to say a given text (Qwen3-Omni: its Talker alone)
         speak = getattr(self.model, "speech_request", self.model.request)
         try:
-            return speak(body.input, voice=voice_name(body.voice), sampling=sampling, outputs=frozenset(outputs),
-                         **extra)
+            return speak(
+                body.input, voice=voice_name(body.voice), sampling=sampling, outputs=frozenset(outputs), **extra
+            )
         except ValueError as exc:  # the model's refusals: an unknown voice, text over its context
             raise APIError(400, str(exc), code="invalid_value") from None
 
@@ -170,8 +196,10 @@ class OpenAISpeech:
             encoder.close()
             await self._cancel(req.request_id)
             if isinstance(exc, RequestError) and sse:
-                error = {"type": "error", "error": {"message": str(exc), "type": "server_error", "param": None,
-                                                    "code": None}}
+                error = {
+                    "type": "error",
+                    "error": {"message": str(exc), "type": "server_error", "param": None, "code": None},
+                }
                 await response.write(f"data: {json.dumps(error)}\n\n".encode())
             return response
         await response.write_eof()

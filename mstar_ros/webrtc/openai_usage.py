@@ -6,6 +6,7 @@ by the ids a model names in ``special_token_ids`` (``audio``, ``image``). Output
 items a model streams on ``audio_token_output`` (Orpheus: its LLM's tokens; Qwen3-Omni: Talker frames).
 A model that names neither gets zeros there, never a guess.
 """
+
 from __future__ import annotations
 
 import torch
@@ -14,8 +15,11 @@ from mstar.request import Request
 
 
 def prompt_tokens(request: Request) -> int:
-    return sum(int(v.numel()) for k, v in request.inputs.items()
-               if k.endswith("_ids") and isinstance(v, torch.Tensor) and not v.is_floating_point())
+    return sum(
+        int(v.numel())
+        for k, v in request.inputs.items()
+        if k.endswith("_ids") and isinstance(v, torch.Tensor) and not v.is_floating_point()
+    )
 
 
 def placeholder_tokens(model, request: Request, kind: str) -> int:
@@ -35,9 +39,21 @@ def chat_usage(model, request: Request, text_tokens: int, audio_tokens: int) -> 
     prompt = prompt_tokens(request)
     audio_in, image_in = placeholder_tokens(model, request, "audio"), placeholder_tokens(model, request, "image")
     completion = text_tokens + audio_tokens
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
-            "prompt_tokens_details": {"cached_tokens": 0, "audio_tokens": audio_in, "image_tokens": image_in,
-                                      "text_tokens": prompt - audio_in - image_in},
-            "completion_tokens_details": {"reasoning_tokens": 0, "audio_tokens": audio_tokens,
-                                          "text_tokens": text_tokens, "accepted_prediction_tokens": 0,
-                                          "rejected_prediction_tokens": 0}}
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {
+            "cached_tokens": 0,
+            "audio_tokens": audio_in,
+            "image_tokens": image_in,
+            "text_tokens": prompt - audio_in - image_in,
+        },
+        "completion_tokens_details": {
+            "reasoning_tokens": 0,
+            "audio_tokens": audio_tokens,
+            "text_tokens": text_tokens,
+            "accepted_prediction_tokens": 0,
+            "rejected_prediction_tokens": 0,
+        },
+    }

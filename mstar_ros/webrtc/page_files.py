@@ -4,6 +4,7 @@ They are served as they are, with no build step, and without the token: they hol
 the token from the URL fragment, ``#token=...``, and sends it with its own requests). Only the files found in
 ``static/`` are served, by exact name.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -19,8 +20,9 @@ PUBLIC_PATHS: frozenset[str] = frozenset({"/", *(f"/static/{name}" for name in F
 
 def _file(name: str) -> web.Response:
     # no-cache: a browser revalidates, so a page and its modules never come from two versions of the server
-    return web.Response(text=(STATIC / name).read_text(), content_type=FILES[name],
-                        headers={"Cache-Control": "no-cache"})
+    return web.Response(
+        text=(STATIC / name).read_text(), content_type=FILES[name], headers={"Cache-Control": "no-cache"}
+    )
 
 
 async def page(_request: web.Request) -> web.Response:

@@ -13,6 +13,7 @@ graph's streamed input), else as one clip when the turn ends; a client without a
 sends it as ``input_audio_buffer.append`` events (mstar_ros.webrtc.input_audio). The conversation and
 its items: mstar_ros.webrtc.peer_conversation.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -42,9 +43,17 @@ MAX_TEXT_CHARS = 2000
 
 
 class VoicePeer(PeerConversation, PeerMicrophone):
-    def __init__(self, pc, model, conductor, *, max_text_chars: int = MAX_TEXT_CHARS,
-                 silence_duration_ms: int = 500, decode_budget: SharedBudget | None = None,
-                 model_name: str | None = None) -> None:
+    def __init__(
+        self,
+        pc,
+        model,
+        conductor,
+        *,
+        max_text_chars: int = MAX_TEXT_CHARS,
+        silence_duration_ms: int = 500,
+        decode_budget: SharedBudget | None = None,
+        model_name: str | None = None,
+    ) -> None:
         self.pc, self.model, self.conductor = pc, model, conductor
         self.model_name = model_name or type(model).__name__  # what session.created calls the served model
         # pixels of images being decoded at once, shared with the gateway's other peers and routes
@@ -99,8 +108,10 @@ class VoicePeer(PeerConversation, PeerMicrophone):
         @pc.on("datachannel")
         def on_datachannel(channel) -> None:
             self.channel = channel
-            self.send("session.created", session={**self.session_state(),
-                                                  "output_audio_format": {"type": "audio/opus", "rate": 48000}})
+            self.send(
+                "session.created",
+                session={**self.session_state(), "output_audio_format": {"type": "audio/opus", "rate": 48000}},
+            )
 
             @channel.on("message")
             def on_message(message) -> None:
@@ -122,8 +133,15 @@ class VoicePeer(PeerConversation, PeerMicrophone):
             return
         channel.send(server_event(kind, **fields))
 
-    def error(self, message: str, *, param: str | None = None, code: str | None = "invalid_value",
-              event_id: str | None = None, kind: str = "invalid_request_error") -> None:
+    def error(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = "invalid_value",
+        event_id: str | None = None,
+        kind: str = "invalid_request_error",
+    ) -> None:
         self.send("error", error=error_body(message, param=param, code=code, event_id=event_id, kind=kind))
 
     def outputs_wanted(self) -> frozenset:
@@ -137,7 +155,7 @@ class VoicePeer(PeerConversation, PeerMicrophone):
 
     async def on_event(self, message) -> None:
         async with self._in_order:  # an item decoding its image is in the conversation before a later response.create
-            if not self.closed:     # events queued behind a slow one are dropped once the peer has gone
+            if not self.closed:  # events queued behind a slow one are dropped once the peer has gone
                 await self._on_event(message)
 
     async def _on_event(self, message) -> None:
@@ -145,13 +163,18 @@ class VoicePeer(PeerConversation, PeerMicrophone):
         try:
             event = parse_client_event(message)
             event_id = event.event_id
-            handler = {"response.create": self._create_response, "response.cancel": self._cancel,
-                       "conversation.item.create": self._create_item, "conversation.item.delete": self._delete_item,
-                       "conversation.item.truncate": self._truncate_item,
-                       "input_audio_buffer.append": self._append_audio, "input_audio_buffer.clear": self._clear_audio,
-                       "input_audio_buffer.commit": self._commit_audio,
-                       "output_audio_buffer.clear": self._cancel, "session.update": self._update_session,
-                       }.get(event.type)
+            handler = {
+                "response.create": self._create_response,
+                "response.cancel": self._cancel,
+                "conversation.item.create": self._create_item,
+                "conversation.item.delete": self._delete_item,
+                "conversation.item.truncate": self._truncate_item,
+                "input_audio_buffer.append": self._append_audio,
+                "input_audio_buffer.clear": self._clear_audio,
+                "input_audio_buffer.commit": self._commit_audio,
+                "output_audio_buffer.clear": self._cancel,
+                "session.update": self._update_session,
+            }.get(event.type)
             if handler is None:
                 raise EventError(f"unknown event type {event.type!r}", param="type", code="unknown_event")
             await handler(event)
@@ -163,8 +186,9 @@ class VoicePeer(PeerConversation, PeerMicrophone):
     async def _create_response(self, event) -> None:
         text = response_text(event, required=not self.conversational)
         if text is not None and len(text) > self.max_text_chars:
-            raise EventError(f"text of {len(text)} characters is over the {self.max_text_chars} limit",
-                             param="response.instructions")
+            raise EventError(
+                f"text of {len(text)} characters is over the {self.max_text_chars} limit", param="response.instructions"
+            )
         spec = event.response
         sampling = self.sampling
         if spec is not None and spec.max_output_tokens is not None:
@@ -180,8 +204,9 @@ class VoicePeer(PeerConversation, PeerMicrophone):
             await self.cancel_response()  # one response at a time: a new one replaces it
             # the conversation as it is now: a response that ended during the cancel is in it
             history, item = self._split_last_item() if answers_item else (list(self.history), None)
-            self._task = asyncio.ensure_future(self._respond(text, voice, sampling, received,
-                                                             history=history, item=item))
+            self._task = asyncio.ensure_future(
+                self._respond(text, voice, sampling, received, history=history, item=item)
+            )
 
     async def _cancel(self, _event) -> None:
         await self.cancel_response()
@@ -210,8 +235,10 @@ class VoicePeer(PeerConversation, PeerMicrophone):
 
     async def _append_audio(self, event) -> None:
         if not self.listens:
-            raise EventError("input_audio_buffer.append: this model takes no audio input "
-                             "(it speaks the text of response.create)", param="audio")
+            raise EventError(
+                "input_audio_buffer.append: this model takes no audio input (it speaks the text of response.create)",
+                param="audio",
+            )
         self.appended.append(event.audio)
 
     async def _clear_audio(self, _event) -> None:
@@ -230,10 +257,14 @@ class VoicePeer(PeerConversation, PeerMicrophone):
         return msgspec.structs.replace(self.sampling, **changes)  # SamplingParams checks the rest
 
     async def _update_session(self, event) -> None:
-        change = session_change(event.session, model_name=self.model_name, takes_instructions=self.conversational,
-                                has_microphone=self.has_microphone,
-                                check_voice=lambda voice, field: checked_voice(self.model, voice, field),
-                                max_tokens_limit=self.model.default_sampling.max_tokens)
+        change = session_change(
+            event.session,
+            model_name=self.model_name,
+            takes_instructions=self.conversational,
+            has_microphone=self.has_microphone,
+            check_voice=lambda voice, field: checked_voice(self.model, voice, field),
+            max_tokens_limit=self.model.default_sampling.max_tokens,
+        )
         self.apply_session(change)
 
     def apply_session(self, change: SessionChange) -> None:
@@ -256,23 +287,53 @@ class VoicePeer(PeerConversation, PeerMicrophone):
 
     def session_state(self) -> dict:
         s = self.sampling
-        detection = {"type": "server_vad", "silence_duration_ms": self.silence_duration_ms,
-                     "threshold": self.vad_threshold, "prefix_padding_ms": 300, "create_response": True,
-                     "interrupt_response": True} if self.turn_detection else None
-        return {"type": "realtime", "object": "realtime.session", "id": self.session, "model": self.model_name,
-                "random_weights": bool(getattr(self.model, "random_weights", False)),
-                "output_modalities": ["audio"], "instructions": self.instructions,
-                "audio": {"input": {"format": PCM_24K, "turn_detection": detection},
-                          "output": {"voice": self.default_voice}},
-                "voice": self.default_voice, "voices": list(model_voices(self.model)),
-                "max_output_tokens": s.max_tokens,
-                "input_image": self.takes_images,  # conversation.item.create takes input_image parts
-                "temperature": s.temperature, "top_p": s.top_p, "repetition_penalty": s.repetition_penalty,
-                "seed": s.seed, "turn_detection": detection}
+        detection = (
+            {
+                "type": "server_vad",
+                "silence_duration_ms": self.silence_duration_ms,
+                "threshold": self.vad_threshold,
+                "prefix_padding_ms": 300,
+                "create_response": True,
+                "interrupt_response": True,
+            }
+            if self.turn_detection
+            else None
+        )
+        return {
+            "type": "realtime",
+            "object": "realtime.session",
+            "id": self.session,
+            "model": self.model_name,
+            "random_weights": bool(getattr(self.model, "random_weights", False)),
+            "output_modalities": ["audio"],
+            "instructions": self.instructions,
+            "audio": {
+                "input": {"format": PCM_24K, "turn_detection": detection},
+                "output": {"voice": self.default_voice},
+            },
+            "voice": self.default_voice,
+            "voices": list(model_voices(self.model)),
+            "max_output_tokens": s.max_tokens,
+            "input_image": self.takes_images,  # conversation.item.create takes input_image parts
+            "temperature": s.temperature,
+            "top_p": s.top_p,
+            "repetition_penalty": s.repetition_penalty,
+            "seed": s.seed,
+            "turn_detection": detection,
+        }
 
-    async def _respond(self, text: str | None, voice: str | None, sampling, received: float,
-                       audio=None, turn: StreamedTurn | None = None, history: list | None = None,
-                       item: tuple | None = None, user_id: str | None = None) -> None:
+    async def _respond(
+        self,
+        text: str | None,
+        voice: str | None,
+        sampling,
+        received: float,
+        audio=None,
+        turn: StreamedTurn | None = None,
+        history: list | None = None,
+        item: tuple | None = None,
+        user_id: str | None = None,
+    ) -> None:
         """``item``: the conversation's last user item, answered (its turn), ``history`` the turns before it."""
         rid = turn.request.request_id if turn is not None else f"resp_{uuid.uuid4().hex[:12]}"
         self.response_id = rid
@@ -289,8 +350,18 @@ class VoicePeer(PeerConversation, PeerMicrophone):
                     self.response_id = None
                 raise
             heard = turn.audio
-            await self._stream_response(rid, text, text_port, audio_port, received, outputs, turn.request, voice,
-                                        ("user", "") if heard is None else ("user", "", heard), user_id=turn.item_id)
+            await self._stream_response(
+                rid,
+                text,
+                text_port,
+                audio_port,
+                received,
+                outputs,
+                turn.request,
+                voice,
+                ("user", "") if heard is None else ("user", "", heard),
+                user_id=turn.item_id,
+            )
             return
         try:
             if self.conversational:  # a turn of the conversation: the model answers it
@@ -299,12 +370,20 @@ class VoicePeer(PeerConversation, PeerMicrophone):
                 if item is not None:
                     text, images = item[1], turn_images(item)
                     audio = as_tensor(item[2]) if len(item) > 2 and item[2] is not None else None
-                request = model.request(text, audio=audio, images=images, history=self._model_history(history),
-                                        voice=voice, sampling=sampling, request_id=rid,
-                                        outputs=self.outputs_wanted())
+                request = model.request(
+                    text,
+                    audio=audio,
+                    images=images,
+                    history=self._model_history(history),
+                    voice=voice,
+                    sampling=sampling,
+                    request_id=rid,
+                    outputs=self.outputs_wanted(),
+                )
             else:  # a text-to-speech model speaks the text itself
-                request = model.request(text, voice=voice, sampling=sampling, request_id=rid,
-                                        outputs=self.outputs_wanted())
+                request = model.request(
+                    text, voice=voice, sampling=sampling, request_id=rid, outputs=self.outputs_wanted()
+                )
         except ValueError as exc:
             self.response_id = None
             self.error(str(exc))
@@ -312,12 +391,34 @@ class VoicePeer(PeerConversation, PeerMicrophone):
         user = None if item is not None else ("user", text or "") if audio is None else ("user", text or "", audio)
         if self.conversational and user is not None and audio is None:  # a typed turn is an item too
             user_id = self.file_user_turn(None, message_content("user", text or ""))
-        await self._stream_response(rid, text, text_port, audio_port, received, self.conductor.submit(request),
-                                    request, voice, user, item_turn=item, user_id=user_id)
+        await self._stream_response(
+            rid,
+            text,
+            text_port,
+            audio_port,
+            received,
+            self.conductor.submit(request),
+            request,
+            voice,
+            user,
+            item_turn=item,
+            user_id=user_id,
+        )
 
-    async def _stream_response(self, rid: str, text: str | None, text_port, audio_port, received: float,
-                               outputs, request, voice: str | None, user: tuple | None = None,
-                               item_turn: tuple | None = None, user_id: str | None = None) -> None:
+    async def _stream_response(
+        self,
+        rid: str,
+        text: str | None,
+        text_port,
+        audio_port,
+        received: float,
+        outputs,
+        request,
+        voice: str | None,
+        user: tuple | None = None,
+        item_turn: tuple | None = None,
+        user_id: str | None = None,
+    ) -> None:
         """The response's outputs to the peer as they come: audio to its track, events on its channel.
         ``user``: the turn answered, which joins the conversation with the answer (None: it is in it already)."""
         model = self.model
@@ -348,11 +449,11 @@ class VoicePeer(PeerConversation, PeerMicrophone):
                     reply_ids.append(int(out.data))
                     now = model.decode_text(reply_ids)
                     if now.startswith(events.transcript) and not now.endswith("\ufffd"):  # whole characters only
-                        events.delta(now[len(events.transcript):])
+                        events.delta(now[len(events.transcript) :])
             self.track.end()
             if text_port is not None:
                 said = model.decode_text(reply_ids)
-                events.delta(said[len(events.transcript):] if said.startswith(events.transcript) else "")
+                events.delta(said[len(events.transcript) :] if said.startswith(events.transcript) else "")
                 events.transcript = said
                 self._remember(user, said, answered=item_turn, user_id=user_id, answer_id=events.item_id)
         except (RequestCancelled, asyncio.CancelledError):
@@ -366,8 +467,12 @@ class VoicePeer(PeerConversation, PeerMicrophone):
             if self.response_id == rid:
                 self.response_id = None
             self.items.update(events.item_id, audio_ms=int(timing.audio_s * 1000))
-            events.finish(status, usage(model, request, len(reply_ids), audio_tokens),
-                          reason=self._cancel_reason if status == "cancelled" else None, error=error)
+            events.finish(
+                status,
+                usage(model, request, len(reply_ids), audio_tokens),
+                reason=self._cancel_reason if status == "cancelled" else None,
+                error=error,
+            )
         if status == "completed":
             await self._play_out(rid, timing)
 

@@ -5,6 +5,7 @@ also an item (mstar_ros.webrtc.realtime_items.ItemIds) that ``conversation.item.
 ``conversation.item.truncate`` cuts. ``session.instructions`` go before it as a system turn. The
 history is bounded (``MAX_HISTORY_*``): the oldest turns go first, system turns stay.
 """
+
 from __future__ import annotations
 
 import uuid
@@ -21,7 +22,7 @@ class PeerConversation:
 
     MAX_HISTORY_TURNS = 20
     MAX_HISTORY_AUDIO_S = 120.0  # spoken turns the model hears again with each new one
-    MAX_HISTORY_IMAGES = 8       # and images it sees again,
+    MAX_HISTORY_IMAGES = 8  # and images it sees again,
     MAX_HISTORY_IMAGE_PIXELS = 2048 * 2048  # of this many pixels together (an item's own are refused past it)
 
     def _model_history(self, history: list) -> list:
@@ -31,8 +32,10 @@ class PeerConversation:
     def _split_last_item(self) -> tuple[list, tuple]:
         """(the turns before it, the conversation's last item): the user's turn a text-less response.create answers."""
         if not self.history or self.history[-1][0] != "user":
-            raise EventError("response.create needs text, or a user item to answer "
-                             "(conversation.item.create or input_audio_buffer.commit) as the conversation's last")
+            raise EventError(
+                "response.create needs text, or a user item to answer "
+                "(conversation.item.create or input_audio_buffer.commit) as the conversation's last"
+            )
         return list(self.history[:-1]), self.history[-1]
 
     def _opened_item(self, raw, history: list):
@@ -41,8 +44,12 @@ class PeerConversation:
         wanted = raw.get("id") if isinstance(raw, dict) else None
         if wanted is not None and (not isinstance(wanted, str) or not wanted or len(wanted) > 64):
             raise EventError("item.id must be a string of 1 to 64 characters", param="item.id")
-        added = conversation_item(raw, wanted or f"item_{uuid.uuid4().hex[:12]}", images_ok=self.takes_images,
-                                  pixels_left=self.MAX_HISTORY_IMAGE_PIXELS)
+        added = conversation_item(
+            raw,
+            wanted or f"item_{uuid.uuid4().hex[:12]}",
+            images_ok=self.takes_images,
+            pixels_left=self.MAX_HISTORY_IMAGE_PIXELS,
+        )
         check_images = getattr(self.model, "check_images", None)
         if added.images and check_images is not None:
             check_images([image for turn in history for image in turn_images(turn)] + added.images)
@@ -75,8 +82,14 @@ class PeerConversation:
         previous = self.items.add(added.id, turn, added.role)
         self.send("conversation.item.created", previous_item_id=previous, item=added.summary())
 
-    def _remember(self, user: tuple | None, said: str, answered: tuple | None = None,
-                  user_id: str | None = None, answer_id: str | None = None) -> None:
+    def _remember(
+        self,
+        user: tuple | None,
+        said: str,
+        answered: tuple | None = None,
+        user_id: str | None = None,
+        answer_id: str | None = None,
+    ) -> None:
         """A turn and its answer join the conversation: a typed one as text, a spoken one with its audio
         (the model hears it again next turn, as the reference takes a conversation's audio); an item
         ``answered`` is in it already, and its answer goes right after it (items added meanwhile follow)."""
@@ -102,8 +115,12 @@ class PeerConversation:
         def over(turns) -> bool:
             audio_s = sum(len(t[2]) for t in turns if len(t) > 2 and t[2] is not None) / rate
             images = [image for t in turns for image in turn_images(t)]
-            return len(turns) > self.MAX_HISTORY_TURNS or audio_s > self.MAX_HISTORY_AUDIO_S or \
-                len(images) > self.MAX_HISTORY_IMAGES or sum(map(image_pixels, images)) > self.MAX_HISTORY_IMAGE_PIXELS
+            return (
+                len(turns) > self.MAX_HISTORY_TURNS
+                or audio_s > self.MAX_HISTORY_AUDIO_S
+                or len(images) > self.MAX_HISTORY_IMAGES
+                or sum(map(image_pixels, images)) > self.MAX_HISTORY_IMAGE_PIXELS
+            )
 
         if not over(history):
             return history
@@ -129,8 +146,12 @@ class PeerConversation:
         samples = self.appended.take(self.model.audio_input_rate)
         turn = ("user", "", samples)
         item_id = new_id("item")
-        self.send("input_audio_buffer.committed", previous_item_id=self.items.last, item_id=item_id,
-                  audio_ms=len(samples) * 1000 // self.model.audio_input_rate)
+        self.send(
+            "input_audio_buffer.committed",
+            previous_item_id=self.items.last,
+            item_id=item_id,
+            audio_ms=len(samples) * 1000 // self.model.audio_input_rate,
+        )
         self._file(self.history + [turn])
         self.file_user_turn(turn, message_content("user", "", audio=True), item_id)
 
@@ -150,14 +171,20 @@ class PeerConversation:
             raise EventError("only an assistant item can be truncated", param="item_id")
         if content_index != 0:
             raise EventError(f"content_index {content_index!r}: an answer has one audio part, 0", param="content_index")
-        if not isinstance(audio_end_ms, int) or isinstance(audio_end_ms, bool) or not 0 <= audio_end_ms <= item.audio_ms:
-            raise EventError(f"audio_end_ms {audio_end_ms!r} must be in [0, {item.audio_ms}] (the item's audio)",
-                             param="audio_end_ms")
+        if (
+            not isinstance(audio_end_ms, int)
+            or isinstance(audio_end_ms, bool)
+            or not 0 <= audio_end_ms <= item.audio_ms
+        ):
+            raise EventError(
+                f"audio_end_ms {audio_end_ms!r} must be in [0, {item.audio_ms}] (the item's audio)",
+                param="audio_end_ms",
+            )
         if item.turn is not None and item.audio_ms:
             text = item.turn[1]
-            keep = text[:len(text) * audio_end_ms // item.audio_ms]
+            keep = text[: len(text) * audio_end_ms // item.audio_ms]
             if len(keep) < len(text) and " " in keep:
-                keep = keep[:keep.rindex(" ")]
+                keep = keep[: keep.rindex(" ")]
             cut = ("assistant", keep.strip())
             self.history = [cut if turn is item.turn else turn for turn in self.history]
             self.items.update(item_id, turn=cut)

@@ -7,6 +7,7 @@ DTLS transport has gone). That happens to a tab
 killed without a goodbye, a network that went away, and also to a live peer on a host too busy to answer
 in time (the checks run on the gateway's event loop): the line names the peer, the cause and what to try.
 """
+
 from __future__ import annotations
 
 import logging
@@ -43,8 +44,10 @@ class LossReport:
             self.connected = True
         elif "failed" in states and self.connected and self.reported is None:
             during = f" during response {responding}" if responding else ""
-            self.reported = (f"peer {self.peer_id}: lost{during}: ICE consent expired (no answer to connectivity "
-                             f"checks for ~{consent_window_s():.1f} s): its tab or network went away, or this host "
-                             "was too busy to answer in time; if live peers drop under load, try a larger "
-                             "--peer-lost-s (e.g. 5)")
+            self.reported = (
+                f"peer {self.peer_id}: lost{during}: ICE consent expired (no answer to connectivity "
+                f"checks for ~{consent_window_s():.1f} s): its tab or network went away, or this host "
+                "was too busy to answer in time; if live peers drop under load, try a larger "
+                "--peer-lost-s (e.g. 5)"
+            )
             log.warning(self.reported)

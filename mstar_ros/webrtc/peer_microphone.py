@@ -6,6 +6,7 @@ streamed into its request while the turn is said when the model has ``listen_req
 streamed input), else as one clip when the turn ends; ``input_audio_buffer.committed`` and the turn's
 ``conversation.item.created`` come when it ends.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -65,15 +66,20 @@ class PeerMicrophone:
         """The user starts speaking: the turn's request starts now, its audio streaming in as it comes."""
         rid = f"resp_{uuid.uuid4().hex[:12]}"
         try:
-            request, stream = self.model.listen_request(history=self._model_history(self.history), voice=self.voice,
-                                                        sampling=self.sampling, request_id=rid,
-                                                        outputs=self.outputs_wanted())
+            request, stream = self.model.listen_request(
+                history=self._model_history(self.history),
+                voice=self.voice,
+                sampling=self.sampling,
+                request_id=rid,
+                outputs=self.outputs_wanted(),
+            )
         except ValueError as exc:
             self.error(str(exc))
             return
         self.turn = StreamedTurn(request, stream, asyncio.get_running_loop().create_future())
-        self._task = asyncio.ensure_future(self._respond(None, self.voice, self.sampling, time.monotonic(),
-                                                         turn=self.turn))
+        self._task = asyncio.ensure_future(
+            self._respond(None, self.voice, self.sampling, time.monotonic(), turn=self.turn)
+        )
 
     def _push(self, turn: StreamedTurn, samples) -> None:
         if not len(samples) or turn.stream.closed:
@@ -90,8 +96,12 @@ class PeerMicrophone:
         """The user's turn is the model's input now (its length at the model's input rate): its item's id, the turn
         joining the conversation with its answer."""
         item_id = f"item_{uuid.uuid4().hex[:12]}"
-        self.send("input_audio_buffer.committed", previous_item_id=self.items.last, item_id=item_id,
-                  audio_ms=samples * 1000 // self.model.audio_input_rate)
+        self.send(
+            "input_audio_buffer.committed",
+            previous_item_id=self.items.last,
+            item_id=item_id,
+            audio_ms=samples * 1000 // self.model.audio_input_rate,
+        )
         return self.file_user_turn(None, message_content("user", "", audio=True), item_id)
 
     def _end_turn(self, tail) -> None:
@@ -112,5 +122,8 @@ class PeerMicrophone:
         user_id = self._committed(len(samples))
         async with self._switch:
             await self.cancel_response("turn_detected")
-            self._task = asyncio.ensure_future(self._respond(None, self.voice, self.sampling, time.monotonic(),
-                                                             audio=as_tensor(samples), user_id=user_id))
+            self._task = asyncio.ensure_future(
+                self._respond(
+                    None, self.voice, self.sampling, time.monotonic(), audio=as_tensor(samples), user_id=user_id
+                )
+            )

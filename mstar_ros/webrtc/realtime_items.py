@@ -11,6 +11,7 @@ sends its events in the order OpenAI's reference lists them: ``response.created`
 ``response.output_item.done`` and ``response.done`` with ``output`` and ``usage``. The peer sends
 ``output_audio_buffer.stopped`` once the audio has played out, after ``response.done`` (OpenAI's order too).
 """
+
 from __future__ import annotations
 
 import uuid
@@ -26,8 +27,14 @@ def new_id(prefix: str) -> str:
 
 
 def message_item(item_id: str, role: str, content: list[dict], status: str = "completed") -> dict:
-    return {"id": item_id, "object": "realtime.item", "type": "message", "role": role, "status": status,
-            "content": content}
+    return {
+        "id": item_id,
+        "object": "realtime.item",
+        "type": "message",
+        "role": role,
+        "status": status,
+        "content": content,
+    }
 
 
 MAX_LOOSE_ITEMS = 256  # items with no turn (answers of a model that keeps no conversation, cut-off ones) kept
@@ -35,9 +42,9 @@ MAX_LOOSE_ITEMS = 256  # items with no turn (answers of a model that keeps no co
 
 @dataclass
 class Item:
-    turn: tuple | None   # its turn in the model's history (None: not in it, e.g. a model that keeps no conversation)
+    turn: tuple | None  # its turn in the model's history (None: not in it, e.g. a model that keeps no conversation)
     role: str
-    audio_ms: int = 0    # an answer's audio, what conversation.item.truncate may cut
+    audio_ms: int = 0  # an answer's audio, what conversation.item.truncate may cut
     response_id: str | None = None  # the response that made it
 
 
@@ -46,14 +53,14 @@ class ItemIds:
 
     def __init__(self) -> None:
         self._items: dict[str, Item] = {}
-        self.last: str | None = None   # the newest item: a new item's previous_item_id
+        self.last: str | None = None  # the newest item: a new item's previous_item_id
 
     def add(self, item_id: str, turn: tuple | None, role: str, response_id: str | None = None) -> str | None:
         """Files the item; returns the id of the one before it."""
         previous, self.last = self.last, item_id
         self._items[item_id] = Item(turn, role, response_id=response_id)
         loose = [i for i, item in self._items.items() if item.turn is None]
-        for old in loose[:max(0, len(loose) - MAX_LOOSE_ITEMS)]:
+        for old in loose[: max(0, len(loose) - MAX_LOOSE_ITEMS)]:
             self.remove(old)
         return previous
 
@@ -94,15 +101,24 @@ def usage(model, request, text_tokens: int, audio_tokens: int) -> dict:
     audio_in = placeholder_tokens(model, request, "audio") if request is not None else 0
     image_in = placeholder_tokens(model, request, "image") if request is not None else 0
     out = text_tokens + audio_tokens
-    return {"total_tokens": prompt + out, "input_tokens": prompt, "output_tokens": out,
-            "input_token_details": {"text_tokens": prompt - audio_in - image_in, "audio_tokens": audio_in,
-                                    "image_tokens": image_in, "cached_tokens": 0},
-            "output_token_details": {"text_tokens": text_tokens, "audio_tokens": audio_tokens}}
+    return {
+        "total_tokens": prompt + out,
+        "input_tokens": prompt,
+        "output_tokens": out,
+        "input_token_details": {
+            "text_tokens": prompt - audio_in - image_in,
+            "audio_tokens": audio_in,
+            "image_tokens": image_in,
+            "cached_tokens": 0,
+        },
+        "output_token_details": {"text_tokens": text_tokens, "audio_tokens": audio_tokens},
+    }
 
 
 @dataclass
 class ResponseEvents:
     """One response's output item and its events, sent through ``send(type, **fields)``."""
+
     send: Callable[..., None]
     response_id: str
     voice: str | None = None
@@ -122,13 +138,21 @@ class ResponseEvents:
         return message_item(self.item_id, "assistant", content, status)
 
     def response(self, status: str, output: list | None = None, **more: Any) -> dict:
-        return {"object": "realtime.response", "id": self.response_id, "status": status, "output": output or [],
-                "output_modalities": ["audio"], "audio": {"output": {"voice": self.voice}}, **more}
+        return {
+            "object": "realtime.response",
+            "id": self.response_id,
+            "status": status,
+            "output": output or [],
+            "output_modalities": ["audio"],
+            "audio": {"output": {"voice": self.voice}},
+            **more,
+        }
 
     def begin(self, previous_item_id: str | None) -> None:
         self.send("response.created", response=self.response("in_progress", status_details=None, usage=None))
-        self.send("response.output_item.added", response_id=self.response_id, output_index=0,
-                  item=self.item("in_progress"))
+        self.send(
+            "response.output_item.added", response_id=self.response_id, output_index=0, item=self.item("in_progress")
+        )
         self.send("conversation.item.created", previous_item_id=previous_item_id, item=self.item("in_progress"))
         self.send("response.content_part.added", **self._at, part=self._part())
 

@@ -6,13 +6,23 @@ they go back into its answer in their places: port 0, their first format, their 
 BUNDLE group (RFC 9143 §7.3.3). Where a rejected section carried the bundle's transport (the offer's
 candidates, ICE credentials, DTLS fingerprint), those lines move to the first section kept.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 # the lines of a section that belong to the bundle's one transport, by attribute name
-TRANSPORT = ("candidate", "end-of-candidates", "ice-ufrag", "ice-pwd", "ice-options", "fingerprint", "setup",
-             "rtcp-mux", "rtcp-mux-only")
+TRANSPORT = (
+    "candidate",
+    "end-of-candidates",
+    "ice-ufrag",
+    "ice-pwd",
+    "ice-options",
+    "fingerprint",
+    "setup",
+    "rtcp-mux",
+    "rtcp-mux-only",
+)
 
 
 class BadSDP(ValueError):
@@ -49,9 +59,9 @@ class Section:
 
 @dataclass
 class SplitOffer:
-    session: list[str]        # the lines before the first m= line
+    session: list[str]  # the lines before the first m= line
     sections: list[Section]
-    kept: list[bool]          # per section: answered by aiortc (True) or rejected
+    kept: list[bool]  # per section: answered by aiortc (True) or rejected
 
     @property
     def rejected_mids(self) -> list[str]:
@@ -65,9 +75,13 @@ class SplitOffer:
         if kept and self.rejected_mids:
             first, have = kept[0], kept[0].attributes()
             for section in (s for s, keep in zip(self.sections, self.kept) if not keep):
-                moved = [line for line in section.lines
-                         if line.startswith("a=") and line[2:].split(":", 1)[0] in TRANSPORT
-                         and line[2:].split(":", 1)[0] not in have]
+                moved = [
+                    line
+                    for line in section.lines
+                    if line.startswith("a=")
+                    and line[2:].split(":", 1)[0] in TRANSPORT
+                    and line[2:].split(":", 1)[0] not in have
+                ]
                 first.lines += moved
                 have |= {line[2:].split(":", 1)[0] for line in moved}
             first.lines = [line for line in first.lines if line != "a=bundle-only"]
@@ -88,7 +102,7 @@ def split_sections(sdp: str) -> SplitOffer:
     lines = [line for line in sdp.splitlines() if line]
     starts = [i for i, line in enumerate(lines) if line.startswith("m=")]
     sections = [Section(lines[a:b]) for a, b in zip(starts, starts[1:] + [len(lines)])]
-    return SplitOffer(lines[:starts[0]] if starts else lines, sections, [True] * len(sections))
+    return SplitOffer(lines[: starts[0]] if starts else lines, sections, [True] * len(sections))
 
 
 def split_offer(sdp: str, kinds: frozenset[str]) -> SplitOffer:

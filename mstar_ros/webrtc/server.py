@@ -19,6 +19,7 @@ dropped too, and one that stops answering ICE consent checks after about ``peer_
 other than loopback needs a token (mstar_ros.webrtc.gateway_token): every
 endpoint then wants ``Authorization: Bearer TOKEN`` (401 otherwise).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -84,11 +85,21 @@ def configure_ice(host: str, peer_lost_s: float) -> None:
 
 
 class VoiceGateway:
-    def __init__(self, model, conductor, *, host: str = "127.0.0.1", token: str | None = None,
-                 limits: GatewayLimits | None = None, model_name: str = "orpheus") -> None:
+    def __init__(
+        self,
+        model,
+        conductor,
+        *,
+        host: str = "127.0.0.1",
+        token: str | None = None,
+        limits: GatewayLimits | None = None,
+        model_name: str = "orpheus",
+    ) -> None:
         if not is_loopback(host) and not token:
-            raise ValueError(f"--host {host} is not loopback: give a token (--token-file FILE or ${TOKEN_ENV}; every "
-                             "endpoint then needs it)")
+            raise ValueError(
+                f"--host {host} is not loopback: give a token (--token-file FILE or ${TOKEN_ENV}; every "
+                "endpoint then needs it)"
+            )
         self.model, self.conductor, self.host, self.token = model, conductor, host, token
         self.limits = limits or GatewayLimits()
         self.peers: dict[str, VoicePeer] = {}
@@ -100,9 +111,14 @@ class VoiceGateway:
 
     def app(self) -> web.Application:
         # the largest body any route takes; each route's own limit is counted as its body is read
-        app = web.Application(client_max_size=max(self.limits.max_body_bytes, self.limits.max_audio_body_bytes),
-                              middlewares=[openai_error_middleware, self._auth,  # outermost: /v1/ errors as OpenAI's
-                                           body_middleware(self._body_limit, self.limits.connections)])
+        app = web.Application(
+            client_max_size=max(self.limits.max_body_bytes, self.limits.max_audio_body_bytes),
+            middlewares=[
+                openai_error_middleware,
+                self._auth,  # outermost: /v1/ errors as OpenAI's
+                body_middleware(self._body_limit, self.limits.connections),
+            ],
+        )
         add_page_routes(app)
         app.router.add_post("/offer", self.offer)
         app.router.add_delete("/offer/{pc_id}", self.delete)
@@ -111,8 +127,9 @@ class VoiceGateway:
         if getattr(self.model, "conversational", False):  # a model that answers: chat completions too
             from mstar_ros.webrtc.openai_chat import OpenAIChat
 
-            OpenAIChat(self.model, self.conductor, self.model_name, self.limits.max_text_chars,
-                       self.decode_budget).add_routes(app)
+            OpenAIChat(
+                self.model, self.conductor, self.model_name, self.limits.max_text_chars, self.decode_budget
+            ).add_routes(app)
         app.on_startup.append(self._start_reaper)
         app.on_shutdown.append(self._close_all)
         return app
@@ -137,9 +154,9 @@ class VoiceGateway:
         try:
             body = decode_json(await request_body(request))
         except BadJSON:
-            raise web.HTTPBadRequest(text="the body must be JSON: {\"sdp\": ..., \"type\": \"offer\"}") from None
+            raise web.HTTPBadRequest(text='the body must be JSON: {"sdp": ..., "type": "offer"}') from None
         if not isinstance(body, dict) or body.get("type") != "offer" or not isinstance(body.get("sdp"), str):
-            raise web.HTTPBadRequest(text="expected {\"sdp\": \"...\", \"type\": \"offer\"}")
+            raise web.HTTPBadRequest(text='expected {"sdp": "...", "type": "offer"}')
         peer = await self._new_peer(body["sdp"], request.remote or "")
         local = peer.pc.localDescription
         return web.json_response({"sdp": local.sdp, "type": local.type, "pc_id": peer.id})
@@ -151,15 +168,20 @@ class VoiceGateway:
         if len(theirs) >= limits.max_pending_per_client:
             victims.append(theirs[0])
         for pc_id in self.pending:  # oldest first
-            full = (len(self.pending) - len(victims) >= limits.max_pending_peers
-                    or len(self.peers) - len(victims) >= limits.max_peers)
+            full = (
+                len(self.pending) - len(victims) >= limits.max_pending_peers
+                or len(self.peers) - len(victims) >= limits.max_peers
+            )
             if not full:
                 break
             if pc_id not in victims:
                 victims.append(pc_id)
         for pc_id in victims:
-            log.info("peer %s: dropped before it connected (%.1f s after its offer): a newer offer needed its slot",
-                     pc_id, time.monotonic() - self.pending[pc_id][0])
+            log.info(
+                "peer %s: dropped before it connected (%.1f s after its offer): a newer offer needed its slot",
+                pc_id,
+                time.monotonic() - self.pending[pc_id][0],
+            )
             await self._drop(pc_id)
 
     async def _new_peer(self, sdp: str, client: str) -> VoicePeer:
@@ -171,8 +193,14 @@ class VoiceGateway:
         if len(self.peers) >= self.limits.max_peers:
             raise web.HTTPServiceUnavailable(text=f"{self.limits.max_peers} peers are connected (the limit)")
         pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
-        peer = VoicePeer(pc, self.model, self.conductor, max_text_chars=self.limits.max_text_chars,
-                         decode_budget=self.decode_budget, model_name=self.model_name)
+        peer = VoicePeer(
+            pc,
+            self.model,
+            self.conductor,
+            max_text_chars=self.limits.max_text_chars,
+            decode_budget=self.decode_budget,
+            model_name=self.model_name,
+        )
         self.peers[peer.id] = peer
         self.pending[peer.id] = (time.monotonic(), client)
 
@@ -215,13 +243,23 @@ class VoiceGateway:
             now = time.monotonic()
             for pc_id, (offered, _) in list(self.pending.items()):
                 if now - offered > self.limits.connect_timeout_s:
-                    log.info("peer %s: not connected %.0f s after its offer (ICE never completed; connect_timeout_s "
-                             "%g): dropped", pc_id, now - offered, self.limits.connect_timeout_s)
+                    log.info(
+                        "peer %s: not connected %.0f s after its offer (ICE never completed; connect_timeout_s "
+                        "%g): dropped",
+                        pc_id,
+                        now - offered,
+                        self.limits.connect_timeout_s,
+                    )
                     await self._drop(pc_id)
             for pc_id, peer in list(self.peers.items()):
                 if peer.closed or peer.idle_s > self.limits.idle_timeout_s:
-                    log.info("peer %s: %s", pc_id, "closed" if peer.closed else
-                             f"idle for {peer.idle_s:.0f} s (idle_timeout_s {self.limits.idle_timeout_s:g})")
+                    log.info(
+                        "peer %s: %s",
+                        pc_id,
+                        "closed"
+                        if peer.closed
+                        else f"idle for {peer.idle_s:.0f} s (idle_timeout_s {self.limits.idle_timeout_s:g})",
+                    )
                     await self._drop(pc_id)
 
     async def _close_all(self, _app) -> None:

@@ -9,6 +9,7 @@ GA: ``{"type": "realtime", "instructions", "output_modalities": ["audio"], "max_
 ``speed`` 1) passes. Fields of the session a client may send back as it got them (``id``, ``object``,
 ``model`` when it names the served model) are taken as they are.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -16,7 +17,7 @@ from typing import Any
 
 from mstar_ros.webrtc.events import EventError
 
-PCM_24K = {"type": "audio/pcm", "rate": 24000}   # OpenAI's default input and output format
+PCM_24K = {"type": "audio/pcm", "rate": 24000}  # OpenAI's default input and output format
 ECHOED = {"id", "object", "expires_at", "input_image", "random_weights", "output_audio_format"}  # ours, read-only
 UNSET = object()
 
@@ -24,12 +25,13 @@ UNSET = object()
 @dataclass
 class SessionChange:
     """What an update changes; fields left at None (instructions: UNSET) keep their value."""
+
     voice: str | None = None
-    instructions: Any = UNSET          # str, or None to drop them
+    instructions: Any = UNSET  # str, or None to drop them
     sampling: dict = field(default_factory=dict)  # SamplingParams field -> value
     silence_duration_ms: int | None = None
     vad_threshold: float | None = None
-    turn_detection_off: bool = False   # turn_detection: null (a peer without a microphone track)
+    turn_detection_off: bool = False  # turn_detection: null (a peer without a microphone track)
 
 
 def _unsupported(path: str, why: str) -> EventError:
@@ -39,8 +41,9 @@ def _unsupported(path: str, why: str) -> EventError:
 def _number(value: Any, path: str, integer: bool = False) -> float | int:
     ok = isinstance(value, int) if integer else isinstance(value, (int, float))
     if not ok or isinstance(value, bool):
-        raise EventError(f"session.{path} must be {'an integer' if integer else 'a number'}, got {value!r}",
-                         param=f"session.{path}")
+        raise EventError(
+            f"session.{path} must be {'an integer' if integer else 'a number'}, got {value!r}", param=f"session.{path}"
+        )
     return value
 
 
@@ -52,15 +55,19 @@ def _format(value: Any, path: str) -> None:
 
 def _modalities(value: Any, path: str) -> None:
     if not isinstance(value, list) or "audio" not in value or not set(value) <= {"audio", "text"}:
-        raise _unsupported(path, f"{value!r}: this gateway answers in audio with its transcript "
-                                 "([\"audio\"]); text alone is not served")
+        raise _unsupported(
+            path, f'{value!r}: this gateway answers in audio with its transcript (["audio"]); text alone is not served'
+        )
 
 
 def _turn_detection(value: Any, path: str, change: SessionChange, has_microphone: bool) -> None:
     if value is None:
         if has_microphone:
-            raise _unsupported(path, "null: the server VAD cuts the microphone's turns (input_audio_buffer.commit "
-                                     "ends a turn of appended audio without it)")
+            raise _unsupported(
+                path,
+                "null: the server VAD cuts the microphone's turns (input_audio_buffer.commit "
+                "ends a turn of appended audio without it)",
+            )
         change.turn_detection_off = True
         return
     if not isinstance(value, dict):
@@ -119,8 +126,9 @@ def _audio(value: Any, change: SessionChange, has_microphone: bool, check_voice)
                 raise _unsupported(path, "not a field this gateway serves")
 
 
-def session_change(raw: Any, *, model_name: str, takes_instructions: bool, has_microphone: bool,
-                   check_voice, max_tokens_limit: int) -> SessionChange:
+def session_change(
+    raw: Any, *, model_name: str, takes_instructions: bool, has_microphone: bool, check_voice, max_tokens_limit: int
+) -> SessionChange:
     """``session.update``'s ``session`` -> the change it asks for, or the EventError naming its first field the
     gateway does not serve. ``check_voice(voice, param)`` returns the model's spelling or raises ValueError."""
     if raw is None:
@@ -139,8 +147,11 @@ def session_change(raw: Any, *, model_name: str, takes_instructions: bool, has_m
                 raise _unsupported("model", f"{given!r}: this gateway serves {model_name!r}")
         elif key == "instructions":
             if not takes_instructions:
-                raise _unsupported("instructions", "this model speaks the text it is given and takes no "
-                                                   "instructions (send the text in response.create)")
+                raise _unsupported(
+                    "instructions",
+                    "this model speaks the text it is given and takes no "
+                    "instructions (send the text in response.create)",
+                )
             if given is not None and not isinstance(given, str):
                 raise EventError("session.instructions must be a string", param="session.instructions")
             change.instructions = given.strip() or None if isinstance(given, str) else None
@@ -170,8 +181,9 @@ def session_change(raw: Any, *, model_name: str, takes_instructions: bool, has_m
                 raise _unsupported("tool_choice", f"{given!r}: this model calls no tools")
         elif key == "truncation":
             if given not in ("auto", None):
-                raise _unsupported("truncation", f"{given!r}: the oldest turns go first past the conversation's "
-                                                 "limits (auto)")
+                raise _unsupported(
+                    "truncation", f"{given!r}: the oldest turns go first past the conversation's limits (auto)"
+                )
         elif key == "include":
             if given not in ([], None):
                 raise _unsupported("include", f"{given!r}: nothing more is included")

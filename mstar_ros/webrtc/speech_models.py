@@ -7,6 +7,7 @@ so it has no per-model code. ``worker_spec()`` (optional) names what Worker proc
 it under a placement (``--placement``); a model loaded with ``requests_only=True`` then reads no weights
 in the gateway's process (it builds requests; the Workers hold the weights).
 """
+
 from __future__ import annotations
 
 from importlib.metadata import entry_points
@@ -53,6 +54,7 @@ def checked_voice(model, voice: str, field: str = "voice") -> str:
     voices = model_voices(model)
     found = next((name for name in voices if name.lower() == voice.lower()), None)
     if found is None:
-        raise ValueError(f"{field} {voice!r}: this model has no such voice "
-                         f"(it has: {', '.join(voices) or 'none it names'})")
+        raise ValueError(
+            f"{field} {voice!r}: this model has no such voice (it has: {', '.join(voices) or 'none it names'})"
+        )
     return found

@@ -18,6 +18,7 @@
   loopback gateway; only its own page (same origin) and non-browser clients reach it.
 - No ``Link`` headers (RFC 9725 §4.6: the endpoint MAY name STUN/TURN servers): the gateway uses none.
 """
+
 from __future__ import annotations
 
 import json
@@ -37,14 +38,18 @@ SDP = "application/sdp"
 FRAGMENT = "application/trickle-ice-sdpfrag"
 KINDS = frozenset({"audio", "application"})  # the m-sections the gateway answers; others are rejected
 EXPOSED = {"Access-Control-Allow-Origin": "*", "Access-Control-Expose-Headers": "Location, ETag, Link"}
-PREFLIGHT = {"Access-Control-Allow-Methods": "POST, PATCH, DELETE, OPTIONS",
-             "Access-Control-Allow-Headers": "Authorization, Content-Type, If-Match",
-             "Access-Control-Max-Age": "600", "Accept-Post": SDP}
+PREFLIGHT = {
+    "Access-Control-Allow-Methods": "POST, PATCH, DELETE, OPTIONS",
+    "Access-Control-Allow-Headers": "Authorization, Content-Type, If-Match",
+    "Access-Control-Max-Age": "600",
+    "Accept-Post": SDP,
+}
 
 
 class PeerEvents:
     """Where a WHIP peer's Realtime events go in place of a data channel: errors are counted and logged
     (the request that caused one answers it), the rest is dropped, as no one listens."""
+
     readyState = "open"
 
     def __init__(self, pc_id: str) -> None:
@@ -61,8 +66,8 @@ class PeerEvents:
 @dataclass
 class WhipSession:
     etag: str
-    ufrag: str | None   # the client's ICE credentials from its offer: another one in a PATCH is a restart
-    mid: str | None     # the bundle's transport (the first section answered): where candidates go
+    ufrag: str | None  # the client's ICE credentials from its offer: another one in a PATCH is a restart
+    mid: str | None  # the bundle's transport (the first section answered): where candidates go
     events: PeerEvents
 
 
@@ -99,8 +104,9 @@ class WhipEndpoint:
         offer = split_offer(sdp, KINDS)
         kept = offer.kept_sections()
         if not any(s.kind == "audio" for s in kept):
-            raise web.HTTPBadRequest(text="the offer has no audio m-section: the gateway takes and sends audio "
-                                          "(other media are rejected)")
+            raise web.HTTPBadRequest(
+                text="the offer has no audio m-section: the gateway takes and sends audio (other media are rejected)"
+            )
         peer = await self.gateway._new_peer(offer.offer_for_aiortc(), request.remote or "")
         try:
             answer = offer.answer(peer.pc.localDescription.sdp)
@@ -113,10 +119,17 @@ class WhipEndpoint:
         session = WhipSession(f'"{uuid.uuid4().hex}"', offer_ufrag(sdp), kept[0].mid, events)
         self.sessions[peer.id] = session
         if offer.rejected_mids:
-            log.info("WHIP peer %s: rejected m-section(s) %s (the gateway takes audio only)", peer.id,
-                     ", ".join(offer.rejected_mids))
-        return web.Response(status=201, body=answer.encode(), content_type=SDP,
-                            headers={"Location": f"/whip/{peer.id}", "ETag": session.etag})
+            log.info(
+                "WHIP peer %s: rejected m-section(s) %s (the gateway takes audio only)",
+                peer.id,
+                ", ".join(offer.rejected_mids),
+            )
+        return web.Response(
+            status=201,
+            body=answer.encode(),
+            content_type=SDP,
+            headers={"Location": f"/whip/{peer.id}", "ETag": session.etag},
+        )
 
     def _session(self, request: web.Request) -> tuple[WhipSession, object]:
         pc_id = request.match_info["pc_id"]
@@ -185,5 +198,6 @@ async def _text(request: web.Request, content_type: str, what: str) -> str:
 
 
 def _no_restart() -> web.HTTPException:
-    return web.HTTPUnprocessableEntity(text="ICE restart is not supported (aiortc cannot restart ICE): DELETE this "
-                                            "session and POST a new offer")
+    return web.HTTPUnprocessableEntity(
+        text="ICE restart is not supported (aiortc cannot restart ICE): DELETE this session and POST a new offer"
+    )

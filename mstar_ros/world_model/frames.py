@@ -12,6 +12,7 @@ within ``max_position_m`` of the base frame's origin on each axis (x = 1e300 is 
 and a unit quaternion; a gripper position finite and within half its range of [0,
 gripper_max] (a little past either end is clipped: driver noise).
 """
+
 from __future__ import annotations
 
 import math
@@ -48,15 +49,22 @@ class FramePicker:
         self.last_stamp = None
 
 
-def check_pose(position: tuple[float, float, float], orientation: tuple[float, float, float, float], *,
-               topic: str, max_position_m: float) -> None:
+def check_pose(
+    position: tuple[float, float, float],
+    orientation: tuple[float, float, float, float],
+    *,
+    topic: str,
+    max_position_m: float,
+) -> None:
     """Raises StateError unless the pose can be a state: see the module's docstring."""
     for axis, value in zip("xyz", position):
         if not math.isfinite(value):
             raise StateError(f"{topic}: position {axis} {value:g} is not finite")
         if abs(value) > max_position_m:
-            raise StateError(f"{topic}: position {axis} {value:g} is over max_position_m={max_position_m:g} from "
-                             "the base frame's origin")
+            raise StateError(
+                f"{topic}: position {axis} {value:g} is over max_position_m={max_position_m:g} from "
+                "the base frame's origin"
+            )
     if not all(math.isfinite(q) for q in orientation):
         raise StateError(f"{topic}: orientation has NaN or infinite values")
     _check_unit(orientation, topic)
@@ -74,13 +82,16 @@ def gripper_state(position: float, gripper_max: float, *, topic: str) -> float:
         raise StateError(f"{topic}: gripper position {position:g} is not finite")
     value = position / gripper_max
     if not -GRIPPER_SLACK <= value <= 1 + GRIPPER_SLACK:
-        raise StateError(f"{topic}: gripper position {position:g} is outside [{-GRIPPER_SLACK:g}, "
-                         f"{1 + GRIPPER_SLACK:g}] x gripper_max={gripper_max:g}")
+        raise StateError(
+            f"{topic}: gripper position {position:g} is outside [{-GRIPPER_SLACK:g}, "
+            f"{1 + GRIPPER_SLACK:g}] x gripper_max={gripper_max:g}"
+        )
     return min(max(value, 0.0), 1.0)
 
 
-def pose_state(position: tuple[float, float, float], orientation: tuple[float, float, float, float],
-               gripper: float, *, topic: str) -> torch.Tensor:
+def pose_state(
+    position: tuple[float, float, float], orientation: tuple[float, float, float, float], gripper: float, *, topic: str
+) -> torch.Tensor:
     """[x, y, z, roll, pitch, yaw, gripper]: orientation as geometry_msgs orders it (x, y, z, w)."""
     values = [*position, *orientation, gripper]
     if not all(math.isfinite(v) for v in values):

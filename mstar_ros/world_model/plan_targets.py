@@ -5,6 +5,7 @@ Meta's notebook executes the first row); the rest is the horizon. Each pose foll
 previous one as Meta's ``compute_new_pose`` does (xyz added, rotation R_delta @ R, gripper
 clipped to [0, 1]).
 """
+
 from __future__ import annotations
 
 import torch

@@ -6,6 +6,7 @@ ReleaseRequest / CloseSession) and tensor handles, through one worker set chosen
 it is built (``mstar.conductor.worker_set``), so Workers can move to other processes
 without changing this file's logic.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -44,8 +45,13 @@ class NodeError(RuntimeError):
     pass
 
 
-def _worker_set(graph: ModelGraph, modules: Mapping[str, NodeSubmodule] | None, config: EngineConfig | None,
-                device: str | torch.device, pool: WorkerPool | None) -> WorkerSet:
+def _worker_set(
+    graph: ModelGraph,
+    modules: Mapping[str, NodeSubmodule] | None,
+    config: EngineConfig | None,
+    device: str | torch.device,
+    pool: WorkerPool | None,
+) -> WorkerSet:
     """The one place that tells the two apart: Worker processes when given their pool, else one in here."""
     if pool is not None:
         return ProcessWorkers(pool)
@@ -58,9 +64,15 @@ class Conductor:
     """Embedded (``Conductor(graph, modules)``: one in-process Worker) or distributed
     (``Conductor.distributed(spec, placement)``: one Worker process per rank)."""
 
-    def __init__(self, graph: ModelGraph, modules: Mapping[str, NodeSubmodule] | None = None, *,
-                 config: EngineConfig | None = None, device: str | torch.device = "cpu",
-                 pool: WorkerPool | None = None) -> None:
+    def __init__(
+        self,
+        graph: ModelGraph,
+        modules: Mapping[str, NodeSubmodule] | None = None,
+        *,
+        config: EngineConfig | None = None,
+        device: str | torch.device = "cpu",
+        pool: WorkerPool | None = None,
+    ) -> None:
         self.graph = graph
         self.worker_set = _worker_set(graph, modules, config, device, pool)
         self.store = self.worker_set.store
@@ -75,8 +87,14 @@ class Conductor:
         self.started = False
 
     @classmethod
-    def distributed(cls, spec: ModelSpec, placement: str | Path | ResolvedPlacement, *,
-                    config: EngineConfig | None = None, **pool_options) -> Conductor:
+    def distributed(
+        cls,
+        spec: ModelSpec,
+        placement: str | Path | ResolvedPlacement,
+        *,
+        config: EngineConfig | None = None,
+        **pool_options,
+    ) -> Conductor:
         """Workers in their own processes per the placement file (started here unless ``launch=False``)."""
         graph, _ = build_model(spec, set())
         resolved = placement if isinstance(placement, ResolvedPlacement) else load_placement(str(placement), graph)
@@ -130,23 +148,33 @@ class Conductor:
         missing = sorted(required - set(request.inputs))
         unknown = sorted(set(request.inputs) - expected)
         if missing or unknown:
-            raise ValueError(f"request {request.request_id}: graph {self.graph.name!r} takes inputs {sorted(expected)}; "
-                             f"missing {missing}, unknown {unknown}")
+            raise ValueError(
+                f"request {request.request_id}: graph {self.graph.name!r} takes inputs {sorted(expected)}; "
+                f"missing {missing}, unknown {unknown}"
+            )
         if request.outputs is not None and not set(request.outputs) <= set(self.graph.output_names):
-            raise ValueError(f"request {request.request_id}: graph {self.graph.name!r} has outputs "
-                             f"{self.graph.output_names}, not {sorted(set(request.outputs) - set(self.graph.output_names))}")
+            raise ValueError(
+                f"request {request.request_id}: graph {self.graph.name!r} has outputs "
+                f"{self.graph.output_names}, not {sorted(set(request.outputs) - set(self.graph.output_names))}"
+            )
         seed = request.sampling.seed if request.sampling.seed is not None else secrets.randbits(62)
         stream = RequestStream(request.request_id)
-        rs = RequestState(request, seed, stream, self.store.get, wire_id=f"{request.request_id}#{next(self._submissions)}")
+        rs = RequestState(
+            request, seed, stream, self.store.get, wire_id=f"{request.request_id}#{next(self._submissions)}"
+        )
         streamed = set(self.graph.stream_input_names)
         for name, tensor in request.inputs.items():
             if (name in streamed) != isinstance(tensor, StreamInput):
                 kind = "a StreamInput (it arrives over time)" if name in streamed else "a tensor"
-                raise TypeError(f"request {request.request_id}: input {name!r} must be {kind}, got {type(tensor).__name__}")
+                raise TypeError(
+                    f"request {request.request_id}: input {name!r} must be {kind}, got {type(tensor).__name__}"
+                )
             if name in streamed:
                 continue
             if not isinstance(tensor, torch.Tensor):
-                raise TypeError(f"request {request.request_id}: input {name!r} must be a tensor, got {type(tensor).__name__}")
+                raise TypeError(
+                    f"request {request.request_id}: input {name!r} must be a tensor, got {type(tensor).__name__}"
+                )
             handle = self.worker_set.put_input(tensor, owner=rs.wire_id)
             for edge in self.graph.edges_from(GRAPH_INPUT, name):
                 if edge.target.node == GRAPH_OUTPUT:
@@ -190,8 +218,11 @@ class Conductor:
     async def _run(self, rs: RequestState) -> None:
         rid = rs.request_id
         outcome: RequestError | None = None
-        rs.input_feeds = {name: asyncio.ensure_future(self._feed(rs, name, value))
-                          for name, value in rs.request.inputs.items() if isinstance(value, StreamInput)}
+        rs.input_feeds = {
+            name: asyncio.ensure_future(self._feed(rs, name, value))
+            for name, value in rs.request.inputs.items()
+            if isinstance(value, StreamInput)
+        }
         feeds = list(rs.input_feeds.values())
         for feed in feeds:
             feed.add_done_callback(lambda task: self._feed_done(rs, task))
@@ -259,8 +290,9 @@ class Conductor:
         self._tasks.pop(rid, None)
 
     # -- worker calls -----------------------------------------------------------------
-    async def _dispatch(self, msg: ExecuteNode, on_output: Callable[[NodeOutput], None],
-                        on_sent: Callable[[object], None] | None = None) -> None:
+    async def _dispatch(
+        self, msg: ExecuteNode, on_output: Callable[[NodeOutput], None], on_sent: Callable[[object], None] | None = None
+    ) -> None:
         """Sends one call to the node's worker; feeds each NodeOutput to ``on_output`` until final.
         ``on_sent(worker)`` runs right after the call went out (what follows it there goes after it).
 
@@ -308,19 +340,28 @@ class Conductor:
         assert self._loop is not None
         moved: asyncio.Future = self._loop.create_future()
         export = ExportKV(next(self._call_ids), msg.request_id, owner, msg.node, self.router.kv_transport(home, rank))
-        source.export_kv(export, lambda out: self._loop.call_soon_threadsafe(  # type: ignore[union-attr]
-            lambda: moved.done() or moved.set_result(out)))
+        source.export_kv(
+            export,
+            lambda out: self._loop.call_soon_threadsafe(  # type: ignore[union-attr]
+                lambda: moved.done() or moved.set_result(out)
+            ),
+        )
         result: KVExported = await moved
         if result.error is not None or result.state is None:
-            raise RequestError(msg.request_id.rpartition("#")[0],
-                               f"moving the KV of node {msg.node!r} from rank {home} to rank {rank} failed: {result.error}")
+            raise RequestError(
+                msg.request_id.rpartition("#")[0],
+                f"moving the KV of node {msg.node!r} from rank {home} to rank {rank} failed: {result.error}",
+            )
         msg.kv_import = result.state
         self._kv_home[(owner, msg.node)] = rank  # only now: a failed hand-over leaves the KV where it was
 
     # -- introspection (tests, /diagnostics) --------------------------------------------
     def stats(self) -> dict[str, object]:
-        return {"in_flight": self.in_flight, "tensors_held": self._tensors_held(),
-                "workers": [w.stats() for w in self.workers]}
+        return {
+            "in_flight": self.in_flight,
+            "tensors_held": self._tensors_held(),
+            "workers": [w.stats() for w in self.workers],
+        }
 
     def _tensors_held(self) -> int:
         return self.worker_set.tensors_held()

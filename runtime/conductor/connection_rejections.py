@@ -6,6 +6,7 @@ first rejection of a kind is logged at once with its reason; repeats within ``pe
 are counted and said in one line with the count (``mstar.counted_log``), also when they
 stop coming: a pending count is flushed once its period has run out.
 """
+
 from __future__ import annotations
 
 import asyncio

@@ -3,6 +3,7 @@
 Tensors are handed over in memory: the Worker reads the Conductor's store itself,
 so an input needs no export and the store's count is everything held.
 """
+
 from __future__ import annotations
 
 import os
@@ -23,8 +24,13 @@ from mstar.worker.worker import Worker
 
 
 class InProcessWorkers(WorkerSet):
-    def __init__(self, graph: ModelGraph, modules: Mapping[str, NodeSubmodule],
-                 config: EngineConfig | None = None, device: str | torch.device = "cpu") -> None:
+    def __init__(
+        self,
+        graph: ModelGraph,
+        modules: Mapping[str, NodeSubmodule],
+        config: EngineConfig | None = None,
+        device: str | torch.device = "cpu",
+    ) -> None:
         super().__init__(InProcessTensorStore(), placement=None)
         # built on the device thread: dtype casts and KV allocation are heavy torch work
         self.local_worker = run_on_device(Worker, graph, modules, self.store, config, device)
@@ -59,10 +65,20 @@ class InProcessWorkers(WorkerSet):
     def worker_status(self) -> list[WorkerStatus]:
         """The one Worker is rank 0 in this very process (it cannot die on its own)."""
         worker = self.local_worker
-        return [WorkerStatus(rank=0, state="alive" if self._running else "dead", pid=os.getpid(),
-                             host=socket.gethostname(), nodes=tuple(sorted(worker.nodes)), restarts=0,
-                             last_death=None, heartbeat_age_s=None, dtype=worker.dtype_choice.dtype,
-                             dtype_reason=worker.dtype_choice.describe())]
+        return [
+            WorkerStatus(
+                rank=0,
+                state="alive" if self._running else "dead",
+                pid=os.getpid(),
+                host=socket.gethostname(),
+                nodes=tuple(sorted(worker.nodes)),
+                restarts=0,
+                last_death=None,
+                heartbeat_age_s=None,
+                dtype=worker.dtype_choice.dtype,
+                dtype_reason=worker.dtype_choice.describe(),
+            )
+        ]
 
     async def refresh(self) -> None:
         return None  # the Worker's counters are read directly

@@ -3,6 +3,7 @@
 Workers in other processes cannot read the Conductor's memory: inputs go inline in
 the call message, and each Worker reports its own tensors and counters when asked.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -57,8 +58,9 @@ class ProcessWorkers(WorkerSet):
 
     async def refresh(self) -> None:
         # a Worker that does not answer keeps its last counters (the pool's heartbeat acts)
-        await asyncio.gather(*(w.refresh_stats() for w in self.pool.workers.values() if w.alive),
-                             return_exceptions=True)
+        await asyncio.gather(
+            *(w.refresh_stats() for w in self.pool.workers.values() if w.alive), return_exceptions=True
+        )
 
     def tensors_held(self) -> int:
         return len(self.exchange) + sum(w.tensors_held() for w in self.pool.workers.values())

@@ -6,6 +6,7 @@ on the event loop (one reader task per connection). When the connection drops, e
 call still in flight on this Worker ends with an error that says which Worker died
 and how; nothing waits forever.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -34,8 +35,17 @@ class WorkerDied(RuntimeError):
 
 
 class RemoteWorker:
-    def __init__(self, rank: int, nodes: list[str], reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                 pid: int, host: str, ready: Ready, process: subprocess.Popen | None = None) -> None:
+    def __init__(
+        self,
+        rank: int,
+        nodes: list[str],
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        pid: int,
+        host: str,
+        ready: Ready,
+        process: subprocess.Popen | None = None,
+    ) -> None:
         self.rank = rank
         self.nodes = list(nodes)
         self.pid = pid
@@ -157,8 +167,15 @@ class RemoteWorker:
         self._calls[msg.call_id] = (msg.node, reply)
         if not self._send(msg):
             self._calls.pop(msg.call_id, None)
-            reply(NodeOutput(msg.call_id, msg.request_id, 0, final=True,
-                             error=f"{self!r} {self.death or 'is gone'}; node {msg.node!r} did not run"))
+            reply(
+                NodeOutput(
+                    msg.call_id,
+                    msg.request_id,
+                    0,
+                    final=True,
+                    error=f"{self!r} {self.death or 'is gone'}; node {msg.node!r} did not run",
+                )
+            )
 
     def handle(self, msg: ReleaseRequest | CloseSession | FeedInput) -> None:
         self._send(msg)  # after the calls sent before it: one connection keeps the order

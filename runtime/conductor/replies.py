@@ -1,4 +1,5 @@
 """Hands NodeOutputs from worker threads to the event loop: one wake-up per burst, not per token."""
+
 from __future__ import annotations
 
 import asyncio

@@ -8,6 +8,7 @@ request wants, the stop edge of a Loop the Conductor iterates), else the transpo
 towards the other ranks that consume it (shared memory on one host, TCP across
 hosts, or what the placement file asks for).
 """
+
 from __future__ import annotations
 
 from typing import Protocol

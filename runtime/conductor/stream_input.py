@@ -9,6 +9,7 @@ inside one graph, so the consumer computes what the unsplit graph computes.
 
 ``put``/``close``/``fail`` may be called from any thread.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -101,7 +102,7 @@ class SampleStream(StreamInput):
         held = torch.cat([self._held, chunk])
         whole = held.numel() // self.item * self.item
         for start in range(0, whole, self.item):
-            self.put(held[start:start + self.item].clone())
+            self.put(held[start : start + self.item].clone())
         self._held = held[whole:]
 
     def close(self) -> None:

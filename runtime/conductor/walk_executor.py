@@ -6,6 +6,7 @@ is handed to the engine whole (engine-resident loop); any other Loop is iterated
 A streaming edge into a node's fed input passes its chunks to that node's running call
 (FeedInput) instead of starting a call per chunk; it closes when its producer's call ends.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -101,24 +102,45 @@ class WalkExecutor:
                 inputs[port] = ref
         return inputs
 
-    def _message(self, node: str, rs: RequestState, inputs: dict[str, TensorRef], loop: LoopSpec | None = None,
-                 meta: dict[str, int] | None = None) -> ExecuteNode:
+    def _message(
+        self,
+        node: str,
+        rs: RequestState,
+        inputs: dict[str, TensorRef],
+        loop: LoopSpec | None = None,
+        meta: dict[str, int] | None = None,
+    ) -> ExecuteNode:
         gnode = self.graph.node(node)
         req = rs.request
         walk_nodes = self._walk_nodes(rs.current_walk)
         # request meta "node.key" (an int, not one of the fields below) reaches that node's calls
         prefix = f"{node}."
-        node_meta = {k[len(prefix):]: int(v) for k, v in req.meta.items()
-                     if k.startswith(prefix) and k[len(prefix):] not in _CALL_FIELDS and isinstance(v, (int, bool))}
+        node_meta = {
+            k[len(prefix) :]: int(v)
+            for k, v in req.meta.items()
+            if k.startswith(prefix) and k[len(prefix) :] not in _CALL_FIELDS and isinstance(v, (int, bool))
+        }
         return ExecuteNode(
-            call_id=self.new_call_id(), request_id=rs.wire_id, node=node, inputs=inputs,
-            index=rs.next_index(node), seed=rs.seed,
+            call_id=self.new_call_id(),
+            request_id=rs.wire_id,
+            node=node,
+            inputs=inputs,
+            index=rs.next_index(node),
+            seed=rs.seed,
             # request meta "node.sampling" (a SamplingParams) samples that node otherwise than the request
-            sampling=req.meta.get(f"{node}.sampling", req.sampling) if gnode.engine == "ar" and "token" in gnode.outputs else None,
-            loop=loop, session_id=req.session_id, meta={**node_meta, **(meta or {})},
-            mask=int(req.meta.get(f"{node}.mask", 0)), mask_arg=int(req.meta.get(f"{node}.mask_arg", 0)),
-            kv_window=req.meta.get(f"{node}.kv_window"), kv_from=gnode.kv_from,
-            loop_mode=gnode.loop_mode, step_rows=any(self._step_streams(node, walk_nodes)))
+            sampling=req.meta.get(f"{node}.sampling", req.sampling)
+            if gnode.engine == "ar" and "token" in gnode.outputs
+            else None,
+            loop=loop,
+            session_id=req.session_id,
+            meta={**node_meta, **(meta or {})},
+            mask=int(req.meta.get(f"{node}.mask", 0)),
+            mask_arg=int(req.meta.get(f"{node}.mask_arg", 0)),
+            kv_window=req.meta.get(f"{node}.kv_window"),
+            kv_from=gnode.kv_from,
+            loop_mode=gnode.loop_mode,
+            step_rows=any(self._step_streams(node, walk_nodes)),
+        )
 
     def _walk_nodes(self, walk: str | None) -> frozenset[str]:
         """The nodes a walk calls (cached: every call of a node asks)."""
@@ -131,15 +153,23 @@ class WalkExecutor:
 
     def _step_streams(self, node: str, walk_nodes: frozenset[str]) -> list[StreamingGraphEdge]:
         """The streaming edges from ``node``'s step rows into a node of the current walk."""
-        return [e for port in self.graph.node(node).outputs if port.startswith("step_")
-                for e in self.graph.edges_from(node, port)
-                if isinstance(e, StreamingGraphEdge) and e.target.node in walk_nodes]
+        return [
+            e
+            for port in self.graph.node(node).outputs
+            if port.startswith("step_")
+            for e in self.graph.edges_from(node, port)
+            if isinstance(e, StreamingGraphEdge) and e.target.node in walk_nodes
+        ]
 
-    async def _call(self, node: str, rs: RequestState, watches: tuple[_StopWatch, ...] = (),
-                    loop: LoopSpec | None = None) -> None:
+    async def _call(
+        self, node: str, rs: RequestState, watches: tuple[_StopWatch, ...] = (), loop: LoopSpec | None = None
+    ) -> None:
         inputs = self._inputs(node, rs)
-        fed = {e.target.port: self._stream(rs, e) for e in self.graph.edges_into(node)  # type: ignore[arg-type]
-               if e.target.port in self.graph.node(node).fed_inputs}
+        fed = {
+            e.target.port: self._stream(rs, e)
+            for e in self.graph.edges_into(node)  # type: ignore[arg-type]
+            if e.target.port in self.graph.node(node).fed_inputs
+        }
         walk_nodes = self._walk_nodes(rs.current_walk)
         for port, state in fed.items():  # what has come so far goes with the call
             if state.edge.source.node not in walk_nodes:  # no producer runs beside it: nothing more comes
@@ -148,11 +178,15 @@ class WalkExecutor:
                 inputs[port], state.fed = list(state.fed), []
         missing = [p for p in self.graph.node(node).inputs if p not in inputs and self._required(node, p)]
         if missing:
-            raise RequestError(rs.request_id, f"walk {rs.current_walk!r}: node {node!r} has no value for input(s) {missing}")
+            raise RequestError(
+                rs.request_id, f"walk {rs.current_walk!r}: node {node!r} has no value for input(s) {missing}"
+            )
         msg = self._message(node, rs, inputs, loop)
         msg.fed_inputs = tuple(fed)  # a stream already closed: its end follows at once (the engine's rows one shape)
         for port in inputs:  # a value is consumed by the call it feeds, unless the request's input is
-            if port not in fed and not self._request_constant(node, port):  # its only source (a Loop body reads it every time)
+            if port not in fed and not self._request_constant(
+                node, port
+            ):  # its only source (a Loop body reads it every time)
                 rs.values.pop((node, port), None)
 
         def sent(worker) -> None:  # from now on the rest goes to the running call, in order after it
@@ -176,12 +210,14 @@ class WalkExecutor:
     def _sink(worker, msg: ExecuteNode, port: str) -> Callable[[list[TensorHandle], bool], None]:
         def send(items: list[TensorHandle], final: bool) -> None:
             worker.handle(FeedInput(msg.request_id, msg.node, port, list(items), final, msg.session_id))
+
         return send
 
     def _request_constant(self, node: str, port: str) -> bool:
         sources = [e for e in self.graph.edges_into(node) if e.target.port == port]
-        return bool(sources) and all(e.source.node == GRAPH_INPUT and not isinstance(e, StreamingGraphEdge)
-                                     for e in sources)
+        return bool(sources) and all(
+            e.source.node == GRAPH_INPUT and not isinstance(e, StreamingGraphEdge) for e in sources
+        )
 
     def _required(self, node: str, port: str) -> bool:
         if port in self.graph.node(node).optional_inputs:
@@ -189,8 +225,9 @@ class WalkExecutor:
         return not any(isinstance(e, StreamingGraphEdge) for e in self.graph.edges_into(node) if e.target.port == port)
 
     # -- moving values along edges ------------------------------------------------------
-    def propagate(self, rs: RequestState, node: str, outputs: dict[str, TensorHandle],
-                  watches: tuple[_StopWatch, ...] = ()) -> None:
+    def propagate(
+        self, rs: RequestState, node: str, outputs: dict[str, TensorHandle], watches: tuple[_StopWatch, ...] = ()
+    ) -> None:
         for port, handle in outputs.items():
             endpoint = f"{node}.{port}"
             fired = [w for w in watches if w.edge == endpoint and int(rs.fetch(handle).reshape(-1)[0]) in w.values]
@@ -240,7 +277,7 @@ class WalkExecutor:
     def _send(self, rs: RequestState, state: StreamState, chunk: Chunk) -> None:
         edge = state.edge
         if edge.target.node != GRAPH_OUTPUT and edge.target.port in self.graph.node(edge.target.node).fed_inputs:
-            items = state.items[chunk.start + chunk.left_context:chunk.end]
+            items = state.items[chunk.start + chunk.left_context : chunk.end]
             if state.sink is not None:
                 state.sink(items, False)
             else:  # its call is not sent yet
@@ -264,10 +301,11 @@ class WalkExecutor:
         if rs.main_task is not None:
             rs.main_task.cancel()
 
-    async def _deliver_chunk(self, rs: RequestState, state: StreamState, chunk: Chunk,
-                             previous: asyncio.Future | None, done: asyncio.Future) -> None:
+    async def _deliver_chunk(
+        self, rs: RequestState, state: StreamState, chunk: Chunk, previous: asyncio.Future | None, done: asyncio.Future
+    ) -> None:
         edge = state.edge
-        items, left_context = state.items[chunk.start:chunk.end], chunk.left_context
+        items, left_context = state.items[chunk.start : chunk.end], chunk.left_context
         try:
             if edge.target.node == GRAPH_OUTPUT:
                 if previous is not None:
@@ -278,8 +316,12 @@ class WalkExecutor:
             node = edge.target.node
             inputs = self._inputs(node, rs)
             inputs[edge.target.port] = list(items)
-            msg = self._message(node, rs, inputs, meta={"left_context": left_context, "first": int(chunk.first),
-                                                        "final": int(chunk.final)})
+            msg = self._message(
+                node,
+                rs,
+                inputs,
+                meta={"left_context": left_context, "first": int(chunk.first), "final": int(chunk.final)},
+            )
             results: list[NodeOutput] = []
             await self.dispatch(msg, results.append)
             if previous is not None:
@@ -308,8 +350,10 @@ class WalkExecutor:
         closed in turn and their chunks run, so every value they lead to is in place."""
         feed = rs.input_feeds.get(name)
         if feed is None:
-            raise RequestError(rs.request_id, f"walk {rs.current_walk!r} waits for the streamed input {name!r}, "
-                                              "which this request does not stream")
+            raise RequestError(
+                rs.request_id,
+                f"walk {rs.current_walk!r} waits for the streamed input {name!r}, which this request does not stream",
+            )
         await feed  # a failed input stream raises here
         pending = [e for e in self.graph.edges_from(GRAPH_INPUT, name) if isinstance(e, StreamingGraphEdge)]
         done: set[str] = set()

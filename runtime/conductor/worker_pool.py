@@ -10,6 +10,7 @@ shared memory is unlinked, and a fresh process takes its rank (a process that di
 while setting up is retried a few times). Launched Workers die with the Conductor's
 process (PR_SET_PDEATHSIG); ``stop()`` leaves no process and no segment behind.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -63,6 +64,7 @@ def _die_with_parent() -> None:
     (the Worker exits on it and unlinks its shared memory)."""
     try:
         import ctypes
+
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
     except OSError:
         pass  # not Linux: the Worker still exits when its connection drops
@@ -80,11 +82,25 @@ def describe_exit(code: int | None) -> str:
 
 
 class WorkerPool:
-    def __init__(self, spec: ModelSpec, placement: ResolvedPlacement, config: EngineConfig, *,
-                 launch: bool = True, host: str = "127.0.0.1", port: int = 0, threads: int | None = None,
-                 transports: tuple[str, ...] = ("shm", "tcp"), setup_timeout: float = 180.0,
-                 restart: bool = True, heartbeat_s: float = 1.0, heartbeat_timeout_s: float = 5.0,
-                 setup_retries: int = 3, plugins: tuple[str, ...] = (), hello_timeout_s: float = 10.0) -> None:
+    def __init__(
+        self,
+        spec: ModelSpec,
+        placement: ResolvedPlacement,
+        config: EngineConfig,
+        *,
+        launch: bool = True,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        threads: int | None = None,
+        transports: tuple[str, ...] = ("shm", "tcp"),
+        setup_timeout: float = 180.0,
+        restart: bool = True,
+        heartbeat_s: float = 1.0,
+        heartbeat_timeout_s: float = 5.0,
+        setup_retries: int = 3,
+        plugins: tuple[str, ...] = (),
+        hello_timeout_s: float = 10.0,
+    ) -> None:
         self.spec, self.placement, self.config = spec, placement, config
         self.launch, self.host, self.port = launch, host, port
         self.world_size = placement.world_size
@@ -140,8 +156,12 @@ class WorkerPool:
         """Opens the control address (``address`` is known from here on); ``start`` does it if not done."""
         self._server = await asyncio.start_server(self._on_connect, self.host, self.port)
         self.port = self._server.sockets[0].getsockname()[1]
-        log.info("conductor control address %s; %d worker(s)%s", self.address, self.world_size,
-                 "" if self.launch else f" expected to connect (with {TOKEN_ENV} set to this pool's token)")
+        log.info(
+            "conductor control address %s; %d worker(s)%s",
+            self.address,
+            self.world_size,
+            "" if self.launch else f" expected to connect (with {TOKEN_ENV} set to this pool's token)",
+        )
 
     async def start(self) -> None:
         if self._server is None:
@@ -181,15 +201,24 @@ class WorkerPool:
             if self._started and not (self.restart and self.launch) and worker is not None and not worker.alive:
                 raise RuntimeError(f"{worker!r} {worker.death or 'is gone'} and is not restarted")
             if loop.time() > deadline:
-                raise TimeoutError(f"worker rank {rank} did not get ready within {timeout:.0f}s "
-                                   f"(control address {self.address})")
+                raise TimeoutError(
+                    f"worker rank {rank} did not get ready within {timeout:.0f}s (control address {self.address})"
+                )
             await asyncio.sleep(0.02)
 
     def _setup_for(self, rank: int) -> Setup:
         nodes = sorted({n for (n, _), p in self.placement.items() if rank in p.ranks})
-        return Setup(spec=self.spec, nodes=nodes, config=self.config, device=self.placement.device_of(rank),
-                     threads=self.threads, transports=list(self.transports), host=self.host, tp=self._tp.get(rank),
-                     plugins=list(self.plugins))
+        return Setup(
+            spec=self.spec,
+            nodes=nodes,
+            config=self.config,
+            device=self.placement.device_of(rank),
+            threads=self.threads,
+            transports=list(self.transports),
+            host=self.host,
+            tp=self._tp.get(rank),
+            plugins=list(self.plugins),
+        )
 
     async def _handshake(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
         """(hello, setup, reply) of a Worker of this pool; raises RejectedConnection saying why not."""
@@ -200,12 +229,15 @@ class WorkerPool:
         except Exception as exc:
             raise rejection_for(exc, "Hello", self.hello_timeout_s) from None
         if not isinstance(hello, Hello) or not handshake.hello_is_valid(self.token, challenge, hello):
-            raise RejectedConnection("unproven", f"not a worker of this conductor (a {type(hello).__name__} without "
-                                                 f"a valid proof of the pool token)")
+            raise RejectedConnection(
+                "unproven",
+                f"not a worker of this conductor (a {type(hello).__name__} without a valid proof of the pool token)",
+            )
         rank = hello.rank
         if not 0 <= rank < self.world_size or (rank in self.workers and self.workers[rank].alive):
-            raise RejectedConnection("rank", f"rank {rank} is out of range (world size {self.world_size}) "
-                                              f"or already connected")
+            raise RejectedConnection(
+                "rank", f"rank {rank} is out of range (world size {self.world_size}) or already connected"
+            )
         setup = self._setup_for(rank)
         writer.write(encode_frame(handshake.welcome(self.token, challenge, hello)) + encode_frame(setup))
         try:
@@ -223,21 +255,28 @@ class WorkerPool:
             if isinstance(reply, SetupFailed):
                 self._setup_errors[hello.rank] = reply.error
                 # while starting, start() raises it to the caller: saying it here too would say it twice
-                (log.warning if self._started else log.debug)("worker rank %d failed to set up: %s",
-                                                               hello.rank, reply.error)
+                (log.warning if self._started else log.debug)(
+                    "worker rank %d failed to set up: %s", hello.rank, reply.error
+                )
                 writer.close()
                 return
             if not isinstance(reply, Ready):
-                raise RejectedConnection("setup", f"worker rank {hello.rank} answered its Setup with a "
-                                                  f"{type(reply).__name__}, not Ready")
+                raise RejectedConnection(
+                    "setup", f"worker rank {hello.rank} answered its Setup with a {type(reply).__name__}, not Ready"
+                )
         except Exception as exc:
-            rejected = exc if isinstance(exc, RejectedConnection) else RejectedConnection(
-                "error", f"{type(exc).__name__}: {exc}")
+            rejected = (
+                exc
+                if isinstance(exc, RejectedConnection)
+                else RejectedConnection("error", f"{type(exc).__name__}: {exc}")
+            )
             self.rejections.note(writer.get_extra_info("peername"), rejected)
             writer.close()
             return
         rank = hello.rank
-        worker = RemoteWorker(rank, setup.nodes, reader, writer, hello.pid, hello.host, reply, self._processes.get(rank))
+        worker = RemoteWorker(
+            rank, setup.nodes, reader, writer, hello.pid, hello.host, reply, self._processes.get(rank)
+        )
         worker.explain_death = lambda w=worker: self._explain(w)
         worker.on_lost = self._on_lost
         self.workers[rank] = worker
@@ -246,8 +285,15 @@ class WorkerPool:
         worker.start()
         self._task(self._watch(worker))
         self._ready[rank].set()
-        log.info("worker rank %d ready (pid %d on %s): nodes %s, serves %s, runs %s", rank, hello.pid, hello.host,
-                 setup.nodes, sorted(reply.endpoints), worker.dtype or "?")
+        log.info(
+            "worker rank %d ready (pid %d on %s): nodes %s, serves %s, runs %s",
+            rank,
+            hello.pid,
+            hello.host,
+            setup.nodes,
+            sorted(reply.endpoints),
+            worker.dtype or "?",
+        )
 
     # -- failures ----------------------------------------------------------------------
     async def _explain(self, worker: RemoteWorker) -> str | None:
@@ -274,8 +320,14 @@ class WorkerPool:
             self._setup_errors[rank] = f"the process {describe_exit(code)} during setup, {crashes} times"
             return
         self._last_death[rank] = f"the process {describe_exit(code)} during setup"
-        log.error("worker rank %d (pid %d) %s during setup; retrying (%d of %d)", rank, proc.pid,
-                  describe_exit(code), crashes, self.setup_retries)
+        log.error(
+            "worker rank %d (pid %d) %s during setup; retrying (%d of %d)",
+            rank,
+            proc.pid,
+            describe_exit(code),
+            crashes,
+            self.setup_retries,
+        )
         await asyncio.sleep(0.5 * crashes)
         self._spawn(rank)
 
@@ -321,7 +373,9 @@ class WorkerPool:
         self._last_death[rank] = worker.death or "closed its connection"
         if rank in self._restarting or (worker.process is not None and self._processes.get(rank) is not worker.process):
             return  # its rank is being (or was) restarted with its tensor-parallel group
-        log.error("%r %s; %s", worker, worker.death, "restarting it" if self.restart and self.launch else "not restarting")
+        log.error(
+            "%r %s; %s", worker, worker.death, "restarting it" if self.restart and self.launch else "not restarting"
+        )
         if leaked:
             log.info("unlinked %d shared-memory segment(s) the dead worker left", leaked)
         group = self._tp_group_of(rank)
@@ -361,7 +415,11 @@ class WorkerPool:
             alive = worker is not None and worker.alive and self._ready[rank].is_set()
             if alive:
                 state = "alive"
-            elif rank in self._setup_errors or self._stopping or (worker is not None and not (self.restart and self.launch)):
+            elif (
+                rank in self._setup_errors
+                or self._stopping
+                or (worker is not None and not (self.restart and self.launch))
+            ):
                 state = "dead"
             else:
                 state = "starting" if worker is None else "restarting"
@@ -369,13 +427,20 @@ class WorkerPool:
             last_death = self._last_death.get(rank)
             if worker is not None and not worker.alive:  # its own account, once known (the exit status takes ms)
                 last_death = worker.death or "lost its connection"
-            out.append(WorkerStatus(
-                rank=rank, state=state, pid=pid, host=worker.host if worker is not None else None,
-                nodes=tuple(sorted({n for (n, _), p in self.placement.items() if rank in p.ranks})),
-                restarts=self._rank_restarts.get(rank, 0), last_death=last_death,
-                heartbeat_age_s=now - worker.last_heard if alive else None,
-                dtype=worker.dtype if worker is not None else None,
-                dtype_reason=worker.dtype_reason if worker is not None else None))
+            out.append(
+                WorkerStatus(
+                    rank=rank,
+                    state=state,
+                    pid=pid,
+                    host=worker.host if worker is not None else None,
+                    nodes=tuple(sorted({n for (n, _), p in self.placement.items() if rank in p.ranks})),
+                    restarts=self._rank_restarts.get(rank, 0),
+                    last_death=last_death,
+                    heartbeat_age_s=now - worker.last_heard if alive else None,
+                    dtype=worker.dtype if worker is not None else None,
+                    dtype_reason=worker.dtype_reason if worker is not None else None,
+                )
+            )
         return out
 
     # -- stop --------------------------------------------------------------------------

@@ -5,6 +5,7 @@ A Conductor holds one ``WorkerSet``, chosen when it is built: ``InProcessWorkers
 (one Worker process per rank of a placement, supervised by a ``WorkerPool``). The
 Conductor's logic is the same for both; only these operations differ.
 """
+
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
@@ -50,8 +51,9 @@ class WorkerLink(Protocol):
 class WorkerSet(ABC):
     """Every Worker of one Conductor, and the tensor store the Conductor shares with them."""
 
-    def __init__(self, store: InProcessTensorStore, placement: ResolvedPlacement | None,
-                 pool: WorkerPool | None = None) -> None:
+    def __init__(
+        self, store: InProcessTensorStore, placement: ResolvedPlacement | None, pool: WorkerPool | None = None
+    ) -> None:
         self.store = store  # the Conductor's tensors: request inputs, and the values Workers send back
         self.placement = placement  # which rank runs which node; None: one Worker runs them all
         self.pool = pool  # the processes behind the set, for callers that reach them (tests, benchmarks)

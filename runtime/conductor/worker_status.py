@@ -1,4 +1,5 @@
 """What the Conductor knows of each Worker process, for health reports (e.g. /diagnostics)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -14,13 +15,13 @@ WorkerState = Literal["starting", "alive", "restarting", "dead"]
 class WorkerStatus:
     rank: int
     state: WorkerState
-    pid: int | None               # the rank's current (or last) process
-    host: str | None              # where it runs, as it said in its Hello
+    pid: int | None  # the rank's current (or last) process
+    host: str | None  # where it runs, as it said in its Hello
     nodes: tuple[str, ...]
-    restarts: int                 # processes started for this rank to replace a lost one
-    last_death: str | None        # why its last lost process went, e.g. "died (killed by SIGKILL)"
+    restarts: int  # processes started for this rank to replace a lost one
+    last_death: str | None  # why its last lost process went, e.g. "died (killed by SIGKILL)"
     heartbeat_age_s: float | None  # since its last heartbeat reply; None when no process answers
-    dtype: str | None = None       # what its engines run, once it said (dtype auto is decided per Worker)
+    dtype: str | None = None  # what its engines run, once it said (dtype auto is decided per Worker)
     dtype_reason: str | None = None
 
     @property

@@ -6,6 +6,7 @@ the loop of its ``loop_mode`` (mstar.engine.loop_contract): token Loops
 (mstar.engine.token_loop), flow Loops (mstar.engine.flow_loop) and frame Loops
 (mstar.engine.frame_loop), all over one EngineCore (the module, its KV, the scheduler).
 """
+
 from __future__ import annotations
 
 import logging
@@ -35,9 +36,16 @@ log = logging.getLogger("mstar.engine.ar")
 
 
 class AREngine(EngineInbox):
-    def __init__(self, module: ARModule, views: list[str], store: InProcessTensorStore,
-                 config: EngineConfig | None = None, device: str | torch.device = "cpu", name: str = "ar",
-                 tp: TPGroup | None = None) -> None:
+    def __init__(
+        self,
+        module: ARModule,
+        views: list[str],
+        store: InProcessTensorStore,
+        config: EngineConfig | None = None,
+        device: str | torch.device = "cpu",
+        name: str = "ar",
+        tp: TPGroup | None = None,
+    ) -> None:
         """``tp``: this engine is rank 0 of a tensor-parallel group whose other ranks run
         ``mstar.engine.tp_follower.TPFollower``; ``module`` is rank 0's shard. Blocks until they follow."""
         super().__init__()
@@ -49,9 +57,11 @@ class AREngine(EngineInbox):
         self._tokens = TokenLoop(self.core)
         # stepped in this order: flows first, as reserving their suffix may preempt sequences the
         # token batch would hold
-        self.loops: dict[LoopMode, EngineLoop] = {LoopMode.FLOW: FlowLoop(self.core),
-                                                  LoopMode.FRAMES: FrameLoop(self.core),
-                                                  LoopMode.TOKEN: self._tokens}
+        self.loops: dict[LoopMode, EngineLoop] = {
+            LoopMode.FLOW: FlowLoop(self.core),
+            LoopMode.FRAMES: FrameLoop(self.core),
+            LoopMode.TOKEN: self._tokens,
+        }
 
     @property
     def on_fatal(self) -> Callable[[str], None] | None:
@@ -154,6 +164,8 @@ class AREngine(EngineInbox):
         try:
             loop = self.loops[LoopMode.parse(msg.loop_mode)]
         except (ValueError, KeyError):
-            raise CallRefused(f"node {msg.node!r}: engine {self.name!r} runs no loop of mode {msg.loop_mode!r} "
-                              f"(it runs {[mode.value for mode in self.loops]})") from None
+            raise CallRefused(
+                f"node {msg.node!r}: engine {self.name!r} runs no loop of mode {msg.loop_mode!r} "
+                f"(it runs {[mode.value for mode in self.loops]})"
+            ) from None
         loop.start(msg, reply)

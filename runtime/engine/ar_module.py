@@ -1,4 +1,5 @@
 """The contract between the AR engine and an autoregressive model component."""
+
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -16,10 +17,10 @@ from mstar.graph.node import EngineKind, NodeSubmodule
 class FeedbackCall:
     """One sequence's step, as a module's :meth:`ARModule.feedback` sees it."""
 
-    iteration: int                      # the Loop iteration whose token was just sampled (0: the call's first)
+    iteration: int  # the Loop iteration whose token was just sampled (0: the call's first)
     inputs: Mapping[str, torch.Tensor]  # the sequence's side inputs (its calls' inputs other than ids / embeds)
-    greedy: bool                        # the call samples greedily
-    generator: torch.Generator | None   # the sequence's seeded generator
+    greedy: bool  # the call samples greedily
+    generator: torch.Generator | None  # the sequence's seeded generator
     open_inputs: frozenset[str] = frozenset()  # side inputs whose rows are still arriving (FeedInput)
 
 
@@ -62,8 +63,9 @@ class ARModule(NodeSubmodule):
         """hidden [B, H] -> logits [B, V], or [B, K] for only the vocabulary rows ``token_ids`` [K]."""
         raise NotImplementedError
 
-    def feedback(self, hidden: torch.Tensor, tokens: torch.Tensor,
-                 calls: list[FeedbackCall]) -> tuple[torch.Tensor, list[dict[str, torch.Tensor]]]:
+    def feedback(
+        self, hidden: torch.Tensor, tokens: torch.Tensor, calls: list[FeedbackCall]
+    ) -> tuple[torch.Tensor, list[dict[str, torch.Tensor]]]:
         """Loop feedback (``has_feedback``): hidden [B, H] of the rows just sampled, their tokens [B] ->
         (the next iteration's input rows [B, H], per sequence extra outputs of this iteration)."""
         raise NotImplementedError

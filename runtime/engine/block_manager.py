@@ -1,4 +1,5 @@
 """Paged KV block allocation: ref-counted blocks, copy-on-write forks, front eviction."""
+
 from __future__ import annotations
 
 from collections import deque
@@ -21,7 +22,7 @@ class BlockTable:
     """
 
     blocks: list[int] = field(default_factory=list)
-    num_tokens: int = 0      # tokens stored (or reserved) in blocks
+    num_tokens: int = 0  # tokens stored (or reserved) in blocks
     first_position: int = 0  # absolute position of the first token of blocks[0]
 
 
@@ -55,16 +56,16 @@ class BlockManager:
         used = self.num_used_blocks
         if used or any(self._ref):
             leaked = sum(1 for r in self._ref if r)
-            raise RuntimeError(f"KV block leak: {used} of {self.num_blocks} blocks not free "
-                               f"({leaked} still referenced)")
+            raise RuntimeError(
+                f"KV block leak: {used} of {self.num_blocks} blocks not free ({leaked} still referenced)"
+            )
 
     # ---- growth -------------------------------------------------------------------
 
     def _needs_cow(self, table: BlockTable, new_tokens: int) -> bool:
         # The next token lands in the last block only if it is partly filled; if that
         # block is shared, writing into it would corrupt the other tables.
-        return (new_tokens > 0 and table.num_tokens % self.block_size != 0
-                and self._ref[table.blocks[-1]] > 1)
+        return new_tokens > 0 and table.num_tokens % self.block_size != 0 and self._ref[table.blocks[-1]] > 1
 
     def blocks_needed(self, table: BlockTable, new_tokens: int) -> int:
         """New blocks ``append(table, new_tokens)`` would take (including a copy-on-write)."""
@@ -85,8 +86,9 @@ class BlockManager:
         """
         needed = self.blocks_needed(table, new_tokens)
         if needed > len(self._free):
-            raise OutOfBlocks(f"need {needed} KV blocks for {new_tokens} tokens, only {len(self._free)} free "
-                              f"of {self.num_blocks}")
+            raise OutOfBlocks(
+                f"need {needed} KV blocks for {new_tokens} tokens, only {len(self._free)} free of {self.num_blocks}"
+            )
         copies: list[tuple[int, int]] = []
         if self._needs_cow(table, new_tokens):
             src = table.blocks[-1]

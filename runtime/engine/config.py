@@ -1,4 +1,5 @@
 """Engine sizing, validated with errors that name the field."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -46,8 +47,10 @@ class EngineConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
         ]
         for name, ok in checks:
             if not ok:
-                raise ValueError(f"engine config: {name} = {getattr(self, name)!r} is invalid"
-                                 + (f" (expected one of {', '.join(DTYPE_NAMES)})" if name == "dtype" else ""))
+                raise ValueError(
+                    f"engine config: {name} = {getattr(self, name)!r} is invalid"
+                    + (f" (expected one of {', '.join(DTYPE_NAMES)})" if name == "dtype" else "")
+                )
 
     def for_device(self, device: str | torch.device) -> tuple[EngineConfig, DtypeChoice]:
         """This config with ``dtype`` made concrete for ``device`` (``auto`` decided), and the choice."""

@@ -1,4 +1,5 @@
 """Builds the AR engine's core: the module placed on its device, a KV pool sized for it, the runner."""
+
 from __future__ import annotations
 
 import logging
@@ -40,8 +41,14 @@ def _kv_blocks(module: ARModule, config: EngineConfig, kv_dtype: torch.dtype) ->
     return max(1, int(config.kv_cache_mb * 2**20) // per_block)
 
 
-def build_core(module: ARModule, store: InProcessTensorStore, config: EngineConfig, device: torch.device,
-               name: str, tp: TPGroup | None) -> EngineCore:
+def build_core(
+    module: ARModule,
+    store: InProcessTensorStore,
+    config: EngineConfig,
+    device: torch.device,
+    name: str,
+    tp: TPGroup | None,
+) -> EngineCore:
     """Places ``module`` on ``device`` and sizes its KV pool. ``tp``: the core is rank 0 of a
     tensor-parallel group (blocks until the other ranks follow)."""
     dtype = _dtype(config.dtype)
@@ -55,14 +62,34 @@ def build_core(module: ARModule, store: InProcessTensorStore, config: EngineConf
     blocks = BlockManager(num_blocks, block_size)
     backend = select_attention_backend(cache, config.attention_backend)
     leader = TPLeader(tp) if tp is not None and tp.size > 1 else None
-    scheduler = Scheduler(blocks, leader.track_copies(cache) if leader else cache, config,
-                          period=module.decode_period() if config.phase_align else 1,
-                          waits=lambda seq: waits_for_rows(module, seq))
+    scheduler = Scheduler(
+        blocks,
+        leader.track_copies(cache) if leader else cache,
+        config,
+        period=module.decode_period() if config.phase_align else 1,
+        waits=lambda seq: waits_for_rows(module, seq),
+    )
     runner = ModelRunner(module, backend, blocks, device, plan_hook=leader.forward_plan if leader else None)
     if leader is not None:  # followers size their KV pools and pick dtypes from this
-        leader.hello(Hello(num_blocks, block_size, str(dtype).removeprefix("torch."),
-                           str(kv_dtype).removeprefix("torch."), backend.name, pack_linears=config.pack_linears))
-    log.info("%s engine: %d KV blocks x %d tokens (%s), attention backend %s, %d linears packed",
-             name, num_blocks, block_size, kv_dtype, backend.name, packed_count(module))
-    return EngineCore(name, module, config, device, store, cache, blocks, backend, scheduler, runner, Sampler(),
-                      tp_leader=leader)
+        leader.hello(
+            Hello(
+                num_blocks,
+                block_size,
+                str(dtype).removeprefix("torch."),
+                str(kv_dtype).removeprefix("torch."),
+                backend.name,
+                pack_linears=config.pack_linears,
+            )
+        )
+    log.info(
+        "%s engine: %d KV blocks x %d tokens (%s), attention backend %s, %d linears packed",
+        name,
+        num_blocks,
+        block_size,
+        kv_dtype,
+        backend.name,
+        packed_count(module),
+    )
+    return EngineCore(
+        name, module, config, device, store, cache, blocks, backend, scheduler, runner, Sampler(), tp_leader=leader
+    )

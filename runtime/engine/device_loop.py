@@ -12,6 +12,7 @@ device thread claims the process's width when it starts, and the thread that sta
 it is confined to one (``mstar.engine.intra_op``: a second team made the pi0.5 forward
 1.45-1.7x slower, for as long as the thread that built it lived).
 """
+
 from __future__ import annotations
 
 import concurrent.futures

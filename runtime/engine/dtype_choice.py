@@ -24,6 +24,7 @@ and takes bf16 only if its time is under 0.9x fp32's in geometric mean over the 
 costs precision: it has to pay). It takes about a second and is kept per machine (CPU, flags, ISA
 limits, torch version, threads) in ``$MSTAR_CACHE/dtype-auto.json``.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -60,9 +61,9 @@ class CpuProfile:
 
     name: str
     architecture: str
-    capability: str                   # torch.backends.cpu.get_cpu_capability(): ATen's kernels (AVX2, AVX512, ...)
+    capability: str  # torch.backends.cpu.get_cpu_capability(): ATen's kernels (AVX2, AVX512, ...)
     bf16_instructions: tuple[str, ...]
-    onednn_bf16: bool                 # oneDNN runs bf16 here (ONEDNN_MAX_CPU_ISA lowers it)
+    onednn_bf16: bool  # oneDNN runs bf16 here (ONEDNN_MAX_CPU_ISA lowers it)
     threads: int
     isa_limits: tuple[tuple[str, str], ...] = ()  # ATEN_CPU_CAPABILITY / ONEDNN_MAX_CPU_ISA when set
 
@@ -76,10 +77,15 @@ class CpuProfile:
         except (AttributeError, RuntimeError):
             onednn = False
         limits = tuple((k, os.environ[k]) for k in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA") if os.environ.get(k))
-        return cls(name=str(caps.get("cpu_name", "") or "unknown"), architecture=arch,
-                   capability=torch.backends.cpu.get_cpu_capability(),
-                   bf16_instructions=tuple(f for f in flags if caps.get(f)), onednn_bf16=onednn,
-                   threads=threads or torch.get_num_threads(), isa_limits=limits)
+        return cls(
+            name=str(caps.get("cpu_name", "") or "unknown"),
+            architecture=arch,
+            capability=torch.backends.cpu.get_cpu_capability(),
+            bf16_instructions=tuple(f for f in flags if caps.get(f)),
+            onednn_bf16=onednn,
+            threads=threads or torch.get_num_threads(),
+            isa_limits=limits,
+        )
 
     @property
     def x86(self) -> bool:
@@ -92,9 +98,14 @@ class CpuProfile:
 
     def as_dict(self) -> dict:
         """For benchmark reports: the machine a figure was taken on."""
-        out = {"cpu": self.name, "architecture": self.architecture, "cpu_capability": self.capability,
-               "bf16_instructions": list(self.bf16_instructions), "onednn_bf16": self.onednn_bf16,
-               "threads": self.threads}
+        out = {
+            "cpu": self.name,
+            "architecture": self.architecture,
+            "cpu_capability": self.capability,
+            "bf16_instructions": list(self.bf16_instructions),
+            "onednn_bf16": self.onednn_bf16,
+            "threads": self.threads,
+        }
         if self.isa_limits:
             out["isa_limits"] = dict(self.isa_limits)
         return out
@@ -120,7 +131,7 @@ class DtypeChoice:
         return getattr(torch, self.dtype)
 
     def describe(self) -> str:
-        """"bfloat16 (auto: ...)" or "float32 (set explicitly)"."""
+        """ "bfloat16 (auto: ...)" or "float32 (set explicitly)"."""
         return f"{self.dtype} ({'auto: ' if self.requested == 'auto' else ''}{self.reason})"
 
     def as_dict(self) -> dict:
@@ -139,13 +150,17 @@ def check_dtype_name(name: str, what: str = "dtype") -> str:
 
 def decide_cpu(profile: CpuProfile, measure: Callable[[], dict]) -> DtypeChoice:
     """The rules of this module's docstring; ``measure()`` is called only where they cannot decide."""
+
     def pick(dtype: str, reason: str) -> DtypeChoice:
         return DtypeChoice(dtype, "auto", reason)
 
     if profile.x86:
         if not profile.capability.startswith("AVX512"):
-            why = (f"ATen dispatches {profile.capability} kernels" if profile.bf16_instructions
-                   else f"{profile.capability} CPU without bf16 instructions")
+            why = (
+                f"ATen dispatches {profile.capability} kernels"
+                if profile.bf16_instructions
+                else f"{profile.capability} CPU without bf16 instructions"
+            )
             return pick("float32", f"{why}: bf16 would be emulated, 1.2-4x slower than float32 at 8 rows and more")
         if not profile.onednn_bf16:
             return pick("float32", "oneDNN has no bf16 path here: bf16 would be emulated")
@@ -156,19 +171,26 @@ def decide_cpu(profile: CpuProfile, measure: Callable[[], dict]) -> DtypeChoice:
     result = measure()
     ratio = result["bf16_over_fp32"]
     dtype = "bfloat16" if ratio < MEASURE_THRESHOLD else "float32"
-    return DtypeChoice(dtype, "auto", f"measured: bf16 linears take {ratio:.2f}x fp32's time "
-                                      f"({'under' if dtype == 'bfloat16' else 'not under'} {MEASURE_THRESHOLD})", result)
+    return DtypeChoice(
+        dtype,
+        "auto",
+        f"measured: bf16 linears take {ratio:.2f}x fp32's time "
+        f"({'under' if dtype == 'bfloat16' else 'not under'} {MEASURE_THRESHOLD})",
+        result,
+    )
 
 
 def decide_cuda(device: torch.device) -> DtypeChoice:
     if torch.cuda.is_bf16_supported():
         return DtypeChoice("bfloat16", "auto", f"{torch.cuda.get_device_name(device)} runs bf16 natively")
-    return DtypeChoice("float32", "auto", f"{torch.cuda.get_device_name(device)} has no bf16; float16 overflows "
-                                          "in models trained in bf16")
+    return DtypeChoice(
+        "float32",
+        "auto",
+        f"{torch.cuda.get_device_name(device)} has no bf16; float16 overflows in models trained in bf16",
+    )
 
 
-def measure_linears(width: int = 1024, hidden: int = 4096, rows: tuple[int, ...] = MEASURE_ROWS,
-                    reps: int = 5) -> dict:
+def measure_linears(width: int = 1024, hidden: int = 4096, rows: tuple[int, ...] = MEASURE_ROWS, reps: int = 5) -> dict:
     """Best-of-``reps`` milliseconds of a two-linear block per row count in float32 and bfloat16 (bf16
     weights prepacked as the engines pack them), and bf16's time over fp32's in geometric mean."""
     from torch import nn
@@ -198,9 +220,13 @@ def measure_linears(width: int = 1024, hidden: int = 4096, rows: tuple[int, ...]
                 per_rows[n] = round(best * 1000, 4)
         timings[str(dtype).removeprefix("torch.")] = per_rows
     ratios = [timings["bfloat16"][n] / max(timings["float32"][n], 1e-9) for n in rows]
-    return {"block": f"linear {width}->{hidden}, gelu, linear {hidden}->{width}", "rows": list(rows),
-            "float32_ms": list(timings["float32"].values()), "bfloat16_ms": list(timings["bfloat16"].values()),
-            "bf16_over_fp32": round(math.exp(sum(map(math.log, ratios)) / len(ratios)), 3)}
+    return {
+        "block": f"linear {width}->{hidden}, gelu, linear {hidden}->{width}",
+        "rows": list(rows),
+        "float32_ms": list(timings["float32"].values()),
+        "bfloat16_ms": list(timings["bfloat16"].values()),
+        "bf16_over_fp32": round(math.exp(sum(map(math.log, ratios)) / len(ratios)), 3),
+    }
 
 
 @contextlib.contextmanager
@@ -217,6 +243,7 @@ def _locked(path: Path) -> Iterator[None]:
 
 def cached_measurement(profile: CpuProfile, measure: Callable[[], dict] = measure_linears) -> Callable[[], dict]:
     """``measure`` behind the per-machine cache file (a missing or unreadable file is measured again)."""
+
     def run() -> dict:
         path = cache_root() / _CACHE_FILE
         key = profile.fingerprint()
@@ -240,6 +267,7 @@ def cached_measurement(profile: CpuProfile, measure: Callable[[], dict] = measur
             tmp.write_text(json.dumps(known, indent=1) + "\n")
             tmp.replace(path)
             return result
+
     return run
 
 
@@ -263,6 +291,7 @@ def resolve_dtype(name: str, device: str | torch.device = "cpu") -> DtypeChoice:
         choice, where = decide_cuda(device), ""
     else:
         from mstar.engine.device_loop import run_on_device
+
         profile = CpuProfile.detect(_model_threads())
         # measured (where the rules cannot decide) on the device thread, where the engines run, with
         # their width; only that thread takes the cache's file lock, so no two threads wait on each other
@@ -277,6 +306,7 @@ def resolve_dtype(name: str, device: str | torch.device = "cpu") -> DtypeChoice:
 
 def _model_threads() -> int:
     from mstar.engine.intra_op import model_threads
+
     return model_threads()
 
 

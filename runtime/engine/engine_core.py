@@ -3,6 +3,7 @@
 The token, flow and frame loops each get this core, not the engine that owns them: it is
 everything they read or change besides their own calls.
 """
+
 from __future__ import annotations
 
 import time
@@ -52,8 +53,12 @@ class EngineCore:
             self.busy_seconds += time.perf_counter() - started
 
     def stats(self) -> dict[str, int]:
-        return {"kv_blocks_total": self.blocks.num_blocks, "kv_blocks_used": self.blocks.num_used_blocks,
-                "busy_ms": int(self.busy_seconds * 1000), "forward_ms": int(self.runner.forward_seconds * 1000)}
+        return {
+            "kv_blocks_total": self.blocks.num_blocks,
+            "kv_blocks_used": self.blocks.num_used_blocks,
+            "busy_ms": int(self.busy_seconds * 1000),
+            "forward_ms": int(self.runner.forward_seconds * 1000),
+        }
 
     def fail_call(self, seq: Sequence, error: str) -> None:
         call, seq.call = seq.call, None
@@ -100,7 +105,7 @@ class EngineCore:
         if source.table.blocks:  # copy-on-write fork: shares every computed block with the source view
             seq.table = self.blocks.fork(source.table)
             seq.num_computed = source.num_computed
-            seq.token_ids = list(source.token_ids[:source.num_computed])
+            seq.token_ids = list(source.token_ids[: source.num_computed])
         else:  # the source was preempted: same tokens, recomputed
             seq.table.first_position = source.table.first_position
             seq.token_ids = list(source.token_ids)
@@ -112,4 +117,3 @@ class EngineCore:
         seq.rope_positions, seq.rope_after = source.rope_positions, source.rope_after
         seq.num_generated = source.num_generated
         seq.arrival = source.arrival
-

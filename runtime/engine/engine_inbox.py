@@ -1,4 +1,5 @@
 """Message intake shared by the engines: any thread posts, the device thread drains."""
+
 from __future__ import annotations
 
 import queue

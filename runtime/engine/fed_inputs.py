@@ -7,6 +7,7 @@ engine asks the module (``ARModule.feedback_ready``) whether the rows that step'
 there; a sequence whose rows are not is held back, its KV kept, until they arrive or the stream ends
 (``final``), so its output does not depend on how fast the rows came.
 """
+
 from __future__ import annotations
 
 import torch
@@ -27,15 +28,18 @@ def as_rows(value: torch.Tensor | list[torch.Tensor]) -> torch.Tensor:
 def append_fed(seq: Sequence, msg: FeedInput, rows: torch.Tensor | None) -> None:
     """``rows`` (this message's items, or None) join ``seq``'s side input; ``final`` closes it."""
     if msg.port not in seq.open_inputs:
-        raise ValueError(f"node {seq.node!r}: rows for port {msg.port!r}, which its call does not take as a fed "
-                         f"input (fed inputs still open: {sorted(seq.open_inputs)})")
+        raise ValueError(
+            f"node {seq.node!r}: rows for port {msg.port!r}, which its call does not take as a fed "
+            f"input (fed inputs still open: {sorted(seq.open_inputs)})"
+        )
     if rows is not None and rows.numel():
         if not torch.isfinite(rows).all():
             raise ValueError(f"node {seq.node!r}: rows fed to {msg.port!r} contain NaN or infinite values")
         have = seq.side_inputs.get(msg.port)
         if have is not None and have.numel() and have.shape[-1] != rows.shape[-1]:
-            raise ValueError(f"node {seq.node!r}: rows fed to {msg.port!r} are {rows.shape[-1]} wide, "
-                             f"earlier ones {have.shape[-1]}")
+            raise ValueError(
+                f"node {seq.node!r}: rows fed to {msg.port!r} are {rows.shape[-1]} wide, earlier ones {have.shape[-1]}"
+            )
         seq.side_inputs[msg.port] = rows if have is None or not have.numel() else torch.cat([have, rows])
     if msg.final:
         seq.open_inputs.discard(msg.port)

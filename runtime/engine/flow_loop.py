@@ -13,6 +13,7 @@ the state is pulled, after every step, toward the guide noised to the current ti
 (``t * noise + (1 - t) * guide``) by the weights, so a chunk's first actions agree
 with the ones a robot executes while the chunk is computed and the seam is smooth.
 """
+
 from __future__ import annotations
 
 import time
@@ -34,13 +35,13 @@ DEFAULT_STEPS = 10
 
 @dataclass
 class FlowState:
-    x: torch.Tensor                  # [H, A] float32, the state at time ``t``
-    noise: torch.Tensor              # [H, A], x at t = 1
+    x: torch.Tensor  # [H, A] float32, the state at time ``t``
+    noise: torch.Tensor  # [H, A], x at t = 1
     steps: int
     guide: torch.Tensor | None = None
     weights: torch.Tensor | None = None  # [H, 1]
     step: int = 0
-    reserved: bool = False           # the H suffix slots are in the table
+    reserved: bool = False  # the H suffix slots are in the table
 
     @property
     def t(self) -> float:
@@ -63,15 +64,18 @@ class FlowState:
         return self.step >= self.steps
 
 
-def make_flow_state(inputs: dict[str, torch.Tensor], horizon: int, action_dim: int, steps: int,
-                    generator: torch.Generator | None) -> FlowState:
+def make_flow_state(
+    inputs: dict[str, torch.Tensor], horizon: int, action_dim: int, steps: int, generator: torch.Generator | None
+) -> FlowState:
     """The flow's start from the call's inputs; errors name the bad input."""
     noise = inputs.get("x")
     if noise is None:  # no noise given: draw it from the request's seeded generator
         noise = torch.randn((horizon, action_dim), generator=generator)
     noise = noise.float().reshape(-1, action_dim) if noise.numel() == horizon * action_dim else noise
     if tuple(noise.shape) != (horizon, action_dim):
-        raise ValueError(f"flow input 'x' (noise) has shape {tuple(noise.shape)}, the model needs {(horizon, action_dim)}")
+        raise ValueError(
+            f"flow input 'x' (noise) has shape {tuple(noise.shape)}, the model needs {(horizon, action_dim)}"
+        )
     if not torch.isfinite(noise).all():
         raise ValueError("flow input 'x' (noise) has NaN or infinite values")
     guide, weights = inputs.get("guide"), inputs.get("guide_weights")
@@ -80,16 +84,19 @@ def make_flow_state(inputs: dict[str, torch.Tensor], horizon: int, action_dim: i
     if guide is not None:
         guide, weights = guide.float(), weights.float().reshape(-1, 1)
         if tuple(guide.shape) != (horizon, action_dim) or weights.shape[0] != horizon:
-            raise ValueError(f"flow 'guide' must be {(horizon, action_dim)} and 'guide_weights' ({horizon},); got "
-                             f"{tuple(guide.shape)} and {tuple(weights.shape)}")
+            raise ValueError(
+                f"flow 'guide' must be {(horizon, action_dim)} and 'guide_weights' ({horizon},); got "
+                f"{tuple(guide.shape)} and {tuple(weights.shape)}"
+            )
         if not (torch.isfinite(guide).all() and torch.isfinite(weights).all()):
             raise ValueError("flow 'guide' or 'guide_weights' has NaN or infinite values")
         weights = weights.clamp(0.0, 1.0)
     return FlowState(x=noise.clone(), noise=noise, steps=steps, guide=guide, weights=weights)
 
 
-def flow_metadata(seqs: list[Sequence], blocks: BlockManager, horizon: int,
-                  device: torch.device) -> tuple[AttentionMetadata, torch.Tensor]:
+def flow_metadata(
+    seqs: list[Sequence], blocks: BlockManager, horizon: int, device: torch.device
+) -> tuple[AttentionMetadata, torch.Tensor]:
     """Attention plan and positions of one batched flow evaluation: each sequence's H suffix
     rows see its whole prefix and each other (bidirectional), nothing of other sequences."""
     plans, slots, positions = [], [], []
@@ -97,9 +104,17 @@ def flow_metadata(seqs: list[Sequence], blocks: BlockManager, horizon: int,
         prefix = len(seq.token_ids)
         first = seq.table.first_position
         end = prefix + horizon
-        plans.append(SeqAttention(query_start=i * horizon, query_len=horizon, context_len=end,
-                                  block_table=list(seq.table.blocks), first_position=first,
-                                  mask=MaskKind.PREFIX_BIDIRECTIONAL, mask_arg=first + end))
+        plans.append(
+            SeqAttention(
+                query_start=i * horizon,
+                query_len=horizon,
+                context_len=end,
+                block_table=list(seq.table.blocks),
+                first_position=first,
+                mask=MaskKind.PREFIX_BIDIRECTIONAL,
+                mask_arg=first + end,
+            )
+        )
         slots.append(blocks.slot_mapping(seq.table, prefix, end))
         positions.append(torch.arange(first + prefix, first + end))
     meta = AttentionMetadata(seqs=plans, slot_mapping=torch.cat(slots).to(device))
@@ -120,8 +135,11 @@ class FlowLoop(EngineLoop):
         self.evaluations = 0
 
     def _active(self) -> list[Sequence]:
-        return [s for s in self.core.scheduler.seqs.values()
-                if s.flow is not None and s.call is not None and s.num_pending == 0]
+        return [
+            s
+            for s in self.core.scheduler.seqs.values()
+            if s.flow is not None and s.call is not None and s.num_pending == 0
+        ]
 
     def has_work(self) -> bool:
         return any(True for _ in self._active())
@@ -148,8 +166,9 @@ class FlowLoop(EngineLoop):
         if core.tp_leader is not None:
             raise CallRefused(f"flow node {msg.node!r}: flow Loops are not supported with tensor parallelism yet")
         if not hasattr(module, "flow_velocity"):
-            raise ValueError(f"node {msg.node!r} is a flow node but module {type(module).__name__} "
-                             f"has no flow_velocity")
+            raise ValueError(
+                f"node {msg.node!r} is a flow node but module {type(module).__name__} has no flow_velocity"
+            )
         if not msg.kv_from:
             raise ValueError(f"flow node {msg.node!r} needs kv_from: the prefix view whose KV it reads")
         owner = msg.session_id or msg.request_id
@@ -190,7 +209,7 @@ class FlowLoop(EngineLoop):
         core = self.core
         horizon = core.module.action_horizon
         ready: list[Sequence] = []
-        for seq in sorted(self._active(), key=lambda s: s.arrival)[:core.config.max_num_seqs]:
+        for seq in sorted(self._active(), key=lambda s: s.arrival)[: core.config.max_num_seqs]:
             if not seq.flow.reserved:
                 if not core.scheduler.make_room(seq, horizon, []) or seq.num_pending:
                     break
@@ -218,9 +237,19 @@ class FlowLoop(EngineLoop):
         seq.flow, seq.status = None, SeqStatus.IDLE
         self.core.scheduler.drop(seq)  # the suffix slots and the fork go; the prefix view keeps its KV
         if not torch.isfinite(actions).all():
-            call.reply(NodeOutput(call.msg.call_id, call.msg.request_id, call.iteration, final=True,
-                                  error=f"node {call.msg.node!r}: the flow produced NaN or infinite actions"))
+            call.reply(
+                NodeOutput(
+                    call.msg.call_id,
+                    call.msg.request_id,
+                    call.iteration,
+                    final=True,
+                    error=f"node {call.msg.node!r}: the flow produced NaN or infinite actions",
+                )
+            )
             return
         handle = self.core.store.put(actions, owner=call.msg.request_id)
-        call.reply(NodeOutput(call.msg.call_id, call.msg.request_id, call.iteration, {"x": handle},
-                              final=True, finish_reason="done"))
+        call.reply(
+            NodeOutput(
+                call.msg.call_id, call.msg.request_id, call.iteration, {"x": handle}, final=True, finish_reason="done"
+            )
+        )

@@ -25,6 +25,7 @@ sample and context extension in the engine shares one forward per step, up to
 ``max_batched_tokens`` rows (oldest calls first; a call's samples always step together). Outputs: ``frame``
 [S, *latent] (the last prediction) and ``frames`` [S, H, *latent] with meta ``all_frames=1``.
 """
+
 from __future__ import annotations
 
 import time
@@ -66,18 +67,31 @@ class FrameLoop(EngineLoop):
     def stats(self) -> dict[str, int]:
         if not isinstance(self.core.module, FrameModule):
             return {}
-        return {"frame_contexts": len(self.contexts), "rollouts": len(self.rollouts),
-                "context_blocks": sum(len(c.table.blocks) for c in self.contexts.values()),
-                "frames_computed": self.frames_computed, "frame_forwards": self.forwards,
-                "window_slides": sum(c.slides for c in self.contexts.values())}
+        return {
+            "frame_contexts": len(self.contexts),
+            "rollouts": len(self.rollouts),
+            "context_blocks": sum(len(c.table.blocks) for c in self.contexts.values()),
+            "frames_computed": self.frames_computed,
+            "frame_forwards": self.forwards,
+            "window_slides": sum(c.slides for c in self.contexts.values()),
+        }
 
     def context(self, owner: str, node: str) -> FrameContext | None:
         return self.contexts.get((owner, node))
 
     def _reply(self, call: ActiveCall, outputs: dict | None = None, error: str | None = None) -> None:
         m = call.msg
-        call.reply(NodeOutput(m.call_id, m.request_id, call.iteration, outputs or {}, final=True,
-                              finish_reason=None if error else "done", error=error))
+        call.reply(
+            NodeOutput(
+                m.call_id,
+                m.request_id,
+                call.iteration,
+                outputs or {},
+                final=True,
+                finish_reason=None if error else "done",
+                error=error,
+            )
+        )
 
     def _drop_rollout(self, key: tuple[str, str], error: str | None = None) -> None:
         r = self.rollouts.pop(key)
@@ -128,8 +142,9 @@ class FrameLoop(EngineLoop):
     def start(self, msg: ExecuteNode, reply: Reply) -> None:
         core = self.core
         if not isinstance(core.module, FrameModule):
-            raise CallRefused(f"node {msg.node!r} is a frame node but module {type(core.module).__name__} "
-                              f"is no FrameModule")
+            raise CallRefused(
+                f"node {msg.node!r} is a frame node but module {type(core.module).__name__} is no FrameModule"
+            )
         if core.tp_leader is not None:
             raise CallRefused(f"frame node {msg.node!r}: frame Loops are not supported with tensor parallelism yet")
         owner = msg.session_id or msg.request_id
@@ -161,8 +176,10 @@ class FrameLoop(EngineLoop):
             raise shape_error(node, "actions", actions, f"[{F}, {m.action_dim}]")
         window = m.max_frames if msg.kv_window is None else int(msg.kv_window)
         if not 1 <= window <= m.max_frames:
-            raise ValueError(f"node {node!r}: a frame window of {window} frames is outside [1, {m.max_frames}] "
-                             f"(the model's frame capacity)")
+            raise ValueError(
+                f"node {node!r}: a frame window of {window} frames is outside [1, {m.max_frames}] "
+                f"(the model's frame capacity)"
+            )
         ctx = self.contexts.get((owner, node))
         if ctx is None:
             ctx = self.contexts[(owner, node)] = FrameContext(owner, node, msg.request_id)
@@ -175,7 +192,7 @@ class FrameLoop(EngineLoop):
         ctx.arrival = time.monotonic()
         if ctx.num_frames + len(todo) + 1 > window:  # slide: keep the newest half, exactly
             keep = max(1, window // 2) - 1
-            frames = (ctx.computed + todo)[len(ctx.computed) + len(todo) - keep:] if keep else []
+            frames = (ctx.computed + todo)[len(ctx.computed) + len(todo) - keep :] if keep else []
             ctx.todo, ctx.rebuild = frames, True
         else:
             ctx.todo, ctx.rebuild = todo, False
@@ -191,8 +208,9 @@ class FrameLoop(EngineLoop):
             raise shape_error(node, "actions", actions, f"[samples, horizon, {m.action_dim}]")
         S, H = int(actions.shape[0]), int(actions.shape[1])
         if msg.loop is not None and msg.loop.max_iters is not None and msg.loop.max_iters != H:
-            raise ValueError(f"node {node!r}: the Loop asks for {msg.loop.max_iters} rollout steps but 'actions' "
-                             f"holds {H}")
+            raise ValueError(
+                f"node {node!r}: the Loop asks for {msg.loop.max_iters} rollout steps but 'actions' holds {H}"
+            )
         frame = state = None
         if "frame" in inputs or "state" in inputs:
             if "frame" not in inputs or "state" not in inputs:
@@ -209,11 +227,21 @@ class FrameLoop(EngineLoop):
         key = (owner, msg.kv_from)
         ctx = self.contexts.get(key)
         if frame is None and (ctx is None or (ctx.pending is None and ctx.next_pending is None)):
-            raise ValueError(f"node {node!r}: no frame to roll out from: context {msg.kv_from!r} of {owner!r} "
-                             f"holds no frame yet, and no 'frame' / 'state' inputs were given")
-        self.rollouts[(owner, node)] = Rollout(owner, node, msg.request_id, call, actions, frame, state,
-                                               key if ctx is not None else None,
-                                               all_frames=bool(msg.meta.get("all_frames", 0)))
+            raise ValueError(
+                f"node {node!r}: no frame to roll out from: context {msg.kv_from!r} of {owner!r} "
+                f"holds no frame yet, and no 'frame' / 'state' inputs were given"
+            )
+        self.rollouts[(owner, node)] = Rollout(
+            owner,
+            node,
+            msg.request_id,
+            call,
+            actions,
+            frame,
+            state,
+            key if ctx is not None else None,
+            all_frames=bool(msg.meta.get("all_frames", 0)),
+        )
 
     # -- one batched step ---------------------------------------------------------------
     def _fork(self, r: Rollout) -> bool:
@@ -229,16 +257,20 @@ class FrameLoop(EngineLoop):
             raise ValueError(f"node {r.node!r}: context {r.context_key[1] if r.context_key else '?'!r} was closed")
         r.base = ctx.num_frames if ctx is not None else 0
         if r.base + r.horizon > m.max_frames:
-            raise ValueError(f"node {r.node!r}: a rollout of {r.horizon} frames after {r.base} context frames needs "
-                             f"{r.base + r.horizon} frame positions; the model holds {m.max_frames} "
-                             f"(give the context a smaller window)")
+            raise ValueError(
+                f"node {r.node!r}: a rollout of {r.horizon} frames after {r.base} context frames needs "
+                f"{r.base + r.horizon} frame positions; the model holds {m.max_frames} "
+                f"(give the context a smaller window)"
+            )
         need = r.samples * r.horizon
         if need > blocks.num_free_blocks:
             if self._rollouts_hold_blocks(r) or self.core.tokens_hold_blocks():
                 return False  # they finish and free theirs: first come, first served
-            raise ValueError(f"node {r.node!r}: {r.samples} samples x {r.horizon} frames need {need} KV frame blocks; "
-                             f"{blocks.num_free_blocks} of {blocks.num_blocks} are free (the sessions' contexts hold "
-                             f"the rest): size the pool for the windows plus samples x horizon")
+            raise ValueError(
+                f"node {r.node!r}: {r.samples} samples x {r.horizon} frames need {need} KV frame blocks; "
+                f"{blocks.num_free_blocks} of {blocks.num_blocks} are free (the sessions' contexts hold "
+                f"the rest): size the pool for the windows plus samples x horizon"
+            )
         if r.frame is None:
             latent, state = ctx.pending
             r.frame = latent[None].expand(r.samples, *latent.shape)
@@ -263,7 +295,7 @@ class FrameLoop(EngineLoop):
                 offset = 0
                 for w, parts in items:
                     n = sum(len(f) for _, f, _, _ in parts)
-                    self._finish(w, parts, predictions[offset:offset + n])
+                    self._finish(w, parts, predictions[offset : offset + n])
                     offset += n
         self._stepping = []
         return finished + len(items)
@@ -277,8 +309,10 @@ class FrameLoop(EngineLoop):
         finished = 0
         budget = core.config.max_num_seqs
         rows_left = core.config.max_batched_tokens  # a step's rows, as for token steps (the first item always fits)
-        work = sorted([c for c in self.contexts.values() if c.call is not None] + list(self.rollouts.values()),
-                      key=lambda w: w.arrival)
+        work = sorted(
+            [c for c in self.contexts.values() if c.call is not None] + list(self.rollouts.values()),
+            key=lambda w: w.arrival,
+        )
         for w in work:
             if isinstance(w, Rollout):
                 try:
@@ -303,8 +337,11 @@ class FrameLoop(EngineLoop):
                 if need > blocks.num_free_blocks:
                     if self._rollouts_hold_blocks(None) or core.tokens_hold_blocks():
                         break  # rollouts in flight free theirs: younger calls wait (first come, first served)
-                    self._fail(w, f"node {w.node!r}: the KV pool ({blocks.num_blocks} frame blocks, "
-                                  f"{blocks.num_free_blocks} free) cannot hold {need} more frames")
+                    self._fail(
+                        w,
+                        f"node {w.node!r}: the KV pool ({blocks.num_blocks} frame blocks, "
+                        f"{blocks.num_free_blocks} free) cannot hold {need} more frames",
+                    )
                     continue
                 if w.rebuild:  # admitted: recomputed from position 0 (``todo`` holds the kept frames)
                     blocks.free(w.table)
@@ -352,9 +389,17 @@ class FrameLoop(EngineLoop):
         for table, frames, first, start in parts:
             n = len(frames) * ft
             # a rollout's table has its later frames reserved: the context ends at this step's frame
-            seqs.append(SeqAttention(query_start=rows, query_len=n, context_len=start + n,
-                                     block_table=list(table.blocks), first_position=0,
-                                     mask=MaskKind.BLOCK_CAUSAL, mask_arg=ft))
+            seqs.append(
+                SeqAttention(
+                    query_start=rows,
+                    query_len=n,
+                    context_len=start + n,
+                    block_table=list(table.blocks),
+                    first_position=0,
+                    mask=MaskKind.BLOCK_CAUSAL,
+                    mask_arg=ft,
+                )
+            )
             slots.append(core.blocks.slot_mapping(table, start, start + n))
             for i, (latent, action, state) in enumerate(frames):
                 latents.append(latent)
@@ -367,9 +412,13 @@ class FrameLoop(EngineLoop):
         dtype = m.dtype if hasattr(m, "dtype") else torch.float32
         started = time.perf_counter()
         with torch.inference_mode():
-            out = m.forward_frames(torch.stack(latents).to(core.device, dtype), torch.stack(actions).to(core.device, dtype),
-                                   torch.stack(states).to(core.device, dtype),
-                                   torch.tensor(positions, dtype=torch.int64, device=core.device), self.attn)
+            out = m.forward_frames(
+                torch.stack(latents).to(core.device, dtype),
+                torch.stack(actions).to(core.device, dtype),
+                torch.stack(states).to(core.device, dtype),
+                torch.tensor(positions, dtype=torch.int64, device=core.device),
+                self.attn,
+            )
         core.runner.forward_seconds += time.perf_counter() - started
         self.forwards += 1
         self.frames_computed += len(positions)

@@ -5,6 +5,7 @@ the frame's latent patches) and attend block-causally: a frame sees itself and e
 earlier frame, so a computed frame's K/V never change when later frames are appended
 and a rollout can keep them (see ``mstar.engine.frame_loop``).
 """
+
 from __future__ import annotations
 
 import torch
@@ -48,8 +49,14 @@ class FrameModule(ARModule):
     def vocab_size(self) -> int:
         return 1  # no tokens: every row is an embedding
 
-    def forward_frames(self, latents: torch.Tensor, actions: torch.Tensor, states: torch.Tensor,
-                       frame_positions: torch.Tensor, attn: AttentionContext) -> torch.Tensor:
+    def forward_frames(
+        self,
+        latents: torch.Tensor,
+        actions: torch.Tensor,
+        states: torch.Tensor,
+        frame_positions: torch.Tensor,
+        attn: AttentionContext,
+    ) -> torch.Tensor:
         """latents [N, *latent_shape], actions [N, A], states [N, S], frame_positions [N] int64
         (absolute frame index of each) -> the next-frame prediction made at each frame,
         [N, *latent_shape]. Frames are packed sequence by sequence, oldest first; frame ``i``

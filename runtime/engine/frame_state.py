@@ -1,4 +1,5 @@
 """Frame Loop state (a session's frame context, one call's rollouts over it) and the checks of their inputs."""
+
 from __future__ import annotations
 
 import time
@@ -23,9 +24,9 @@ class FrameContext:
     computed: list[Frame] = field(default_factory=list)  # inputs kept for an exact re-prefill
     pending: tuple[torch.Tensor, torch.Tensor] | None = None  # (latent, state)
     call: ActiveCall | None = None
-    todo: list[Frame] = field(default_factory=list)       # frames this call computes
+    todo: list[Frame] = field(default_factory=list)  # frames this call computes
     next_pending: tuple[torch.Tensor, torch.Tensor] | None = None
-    rebuild: bool = False                                  # recompute ``todo`` from position 0
+    rebuild: bool = False  # recompute ``todo`` from position 0
     window: int = 0
     slides: int = 0
     arrival: float = field(default_factory=time.monotonic)
@@ -43,13 +44,13 @@ class Rollout:
     node: str
     request_id: str
     call: ActiveCall
-    actions: torch.Tensor               # [S, H, A]
-    frame: torch.Tensor | None           # [S, *latent]: the next frame to compute (None: the pending one)
-    state: torch.Tensor | None           # [S, S_dim]
+    actions: torch.Tensor  # [S, H, A]
+    frame: torch.Tensor | None  # [S, *latent]: the next frame to compute (None: the pending one)
+    state: torch.Tensor | None  # [S, S_dim]
     context_key: tuple[str, str] | None  # the context view it forks
     all_frames: bool = False
     tables: list[BlockTable] = field(default_factory=list)
-    base: int = 0                        # context frames shared by every sample
+    base: int = 0  # context frames shared by every sample
     step: int = 0
     started: bool = False
     outputs: list[torch.Tensor] = field(default_factory=list)

@@ -1,4 +1,5 @@
 """One OpenMP team per process, the device thread's; other threads run torch ops on one thread (docs/performance.md)."""
+
 from __future__ import annotations
 
 import ctypes

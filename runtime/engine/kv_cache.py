@@ -1,4 +1,5 @@
 """The paged KV cache tensors: one K and one V pool of fixed-size blocks per layer."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -24,8 +25,14 @@ class PagedKVCache:
     A flat slot ``s`` is token ``s % block_size`` of block ``s // block_size``.
     """
 
-    def __init__(self, spec: KVSpec, num_blocks: int, block_size: int,
-                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu") -> None:
+    def __init__(
+        self,
+        spec: KVSpec,
+        num_blocks: int,
+        block_size: int,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+    ) -> None:
         if num_blocks <= 0 or block_size <= 0:
             raise ValueError(f"KV cache needs num_blocks > 0 and block_size > 0, got {num_blocks}, {block_size}")
         self.spec = spec

@@ -1,4 +1,5 @@
 """The AR engine's side of moving a sequence between Workers: ExportKV out, ``kv_import`` in."""
+
 from __future__ import annotations
 
 from mstar.engine.engine_core import EngineCore
@@ -19,6 +20,7 @@ def import_sequence(core: EngineCore, msg: ExecuteNode) -> Sequence:
 
 def export_sequence(core: EngineCore, msg: ExportKV) -> KVExported:
     """Hands the (owner, node) sequence over, then forgets it; the reply says why it cannot."""
+
     def refuse(text: str) -> KVExported:
         return KVExported(msg.call_id, msg.request_id, error=text)
 
@@ -28,8 +30,9 @@ def export_sequence(core: EngineCore, msg: ExportKV) -> KVExported:
     if seq.call is not None:
         return refuse(f"node {msg.node!r} of {msg.owner!r} is still running")
     if seq.embeds is not None or seq.rope_positions is not None:  # needed for any recompute there
-        return refuse(f"node {msg.node!r}: a sequence with embedding or rope_positions inputs cannot move "
-                      f"between Workers yet")
+        return refuse(
+            f"node {msg.node!r}: a sequence with embedding or rope_positions inputs cannot move between Workers yet"
+        )
     if core.tp_leader is not None:  # the other ranks' KV heads would stay behind
         return refuse(f"node {msg.node!r} is tensor-parallel: moving its KV between Workers is not supported")
     kv = gather_kv(seq, core.blocks, core.cache)

@@ -6,6 +6,7 @@ computed K/V travel with the tokens, the repetition-penalty history and the seed
 generator's state. If the receiver has no room for the KV it recomputes the tokens
 instead (slower, same answer).
 """
+
 from __future__ import annotations
 
 import logging
@@ -35,20 +36,39 @@ def gather_kv(seq: Sequence, blocks: BlockManager, cache: PagedKVCache) -> torch
 
 def sequence_state(seq: Sequence, kv: TensorHandle | None) -> KVState:
     generator = seq.generator.get_state().numpy().tobytes() if seq.generator is not None else b""
-    return KVState(owner=seq.owner, node=seq.node, token_ids=list(seq.token_ids), history=list(seq.history),
-                   num_computed=seq.num_computed if kv is not None else 0, num_generated=seq.num_generated,
-                   first_position=seq.table.first_position, generator_state=generator, kv=kv,
-                   mask=seq.mask, mask_arg=seq.mask_arg, kv_window=seq.kv_window)
+    return KVState(
+        owner=seq.owner,
+        node=seq.node,
+        token_ids=list(seq.token_ids),
+        history=list(seq.history),
+        num_computed=seq.num_computed if kv is not None else 0,
+        num_generated=seq.num_generated,
+        first_position=seq.table.first_position,
+        generator_state=generator,
+        kv=kv,
+        mask=seq.mask,
+        mask_arg=seq.mask_arg,
+        kv_window=seq.kv_window,
+    )
 
 
-def restore_sequence(state: KVState, kv: torch.Tensor | None, request_id: str,
-                     blocks: BlockManager, cache: PagedKVCache) -> Sequence:
+def restore_sequence(
+    state: KVState, kv: torch.Tensor | None, request_id: str, blocks: BlockManager, cache: PagedKVCache
+) -> Sequence:
     """A Sequence equal to the exported one, its KV written into this engine's cache."""
-    seq = Sequence(owner=state.owner, node=state.node, request_id=request_id,
-                   table=BlockTable(blocks=[], first_position=state.first_position),
-                   token_ids=list(state.token_ids), history=list(state.history),
-                   num_generated=state.num_generated, mask=state.mask, mask_arg=state.mask_arg,
-                   kv_window=state.kv_window, status=SeqStatus.WAITING)
+    seq = Sequence(
+        owner=state.owner,
+        node=state.node,
+        request_id=request_id,
+        table=BlockTable(blocks=[], first_position=state.first_position),
+        token_ids=list(state.token_ids),
+        history=list(state.history),
+        num_generated=state.num_generated,
+        mask=state.mask,
+        mask_arg=state.mask_arg,
+        kv_window=state.kv_window,
+        status=SeqStatus.WAITING,
+    )
     seq.generator = torch.Generator(device="cpu")
     if state.generator_state:
         seq.generator.set_state(torch.frombuffer(bytearray(state.generator_state), dtype=torch.uint8))

@@ -4,6 +4,7 @@ The engine holds one loop per LoopMode over a shared EngineCore: it hands each c
 loop of its mode, steps every loop that has work, and passes releases, closed sessions and
 a failed step's error to them, without knowing what kind of loop it talks to.
 """
+
 from __future__ import annotations
 
 from abc import ABC, abstractmethod

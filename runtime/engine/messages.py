@@ -3,6 +3,7 @@
 Struct definitions only: the engine, the Worker and the Conductor all speak these, so the
 module imports nothing of theirs (a leaf).
 """
+
 from __future__ import annotations
 
 import msgspec

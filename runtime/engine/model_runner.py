@@ -1,4 +1,5 @@
 """Packs one step's scheduled tokens into tensors, plans attention once, runs the AR module."""
+
 from __future__ import annotations
 
 import time
@@ -16,13 +17,29 @@ from mstar.engine.scheduler import ScheduledSeq
 # (ids, positions, per-sequence attention, slot mapping on CPU) of a step, before its forward
 # ids, positions, per-sequence attention, slot mapping, embeds [T, W] | None, embed_mask [T] | None,
 # rope_positions [axes, T] | None
-PlanHook = Callable[[list[int], list[int], list[SeqAttention], torch.Tensor, torch.Tensor | None,
-                     torch.Tensor | None, torch.Tensor | None], None]
+PlanHook = Callable[
+    [
+        list[int],
+        list[int],
+        list[SeqAttention],
+        torch.Tensor,
+        torch.Tensor | None,
+        torch.Tensor | None,
+        torch.Tensor | None,
+    ],
+    None,
+]
 
 
 class ModelRunner:
-    def __init__(self, module: ARModule, backend: AttentionBackend, blocks: BlockManager, device: torch.device,
-                 plan_hook: PlanHook | None = None) -> None:
+    def __init__(
+        self,
+        module: ARModule,
+        backend: AttentionBackend,
+        blocks: BlockManager,
+        device: torch.device,
+        plan_hook: PlanHook | None = None,
+    ) -> None:
         self.module = module
         self.plan_hook = plan_hook  # tensor parallel: rank 0 sends the step to its followers
         self.backend = backend
@@ -43,11 +60,18 @@ class ModelRunner:
         for item in batch:
             seq = item.seq
             first = seq.table.first_position
-            seqs.append(SeqAttention(
-                query_start=len(ids), query_len=item.num_tokens, context_len=item.end,
-                block_table=list(seq.table.blocks), first_position=first,
-                mask=MaskKind(seq.mask), mask_arg=seq.mask_arg))
-            ids.extend(seq.token_ids[item.start:item.end])
+            seqs.append(
+                SeqAttention(
+                    query_start=len(ids),
+                    query_len=item.num_tokens,
+                    context_len=item.end,
+                    block_table=list(seq.table.blocks),
+                    first_position=first,
+                    mask=MaskKind(seq.mask),
+                    mask_arg=seq.mask_arg,
+                )
+            )
+            ids.extend(seq.token_ids[item.start : item.end])
             positions.extend(range(first + item.start, first + item.end))
             slots.append(self.blocks.slot_mapping(seq.table, item.start, item.end))
             last_rows.append(len(ids) - 1)
@@ -84,7 +108,7 @@ class ModelRunner:
                 rows.append(torch.zeros(item.num_tokens, width))
                 masks.append(torch.zeros(item.num_tokens, dtype=torch.bool))
             else:  # tokens appended after the embedding rows (a decode after an image / audio prompt) have none
-                part, mask = seq.embeds[item.start:item.end], seq.embed_mask[item.start:item.end]
+                part, mask = seq.embeds[item.start : item.end], seq.embed_mask[item.start : item.end]
                 if part.shape[1] < width:
                     part = torch.nn.functional.pad(part, (0, width - part.shape[1]))
                 short = item.num_tokens - part.shape[0]

@@ -10,6 +10,7 @@ Each step the model runner packs the rows' positions as ``rope_positions`` [axes
 1-D ``positions``. It does so only when a sequence of the step has some: a module then gets both,
 and the 1-D positions still index the KV.
 """
+
 from __future__ import annotations
 
 import torch
@@ -21,8 +22,10 @@ def set_rope_positions(seq: Sequence, given: torch.Tensor, count: int, before: i
     """Keeps a call's ``rope_positions`` [axes, count] for its tokens, which follow ``before`` tokens."""
     given = torch.as_tensor(given)
     if given.dim() != 2 or given.shape[1] != count or given.shape[0] < 1:
-        raise ValueError(f"node {node!r}: rope_positions must be [axes, {count}] (one column per input token), "
-                         f"got {tuple(given.shape)}")
+        raise ValueError(
+            f"node {node!r}: rope_positions must be [axes, {count}] (one column per input token), "
+            f"got {tuple(given.shape)}"
+        )
     if given.dtype.is_floating_point or given.dtype == torch.bool:
         raise ValueError(f"node {node!r}: rope_positions must be integers, got {given.dtype}")
     if count and int(given.min()) < 0:
@@ -42,7 +45,7 @@ def rope_positions_of(seq: Sequence, start: int, end: int, axes: int) -> torch.T
     if given.shape[0] != axes:
         raise ValueError(f"a step mixes rope_positions of {given.shape[0]} and {axes} axes")
     n = given.shape[1]
-    head = given[:, start:min(end, n)]
+    head = given[:, start : min(end, n)]
     lo = max(start, n)
     tail = torch.arange(lo, max(end, lo)) + seq.rope_after  # token j >= n sits at j + rope_after (empty when
     # the range ends inside the given positions)

@@ -4,6 +4,7 @@ Works on a (possibly restricted) vocabulary: column j of the logits is token ``v
 Processor order and semantics follow the common HF convention (penalty, then
 temperature, top-k, top-p).
 """
+
 from __future__ import annotations
 
 import torch
@@ -41,8 +42,14 @@ def history_columns(history: list[int], vocab: torch.Tensor | None, device: torc
 
 
 class Sampler:
-    def sample(self, logits: torch.Tensor, vocab: torch.Tensor | None, params: list[SamplingParams],
-               histories: list[list[int]], generators: list[torch.Generator | None]) -> list[int]:
+    def sample(
+        self,
+        logits: torch.Tensor,
+        vocab: torch.Tensor | None,
+        params: list[SamplingParams],
+        histories: list[list[int]],
+        generators: list[torch.Generator | None],
+    ) -> list[int]:
         """logits [B, K] float32 (already masked) -> one token id per row."""
         plain = all(p.greedy and p.repetition_penalty == 1.0 for p in params)
         if plain:

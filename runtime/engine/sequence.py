@@ -1,4 +1,5 @@
 """One AR sequence: a (request or session) x node-view pair, its tokens, KV blocks and current call."""
+
 from __future__ import annotations
 
 import enum
@@ -17,9 +18,9 @@ from mstar.engine.messages import ExecuteNode, NodeOutput
 
 
 class SeqStatus(enum.Enum):
-    WAITING = "waiting"   # has tokens to compute, not admitted (no KV yet, or preempted)
-    RUNNING = "running"   # admitted: holds KV, scheduled every step while it has work
-    IDLE = "idle"         # holds KV, no call in flight (between Walks, or a session between messages)
+    WAITING = "waiting"  # has tokens to compute, not admitted (no KV yet, or preempted)
+    RUNNING = "running"  # admitted: holds KV, scheduled every step while it has work
+    IDLE = "idle"  # holds KV, no call in flight (between Walks, or a session between messages)
 
 
 @dataclass
@@ -28,7 +29,7 @@ class ActiveCall:
     reply: Callable[[NodeOutput], None]
     iteration: int = 0
     context_before: int = 0  # len(token_ids) before this call's inputs (to undo a cancelled call)
-    rows_sent: int = 0       # row outputs up to this token index went out as step rows (ExecuteNode.step_rows)
+    rows_sent: int = 0  # row outputs up to this token index went out as step rows (ExecuteNode.step_rows)
 
     @property
     def wants_token(self) -> bool:
@@ -44,12 +45,12 @@ class ActiveCall:
 
 @dataclass
 class Sequence:
-    owner: str                     # session id, or request id when there is no session
+    owner: str  # session id, or request id when there is no session
     node: str
     request_id: str
     table: BlockTable
     token_ids: list[int] = field(default_factory=list)  # tokens in the KV window (computed or pending)
-    history: list[int] = field(default_factory=list)    # every token ever seen (repetition penalty)
+    history: list[int] = field(default_factory=list)  # every token ever seen (repetition penalty)
     num_computed: int = 0
     num_generated: int = 0
     status: SeqStatus = SeqStatus.WAITING
@@ -60,15 +61,17 @@ class Sequence:
     mask_arg: int = 0
     kv_window: int | None = None
     # rows of token_ids that enter as embeddings (images), aligned with token_ids
-    embeds: torch.Tensor | None = None       # [len(token_ids), H]
-    embed_mask: torch.Tensor | None = None   # [len(token_ids)] bool
-    rope_positions: torch.Tensor | None = None  # [axes, n]: given positions of the first n tokens (mstar.engine.rope_positions)
-    rope_after: int = 0                          # token j >= n sits at j + rope_after on every axis
-    flow: FlowState | None = None          # an active flow Loop (mstar.engine.flow_loop)
-    phase_waits: int = 0                     # steps held back to start in phase (mstar.engine.scheduler)
+    embeds: torch.Tensor | None = None  # [len(token_ids), H]
+    embed_mask: torch.Tensor | None = None  # [len(token_ids)] bool
+    rope_positions: torch.Tensor | None = (
+        None  # [axes, n]: given positions of the first n tokens (mstar.engine.rope_positions)
+    )
+    rope_after: int = 0  # token j >= n sits at j + rope_after on every axis
+    flow: FlowState | None = None  # an active flow Loop (mstar.engine.flow_loop)
+    phase_waits: int = 0  # steps held back to start in phase (mstar.engine.scheduler)
     side_inputs: dict[str, torch.Tensor] = field(default_factory=dict)  # call inputs a feedback hook reads
     open_inputs: set[str] = field(default_factory=set)  # side inputs still growing (mstar.engine.fed_inputs)
-    rows: dict[str, torch.Tensor] = field(default_factory=dict)         # row outputs by token position
+    rows: dict[str, torch.Tensor] = field(default_factory=dict)  # row outputs by token position
 
     @property
     def key(self) -> tuple[str, str]:

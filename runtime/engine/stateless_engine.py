@@ -7,6 +7,7 @@ A batch that fails is retried call by call, so one bad input fails one request.
 A node with ``sequential_calls`` (state kept between a request's calls) gets a request's
 calls one at a time, in index order, whatever order they come in.
 """
+
 from __future__ import annotations
 
 import logging
@@ -38,9 +39,17 @@ class _Pending:
 
 
 class StatelessEngine(EngineInbox):
-    def __init__(self, nodes: Mapping[str, NodeSubmodule], store: InProcessTensorStore,
-                 max_batch: int = 16, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
-                 name: str = "stateless", max_wait_s: float = 0.0, pack: bool = True) -> None:
+    def __init__(
+        self,
+        nodes: Mapping[str, NodeSubmodule],
+        store: InProcessTensorStore,
+        max_batch: int = 16,
+        device: str | torch.device = "cpu",
+        dtype: torch.dtype = torch.float32,
+        name: str = "stateless",
+        max_wait_s: float = 0.0,
+        pack: bool = True,
+    ) -> None:
         """``pack``: bf16 linears on CPU get prepacked weights (mstar.layers.linear_packing)."""
         super().__init__()
         self.device = torch.device(device)
@@ -60,8 +69,12 @@ class StatelessEngine(EngineInbox):
         self.busy_seconds = 0.0
 
     def stats(self) -> dict[str, int]:
-        return {"batches": self.batches, "calls": self.calls, "pending": len(self._pending),
-                "busy_ms": int(self.busy_seconds * 1000)}
+        return {
+            "batches": self.batches,
+            "calls": self.calls,
+            "pending": len(self._pending),
+            "busy_ms": int(self.busy_seconds * 1000),
+        }
 
     # -- device thread (DeviceLoop) -------------------------------------------------
     def has_work(self) -> bool:
@@ -80,8 +93,12 @@ class StatelessEngine(EngineInbox):
 
     def _ready(self) -> list[_Pending]:
         """The calls that may run now: a sequential node's call waits for its request's previous one."""
-        return [p for p in self._pending if not self.nodes[p.msg.node].sequential_calls
-                or p.call.index == self._next_index.get((p.msg.node, p.msg.request_id), 0)]
+        return [
+            p
+            for p in self._pending
+            if not self.nodes[p.msg.node].sequential_calls
+            or p.call.index == self._next_index.get((p.msg.node, p.msg.request_id), 0)
+        ]
 
     def _answer(self, item: _Pending, out: NodeOutput) -> None:
         if self.nodes[item.msg.node].sequential_calls:
@@ -129,11 +146,20 @@ class StatelessEngine(EngineInbox):
         key = self._key(head)
         if isinstance(key, Exception):
             self._pending.remove(head)
-            self._answer(head, NodeOutput(head.msg.call_id, head.msg.request_id, 0, final=True,
-                                          error=f"node {head.msg.node!r}: {type(key).__name__}: {key}"))
+            self._answer(
+                head,
+                NodeOutput(
+                    head.msg.call_id,
+                    head.msg.request_id,
+                    0,
+                    final=True,
+                    error=f"node {head.msg.node!r}: {type(key).__name__}: {key}",
+                ),
+            )
             return []
-        same = sorted((p for p in ready if p.msg.node == head.msg.node and self._key(p) == key),
-                      key=lambda p: p.priority)[: self.max_batch]
+        same = sorted(
+            (p for p in ready if p.msg.node == head.msg.node and self._key(p) == key), key=lambda p: p.priority
+        )[: self.max_batch]
         chosen = {id(p) for p in same}
         self._pending = [p for p in self._pending if id(p) not in chosen]
         return same
@@ -150,16 +176,25 @@ class StatelessEngine(EngineInbox):
                 return
             item = batch[0]
             log.warning("%s: call of %s for %s failed: %s", self.name, item.msg.node, item.msg.request_id, exc)
-            self._answer(item, NodeOutput(item.msg.call_id, item.msg.request_id, 0, final=True,
-                                          error=f"node {item.msg.node!r}: {type(exc).__name__}: {exc}"))
+            self._answer(
+                item,
+                NodeOutput(
+                    item.msg.call_id,
+                    item.msg.request_id,
+                    0,
+                    final=True,
+                    error=f"node {item.msg.node!r}: {type(exc).__name__}: {exc}",
+                ),
+            )
             return
         self.busy_seconds += time.perf_counter() - started
         self.batches += 1
         self.calls += len(batch)
         for item, outputs in zip(batch, results):
             handles = {k: self.store.put(v, owner=item.msg.request_id) for k, v in outputs.items()}
-            self._answer(item, NodeOutput(item.msg.call_id, item.msg.request_id, 0, handles, final=True,
-                                          finish_reason="done"))
+            self._answer(
+                item, NodeOutput(item.msg.call_id, item.msg.request_id, 0, handles, final=True, finish_reason="done")
+            )
 
     def _forward(self, module: NodeSubmodule, batch: list[_Pending]) -> list[dict[str, torch.Tensor]]:
         calls = [p.call for p in batch]

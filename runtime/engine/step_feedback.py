@@ -12,6 +12,7 @@ state it sampled from and the token (the Talker: the code predictor's 15 codes f
 the sum of the frame's 16 code embeddings plus the next text row), batched over every sequence of
 the step that goes on; the row enters as an embedding row, the extra outputs go out with the token.
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -36,29 +37,34 @@ def keep_rows(module: ARModule, items) -> None:
         if seq.kv_window is not None:  # a sliding window moves token positions under the kept rows
             raise ValueError(f"node {seq.node!r}: row outputs do not support a kv_window yet")
         for name in module.row_outputs:
-            rows = out[name][offset:offset + n].detach().to("cpu", torch.float32)
+            rows = out[name][offset : offset + n].detach().to("cpu", torch.float32)
             store = seq.rows.get(name)
             need = item.end
             if store is None or store.shape[0] < need:
                 grown = torch.zeros(max(need, 2 * (0 if store is None else store.shape[0])), rows.shape[1])
                 if store is not None:
-                    grown[:store.shape[0]] = store
+                    grown[: store.shape[0]] = store
                 store = seq.rows[name] = grown
-            store[item.start:item.end] = rows
+            store[item.start : item.end] = rows
         offset += n
 
 
 def row_outputs(seq: Sequence) -> dict[str, torch.Tensor]:
     """Every computed row of the sequence, per row output."""
-    return {name: rows[:seq.num_computed].clone() for name, rows in seq.rows.items()}
+    return {name: rows[: seq.num_computed].clone() for name, rows in seq.rows.items()}
 
 
 def feedback_call(seq: Sequence) -> FeedbackCall:
     """``seq``'s running call as its module's feedback hooks see it."""
     call = seq.call
     assert call is not None and call.msg.sampling is not None
-    return FeedbackCall(iteration=call.iteration, inputs=seq.side_inputs, greedy=call.msg.sampling.greedy,
-                        generator=seq.generator, open_inputs=frozenset(seq.open_inputs))
+    return FeedbackCall(
+        iteration=call.iteration,
+        inputs=seq.side_inputs,
+        greedy=call.msg.sampling.greedy,
+        generator=seq.generator,
+        open_inputs=frozenset(seq.open_inputs),
+    )
 
 
 def last_sample(module: ARModule, seq: Sequence) -> bool:
@@ -74,8 +80,14 @@ def last_sample(module: ARModule, seq: Sequence) -> bool:
     return limit is not None and call.iteration + 1 >= limit
 
 
-def feedback_rows(module: ARModule, seqs: list[Sequence], tokens: list[int], hidden: torch.Tensor,
-                  rows: list[int], continuing: list[bool]) -> dict[tuple[str, str], tuple[torch.Tensor, dict[str, torch.Tensor]]]:
+def feedback_rows(
+    module: ARModule,
+    seqs: list[Sequence],
+    tokens: list[int],
+    hidden: torch.Tensor,
+    rows: list[int],
+    continuing: list[bool],
+) -> dict[tuple[str, str], tuple[torch.Tensor, dict[str, torch.Tensor]]]:
     """For the sequences whose Loop goes on: (next input row, extra outputs), by sequence key.
     ``hidden`` is the step's packed rows; ``rows[i]`` the one ``seqs[i]`` sampled from."""
     if not module.has_feedback:
@@ -84,8 +96,9 @@ def feedback_rows(module: ARModule, seqs: list[Sequence], tokens: list[int], hid
     if not picked:
         return {}
     calls = [feedback_call(seqs[i]) for i in picked]
-    next_rows, outs = module.feedback(hidden[[rows[i] for i in picked]], torch.tensor([tokens[i] for i in picked], device=hidden.device),
-                                      calls)
+    next_rows, outs = module.feedback(
+        hidden[[rows[i] for i in picked]], torch.tensor([tokens[i] for i in picked], device=hidden.device), calls
+    )
     return {seqs[i].key: (next_rows[j].detach().to("cpu", torch.float32), outs[j]) for j, i in enumerate(picked)}
 
 

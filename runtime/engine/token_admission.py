@@ -1,4 +1,5 @@
 """Admitting a token call: its checks, and its inputs joining the (new or continued) sequence."""
+
 from __future__ import annotations
 
 import math
@@ -52,13 +53,16 @@ def _check_fits(core: EngineCore, msg: ExecuteNode, seq: Sequence | None, ids: l
     first = 0 if seq is None else seq.table.first_position
     need = first + known + len(ids) + loop_iters
     if msg.kv_window is None and need > module.max_positions:
-        raise CallRefused(f"node {msg.node!r}: request needs {need} positions ({known + len(ids)} tokens in context "
-                          f"+ {loop_iters} to generate), over the model's context limit of {module.max_positions}")
+        raise CallRefused(
+            f"node {msg.node!r}: request needs {need} positions ({known + len(ids)} tokens in context "
+            f"+ {loop_iters} to generate), over the model's context limit of {module.max_positions}"
+        )
     window = msg.kv_window if msg.kv_window is not None else known + len(ids) + loop_iters
     blocks_needed = math.ceil(min(window + blocks.block_size, known + len(ids) + loop_iters) / blocks.block_size)
     if blocks_needed > blocks.num_blocks:
-        raise CallRefused(f"node {msg.node!r}: request needs {blocks_needed} KV blocks, "
-                          f"the pool has {blocks.num_blocks}")
+        raise CallRefused(
+            f"node {msg.node!r}: request needs {blocks_needed} KV blocks, the pool has {blocks.num_blocks}"
+        )
 
 
 def _take_inputs(core: EngineCore, seq: Sequence, msg: ExecuteNode, ids: list[int], context_before: int) -> None:
@@ -77,8 +81,10 @@ def _take_inputs(core: EngineCore, seq: Sequence, msg: ExecuteNode, ids: list[in
         seq.history.extend(ids)
     unknown = [p for p in msg.fed_inputs if p in CORE_INPUTS]
     if unknown or (msg.fed_inputs and (msg.loop is None or not module.has_feedback)):
-        raise ValueError(f"node {msg.node!r}: fed inputs {list(msg.fed_inputs)} need a Loop call of a module with "
-                         f"feedback, and cannot be {list(CORE_INPUTS)}")
+        raise ValueError(
+            f"node {msg.node!r}: fed inputs {list(msg.fed_inputs)} need a Loop call of a module with "
+            f"feedback, and cannot be {list(CORE_INPUTS)}"
+        )
     for name, ref in msg.inputs.items():  # a feedback hook reads them on every later iteration
         if name not in CORE_INPUTS and module.has_feedback:
             value = core.store.resolve(ref)
@@ -95,8 +101,10 @@ def _append_embeds(core: EngineCore, seq: Sequence, msg: ExecuteNode, count: int
     mask = core.store.resolve(msg.inputs["embed_mask"]).reshape(-1).bool()
     rows = rows.reshape(-1, rows.shape[-1]) if rows.dim() > 2 else rows
     if mask.numel() != count or rows.dim() != 2 or rows.shape[0] != int(mask.sum()):
-        raise ValueError(f"node {msg.node!r}: embed_mask marks {int(mask.sum())} of {mask.numel()} tokens "
-                         f"({count} given) but embeds has shape {tuple(rows.shape)}")
+        raise ValueError(
+            f"node {msg.node!r}: embed_mask marks {int(mask.sum())} of {mask.numel()} tokens "
+            f"({count} given) but embeds has shape {tuple(rows.shape)}"
+        )
     if not torch.isfinite(rows).all():
         raise ValueError(f"node {msg.node!r}: embeds contain NaN or infinite values")
     dense = torch.zeros(count, rows.shape[1], dtype=torch.float32)

@@ -4,6 +4,7 @@ A call with a LoopSpec is an engine-resident loop: the sampled token is fed back
 iteration and the stop check happens here, next to the model, so no round trip to the
 Conductor is on the per-token path.
 """
+
 from __future__ import annotations
 
 import torch
@@ -41,8 +42,11 @@ class TokenLoop(EngineLoop):
         core = self.core
         batch = core.scheduler.schedule()
         for seq in core.scheduler.take_stuck():  # can never fit, even with everything else preempted
-            core.fail_call(seq, f"node {seq.node!r}: the KV pool ({core.blocks.num_blocks} blocks of "
-                                f"{core.blocks.block_size}) cannot hold this sequence ({len(seq.token_ids)} tokens)")
+            core.fail_call(
+                seq,
+                f"node {seq.node!r}: the KV pool ({core.blocks.num_blocks} blocks of "
+                f"{core.blocks.block_size}) cannot hold this sequence ({len(seq.token_ids)} tokens)",
+            )
             core.scheduler.drop(seq)
         if not batch:
             return 0
@@ -50,8 +54,10 @@ class TokenLoop(EngineLoop):
         self.tokens_computed += sum(item.num_tokens for item in batch)
         self._stepping = batch
         with core.busy(), torch.inference_mode():
-            samples = any(item.seq.call is not None and item.seq.call.wants_token
-                          and item.end == len(item.seq.token_ids) for item in batch)
+            samples = any(
+                item.seq.call is not None and item.seq.call.wants_token and item.end == len(item.seq.token_ids)
+                for item in batch
+            )
             hidden, last_rows = core.runner.run(batch, need_hidden=samples)
             keep_rows(core.module, batch)
             core.scheduler.complete(batch)
@@ -64,13 +70,15 @@ class TokenLoop(EngineLoop):
         core = self.core
         text = f"engine step failed: {type(error).__name__}: {error}"
         if core.tp_leader is not None:  # the ranks are out of step now: the group must restart
-            text = (f"tensor-parallel step failed (a rank of the group is gone or failed): "
-                    f"{type(error).__name__}: {str(error).splitlines()[0][:300]}")
+            text = (
+                f"tensor-parallel step failed (a rank of the group is gone or failed): "
+                f"{type(error).__name__}: {str(error).splitlines()[0][:300]}"
+            )
         batch, self._stepping = self._stepping, []
         for item in batch:
             seq = item.seq
             if seq.call is not None:
-                del seq.token_ids[seq.call.context_before:]
+                del seq.token_ids[seq.call.context_before :]
                 core.fail_call(seq, text)
             seq.status = SeqStatus.IDLE
             core.scheduler.preempt(seq)
@@ -86,9 +94,14 @@ class TokenLoop(EngineLoop):
 
     def stats(self) -> dict[str, int]:
         scheduler = self.core.scheduler
-        return {"sequences": len(scheduler.seqs), "steps": self.steps, "tokens_computed": self.tokens_computed,
-                "preemptions": scheduler.num_preemptions, "phase_waits": scheduler.phase_waits,
-                "feed_waits": scheduler.feed_waits}
+        return {
+            "sequences": len(scheduler.seqs),
+            "steps": self.steps,
+            "tokens_computed": self.tokens_computed,
+            "preemptions": scheduler.num_preemptions,
+            "phase_waits": scheduler.phase_waits,
+            "feed_waits": scheduler.feed_waits,
+        }
 
     def feed(self, msg: FeedInput) -> None:
         """More rows for a fed input of a running call (mstar.engine.fed_inputs)."""

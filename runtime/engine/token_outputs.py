@@ -1,4 +1,5 @@
 """After a token step's forward: sample the rows that end a call's input, reply, feed tokens back."""
+
 from __future__ import annotations
 
 import torch
@@ -23,8 +24,16 @@ def finish_step(core: EngineCore, batch: list[ScheduledSeq], hidden: torch.Tenso
         else:
             call, seq.call = seq.call, None
             seq.status = SeqStatus.IDLE
-            call.reply(NodeOutput(call.msg.call_id, call.msg.request_id, call.iteration, _rows(core, seq),
-                                  final=True, finish_reason="done"))
+            call.reply(
+                NodeOutput(
+                    call.msg.call_id,
+                    call.msg.request_id,
+                    call.iteration,
+                    _rows(core, seq),
+                    final=True,
+                    finish_reason="done",
+                )
+            )
     if not sample_seqs:
         return
     tokens = _sample(core, sample_seqs, hidden, rows)
@@ -51,8 +60,13 @@ def _sample(core: EngineCore, seqs: list[Sequence], hidden: torch.Tensor, rows: 
             core.tp_leader.logits_plan(group_rows, vocab)
         # every row of the group allows exactly ``vocab``: nothing to mask
         logits = module.compute_logits(hidden[group_rows], vocab).float()
-        picked = core.sampler.sample(logits, vocab, [s.call.msg.sampling for s in group],
-                                     [s.history for s in group], [s.generator for s in group])
+        picked = core.sampler.sample(
+            logits,
+            vocab,
+            [s.call.msg.sampling for s in group],
+            [s.history for s in group],
+            [s.generator for s in group],
+        )
         for i, token in zip(members, picked):
             tokens[i] = token
     return tokens
@@ -82,7 +96,7 @@ def _step_rows(core: EngineCore, seq: Sequence, call: ActiveCall, outputs: dict)
     end = seq.num_computed
     if end > call.rows_sent:
         for name, rows in seq.rows.items():
-            outputs[f"step_{name}"] = core.store.put(rows[call.rows_sent:end].clone(), owner=seq.request_id)
+            outputs[f"step_{name}"] = core.store.put(rows[call.rows_sent : end].clone(), owner=seq.request_id)
         call.rows_sent = end
     return outputs
 
@@ -95,8 +109,11 @@ def _advance(core: EngineCore, seq: Sequence, token: int, fed: tuple[torch.Tenso
     call.iteration += 1
     if msg.loop is not None and token in msg.loop.stop_values:
         seq.call, seq.status = None, SeqStatus.IDLE
-        call.reply(NodeOutput(msg.call_id, msg.request_id, iteration, _rows(core, seq, call=call), final=True,
-                              finish_reason="stop"))
+        call.reply(
+            NodeOutput(
+                msg.call_id, msg.request_id, iteration, _rows(core, seq, call=call), final=True, finish_reason="stop"
+            )
+        )
         return
     seq.num_generated += 1
     seq.history.append(token)

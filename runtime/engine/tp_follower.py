@@ -5,6 +5,7 @@ It owns no scheduler, block manager or sampler: it receives rank 0's plans (see
 shard of the model, with its own paged KV cache (same block ids, its own KV heads),
 so the collectives inside the model line up with rank 0's.
 """
+
 from __future__ import annotations
 
 import logging
@@ -51,12 +52,18 @@ class TPFollower:
         self.module = self.module.to(device=self.device, dtype=getattr(torch, hello.dtype)).eval()
         if hello.pack_linears:  # the same kernels as the leader: a TP step waits for its slowest rank
             pack_linears(self.module, self.module.plain_linears)
-        self.cache = PagedKVCache(self.module.kv_spec(), hello.num_blocks, hello.block_size,
-                                  getattr(torch, hello.kv_dtype), self.device)
+        self.cache = PagedKVCache(
+            self.module.kv_spec(), hello.num_blocks, hello.block_size, getattr(torch, hello.kv_dtype), self.device
+        )
         backend = select_attention_backend(self.cache, hello.attention_backend)
         attn = AttentionContext(backend)
-        log.info("TP rank %d: following, %d KV blocks x %d tokens, %s attention", self.tp.rank,
-                 hello.num_blocks, hello.block_size, backend.name)
+        log.info(
+            "TP rank %d: following, %d KV blocks x %d tokens, %s attention",
+            self.tp.rank,
+            hello.num_blocks,
+            hello.block_size,
+            backend.name,
+        )
         hidden: torch.Tensor | None = None
         with torch.inference_mode():
             while True:

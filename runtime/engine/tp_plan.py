@@ -12,6 +12,7 @@ it broadcasts a plan so every follower makes the same call on its own shard:
 - LOGITS when the step samples: which hidden rows and which vocabulary subset.
 - SHUTDOWN when the engine closes: followers return from their loop.
 """
+
 from __future__ import annotations
 
 import logging
@@ -61,10 +62,10 @@ class StepPlan(msgspec.Struct, array_like=True):
     slots: list[int] = []
     rows: list[int] = []
     vocab: list[tuple[int, int]] | None = None  # [lo, hi) runs of the vocabulary subset; None: all
-    embed_rows: list[int] = []   # packed rows that enter as embeddings
+    embed_rows: list[int] = []  # packed rows that enter as embeddings
     embed_width: int = 0
-    embeds: bytes = b""          # float32 [len(embed_rows), embed_width], row-major
-    rope_axes: int = 0           # > 0: rope_positions [rope_axes, len(ids)], flattened row-major
+    embeds: bytes = b""  # float32 [len(embed_rows), embed_width], row-major
+    rope_axes: int = 0  # > 0: rope_positions [rope_axes, len(ids)], flattened row-major
     rope_positions: list[int] = []
 
 
@@ -72,7 +73,9 @@ def plan_embeds(plan: StepPlan, device: torch.device) -> dict[str, torch.Tensor]
     """The module's ``embeds`` / ``embed_mask`` / ``rope_positions`` inputs of a FORWARD plan (those it has)."""
     out: dict[str, torch.Tensor] = {}
     if plan.rope_axes:
-        out["rope_positions"] = torch.tensor(plan.rope_positions, dtype=torch.long).reshape(plan.rope_axes, -1).to(device)
+        out["rope_positions"] = (
+            torch.tensor(plan.rope_positions, dtype=torch.long).reshape(plan.rope_axes, -1).to(device)
+        )
     if not plan.embed_rows:
         return out
     n, width = len(plan.ids), plan.embed_width
@@ -86,8 +89,12 @@ def plan_embeds(plan: StepPlan, device: torch.device) -> dict[str, torch.Tensor]
 
 
 def plan_metadata(plan: StepPlan, device: torch.device) -> AttentionMetadata:
-    seqs = [SeqAttention(s.query_start, s.query_len, s.context_len, s.block_table, s.first_position,
-                         MaskKind(s.mask), s.mask_arg) for s in plan.seqs]
+    seqs = [
+        SeqAttention(
+            s.query_start, s.query_len, s.context_len, s.block_table, s.first_position, MaskKind(s.mask), s.mask_arg
+        )
+        for s in plan.seqs
+    ]
     return AttentionMetadata(seqs=seqs, slot_mapping=torch.tensor(plan.slots, dtype=torch.long, device=device))
 
 
@@ -127,9 +134,16 @@ class TPLeader:
             raise RuntimeError("the tensor-parallel group was shut down (engine closed)")
         self.tp.broadcast(plan, StepPlan)
 
-    def forward_plan(self, ids: list[int], positions: list[int], seqs: list[SeqAttention],
-                     slot_mapping: torch.Tensor, embeds: torch.Tensor | None = None,
-                     embed_mask: torch.Tensor | None = None, rope_positions: torch.Tensor | None = None) -> None:
+    def forward_plan(
+        self,
+        ids: list[int],
+        positions: list[int],
+        seqs: list[SeqAttention],
+        slot_mapping: torch.Tensor,
+        embeds: torch.Tensor | None = None,
+        embed_mask: torch.Tensor | None = None,
+        rope_positions: torch.Tensor | None = None,
+    ) -> None:
         copies, self._copies[:] = list(self._copies), []
         rows: list[int] = []
         values, width = b"", 0
@@ -137,11 +151,32 @@ class TPLeader:
             picked = embed_mask.nonzero().reshape(-1).cpu()
             rows, width = picked.tolist(), embeds.shape[1]
             values = embeds.index_select(0, picked.to(embeds.device)).float().cpu().contiguous().numpy().tobytes()
-        self._send(StepPlan(PlanKind.FORWARD, copies, ids, positions, [
-            SeqPlan(s.query_start, s.query_len, s.context_len, s.block_table, s.first_position, int(s.mask), s.mask_arg)
-            for s in seqs], slot_mapping.tolist(), embed_rows=rows, embed_width=width, embeds=values,
-            rope_axes=0 if rope_positions is None else rope_positions.shape[0],
-            rope_positions=[] if rope_positions is None else rope_positions.reshape(-1).tolist()))
+        self._send(
+            StepPlan(
+                PlanKind.FORWARD,
+                copies,
+                ids,
+                positions,
+                [
+                    SeqPlan(
+                        s.query_start,
+                        s.query_len,
+                        s.context_len,
+                        s.block_table,
+                        s.first_position,
+                        int(s.mask),
+                        s.mask_arg,
+                    )
+                    for s in seqs
+                ],
+                slot_mapping.tolist(),
+                embed_rows=rows,
+                embed_width=width,
+                embeds=values,
+                rope_axes=0 if rope_positions is None else rope_positions.shape[0],
+                rope_positions=[] if rope_positions is None else rope_positions.reshape(-1).tolist(),
+            )
+        )
 
     def logits_plan(self, rows: list[int], vocab: torch.Tensor | None) -> None:
         runs = None if vocab is None else contiguous_runs(vocab, max_runs=max(1, vocab.numel()))

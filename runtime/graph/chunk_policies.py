@@ -1,4 +1,5 @@
 """Chunk policies: when a streaming connection hands a chunk of accumulated items to its consumer."""
+
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
@@ -78,8 +79,10 @@ class LeftContextChunkPolicy(ChunkPolicy):
 
     def __post_init__(self) -> None:
         if self.chunk < 1 or self.left_context < 0 or (self.first_chunk is not None and self.first_chunk < 1):
-            raise ValueError(f"LeftContextChunkPolicy needs chunk >= 1, left_context >= 0 and first_chunk >= 1, got "
-                             f"{self.chunk}, {self.left_context}, {self.first_chunk}")
+            raise ValueError(
+                f"LeftContextChunkPolicy needs chunk >= 1, left_context >= 0 and first_chunk >= 1, got "
+                f"{self.chunk}, {self.left_context}, {self.first_chunk}"
+            )
         if self.edges and self.left_context < 1:
             raise ValueError("LeftContextChunkPolicy with edges needs left_context >= 1 (its final chunk is context)")
 
@@ -133,7 +136,9 @@ class SlidingWindowChunkPolicy(ChunkPolicy):
 
     def __post_init__(self) -> None:
         if self.stride < 1 or self.window < self.stride:
-            raise ValueError(f"SlidingWindowChunkPolicy needs 1 <= stride <= window, got window={self.window}, stride={self.stride}")
+            raise ValueError(
+                f"SlidingWindowChunkPolicy needs 1 <= stride <= window, got window={self.window}, stride={self.stride}"
+            )
 
     def ready(self, cursor: int, available: int, closed: bool) -> list[Chunk]:
         chunks = []
@@ -141,8 +146,15 @@ class SlidingWindowChunkPolicy(ChunkPolicy):
         while end <= available and (not self.edges or closed or available > end):
             first = end == self.window
             last = self.edges and closed and end == available  # items after it: final() sends it again
-            chunks.append(Chunk(end - self.window, end, 0 if first else self.window - self.stride,
-                                first=first and self.edges, final=last))
+            chunks.append(
+                Chunk(
+                    end - self.window,
+                    end,
+                    0 if first else self.window - self.stride,
+                    first=first and self.edges,
+                    final=last,
+                )
+            )
             end += self.stride
         return chunks
 

@@ -3,6 +3,7 @@
 ``"input.<name>"`` is a value the request brings; ``"output.<name>"`` is a value
 streamed back to the caller.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

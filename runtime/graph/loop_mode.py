@@ -1,4 +1,5 @@
 """Which loop of the AR engine runs a node's calls: one mode field instead of a flag per kind."""
+
 from __future__ import annotations
 
 import enum

@@ -3,6 +3,7 @@
 Everything is checked when the graph is declared, so a wiring mistake fails at
 import time with a message that names it, not in the middle of a request.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
@@ -40,7 +41,9 @@ class ModelGraph:
         self.node_by_name = {}
         for node in self.nodes:
             if node.name in RESERVED_NODE_NAMES:
-                raise GraphError(f"graph {self.name!r}: node name {node.name!r} is reserved for the graph's inputs/outputs")
+                raise GraphError(
+                    f"graph {self.name!r}: node name {node.name!r} is reserved for the graph's inputs/outputs"
+                )
             if node.name in self.node_by_name:
                 raise GraphError(f"graph {self.name!r}: two nodes are named {node.name!r}")
             self.node_by_name[node.name] = node
@@ -72,8 +75,9 @@ class ModelGraph:
     @property
     def stream_input_names(self) -> list[str]:
         """Inputs that arrive over time (streaming edges from the graph input): a StreamInput each."""
-        return sorted({e.source.port for e in self.edges
-                       if e.source.node == GRAPH_INPUT and isinstance(e, StreamingGraphEdge)})
+        return sorted(
+            {e.source.port for e in self.edges if e.source.node == GRAPH_INPUT and isinstance(e, StreamingGraphEdge)}
+        )
 
     @property
     def output_names(self) -> list[str]:
@@ -94,7 +98,9 @@ class ModelGraph:
         frame node (a rollout: each iteration's predicted frame is the next one's input)."""
         if self.self_feeding(loop) is not None:
             return True
-        return isinstance(loop.body, Call) and self.node(loop.body.node).loop_mode is LoopMode.FRAMES and loop.stop is None
+        return (
+            isinstance(loop.body, Call) and self.node(loop.body.node).loop_mode is LoopMode.FRAMES and loop.stop is None
+        )
 
     def self_feeding(self, loop: Loop) -> GraphEdge | None:
         """The feedback edge if ``loop`` is one AR node fed by its own output (engine-resident loop)."""

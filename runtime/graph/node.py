@@ -1,4 +1,5 @@
 """Graph components: a GraphNode (wiring) and its NodeSubmodule (the computation)."""
+
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
@@ -54,11 +55,15 @@ class NodeSubmodule(torch.nn.Module):
         for key in keys:
             shapes = {tuple(c.inputs[key].shape) for c in calls}
             if len(shapes) != 1:
-                raise ValueError(f"{type(self).__name__}: input {key!r} has different shapes in one batch: {sorted(shapes)}")
+                raise ValueError(
+                    f"{type(self).__name__}: input {key!r} has different shapes in one batch: {sorted(shapes)}"
+                )
             batch[key] = torch.stack([c.inputs[key] for c in calls])
         return batch
 
-    def split_outputs(self, outputs: Mapping[str, torch.Tensor], calls: Sequence[NodeCall]) -> list[dict[str, torch.Tensor]]:
+    def split_outputs(
+        self, outputs: Mapping[str, torch.Tensor], calls: Sequence[NodeCall]
+    ) -> list[dict[str, torch.Tensor]]:
         return [{k: v[i] for k, v in outputs.items()} for i in range(len(calls))]
 
     def batch_key(self, call: NodeCall) -> Any:
@@ -95,19 +100,26 @@ class GraphNode:
         object.__setattr__(self, "fed_inputs", tuple(self.fed_inputs))
         object.__setattr__(self, "loop_mode", LoopMode.parse(self.loop_mode))
         if any(p not in self.inputs for p in self.fed_inputs) or (self.fed_inputs and self.engine != "ar"):
-            raise ValueError(f"node {self.name!r}: fed inputs {list(self.fed_inputs)} must be inputs of an AR node "
-                             f"(inputs: {list(self.inputs)}, engine {self.engine!r})")
+            raise ValueError(
+                f"node {self.name!r}: fed inputs {list(self.fed_inputs)} must be inputs of an AR node "
+                f"(inputs: {list(self.inputs)}, engine {self.engine!r})"
+            )
         unknown = [p for p in self.optional_inputs if p not in self.inputs]
         if unknown:
-            raise ValueError(f"node {self.name!r}: optional inputs {unknown} are not among its inputs {list(self.inputs)}")
+            raise ValueError(
+                f"node {self.name!r}: optional inputs {unknown} are not among its inputs {list(self.inputs)}"
+            )
         if self.loop_mode is LoopMode.FRAMES and self.engine != "ar":
             raise ValueError(f"node {self.name!r}: a frame node is an AR node")
         if self.engine not in ("ar", "stateless"):
             raise ValueError(f"node {self.name!r}: engine must be 'ar' or 'stateless', got {self.engine!r}")
-        if self.loop_mode is LoopMode.FLOW and (self.engine != "ar" or self.kv_from is None
-                                                or "x" not in self.inputs or "x" not in self.outputs):
-            raise ValueError(f"node {self.name!r}: a flow node is an AR view with kv_from set and a port 'x' "
-                             f"among both its inputs and outputs")
+        if self.loop_mode is LoopMode.FLOW and (
+            self.engine != "ar" or self.kv_from is None or "x" not in self.inputs or "x" not in self.outputs
+        ):
+            raise ValueError(
+                f"node {self.name!r}: a flow node is an AR view with kv_from set and a port 'x' "
+                f"among both its inputs and outputs"
+            )
 
     @property
     def module_name(self) -> str:

@@ -1,4 +1,5 @@
 """A request's state while its Walks run: edge values, counters, streams, what next_walk reads."""
+
 from __future__ import annotations
 
 import asyncio
@@ -43,8 +44,8 @@ class RequestState:
     main_task: asyncio.Task | None = None
     walks_done: list[str] = field(default_factory=list)
     current_walk: str | None = None
-    values: dict[tuple[str, str], TensorRef] = field(default_factory=dict)   # latest value at each node input
-    produced: dict[str, TensorHandle] = field(default_factory=dict)          # latest value at each "node.port"
+    values: dict[tuple[str, str], TensorRef] = field(default_factory=dict)  # latest value at each node input
+    produced: dict[str, TensorHandle] = field(default_factory=dict)  # latest value at each "node.port"
     call_counts: dict[str, int] = field(default_factory=dict)
     output_counts: dict[str, int] = field(default_factory=dict)
     streams: dict[str, StreamState] = field(default_factory=dict)

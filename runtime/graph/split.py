@@ -14,6 +14,7 @@ Walks that call only the partition's nodes are kept with the model's ``next_walk
 a partition driven only by its streams (a vocoder) has no walks: its requests run
 the chunks of their streams until they close.
 """
+
 from __future__ import annotations
 
 from mstar.graph.edges import GRAPH_INPUT, GRAPH_OUTPUT, GraphEdge, StreamingGraphEdge
@@ -40,8 +41,10 @@ def split_partition(graph: ModelGraph, partition: str) -> ModelGraph:
     for name in inside:
         source = graph.node(name).kv_from
         if source is not None and source not in inside:
-            raise GraphError(f"graph {graph.name!r}: node {name!r} in partition {partition!r} reads the KV of "
-                             f"{source!r}, which is in another partition: they cannot run apart")
+            raise GraphError(
+                f"graph {graph.name!r}: node {name!r} in partition {partition!r} reads the KV of "
+                f"{source!r}, which is in another partition: they cannot run apart"
+            )
 
     def side(node: str) -> str:
         return "in" if node in inside else ("io" if node in (GRAPH_INPUT, GRAPH_OUTPUT) else "out")
@@ -55,8 +58,10 @@ def split_partition(graph: ModelGraph, partition: str) -> ModelGraph:
             continue  # entirely elsewhere
         name = crossing_name(edge)
         if src != dst and "io" not in (src, dst) and crossing.setdefault(name, edge.src) != edge.src:
-            raise GraphError(f"graph {graph.name!r}: cut edges from {crossing[name]} and {edge.src} would both be "
-                             f"named {name!r}; rename a port")
+            raise GraphError(
+                f"graph {graph.name!r}: cut edges from {crossing[name]} and {edge.src} would both be "
+                f"named {name!r}; rename a port"
+            )
         if src == "in" and dst == "out":
             edges.append(GraphEdge(edge.src, f"{GRAPH_OUTPUT}.{name}"))
         elif src == "out" and dst == "in":
@@ -65,8 +70,10 @@ def split_partition(graph: ModelGraph, partition: str) -> ModelGraph:
                 policy = topo.policy(upstream, edge.target_partition)  # type: ignore[arg-type]
                 edges.append(StreamingGraphEdge(f"{GRAPH_INPUT}.{name}", edge.dst, target_partition=partition))
                 if connections and connections[0].policy != policy:
-                    raise GraphError(f"graph {graph.name!r}: partition {partition!r} takes streams under two "
-                                     "different chunk policies; it cannot be cut out on its own")
+                    raise GraphError(
+                        f"graph {graph.name!r}: partition {partition!r} takes streams under two "
+                        "different chunk policies; it cannot be cut out on its own"
+                    )
                 if not connections:
                     connections.append(PartitionConnection(GRAPH_INPUT, partition, policy))  # type: ignore[arg-type]
             else:
@@ -74,26 +81,33 @@ def split_partition(graph: ModelGraph, partition: str) -> ModelGraph:
         else:
             edges.append(edge)
     edges = list(dict.fromkeys(edges))  # one output per crossing source, however many readers it had
-    own = {e.source.port for e in graph.edges if e.source.node == GRAPH_INPUT} | \
-          {e.target.port for e in graph.edges if e.target.node == GRAPH_OUTPUT}
+    own = {e.source.port for e in graph.edges if e.source.node == GRAPH_INPUT} | {
+        e.target.port for e in graph.edges if e.target.node == GRAPH_OUTPUT
+    }
     for name, source in crossing.items():
         if name in own:
-            raise GraphError(f"graph {graph.name!r}: the cut edge from {source} would be named {name!r}, which is "
-                             "already one of the graph's own inputs or outputs; rename a port")
+            raise GraphError(
+                f"graph {graph.name!r}: the cut edge from {source} would be named {name!r}, which is "
+                "already one of the graph's own inputs or outputs; rename a port"
+            )
     walks = {}
     for name, step in graph.walks.items():
         called = set(step.node_names())
         if called & inside and called - inside:
-            raise GraphError(f"graph {graph.name!r}: walk {name!r} calls nodes inside partition {partition!r} "
-                             f"({sorted(called & inside)}) and outside it ({sorted(called - inside)}): a partition "
-                             "run on its own needs walks of its own nodes only")
+            raise GraphError(
+                f"graph {graph.name!r}: walk {name!r} calls nodes inside partition {partition!r} "
+                f"({sorted(called & inside)}) and outside it ({sorted(called - inside)}): a partition "
+                "run on its own needs walks of its own nodes only"
+            )
         if called <= inside:
             walks[name] = step
     # its own streams, and those of the graph's input into it (one policy for everything it takes as input streams)
     own_inputs = [c for c in topo.connections if c.source == GRAPH_INPUT and c.target == partition]
     if own_inputs and connections and own_inputs[0].policy != connections[0].policy:
-        raise GraphError(f"graph {graph.name!r}: partition {partition!r} takes streams under two different chunk "
-                         "policies; it cannot be cut out on its own")
+        raise GraphError(
+            f"graph {graph.name!r}: partition {partition!r} takes streams under two different chunk "
+            "policies; it cannot be cut out on its own"
+        )
     connections = (connections or own_inputs) + [c for c in topo.connections if c.source == c.target == partition]
     return ModelGraph(
         name=f"{graph.name}.{partition}",

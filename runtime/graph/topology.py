@@ -1,4 +1,5 @@
 """Partitions of a graph and the chunk policy of each streaming connection between them."""
+
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence

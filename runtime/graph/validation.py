@@ -1,4 +1,5 @@
 """Declaration-time checks of a ModelGraph; each error names what is wrong."""
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -39,13 +40,17 @@ def _check_edges(graph: ModelGraph) -> None:
             if node is None:
                 raise GraphError(f"graph {graph.name!r}: edge {edge} starts at unknown node {src.node!r}")
             if src.port not in node.outputs:
-                raise GraphError(f"graph {graph.name!r}: edge {edge}: node {src.node!r} has no output {src.port!r} (outputs: {list(node.outputs)})")
+                raise GraphError(
+                    f"graph {graph.name!r}: edge {edge}: node {src.node!r} has no output {src.port!r} (outputs: {list(node.outputs)})"
+                )
         if dst.node != GRAPH_OUTPUT:
             node = graph.node_by_name.get(dst.node)
             if node is None:
                 raise GraphError(f"graph {graph.name!r}: edge {edge} ends at unknown node {dst.node!r}")
             if dst.port not in node.inputs:
-                raise GraphError(f"graph {graph.name!r}: edge {edge}: node {dst.node!r} has no input {dst.port!r} (inputs: {list(node.inputs)})")
+                raise GraphError(
+                    f"graph {graph.name!r}: edge {edge}: node {dst.node!r} has no input {dst.port!r} (inputs: {list(node.inputs)})"
+                )
 
 
 def _check_inputs_fed(graph: ModelGraph) -> None:
@@ -65,8 +70,10 @@ def _check_walks(graph: ModelGraph) -> None:
             if isinstance(step, Call) and step.node not in graph.node_by_name:
                 raise GraphError(f"graph {graph.name!r}: walk {walk_name!r} calls unknown node {step.node!r}")
             if isinstance(step, AwaitInput) and step.name not in graph.stream_input_names:
-                raise GraphError(f"graph {graph.name!r}: walk {walk_name!r} awaits {step.name!r}, which is no streamed "
-                                 f"input (streamed inputs: {graph.stream_input_names})")
+                raise GraphError(
+                    f"graph {graph.name!r}: walk {walk_name!r} awaits {step.name!r}, which is no streamed "
+                    f"input (streamed inputs: {graph.stream_input_names})"
+                )
             if isinstance(step, Loop) and isinstance(step.stop, StopOnValues):
                 try:
                     src = Endpoint.parse(step.stop.edge)
@@ -74,7 +81,9 @@ def _check_walks(graph: ModelGraph) -> None:
                     raise GraphError(f"graph {graph.name!r}: walk {walk_name!r}: stop edge: {exc}") from None
                 node = graph.node_by_name.get(src.node)
                 if node is None or src.port not in node.outputs:
-                    raise GraphError(f"graph {graph.name!r}: walk {walk_name!r}: loop stops on {step.stop.edge!r}, which is no node output")
+                    raise GraphError(
+                        f"graph {graph.name!r}: walk {walk_name!r}: loop stops on {step.stop.edge!r}, which is no node output"
+                    )
 
 
 def _check_topology(graph: ModelGraph) -> None:
@@ -95,18 +104,28 @@ def _check_topology(graph: ModelGraph) -> None:
     for conn in topo.connections:
         for part in (conn.source, conn.target):
             if part not in topo.partitions and not (part == GRAPH_INPUT and part == conn.source):
-                raise GraphError(f"graph {graph.name!r}: connection {conn.source!r} -> {conn.target!r} names missing partition {part!r}")
+                raise GraphError(
+                    f"graph {graph.name!r}: connection {conn.source!r} -> {conn.target!r} names missing partition {part!r}"
+                )
     for edge in streaming:
         target = edge.target_partition
         if target not in topo.partitions:
-            raise GraphError(f"graph {graph.name!r}: streaming edge {edge} targets missing partition {target!r} (partitions: {sorted(topo.partitions)})")
+            raise GraphError(
+                f"graph {graph.name!r}: streaming edge {edge} targets missing partition {target!r} (partitions: {sorted(topo.partitions)})"
+            )
         if edge.target.node != GRAPH_OUTPUT and edge.target.node not in topo.partitions[target]:
-            raise GraphError(f"graph {graph.name!r}: streaming edge {edge} ends at {edge.target.node!r}, which is not in partition {target!r}")
+            raise GraphError(
+                f"graph {graph.name!r}: streaming edge {edge} ends at {edge.target.node!r}, which is not in partition {target!r}"
+            )
         source = topo.partition_of(edge.source.node)
         if source is None:
-            raise GraphError(f"graph {graph.name!r}: streaming edge {edge} starts at {edge.source.node!r}, which is in no partition")
+            raise GraphError(
+                f"graph {graph.name!r}: streaming edge {edge} starts at {edge.source.node!r}, which is in no partition"
+            )
         if topo.policy(source, target) is None:
-            raise GraphError(f"graph {graph.name!r}: streaming edge {edge} has no chunk policy: add PartitionConnection({source!r}, {target!r}, policy)")
+            raise GraphError(
+                f"graph {graph.name!r}: streaming edge {edge} has no chunk policy: add PartitionConnection({source!r}, {target!r}, policy)"
+            )
 
 
 def _check_cycles(graph: ModelGraph) -> None:
@@ -117,8 +136,12 @@ def _check_cycles(graph: ModelGraph) -> None:
             continue
         if e.source.node in succ and e.target.node in succ:
             succ[e.source.node].add(e.target.node)
-    loop_bodies = [set(step.body.node_names()) for walk in graph.walks.values()
-                   for step in walk.iter_steps() if isinstance(step, Loop)]
+    loop_bodies = [
+        set(step.body.node_names())
+        for walk in graph.walks.values()
+        for step in walk.iter_steps()
+        if isinstance(step, Loop)
+    ]
     for component in _strongly_connected(succ):
         cyclic = len(component) > 1 or any(n in succ[n] for n in component)
         if cyclic and not any(component <= body for body in loop_bodies):
@@ -168,11 +191,15 @@ def _check_views(graph: ModelGraph) -> None:
         if src is None:
             raise GraphError(f"graph {graph.name!r}: node {node.name!r} forks KV from unknown node {node.kv_from!r}")
         if node.engine != "ar" or src.engine != "ar" or src.module_name != node.module_name:
-            raise GraphError(f"graph {graph.name!r}: node {node.name!r} can fork KV only from an AR view of the same module, not {node.kv_from!r}")
+            raise GraphError(
+                f"graph {graph.name!r}: node {node.name!r} can fork KV only from an AR view of the same module, not {node.kv_from!r}"
+            )
     for module, names in graph.modules().items():
         kinds = {graph.node_by_name[n].engine for n in names}
         if len(kinds) > 1:
-            raise GraphError(f"graph {graph.name!r}: module {module!r} is viewed by nodes {names} with different engine kinds {sorted(kinds)}")
+            raise GraphError(
+                f"graph {graph.name!r}: module {module!r} is viewed by nodes {names} with different engine kinds {sorted(kinds)}"
+            )
 
 
 def _check_fed_inputs(graph: ModelGraph) -> None:
@@ -180,6 +207,12 @@ def _check_fed_inputs(graph: ModelGraph) -> None:
     for node in graph.nodes:
         for port in node.fed_inputs:
             into = [e for e in graph.edges_into(node.name) if e.target.port == port]
-            if len(into) != 1 or not isinstance(into[0], StreamingGraphEdge) or not into[0].source.port.startswith("step_"):
-                raise GraphError(f"graph {graph.name!r}: fed input {node.name}.{port} needs exactly one streaming edge "
-                                 f"into it, from a node's 'step_<rows>' output (has: {[str(e) for e in into]})")
+            if (
+                len(into) != 1
+                or not isinstance(into[0], StreamingGraphEdge)
+                or not into[0].source.port.startswith("step_")
+            ):
+                raise GraphError(
+                    f"graph {graph.name!r}: fed input {node.name}.{port} needs exactly one streaming edge "
+                    f"into it, from a node's 'step_<rows>' output (has: {[str(e) for e in into]})"
+                )

@@ -1,4 +1,5 @@
 """The Walk primitives: Sequential, Parallel, Loop / DynamicLoop, and AwaitInput (streaming edges live in edges.py)."""
+
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
@@ -132,8 +133,9 @@ class DynamicLoop(Loop):
     """A Loop whose trip count is decided per request at run time (e.g. a requested
     number of flow steps or a rollout horizon)."""
 
-    def __init__(self, body: StepLike, trip_count: Callable[[RequestState], int],
-                 stop: StopCondition | None = None) -> None:
+    def __init__(
+        self, body: StepLike, trip_count: Callable[[RequestState], int], stop: StopCondition | None = None
+    ) -> None:
         super().__init__(body, max_iters=1 << 30, stop=stop)
         self.trip_count = trip_count
 

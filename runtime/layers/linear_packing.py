@@ -10,6 +10,7 @@ with bit-identical results.
 Chosen at run time: only bf16 weights on CPU, and only where this torch build has
 the oneDNN ops and the CPU has bf16 support; everything else stays ``nn.Linear``.
 """
+
 from __future__ import annotations
 
 import functools
@@ -28,8 +29,13 @@ def packing_available() -> bool:
     """This torch build and CPU can run prepacked bf16 linears."""
     ops = getattr(torch.ops, "mkldnn", None)
     try:
-        return (ops is not None and hasattr(ops, "_reorder_linear_weight") and hasattr(ops, "_linear_pointwise")
-                and torch.backends.mkldnn.is_available() and bool(ops._is_mkldnn_bf16_supported()))
+        return (
+            ops is not None
+            and hasattr(ops, "_reorder_linear_weight")
+            and hasattr(ops, "_linear_pointwise")
+            and torch.backends.mkldnn.is_available()
+            and bool(ops._is_mkldnn_bf16_supported())
+        )
     except (AttributeError, RuntimeError):
         return False
 
@@ -93,8 +99,11 @@ class PackedLinear(nn.Module):
             return self.dense
         if not self._warned:
             self._warned = True
-            log.warning("linear %r is packed but its .weight was read; unpacking it on every read "
-                        "(name it in the module's plain_linears to keep it plain)", self.name)
+            log.warning(
+                "linear %r is packed but its .weight was read; unpacking it on every read "
+                "(name it in the module's plain_linears to keep it plain)",
+                self.name,
+            )
         return self.packed.to_dense()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -104,7 +113,9 @@ class PackedLinear(nn.Module):
 
     def extra_repr(self) -> str:
         state = "packed" if self.packed is not None else "dense"
-        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, {state}"
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, {state}"
+        )
 
 
 def pack_linears(module: nn.Module, keep_plain: tuple[str, ...] = ()) -> int:
@@ -115,9 +126,15 @@ def pack_linears(module: nn.Module, keep_plain: tuple[str, ...] = ()) -> int:
     if not packing_available():
         return 0
     shared = _shared_weights(module)
-    targets = [(name, m) for name, m in module.named_modules()
-               if type(m) is nn.Linear and name not in keep_plain and id(m.weight) not in shared
-               and m.weight.dtype == torch.bfloat16 and m.weight.device.type == "cpu"]
+    targets = [
+        (name, m)
+        for name, m in module.named_modules()
+        if type(m) is nn.Linear
+        and name not in keep_plain
+        and id(m.weight) not in shared
+        and m.weight.dtype == torch.bfloat16
+        and m.weight.device.type == "cpu"
+    ]
     for name, linear in targets:
         parent_name, _, attr = name.rpartition(".")
         parent = module.get_submodule(parent_name) if parent_name else module
@@ -127,8 +144,9 @@ def pack_linears(module: nn.Module, keep_plain: tuple[str, ...] = ()) -> int:
 
 def parameter_count(module: nn.Module) -> int:
     """Parameters of ``module``, the weights of packed linears included (they are buffers then)."""
-    packed = sum(m.in_features * m.out_features for m in module.modules()
-                 if isinstance(m, PackedLinear) and m.packed is not None)
+    packed = sum(
+        m.in_features * m.out_features for m in module.modules() if isinstance(m, PackedLinear) and m.packed is not None
+    )
     return packed + sum(p.numel() for p in module.parameters())
 
 
@@ -154,8 +172,14 @@ _row_packs: dict[int, dict[tuple[int, ...], torch.Tensor]] = {}  # by id(weight)
 def linear_rows(x: torch.Tensor, weight: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
     """``x @ weight[lo:hi].T`` ([M, hi - lo]); on bf16 CPU through a cached packed copy of the rows."""
     budget = weight.shape[0] // 4
-    if (hi - lo > budget or weight.dtype != torch.bfloat16 or x.dtype != torch.bfloat16
-            or weight.device.type != "cpu" or x.device.type != "cpu" or not packing_available()):
+    if (
+        hi - lo > budget
+        or weight.dtype != torch.bfloat16
+        or x.dtype != torch.bfloat16
+        or weight.device.type != "cpu"
+        or x.device.type != "cpu"
+        or not packing_available()
+    ):
         return F.linear(x, weight[lo:hi])
     packs = _row_packs.get(id(weight))
     if packs is None:  # keyed by id: tensors compare elementwise, so they cannot be dict keys

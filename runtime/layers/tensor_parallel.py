@@ -12,6 +12,7 @@
 Weights are loaded whole and sliced afterwards (``column_parallel`` etc. copy the slice,
 so the full tensor can be freed).
 """
+
 from __future__ import annotations
 
 import torch
@@ -45,8 +46,7 @@ def column_parallel(linear: nn.Linear, tp: TPGroup, name: str = "out_features") 
     """This rank's output slice of ``linear`` (a plain Linear: no communication needed)."""
     check_divisible(tp, **{name: linear.out_features})
     lo, hi = shard_range(linear.out_features, tp)
-    out = nn.Linear(linear.in_features, hi - lo, bias=linear.bias is not None,
-                    device="meta", dtype=linear.weight.dtype)
+    out = nn.Linear(linear.in_features, hi - lo, bias=linear.bias is not None, device="meta", dtype=linear.weight.dtype)
     out.weight = _param(linear.weight[lo:hi])
     if linear.bias is not None:
         out.bias = _param(linear.bias[lo:hi])

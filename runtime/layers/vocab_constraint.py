@@ -5,6 +5,7 @@ A model may allow only some token ranges at each step (Orpheus: one SNAC slot's
 computes each group's logits for exactly those ids (a fraction of the LM head),
 so no row ever sees a token it may not emit.
 """
+
 from __future__ import annotations
 
 from functools import lru_cache

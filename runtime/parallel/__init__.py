@@ -5,6 +5,7 @@ leader/follower protocol that runs one AR engine across it is in the engine: ran
 the normal ``AREngine(..., tp=group)`` (``mstar.engine.tp_plan``), every other rank runs
 ``TPFollower(module_shard, group, device).run()`` (``mstar.engine.tp_follower``).
 """
+
 from mstar.parallel.group import TPGroup
 
 __all__ = ["TPGroup"]

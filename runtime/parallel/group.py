@@ -6,6 +6,7 @@ msgpack bytes in a uint8 tensor over a CPU (gloo) group, never pickled; on CUDA 
 is a second, gloo group beside the NCCL one, so plans never touch the GPU stream.
 ``TPGroup.single()`` is the size-1 group whose collectives do nothing.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -25,8 +26,15 @@ _FRAME = 4096  # first broadcast frame: 8-byte length + payload head (a decode p
 class TPGroup:
     """One member (``rank`` of ``size``) of a tensor-parallel group on ``device``."""
 
-    def __init__(self, rank: int, size: int, device: torch.device | str = "cpu",
-                 group: Any = None, cpu_group: Any = None, owns_default: bool = False) -> None:
+    def __init__(
+        self,
+        rank: int,
+        size: int,
+        device: torch.device | str = "cpu",
+        group: Any = None,
+        cpu_group: Any = None,
+        owns_default: bool = False,
+    ) -> None:
         self.rank = rank
         self.size = size
         self.device = torch.device(device)
@@ -41,8 +49,14 @@ class TPGroup:
         return cls(0, 1, device)
 
     @classmethod
-    def init(cls, rank: int, size: int, init_method: str, device: torch.device | str = "cpu",
-             timeout: datetime.timedelta = DEFAULT_TIMEOUT) -> TPGroup:
+    def init(
+        cls,
+        rank: int,
+        size: int,
+        init_method: str,
+        device: torch.device | str = "cpu",
+        timeout: datetime.timedelta = DEFAULT_TIMEOUT,
+    ) -> TPGroup:
         """Joins (creating it if needed) the process group ``init_method`` names, e.g.
         ``tcp://127.0.0.1:29500``: every member calls this with its own rank; it returns
         once all ``size`` members have joined."""
@@ -58,8 +72,10 @@ class TPGroup:
         if owns:
             dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=size, timeout=timeout)
         elif (dist.get_rank(), dist.get_world_size(), dist.get_backend()) != (rank, size, backend):
-            raise RuntimeError(f"tensor parallel: this process already joined a {dist.get_backend()} group as rank "
-                               f"{dist.get_rank()} of {dist.get_world_size()}, not {backend} rank {rank} of {size}")
+            raise RuntimeError(
+                f"tensor parallel: this process already joined a {dist.get_backend()} group as rank "
+                f"{dist.get_rank()} of {dist.get_world_size()}, not {backend} rank {rank} of {size}"
+            )
         group = dist.group.WORLD
         cpu_group = group if backend == "gloo" else dist.new_group(backend="gloo", timeout=timeout)
         return cls(rank, size, device, group, cpu_group, owns)
@@ -103,18 +119,18 @@ class TPGroup:
         payload = b""
         if self.is_leader:
             payload = self._encoder.encode(obj)
-            head = len(payload).to_bytes(8, "little") + payload[:_FRAME - 8]
-            frame[:len(head)] = torch.frombuffer(bytearray(head), dtype=torch.uint8)
+            head = len(payload).to_bytes(8, "little") + payload[: _FRAME - 8]
+            frame[: len(head)] = torch.frombuffer(bytearray(head), dtype=torch.uint8)
         dist.broadcast(frame, src=0, group=self._cpu_group)
         if self.is_leader:
             rest_len = len(payload) - (_FRAME - 8)
             if rest_len > 0:
-                rest = torch.frombuffer(bytearray(payload[_FRAME - 8:]), dtype=torch.uint8)
+                rest = torch.frombuffer(bytearray(payload[_FRAME - 8 :]), dtype=torch.uint8)
                 dist.broadcast(rest, src=0, group=self._cpu_group)
             return obj
         data = frame.numpy().tobytes()
         n = int.from_bytes(data[:8], "little")
-        payload = data[8:8 + n]
+        payload = data[8 : 8 + n]
         if n > _FRAME - 8:
             rest = torch.empty(n - (_FRAME - 8), dtype=torch.uint8)
             dist.broadcast(rest, src=0, group=self._cpu_group)

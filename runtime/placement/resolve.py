@@ -1,4 +1,5 @@
 """Checks a placement against a model graph and answers "which ranks run node N in Walk W"."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -30,31 +31,44 @@ class ResolvedPlacement:
     def _add(self, i: int, group: NodeGroup) -> None:
         for j, node in enumerate(group.nodes):
             if node not in self.graph.node_by_name:
-                raise self.file.error(("node_groups", i, "nodes", j),
-                                      f"unknown node {node!r} (graph {self.graph.name!r} has {sorted(self.graph.node_by_name)})")
+                raise self.file.error(
+                    ("node_groups", i, "nodes", j),
+                    f"unknown node {node!r} (graph {self.graph.name!r} has {sorted(self.graph.node_by_name)})",
+                )
         for j, walk in enumerate(group.walks or []):
             if walk not in self.graph.walks:
-                raise self.file.error(("node_groups", i, "walks", j),
-                                      f"graph {self.graph.name!r} has no walk {walk!r} (walks: {sorted(self.graph.walks)})")
+                raise self.file.error(
+                    ("node_groups", i, "walks", j),
+                    f"graph {self.graph.name!r} has no walk {walk!r} (walks: {sorted(self.graph.walks)})",
+                )
         for node in group.nodes:
             for walk in group.walks or [None]:
                 key = (node, walk)
                 if key in self._table:
                     scope = f"walk {walk!r}" if walk else "every walk"
-                    raise self.file.error(("node_groups", i, "nodes"),
-                                          f"node {node!r} is already placed for {scope} by node_groups[{self._table[key].group}]")
+                    raise self.file.error(
+                        ("node_groups", i, "nodes"),
+                        f"node {node!r} is already placed for {scope} by node_groups[{self._table[key].group}]",
+                    )
                 self._table[key] = NodePlacement(tuple(group.ranks), group.tp_size, i)
 
     def _check_every_used_node_is_placed(self) -> None:
         for walk_name, walk in self.graph.walks.items():
             for node in dict.fromkeys(walk.node_names()):
                 if self.lookup(node, walk_name) is None:
-                    raise self.file.error(("node_groups",), f"node {node!r} is placed nowhere for walk {walk_name!r}, which uses it")
+                    raise self.file.error(
+                        ("node_groups",), f"node {node!r} is placed nowhere for walk {walk_name!r}, which uses it"
+                    )
         for edge in self.graph.streaming_edges():  # streamed chunks run outside any walk
             node = edge.target.node
-            if node in self.graph.node_by_name and self.lookup(node, None) is None and not any(
-                    self.lookup(node, w) for w in self.graph.walks):
-                raise self.file.error(("node_groups",), f"node {node!r} (fed by streaming edge {edge}) is placed nowhere")
+            if (
+                node in self.graph.node_by_name
+                and self.lookup(node, None) is None
+                and not any(self.lookup(node, w) for w in self.graph.walks)
+            ):
+                raise self.file.error(
+                    ("node_groups",), f"node {node!r} (fed by streaming edge {edge}) is placed nowhere"
+                )
 
     def _check_kv_views_stay_together(self) -> None:
         """A view that forks its KV from another reads that KV in place: same ranks, every Walk."""
@@ -65,17 +79,21 @@ class ResolvedPlacement:
             source = {p.ranks for p in self.placements_of(node.kv_from)}
             if mine and source and mine != source:
                 group = min(p.group for p in self.placements_of(node.name))
-                raise self.file.error(("node_groups", group, "nodes"),
-                                      f"node {node.name!r} forks its KV from {node.kv_from!r}: place both on the "
-                                      f"same ranks (got {sorted(mine)} and {sorted(source)})")
+                raise self.file.error(
+                    ("node_groups", group, "nodes"),
+                    f"node {node.name!r} forks its KV from {node.kv_from!r}: place both on the "
+                    f"same ranks (got {sorted(mine)} and {sorted(source)})",
+                )
 
     def _check_transport_edges(self) -> None:
         for endpoint in self.file.placement.transport.edges:
             node, _, port = endpoint.partition(".")
             gnode = self.graph.node_by_name.get(node)
             if gnode is None or port not in gnode.outputs:
-                raise self.file.error(("transport", "edges", endpoint),
-                                      f"{endpoint!r} is not an output of a node of graph {self.graph.name!r}")
+                raise self.file.error(
+                    ("transport", "edges", endpoint),
+                    f"{endpoint!r} is not an output of a node of graph {self.graph.name!r}",
+                )
 
     def transport_for(self, endpoint: str) -> str:
         """The transport the file asks for values of ``endpoint`` ("auto" when it does not say)."""

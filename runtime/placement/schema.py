@@ -18,6 +18,7 @@
 
 Parsed with a msgspec schema; every error names the field and the line of the file.
 """
+
 from __future__ import annotations
 
 import re
@@ -164,14 +165,22 @@ class PlacementFile:
                 raise self.error(("node_groups", i, "ranks"), "names no rank")
             for j, rank in enumerate(group.ranks):
                 if not 0 <= rank < p.world_size:
-                    raise self.error(("node_groups", i, "ranks", j), f"rank {rank} is out of range (world_size {p.world_size})")
+                    raise self.error(
+                        ("node_groups", i, "ranks", j), f"rank {rank} is out of range (world_size {p.world_size})"
+                    )
             if len(set(group.ranks)) != len(group.ranks):
                 raise self.error(("node_groups", i, "ranks"), f"names a rank twice: {group.ranks}")
             if group.tp_size < 1 or len(group.ranks) != group.tp_size:
-                raise self.error(("node_groups", i, "tp_size"),
-                                 f"tp_size {group.tp_size} needs exactly that many ranks, got {group.ranks}")
+                raise self.error(
+                    ("node_groups", i, "tp_size"),
+                    f"tp_size {group.tp_size} needs exactly that many ranks, got {group.ranks}",
+                )
         if p.transport.default not in TRANSPORTS:
-            raise self.error(("transport", "default"), f"unknown transport {p.transport.default!r} (one of {list(TRANSPORTS)})")
+            raise self.error(
+                ("transport", "default"), f"unknown transport {p.transport.default!r} (one of {list(TRANSPORTS)})"
+            )
         for endpoint, kind in p.transport.edges.items():
             if kind not in TRANSPORTS:
-                raise self.error(("transport", "edges", endpoint), f"unknown transport {kind!r} (one of {list(TRANSPORTS)})")
+                raise self.error(
+                    ("transport", "edges", endpoint), f"unknown transport {kind!r} (one of {list(TRANSPORTS)})"
+                )

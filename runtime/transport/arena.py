@@ -5,6 +5,7 @@ per process and carved into slots with this; slots are returned when their owner
 (a request) is freed, and neighbouring free ranges coalesce so large tensors fit
 again after many small ones.
 """
+
 from __future__ import annotations
 
 import bisect

@@ -5,6 +5,7 @@ picks a fresh nonce; a proof is HMAC(secret, label | nonces...), with a differen
 per direction, so a proof one side sends can never be replayed (or reflected) as the
 other side's.
 """
+
 from __future__ import annotations
 
 import hashlib

@@ -4,6 +4,7 @@ A tensor crosses a process boundary as its contiguous bytes plus the handle's sh
 and dtype. Viewing the tensor as ``uint8`` (rather than ``numpy().tobytes()`` on the
 tensor itself) works for every dtype, bfloat16 and bool included, which numpy lacks.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -97,8 +98,10 @@ def destination(handle: TensorHandle, out: torch.Tensor | None = None) -> torch.
     if out is None:
         return torch.empty(shape, dtype=dtype)
     if tuple(out.shape) != shape or out.dtype != dtype or not out.is_contiguous() or out.device.type != "cpu":
-        raise ValueError(f"out= for tensor {handle.key} must be a contiguous CPU tensor of shape {shape} "
-                         f"and dtype {handle.dtype}; got {tuple(out.shape)} {dtype_name(out.dtype)}")
+        raise ValueError(
+            f"out= for tensor {handle.key} must be a contiguous CPU tensor of shape {shape} "
+            f"and dtype {handle.dtype}; got {tuple(out.shape)} {dtype_name(out.dtype)}"
+        )
     return out
 
 
@@ -115,8 +118,10 @@ def decode_inline(handle: TensorHandle, out: torch.Tensor | None = None) -> torc
     assert handle.data is not None
     out = destination(handle, out)
     if len(handle.data) != nbytes(out):
-        raise ValueError(f"inline tensor {handle.key}: {len(handle.data)} bytes, but shape {tuple(handle.shape)} "
-                         f"{handle.dtype} needs {nbytes(out)}")
+        raise ValueError(
+            f"inline tensor {handle.key}: {len(handle.data)} bytes, but shape {tuple(handle.shape)} "
+            f"{handle.dtype} needs {nbytes(out)}"
+        )
     if handle.data:
         flat_bytes(out).numpy()[:] = np.frombuffer(handle.data, dtype=np.uint8)
     return out

@@ -12,6 +12,7 @@ Lifetimes: an exported slot lives until its owner (request) is freed with
 after its consumers are done). free_owner while an export of the same owner is still
 copying is a caller bug (the slot could be reused under the copy).
 """
+
 from __future__ import annotations
 
 import itertools
@@ -57,8 +58,16 @@ SHM_VIEW_MIN_BYTES = 256 << 10
 class TensorExchange(InProcessTensorStore):
     """Thread-safe: put/export/get/resolve/free_owner may run on several threads at once."""
 
-    def __init__(self, process_tag: str, *, shm: bool = False, tcp_host: str | None = None,
-                 mooncake_host: str | None = None, shm_arena_mb: int = 64, secret: bytes | None = None) -> None:
+    def __init__(
+        self,
+        process_tag: str,
+        *,
+        shm: bool = False,
+        tcp_host: str | None = None,
+        mooncake_host: str | None = None,
+        shm_arena_mb: int = 64,
+        secret: bytes | None = None,
+    ) -> None:
         """``secret``: what TCP peers must share to read from each other (the Worker pool's token);
         default ``$MSTAR_WORKER_TOKEN``, else one of this process's own (then no peer can read)."""
         super().__init__()
@@ -87,13 +96,18 @@ class TensorExchange(InProcessTensorStore):
                 self._server = TensorServer(tcp_host, self._tensors.get, secret, name=process_tag)
             if mooncake_host is not None:
                 from mstar.transport.mooncake import MooncakeEndpoint  # optional dependency: import lazily
+
                 self._mooncake = MooncakeEndpoint(mooncake_host, arena_bytes)
             self._mooncake_slots = SlotAllocator(self._mooncake.arena.numel() if self._mooncake else 0)
         except BaseException:
             self.close()
             raise
-        self._readers = {"inproc": self._read_inproc, "shm": self._read_shm, "tcp": self._read_tcp,
-                         "mooncake": self._read_mooncake}
+        self._readers = {
+            "inproc": self._read_inproc,
+            "shm": self._read_shm,
+            "tcp": self._read_tcp,
+            "mooncake": self._read_mooncake,
+        }
 
     # ----------------------------------------------------------------- store
     def put(self, tensor: torch.Tensor, owner: str) -> TensorHandle:
@@ -130,16 +144,20 @@ class TensorExchange(InProcessTensorStore):
         scheme, _, where = handle.location.partition(":")
         reader = self._readers.get(scheme)
         if reader is None:
-            raise ValueError(f"tensor {handle.key}: unknown location scheme {scheme!r} in {handle.location!r} "
-                             f"(known: inproc, shm:<segment>, tcp:<host>:<port>, mooncake:<session>)")
+            raise ValueError(
+                f"tensor {handle.key}: unknown location scheme {scheme!r} in {handle.location!r} "
+                f"(known: inproc, shm:<segment>, tcp:<host>:<port>, mooncake:<session>)"
+            )
         if scheme == "inproc":
             self._read_inproc(handle)  # raises: nothing to allocate for
         if scheme == "shm" and out is None and handle.nbytes >= SHM_VIEW_MIN_BYTES:
             return self._view_shm(handle, where)
         out = destination(handle, out)
         if handle.nbytes != nbytes(out):
-            raise ValueError(f"tensor {handle.key}: handle says {handle.nbytes} bytes, shape "
-                             f"{tuple(handle.shape)} {handle.dtype} is {nbytes(out)}")
+            raise ValueError(
+                f"tensor {handle.key}: handle says {handle.nbytes} bytes, shape "
+                f"{tuple(handle.shape)} {handle.dtype} is {nbytes(out)}"
+            )
         reader(handle, where, out)
         return out
 
@@ -157,8 +175,9 @@ class TensorExchange(InProcessTensorStore):
         if kind == "tcp":
             if self._server is None:
                 raise RuntimeError(f"cannot export {handle.key} over tcp: this exchange was made without tcp_host")
-            return msgspec.structs.replace(handle, location=f"tcp:{self._server.address}", nbytes=nbytes(tensor),
-                                           data=None)
+            return msgspec.structs.replace(
+                handle, location=f"tcp:{self._server.address}", nbytes=nbytes(tensor), data=None
+            )
         cached = self._exports.get((handle.key, kind))
         if cached is not None:
             return cached
@@ -211,15 +230,18 @@ class TensorExchange(InProcessTensorStore):
 
     # ----------------------------------------------------------------- reads
     def _read_inproc(self, handle: TensorHandle, *_: object) -> None:
-        raise KeyError(f"tensor {handle.key} is not (or no longer) in this process's store; an inproc handle "
-                       f"is readable only in the process that made it (the producer must export it)")
+        raise KeyError(
+            f"tensor {handle.key} is not (or no longer) in this process's store; an inproc handle "
+            f"is readable only in the process that made it (the producer must export it)"
+        )
 
     def _view_shm(self, handle: TensorHandle, name: str) -> torch.Tensor:
         dtype, shape = dtype_from_name(handle.dtype), tuple(handle.shape)
         expected = torch.Size(shape).numel() * dtype.itemsize
         if handle.nbytes != expected:
-            raise ValueError(f"tensor {handle.key}: handle says {handle.nbytes} bytes, shape {shape} "
-                             f"{handle.dtype} is {expected}")
+            raise ValueError(
+                f"tensor {handle.key}: handle says {handle.nbytes} bytes, shape {shape} {handle.dtype} is {expected}"
+            )
         if expected == 0:
             return torch.empty(shape, dtype=dtype)
         return self._peer_segments.view(name, handle.offset, handle.nbytes, handle.key).view(dtype).view(shape)
@@ -235,8 +257,9 @@ class TensorExchange(InProcessTensorStore):
 
     def _read_mooncake(self, handle: TensorHandle, session: str, out: torch.Tensor) -> None:
         if self._mooncake is None:
-            raise RuntimeError(f"cannot read tensor {handle.key} from {handle.location}: this exchange was made "
-                               f"without mooncake_host")
+            raise RuntimeError(
+                f"cannot read tensor {handle.key} from {handle.location}: this exchange was made without mooncake_host"
+            )
         self._mooncake.read(session, handle.offset, out.data_ptr(), handle.nbytes, handle.key)
 
     # --------------------------------------------------------------- process
@@ -253,9 +276,14 @@ class TensorExchange(InProcessTensorStore):
 
     def stats(self) -> dict[str, int]:
         with self._lock:
-            return {"tensors": len(self._tensors), "arena_bytes": self._arena_slots.size,
-                    "arena_free_bytes": self._arena_slots.free_bytes, "arena_slots": self._arena_slots.slots_in_use,
-                    "segments": len(self._owned), "mooncake_free_bytes": self._mooncake_slots.free_bytes}
+            return {
+                "tensors": len(self._tensors),
+                "arena_bytes": self._arena_slots.size,
+                "arena_free_bytes": self._arena_slots.free_bytes,
+                "arena_slots": self._arena_slots.slots_in_use,
+                "segments": len(self._owned),
+                "mooncake_free_bytes": self._mooncake_slots.free_bytes,
+            }
 
     def close(self) -> None:
         """Stops the server, unmaps and unlinks every segment we made, unregisters Mooncake memory."""

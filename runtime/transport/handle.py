@@ -1,4 +1,5 @@
 """Tensor handles: what travels in a message in place of a tensor's bytes."""
+
 from __future__ import annotations
 
 import msgspec

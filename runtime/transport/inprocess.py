@@ -1,4 +1,5 @@
 """In-process tensor transport: handles name tensors in one shared store (no copies)."""
+
 from __future__ import annotations
 
 import itertools

@@ -7,6 +7,7 @@ scratch buffer it reads into. A handle's ``offset`` is relative to that arena ba
 overflow buffers, registered per tensor, get an offset relative to the same base.
 The package is optional: it is imported only when a Mooncake endpoint is made.
 """
+
 from __future__ import annotations
 
 import os
@@ -27,9 +28,11 @@ def import_transfer_engine() -> Any:
     try:
         from mooncake.engine import TransferEngine
     except ImportError as exc:
-        raise ImportError("the mooncake transport needs the Mooncake transfer engine: "
-                          "pip install 'mstar_ros[mooncake]' (mooncake-transfer-engine-non-cuda; "
-                          f"on Debian also apt-get install libibverbs1): {exc}") from exc
+        raise ImportError(
+            "the mooncake transport needs the Mooncake transfer engine: "
+            "pip install 'mstar_ros[mooncake]' (mooncake-transfer-engine-non-cuda; "
+            f"on Debian also apt-get install libibverbs1): {exc}"
+        ) from exc
     return TransferEngine
 
 
@@ -86,8 +89,10 @@ class MooncakeEndpoint:
                 rc = self.engine.transfer_sync_read(session, scratch, base + offset + pos, n)
                 if rc < 0:
                     self._bases.pop(session, None)  # look the base up again next time (peer restart)
-                    raise KeyError(f"tensor {key}: Mooncake read of {n} bytes at offset {offset + pos} "
-                                   f"from {session} failed ({rc}): freed, or the peer restarted")
+                    raise KeyError(
+                        f"tensor {key}: Mooncake read of {n} bytes at offset {offset + pos} "
+                        f"from {session} failed ({rc}): freed, or the peer restarted"
+                    )
                 memcpy(dst + pos, scratch, n)
 
     def close(self) -> None:

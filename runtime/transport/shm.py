@@ -7,6 +7,7 @@ the same kernel object (what shm_open makes) with no tracker involved: the creat
 unlinks on close(), and a supervisor unlinks what a SIGKILLed process left behind with
 :func:`unlink_segments` (names start with :func:`segment_prefix` of the process tag).
 """
+
 from __future__ import annotations
 
 import mmap
@@ -68,9 +69,11 @@ class ShmSegment:
         try:
             fd = os.open(path, flags, 0o600)
         except FileExistsError:
-            raise FileExistsError(f"shared-memory segment {name} already exists: a process with the same tag "
-                                  f"is running, or one died without cleanup (remove it with "
-                                  f"mstar.transport.shm.unlink_segments)") from None
+            raise FileExistsError(
+                f"shared-memory segment {name} already exists: a process with the same tag "
+                f"is running, or one died without cleanup (remove it with "
+                f"mstar.transport.shm.unlink_segments)"
+            ) from None
         except FileNotFoundError:
             raise KeyError(f"shared-memory segment {name} does not exist (its process freed it or exited)") from None
         try:
@@ -85,8 +88,11 @@ class ShmSegment:
             raise
         finally:
             os.close(fd)
-        self.buf = (torch.frombuffer(self._mmap, dtype=torch.uint8) if self._mmap is not None
-                    else torch.empty(0, dtype=torch.uint8))
+        self.buf = (
+            torch.frombuffer(self._mmap, dtype=torch.uint8)
+            if self._mmap is not None
+            else torch.empty(0, dtype=torch.uint8)
+        )
         self.addr = self.buf.data_ptr()  # valid while ``buf`` (which pins the mapping) is alive
 
     def close(self) -> None:
@@ -148,7 +154,7 @@ class PeerSegments:
         if not name.endswith(".arena"):
             seg = ShmSegment(name, create=False)
             self._address(seg, offset, count, key)
-            out = seg.buf[offset:offset + count]
+            out = seg.buf[offset : offset + count]
             seg.close()  # unmapped once ``out`` goes
             return out
         with self._lock:
@@ -160,7 +166,7 @@ class PeerSegments:
                 self._drop_stale()
                 seg = self._arenas[name] = ShmSegment(name, create=False)
             self._address(seg, offset, count, key)
-            return seg.buf[offset:offset + count]
+            return seg.buf[offset : offset + count]
 
     def _drop_stale(self) -> None:
         """Forget arenas of peers that are gone (a restarted peer has a new name): holding
@@ -171,8 +177,9 @@ class PeerSegments:
     @staticmethod
     def _address(seg: ShmSegment, offset: int, count: int, key: str) -> int:
         if offset < 0 or offset + count > seg.size:
-            raise ValueError(f"tensor {key}: bytes {offset}..{offset + count} lie outside segment "
-                             f"{seg.name} ({seg.size} bytes)")
+            raise ValueError(
+                f"tensor {key}: bytes {offset}..{offset + count} lie outside segment {seg.name} ({seg.size} bytes)"
+            )
         return seg.addr + offset
 
     def close(self) -> None:

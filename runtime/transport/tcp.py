@@ -8,6 +8,7 @@ encryption: the bytes of tensors travel in the clear, as on any plain TCP link.
 Connections are persistent (one handshake per peer pair, not per tensor), and the
 reader receives straight into the destination tensor's memory with recv_into.
 """
+
 from __future__ import annotations
 
 import socket
@@ -54,11 +55,15 @@ class TensorClient:
             try:
                 recv_exact(sock, memoryview(server_proof))
             except ConnectionError:
-                raise TensorAuthError(f"the tensor server at {host}:{port} refused this process: it does not hold "
-                                      "the same Worker pool token") from None
+                raise TensorAuthError(
+                    f"the tensor server at {host}:{port} refused this process: it does not hold "
+                    "the same Worker pool token"
+                ) from None
             if not proof_matches(server_proof, self._secret, b"server", client_nonce, bytes(server_nonce)):
-                raise TensorAuthError(f"the tensor server at {host}:{port} could not prove it holds this pool's "
-                                      "token: not reading from it")
+                raise TensorAuthError(
+                    f"the tensor server at {host}:{port} could not prove it holds this pool's "
+                    "token: not reading from it"
+                )
             sock.settimeout(None)
             return sock
         except BaseException:
@@ -69,8 +74,10 @@ class TensorClient:
         """Reads tensor ``key`` into the flat uint8 tensor ``into`` (its exact size)."""
         key_bytes = key.encode()
         if len(key_bytes) > MAX_KEY_BYTES:
-            raise ValueError(f"tensor key {key[:80]!r}... is {len(key_bytes)} bytes, over the {MAX_KEY_BYTES}-byte "
-                             f"limit of tensor servers")
+            raise ValueError(
+                f"tensor key {key[:80]!r}... is {len(key_bytes)} bytes, over the {MAX_KEY_BYTES}-byte "
+                f"limit of tensor servers"
+            )
         peer = (host, port)
         with self._lock:
             pool = self._idle.setdefault(peer, [])
@@ -86,8 +93,10 @@ class TensorClient:
             # nothing is allocated from a length the server names: it is checked against our own sizes first
             if status != OK:
                 if length > MAX_MESSAGE_BYTES:
-                    raise ValueError(f"tensor {key}: the server at {host}:{port} announced a {length}-byte error "
-                                     f"message (limit {MAX_MESSAGE_BYTES})")
+                    raise ValueError(
+                        f"tensor {key}: the server at {host}:{port} announced a {length}-byte error "
+                        f"message (limit {MAX_MESSAGE_BYTES})"
+                    )
                 msg = bytearray(length)
                 recv_exact(sock, memoryview(msg))
                 text = msg.decode(errors="replace")
@@ -96,7 +105,9 @@ class TensorClient:
                     raise KeyError(text)
                 raise ValueError(f"tensor {key}: the server at {host}:{port} refused the request: {text}")
             if length != into.numel():
-                raise ValueError(f"tensor {key}: server at {host}:{port} sent {length} bytes, handle says {into.numel()}")
+                raise ValueError(
+                    f"tensor {key}: server at {host}:{port} sent {length} bytes, handle says {into.numel()}"
+                )
             recv_exact(sock, writable_memoryview(into))
             healthy = True
         finally:

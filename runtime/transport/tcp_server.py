@@ -10,6 +10,7 @@ most ``send_threads`` threads with a blocking ``sendall`` -- the fast path for b
 transfers -- bounded by a send timeout. ``max_connections`` caps the sockets held;
 one more is closed at accept. Wire format: ``mstar.transport.tcp_wire``.
 """
+
 from __future__ import annotations
 
 import collections
@@ -75,9 +76,17 @@ class TensorServer:
     """Serves tensors by key. ``lookup(key)`` returns the tensor, or None when this process does
     not (or no longer) hold it; it runs on the event-loop thread, so it must be quick (a dict get)."""
 
-    def __init__(self, host: str, lookup: Callable[[str], torch.Tensor | None], secret: bytes,
-                 name: str = "tensors", *, max_connections: int = DEFAULT_MAX_CONNECTIONS,
-                 send_threads: int = DEFAULT_SEND_THREADS, handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        host: str,
+        lookup: Callable[[str], torch.Tensor | None],
+        secret: bytes,
+        name: str = "tensors",
+        *,
+        max_connections: int = DEFAULT_MAX_CONNECTIONS,
+        send_threads: int = DEFAULT_SEND_THREADS,
+        handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S,
+    ) -> None:
         if max_connections < 1 or send_threads < 1:
             raise ValueError(f"max_connections ({max_connections}) and send_threads ({send_threads}) must be >= 1")
         self._secret = check_secret(secret)
@@ -133,8 +142,11 @@ class TensorServer:
 
     def _select_timeout(self) -> float | None:
         """Until the next handshake deadline or the next count of repeated problems to log."""
-        due = [t for t in (self._deadlines[0].deadline if self._deadlines else None, self.problems.next_flush_at())
-               if t is not None]
+        due = [
+            t
+            for t in (self._deadlines[0].deadline if self._deadlines else None, self.problems.next_flush_at())
+            if t is not None
+        ]
         return max(0.0, min(due) - time.monotonic()) if due else None
 
     def _accept(self) -> None:
@@ -147,8 +159,9 @@ class TensorServer:
                 return  # closed by stop(), or out of descriptors: the next select tries again
             if len(self._conns) >= self.max_connections:
                 self.refused += 1
-                self.problems.note("full", f"refused a connection from {peer}: {len(self._conns)} connections "
-                                           f"are open (the limit)")
+                self.problems.note(
+                    "full", f"refused a connection from {peer}: {len(self._conns)} connections are open (the limit)"
+                )
                 sock.close()
                 continue
             nodelay(sock)
@@ -171,14 +184,18 @@ class TensorServer:
         while self._deadlines and (self._deadlines[0].state != _AUTH or self._deadlines[0].deadline <= now):
             conn = self._deadlines.popleft()
             if conn.state == _AUTH and conn in self._conns:
-                self.problems.note("silent", f"closed a connection from {conn.peer} that did not finish the "
-                                             f"handshake in {self.handshake_timeout_s:g}s", logging.INFO)
+                self.problems.note(
+                    "silent",
+                    f"closed a connection from {conn.peer} that did not finish the "
+                    f"handshake in {self.handshake_timeout_s:g}s",
+                    logging.INFO,
+                )
                 self._drop(conn)
 
     def _on_readable(self, conn: _Conn) -> None:
         while True:
             try:
-                n = conn.sock.recv_into(memoryview(conn.buf)[conn.got:])
+                n = conn.sock.recv_into(memoryview(conn.buf)[conn.got :])
             except (BlockingIOError, InterruptedError):
                 return
             except OSError:

@@ -7,6 +7,7 @@ HMAC(secret, "server" | client nonce | server nonce). Then, per tensor (no pickl
 ``!I`` key length + UTF-8 key; reply ``!BQ`` status + length, then the tensor's bytes
 (status OK) or a UTF-8 message (MISSING: the stream goes on; REFUSED: the server closes).
 """
+
 from __future__ import annotations
 
 import socket

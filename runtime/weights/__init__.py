@@ -1,4 +1,5 @@
 """Checkpoint weights: read safetensors / torch checkpoints, load them into modules, write them."""
+
 from mstar.weights.checkpoint_files import (
     CheckpointReader,
     WeightsError,

@@ -5,6 +5,7 @@ A checkpoint path is either a file (``.safetensors``, ``.bin``/``.pt``/``.pth`` 
 a ``*.safetensors.index.json`` (HF sharded layout), ``pytorch_model.bin`` or
 ``pytorch_model.bin.index.json``. Safetensors are read lazily, one tensor at a time.
 """
+
 from __future__ import annotations
 
 import json
@@ -133,8 +134,7 @@ def _resolve(path: Path) -> tuple[tuple[Path, ...], dict[str, Path] | None]:
         return _read_index(path)
     if _is_safetensors(path) or path.suffix in _BIN_SUFFIXES:
         return (path,), None
-    raise WeightsError(
-        f"unknown checkpoint file type: {path} (expected .safetensors, .bin/.pt/.pth or *.index.json)")
+    raise WeightsError(f"unknown checkpoint file type: {path} (expected .safetensors, .bin/.pt/.pth or *.index.json)")
 
 
 def _find_in_dir(directory: Path) -> Path:
@@ -146,15 +146,15 @@ def _find_in_dir(directory: Path) -> Path:
     if len(indexes) > 1:
         if (directory / SAFETENSORS_INDEX).is_file():
             return directory / SAFETENSORS_INDEX
-        raise WeightsError(f"several safetensors indexes in {directory}: "
-                           f"{', '.join(p.name for p in indexes)}; pass the one to load")
+        raise WeightsError(
+            f"several safetensors indexes in {directory}: {', '.join(p.name for p in indexes)}; pass the one to load"
+        )
     for name in (BIN_FILE, BIN_INDEX):
         if (directory / name).is_file():
             return directory / name
     others = sorted(p.name for p in directory.glob("*.safetensors"))
     hint = f" (found {', '.join(others)}; pass the file path to load one)" if others else ""
-    raise WeightsError(
-        f"no model.safetensors, *.safetensors.index.json or pytorch_model.bin in {directory}{hint}")
+    raise WeightsError(f"no model.safetensors, *.safetensors.index.json or pytorch_model.bin in {directory}{hint}")
 
 
 def _read_index(index: Path) -> tuple[tuple[Path, ...], dict[str, Path]]:
@@ -164,14 +164,16 @@ def _read_index(index: Path) -> tuple[tuple[Path, ...], dict[str, Path]]:
         raise WeightsError(f"cannot read checkpoint index {index}: {e}") from e
     weight_map = data.get("weight_map") if isinstance(data, dict) else None
     if not isinstance(weight_map, dict) or not all(
-            isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()):
+        isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()
+    ):
         raise WeightsError(f"checkpoint index {index} has no 'weight_map' of tensor name -> shard file")
     shard_names = list(dict.fromkeys(weight_map.values()))  # first-appearance order, no repeats
     shards = tuple(index.parent / s for s in shard_names)
     missing = [s.name for s in shards if not s.is_file()]
     if missing:
-        raise WeightsError(f"checkpoint index {index} names shard file(s) missing from {index.parent}: "
-                           f"{', '.join(missing)}")
+        raise WeightsError(
+            f"checkpoint index {index} names shard file(s) missing from {index.parent}: {', '.join(missing)}"
+        )
     return shards, {name: index.parent / shard for name, shard in weight_map.items()}
 
 

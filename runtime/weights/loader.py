@@ -1,4 +1,5 @@
 """Loading a checkpoint into a module in place: validate everything first, then copy tensor by tensor."""
+
 from __future__ import annotations
 
 import logging
@@ -29,11 +30,16 @@ class LoadReport:
     unexpected: list[str] = field(default_factory=list)
 
 
-def load_weights(module: torch.nn.Module, path: str | os.PathLike, *,
-                 name_map: Callable[[str], str | None] | None = None,
-                 dtype: torch.dtype | None = None,
-                 strict: bool = True,
-                 progress: bool = True, desc: str | None = None) -> LoadReport:
+def load_weights(
+    module: torch.nn.Module,
+    path: str | os.PathLike,
+    *,
+    name_map: Callable[[str], str | None] | None = None,
+    dtype: torch.dtype | None = None,
+    strict: bool = True,
+    progress: bool = True,
+    desc: str | None = None,
+) -> LoadReport:
     """Copy a checkpoint's tensors into ``module``'s parameters and persistent buffers, in place.
 
     ``name_map`` turns a checkpoint name into a module name (``None``: skip the tensor).
@@ -76,8 +82,10 @@ def load_weights(module: torch.nn.Module, path: str | os.PathLike, *,
 
     problems = [("mis-shaped", mis_shaped)]
     if strict:
-        problems = [("missing from the checkpoint", [_group_label(g) for g in missing_groups]),
-                    ("unexpected (not in the model)", unexpected)] + problems
+        problems = [
+            ("missing from the checkpoint", [_group_label(g) for g in missing_groups]),
+            ("unexpected (not in the model)", unexpected),
+        ] + problems
     if any(items for _, items in problems):
         raise WeightsError(_problem_message(path, module, problems))
 
@@ -85,8 +93,9 @@ def load_weights(module: torch.nn.Module, path: str | os.PathLike, *,
         _convert_floating(targets, groups, dtype)
 
     loaded = nbytes = 0
-    bar = progress_bar(total=len(plan), desc=desc or "loading weights", unit="tensor",
-                       disable=not progress, leave=False)
+    bar = progress_bar(
+        total=len(plan), desc=desc or "loading weights", unit="tensor", disable=not progress, leave=False
+    )
     with bar, torch.no_grad():
         for ckpt_name, tensor in reader.tensors(only=plan):
             target = targets[plan[ckpt_name]]
@@ -97,24 +106,45 @@ def load_weights(module: torch.nn.Module, path: str | os.PathLike, *,
             nbytes += tensor.nbytes
             bar.update(1)
 
-    report = LoadReport(loaded=loaded, skipped=skipped, seconds=time.perf_counter() - start,
-                        bytes=nbytes, missing=[] if strict else missing,
-                        unexpected=[] if strict else unexpected)
-    logger.info("loaded %d tensors (%.1f MiB) from %s into %s in %.2fs; %d skipped",
-                report.loaded, report.bytes / 2**20, path, type(module).__name__, report.seconds,
-                len(skipped))
+    report = LoadReport(
+        loaded=loaded,
+        skipped=skipped,
+        seconds=time.perf_counter() - start,
+        bytes=nbytes,
+        missing=[] if strict else missing,
+        unexpected=[] if strict else unexpected,
+    )
+    logger.info(
+        "loaded %d tensors (%.1f MiB) from %s into %s in %.2fs; %d skipped",
+        report.loaded,
+        report.bytes / 2**20,
+        path,
+        type(module).__name__,
+        report.seconds,
+        len(skipped),
+    )
     if report.missing or report.unexpected:
-        logger.warning("%s", _problem_message(path, module, [
-            ("missing from the checkpoint (left as is)", [_group_label(g) for g in missing_groups]),
-            ("unexpected (ignored)", report.unexpected)]))
+        logger.warning(
+            "%s",
+            _problem_message(
+                path,
+                module,
+                [
+                    ("missing from the checkpoint (left as is)", [_group_label(g) for g in missing_groups]),
+                    ("unexpected (ignored)", report.unexpected),
+                ],
+            ),
+        )
     return report
 
 
 def _check_materialized(targets: dict[str, torch.Tensor]) -> None:
     meta = [name for name, t in targets.items() if t.is_meta]
     if meta:
-        raise WeightsError(f"cannot load into tensors on the meta device ({_shorten(meta)}); "
-                           f"materialize the module first, e.g. module.to_empty(device=...)")
+        raise WeightsError(
+            f"cannot load into tensors on the meta device ({_shorten(meta)}); "
+            f"materialize the module first, e.g. module.to_empty(device=...)"
+        )
 
 
 def _tie_groups(targets: dict[str, torch.Tensor]) -> dict[str, tuple[str, ...]]:
@@ -133,8 +163,7 @@ def _group_label(names: tuple[str, ...]) -> str:
     return names[0] if len(names) == 1 else f"{names[0]} (tied with {', '.join(names[1:])})"
 
 
-def _convert_floating(targets: dict[str, torch.Tensor], groups: dict[str, tuple[str, ...]],
-                      dtype: torch.dtype) -> None:
+def _convert_floating(targets: dict[str, torch.Tensor], groups: dict[str, tuple[str, ...]], dtype: torch.dtype) -> None:
     """Re-type every floating target, once per tie group, keeping ties and current values."""
     for names in dict.fromkeys(groups.values()):
         first = targets[names[0]]
@@ -155,8 +184,7 @@ def _shorten(items: list[str]) -> str:
     return shown + (f", ... and {len(items) - _SHOWN} more" if len(items) > _SHOWN else "")
 
 
-def _problem_message(path: str | os.PathLike, module: torch.nn.Module,
-                     problems: list[tuple[str, list[str]]]) -> str:
+def _problem_message(path: str | os.PathLike, module: torch.nn.Module, problems: list[tuple[str, list[str]]]) -> str:
     lines = [f"checkpoint {path} does not match {type(module).__name__}:"]
     for kind, items in problems:
         if not items:

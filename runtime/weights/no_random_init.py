@@ -4,6 +4,7 @@ Why: a module's ``reset_parameters`` on a meta tensor runs torch's Python refere
 first call imports ``torch._dynamo`` (about 2.3 s of every process start on these machines) for
 fills that are thrown away: every weight is then loaded, or the module only describes shapes.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -14,8 +15,22 @@ import torch
 import torch.nn.init as init
 
 # the fills that torch.nn modules call from reset_parameters
-_FILLS = ("uniform_", "normal_", "trunc_normal_", "constant_", "ones_", "zeros_", "eye_", "dirac_",
-          "xavier_uniform_", "xavier_normal_", "kaiming_uniform_", "kaiming_normal_", "orthogonal_", "sparse_")
+_FILLS = (
+    "uniform_",
+    "normal_",
+    "trunc_normal_",
+    "constant_",
+    "ones_",
+    "zeros_",
+    "eye_",
+    "dirac_",
+    "xavier_uniform_",
+    "xavier_normal_",
+    "kaiming_uniform_",
+    "kaiming_normal_",
+    "orthogonal_",
+    "sparse_",
+)
 _lock = threading.Lock()  # the fills are module attributes: one builder at a time swaps them
 
 

@@ -1,4 +1,5 @@
 """Writing checkpoints as safetensors: one ``model.safetensors`` or HF-style shards plus an index."""
+
 from __future__ import annotations
 
 import json
@@ -15,9 +16,13 @@ from mstar.weights.checkpoint_files import SAFETENSORS_FILE, SAFETENSORS_INDEX, 
 _SHARD_RE = re.compile(r"model-\d{5}-of-\d{5}\.safetensors")
 
 
-def save_safetensors(state_dict: Mapping[str, torch.Tensor], directory: str | os.PathLike, *,
-                     max_shard_bytes: int | None = None,
-                     metadata: dict[str, str] | None = None) -> list[Path]:
+def save_safetensors(
+    state_dict: Mapping[str, torch.Tensor],
+    directory: str | os.PathLike,
+    *,
+    max_shard_bytes: int | None = None,
+    metadata: dict[str, str] | None = None,
+) -> list[Path]:
     """Write ``state_dict`` under ``directory`` and return the files written (shards, then the index).
 
     One ``model.safetensors`` when everything fits in ``max_shard_bytes`` (or no limit is

@@ -9,6 +9,7 @@ study; the Conductor's proof answers the Worker's fresh nonce, so a recorded Wel
 worth nothing later. The labels differ from the tensor servers' ("client" / "server"),
 which share the token: no proof made for one purpose passes for another.
 """
+
 from __future__ import annotations
 
 from mstar.transport.auth import NONCE_BYTES, new_nonce, proof, proof_matches
@@ -25,8 +26,9 @@ def challenge() -> Challenge:
 
 def hello(token: str, challenge: Challenge, rank: int, pid: int, host: str) -> Hello:
     if len(challenge.nonce) != NONCE_BYTES:
-        raise ConnectionError(f"the conductor's challenge has a {len(challenge.nonce)}-byte nonce, "
-                              f"expected {NONCE_BYTES}")
+        raise ConnectionError(
+            f"the conductor's challenge has a {len(challenge.nonce)}-byte nonce, expected {NONCE_BYTES}"
+        )
     nonce = new_nonce()
     mac = proof(token.encode(), b"worker-hello", challenge.nonce, nonce, _identity(rank, pid, host))
     return Hello(rank, pid, host, nonce, mac)
@@ -34,8 +36,13 @@ def hello(token: str, challenge: Challenge, rank: int, pid: int, host: str) -> H
 
 def hello_is_valid(token: str, challenge: Challenge, hello: Hello) -> bool:
     return len(hello.nonce) == NONCE_BYTES and proof_matches(
-        hello.proof, token.encode(), b"worker-hello", challenge.nonce, hello.nonce,
-        _identity(hello.rank, hello.pid, hello.host))
+        hello.proof,
+        token.encode(),
+        b"worker-hello",
+        challenge.nonce,
+        hello.nonce,
+        _identity(hello.rank, hello.pid, hello.host),
+    )
 
 
 def welcome(token: str, challenge: Challenge, hello: Hello) -> Welcome:

@@ -4,6 +4,7 @@ A tensor-parallel rank k > 0 also runs a TPFollower for the group's AR module, o
 thread of its own (it waits inside collectives between steps), while a Worker for
 any other nodes placed on the same rank runs on the device thread as usual.
 """
+
 from __future__ import annotations
 
 import logging
@@ -32,14 +33,18 @@ class WorkerHost:
             torch.set_num_threads(setup.threads)  # Workers sharing a host split its cores
         self.rank = rank
         self.exchange = TensorExchange(
-            tag, shm="shm" in setup.transports,
+            tag,
+            shm="shm" in setup.transports,
             tcp_host=setup.host if "tcp" in setup.transports else None,
-            mooncake_host=setup.host if "mooncake" in setup.transports else None, secret=secret)
+            mooncake_host=setup.host if "mooncake" in setup.transports else None,
+            secret=secret,
+        )
         self.tp = None
         self.follower_thread: threading.Thread | None = None
         self.follower_error: BaseException | None = None
         if setup.tp is not None and setup.tp.size > 1:
             from mstar.parallel.group import TPGroup
+
             self.tp = TPGroup.init(setup.tp.rank, setup.tp.size, setup.tp.init_method, setup.device)
         graph, modules = run_on_device(build_model, setup.spec, set(setup.nodes), self.tp)
         nodes = list(setup.nodes)
@@ -47,17 +52,32 @@ class WorkerHost:
             ar = [n.name for n in graph.nodes if n.name in nodes and n.engine == "ar"]
             self._follow({m: mod for m, mod in modules.items() if isinstance(mod, ARModule)}, setup.device)
             nodes = [n for n in nodes if n not in ar]  # rank 0 of the group serves the AR nodes
-        self.worker = run_on_device(Worker, graph, modules, self.exchange, setup.config, setup.device,
-                                    nodes=nodes, rank=rank, tp=self.tp if self.tp is not None and self.tp.is_leader else None)
+        self.worker = run_on_device(
+            Worker,
+            graph,
+            modules,
+            self.exchange,
+            setup.config,
+            setup.device,
+            nodes=nodes,
+            rank=rank,
+            tp=self.tp if self.tp is not None and self.tp.is_leader else None,
+        )
         for engine in self.worker.ar_engines.values():
             engine.on_fatal = self._fatal
         self.worker.start()
         self._plugins = [plugin(self) for plugin in plugins]
-        log.info("rank %d serves nodes %s on %s%s", rank, self.worker.nodes, setup.device,
-                 f" (tensor-parallel rank {self.tp.rank} of {self.tp.size})" if self.tp is not None else "")
+        log.info(
+            "rank %d serves nodes %s on %s%s",
+            rank,
+            self.worker.nodes,
+            setup.device,
+            f" (tensor-parallel rank {self.tp.rank} of {self.tp.size})" if self.tp is not None else "",
+        )
 
     def _follow(self, ar_modules: dict[str, ARModule], device: str) -> None:
         from mstar.engine.tp_follower import TPFollower
+
         if len(ar_modules) != 1:
             raise ValueError(f"a tensor-parallel rank hosts exactly one AR module, got {sorted(ar_modules)}")
         follower = TPFollower(next(iter(ar_modules.values())), self.tp, device)

@@ -2,6 +2,7 @@
 
 The spec names a registered model (``mstar.worker.registry``); nothing a peer sends is imported.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping

@@ -9,6 +9,7 @@ builds what Setup asks for -- only models and plugins registered on this side
 then serves node messages until the Conductor says Shutdown or its connection goes away
 (so a Conductor that dies leaves no Worker behind).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,25 +43,40 @@ log = logging.getLogger("mstar.worker")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m mstar.worker.process_main",
-                                     description=f"Run one mstar Worker process and connect it to a Conductor. "
-                                                 f"The pool's token comes from ${TOKEN_ENV} (never argv).")
+    parser = argparse.ArgumentParser(
+        prog="python -m mstar.worker.process_main",
+        description=f"Run one mstar Worker process and connect it to a Conductor. "
+        f"The pool's token comes from ${TOKEN_ENV} (never argv).",
+    )
     parser.add_argument("--conductor", required=True, help="the Conductor's control address, HOST:PORT")
     parser.add_argument("--rank", type=int, required=True, help="this Worker's rank in the placement file")
-    parser.add_argument("--model", action="append", default=[], metavar="NAME=MODULE:FUNCTION",
-                        help=f"register a model for this Worker only (repeatable; also ${registry.MODELS.env}); "
-                             f"installed graph packages register theirs as entry points ({registry.MODELS.group})")
-    parser.add_argument("--plugin", action="append", default=[], metavar="NAME=MODULE:FUNCTION",
-                        help=f"register a Worker plugin likewise (also ${registry.PLUGINS.env}; entry points "
-                             f"{registry.PLUGINS.group})")
-    parser.add_argument("--listen", help="address this Worker's tensor servers bind and advertise (default: the one "
-                                         "the Conductor gives, fine on one host; on another host, its own address)")
+    parser.add_argument(
+        "--model",
+        action="append",
+        default=[],
+        metavar="NAME=MODULE:FUNCTION",
+        help=f"register a model for this Worker only (repeatable; also ${registry.MODELS.env}); "
+        f"installed graph packages register theirs as entry points ({registry.MODELS.group})",
+    )
+    parser.add_argument(
+        "--plugin",
+        action="append",
+        default=[],
+        metavar="NAME=MODULE:FUNCTION",
+        help=f"register a Worker plugin likewise (also ${registry.PLUGINS.env}; entry points {registry.PLUGINS.group})",
+    )
+    parser.add_argument(
+        "--listen",
+        help="address this Worker's tensor servers bind and advertise (default: the one "
+        "the Conductor gives, fine on one host; on another host, its own address)",
+    )
     parser.add_argument("--log-level", default=os.environ.get("MSTAR_LOG_LEVEL", "WARNING"))
     return parser.parse_args(argv)
 
 
 def _replier(channel: BlockingChannel):
     """Sends a call's replies; one too large for a frame fails that call, not the connection."""
+
     def send(out) -> None:
         try:
             channel.send(out)
@@ -69,6 +85,7 @@ def _replier(channel: BlockingChannel):
                 channel.send(NodeOutput(out.call_id, out.request_id, out.iteration, final=True, error=str(exc)))
             else:
                 channel.send(KVExported(out.call_id, out.request_id, error=str(exc)))
+
     return send
 
 
@@ -109,11 +126,14 @@ def _connect(conductor: str, token: str, rank: int) -> tuple[BlockingChannel, Se
         channel.send(hello)
         welcome = channel.recv(MAX_HELLO)
         if welcome is None:
-            raise ConnectionError(f"the Conductor at {conductor} refused this Worker: it does not hold the same "
-                                  f"pool token (${TOKEN_ENV}), or rank {rank} is taken")
+            raise ConnectionError(
+                f"the Conductor at {conductor} refused this Worker: it does not hold the same "
+                f"pool token (${TOKEN_ENV}), or rank {rank} is taken"
+            )
         if not isinstance(welcome, Welcome) or not handshake.welcome_is_valid(token, challenge, hello, welcome):
-            raise ConnectionError(f"the Conductor at {conductor} could not prove it holds the pool token: "
-                                  f"building nothing it asks for")
+            raise ConnectionError(
+                f"the Conductor at {conductor} could not prove it holds the pool token: building nothing it asks for"
+            )
         sock.settimeout(None)  # from here on the Conductor may take its time (other ranks set up)
         setup = channel.recv()
         if not isinstance(setup, Setup):
@@ -140,10 +160,16 @@ def main(argv: list[str] | None = None) -> int:
     if not token:
         print(f"no worker token: set {TOKEN_ENV} to the Conductor's pool token", file=sys.stderr)
         return 2
-    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
-                        format=f"[worker {args.rank}] %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        stream=sys.stderr,
+        format=f"[worker {args.rank}] %(levelname)s %(name)s: %(message)s",
+    )
     try:
-        for flag, kind, items in (("--model", registry.MODELS, args.model), ("--plugin", registry.PLUGINS, args.plugin)):
+        for flag, kind, items in (
+            ("--model", registry.MODELS, args.model),
+            ("--plugin", registry.PLUGINS, args.plugin),
+        ):
             for item in items:
                 for name, target in registry.parse_registrations(kind, item, flag).items():
                     registry.register(kind, name, target)
@@ -153,6 +179,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         from mstar.worker.host import WorkerHost
+
         if args.listen:
             setup = msgspec.structs.replace(setup, host=args.listen)
         host = WorkerHost(setup, args.rank, worker_tag(token, args.rank, os.getpid()), secret=token.encode())

@@ -9,6 +9,7 @@ acts on the other's messages before the other has proved it holds the token. Aft
 that the node messages of ``mstar.engine.messages`` flow. Never pickle: every frame
 decodes into one of the structs of ``Message``.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -75,9 +76,9 @@ class Setup(msgspec.Struct, tag=True):
     nodes: list[str]
     config: EngineConfig
     device: str = "cpu"
-    threads: int = 0            # torch threads; 0 leaves torch's default
+    threads: int = 0  # torch threads; 0 leaves torch's default
     transports: list[str] = []  # which of shm / tcp / mooncake this Worker serves
-    host: str = "127.0.0.1"     # address its tensor servers listen on
+    host: str = "127.0.0.1"  # address its tensor servers listen on
     tp: TensorParallel | None = None
     # names of Worker plugins registered on the Worker's side (mstar.worker.registry), each called
     # with the WorkerHost once it serves (e.g. a ROS status node); the runtime knows nothing of them
@@ -87,7 +88,7 @@ class Setup(msgspec.Struct, tag=True):
 class Ready(msgspec.Struct, tag=True):
     endpoints: dict[str, str]
     segment_prefix: str  # shared-memory segments this process creates start with it
-    dtype: str = ""         # what its engines run (``auto`` decided for its own device) ...
+    dtype: str = ""  # what its engines run (``auto`` decided for its own device) ...
     dtype_reason: str = ""  # ... and why
 
 
@@ -110,8 +111,24 @@ class Shutdown(msgspec.Struct, tag=True):
     pass
 
 
-Message = (Challenge | Hello | Welcome | Setup | Ready | SetupFailed | StatsRequest | WorkerStats | Shutdown |
-           ExecuteNode | NodeOutput | ReleaseRequest | CloseSession | ExportKV | KVExported | FeedInput)
+Message = (
+    Challenge
+    | Hello
+    | Welcome
+    | Setup
+    | Ready
+    | SetupFailed
+    | StatsRequest
+    | WorkerStats
+    | Shutdown
+    | ExecuteNode
+    | NodeOutput
+    | ReleaseRequest
+    | CloseSession
+    | ExportKV
+    | KVExported
+    | FeedInput
+)
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Message)
@@ -121,8 +138,10 @@ _HEADER = struct.Struct("!I")
 def encode_frame(msg: Message) -> bytes:
     body = _encoder.encode(msg)
     if len(body) > MAX_FRAME:
-        raise FrameTooLarge(f"a {type(msg).__name__} of {len(body)} bytes is over the {MAX_FRAME}-byte frame limit "
-                            f"(inline values are for small tensors)")
+        raise FrameTooLarge(
+            f"a {type(msg).__name__} of {len(body)} bytes is over the {MAX_FRAME}-byte frame limit "
+            f"(inline values are for small tensors)"
+        )
     return _HEADER.pack(len(body)) + body
 
 
@@ -165,8 +184,9 @@ class BlockingChannel:
         n = frame_length(header, limit)
         body = self._recv_up_to(n)
         if len(body) < n:
-            raise ConnectionError(f"the Conductor closed the connection after {len(body)} of the {n} bytes its frame "
-                                  f"announced")
+            raise ConnectionError(
+                f"the Conductor closed the connection after {len(body)} of the {n} bytes its frame announced"
+            )
         return decode_body(body)
 
     def _recv_up_to(self, n: int) -> bytearray:

@@ -14,6 +14,7 @@ or starts the process, never by a message:
 
 A name registered twice with different targets is an error, not a silent override.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -30,8 +31,8 @@ _TARGET = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")
 @dataclass(frozen=True)
 class Kind:
     group: str  # entry-point group
-    env: str    # environment variable of extra registrations
-    what: str   # for messages
+    env: str  # environment variable of extra registrations
+    what: str  # for messages
 
 
 MODELS = Kind("mstar.models", "MSTAR_MODELS", "model")
@@ -74,8 +75,10 @@ def _local(kind: Kind) -> dict[str, tuple[str, str]]:
     found = {n: (t, kind.env) for n, t in parse_registrations(kind, os.environ.get(kind.env, ""), kind.env).items()}
     for name, target in _flags.get(kind.group, {}).items():
         if name in found and found[name][0] != target:
-            raise ValueError(f"{kind.what} {name!r} is registered as {found[name][0]} by {kind.env} and as "
-                             f"{target} on the command line")
+            raise ValueError(
+                f"{kind.what} {name!r} is registered as {found[name][0]} by {kind.env} and as "
+                f"{target} on the command line"
+            )
         found[name] = (target, "the command line")
     return found
 
@@ -104,7 +107,8 @@ def resolve(kind: Kind, name: str) -> Callable:
         raise NotRegistered(
             f"{kind.what} {name!r} is not registered in this process{hint}; registered: {', '.join(names) or 'none'}. "
             f"An installed package registers one under the entry-point group {kind.group!r}; for a local one, "
-            f"set {kind.env}=NAME=module:function where this process is started")
+            f"set {kind.env}=NAME=module:function where this process is started"
+        )
     targets = {ep.value for ep in installed.get(name, [])} | ({local[name][0]} if name in local else set())
     if len(targets) > 1:
         raise ValueError(f"{kind.what} {name!r} is registered with different targets: {', '.join(sorted(targets))}")

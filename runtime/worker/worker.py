@@ -4,6 +4,7 @@ views, each view with its own KV), and one stateless engine for the rest.
 The Conductor reaches a Worker only through messages (ExecuteNode, FeedInput, ReleaseRequest,
 CloseSession) and tensor handles, so a Worker can live in another process.
 """
+
 from __future__ import annotations
 
 import logging
@@ -25,9 +26,17 @@ log = logging.getLogger("mstar.worker")
 
 
 class Worker:
-    def __init__(self, graph: ModelGraph, modules: Mapping[str, NodeSubmodule], store: InProcessTensorStore,
-                 config: EngineConfig | None = None, device: str | torch.device = "cpu",
-                 nodes: list[str] | None = None, rank: int = 0, tp=None) -> None:
+    def __init__(
+        self,
+        graph: ModelGraph,
+        modules: Mapping[str, NodeSubmodule],
+        store: InProcessTensorStore,
+        config: EngineConfig | None = None,
+        device: str | torch.device = "cpu",
+        nodes: list[str] | None = None,
+        rank: int = 0,
+        tp=None,
+    ) -> None:
         """``tp``: a TPGroup whose rank 0 this Worker is; its AR engines shard over it."""
         self.rank = rank
         self.store = store
@@ -57,10 +66,16 @@ class Worker:
         self._loop: DeviceLoop | None = None
         self.stateless = None
         if stateless:
-            self.stateless = StatelessEngine(stateless, store, self.config.stateless_max_batch, device,
-                                             dtype=getattr(torch, self.config.dtype), name=f"stateless:{rank}",
-                                             max_wait_s=self.config.stateless_max_wait_ms / 1000,
-                                             pack=self.config.pack_linears)
+            self.stateless = StatelessEngine(
+                stateless,
+                store,
+                self.config.stateless_max_batch,
+                device,
+                dtype=getattr(torch, self.config.dtype),
+                name=f"stateless:{rank}",
+                max_wait_s=self.config.stateless_max_wait_ms / 1000,
+                pack=self.config.pack_linears,
+            )
             for view in stateless:
                 self._engine_of[view] = self.stateless
 
@@ -84,7 +99,15 @@ class Worker:
     def execute(self, msg: ExecuteNode, reply: Callable[[NodeOutput], None]) -> None:
         engine = self._engine_of.get(msg.node)
         if engine is None:
-            reply(NodeOutput(msg.call_id, msg.request_id, 0, final=True, error=f"worker {self.rank} does not host node {msg.node!r}"))
+            reply(
+                NodeOutput(
+                    msg.call_id,
+                    msg.request_id,
+                    0,
+                    final=True,
+                    error=f"worker {self.rank} does not host node {msg.node!r}",
+                )
+            )
             return
         if msg.exports:
             reply = self._exporting(msg.exports, reply)
@@ -93,22 +116,35 @@ class Worker:
     def _exporting(self, exports: dict[str, str], reply: Callable[[NodeOutput], None]) -> Callable[[NodeOutput], None]:
         """Makes the call's outputs readable where they go (inline for the Conductor, a
         transport for another Worker) before the reply leaves this process."""
+
         def send(out: NodeOutput) -> None:
             if out.outputs:
                 try:
-                    out.outputs = {port: self.store.export(h, exports[port]) if port in exports else h  # type: ignore[attr-defined]
-                                   for port, h in out.outputs.items()}
+                    out.outputs = {
+                        port: self.store.export(h, exports[port]) if port in exports else h  # type: ignore[attr-defined]
+                        for port, h in out.outputs.items()
+                    }
                 except Exception as exc:  # a full arena or a dead peer must not lose the call silently
                     log.exception("worker %d: export failed", self.rank)
-                    out = NodeOutput(out.call_id, out.request_id, out.iteration, final=True,
-                                     error=f"worker {self.rank}: exporting outputs failed: {type(exc).__name__}: {exc}")
+                    out = NodeOutput(
+                        out.call_id,
+                        out.request_id,
+                        out.iteration,
+                        final=True,
+                        error=f"worker {self.rank}: exporting outputs failed: {type(exc).__name__}: {exc}",
+                    )
             reply(out)
+
         return send
 
     def export_kv(self, msg: ExportKV, reply: Callable[[KVExported], None]) -> None:
         engine = self._engine_of.get(msg.node)
         if not isinstance(engine, AREngine):
-            reply(KVExported(msg.call_id, msg.request_id, error=f"worker {self.rank} has no AR engine for node {msg.node!r}"))
+            reply(
+                KVExported(
+                    msg.call_id, msg.request_id, error=f"worker {self.rank} has no AR engine for node {msg.node!r}"
+                )
+            )
             return
         engine.export_kv(msg, reply)
 

@@ -1,4 +1,5 @@
 """Every registered model folder has the same skeleton, and says in its ``__init__`` which file holds what."""
+
 from __future__ import annotations
 
 import importlib
@@ -18,8 +19,11 @@ SHARED = {"common"}  # graphs/common: the shelf the models share, not a model
 
 def _registered() -> dict[str, str]:
     """name -> module of the ``mstar.models`` entry points that are graphs of this package."""
-    return {ep.name: ep.value.partition(":")[0] for ep in importlib.metadata.entry_points(group=MODELS.group)
-            if ep.value.startswith(f"{mstar_graphs.__name__}.")}
+    return {
+        ep.name: ep.value.partition(":")[0]
+        for ep in importlib.metadata.entry_points(group=MODELS.group)
+        if ep.value.startswith(f"{mstar_graphs.__name__}.")
+    }
 
 
 def _folder(module: str) -> Path:

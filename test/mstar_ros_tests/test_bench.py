@@ -1,4 +1,5 @@
 """The benchmark command runs end to end (a smoke run: the figures themselves are not asserted)."""
+
 from __future__ import annotations
 
 import json
@@ -13,9 +14,30 @@ from support.bench_reports import assert_machine_and_dtypes
 @pytest.mark.slow
 def test_bench_orpheus_quick_writes_json_and_plot(tmp_path):
     out_json, out_png = tmp_path / "b.json", tmp_path / "b.png"
-    run = subprocess.run([sys.executable, "-m", "mstar_ros.cli", "-q", "bench", "orpheus", "--quick", "--preset", "tiny",
-                          "--concurrency", "1,8", "--repeats", "2", "--json", str(out_json), "--plot", str(out_png)],
-                         capture_output=True, text=True, timeout=600)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mstar_ros.cli",
+            "-q",
+            "bench",
+            "orpheus",
+            "--quick",
+            "--preset",
+            "tiny",
+            "--concurrency",
+            "1,8",
+            "--repeats",
+            "2",
+            "--json",
+            str(out_json),
+            "--plot",
+            str(out_png),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert run.returncode == 0, run.stderr[-2000:]
     report = json.loads(out_json.read_text())
     for key in ("throughput_ratio_c8", "ttfa_ratio_c8", "token_throughput_ratio_c8"):

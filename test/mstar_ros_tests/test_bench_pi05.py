@@ -1,4 +1,5 @@
 """``mstar-ros bench pi05`` runs end to end (a smoke run on the tiny checkpoint: figures are not asserted)."""
+
 from __future__ import annotations
 
 import json
@@ -13,9 +14,31 @@ from support.bench_reports import assert_machine_and_dtypes
 @pytest.mark.slow
 def test_bench_pi05_writes_json_and_plot(tmp_path):
     out_json, out_png = tmp_path / "p.json", tmp_path / "p.png"
-    run = subprocess.run([sys.executable, "-m", "mstar_ros.cli", "-q", "bench", "pi05", "--preset", "tiny",
-                          "--robots", "1,2", "--seconds", "0.6", "--max-inflight", "1", "--json", str(out_json), "--plot", str(out_png)],
-                         capture_output=True, text=True, timeout=600)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mstar_ros.cli",
+            "-q",
+            "bench",
+            "pi05",
+            "--preset",
+            "tiny",
+            "--robots",
+            "1,2",
+            "--seconds",
+            "0.6",
+            "--max-inflight",
+            "1",
+            "--json",
+            str(out_json),
+            "--plot",
+            str(out_png),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert run.returncode == 0, run.stderr[-2000:]
     report = json.loads(out_json.read_text())
     for key in ("throughput_ratio_2_robots", "overhead_ratio_1_robot", "overhead_ratio_closed_loop"):

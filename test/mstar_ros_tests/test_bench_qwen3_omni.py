@@ -2,6 +2,7 @@
 
 Timings on a shared 2-core machine are reported, not bounded here (the benchmark states whether the goals were
 met); what could be wrong in any case is asserted: equal audio per request in both systems, the keys, files."""
+
 import json
 import os
 import subprocess
@@ -18,8 +19,24 @@ from support.bench_reports import assert_machine_and_dtypes
 @pytest.mark.slow
 def test_bench_qwen3_omni_quick(tmp_path):
     out, png = tmp_path / "q.json", tmp_path / "q.png"
-    run = subprocess.run([sys.executable, "-m", "mstar_ros.cli", "-q", "bench", "qwen3-omni", "--quick",
-                          "--json", str(out), "--plot", str(png)], capture_output=True, text=True, timeout=600)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mstar_ros.cli",
+            "-q",
+            "bench",
+            "qwen3-omni",
+            "--quick",
+            "--json",
+            str(out),
+            "--plot",
+            str(png),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     report = json.loads(out.read_text())
     assert sorted(report["levels"], key=int) == ["1", "2"]
@@ -32,7 +49,9 @@ def test_bench_qwen3_omni_quick(tmp_path):
         assert ours["ttfa_ms"]["p50"] > 0 and ours["throughput_audio_s_per_s"] > 0
         assert level["throughput_ratio"] > 0
         assert ours["cpu_cores_busy"]["this process"] > 0.05  # in process: the model's compute is counted here
-    assert report["ttfa_growth_1_to_2"] > 0 and report["throughput_ratio_c2"] == report["levels"]["2"]["throughput_ratio"]
+    assert (
+        report["ttfa_growth_1_to_2"] > 0 and report["throughput_ratio_c2"] == report["levels"]["2"]["throughput_ratio"]
+    )
     assert report["model"]["random_weights"] is True
     assert png.stat().st_size > 10_000
     assert "throughput vs transformers" in run.stdout

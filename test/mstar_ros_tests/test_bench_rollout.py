@@ -2,6 +2,7 @@
 
 Timings on a shared 2-core machine are reported, not bounded here (the benchmark itself states whether
 the goals were met); what could be wrong in any case is asserted: equal outputs, the bound formula, files."""
+
 import json
 import subprocess
 import sys
@@ -18,9 +19,28 @@ def test_bench_rollout_quick_from_a_bag(tmp_path):
     bag = tmp_path / "wm"
     write_end_effector_bag(bag, EndEffectorBagSpec(robots=2, seconds=3.0, width=32, height=32))
     out, png = tmp_path / "r.json", tmp_path / "r.png"
-    run = subprocess.run([sys.executable, "-m", "mstar_ros.cli", "-q", "bench", "rollout", "--quick", "--bag", str(bag),
-                          "--dtype", "float32",  # parity of the two systems' outputs below: float32
-                          "--json", str(out), "--plot", str(png)], capture_output=True, text=True, timeout=600)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mstar_ros.cli",
+            "-q",
+            "bench",
+            "rollout",
+            "--quick",
+            "--bag",
+            str(bag),
+            "--dtype",
+            "float32",  # parity of the two systems' outputs below: float32
+            "--json",
+            str(out),
+            "--plot",
+            str(png),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     report = json.loads(out.read_text())
     assert [r["horizon"] for r in report["rollouts"]] == [2, 4]

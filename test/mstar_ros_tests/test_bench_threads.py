@@ -3,6 +3,7 @@
 The timing ratio is reported, not bounded here (--max-ratio 1000: timings on a shared 2-core
 machine swing 2-4x); the check's structural half is asserted: no thread but the device thread
 built an OpenMP team. OMP_NUM_THREADS=2 so teams would form on any machine."""
+
 import json
 import os
 import subprocess
@@ -15,9 +16,29 @@ def bench_threads(tmp_path, *extra):
     out = tmp_path / "threads.json"
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
     env["OMP_NUM_THREADS"] = "2"
-    run = subprocess.run([sys.executable, "-m", "mstar_ros.cli", "-q", "bench", "threads", "--preset", "tiny",
-                          "--rounds", "2", "--max-ratio", "1000", "--json", str(out), *extra],
-                         capture_output=True, text=True, timeout=600, env=env)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mstar_ros.cli",
+            "-q",
+            "bench",
+            "threads",
+            "--preset",
+            "tiny",
+            "--rounds",
+            "2",
+            "--max-ratio",
+            "1000",
+            "--json",
+            str(out),
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
     return run, json.loads(out.read_text()) if out.exists() else None
 
 

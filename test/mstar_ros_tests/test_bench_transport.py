@@ -3,6 +3,7 @@
 Every transport kind is measured (mooncake included: CI installs it, and a missing package
 fails here rather than skipping), and the report has every table and headline.
 """
+
 from __future__ import annotations
 
 import json
@@ -19,8 +20,25 @@ from mstar.transport.tcp import SECRET_ENV
 def test_bench_transport_quick_measures_every_transport_and_writes_report_and_plot(tmp_path):
     out, png = tmp_path / "t.json", tmp_path / "t.png"
     env = {k: v for k, v in os.environ.items() if k != SECRET_ENV}  # the token is the bench's own business
-    run = subprocess.run([sys.executable, "-m", "mstar_ros.cli", "-q", "bench", "transport", "--quick",
-                          "--json", str(out), "--plot", str(png)], env=env, capture_output=True, text=True, timeout=600)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mstar_ros.cli",
+            "-q",
+            "bench",
+            "transport",
+            "--quick",
+            "--json",
+            str(out),
+            "--plot",
+            str(png),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     report = json.loads(out.read_text())
     section = report["transport"]

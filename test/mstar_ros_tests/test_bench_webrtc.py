@@ -2,6 +2,7 @@
 
 Timings on a shared 2-core machine are reported, not bounded here (the benchmark states whether the goals were
 met); what could be wrong in any case is asserted: every response heard, the decomposition adds up, files."""
+
 import json
 import subprocess
 import sys
@@ -14,8 +15,24 @@ from support.bench_reports import assert_machine_and_dtypes
 @pytest.mark.slow
 def test_bench_webrtc_quick(tmp_path):
     out, png = tmp_path / "w.json", tmp_path / "w.png"
-    run = subprocess.run([sys.executable, "-m", "mstar_ros.cli", "-q", "bench", "webrtc", "--quick",
-                          "--json", str(out), "--plot", str(png)], capture_output=True, text=True, timeout=600)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mstar_ros.cli",
+            "-q",
+            "bench",
+            "webrtc",
+            "--quick",
+            "--json",
+            str(out),
+            "--plot",
+            str(png),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     report = json.loads(out.read_text())
     assert sorted(report["levels"], key=int) == ["1", "2"]

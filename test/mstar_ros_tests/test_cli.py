@@ -1,4 +1,5 @@
 """The command line as a user runs it (a real subprocess)."""
+
 from __future__ import annotations
 
 import os

@@ -3,6 +3,7 @@
 The launch files are loaded against the stand-ins of test/support/launch_standins.py (`launch` and
 `launch_ros` are not on PyPI); what reaches the node processes is checked on their command lines.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -22,24 +23,28 @@ from support.launch_standins import describe, launch_ros_command, load_launch_fi
 
 ROOT = Path(__file__).resolve().parents[2]
 SIM_TIME = ["-p", "use_sim_time:=true"]
-NODE_SETS = [("pi05", pi05_processes, LAUNCH_ARGUMENTS), ("orpheus", orpheus_processes, ORPHEUS_LAUNCH_ARGUMENTS),
-             ("vjepa2", vjepa2_processes, VJEPA2_LAUNCH_ARGUMENTS)]
+NODE_SETS = [
+    ("pi05", pi05_processes, LAUNCH_ARGUMENTS),
+    ("orpheus", orpheus_processes, ORPHEUS_LAUNCH_ARGUMENTS),
+    ("vjepa2", vjepa2_processes, VJEPA2_LAUNCH_ARGUMENTS),
+]
 
 
 def _ros_args(command: list[str]) -> list[str]:
-    return command[command.index("--ros-args") + 1:] if "--ros-args" in command else []
+    return command[command.index("--ros-args") + 1 :] if "--ros-args" in command else []
 
 
 @pytest.mark.parametrize("name, processes, arguments", NODE_SETS)
-def test_use_sim_time_reaches_every_process_over_its_params_file_and_under_the_users_ros_args(name, processes,
-                                                                                                 arguments):
+def test_use_sim_time_reaches_every_process_over_its_params_file_and_under_the_users_ros_args(
+    name, processes, arguments
+):
     assert ("use_sim_time", "false") in [(a.name, a.default) for a in arguments]
     for spec in processes(use_sim_time="true", ros_arguments=["-p", "use_sim_time:=false"]):
         ros = _ros_args(spec.command())
         at = ros.index("use_sim_time:=true") - 1
-        assert ros[at:at + 2] == SIM_TIME, ros
+        assert ros[at : at + 2] == SIM_TIME, ros
         assert all(ros.index(f) < at for f in spec.params_files)  # over the params file ...
-        assert ros[-2:] == ["-p", "use_sim_time:=false"]           # ... and a user's own --ros-args win
+        assert ros[-2:] == ["-p", "use_sim_time:=false"]  # ... and a user's own --ros-args win
     for off in ("false", "0", False):
         assert all("use_sim_time:=true" not in spec.command() for spec in processes(use_sim_time=off))
     with pytest.raises(ValueError, match="use_sim_time: expected true or false, got 'sim'"):

@@ -1,4 +1,5 @@
 """The node set's in-flight limit: how many robots' chunks run at once, and who goes next."""
+
 from __future__ import annotations
 
 import asyncio
@@ -36,8 +37,8 @@ def test_a_freed_slot_is_not_taken_by_a_robot_that_fell_due_later():
     a = ChunkAdmission(2)
     assert Robot(a, "/r1", 0.0).ask()
     early, late = Robot(a, "/r2", 1.0), Robot(a, "/r3", 2.0)
-    assert late.ask()                 # one slot free, nobody waiting: admitted
-    assert not early.ask()            # both slots taken
+    assert late.ask()  # one slot free, nobody waiting: admitted
+    assert not early.ask()  # both slots taken
     a.release()
     assert early.woken == 1
     assert not Robot(a, "/r4", 3.0).ask()  # /r2 waits longer: the free slot is its

@@ -1,4 +1,5 @@
 """When a robot's policy cannot produce chunks: a Worker down, a chunk overdue; an outage until a chunk."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,4 +1,5 @@
 """Real-time chunking: the seam between consecutive chunks, measured on the served pi0.5."""
+
 from __future__ import annotations
 
 import asyncio

@@ -1,4 +1,5 @@
 """A topic flooding bad messages is shut, reopened, shut for longer if it goes on; a slow bad camera is not."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,4 +1,5 @@
 """When a due request waits for the next camera frame (the policy node and the bench share the rule)."""
+
 from __future__ import annotations
 
 import pytest
@@ -27,10 +28,10 @@ def two_cameras(frames: int, skew: float = 0.003) -> FrameFreshness:
 def test_a_request_due_late_in_a_frame_waits_and_one_due_early_does_not():
     f = two_cameras(5)
     last = 4 * PERIOD
-    assert not f.should_wait(last + 0.010, due_since=last + 0.010)      # both frames ~10 ms old
-    assert f.should_wait(last + 0.050, due_since=last + 0.050)          # 50 of 67 ms: the next is 17 ms away
-    f.arrived("exterior", 5 * PERIOD)                                    # the one it waited for...
-    assert f.should_wait(5 * PERIOD + 0.001, due_since=last + 0.050)    # ...the wrist's is still old
+    assert not f.should_wait(last + 0.010, due_since=last + 0.010)  # both frames ~10 ms old
+    assert f.should_wait(last + 0.050, due_since=last + 0.050)  # 50 of 67 ms: the next is 17 ms away
+    f.arrived("exterior", 5 * PERIOD)  # the one it waited for...
+    assert f.should_wait(5 * PERIOD + 0.001, due_since=last + 0.050)  # ...the wrist's is still old
     f.arrived("wrist", 5 * PERIOD + 0.003)
     assert not f.should_wait(5 * PERIOD + 0.004, due_since=last + 0.050)
 
@@ -61,5 +62,5 @@ def test_the_period_estimate_follows_the_camera():
 def test_the_bench_robots_use_the_same_rule():
     at = [0.0, 0.1, 0.2]
     assert waits_for_next(at, 1, 0.16, 0.1) and not waits_for_next(at, 1, 0.14, 0.1)
-    assert not waits_for_next(at, 2, 0.29, 0.1)   # no next observation to wait for
+    assert not waits_for_next(at, 2, 0.29, 0.1)  # no next observation to wait for
     assert not waits_for_next(at, 1, 0.19, None)  # --frame-policy newest

@@ -1,4 +1,5 @@
 """Sensor data fit to act on: stamps (stale, future, frozen, none), age by stamp and arrival, loss."""
+
 from __future__ import annotations
 
 import math

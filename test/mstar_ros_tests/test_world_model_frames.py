@@ -1,4 +1,5 @@
 """Frames picked at the model's rate by their stamps; poses turned into states; plans into poses."""
+
 from __future__ import annotations
 
 import math
@@ -22,7 +23,7 @@ def test_frames_start_over_when_the_stamps_went_back_further_than_max_back():
     """A clock that went back (a bag looped under sim time) must not hold the frames until it catches up."""
     picker = FramePicker(fps=4.0, max_back_s=1.0)
     assert picker.due(100.0) and not picker.due(100.1)
-    assert not picker.due(99.5)          # out of order by less than max_back_s: not the next frame
+    assert not picker.due(99.5)  # out of order by less than max_back_s: not the next frame
     assert picker.due(10.0) and picker.last_stamp == 10.0
     assert not picker.due(10.1) and picker.due(10.25)
 
@@ -41,7 +42,7 @@ def test_a_pose_must_be_finite_and_within_max_position_m():
 
 def test_a_gripper_reading_must_be_finite_and_near_its_range():
     assert gripper_state(0.085, 0.085, topic="/r/gripper") == pytest.approx(1.0)
-    assert gripper_state(0.09, 0.085, topic="/r/gripper") == 1.0        # a little past closed: clipped
+    assert gripper_state(0.09, 0.085, topic="/r/gripper") == 1.0  # a little past closed: clipped
     assert gripper_state(-0.001, 0.085, topic="/r/gripper") == 0.0
     with pytest.raises(StateError, match="/r/gripper: gripper position nan is not finite"):
         gripper_state(float("nan"), 1.0, topic="/r/gripper")
@@ -64,7 +65,9 @@ def test_plan_poses_follow_the_actions_as_metas_compute_new_pose():
     state = torch.tensor([0.5, 0.0, 0.3, 3.1, 0.0, 0.0, 0.2])
     plan = torch.tensor([[0.01, 0.0, 0.02, 0.0, 0.0, 0.0, 0.5], [0.0, -0.01, 0.0, 0.0, 0.0, 0.0, 0.6]])
     poses = plan_poses(state, plan)
-    assert torch.allclose(poses[0], next_pose(state, plan[0])) and torch.allclose(poses[1], next_pose(poses[0], plan[1]))
+    assert torch.allclose(poses[0], next_pose(state, plan[0])) and torch.allclose(
+        poses[1], next_pose(poses[0], plan[1])
+    )
     assert float(poses[1][6]) == 1.0  # the gripper clipped to [0, 1]
     (x, _y, z), quat, grip = pose_parts(poses[0])
     assert (x, z) == pytest.approx((0.51, 0.32)) and grip == pytest.approx(0.7)

@@ -1,4 +1,5 @@
 """CountedLog: every problem counted, the first of a kind logged at once, repeats once per period, none lost."""
+
 from __future__ import annotations
 
 import logging

@@ -1,5 +1,6 @@
 """Progress bars that never fail or hang the work they report: a reader gone mid-run (a closed pipe) is
 dropped from, and a process whose bars wrote to it still exits."""
+
 from __future__ import annotations
 
 import io
@@ -23,8 +24,11 @@ left_open = bar_of(total=1, desc="left open")
 
 
 def run_with_closed_pipes(module: str, name: str) -> int | None:
-    proc = subprocess.Popen([sys.executable, "-c", LOAD_THEN_EXIT.format(module=module, name=name)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", LOAD_THEN_EXIT.format(module=module, name=name)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     proc.stdout.close()
     proc.stderr.close()  # the reader is gone: every write is a BrokenPipeError
     try:

@@ -1,4 +1,5 @@
 """Repeated problems: the first said at once, then once a period with the count; none lost."""
+
 from __future__ import annotations
 
 import pytest

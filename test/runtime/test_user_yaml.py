@@ -1,4 +1,5 @@
 """YAML files a user writes: aliases refused unexpanded, nesting bounded, one-line errors naming file and line."""
+
 from __future__ import annotations
 
 import time
@@ -24,8 +25,9 @@ def test_nested_aliases_are_refused_at_the_first_alias_without_expanding_them():
     took = time.monotonic() - start
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
-    assert str(err.value) == ("laughs.yaml:2: not valid YAML: aliases are not accepted (*l0): write the value out "
-                              "(column 10)")
+    assert str(err.value) == (
+        "laughs.yaml:2: not valid YAML: aliases are not accepted (*l0): write the value out (column 10)"
+    )
     assert peak < 1 << 20 and took < 1.0, (peak, took)
 
 
@@ -43,8 +45,10 @@ def test_an_anchor_alone_and_ordinary_files_load():
 def test_a_truncated_file_names_its_file_and_lines_in_one_line():
     with pytest.raises(UserYamlError) as err:
         load_user_yaml("world_size: 2\nnode_groups:\n  - nodes: [llm\n", "cut.yaml")
-    assert str(err.value) == ("cut.yaml:4: not valid YAML: expected ',' or ']', but got '<stream end>' (column 1), "
-                              "while parsing a flow sequence at line 3, column 12")
+    assert str(err.value) == (
+        "cut.yaml:4: not valid YAML: expected ',' or ']', but got '<stream end>' (column 1), "
+        "while parsing a flow sequence at line 3, column 12"
+    )
 
 
 @pytest.mark.parametrize("depth, ok", [(MAX_DEPTH, True), (MAX_DEPTH + 1, False), (30000, False)])
@@ -53,16 +57,22 @@ def test_nesting_is_bounded_with_an_error_not_a_recursion_error(depth, ok):
     if ok:
         assert load_user_yaml(text, "deep.yaml") is not None
         return
-    with pytest.raises(UserYamlError, match=rf"^deep.yaml:1: not valid YAML: nested deeper than {MAX_DEPTH} levels "
-                                            rf"\(column {MAX_DEPTH + 1}\)$"):
+    with pytest.raises(
+        UserYamlError,
+        match=rf"^deep.yaml:1: not valid YAML: nested deeper than {MAX_DEPTH} levels "
+        rf"\(column {MAX_DEPTH + 1}\)$",
+    ):
         load_user_yaml(text, "deep.yaml")
 
 
-@pytest.mark.parametrize("text, needle", [
-    ("a: 1\nwhen: 2024-13-45\n", "v.yaml:2: not valid YAML: '2024-13-45' is not a valid timestamp: month must be"),
-    ("a: !!int x\n", "v.yaml:1: not valid YAML: 'x' is not a valid int"),
-    ("a: !!python/object:os.system x\n", "v.yaml:1: not valid YAML: could not determine a constructor for the tag"),
-])
+@pytest.mark.parametrize(
+    "text, needle",
+    [
+        ("a: 1\nwhen: 2024-13-45\n", "v.yaml:2: not valid YAML: '2024-13-45' is not a valid timestamp: month must be"),
+        ("a: !!int x\n", "v.yaml:1: not valid YAML: 'x' is not a valid int"),
+        ("a: !!python/object:os.system x\n", "v.yaml:1: not valid YAML: could not determine a constructor for the tag"),
+    ],
+)
 def test_a_value_its_tag_cannot_hold_names_its_line(text, needle):
     with pytest.raises(UserYamlError) as err:
         load_user_yaml(text, "v.yaml")

@@ -1,5 +1,6 @@
 """Paged-attention cases against dense attention on contiguous K/V: shared by the torch-backend tests
 and tools/gpu_check.py (the same cases through FlashInfer on CUDA)."""
+
 from __future__ import annotations
 
 import math
@@ -38,12 +39,21 @@ def positions_mask(first, ctx, ql, kind, arg):
     return m
 
 
-def run_case(specs, hq=4, hkv=2, d=16, dtype=torch.float32, num_blocks=64, seed=0, row_order=None,
-             backend_cls=TorchAttentionBackend, device="cpu"):
+def run_case(
+    specs,
+    hq=4,
+    hkv=2,
+    d=16,
+    dtype=torch.float32,
+    num_blocks=64,
+    seed=0,
+    row_order=None,
+    backend_cls=TorchAttentionBackend,
+    device="cpu",
+):
     """specs: dicts with ctx, ql and optional mask, arg, first. Returns (out on CPU, float64 reference)."""
     g = torch.Generator().manual_seed(seed)
-    cache = PagedKVCache(KVSpec(num_layers=2, num_kv_heads=hkv, head_dim=d), num_blocks, BS, dtype=dtype,
-                         device=device)
+    cache = PagedKVCache(KVSpec(num_layers=2, num_kv_heads=hkv, head_dim=d), num_blocks, BS, dtype=dtype, device=device)
     free = torch.randperm(num_blocks, generator=g).tolist()  # random, non-contiguous blocks
     layer, scale = 1, 1 / math.sqrt(d)
     order = row_order or list(range(len(specs)))
@@ -60,18 +70,23 @@ def run_case(specs, hq=4, hkv=2, d=16, dtype=torch.float32, num_blocks=64, seed=
         v = torch.randn(ctx, hkv, d, generator=g)
         q = torch.randn(ql, hq, d, generator=g)
         if ctx > ql:  # earlier steps already cached these
-            cache.write(layer, slot[:ctx - ql].to(device), k[:ctx - ql].to(device, dtype), v[:ctx - ql].to(device, dtype))
-        seqs.append(SeqAttention(starts[i], ql, ctx, blocks, sp.get("first", 0),
-                                 sp.get("mask", MaskKind.CAUSAL), sp.get("arg", 0)))
+            cache.write(
+                layer, slot[: ctx - ql].to(device), k[: ctx - ql].to(device, dtype), v[: ctx - ql].to(device, dtype)
+            )
+        seqs.append(
+            SeqAttention(
+                starts[i], ql, ctx, blocks, sp.get("first", 0), sp.get("mask", MaskKind.CAUSAL), sp.get("arg", 0)
+            )
+        )
         full.append((q, k, v))
-        slots[i] = slot[ctx - ql:]
+        slots[i] = slot[ctx - ql :]
     T = t
     q_all, k_all, v_all = torch.empty(T, hq, d), torch.empty(T, hkv, d), torch.empty(T, hkv, d)
     slot_mapping = torch.empty(T, dtype=torch.int64)
     for i, (q, k, v) in enumerate(full):
         s, ql = starts[i], specs[i]["ql"]
-        q_all[s:s + ql], k_all[s:s + ql], v_all[s:s + ql] = q, k[-ql:], v[-ql:]
-        slot_mapping[s:s + ql] = slots[i]
+        q_all[s : s + ql], k_all[s : s + ql], v_all[s : s + ql] = q, k[-ql:], v[-ql:]
+        slot_mapping[s : s + ql] = slots[i]
     backend = backend_cls(cache)
     backend.plan(AttentionMetadata(seqs, slot_mapping.to(device)))
     out = backend.forward(layer, q_all.to(device, dtype), k_all.to(device, dtype), v_all.to(device, dtype), scale).cpu()
@@ -80,8 +95,8 @@ def run_case(specs, hq=4, hkv=2, d=16, dtype=torch.float32, num_blocks=64, seed=
         sp, s = specs[i], starts[i]
         # The cache holds K/V in its dtype: the reference sees the same rounding.
         k, v, q = k.to(dtype), v.to(dtype), q.to(dtype)
-        mask = positions_mask(sp.get("first", 0), sp["ctx"], sp["ql"], sp.get("mask", MaskKind.CAUSAL), sp.get("arg", 0))
-        ref[s:s + sp["ql"]] = dense_reference(q, k, v, mask, scale)
+        mask = positions_mask(
+            sp.get("first", 0), sp["ctx"], sp["ql"], sp.get("mask", MaskKind.CAUSAL), sp.get("arg", 0)
+        )
+        ref[s : s + sp["ql"]] = dense_reference(q, k, v, mask, scale)
     return out, ref
-
-

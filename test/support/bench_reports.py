@@ -1,4 +1,5 @@
 """What every benchmark report must say about where it ran: the machine and each system's dtype."""
+
 from __future__ import annotations
 
 import torch

@@ -1,4 +1,5 @@
 """Helpers shared by the Conductor tests: a toy LM, its cached dense reference, small request builders."""
+
 from __future__ import annotations
 
 import asyncio
@@ -11,8 +12,22 @@ from mstar.engine.config import EngineConfig
 from mstar.sampling_params import SamplingParams
 from support.toy_models import ToyLM
 
-__all__ = ["BS", "LENGTHS", "LM", "MAX_TOKENS", "PROMPTS", "config", "engine_stats", "make_prompts", "ref", "req",
-           "run", "run_batch", "toks", "until"]
+__all__ = [
+    "BS",
+    "LENGTHS",
+    "LM",
+    "MAX_TOKENS",
+    "PROMPTS",
+    "config",
+    "engine_stats",
+    "make_prompts",
+    "ref",
+    "req",
+    "run",
+    "run_batch",
+    "toks",
+    "until",
+]
 
 BS = 4
 

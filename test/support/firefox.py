@@ -4,6 +4,7 @@ Playwright drives only its patched Firefox (a download) and Debian ships no geck
 tests speak BiDi to ``firefox-esr --remote-debugging-port`` directly: a WebSocket, ``session.new``,
 ``browsingContext.navigate`` and ``script.evaluate`` are all the page tests need.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -51,9 +52,11 @@ PREFS = {
 # ALSA's null device does not keep time (the page's clock, and the fake microphone, would race). A private
 # PulseAudio server with a null sink is a clocked sound card without hardware.
 PULSE = shutil.which("pulseaudio") or "/usr/bin/pulseaudio"
-PULSE_CONFIG = ("load-module module-null-sink sink_name=mstar_null\n"
-                "load-module module-native-protocol-unix auth-anonymous=1 socket={socket}\n"
-                "set-default-sink mstar_null\n")
+PULSE_CONFIG = (
+    "load-module module-null-sink sink_name=mstar_null\n"
+    "load-module module-native-protocol-unix auth-anonymous=1 socket={socket}\n"
+    "set-default-sink mstar_null\n"
+)
 
 
 class BiDiError(RuntimeError):
@@ -103,9 +106,15 @@ class FirefoxPage:
 
     async def evaluate(self, expression: str):
         """The JSON value of ``expression`` (awaited when it is a promise)."""
-        result = await self.command("script.evaluate", {
-            "expression": f"(async () => JSON.stringify(await ({expression})))()",
-            "target": {"context": self.context}, "awaitPromise": True, "userActivation": True})
+        result = await self.command(
+            "script.evaluate",
+            {
+                "expression": f"(async () => JSON.stringify(await ({expression})))()",
+                "target": {"context": self.context},
+                "awaitPromise": True,
+                "userActivation": True,
+            },
+        )
         if result.get("type") == "exception":
             raise BiDiError(f"{expression}: {result['exceptionDetails'].get('text')}")
         value = result["result"].get("value")
@@ -140,24 +149,52 @@ class Firefox:
     async def __aenter__(self) -> Firefox:
         profile = Path(self._profile.name)
         (profile / "user.js").write_text(
-            "".join(f"user_pref({json.dumps(k)}, {json.dumps(v)});\n" for k, v in PREFS.items()))
+            "".join(f"user_pref({json.dumps(k)}, {json.dumps(v)});\n" for k, v in PREFS.items())
+        )
         socket_path = profile / "pulse-native"
         (profile / "pulse.pa").write_text(PULSE_CONFIG.format(socket=socket_path))
-        env = dict(os.environ, MOZ_HEADLESS="1", HOME=str(profile), XDG_RUNTIME_DIR=str(profile),
-                   PULSE_SERVER=f"unix:{socket_path}")
+        env = dict(
+            os.environ,
+            MOZ_HEADLESS="1",
+            HOME=str(profile),
+            XDG_RUNTIME_DIR=str(profile),
+            PULSE_SERVER=f"unix:{socket_path}",
+        )
         self._pulse = subprocess.Popen(
-            [PULSE, "-n", "-F", str(profile / "pulse.pa"), "--daemonize=no", "--exit-idle-time=-1",
-             "--disallow-exit", "--log-target=stderr"],
-            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            [
+                PULSE,
+                "-n",
+                "-F",
+                str(profile / "pulse.pa"),
+                "--daemonize=no",
+                "--exit-idle-time=-1",
+                "--disallow-exit",
+                "--log-target=stderr",
+            ],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         deadline = time.monotonic() + 20
         while not socket_path.exists():
             if self._pulse.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"PulseAudio did not start ({PULSE}, rc {self._pulse.poll()})")
             await asyncio.sleep(0.05)
         self._proc = subprocess.Popen(
-            [FIREFOX, "--headless", "--no-remote", "--profile", str(profile),
-             "--remote-debugging-port", "0", "about:blank"],  # its own port, written to the profile
-            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            [
+                FIREFOX,
+                "--headless",
+                "--no-remote",
+                "--profile",
+                str(profile),
+                "--remote-debugging-port",
+                "0",
+                "about:blank",
+            ],  # its own port, written to the profile
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         self._session = aiohttp.ClientSession()
         server = profile / "WebDriverBiDiServer.json"  # {ws_host, ws_port} once it listens
         deadline = time.monotonic() + 60
@@ -173,10 +210,14 @@ class Firefox:
 
     async def new_page(self) -> FirefoxPage:
         tree = await self._bidi.command("browsingContext.getTree", {})
-        unused = [c["context"] for c in tree["contexts"]
-                  if c["url"] == "about:blank" and c["context"] not in {p.context for p in self._pages}]
-        context = unused[0] if unused else (await self._bidi.command(
-            "browsingContext.create", {"type": "tab"}))["context"]
+        unused = [
+            c["context"]
+            for c in tree["contexts"]
+            if c["url"] == "about:blank" and c["context"] not in {p.context for p in self._pages}
+        ]
+        context = (
+            unused[0] if unused else (await self._bidi.command("browsingContext.create", {"type": "tab"}))["context"]
+        )
         page = FirefoxPage(self._bidi, context)
         self._pages.append(page)
         return page

@@ -1,5 +1,6 @@
 """Images for the tests, made by code: a camera-like picture, a decompression bomb (a PNG that declares a
 huge size in a few bytes) and a PNG whose chunks are broken."""
+
 from __future__ import annotations
 
 import struct
@@ -8,11 +9,17 @@ import zlib
 
 def bomb_png(width: int, height: int) -> bytes:
     """A valid 1-bit grayscale PNG of width x height whose zlib stream is tiny: only its header says how big."""
+
     def chunk(kind: bytes, data: bytes) -> bytes:
         return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
     rows = zlib.compress(b"\0" * ((width + 7) // 8 + 1) * height, 9)
-    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 1, 0, 0, 0, 0))
-            + chunk(b"IDAT", rows) + chunk(b"IEND", b""))
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 1, 0, 0, 0, 0))
+        + chunk(b"IDAT", rows)
+        + chunk(b"IEND", b"")
+    )
 
 
 def undecodable_png(width: int, height: int) -> bytes:
@@ -20,8 +27,14 @@ def undecodable_png(width: int, height: int) -> bytes:
     good = bomb_png(width, height)
     at = good.index(b"IDAT") - 4
     data = b"not zlib data"
-    return (good[:at] + struct.pack(">I", len(data)) + b"IDAT" + data + struct.pack(">I", zlib.crc32(b"IDAT" + data))
-            + good[-12:])
+    return (
+        good[:at]
+        + struct.pack(">I", len(data))
+        + b"IDAT"
+        + data
+        + struct.pack(">I", zlib.crc32(b"IDAT" + data))
+        + good[-12:]
+    )
 
 
 def broken_png() -> bytes:
@@ -36,7 +49,7 @@ def broken_png() -> bytes:
     PIL.Image.fromarray(np.random.default_rng(0).integers(0, 256, (40, 50, 3), dtype=np.uint8)).save(buf, format="PNG")
     raw = bytearray(buf.getvalue())
     at = raw.index(b"IDAT")
-    raw[at - 4:at] = (int.from_bytes(raw[at - 4:at], "big") // 2).to_bytes(4, "big")
+    raw[at - 4 : at] = (int.from_bytes(raw[at - 4 : at], "big") // 2).to_bytes(4, "big")
     return bytes(raw)
 
 

@@ -5,6 +5,7 @@ real API takes, so a test can read back what a launch file builds: its declared 
 Nodes its OpaqueFunction returns, their on_exit handlers and the event handlers registered for
 them. `launch_ros_command` rebuilds the command line launch_ros runs for such a Node.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -26,8 +27,17 @@ class LaunchConfiguration(Recorder):
 def standin_modules() -> dict[str, types.ModuleType]:
     """``launch``, ``launch.actions``, ``launch.event_handlers``, ``launch.substitutions``, ``launch_ros``,
     ``launch_ros.actions`` with the names our launch files and mstar_ros.launch_actions use."""
-    mods = {name: types.ModuleType(name) for name in ("launch", "launch.actions", "launch.event_handlers",
-                                                       "launch.substitutions", "launch_ros", "launch_ros.actions")}
+    mods = {
+        name: types.ModuleType(name)
+        for name in (
+            "launch",
+            "launch.actions",
+            "launch.event_handlers",
+            "launch.substitutions",
+            "launch_ros",
+            "launch_ros.actions",
+        )
+    }
     mods["launch"].LaunchDescription = type("LaunchDescription", (Recorder,), {})
     for name in ("DeclareLaunchArgument", "OpaqueFunction", "RegisterEventHandler", "Shutdown"):
         setattr(mods["launch.actions"], name, type(name, (Recorder,), {}))

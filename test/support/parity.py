@@ -4,6 +4,7 @@
 with it, so both dtypes are exercised wherever the suite runs. Engines cast the modules they are given
 in place: a test that shares modules with a parity test (session fixtures) must pin float32 too.
 """
+
 from __future__ import annotations
 
 from mstar.engine.config import EngineConfig

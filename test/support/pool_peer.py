@@ -4,6 +4,7 @@
 the Worker's place); ``impostor_conductor`` listens once, plays the Conductor's side of the
 handshake with the pool token and then sends what the test gives it.
 """
+
 from __future__ import annotations
 
 import asyncio

@@ -1,4 +1,5 @@
 """Token-id prompts for the Qwen3-Omni tests (real Qwen special token ids; the tiny checkpoint keeps them)."""
+
 from __future__ import annotations
 
 # a user turn of three text tokens, then the generation prompt

@@ -5,6 +5,7 @@ other's topics. Under pytest-xdist each worker takes its own residue of the doma
 different workers never meet; on one worker, successive tests take successive domains, so a test never
 meets a participant a previous test left behind. Another run on the host starts at a random offset.
 """
+
 from __future__ import annotations
 
 import itertools

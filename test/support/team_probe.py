@@ -3,6 +3,7 @@
 A thread's intra-op width and its team are process state, so each case starts clean. With
 OMP_NUM_THREADS=2 teams form on any machine, and a team of two shows as one more OS thread.
 """
+
 from __future__ import annotations
 
 import os
@@ -49,6 +50,7 @@ def run_fresh(body: str) -> None:
     """Runs PRELUDE + ``body`` (its asserts) in a fresh interpreter; fails with its traceback."""
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
     env["OMP_NUM_THREADS"] = "2"
-    run = subprocess.run([sys.executable, "-c", PRELUDE + textwrap.dedent(body)], env=env, capture_output=True,
-                         text=True, timeout=120)
+    run = subprocess.run(
+        [sys.executable, "-c", PRELUDE + textwrap.dedent(body)], env=env, capture_output=True, text=True, timeout=120
+    )
     assert run.returncode == 0, run.stderr[-3000:]

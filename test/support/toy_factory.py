@@ -4,6 +4,7 @@ Not an installed package: it is registered in the environment (``REGISTRATION`` 
 ``MSTAR_MODELS``, see mstar.worker.registry), which the tests' Conductors and the Worker
 processes they launch inherit -- as a user developing a graph locally would do.
 """
+
 from __future__ import annotations
 
 import time

@@ -1,4 +1,5 @@
 """Small synthetic components and graphs for runtime tests (no real model needed)."""
+
 from __future__ import annotations
 
 import time
@@ -15,8 +16,16 @@ from mstar.graph import NodeSubmodule
 class ToyLM(ARModule):
     """A 2-layer attention-only LM: enough to exercise paged KV, masks and batching."""
 
-    def __init__(self, vocab: int = 97, hidden: int = 32, heads: int = 4, kv_heads: int = 2, layers: int = 2,
-                 max_positions: int = 512, seed: int = 0) -> None:
+    def __init__(
+        self,
+        vocab: int = 97,
+        hidden: int = 32,
+        heads: int = 4,
+        kv_heads: int = 2,
+        layers: int = 2,
+        max_positions: int = 512,
+        seed: int = 0,
+    ) -> None:
         super().__init__()
         g = torch.Generator().manual_seed(seed)
         self.heads, self.kv_heads, self.head_dim = heads, kv_heads, hidden // heads
@@ -24,8 +33,15 @@ class ToyLM(ARModule):
         self.embed = torch.nn.Parameter(torch.randn(vocab, hidden, generator=g))
         self.pos = torch.nn.Parameter(torch.randn(max_positions, hidden, generator=g) * 0.5)
         d = self.head_dim
-        self.qkv = torch.nn.ParameterList([torch.nn.Parameter(torch.randn(hidden, (heads + 2 * kv_heads) * d, generator=g) / hidden**0.5) for _ in range(layers)])
-        self.out = torch.nn.ParameterList([torch.nn.Parameter(torch.randn(heads * d, hidden, generator=g) / hidden**0.5) for _ in range(layers)])
+        self.qkv = torch.nn.ParameterList(
+            [
+                torch.nn.Parameter(torch.randn(hidden, (heads + 2 * kv_heads) * d, generator=g) / hidden**0.5)
+                for _ in range(layers)
+            ]
+        )
+        self.out = torch.nn.ParameterList(
+            [torch.nn.Parameter(torch.randn(heads * d, hidden, generator=g) / hidden**0.5) for _ in range(layers)]
+        )
         self.head = torch.nn.Parameter(torch.randn(hidden, vocab, generator=g) * 2.0)
 
     def kv_spec(self) -> KVSpec:
@@ -46,7 +62,9 @@ class ToyLM(ARModule):
         d = self.head_dim
         for layer, (w, o) in enumerate(zip(self.qkv, self.out)):
             q, k, v = (x @ w).split([self.heads * d, self.kv_heads * d, self.kv_heads * d], dim=-1)
-            h = attn(layer, q.view(-1, self.heads, d), k.view(-1, self.kv_heads, d), v.view(-1, self.kv_heads, d), d**-0.5)
+            h = attn(
+                layer, q.view(-1, self.heads, d), k.view(-1, self.kv_heads, d), v.view(-1, self.kv_heads, d), d**-0.5
+            )
             x = x + torch.tanh(h.reshape(-1, self.heads * d) @ o)
         return x
 
@@ -95,8 +113,10 @@ class SumChunk(NodeSubmodule):
     """Stateless: sums a chunk of streamed items (context included) and counts its new items."""
 
     def prepare_inputs(self, calls):
-        return {"x": torch.stack([c.inputs["x"].float().sum() for c in calls]),
-                "n": torch.tensor([len(c.inputs["x"]) - c.meta.get("left_context", 0) for c in calls])}
+        return {
+            "x": torch.stack([c.inputs["x"].float().sum() for c in calls]),
+            "n": torch.tensor([len(c.inputs["x"]) - c.meta.get("left_context", 0) for c in calls]),
+        }
 
     def batch_key(self, call):
         return "all"
@@ -152,8 +172,13 @@ class ChunkProbe(NodeSubmodule):
         return "all"
 
     def forward(self, stats):
-        return {"total": stats[:, 0], "new": stats[:, 1], "n": stats[:, 2].long(), "ctx": stats[:, 3].long(),
-                "first": stats[:, 4]}
+        return {
+            "total": stats[:, 0],
+            "new": stats[:, 1],
+            "n": stats[:, 2].long(),
+            "ctx": stats[:, 3].long(),
+            "first": stats[:, 4],
+        }
 
 
 class RangeConstrainedLM(ToyLM):

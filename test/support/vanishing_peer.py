@@ -1,6 +1,7 @@
 """A gateway peer in a process of its own that asks for a long answer, prints its pc_id once audio flows,
 then waits to be killed: no goodbye on the wire, so the gateway sees only unanswered ICE consent checks.
 Run it as ``python -c VANISHING_PEER URL``."""
+
 from __future__ import annotations
 
 VANISHING_PEER = """

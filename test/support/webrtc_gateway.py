@@ -1,4 +1,5 @@
 """A voice gateway served on a free loopback port, for the WebRTC tests."""
+
 from __future__ import annotations
 
 import contextlib

@@ -1,5 +1,6 @@
 """tools/check_doc_links.py: every relative link in README.md and docs/ resolves, to a file and, with an
 #anchor, to a heading of it; code is not a link; absolute URLs are not checked."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -26,7 +27,8 @@ def test_broken_files_and_anchors_are_found_and_code_is_not_a_link(tmp_path):
         "[ok](sub/b.md#figures-todays-bench-v2-1) [ok](#a-page) [web](https://example.com/x.md)\n"
         "[gone](missing.md) [bad anchor](sub/b.md#nowhere) [bad here](#nope)\n"
         "`[code](missing.md)`\n"
-        "```\n[fenced](missing.md)\n```\n")
+        "```\n[fenced](missing.md)\n```\n"
+    )
     assert check_doc_links.broken_links(page) == [
         (4, "missing.md", "no such file"),
         (4, "sub/b.md#nowhere", "no heading #nowhere in b.md"),

@@ -16,8 +16,10 @@ def run_hook(message: str, tmp_path: Path) -> subprocess.CompletedProcess:
     return subprocess.run([str(HOOK), str(path)], capture_output=True, text=True, check=False)
 
 
-@pytest.mark.parametrize("message", ["Engine: one loop contract\n\nWhy, in the body.\n",
-                                     "x" * 71 + "\n", "Subject\n# a git comment\n\nbody\n"])
+@pytest.mark.parametrize(
+    "message",
+    ["Engine: one loop contract\n\nWhy, in the body.\n", "x" * 71 + "\n", "Subject\n# a git comment\n\nbody\n"],
+)
 def test_a_short_subject_with_its_detail_below_a_blank_line_passes(message, tmp_path):
     assert run_hook(message, tmp_path).returncode == 0
 

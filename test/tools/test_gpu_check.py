@@ -1,4 +1,5 @@
 """tools/gpu_check.py through the CPU paths: the script a GPU session runs stays runnable."""
+
 import json
 import sys
 from pathlib import Path
@@ -22,5 +23,5 @@ def test_every_check_passes_on_cpu(tmp_path):
 def test_on_cuda_only_flashinfer_within_tolerance_passes():
     assert gpu_check.attention_ok("cpu", "torch", 1e-6, 1e-5)
     assert gpu_check.attention_ok("cuda", "flashinfer", 1e-2, 2e-2)
-    assert not gpu_check.attention_ok("cuda:0", "torch", 1e-6, 2e-2)   # fell back: the GPU path never ran
+    assert not gpu_check.attention_ok("cuda:0", "torch", 1e-6, 2e-2)  # fell back: the GPU path never ran
     assert not gpu_check.attention_ok("cuda", "flashinfer", 3e-2, 2e-2)

@@ -1,4 +1,5 @@
 """tools/import_graph.py: the project's package imports form a DAG, and the checker sees a break."""
+
 import sys
 from pathlib import Path
 
@@ -53,15 +54,18 @@ def test_a_lazy_import_back_makes_a_cycle(tmp_path):
     assert result["cycles"] == [["mstar_ros.bench", "mstar_ros.cli"]]
     # `from package import module` imports both: the package's __init__ runs first
     assert result["cycle_edges"]["mstar_ros.bench -> mstar_ros.cli"] == [
-        "mstar_ros.bench.run -> mstar_ros.cli", "mstar_ros.bench.run -> mstar_ros.cli.main"]
+        "mstar_ros.bench.run -> mstar_ros.cli",
+        "mstar_ros.bench.run -> mstar_ros.cli.main",
+    ]
 
 
 def test_importing_a_later_runtime_subpackage_is_upward(tmp_path):
     # graph sits below engine in RUNTIME_ORDER; a relative import counts as well
     _write(tmp_path, {**CLEAN, "runtime/graph/node.py": "from ..engine import loop\n"})
     result = import_graph.report(import_graph.build(tmp_path))
-    assert result["upward"] == {"mstar.graph -> mstar.engine": ["mstar.graph.node -> mstar.engine",
-                                                                "mstar.graph.node -> mstar.engine.loop"]}
+    assert result["upward"] == {
+        "mstar.graph -> mstar.engine": ["mstar.graph.node -> mstar.engine", "mstar.graph.node -> mstar.engine.loop"]
+    }
     assert result["cycles"] == [["mstar.engine", "mstar.graph"]]
 
 

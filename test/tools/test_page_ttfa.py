@@ -1,4 +1,5 @@
 """tools/page_ttfa.py starts a real gateway and reads the page's own time to first audio in headless Chromium."""
+
 from __future__ import annotations
 
 import json
@@ -15,8 +16,12 @@ TOOL = Path(__file__).parents[2] / "tools" / "page_ttfa.py"
 @pytest.mark.slow
 def test_one_typed_turn_on_orpheus_is_measured_on_the_page(tmp_path):
     out_json = tmp_path / "ttfa.json"
-    out = subprocess.run([sys.executable, str(TOOL), "--model", "orpheus", "--turns", "2", "--warmup", "0",
-                          "--json", str(out_json)], capture_output=True, text=True, timeout=280)
+    out = subprocess.run(
+        [sys.executable, str(TOOL), "--model", "orpheus", "--turns", "2", "--warmup", "0", "--json", str(out_json)],
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     typed = json.loads(out_json.read_text())["typed"]
     assert typed["n"] == 2 and len(typed["all_ms"]) == 2 and 0 < typed["min_ms"] <= typed["p50_ms"] <= typed["max_ms"]

@@ -1,4 +1,5 @@
 """tools/probe_gateway.py starts a real gateway, probes it and reports statuses and the server's memory."""
+
 from __future__ import annotations
 
 import json
@@ -14,8 +15,12 @@ TOOL = Path(__file__).parents[2] / "tools" / "probe_gateway.py"
 @pytest.mark.slow
 def test_the_nested_json_probe_reports_400s_and_the_servers_memory(tmp_path):
     out_json = tmp_path / "probe.json"
-    out = subprocess.run([sys.executable, str(TOOL), "--probes", "nested", "--json", str(out_json)],
-                         capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, str(TOOL), "--probes", "nested", "--json", str(out_json)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     nested = json.loads(out_json.read_text())["nested"]
     assert [nested[r] for r in ("/offer", "/v1/audio/speech", "/v1/chat/completions")] == [400, 400, 400], nested

@@ -1,4 +1,5 @@
 """tools/probe_yaml_aliases.py loads each hostile file in a child process and reports how it ended."""
+
 from __future__ import annotations
 
 import json
@@ -14,8 +15,12 @@ TOOL = Path(__file__).parents[2] / "tools" / "probe_yaml_aliases.py"
 @pytest.mark.slow
 def test_every_hostile_file_is_refused_quickly_with_its_file_and_line(tmp_path):
     out_json = tmp_path / "probe.json"
-    out = subprocess.run([sys.executable, str(TOOL), "--levels", "9", "--timeout", "60", "--max-rss-mb", "500",
-                          "--json", str(out_json)], capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, str(TOOL), "--levels", "9", "--timeout", "60", "--max-rss-mb", "500", "--json", str(out_json)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr
     results = json.loads(out_json.read_text())
     assert set(results) == {"placement-aliases", "engine-aliases", "placement-truncated", "placement-deep"}

@@ -1,4 +1,5 @@
 """tools/world_model_flood.py in its quick form: two world-model robots over real DDS, robot 2's camera flooded."""
+
 from __future__ import annotations
 
 import json
@@ -22,8 +23,13 @@ def test_robot1_plans_per_second_are_measured_quiet_and_with_robot2_flooded(tmp_
     monkeypatch.setenv("ROS_DOMAIN_ID", str(next_domain()))
     apply_localhost_defaults()
     out_json = tmp_path / "flood.json"
-    run = subprocess.run([sys.executable, str(TOOL), "--seconds", "2", "--warmup", "1", "--rate", "300",
-                          "--json", str(out_json)], env={**os.environ}, capture_output=True, text=True, timeout=280)
+    run = subprocess.run(
+        [sys.executable, str(TOOL), "--seconds", "2", "--warmup", "1", "--rate", "300", "--json", str(out_json)],
+        env={**os.environ},
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
     assert run.returncode == 0, run.stdout + run.stderr
     result = json.loads(out_json.read_text())
     rates = result["robot1_plans_per_s"]

@@ -5,6 +5,7 @@ robot's supervisor, not a thing to learn a second later): one DiagnosticArray wi
 Conductor's status (level: the worst of its Workers') and one status per rank
 (``mstar_ros.ros.common.worker_health``). Imports rclpy: import it where ROS runs.
 """
+
 from __future__ import annotations
 
 import time
@@ -39,13 +40,20 @@ class ConductorNode(Node):
         self._last_states, self._last_publish = states, time.monotonic()
         reports = [rank_report(s) for s in statuses]
         stats = conductor.stats()
-        values = {"graph": conductor.graph.name, "in_flight": stats["in_flight"],
-                  "kv_blocks_used": conductor.kv_blocks_used(),
-                  "workers_alive": f"{sum(s.up for s in statuses)}/{len(statuses)}"}
+        values = {
+            "graph": conductor.graph.name,
+            "in_flight": stats["in_flight"],
+            "kv_blocks_used": conductor.kv_blocks_used(),
+            "workers_alive": f"{sum(s.up for s in statuses)}/{len(statuses)}",
+        }
         for worker, counters in zip(conductor.workers, stats["workers"]):
             for engine, engine_counters in counters.items():
                 values.update({f"worker{worker.rank}.{engine}.{k}": v for k, v in engine_counters.items()})
-        overall = make_status(self.status_name, summary_message(reports, statuses), "mstar", values,
-                              worst_level(reports))
-        publish_statuses(self, self.pub, [overall, *(make_status(r.name, r.message, r.hardware_id, r.values, r.level)
-                                                    for r in reports)])
+        overall = make_status(
+            self.status_name, summary_message(reports, statuses), "mstar", values, worst_level(reports)
+        )
+        publish_statuses(
+            self,
+            self.pub,
+            [overall, *(make_status(r.name, r.message, r.hardware_id, r.values, r.level) for r in reports)],
+        )

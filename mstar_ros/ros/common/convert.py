@@ -3,6 +3,7 @@
 Every problem raises ObservationError with a message that says what is wrong with
 which message; the caller reports it on /diagnostics and drops the frame.
 """
+
 from __future__ import annotations
 
 import array
@@ -28,7 +29,9 @@ def check_image(msg, *, topic: str, expect_hw: tuple[int, int] | None = None) ->
     if h <= 0 or w <= 0:
         raise ObservationError(f"{topic}: image is {w}x{h}")
     if expect_hw is not None and (h, w) != tuple(expect_hw):
-        raise ObservationError(f"{topic}: image is {w}x{h}, this camera is configured for {expect_hw[1]}x{expect_hw[0]}")
+        raise ObservationError(
+            f"{topic}: image is {w}x{h}, this camera is configured for {expect_hw[1]}x{expect_hw[0]}"
+        )
     if int(msg.step) < w * c:
         raise ObservationError(f"{topic}: step {msg.step} is less than width x channels = {w * c} for {enc}")
     if len(msg.data) != int(msg.step) * h:
@@ -91,19 +94,32 @@ def stamp_seconds(msg) -> float:
     return msg.header.stamp.sec + msg.header.stamp.nanosec * 1e-9
 
 
-def outside_limits(names: Sequence[str], values: np.ndarray, lower: Sequence[float],
-                   upper: Sequence[float]) -> list[str]:
+def outside_limits(
+    names: Sequence[str], values: np.ndarray, lower: Sequence[float], upper: Sequence[float]
+) -> list[str]:
     """'name [min, max] outside [lower, upper]' for each joint whose values [..., len(names)] leave its limits."""
     if not lower:
         return []
     rows = np.asarray(values, dtype=np.float64).reshape(-1, len(names))
     low, high = rows.min(axis=0), rows.max(axis=0)
-    return [f"{n} [{a:.3g}, {b:.3g}] outside [{lo:.3g}, {hi:.3g}]" if a != b else f"{n} {a:.3g} outside [{lo:.3g}, {hi:.3g}]"
-            for n, a, b, lo, hi in zip(names, low, high, lower, upper) if a < lo or b > hi]
+    return [
+        f"{n} [{a:.3g}, {b:.3g}] outside [{lo:.3g}, {hi:.3g}]"
+        if a != b
+        else f"{n} {a:.3g} outside [{lo:.3g}, {hi:.3g}]"
+        for n, a, b, lo, hi in zip(names, low, high, lower, upper)
+        if a < lo or b > hi
+    ]
 
 
-def trajectory_msg(joint_names: Sequence[str], positions: torch.Tensor | None, rate_hz: float, start_stamp,
-                   frame_id: str = "", *, field: str = "positions"):
+def trajectory_msg(
+    joint_names: Sequence[str],
+    positions: torch.Tensor | None,
+    rate_hz: float,
+    start_stamp,
+    frame_id: str = "",
+    *,
+    field: str = "positions",
+):
     """trajectory_msgs/JointTrajectory: one point per action, ``time_from_start`` = i / rate, the
     values in each point's ``field`` (positions, or velocities). With no ``positions``, the empty
     trajectory that JointTrajectoryController takes as "stop and hold"."""
@@ -133,8 +149,10 @@ def labelled_array_msg(names: Sequence[str], actions: torch.Tensor | None):
 
     rows = np.zeros((0, len(names)), dtype=np.float32) if actions is None else actions.float().numpy()
     msg = Float32MultiArray()
-    msg.layout.dim = [MultiArrayDimension(label="time", size=rows.shape[0], stride=rows.size),
-                      MultiArrayDimension(label=",".join(names), size=len(names), stride=len(names))]
+    msg.layout.dim = [
+        MultiArrayDimension(label="time", size=rows.shape[0], stride=rows.size),
+        MultiArrayDimension(label=",".join(names), size=len(names), stride=len(names)),
+    ]
     data = array.array("f")
     data.frombytes(np.ascontiguousarray(rows, dtype=np.float32).tobytes())  # rclpy takes an array('f') as it is
     msg.data = data

@@ -11,6 +11,7 @@ at interpreter exit aborts the process ("terminate called without an active exce
 After the shutdown, the Fast DDS shared-memory ports the process used and nobody uses any more
 are removed (mstar_ros.bag.shm_ports).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -100,8 +101,9 @@ class RosProcess:
         rclpy.try_shutdown()
 
 
-def node_process_main(program: str, argv: Sequence[str], parse_args, serve, print_summary, *,
-                      spin_default: bool = True) -> int:
+def node_process_main(
+    program: str, argv: Sequence[str], parse_args, serve, print_summary, *, spin_default: bool = True
+) -> int:
     """A node process's ``main``: localhost-only DDS and OpenMP spin defaults before torch is imported,
     logging, ``parse_args(argv) -> (args, ros_args)``, ``serve(args, ros_args)`` under
     :func:`run_serving`, then ``print_summary(summary)``. The exit status."""
@@ -110,8 +112,11 @@ def node_process_main(program: str, argv: Sequence[str], parse_args, serve, prin
     apply_localhost_defaults()
     if spin_default:
         from mstar_ros.omp_defaults import apply_spin_default
+
         apply_spin_default()  # before torch is imported: see mstar_ros.omp_defaults
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S"
+    )
     args, ros_args = parse_args(list(argv))
     status, summary = run_serving(program, serve(args, ros_args), args.summary_json)
     if summary is not None:
@@ -119,7 +124,9 @@ def node_process_main(program: str, argv: Sequence[str], parse_args, serve, prin
     return status
 
 
-def run_serving(program: str, serving: Coroutine[Any, Any, dict], summary_json: str | None = None) -> tuple[int, dict | None]:
+def run_serving(
+    program: str, serving: Coroutine[Any, Any, dict], summary_json: str | None = None
+) -> tuple[int, dict | None]:
     """Runs a node process's ``serving`` coroutine: (exit status, its summary). Bad parameters, --ros-args,
     weights or placement are said in one line, no traceback (status 2) -- also when a Worker process
     found them bad while setting up; Ctrl-C while starting is 130.

@@ -5,6 +5,7 @@ ROS part: the subscription is destroyed (the publisher's data then goes nowhere,
 process nothing) and made again by a one-shot timer when the hold is over, unless the node is
 closing by then. Everything runs on the executor's thread, as the callbacks that call it.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -12,8 +13,13 @@ from typing import Any
 
 
 class SensorSubscriptions:
-    def __init__(self, node: Any, make: dict[str, Callable[[], Any]], on_reopen: Callable[[str], None],
-                 closing: Callable[[], bool]) -> None:
+    def __init__(
+        self,
+        node: Any,
+        make: dict[str, Callable[[], Any]],
+        on_reopen: Callable[[str], None],
+        closing: Callable[[], bool],
+    ) -> None:
         """``make``: topic -> a function that subscribes to it (and returns the subscription); ``on_reopen(topic)``
         is called when a held topic is listened to again; ``closing()``: the node is going, reopen nothing."""
         self._node, self._make, self._on_reopen, self._closing = node, make, on_reopen, closing

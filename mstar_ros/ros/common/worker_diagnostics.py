@@ -6,6 +6,7 @@ registered in setup.py under the entry-point group ``mstar.worker_plugins``), so
 Conductor's. It runs its own rclpy context and thread: the Worker's device thread
 never waits for ROS.
 """
+
 from __future__ import annotations
 
 import threading
@@ -25,6 +26,7 @@ class WorkerDiagnostics:
         apply_localhost_defaults()
         self.context = rclpy.Context()
         from rclpy.signals import SignalHandlerOptions
+
         # no rclpy signal handlers: the Worker's shutdown is its Conductor's call, not Ctrl-C's
         rclpy.init(args=[], context=self.context, signal_handler_options=SignalHandlerOptions.NO)
         self.node = rclpy.create_node(f"worker_{host.rank}", namespace="/mstar", context=self.context)
@@ -32,8 +34,11 @@ class WorkerDiagnostics:
 
         def publish() -> None:
             worker = host.worker
-            values = {"nodes": ",".join(worker.nodes), "kv_blocks_used": worker.kv_blocks_used(),
-                      "tensors_held": len(host.exchange)}
+            values = {
+                "nodes": ",".join(worker.nodes),
+                "kv_blocks_used": worker.kv_blocks_used(),
+                "tensors_held": len(host.exchange),
+            }
             for engine, counters in worker.stats().items():
                 values.update({f"{engine}.{k}": v for k, v in counters.items()})
             publish_status(self.node, pub, f"mstar: worker {host.rank}", "serving", f"rank{host.rank}", values)

@@ -4,6 +4,7 @@ Pure functions of ``mstar.conductor.WorkerStatus`` (no ROS here), so the wording
 levels are tested without DDS. A rank that is down (restarting or dead) is ERROR, one
 still starting WARN, an alive one OK.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -32,10 +33,16 @@ def rank_report(status: WorkerStatus, prefix: str = "mstar: conductor") -> RankR
         message = "starting"
     else:
         message = f"{s.state}: {s.last_death or 'lost'}"
-    values = {"state": s.state, "pid": s.pid if s.pid is not None else "", "host": s.host or "",
-              "nodes": ",".join(s.nodes), "restarts": s.restarts, "last_death": s.last_death or "",
-              "heartbeat_age_s": f"{s.heartbeat_age_s:.2f}" if s.heartbeat_age_s is not None else "",
-              "dtype": s.dtype_reason or s.dtype or ""}
+    values = {
+        "state": s.state,
+        "pid": s.pid if s.pid is not None else "",
+        "host": s.host or "",
+        "nodes": ",".join(s.nodes),
+        "restarts": s.restarts,
+        "last_death": s.last_death or "",
+        "heartbeat_age_s": f"{s.heartbeat_age_s:.2f}" if s.heartbeat_age_s is not None else "",
+        "dtype": s.dtype_reason or s.dtype or "",
+    }
     return RankReport(f"{prefix}: worker rank {s.rank}", f"rank{s.rank}", _LEVEL[s.state], message, values)
 
 
@@ -44,7 +51,7 @@ def worst_level(reports: Sequence[RankReport]) -> str:
 
 
 def summary_message(reports: Sequence[RankReport], statuses: Sequence[WorkerStatus]) -> str:
-    """"serving", or what is wrong with the first rank that is not alive."""
+    """ "serving", or what is wrong with the first rank that is not alive."""
     for report, status in zip(reports, statuses):
         if report.level != "OK":
             return f"worker rank {status.rank} {report.message}"
@@ -52,7 +59,7 @@ def summary_message(reports: Sequence[RankReport], statuses: Sequence[WorkerStat
 
 
 def first_down(statuses: Sequence[WorkerStatus]) -> str | None:
-    """"worker rank 1 restarting: died (killed by SIGKILL)" for the first rank that is not alive
+    """ "worker rank 1 restarting: died (killed by SIGKILL)" for the first rank that is not alive
     (nothing can be computed on it, so nothing that needs it is), or None when all are."""
     for status in statuses:
         if not status.up:

@@ -14,6 +14,7 @@ describes the header). Watch any of them with ``ros2 topic echo /tts/llm_token``
 Requests: std_msgs/String on ``text`` -- the text, or JSON ``{"text": ..., "id": ...,
 "seed": ..., "max_tokens": ..., "temperature": ...}``. Problems go to /diagnostics.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,10 +39,15 @@ DTYPES = {"llm_token": torch.int64, "tokens": torch.int64, "audio": torch.float3
 
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     argv, ros_args = split_ros_args(argv)
-    parser = argparse.ArgumentParser(prog="mstar_orpheus_node", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--partition", choices=PARTITIONS, default="all",
-                        help="the whole graph (all), or one partition of it (default all)")
+    parser = argparse.ArgumentParser(
+        prog="mstar_orpheus_node", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--partition",
+        choices=PARTITIONS,
+        default="all",
+        help="the whole graph (all), or one partition of it (default all)",
+    )
     parser.add_argument("--namespace", default="/tts", help="ROS namespace of the node and its topics (default /tts)")
     parser.add_argument("--weights", help="Orpheus checkpoint dir (default: generated tiny, RANDOM weights)")
     parser.add_argument("--snac-weights", help="SNAC 24 kHz checkpoint dir (default: WEIGHTS/snac)")
@@ -49,15 +55,25 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     add_dtype_argument(parser)
     # the talker's defaults; also its ROS parameters (-p NAME:=VALUE after --ros-args wins, ros2 param set)
     parser.add_argument("--voice", default="tara", help="voice put before each text ('' for none; parameter voice)")
-    parser.add_argument("--temperature", type=float, default=0.6,
-                        help="default sampling temperature, 0: greedy (parameter temperature)")
+    parser.add_argument(
+        "--temperature", type=float, default=0.6, help="default sampling temperature, 0: greedy (parameter temperature)"
+    )
     parser.add_argument("--top-p", type=float, default=0.8, help="default nucleus sampling mass (parameter top_p)")
-    parser.add_argument("--repetition-penalty", type=float, default=1.3,
-                        help="default repetition penalty (parameter repetition_penalty)")
-    parser.add_argument("--max-tokens", type=int, default=1200,
-                        help="default most audio tokens per request (parameter max_tokens)")
-    parser.add_argument("--stream-timeout", type=float, default=30.0,
-                        help="a stream with no new item for this many seconds fails (its producer is gone; default 30)")
+    parser.add_argument(
+        "--repetition-penalty",
+        type=float,
+        default=1.3,
+        help="default repetition penalty (parameter repetition_penalty)",
+    )
+    parser.add_argument(
+        "--max-tokens", type=int, default=1200, help="default most audio tokens per request (parameter max_tokens)"
+    )
+    parser.add_argument(
+        "--stream-timeout",
+        type=float,
+        default=30.0,
+        help="a stream with no new item for this many seconds fails (its producer is gone; default 30)",
+    )
     parser.add_argument("--duration", type=float, default=0.0, help="exit after this many seconds (0: until stopped)")
     parser.add_argument("--summary-json", help="write what was served as JSON to this file at exit")
     return parser.parse_args(argv), ros_args
@@ -73,16 +89,23 @@ def load_partition(args: argparse.Namespace):
     from mstar_graphs.orpheus.prompt import load_tokenizer
 
     partition_nodes = {"all": {"llm", "snac"}, "talker": {"llm"}, "vocoder": {"snac"}}[args.partition]
-    graph, modules = run_on_device(orpheus_components, partition_nodes, args.weights, args.snac_weights,
-                                   args.preset, progress=True)
+    graph, modules = run_on_device(
+        orpheus_components, partition_nodes, args.weights, args.snac_weights, args.preset, progress=True
+    )
     if args.partition != "all":
         graph = split_partition(graph, args.partition)
     paths = resolve_paths(args.weights, args.snac_weights, args.preset)
     factory = defaults = None
     if "llm" in modules:
-        defaults = SpeechDefaults(args.voice or None, SamplingParams(
-            temperature=args.temperature, top_p=args.top_p, repetition_penalty=args.repetition_penalty,
-            max_tokens=args.max_tokens))
+        defaults = SpeechDefaults(
+            args.voice or None,
+            SamplingParams(
+                temperature=args.temperature,
+                top_p=args.top_p,
+                repetition_penalty=args.repetition_penalty,
+                max_tokens=args.max_tokens,
+            ),
+        )
         factory = request_factory(load_tokenizer(paths.llm), modules["llm"].max_positions, defaults)
     return graph, modules, factory, defaults, paths.random_weights
 
@@ -98,41 +121,64 @@ async def serve(args: argparse.Namespace, ros_args: list[str]) -> dict:
     conductor = Conductor(graph, modules, config=EngineConfig(dtype=args.dtype))
     name = "orpheus" if args.partition == "all" else f"orpheus_{args.partition}"
     async with RosProcess("mstar_orpheus_node", ros_args) as ros, conductor:
-        node = PartitionNode(conductor, graph, asyncio.get_running_loop(), node_name=name, namespace=args.namespace,
-                             dtypes=DTYPES, request_factory=factory, stream_timeout_s=args.stream_timeout,
-                             wait_for_readers=["llm_token"] if args.partition == "talker" else [])
+        node = PartitionNode(
+            conductor,
+            graph,
+            asyncio.get_running_loop(),
+            node_name=name,
+            namespace=args.namespace,
+            dtypes=DTYPES,
+            request_factory=factory,
+            stream_timeout_s=args.stream_timeout,
+            wait_for_readers=["llm_token"] if args.partition == "talker" else [],
+        )
         if defaults is not None:
             bind_parameters(node, defaults)
         ros.add(node, ConductorNode(conductor, name=f"{name}_conductor"))
         ros.spin()
-        ins = [node.resolve_topic_name(n) for n in graph.stream_input_names] + \
-              ([node.resolve_topic_name("text")] if factory else [])
+        ins = [node.resolve_topic_name(n) for n in graph.stream_input_names] + (
+            [node.resolve_topic_name("text")] if factory else []
+        )
         outs = [node.resolve_topic_name(n) for n in graph.output_names]
-        print(f"serving {graph.name} ({'RANDOM tiny weights' if random_weights else 'weights'}) as "
-              f"{node.get_fully_qualified_name()}: in {', '.join(ins)}; out {', '.join(outs)}", flush=True)
+        print(
+            f"serving {graph.name} ({'RANDOM tiny weights' if random_weights else 'weights'}) as "
+            f"{node.get_fully_qualified_name()}: in {', '.join(ins)}; out {', '.join(outs)}",
+            flush=True,
+        )
         print(f"  dtype {conductor.dtype_summary()}", flush=True)
         started = time.monotonic()
         await ros.stopped(args.duration)
         node.closing = True
         stats = node.stats
-        return {"node": node.get_fully_qualified_name(), "graph": graph.name,
-                "seconds": round(time.monotonic() - started, 2), "requests": stats.requests,
-                "finished": stats.finished, "failed": stats.failed, "published": stats.published,
-                "errors": stats.errors}
+        return {
+            "node": node.get_fully_qualified_name(),
+            "graph": graph.name,
+            "seconds": round(time.monotonic() - started, 2),
+            "requests": stats.requests,
+            "finished": stats.finished,
+            "failed": stats.failed,
+            "published": stats.published,
+            "errors": stats.errors,
+        }
 
 
 def main(argv: list[str] | None = None) -> int:
     from mstar_ros.bag.ros_env import apply_localhost_defaults
 
     apply_localhost_defaults()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S"
+    )
     args, ros_args = parse_args(sys.argv[1:] if argv is None else argv)
     from mstar_ros.ros.common.ros_process import run_serving
 
     status, summary = run_serving("mstar_orpheus_node", serve(args, ros_args), args.summary_json)
     if summary is not None:
-        print(f"{summary['node']}: {summary['finished']} requests served, {summary['failed']} failed; published "
-              + ", ".join(f"{n} {c} items" for n, c in summary["published"].items()), flush=True)
+        print(
+            f"{summary['node']}: {summary['finished']} requests served, {summary['failed']} failed; published "
+            + ", ".join(f"{n} {c} items" for n, c in summary["published"].items()),
+            flush=True,
+        )
     return status
 
 

@@ -4,6 +4,7 @@ A text request (mstar_ros.ros.partition.text_requests) may override the defaults
 with the JSON fields SAMPLING_FIELDS names; the defaults themselves are the talker node's ROS
 parameters, checked when set.
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -14,8 +15,7 @@ import msgspec
 from mstar.sampling_params import SamplingParams
 
 #: JSON request fields that override the node's sampling defaults
-SAMPLING_FIELDS = {"max_tokens": int, "temperature": float, "top_p": float, "top_k": int,
-                   "repetition_penalty": float}
+SAMPLING_FIELDS = {"max_tokens": int, "temperature": float, "top_p": float, "top_k": int, "repetition_penalty": float}
 
 
 @dataclass
@@ -32,8 +32,13 @@ def bind_parameters(node, defaults: SpeechDefaults) -> None:
     from rcl_interfaces.msg import SetParametersResult
 
     s = defaults.sampling
-    initial = {"voice": defaults.voice or "", "temperature": s.temperature, "top_p": s.top_p,
-               "repetition_penalty": s.repetition_penalty, "max_tokens": s.max_tokens}
+    initial = {
+        "voice": defaults.voice or "",
+        "temperature": s.temperature,
+        "top_p": s.top_p,
+        "repetition_penalty": s.repetition_penalty,
+        "max_tokens": s.max_tokens,
+    }
 
     def apply(values: Mapping[str, object]) -> None:
         sampling = {k: v for k, v in values.items() if k != "voice"}
@@ -61,11 +66,17 @@ def request_factory(tokenizer, max_positions: int, defaults: SpeechDefaults):
     def build(text: str, request_id: str, seed: int, fields: Mapping[str, object]):
         unknown = sorted(set(fields) - set(SAMPLING_FIELDS))
         if unknown:
-            raise ValueError(f"unknown request field(s) {unknown} (known: id, seed, text, {', '.join(SAMPLING_FIELDS)})")
+            raise ValueError(
+                f"unknown request field(s) {unknown} (known: id, seed, text, {', '.join(SAMPLING_FIELDS)})"
+            )
         overrides = {}
         for key, value in fields.items():
             kind = SAMPLING_FIELDS[key]
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and not isinstance(value, int)):
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or (kind is int and not isinstance(value, int))
+            ):
                 raise ValueError(f"{key} must be {kind.__name__}, got {value!r}")
             overrides[key] = kind(value)
         voice, base = defaults.voice, defaults.sampling

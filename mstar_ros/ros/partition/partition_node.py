@@ -20,6 +20,7 @@ message says ``failed`` so the next partition fails that request too.
 Requests from text are taken by text_requests, requests from streams by stream_intake (parts
 of the node). This module imports rclpy: the node processes import it where ROS runs.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -63,10 +64,20 @@ class PartitionStats:
 
 
 class PartitionNode(TextRequests, StreamIntake, Node):
-    def __init__(self, conductor: Conductor, graph: ModelGraph, loop: asyncio.AbstractEventLoop, *,
-                 node_name: str, namespace: str, dtypes: Mapping[str, torch.dtype],
-                 request_factory: RequestFactory | None = None, stream_timeout_s: float = 30.0,
-                 wait_for_readers: Sequence[str] = (), reader_wait_s: float = 5.0) -> None:
+    def __init__(
+        self,
+        conductor: Conductor,
+        graph: ModelGraph,
+        loop: asyncio.AbstractEventLoop,
+        *,
+        node_name: str,
+        namespace: str,
+        dtypes: Mapping[str, torch.dtype],
+        request_factory: RequestFactory | None = None,
+        stream_timeout_s: float = 30.0,
+        wait_for_readers: Sequence[str] = (),
+        reader_wait_s: float = 5.0,
+    ) -> None:
         """``dtypes``: the tensor dtype of each streamed input and output (fixes its message type).
         ``stream_timeout_s``: a stream with no new item for this long fails (its producer is gone).
         ``wait_for_readers``: outputs that feed another partition; a request starts once each has a
@@ -83,16 +94,22 @@ class PartitionNode(TextRequests, StreamIntake, Node):
         self._lock = threading.Lock()  # the rclpy thread and the Conductor's loop both come here
         self._incoming: dict[str, IncomingStream] = {}
         self._dropped: dict[str, None] = {}  # stream ids whose later messages are ignored (bounded)
-        self._active: set[str] = set()       # request ids in flight
+        self._active: set[str] = set()  # request ids in flight
         self._counter = 0
         self._warned_no_readers = False
         self._id_prefix = f"{node_name}-{secrets.token_hex(3)}"  # a restarted node never reuses an id
         self.diag_pub = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
-        self.pubs = {name: self.create_publisher(message_type(self.dtypes[name]), name, STREAM_QOS)
-                     for name in self.graph.output_names}
+        self.pubs = {
+            name: self.create_publisher(message_type(self.dtypes[name]), name, STREAM_QOS)
+            for name in self.graph.output_names
+        }
         for name in self.stream_inputs:
-            self.create_subscription(message_type(self.dtypes[name]), name,
-                                     lambda msg, name=name: self._guarded(self._on_item, name, msg), STREAM_QOS)
+            self.create_subscription(
+                message_type(self.dtypes[name]),
+                name,
+                lambda msg, name=name: self._guarded(self._on_item, name, msg),
+                STREAM_QOS,
+            )
         if self.plain_inputs:
             self.create_subscription(String, "text", lambda msg: self._guarded(self._on_text, msg), 10)
         self.create_timer(1.0, self._publish_status)
@@ -145,8 +162,11 @@ class PartitionNode(TextRequests, StreamIntake, Node):
             waiting = [n for n in waiting if self.pubs[n].get_subscription_count() == 0]
         if waiting and not self._warned_no_readers:
             self._warned_no_readers = True  # once: a partition may well run alone on purpose
-            self.report(f"no reader on {', '.join(self.pubs[n].topic_name for n in waiting)} after "
-                        f"{self.reader_wait_s:g} s: serving anyway (is the next partition running?)", level="WARN")
+            self.report(
+                f"no reader on {', '.join(self.pubs[n].topic_name for n in waiting)} after "
+                f"{self.reader_wait_s:g} s: serving anyway (is the next partition running?)",
+                level="WARN",
+            )
 
     def _publish_ends(self, sid: str, seqs: Mapping[str, int], failed: bool) -> None:
         for name, seq in seqs.items():
@@ -158,19 +178,28 @@ class PartitionNode(TextRequests, StreamIntake, Node):
         for name, pub in self.pubs.items():
             values[f"{name}.subscribers"] = pub.get_subscription_count()
             values[f"{name}.published"] = self.stats.published[name]
-        publish_status(self, self.diag_pub, f"mstar: {self.get_fully_qualified_name()}", "serving", self.graph.name,
-                       values)
+        publish_status(
+            self, self.diag_pub, f"mstar: {self.get_fully_qualified_name()}", "serving", self.graph.name, values
+        )
 
     def report(self, text: str, level: str = "ERROR") -> None:
         with self._lock:
             self.stats.errors = (self.stats.errors + [text])[-20:]
         self.get_logger().warning(text)
-        publish_status(self, self.diag_pub, f"mstar: {self.get_fully_qualified_name()}", text, self.graph.name,
-                       {"requests": self.stats.requests, "failed": self.stats.failed}, level=level)
+        publish_status(
+            self,
+            self.diag_pub,
+            f"mstar: {self.get_fully_qualified_name()}",
+            text,
+            self.graph.name,
+            {"requests": self.stats.requests, "failed": self.stats.failed},
+            level=level,
+        )
 
 
-def _inputs_of(graph: ModelGraph, node_name: str, dtypes: Mapping[str, torch.dtype],
-               request_factory: RequestFactory | None) -> tuple[list[str], list[str]]:
+def _inputs_of(
+    graph: ModelGraph, node_name: str, dtypes: Mapping[str, torch.dtype], request_factory: RequestFactory | None
+) -> tuple[list[str], list[str]]:
     """(streamed inputs, plain inputs) of ``graph``; ValueError when the node could not serve it."""
     stream_inputs = graph.stream_input_names
     plain_inputs = [n for n in graph.input_names if n not in stream_inputs]
@@ -178,8 +207,10 @@ def _inputs_of(graph: ModelGraph, node_name: str, dtypes: Mapping[str, torch.dty
     if missing:
         raise ValueError(f"{node_name}: no dtype given for {missing} (their message types)")
     if plain_inputs and stream_inputs:
-        raise ValueError(f"{node_name}: graph {graph.name!r} takes both streams {stream_inputs} and values "
-                         f"{plain_inputs}: a node cannot start its requests from either alone")
+        raise ValueError(
+            f"{node_name}: graph {graph.name!r} takes both streams {stream_inputs} and values "
+            f"{plain_inputs}: a node cannot start its requests from either alone"
+        )
     if plain_inputs and request_factory is None:
         raise ValueError(f"{node_name}: graph {graph.name!r} takes {plain_inputs}: it needs a request factory")
     return stream_inputs, plain_inputs

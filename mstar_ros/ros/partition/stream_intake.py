@@ -4,6 +4,7 @@ The first item of a new stream starts a request whose StreamInput the following 
 sequence; an item out of sequence, a stream that starts mid-way, or one idle for
 ``stream_timeout_s`` fails its request, and every output still gets the end of the stream.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -45,16 +46,19 @@ class StreamIntake:
             if incoming is None and (header.seq != 0 or header.end or sid in self._active):
                 self._drop(sid)  # nothing will run: every output still gets the end of the stream
                 if header.seq:
-                    problem = (f"stream {sid} joined at item {header.seq} on {name}: items 0..{header.seq - 1} "
-                               "were lost (a partition started late?)")
+                    problem = (
+                        f"stream {sid} joined at item {header.seq} on {name}: items 0..{header.seq - 1} "
+                        "were lost (a partition started late?)"
+                    )
                 elif not header.end:
                     problem = f"stream {sid} started again while its request is in flight"
                 elif header.failed:
                     problem = f"stream {sid} ended before its first item: its producer failed"
                 self.stats.failed += problem is not None
             elif incoming is None:
-                incoming = self._incoming[sid] = IncomingStream({n: StreamInput() for n in self.stream_inputs},
-                                                           {n: 0 for n in self.stream_inputs}, time.monotonic())
+                incoming = self._incoming[sid] = IncomingStream(
+                    {n: StreamInput() for n in self.stream_inputs}, {n: 0 for n in self.stream_inputs}, time.monotonic()
+                )
                 self._active.add(sid)
                 request = Request(dict(incoming.feeds), SamplingParams(seed=header.seed), request_id=sid)
                 asyncio.run_coroutine_threadsafe(self._serve(request), self.loop)
@@ -92,8 +96,10 @@ class StreamIntake:
                 self._drop(sid)
                 for name, feed in incoming.feeds.items():
                     if not feed.closed:
-                        feed.fail(f"no {name} item for {self.stream_timeout_s:g} s after item "
-                                  f"{incoming.next_seq[name] - 1} (the producing partition stopped?)")
+                        feed.fail(
+                            f"no {name} item for {self.stream_timeout_s:g} s after item "
+                            f"{incoming.next_seq[name] - 1} (the producing partition stopped?)"
+                        )
 
     def _drop(self, sid: str) -> None:
         """Under the lock: later messages of ``sid`` are ignored."""

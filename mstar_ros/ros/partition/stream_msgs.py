@@ -11,6 +11,7 @@ item; ``seed`` is the request's seed (the consumer partition draws its randomnes
 from it, as it would inside one graph). The last message of a stream has no data and
 ``end`` in its label. Standard messages only: custom .msg types need a ROS build.
 """
+
 from __future__ import annotations
 
 import array
@@ -21,9 +22,12 @@ import torch
 
 #: tensor dtype -> (std_msgs type name, array typecode); bf16/fp16 travel as float32
 _TYPES = {
-    torch.float32: ("Float32MultiArray", "f"), torch.float64: ("Float64MultiArray", "d"),
-    torch.int64: ("Int64MultiArray", "q"), torch.int32: ("Int32MultiArray", "i"),
-    torch.int16: ("Int16MultiArray", "h"), torch.uint8: ("UInt8MultiArray", "B"),
+    torch.float32: ("Float32MultiArray", "f"),
+    torch.float64: ("Float64MultiArray", "d"),
+    torch.int64: ("Int64MultiArray", "q"),
+    torch.int32: ("Int32MultiArray", "i"),
+    torch.int16: ("Int16MultiArray", "h"),
+    torch.uint8: ("UInt8MultiArray", "B"),
     torch.int8: ("Int8MultiArray", "b"),
 }
 _WIRE_DTYPE = {torch.bfloat16: torch.float32, torch.float16: torch.float32, torch.bool: torch.uint8}
@@ -90,7 +94,9 @@ def end_message(dtype: torch.dtype, stream_id: str, seq: int, *, failed: bool = 
     from std_msgs.msg import MultiArrayDimension
 
     msg = message_type(dtype)()
-    msg.layout.dim = [MultiArrayDimension(label=StreamHeader(stream_id, seq, end=True, failed=failed).label(), size=0, stride=0)]
+    msg.layout.dim = [
+        MultiArrayDimension(label=StreamHeader(stream_id, seq, end=True, failed=failed).label(), size=0, stride=0)
+    ]
     return msg
 
 
@@ -101,10 +107,17 @@ def read_message(msg, dtype: torch.dtype) -> tuple[StreamHeader, torch.Tensor | 
         raise StreamMessageError("no layout.dim: not a stream message (the first dim's label is its header)")
     found = _HEADER.fullmatch(dims[0].label)
     if found is None:
-        raise StreamMessageError(f"layout.dim[0].label {dims[0].label!r} is no stream header "
-                                 "('stream=ID seq=N seed=S' or 'stream=ID seq=N end [failed]')")
-    header = StreamHeader(check_stream_id(found["id"]), int(found["seq"]), int(found["seed"] or 0), bool(found["end"]),
-                          bool(found["failed"]))
+        raise StreamMessageError(
+            f"layout.dim[0].label {dims[0].label!r} is no stream header "
+            "('stream=ID seq=N seed=S' or 'stream=ID seq=N end [failed]')"
+        )
+    header = StreamHeader(
+        check_stream_id(found["id"]),
+        int(found["seq"]),
+        int(found["seed"] or 0),
+        bool(found["end"]),
+        bool(found["failed"]),
+    )
     if header.end:
         return header, None
     shape = [int(d.size) for d in dims[1:]]
@@ -117,8 +130,12 @@ def read_message(msg, dtype: torch.dtype) -> tuple[StreamHeader, torch.Tensor | 
         return header, torch.empty(shape, dtype=dtype)
     if len(data) != numel:
         raise StreamMessageError(f"stream {header.stream_id} item {header.seq}: {len(data)} values for shape {shape}")
-    values = torch.frombuffer(bytearray(memoryview(data).cast("B")) if isinstance(data, array.array)
-                              else bytearray(array.array(_TYPES[wired][1], data).tobytes()), dtype=wired)
+    values = torch.frombuffer(
+        bytearray(memoryview(data).cast("B"))
+        if isinstance(data, array.array)
+        else bytearray(array.array(_TYPES[wired][1], data).tobytes()),
+        dtype=wired,
+    )
     if wired.is_floating_point and not bool(torch.isfinite(values).all()):
         raise StreamMessageError(f"stream {header.stream_id} item {header.seq}: NaN or infinite values")
     return header, values.reshape(shape).to(dtype)

@@ -4,6 +4,7 @@
 ``id``, ``seed`` and the model's own fields; the model's request factory builds the request. The
 seed is fixed here, so the next partition draws the same noise.
 """
+
 from __future__ import annotations
 
 import asyncio

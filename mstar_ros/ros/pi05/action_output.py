@@ -7,6 +7,7 @@
   (end-effector deltas, anything that is not a joint's position or velocity); the hold is zero
   rows. It has no header: the first row is due at the next control tick after it arrives.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -27,7 +28,9 @@ class ActionOutput:
             raise ValueError(f"action_space {space!r}: one of {', '.join((*_FIELD, 'labelled_array'))}")
         self.space, self.names, self.rate_hz = space, list(names), rate_hz
         msg_type = Float32MultiArray if space == "labelled_array" else JointTrajectory
-        self.type_name = "std_msgs/Float32MultiArray" if space == "labelled_array" else "trajectory_msgs/JointTrajectory"
+        self.type_name = (
+            "std_msgs/Float32MultiArray" if space == "labelled_array" else "trajectory_msgs/JointTrajectory"
+        )
         self.pub = node.create_publisher(msg_type, topic, 10)
 
     def chunk(self, actions: torch.Tensor, start_stamp) -> None:

@@ -6,6 +6,7 @@ actions whose time passed while it was computed: its points start at ``header.st
 1 / rate. A chunk planned from data that then stopped is discarded. Positions outside the
 joint limits are reported, never clamped.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -34,8 +35,12 @@ class ChunkPublishing:
             return None
         cols = [i for i, n in enumerate(self.action_names) if n in self.joint_names]
         joints = [self.joint_names.index(self.action_names[i]) for i in cols]
-        return (cols, [self.action_names[i] for i in cols], [self.lower[j] for j in joints],
-                [self.upper[j] for j in joints])
+        return (
+            cols,
+            [self.action_names[i] for i in cols],
+            [self.lower[j] for j in joints],
+            [self.upper[j] for j in joints],
+        )
 
     def _on_chunk(self, future, oldest: float, epoch: int) -> None:
         """On the Conductor's loop thread (rclpy publishers are thread-safe)."""
@@ -61,7 +66,7 @@ class ChunkPublishing:
             start_tick, actions = self.chunker.accept(chunk, now)
             start_in = self.chunker.time_of(start_tick) - now
             stamp = (self.get_clock().now() + _duration(max(0.0, start_in))).to_msg()
-            raw = self.normalization.action.unnormalize(actions[:, :self.robot_dims])
+            raw = self.normalization.action.unnormalize(actions[:, : self.robot_dims])
             self.output.chunk(raw, stamp)
             self.stats.chunks += 1
             outage = self.chunk_watch.end(now)
@@ -72,11 +77,16 @@ class ChunkPublishing:
                 resumed, self._loss_since = now - self._loss_since, None
         out = self._actions_outside_limits(raw)
         if out:
-            self._problem(("chunk limits", self.get_namespace()), f"{self.get_namespace()}: chunk goes outside "
-                          f"the joint limits: {', '.join(out)}", "WARN", count="chunks_outside_limits")
+            self._problem(
+                ("chunk limits", self.get_namespace()),
+                f"{self.get_namespace()}: chunk goes outside the joint limits: {', '.join(out)}",
+                "WARN",
+                count="chunks_outside_limits",
+            )
         if resumed is not None:
-            self._say(f"{self.get_namespace()}: observations and chunks resumed after a {resumed:.1f} s sensor "
-                      "loss", "OK")
+            self._say(
+                f"{self.get_namespace()}: observations and chunks resumed after a {resumed:.1f} s sensor loss", "OK"
+            )
         if outage is not None:
             self._say(f"{self.get_namespace()}: chunks resumed after {outage:.1f} s without a policy", "OK")
 
@@ -87,8 +97,12 @@ class ChunkPublishing:
             self._busy, self._admitted_at, self.chunker.pending = False, None, None
             started = failed and self._begin_outage(now, f"chunk failed: {exc}")
         if failed:
-            self._problem(("failed", self.get_namespace()), f"{self.get_namespace()}: chunk failed: {exc}",
-                          "ERROR", count="chunks_failed")
+            self._problem(
+                ("failed", self.get_namespace()),
+                f"{self.get_namespace()}: chunk failed: {exc}",
+                "ERROR",
+                count="chunks_failed",
+            )
         if started:
             self._on_policy_outage()
 

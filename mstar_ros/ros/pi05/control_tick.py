@@ -8,6 +8,7 @@ frees an admission slot) the tick checks for a sensor loss or a policy outage
 (mstar_ros.policy.admission), waits for a fresher frame if asked to, and submits the
 observation to the Conductor on its loop. The chunk comes back to ChunkPublishing.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -29,9 +30,9 @@ from mstar_ros.ros.pi05.params import PolicyParams
 
 @dataclass
 class _Outgoing:
-    request: object   # the runtime request (mstar.request.Request)
-    oldest: float     # arrival (time.monotonic()) of the oldest sensor frame it uses
-    epoch: int        # the node's sensor-loss epoch when it was sent: a later loss discards it
+    request: object  # the runtime request (mstar.request.Request)
+    oldest: float  # arrival (time.monotonic()) of the oldest sensor frame it uses
+    epoch: int  # the node's sensor-loss epoch when it was sent: a later loss discards it
 
 
 class ControlTick:
@@ -39,10 +40,15 @@ class ControlTick:
 
     def _start_control(self, p: PolicyParams, admission: ChunkAdmission | None) -> None:
         self.admission = admission or ChunkAdmission()
-        self._due_since: float | None = None    # the pending request fell due then
+        self._due_since: float | None = None  # the pending request fell due then
         self._admitted_at: float | None = None  # ... and was admitted then (holds an in-flight slot)
-        self.chunker = ActionChunker(self.policy.action_horizon, self.policy.action_dim, self.rate,
-                                     refill_at=p.refill_at or None, smooth=p.smooth)
+        self.chunker = ActionChunker(
+            self.policy.action_horizon,
+            self.policy.action_dim,
+            self.rate,
+            refill_at=p.refill_at or None,
+            smooth=p.smooth,
+        )
         self._inflight_id: str | None = None  # the runtime request in flight (cancelled when overdue)
         self._busy = False
         self._n = 0
@@ -60,8 +66,12 @@ class ControlTick:
         age = self.watch.age(now, self._clock_now())
         if age > self.watch.max_age_s:  # a sensor went quiet: acting on old data is worse than waiting
             sensor = self.watch.oldest_sensor(now, self._clock_now())
-            self._problem(("old", self.get_namespace()), f"{self.get_namespace()}: sensor data is {age:.1f} s "
-                          f"old ({sensor}); waiting", "WARN", count=None)
+            self._problem(
+                ("old", self.get_namespace()),
+                f"{self.get_namespace()}: sensor data is {age:.1f} s old ({sensor}); waiting",
+                "WARN",
+                count=None,
+            )
             return False
         return True
 
@@ -90,9 +100,12 @@ class ControlTick:
         if withdraw:
             self.admission.withdraw(self.get_namespace())
         if refused is not None:
-            return self._problem(("refused", self.get_namespace()),
-                                 f"{self.get_namespace()}: observation refused: {refused}", "ERROR",
-                                 count="observations_refused")
+            return self._problem(
+                ("refused", self.get_namespace()),
+                f"{self.get_namespace()}: observation refused: {refused}",
+                "ERROR",
+                count="observations_refused",
+            )
         if request is not None:
             self._send(request)
 
@@ -100,9 +113,12 @@ class ControlTick:
         """Submits an admitted request on the Conductor's loop; its chunk comes back to _on_chunk."""
         if request.request.meta.get("prompt_truncated") and not self._truncation_said:
             self._truncation_said = True
-            self._say(f"{self.get_namespace()}: prompt {self.prompt!r} with the state is over the "
-                      f"checkpoint's tokenizer_max_length={self.policy.layout.config.max_token_len} tokens: cut "
-                      "to it, as the reference does (the state's end is lost: shorten the prompt)", "WARN")
+            self._say(
+                f"{self.get_namespace()}: prompt {self.prompt!r} with the state is over the "
+                f"checkpoint's tokenizer_max_length={self.policy.layout.config.max_token_len} tokens: cut "
+                "to it, as the reference does (the state's end is lost: shorten the prompt)",
+                "WARN",
+            )
         oldest, epoch = request.oldest, request.epoch
         self._inflight_id = request.request.request_id
         future = asyncio.run_coroutine_threadsafe(_serve(self.conductor, request.request), self.loop)
@@ -127,9 +143,15 @@ class ControlTick:
             state = self.normalization.state.normalize(torch.from_numpy(self._state))
             guide, weights = self.chunker.begin_request(now)
             self._n += 1
-            request = self.policy.request(images, state, self.task, seed=self._n, guide=guide,
-                                     guide_weights=weights,
-                                     request_id=f"{self.get_namespace().strip('/') or 'robot'}-{self._n}")
+            request = self.policy.request(
+                images,
+                state,
+                self.task,
+                seed=self._n,
+                guide=guide,
+                guide_weights=weights,
+                request_id=f"{self.get_namespace().strip('/') or 'robot'}-{self._n}",
+            )
         except ValueError as exc:
             self.chunker.pending, self._admitted_at = None, None
             return None, exc

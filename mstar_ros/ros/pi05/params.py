@@ -13,6 +13,7 @@ end-effector deltas + gripper) names them in ``action_names`` and says what they
 or velocities) or any other space (a ``std_msgs/Float32MultiArray`` whose layout carries the
 names).
 """
+
 from __future__ import annotations
 
 import typing
@@ -24,17 +25,28 @@ import msgspec
 #: name: (default, description); None: no default (declared by type, unset unless given)
 PARAMETERS: dict[str, tuple[Any, str]] = {
     "joint_states_topic": ("joint_states", "sensor_msgs/JointState topic"),
-    "joint_names": ([f"panda_joint{i}" for i in range(1, 8)] + ["robotiq_85_left_knuckle_joint"],
-                    "joints the policy reads (the state, in the checkpoint's order) and, unless action_names says "
-                    "otherwise, commands"),
-    "action_names": (None, "the action dims in the checkpoint's order: joints for joint_positions / "
-                           "joint_velocities, labels for labelled_array (unset or []: joint_names)"),
-    "action_space": ("joint_positions", "what the actions are and how they go out on action_chunk: "
-                                        "joint_positions / joint_velocities (trajectory_msgs/JointTrajectory points' "
-                                        "positions / velocities) or labelled_array (std_msgs/Float32MultiArray "
-                                        "[time, action], the names in its layout)"),
-    "joint_lower": (None, "lower joint limits: positions outside are reported; the state/action scaling only for "
-                          "a checkpoint without normalisation statistics"),
+    "joint_names": (
+        [f"panda_joint{i}" for i in range(1, 8)] + ["robotiq_85_left_knuckle_joint"],
+        "joints the policy reads (the state, in the checkpoint's order) and, unless action_names says "
+        "otherwise, commands",
+    ),
+    "action_names": (
+        None,
+        "the action dims in the checkpoint's order: joints for joint_positions / "
+        "joint_velocities, labels for labelled_array (unset or []: joint_names)",
+    ),
+    "action_space": (
+        "joint_positions",
+        "what the actions are and how they go out on action_chunk: "
+        "joint_positions / joint_velocities (trajectory_msgs/JointTrajectory points' "
+        "positions / velocities) or labelled_array (std_msgs/Float32MultiArray "
+        "[time, action], the names in its layout)",
+    ),
+    "joint_lower": (
+        None,
+        "lower joint limits: positions outside are reported; the state/action scaling only for "
+        "a checkpoint without normalisation statistics",
+    ),
     "joint_upper": (None, "upper joint limits (see joint_lower)"),
     "prompt": ("pick up the object", "the task, in words (also settable on the 'prompt' topic)"),
     "control_rate_hz": (15.0, "actions per second the robot executes (JointTrajectory point spacing)"),
@@ -44,19 +56,33 @@ PARAMETERS: dict[str, tuple[Any, str]] = {
     "image_width": (224, "expected camera image width"),
     "max_observation_age_s": (0.5, "do not act on camera or joint data older than this, by header.stamp or arrival"),
     "sensor_timeout_s": (1.0, "no fresh data from a sensor for this long is a sensor loss (see on_sensor_loss)"),
-    "on_sensor_loss": ("hold", "hold: publish an empty JointTrajectory (controllers stop and hold) and drop the "
-                               "chunk; continue: let the robot finish its chunk. Either way /diagnostics says ERROR"),
-    "wait_for_fresh_frames": (True, "when a chunk falls due late in a camera frame's life, wait (at most one "
-                                    "frame period) for the next frame: a fresher observation for less wait"),
+    "on_sensor_loss": (
+        "hold",
+        "hold: publish an empty JointTrajectory (controllers stop and hold) and drop the "
+        "chunk; continue: let the robot finish its chunk. Either way /diagnostics says ERROR",
+    ),
+    "wait_for_fresh_frames": (
+        True,
+        "when a chunk falls due late in a camera frame's life, wait (at most one "
+        "frame period) for the next frame: a fresher observation for less wait",
+    ),
     "max_prompt_bytes": (4096, "longer prompts (UTF-8 bytes) are refused; the previous prompt is kept"),
-    "max_prompt_tokens": (0, "prompts of more tokens (before the state) are refused (0: the checkpoint's "
-                             "tokenizer_max_length)"),
-    "chunk_timeout_s": (0.0, "a chunk not back this long after its request is overdue: the robot holds (empty "
-                             "action message) and /diagnostics says ERROR until chunks come again, as when a Worker "
-                             "is down (0: one chunk's duration, horizon / control_rate_hz)"),
+    "max_prompt_tokens": (
+        0,
+        "prompts of more tokens (before the state) are refused (0: the checkpoint's tokenizer_max_length)",
+    ),
+    "chunk_timeout_s": (
+        0.0,
+        "a chunk not back this long after its request is overdue: the robot holds (empty "
+        "action message) and /diagnostics says ERROR until chunks come again, as when a Worker "
+        "is down (0: one chunk's duration, horizon / control_rate_hz)",
+    ),
     "report_period_s": (5.0, "a repeated problem is reported once per this many seconds, with a count"),
-    "max_bad_rate_hz": (100.0, "a sensor topic sending bad messages faster (over a quarter second) is unsubscribed "
-                               "for a while (5 s, doubling while it goes on; 0: never): a flood costs others nothing"),
+    "max_bad_rate_hz": (
+        100.0,
+        "a sensor topic sending bad messages faster (over a quarter second) is unsubscribed "
+        "for a while (5 s, doubling while it goes on; 0: never): a flood costs others nothing",
+    ),
 }
 #: parameters typed, without a default (rclpy cannot tell an empty list's type)
 _ARRAYS = {"joint_lower": "DOUBLE_ARRAY", "joint_upper": "DOUBLE_ARRAY", "action_names": "STRING_ARRAY"}
@@ -98,8 +124,9 @@ class PolicyParams(msgspec.Struct, frozen=True, kw_only=True):
         return {name: topic for name, topic in self.cameras.items() if topic}
 
 
-def declare(node, cameras: Sequence[str], placeholders: Sequence[str] = (),
-            overrides: dict[str, Any] | None = None) -> PolicyParams:
+def declare(
+    node, cameras: Sequence[str], placeholders: Sequence[str] = (), overrides: dict[str, Any] | None = None
+) -> PolicyParams:
     """Declares every parameter on ``node`` (``overrides`` replace defaults; a params file or ``-p``
     still wins) and returns them validated. ValueError names the parameter at fault."""
     from rclpy.parameter import Parameter
@@ -107,13 +134,17 @@ def declare(node, cameras: Sequence[str], placeholders: Sequence[str] = (),
     where = node.get_fully_qualified_name()
     given = set(getattr(node, "_parameter_overrides", {}))  # what the params file / -p set
     if "cameras" in given:
-        raise ValueError(f"{where}: 'cameras' is one parameter per camera of the checkpoint now: "
-                         + ", ".join(f"cameras.{c}: TOPIC" for c in cameras) + " ('' for a camera the robot lacks)")
+        raise ValueError(
+            f"{where}: 'cameras' is one parameter per camera of the checkpoint now: "
+            + ", ".join(f"cameras.{c}: TOPIC" for c in cameras)
+            + " ('' for a camera the robot lacks)"
+        )
     known = {f"cameras.{c}" for c in cameras}
     for name in sorted(n for n in given if n.startswith("cameras.") and n not in known):
         camera = name.removeprefix("cameras.")
-        why = ("a placeholder the checkpoint always masks" if camera in placeholders
-               else "not a camera of this checkpoint")
+        why = (
+            "a placeholder the checkpoint always masks" if camera in placeholders else "not a camera of this checkpoint"
+        )
         raise ValueError(f"{where}: parameter {name}: {camera!r} is {why} (its cameras: {', '.join(cameras)})")
     defaults = {name: default for name, (default, _) in PARAMETERS.items()}
     defaults.update(overrides or {})
@@ -131,8 +162,11 @@ def declare(node, cameras: Sequence[str], placeholders: Sequence[str] = (),
         topics[camera] = _value(node, f"cameras.{camera}")
     unset = [c for c, t in topics.items() if t is None]
     if unset:
-        raise ValueError(f"{where}: no topic for camera(s) {unset} of the checkpoint: set "
-                         + ", ".join(f"cameras.{c}" for c in unset) + " to a topic, or to '' if the robot has none")
+        raise ValueError(
+            f"{where}: no topic for camera(s) {unset} of the checkpoint: set "
+            + ", ".join(f"cameras.{c}" for c in unset)
+            + " to a topic, or to '' if the robot has none"
+        )
     if not any(topics.values()):
         raise ValueError(f"{where}: every camera parameter is '': the policy needs at least one camera")
     values["cameras"] = topics
@@ -167,8 +201,10 @@ def _checked(p: PolicyParams, where: str) -> PolicyParams:
     if dupes:
         raise ValueError(f"{where}: parameter action_names: {dupes} appear more than once")
     if p.action_space == "labelled_array" and any("," in n or not n for n in p.actions):
-        raise ValueError(f"{where}: parameter action_names: {p.actions} (labelled_array joins the names with commas "
-                         "in its layout: give names without commas, none empty)")
+        raise ValueError(
+            f"{where}: parameter action_names: {p.actions} (labelled_array joins the names with commas "
+            "in its layout: give names without commas, none empty)"
+        )
     for name in ("joint_lower", "joint_upper"):
         values = getattr(p, name)
         if values and len(values) != len(p.joint_names):
@@ -178,12 +214,16 @@ def _checked(p: PolicyParams, where: str) -> PolicyParams:
     if not p.prompt.strip():
         raise ValueError(f"{where}: parameter prompt: empty")
     if p.sensor_timeout_s < p.max_observation_age_s:
-        raise ValueError(f"{where}: parameter sensor_timeout_s: {p.sensor_timeout_s:g} is under "
-                         f"max_observation_age_s={p.max_observation_age_s:g} (data would be acted on after the robot "
-                         "was stopped for having none)")
+        raise ValueError(
+            f"{where}: parameter sensor_timeout_s: {p.sensor_timeout_s:g} is under "
+            f"max_observation_age_s={p.max_observation_age_s:g} (data would be acted on after the robot "
+            "was stopped for having none)"
+        )
     if 0 < p.max_bad_rate_hz < 4:
-        raise ValueError(f"{where}: parameter max_bad_rate_hz: {p.max_bad_rate_hz:g} would cut a topic at its first "
-                         "bad message (it is counted over a quarter second): give 0 (never) or at least 4")
+        raise ValueError(
+            f"{where}: parameter max_bad_rate_hz: {p.max_bad_rate_hz:g} would cut a topic at its first "
+            "bad message (it is counted over a quarter second): give 0 (never) or at least 4"
+        )
     topics = [*p.camera_topics.values(), p.joint_states_topic]
     dupes = sorted({t for t in topics if topics.count(t) > 1})
     if dupes:

@@ -33,6 +33,7 @@ The node is made of parts, one concern each: sensor_inputs (cameras, joint state
 policy outage), chunk_publishing (chunks out), robot_status (logs, /diagnostics). This module
 imports rclpy: the node set imports it where ROS runs.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -60,8 +61,15 @@ __all__ = ["PolicyNode"]
 
 
 class PolicyNode(SensorInputs, TaskInput, ControlTick, SafetyStops, ChunkPublishing, RobotStatus, Node):
-    def __init__(self, policy, conductor: Conductor, loop: asyncio.AbstractEventLoop, namespace: str,
-                 overrides: dict | None = None, admission: ChunkAdmission | None = None) -> None:
+    def __init__(
+        self,
+        policy,
+        conductor: Conductor,
+        loop: asyncio.AbstractEventLoop,
+        namespace: str,
+        overrides: dict | None = None,
+        admission: ChunkAdmission | None = None,
+    ) -> None:
         """``policy``: a mstar_graphs.pi05.frontend.Pi05Policy; rclpy must be initialised. ``overrides``
         replace parameter defaults (a params file or ``-p`` still wins, as for any declared parameter);
         ``admission`` is the node set's in-flight limit, shared by its robots (default: none). ValueError
@@ -84,10 +92,14 @@ class PolicyNode(SensorInputs, TaskInput, ControlTick, SafetyStops, ChunkPublish
         self._start_ticking()
         self.get_logger().info(
             f"cameras {', '.join(f'{n} <- {self._full(t)}' for n, t in self.camera_topics.items())}"
-            + "".join(f"; {n}: none (left out, as the references mask a missing camera)"
-                      for n, t in p.cameras.items() if not t)
+            + "".join(
+                f"; {n}: none (left out, as the references mask a missing camera)"
+                for n, t in p.cameras.items()
+                if not t
+            )
             + f"; normalisation: {self.normalization.describe()}"
-            + f"; actions: {p.action_space} {', '.join(self.action_names)} ({self.output.type_name})")
+            + f"; actions: {p.action_space} {', '.join(self.action_names)} ({self.output.type_name})"
+        )
 
     def _take_parameters(self, p: PolicyParams) -> None:
         """What the node reads from its parameters, checked against the checkpoint (ValueError)."""
@@ -103,8 +115,10 @@ class PolicyNode(SensorInputs, TaskInput, ControlTick, SafetyStops, ChunkPublish
         self.token_cap = p.max_prompt_tokens or None
         budget = policy.layout.config.max_token_len
         if self.token_cap is not None and self.token_cap > budget:
-            raise ValueError(f"{where}: parameter max_prompt_tokens: {self.token_cap} is over the checkpoint's "
-                             f"tokenizer_max_length={budget} (a prompt that long leaves no room for the state)")
+            raise ValueError(
+                f"{where}: parameter max_prompt_tokens: {self.token_cap} is over the checkpoint's "
+                f"tokenizer_max_length={budget} (a prompt that long leaves no room for the state)"
+            )
         try:
             self.task = policy.task(p.prompt, max_tokens=self.token_cap)
         except PromptError as exc:

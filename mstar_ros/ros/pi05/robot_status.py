@@ -4,6 +4,7 @@ A problem is counted and said at once, then once per ``report_period_s`` with a 
 (mstar.report_throttle). Once a second the robot's state goes to /diagnostics: ERROR in a
 sensor loss or a policy outage, WARN while waiting for data or acting on none, else OK.
 """
+
 from __future__ import annotations
 
 import threading
@@ -54,8 +55,15 @@ class RobotStatus:
             logger.warning(text)
         else:
             logger.error(text)
-        publish_status(self, self.diag_pub, f"mstar: {self.get_fully_qualified_name()}", text,
-                       self.get_namespace(), self._values(), level=level)
+        publish_status(
+            self,
+            self.diag_pub,
+            f"mstar: {self.get_fully_qualified_name()}",
+            text,
+            self.get_namespace(),
+            self._values(),
+            level=level,
+        )
 
     def _publish_status(self) -> None:
         """Once a second: the robot's state (ERROR while in a sensor loss), and throttled repeats."""
@@ -74,9 +82,21 @@ class RobotStatus:
             elif not self.watch.has_all():
                 level, text = "WARN", f"waiting for data from {self.watch.oldest_sensor(now, clock)}"
             elif self.watch.age(now, clock) > self.watch.max_age_s:
-                level, text = "WARN", (f"sensor data is {self.watch.age(now, clock):.1f} s old "
-                                       f"({self.watch.oldest_sensor(now, clock)}): not acted on")
+                level, text = (
+                    "WARN",
+                    (
+                        f"sensor data is {self.watch.age(now, clock):.1f} s old "
+                        f"({self.watch.oldest_sensor(now, clock)}): not acted on"
+                    ),
+                )
             else:
                 level, text = "OK", "serving"
-        publish_status(self, self.diag_pub, f"mstar: {self.get_fully_qualified_name()}", text,
-                       self.get_namespace(), self._values(), level=level)
+        publish_status(
+            self,
+            self.diag_pub,
+            f"mstar: {self.get_fully_qualified_name()}",
+            text,
+            self.get_namespace(),
+            self._values(),
+            level=level,
+        )

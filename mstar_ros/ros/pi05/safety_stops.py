@@ -7,6 +7,7 @@ and its queue is dropped. A Worker down, or a chunk overdue or failed
 cancelled in the runtime. Either one drops what is in flight (a new epoch) and says ERROR until
 chunks resume.
 """
+
 from __future__ import annotations
 
 from mstar_ros.policy.chunk_watch import ChunkWatch
@@ -20,8 +21,8 @@ class SafetyStops:
         self.hold_on_loss = p.on_sensor_loss == "hold"
         # by default one chunk's duration: a chunk later than that has every action in the past
         self.chunk_watch = ChunkWatch(p.chunk_timeout_s or self.policy.action_horizon / self.rate)
-        self._epoch = 0                   # bumped by each sensor loss
-        self._lost_now = False            # the data is lost at this moment (sensor_timeout_s passed)
+        self._epoch = 0  # bumped by each sensor loss
+        self._lost_now = False  # the data is lost at this moment (sensor_timeout_s passed)
         self._loss_since: float | None = None  # in a sensor loss since (monotonic), until chunks resume
         self._loss_text = ""
 
@@ -39,10 +40,12 @@ class SafetyStops:
             self._loss_since = now
             self.stats.sensor_losses += 1
         sensor = self.watch.oldest_sensor(now, self._clock_now())
-        self._loss_text = (f"{self.get_namespace()}: sensor loss: no fresh data from {sensor} for "
-                           f"{self.watch.age(now, self._clock_now()):.1f} s (sensor_timeout_s="
-                           f"{self.watch.timeout_s:g}); " + (f"stopped ({self._hold_name}: hold)"
-                                                             if self.hold_on_loss else "the robot finishes its chunk"))
+        self._loss_text = (
+            f"{self.get_namespace()}: sensor loss: no fresh data from {sensor} for "
+            f"{self.watch.age(now, self._clock_now()):.1f} s (sensor_timeout_s="
+            f"{self.watch.timeout_s:g}); "
+            + (f"stopped ({self._hold_name}: hold)" if self.hold_on_loss else "the robot finishes its chunk")
+        )
         if self.hold_on_loss:
             self.chunker.reset()
         return True

@@ -5,6 +5,7 @@ uses it); its stamp is judged by mstar_ros.policy.sensor_watch. A bad message is
 counted against its topic's flood limit (mstar_ros.policy.flood_guard): a flooding topic is
 unsubscribed for a while (mstar_ros.ros.common.sensor_subscriptions).
 """
+
 from __future__ import annotations
 
 import re
@@ -29,14 +30,15 @@ class SensorInputs:
     def _start_sensor_inputs(self, p: PolicyParams) -> None:
         self._resolved: dict[str, str] = {}
         self.image_hw = (p.image_height, p.image_width)
-        self.camera_topics = p.camera_topics              # checkpoint camera -> topic, model order
+        self.camera_topics = p.camera_topics  # checkpoint camera -> topic, model order
         self.cameras = list(self.camera_topics.values())
         self._joints_topic = p.joint_states_topic
-        self.watch = SensorWatch([self._full(t) for t in [*self.cameras, self._joints_topic]],
-                                 p.max_observation_age_s, p.sensor_timeout_s)
+        self.watch = SensorWatch(
+            [self._full(t) for t in [*self.cameras, self._joints_topic]], p.max_observation_age_s, p.sensor_timeout_s
+        )
         self.freshness = FrameFreshness() if p.wait_for_fresh_frames else None
         self.flood_guard = FloodGuard(p.max_bad_rate_hz)
-        self._frames: dict[str, object] = {}    # camera topic -> the newest usable Image
+        self._frames: dict[str, object] = {}  # camera topic -> the newest usable Image
         self._state: np.ndarray | None = None
         self._unstamped: set[str] = set()
 
@@ -44,11 +46,15 @@ class SensorInputs:
         def subscriber(msg_type, topic: str, callback):
             return lambda: self.create_subscription(msg_type, topic, callback, qos_profile_sensor_data)
 
-        self.sensors = SensorSubscriptions(self, {
-            **{t: subscriber(Image, t, lambda m, t=t: self._on_image(t, m)) for t in self.cameras},
-            self._joints_topic: subscriber(JointState, self._joints_topic, self._on_joints),
-        }, on_reopen=lambda topic: self.flood_guard.reopened(topic, time.monotonic()),
-            closing=lambda: self.closing)
+        self.sensors = SensorSubscriptions(
+            self,
+            {
+                **{t: subscriber(Image, t, lambda m, t=t: self._on_image(t, m)) for t in self.cameras},
+                self._joints_topic: subscriber(JointState, self._joints_topic, self._on_joints),
+            },
+            on_reopen=lambda topic: self.flood_guard.reopened(topic, time.monotonic()),
+            closing=lambda: self.closing,
+        )
 
     def _bad(self, topic: str, text: str, *, level: str = "ERROR", count: str = "dropped") -> None:
         """A sensor message not acted on: reported (throttled per topic and kind of problem: the text with
@@ -64,8 +70,11 @@ class SensorInputs:
         if not self.sensors.hold(topic, hold):
             return
         self.stats.topics_shut += 1
-        self._say(f"{self._full(topic)}: over max_bad_rate_hz={self.flood_guard.max_bad_per_s:g} bad messages a "
-                  f"second: unsubscribed for {hold:g} s, then listening again", "ERROR")
+        self._say(
+            f"{self._full(topic)}: over max_bad_rate_hz={self.flood_guard.max_bad_per_s:g} bad messages a "
+            f"second: unsubscribed for {hold:g} s, then listening again",
+            "ERROR",
+        )
 
     def _full(self, topic: str) -> str:
         """The topic's resolved name (worked out once: this runs for every message)."""
@@ -117,8 +126,12 @@ class SensorInputs:
             return
         out = outside_limits(self.joint_names, state, self.lower, self.upper)
         if out:  # reported, not clamped: the state is what the robot reports
-            self._problem(("limits", topic), f"{topic}: positions outside the joint limits: {', '.join(out)}",
-                          "WARN", count="states_outside_limits")
+            self._problem(
+                ("limits", topic),
+                f"{topic}: positions outside the joint limits: {', '.join(out)}",
+                "WARN",
+                count="states_outside_limits",
+            )
         with self._lock:
             self.watch.accept(topic, stamp_seconds(msg), time.monotonic())
             self._state = state

@@ -3,6 +3,7 @@
 A new prompt is capped in bytes and tokens and tokenized once, when it changes; a refused one
 keeps the task that was. Only the prompt changes while serving: other parameters are refused.
 """
+
 from __future__ import annotations
 
 from rcl_interfaces.msg import SetParametersResult
@@ -35,16 +36,18 @@ class TaskInput:
                 with self._lock:
                     self.task, self.prompt, self._truncation_said = task, task.text, False
                 return None
-        self._problem(("prompt", source), f"{source}: {why} (keeping {self.prompt!r})", "ERROR",
-                      count="prompts_refused")
+        self._problem(
+            ("prompt", source), f"{source}: {why} (keeping {self.prompt!r})", "ERROR", count="prompts_refused"
+        )
         return why
 
     def _on_set_parameters(self, params) -> SetParametersResult:
         """Only the prompt changes while serving; the others are read at start (refused, not ignored)."""
         fixed = [p.name for p in params if p.name != "prompt"]
         if fixed:
-            return SetParametersResult(successful=False, reason=f"{', '.join(fixed)}: read at start; restart the "
-                                                                "node set to change it")
+            return SetParametersResult(
+                successful=False, reason=f"{', '.join(fixed)}: read at start; restart the node set to change it"
+            )
         for param in params:
             why = self._set_prompt(str(param.value), f"{self.get_fully_qualified_name()} parameter prompt")
             if why is not None:

@@ -1,5 +1,6 @@
 """The V-JEPA 2-AC world-model node's ROS parameters: declared, read once, validated (msgspec).
 Errors name the parameter at fault."""
+
 from __future__ import annotations
 
 from typing import Annotated, Any
@@ -15,20 +16,35 @@ PARAMETERS: dict[str, tuple[Any, str]] = {
     "gripper_max": (1.0, "gripper position that means closed (state = position / gripper_max, in [0, 1])"),
     "goal_topic": ("goal_image", "sensor_msgs/Image of the goal: starts or updates planning"),
     "fps": (4.0, "frames per second that extend the session (the rate the model was trained at: 4)"),
-    "image_height": (0, "expected camera image height (0: the camera's first frame's size, logged; frames of "
-                        "another size are reported and dropped)"),
+    "image_height": (
+        0,
+        "expected camera image height (0: the camera's first frame's size, logged; frames of "
+        "another size are reported and dropped)",
+    ),
     "image_width": (0, "expected camera image width (0: the first frame's, with image_height 0)"),
     "max_pose_age_s": (0.25, "a frame whose nearest pose or gripper reading is older than this is not used"),
-    "max_observation_age_s": (0.5, "camera, pose or gripper messages stamped more than this before or after this "
-                                   "node's clock are refused (a lagging driver, a replayed stamp, clocks out of "
-                                   "step)"),
+    "max_observation_age_s": (
+        0.5,
+        "camera, pose or gripper messages stamped more than this before or after this "
+        "node's clock are refused (a lagging driver, a replayed stamp, clocks out of "
+        "step)",
+    ),
     "max_position_m": (10.0, "a pose with x, y or z farther than this from the base frame's origin is refused"),
-    "max_bad_rate_hz": (100.0, "a sensor topic sending bad messages faster (over a quarter second) is unsubscribed "
-                               "for a while (5 s, doubling while it goes on; 0: never): a flood costs others nothing"),
-    "seed": (-1, "seed of every plan's CEM sampling: the same seed, frames, poses and goal give the same plan "
-                 "(-1: plan n of the node is seeded n; /diagnostics says each plan's seed)"),
-    "window_frames": (0, "frames the session keeps (0: the model's capacity less the plan horizon); when full "
-                         "it keeps its newest half, computed again exactly"),
+    "max_bad_rate_hz": (
+        100.0,
+        "a sensor topic sending bad messages faster (over a quarter second) is unsubscribed "
+        "for a while (5 s, doubling while it goes on; 0: never): a flood costs others nothing",
+    ),
+    "seed": (
+        -1,
+        "seed of every plan's CEM sampling: the same seed, frames, poses and goal give the same plan "
+        "(-1: plan n of the node is seeded n; /diagnostics says each plan's seed)",
+    ),
+    "window_frames": (
+        0,
+        "frames the session keeps (0: the model's capacity less the plan horizon); when full "
+        "it keeps its newest half, computed again exactly",
+    ),
     "plan_horizon": (2, "actions per plan (Meta's world-model wrapper: 2)"),
     "plan_samples": (64, "CEM samples per iteration (Meta: 400)"),
     "plan_topk": (8, "CEM elite samples (Meta: 10)"),
@@ -86,17 +102,25 @@ def declare(node, max_frames: int) -> WorldModelParams:
     if p.plan_topk > p.plan_samples:
         raise ValueError(f"{where}: parameter plan_topk: {p.plan_topk} is more than plan_samples={p.plan_samples}")
     if p.plan_horizon >= max_frames:
-        raise ValueError(f"{where}: parameter plan_horizon: {p.plan_horizon} leaves no room for a frame in the "
-                         f"model's {max_frames}-frame context")
+        raise ValueError(
+            f"{where}: parameter plan_horizon: {p.plan_horizon} leaves no room for a frame in the "
+            f"model's {max_frames}-frame context"
+        )
     if p.window_frames and p.window_frames + p.plan_horizon > max_frames:
-        raise ValueError(f"{where}: parameter window_frames: {p.window_frames} + plan_horizon {p.plan_horizon} is "
-                         f"over the model's {max_frames}-frame context")
+        raise ValueError(
+            f"{where}: parameter window_frames: {p.window_frames} + plan_horizon {p.plan_horizon} is "
+            f"over the model's {max_frames}-frame context"
+        )
     if bool(p.image_height) != bool(p.image_width):
-        raise ValueError(f"{where}: parameters image_height and image_width: give both or neither (0 and 0: the "
-                         "camera's first frame's size)")
+        raise ValueError(
+            f"{where}: parameters image_height and image_width: give both or neither (0 and 0: the "
+            "camera's first frame's size)"
+        )
     if 0 < p.max_bad_rate_hz < 4:
-        raise ValueError(f"{where}: parameter max_bad_rate_hz: {p.max_bad_rate_hz:g} would cut a topic at its first "
-                         "bad message (it is counted over a quarter second): give 0 (never) or at least 4")
+        raise ValueError(
+            f"{where}: parameter max_bad_rate_hz: {p.max_bad_rate_hz:g} would cut a topic at its first "
+            "bad message (it is counted over a quarter second): give 0 (never) or at least 4"
+        )
     topics = [p.camera_topic, p.pose_topic, p.gripper_topic, p.goal_topic]
     dupes = sorted({t for t in topics if topics.count(t) > 1})
     if dupes:

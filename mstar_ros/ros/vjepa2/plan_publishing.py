@@ -1,4 +1,5 @@
 """A world-model node's plan out: target pose, path, gripper target and energies (a part of WorldModelNode)."""
+
 from __future__ import annotations
 
 import torch

@@ -5,6 +5,7 @@ A bad message is refused, counted on its topic, reported throttled and dropped; 
 flooding bad messages is unsubscribed for a while (mstar_ros.policy.flood_guard). A frame due at
 ``fps`` and a goal are handed to the runtime side on the asyncio loop.
 """
+
 from __future__ import annotations
 
 import re
@@ -24,13 +25,18 @@ class WorldModelInputs:
     """WorldModelNode's ROS callbacks (the executor thread): check, keep, hand over."""
 
     def _subscribe_inputs(self, p: WorldModelParams) -> None:
-        self.sensors = SensorSubscriptions(self, {
-            p.camera_topic: lambda: self.create_subscription(Image, p.camera_topic, self._on_camera,
-                                                             qos_profile_sensor_data),
-            p.pose_topic: lambda: self.create_subscription(PoseStamped, p.pose_topic, self._on_pose, 10),
-            p.gripper_topic: lambda: self.create_subscription(JointState, p.gripper_topic, self._on_gripper, 10),
-        }, on_reopen=lambda topic: self.flood_guard.reopened(topic, time.monotonic()),
-            closing=lambda: self.closing)
+        self.sensors = SensorSubscriptions(
+            self,
+            {
+                p.camera_topic: lambda: self.create_subscription(
+                    Image, p.camera_topic, self._on_camera, qos_profile_sensor_data
+                ),
+                p.pose_topic: lambda: self.create_subscription(PoseStamped, p.pose_topic, self._on_pose, 10),
+                p.gripper_topic: lambda: self.create_subscription(JointState, p.gripper_topic, self._on_gripper, 10),
+            },
+            on_reopen=lambda topic: self.flood_guard.reopened(topic, time.monotonic()),
+            closing=lambda: self.closing,
+        )
         self.create_subscription(Image, p.goal_topic, self._on_goal, 10)  # reliable: a goal is a command
 
     def _bad(self, topic: str, text: str, *, stamp: bool = False, guard: bool = True) -> None:
@@ -50,9 +56,11 @@ class WorldModelInputs:
         hold = self.flood_guard.bad(topic, now) if guard else None
         if hold is not None and self.sensors.hold(topic, hold):
             self.stats.topics_shut += 1
-            self.get_logger().error(f"{self._resolved[topic]}: over max_bad_rate_hz="
-                                    f"{self.flood_guard.max_bad_per_s:g} bad messages a second: unsubscribed "
-                                    f"for {hold:g} s, then listening again")
+            self.get_logger().error(
+                f"{self._resolved[topic]}: over max_bad_rate_hz="
+                f"{self.flood_guard.max_bad_per_s:g} bad messages a second: unsubscribed "
+                f"for {hold:g} s, then listening again"
+            )
 
     def _judged_stamp(self, topic: str, msg) -> float | None:
         """The message's stamp when the clock lets it be used (the clock's now for an unstamped one, which is
@@ -114,8 +122,10 @@ class WorldModelInputs:
                 raise ObservationError(f"{topic}: no end-effector pose or gripper reading yet")
             age = max(abs(stamp - pose[0]), abs(stamp - grip[0]))
             if age > p.max_pose_age_s:
-                raise ObservationError(f"{topic}: the nearest pose or gripper reading is {age:.2f} s "
-                                       f"from the frame (max_pose_age_s {p.max_pose_age_s:g})")
+                raise ObservationError(
+                    f"{topic}: the nearest pose or gripper reading is {age:.2f} s "
+                    f"from the frame (max_pose_age_s {p.max_pose_age_s:g})"
+                )
             state = pose_state(pose[1], pose[2], grip[1], topic=self._resolved[p.pose_topic])
         except (ObservationError, StateError) as exc:
             return self._bad(p.camera_topic, str(exc))
@@ -130,12 +140,16 @@ class WorldModelInputs:
         size = (int(msg.height), int(msg.width))
         if held and size != self._camera_hw:
             (h, w), (held_h, held_w) = size, self._camera_hw
-            raise ObservationError(f"{topic}: image is {w}x{h}, this camera's frames are {held_w}x{held_h} "
-                                   "(its first frame's size: image_height/width are 0)")
+            raise ObservationError(
+                f"{topic}: image is {w}x{h}, this camera's frames are {held_w}x{held_h} "
+                "(its first frame's size: image_height/width are 0)"
+            )
         if self._camera_hw is None:
             self._camera_hw = size
-            self.get_logger().info(f"{topic}: taking {size[1]}x{size[0]} frames (the first frame's size; "
-                                   "image_height/width are 0): frames of another size will be dropped")
+            self.get_logger().info(
+                f"{topic}: taking {size[1]}x{size[0]} frames (the first frame's size; "
+                "image_height/width are 0): frames of another size will be dropped"
+            )
 
     def _on_goal(self, msg) -> None:
         try:

@@ -32,6 +32,7 @@ skipped): frames never queue up behind it. Health on /diagnostics once a second.
 Its sensor callbacks are in world_model_inputs, its plan's messages in plan_publishing, its
 counters and /diagnostics in world_model_status. This module imports rclpy: the node set imports it where ROS runs.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -62,8 +63,9 @@ __all__ = ["WorldModelNode"]
 
 
 class WorldModelNode(WorldModelInputs, PlanPublishing, WorldModelStatus, Node):
-    def __init__(self, loop: asyncio.AbstractEventLoop, namespace: str, max_frames: int,
-                 name: str = "world_model") -> None:
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, namespace: str, max_frames: int, name: str = "world_model"
+    ) -> None:
         """Its ``conductor`` is set once the runtime is up (the node's parameters size its KV pool)."""
         super().__init__(name, namespace=namespace)
         self.loop = loop
@@ -71,25 +73,34 @@ class WorldModelNode(WorldModelInputs, PlanPublishing, WorldModelStatus, Node):
         self.params = p = declare(self, max_frames)
         self.session = f"vjepa2:{self.get_namespace()}"
         self.window = p.window_frames or (max_frames - p.plan_horizon)
-        self.cem = CemParams(samples=p.plan_samples, topk=p.plan_topk, iterations=p.plan_iterations,
-                             maxnorm=p.plan_maxnorm, momentum_mean=p.plan_momentum_mean,
-                             momentum_std=p.plan_momentum_std)
+        self.cem = CemParams(
+            samples=p.plan_samples,
+            topk=p.plan_topk,
+            iterations=p.plan_iterations,
+            maxnorm=p.plan_maxnorm,
+            momentum_mean=p.plan_momentum_mean,
+            momentum_std=p.plan_momentum_std,
+        )
         self.stats = WorldModelStats()
         # stamps judged against the clock within max_observation_age_s either way: a monotonic clock then
         # moves a taken stamp back by at most twice that; further back, the clock itself went back
         self.picker = FramePicker(p.fps, max_back_s=2 * p.max_observation_age_s)
         self.throttle = ReportThrottle(p.report_period_s)
         self._lock = threading.Lock()
-        self._resolved = {t: self.resolve_topic_name(t)
-                          for t in (p.camera_topic, p.pose_topic, p.gripper_topic, p.goal_topic)}
+        self._resolved = {
+            t: self.resolve_topic_name(t) for t in (p.camera_topic, p.pose_topic, p.gripper_topic, p.goal_topic)
+        }
         # only its stamp verdicts are used (silence is judged by _diagnose, in world_model_status)
-        self.watch = SensorWatch([self._resolved[t] for t in (p.camera_topic, p.pose_topic, p.gripper_topic)],
-                                 p.max_observation_age_s, 2.0 / p.fps + 1.0)
+        self.watch = SensorWatch(
+            [self._resolved[t] for t in (p.camera_topic, p.pose_topic, p.gripper_topic)],
+            p.max_observation_age_s,
+            2.0 / p.fps + 1.0,
+        )
         self._unstamped: set[str] = set()
         self.flood_guard = FloodGuard(p.max_bad_rate_hz)
-        self._camera_hw = p.expect_hw   # (height, width); None until the first frame when not configured
-        self._pose = None      # (stamp, position, orientation, frame_id)
-        self._gripper = None   # (stamp, value in [0, 1])
+        self._camera_hw = p.expect_hw  # (height, width); None until the first frame when not configured
+        self._pose = None  # (stamp, position, orientation, frame_id)
+        self._gripper = None  # (stamp, value in [0, 1])
         # the newest frame and goal not yet taken: a busy model skips frames, never queues them up
         self._next_frame = None
         self._next_goal = None
@@ -122,8 +133,11 @@ class WorldModelNode(WorldModelInputs, PlanPublishing, WorldModelStatus, Node):
                 await self._guarded(self._set_goal(goal))
             if frame is not None:
                 image, state, frame_id = frame
-                if await self._guarded(self._add_frame(image, state)) and self.goal is not None \
-                        and self._next_frame is None:  # plan from the newest frame
+                if (
+                    await self._guarded(self._add_frame(image, state))
+                    and self.goal is not None
+                    and self._next_frame is None
+                ):  # plan from the newest frame
                     await self._guarded(self._plan(frame_id))
 
     async def _guarded(self, work) -> bool:
@@ -138,16 +152,18 @@ class WorldModelNode(WorldModelInputs, PlanPublishing, WorldModelStatus, Node):
         except Exception as exc:
             text = self.stats.last_error = f"{type(exc).__name__}: {exc}"
             with self._lock:  # said throttled as bad input is: a failing engine fails every frame
-                said = self.throttle.report(("failed", re.sub(r"[-\d.]+", "#", text[:80])), text,
-                                            time.monotonic())
+                said = self.throttle.report(("failed", re.sub(r"[-\d.]+", "#", text[:80])), text, time.monotonic())
             if said:
                 self.get_logger().error(said)
             return False
 
     async def _add_frame(self, image, state: torch.Tensor) -> None:
         action = pose_delta(self.state, state).float() if self.state is not None else torch.zeros(7)
-        req = Request({"frames": torch.from_numpy(image)[None], "states": state[None], "actions": action[None]},
-                      session_id=self.session, meta={"walk": "observe", "context.kv_window": self.window})
+        req = Request(
+            {"frames": torch.from_numpy(image)[None], "states": state[None], "actions": action[None]},
+            session_id=self.session,
+            meta={"walk": "observe", "context.kv_window": self.window},
+        )
         try:
             await self.conductor.submit(req).collect()
         except RequestError:
@@ -160,9 +176,15 @@ class WorldModelNode(WorldModelInputs, PlanPublishing, WorldModelStatus, Node):
 
     async def _set_goal(self, image) -> None:
         if self.state is None:
-            return self._bad(self.params.goal_topic, f"{self._resolved[self.params.goal_topic]}: a goal before "
-                             "any frame (the session has nothing to plan from)", guard=False)
-        out = await self.conductor.submit(Request({"frames": torch.from_numpy(image)}, meta={"walk": "encode"})).collect()
+            return self._bad(
+                self.params.goal_topic,
+                f"{self._resolved[self.params.goal_topic]}: a goal before "
+                "any frame (the session has nothing to plan from)",
+                guard=False,
+            )
+        out = await self.conductor.submit(
+            Request({"frames": torch.from_numpy(image)}, meta={"walk": "encode"})
+        ).collect()
         self.goal = out["latents"][0]
         self.stats.goals += 1
         self.get_logger().info(f"goal set: planning {self.params.plan_horizon} actions after every frame")
@@ -173,8 +195,9 @@ class WorldModelNode(WorldModelInputs, PlanPublishing, WorldModelStatus, Node):
         seed = self.params.seed if self.params.seed >= 0 else self.stats.plans
         self.stats.last_plan_seed = seed
         try:
-            out = await self.conductor.submit(plan_request(self.goal, self.params.plan_horizon, self.cem,
-                                                           session_id=self.session, seed=seed)).collect()
+            out = await self.conductor.submit(
+                plan_request(self.goal, self.params.plan_horizon, self.cem, session_id=self.session, seed=seed)
+            ).collect()
         except RequestError:
             self.stats.plans_failed += 1
             self.stats.last_failure_at = time.monotonic()

@@ -1,4 +1,5 @@
 """The attention backend interface and its run-time choice (FlashInfer on CUDA, torch elsewhere)."""
+
 from __future__ import annotations
 
 from abc import ABC, abstractmethod

@@ -13,6 +13,7 @@ kinds, so decode steps never need a mask.
 reach us in ``forward``, so the wrapper is planned on the step's first layer and re-planned
 only if one of them changes.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -32,12 +33,12 @@ _SUPPORTED_HEAD_DIMS = (64, 128, 256)  # other sizes are not validated by the FA
 @dataclass
 class _StepPlan:
     decode_only: bool
-    qo_indptr: torch.Tensor        # [B + 1] int32
-    kv_indptr: torch.Tensor        # [B + 1] int32 (pages)
-    kv_indices: torch.Tensor       # [kv_indptr[-1]] int32
+    qo_indptr: torch.Tensor  # [B + 1] int32
+    kv_indptr: torch.Tensor  # [B + 1] int32 (pages)
+    kv_indices: torch.Tensor  # [kv_indptr[-1]] int32
     kv_last_page_len: torch.Tensor  # [B] int32, in [1, page_size]
     custom_mask: torch.Tensor | None  # flattened bool, or None for causal
-    perm: torch.Tensor | None      # packed rows in FlashInfer order; None when already in order
+    perm: torch.Tensor | None  # packed rows in FlashInfer order; None when already in order
 
 
 class FlashInferAttentionBackend(AttentionBackend):
@@ -55,10 +56,10 @@ class FlashInferAttentionBackend(AttentionBackend):
         self._workspace = torch.zeros(workspace_bytes, dtype=torch.uint8, device=cache.device)
         # fa2, not "auto": auto fixes its kernel family at the first plan() (fa3 on Hopper for a causal
         # step), and the fa3 paged kernel ignores custom masks that later steps need
-        self._prefill = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self._workspace, kv_layout="NHD",
-                                                                       backend="fa2")
-        self._decode = flashinfer.BatchDecodeWithPagedKVCacheWrapper(self._workspace, kv_layout="NHD",
-                                                                     use_tensor_cores=True)
+        self._prefill = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self._workspace, kv_layout="NHD", backend="fa2")
+        self._decode = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+            self._workspace, kv_layout="NHD", use_tensor_cores=True
+        )
         self._meta: AttentionMetadata | None = None
         self._step: _StepPlan | None = None
         self._planned_key: tuple[Any, ...] | None = None
@@ -91,7 +92,10 @@ class FlashInferAttentionBackend(AttentionBackend):
 
         self._step = _StepPlan(
             decode_only=all(s.query_len == 1 for s in seqs),
-            qo_indptr=i32(qo), kv_indptr=i32(kv_ptr), kv_indices=i32(indices), kv_last_page_len=i32(last),
+            qo_indptr=i32(qo),
+            kv_indptr=i32(kv_ptr),
+            kv_indices=i32(indices),
+            kv_last_page_len=i32(last),
             custom_mask=torch.cat([m.flatten() for m in masks]).to(dev) if need_custom else None,
             perm=None if in_order else order.to(dev),
         )
@@ -103,12 +107,30 @@ class FlashInferAttentionBackend(AttentionBackend):
         assert st is not None
         common = dict(q_data_type=self.cache.dtype, kv_data_type=self.cache.dtype, sm_scale=scale)
         if st.decode_only:
-            self._decode.plan(st.kv_indptr, st.kv_indices, st.kv_last_page_len, num_qo_heads,
-                              spec.num_kv_heads, head_dim, self.cache.block_size, **common)
+            self._decode.plan(
+                st.kv_indptr,
+                st.kv_indices,
+                st.kv_last_page_len,
+                num_qo_heads,
+                spec.num_kv_heads,
+                head_dim,
+                self.cache.block_size,
+                **common,
+            )
         else:
-            self._prefill.plan(st.qo_indptr, st.kv_indptr, st.kv_indices, st.kv_last_page_len,
-                               num_qo_heads, spec.num_kv_heads, head_dim, self.cache.block_size,
-                               custom_mask=st.custom_mask, causal=st.custom_mask is None, **common)
+            self._prefill.plan(
+                st.qo_indptr,
+                st.kv_indptr,
+                st.kv_indices,
+                st.kv_last_page_len,
+                num_qo_heads,
+                spec.num_kv_heads,
+                head_dim,
+                self.cache.block_size,
+                custom_mask=st.custom_mask,
+                causal=st.custom_mask is None,
+                **common,
+            )
 
     def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
         meta, st = self._meta, self._step

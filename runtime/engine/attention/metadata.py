@@ -1,4 +1,5 @@
 """What one engine step tells the attention backend: which tokens, where their KV lives, which mask."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -1,4 +1,5 @@
 """Run-time choice of the attention backend: FlashInfer on CUDA when installed, torch otherwise."""
+
 from __future__ import annotations
 
 import logging
@@ -22,6 +23,7 @@ def _flashinfer_unusable(cache: PagedKVCache) -> str | None:
     except ImportError as e:
         return f"flashinfer cannot be imported ({e}); install flashinfer-python"
     from mstar.engine.attention.flashinfer_backend import _SUPPORTED_HEAD_DIMS, _SUPPORTED_KV_DTYPES
+
     if cache.dtype not in _SUPPORTED_KV_DTYPES:
         return f"the KV cache dtype is {cache.dtype}, FlashInfer needs float16 or bfloat16"
     if cache.spec.head_dim not in _SUPPORTED_HEAD_DIMS:
@@ -45,6 +47,7 @@ def select_attention_backend(cache: PagedKVCache, name: str | None = None) -> At
         why_not = _flashinfer_unusable(cache)
         if why_not is None:
             from mstar.engine.attention.flashinfer_backend import FlashInferAttentionBackend
+
             log.info("attention backend: flashinfer (%s: %s; CUDA cache, package present)", source, choice)
             return FlashInferAttentionBackend(cache)
         if choice == "flashinfer":
@@ -53,4 +56,5 @@ def select_attention_backend(cache: PagedKVCache, name: str | None = None) -> At
     else:
         log.info("attention backend: torch (%s: %s)", source, choice)
     from mstar.engine.attention.torch_backend import TorchAttentionBackend
+
     return TorchAttentionBackend(cache)

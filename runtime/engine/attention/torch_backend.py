@@ -1,4 +1,5 @@
 """Paged attention with plain torch SDPA: the CPU backend, also correct (if slower) on CUDA."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -44,8 +45,10 @@ def validate_seq(seq: SeqAttention, block_size: int) -> None:
     if seq.query_len < 0 or seq.context_len < seq.query_len:
         raise ValueError(f"sequence needs 0 <= query_len <= context_len, got {seq.query_len}, {seq.context_len}")
     if seq.context_len > len(seq.block_table) * block_size:
-        raise ValueError(f"context_len {seq.context_len} exceeds the {len(seq.block_table)} blocks "
-                         f"x {block_size} slots of its block table")
+        raise ValueError(
+            f"context_len {seq.context_len} exceeds the {len(seq.block_table)} blocks "
+            f"x {block_size} slots of its block table"
+        )
     if seq.mask == MaskKind.BLOCK_CAUSAL and seq.mask_arg <= 0:
         raise ValueError(f"BLOCK_CAUSAL needs mask_arg (frame size) > 0, got {seq.mask_arg}")
 
@@ -54,11 +57,11 @@ def validate_seq(seq: SeqAttention, block_size: int) -> None:
 class _DecodePlan:
     """All query_len == 1 sequences, batched into one padded SDPA call."""
 
-    rows: torch.Tensor | None   # [B] packed rows of the queries; None when they are rows [r0, r0 + B)
+    rows: torch.Tensor | None  # [B] packed rows of the queries; None when they are rows [r0, r0 + B)
     row0: int
     batch: int
     max_len: int
-    slots: torch.Tensor         # [B * max_len] flat key slots (padding repeats a real slot)
+    slots: torch.Tensor  # [B * max_len] flat key slots (padding repeats a real slot)
     key_mask: torch.Tensor | None  # [B, 1, 1, max_len] bool, None when every sequence has max_len keys
 
 
@@ -68,8 +71,8 @@ class _PrefillPlan:
 
     start: int
     length: int
-    slots: torch.Tensor         # [context_len]
-    mask: torch.Tensor | None   # [query_len, context_len] bool; None with is_causal or no masking
+    slots: torch.Tensor  # [context_len]
+    mask: torch.Tensor | None  # [query_len, context_len] bool; None with is_causal or no masking
     is_causal: bool
 
 
@@ -78,13 +81,13 @@ class _GroupPlan:
     """Several sequences with the same query_len > 1 (e.g. the flow suffixes of many robots),
     batched into one padded SDPA call with a per-sequence mask."""
 
-    starts: torch.Tensor        # [B] first packed row of each sequence
-    length: int                 # query_len of each
+    starts: torch.Tensor  # [B] first packed row of each sequence
+    length: int  # query_len of each
     max_len: int
-    slots: torch.Tensor         # [B * max_len]
-    mask: torch.Tensor | None   # [B, 1, length, max_len] bool, or [B, 1, 1, max_len] when every query
-                                # row sees the same keys (padding only); None when it sees them all
-    rows_alike: bool            # the mask is the same for every query row (see heads_as_rows)
+    slots: torch.Tensor  # [B * max_len]
+    mask: torch.Tensor | None  # [B, 1, length, max_len] bool, or [B, 1, 1, max_len] when every query
+    # row sees the same keys (padding only); None when it sees them all
+    rows_alike: bool  # the mask is the same for every query row (see heads_as_rows)
 
 
 def _group(plans: list[_PrefillPlan], seqs: list[SeqAttention], bs: int, dev: torch.device) -> _GroupPlan:
@@ -153,8 +156,9 @@ class TorchAttentionBackend(AttentionBackend):
                 mask = None
             elif s.mask == MaskKind.CAUSAL and s.query_len == s.context_len:
                 mask, causal = None, True  # SDPA's top-left causal equals ours when Lq == Lk
-            plan = _PrefillPlan(s.query_start, s.query_len, key_slots(s, bs).to(dev),
-                                None if mask is None else mask.to(dev), causal)
+            plan = _PrefillPlan(
+                s.query_start, s.query_len, key_slots(s, bs).to(dev), None if mask is None else mask.to(dev), causal
+            )
             prefills.append(plan)
             by_len.setdefault(s.query_len, []).append((plan, s))
         if total != meta.num_tokens:
@@ -167,7 +171,11 @@ class TorchAttentionBackend(AttentionBackend):
             slots = torch.cat([key_slots(s, bs, max_len) for s in decode]).to(dev)
             key_mask = None
             if min(lens) != max_len:
-                key_mask = (torch.arange(max_len)[None, :] < torch.tensor(lens)[:, None]).view(len(decode), 1, 1, max_len).to(dev)
+                key_mask = (
+                    (torch.arange(max_len)[None, :] < torch.tensor(lens)[:, None])
+                    .view(len(decode), 1, 1, max_len)
+                    .to(dev)
+                )
             starts = [s.query_start for s in decode]
             in_order = starts == list(range(starts[0], starts[0] + len(starts)))
             rows = None if in_order else torch.tensor(starts, dtype=torch.int64, device=dev)
@@ -179,8 +187,13 @@ class TorchAttentionBackend(AttentionBackend):
                 grouped = {id(m[0]) for m in members}
                 prefills = [p for p in prefills if id(p) not in grouped]
         self._prefills = prefills
-        self._all_decode_in_order = (not prefills and self._decode is not None and self._decode.rows is None
-                                     and self._decode.row0 == 0 and self._decode.batch == meta.num_tokens)
+        self._all_decode_in_order = (
+            not prefills
+            and self._decode is not None
+            and self._decode.rows is None
+            and self._decode.row0 == 0
+            and self._decode.batch == meta.num_tokens
+        )
         self._meta = meta
 
     def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
@@ -204,10 +217,10 @@ class TorchAttentionBackend(AttentionBackend):
             return self._decode_attn(dec, q, kc, vc, scale, cdt)
         out = torch.empty_like(q)
         if dec is not None:
-            qd = q[dec.row0:dec.row0 + dec.batch] if dec.rows is None else q.index_select(0, dec.rows)
+            qd = q[dec.row0 : dec.row0 + dec.batch] if dec.rows is None else q.index_select(0, dec.rows)
             od = self._decode_attn(dec, qd, kc, vc, scale, cdt)
             if dec.rows is None:
-                out[dec.row0:dec.row0 + dec.batch] = od
+                out[dec.row0 : dec.row0 + dec.batch] = od
             else:
                 out.index_copy_(0, dec.rows, od)
         G = Hq // Hkv
@@ -221,30 +234,33 @@ class TorchAttentionBackend(AttentionBackend):
                 o = F.scaled_dot_product_attention(heads_as_rows(qg, Hkv), ks, vs, attn_mask=g.mask, scale=scale)
                 o = rows_as_heads(o, g.length)
             else:
-                o = F.scaled_dot_product_attention(qg.transpose(1, 2), ks, vs, attn_mask=g.mask, scale=scale,
-                                                   enable_gqa=G > 1).transpose(1, 2)
+                o = F.scaled_dot_product_attention(
+                    qg.transpose(1, 2), ks, vs, attn_mask=g.mask, scale=scale, enable_gqa=G > 1
+                ).transpose(1, 2)
             out.index_copy_(0, rows, o.reshape(B * g.length, Hq, D).to(out.dtype))
         for p in self._prefills:
             # 4-D (batch of one): with 3-D inputs SDPA on CPU falls back to its math path (bmm +
             # softmax, K/V repeated for GQA), measured 2-3x slower than the flash kernel at 547 rows.
-            ks = kc.index_select(0, p.slots).to(cdt).transpose(0, 1)[None]        # [1, Hkv, ctx, D]
+            ks = kc.index_select(0, p.slots).to(cdt).transpose(0, 1)[None]  # [1, Hkv, ctx, D]
             vs = vc.index_select(0, p.slots).to(cdt).transpose(0, 1)[None]
-            qp = q[p.start:p.start + p.length].to(cdt)[None]                      # [1, ql, Hq, D]
+            qp = q[p.start : p.start + p.length].to(cdt)[None]  # [1, ql, Hq, D]
             if p.mask is None and not p.is_causal and G > 1:
                 o = rows_as_heads(F.scaled_dot_product_attention(heads_as_rows(qp, Hkv), ks, vs, scale=scale), p.length)
             else:
-                o = F.scaled_dot_product_attention(qp.transpose(1, 2), ks, vs, attn_mask=p.mask, is_causal=p.is_causal,
-                                                   scale=scale, enable_gqa=G > 1).transpose(1, 2)
-            out[p.start:p.start + p.length] = o[0]
+                o = F.scaled_dot_product_attention(
+                    qp.transpose(1, 2), ks, vs, attn_mask=p.mask, is_causal=p.is_causal, scale=scale, enable_gqa=G > 1
+                ).transpose(1, 2)
+            out[p.start : p.start + p.length] = o[0]
         return out
 
     @staticmethod
-    def _decode_attn(dec: _DecodePlan, q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor,
-                     scale: float, cdt: torch.dtype) -> torch.Tensor:
+    def _decode_attn(
+        dec: _DecodePlan, q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, scale: float, cdt: torch.dtype
+    ) -> torch.Tensor:
         B, Hq, D = q.shape
         Hkv = kc.shape[1]
         # GQA without repeating K/V: a single query sees every key, so its heads run as rows.
-        qd = heads_as_rows(q.to(cdt)[:, None], Hkv)                                   # [B, Hkv, G, D]
+        qd = heads_as_rows(q.to(cdt)[:, None], Hkv)  # [B, Hkv, G, D]
         ks = kc.index_select(0, dec.slots).to(cdt).view(B, dec.max_len, Hkv, D).transpose(1, 2)
         vs = vc.index_select(0, dec.slots).to(cdt).view(B, dec.max_len, Hkv, D).transpose(1, 2)
         o = F.scaled_dot_product_attention(qd, ks, vs, attn_mask=dec.key_mask, scale=scale)

@@ -1,4 +1,5 @@
 """Reading HF Llama config.json files: accepted spellings and field-named errors."""
+
 from __future__ import annotations
 
 import json
@@ -39,27 +40,42 @@ def test_llama3_rope_in_both_spellings(tmp_path):
         assert cfg.rope_scaling_params() == LLAMA3
     default_v5 = LlamaConfig.from_dict({**BASE, "rope_parameters": {"rope_type": "default", "rope_theta": 1e6}})
     assert default_v5.rope_type == "default" and default_v5.rope_base == 1e6
-    no_len = LlamaConfig.from_dict({**BASE, "max_position_embeddings": 4096,
-                                    "rope_scaling": {"rope_type": "llama3", "factor": 8, "low_freq_factor": 1,
-                                                     "high_freq_factor": 4}})
+    no_len = LlamaConfig.from_dict(
+        {
+            **BASE,
+            "max_position_embeddings": 4096,
+            "rope_scaling": {"rope_type": "llama3", "factor": 8, "low_freq_factor": 1, "high_freq_factor": 4},
+        }
+    )
     assert no_len.rope_scaling_params()["original_max_position_embeddings"] == 4096.0
 
 
-@pytest.mark.parametrize("change, message", [
-    ({"hidden_size": "64"}, "config.json: hidden_size: Expected `int`, got `str`"),
-    ({"hidden_size": 66}, "config.json: hidden_size: 66 is not divisible by num_attention_heads=4"),
-    ({"num_hidden_layers": -2}, "config.json: num_hidden_layers: must be > 0, got -2"),
-    ({"num_key_value_heads": 3}, "config.json: num_key_value_heads: 3 does not divide num_attention_heads=4"),
-    ({"head_dim": 15}, "config.json: head_dim: must be a positive even number"),
-    ({"rms_norm_eps": 0}, "config.json: rms_norm_eps: must be a finite number > 0"),
-    ({"tie_word_embeddings": "yes"}, "config.json: tie_word_embeddings: Expected `bool`, got `str`"),
-    ({"rope_scaling": {"rope_type": "yarn", "factor": 4}}, "config.json: rope_scaling.rope_type: unsupported RoPE type 'yarn'"),
-    ({"rope_scaling": {"rope_type": "llama3", **LLAMA3, "factor": "big"}}, "config.json: rope_scaling.factor: expected a number"),
-    ({"rope_parameters": {"rope_type": "llama3", **LLAMA3, "high_freq_factor": 0.5}},
-     "config.json: rope_parameters.high_freq_factor: must exceed low_freq_factor"),
-    ({"hidden_act": "gelu"}, "config.json: hidden_act: only 'silu' is supported"),
-    ({"torch_dtype": "int8"}, "config.json: torch_dtype: expected float32, float16 or bfloat16"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"hidden_size": "64"}, "config.json: hidden_size: Expected `int`, got `str`"),
+        ({"hidden_size": 66}, "config.json: hidden_size: 66 is not divisible by num_attention_heads=4"),
+        ({"num_hidden_layers": -2}, "config.json: num_hidden_layers: must be > 0, got -2"),
+        ({"num_key_value_heads": 3}, "config.json: num_key_value_heads: 3 does not divide num_attention_heads=4"),
+        ({"head_dim": 15}, "config.json: head_dim: must be a positive even number"),
+        ({"rms_norm_eps": 0}, "config.json: rms_norm_eps: must be a finite number > 0"),
+        ({"tie_word_embeddings": "yes"}, "config.json: tie_word_embeddings: Expected `bool`, got `str`"),
+        (
+            {"rope_scaling": {"rope_type": "yarn", "factor": 4}},
+            "config.json: rope_scaling.rope_type: unsupported RoPE type 'yarn'",
+        ),
+        (
+            {"rope_scaling": {"rope_type": "llama3", **LLAMA3, "factor": "big"}},
+            "config.json: rope_scaling.factor: expected a number",
+        ),
+        (
+            {"rope_parameters": {"rope_type": "llama3", **LLAMA3, "high_freq_factor": 0.5}},
+            "config.json: rope_parameters.high_freq_factor: must exceed low_freq_factor",
+        ),
+        ({"hidden_act": "gelu"}, "config.json: hidden_act: only 'silu' is supported"),
+        ({"torch_dtype": "int8"}, "config.json: torch_dtype: expected float32, float16 or bfloat16"),
+    ],
+)
 def test_bad_values_name_file_and_field(tmp_path, change, message):
     with pytest.raises(ConfigError) as info:
         _write(tmp_path, {**BASE, **change})

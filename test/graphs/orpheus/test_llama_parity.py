@@ -1,4 +1,5 @@
 """Our Llama vs transformers' on the same random Orpheus-shaped checkpoint directory."""
+
 from __future__ import annotations
 
 import json
@@ -36,8 +37,9 @@ class DenseCausalAttention:
         self.k[layer], self.v[layer] = k, v
         t, total = q.shape[0], k.shape[0]
         mask = torch.ones(t, total, dtype=torch.bool).tril(diagonal=total - t)
-        out = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
-                                             attn_mask=mask, scale=scale, enable_gqa=True)
+        out = F.scaled_dot_product_attention(
+            q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask, scale=scale, enable_gqa=True
+        )
         return out.transpose(0, 1)
 
 
@@ -125,9 +127,15 @@ def test_greedy_constrained_decode_matches_generate(ours, theirs, prompt):
     def allowed(_batch: int, input_ids: torch.Tensor) -> list[int]:
         return allowed_token_ids(input_ids.shape[-1] - n_prompt).tolist()
 
-    ref = theirs.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, n_prompt, dtype=torch.long),
-                          do_sample=False, max_new_tokens=DECODE_STEPS, prefix_allowed_tokens_fn=allowed,
-                          eos_token_id=END_OF_SPEECH, pad_token_id=END_OF_SPEECH)[0, n_prompt:].tolist()
+    ref = theirs.generate(
+        torch.tensor([prompt]),
+        attention_mask=torch.ones(1, n_prompt, dtype=torch.long),
+        do_sample=False,
+        max_new_tokens=DECODE_STEPS,
+        prefix_allowed_tokens_fn=allowed,
+        eos_token_id=END_OF_SPEECH,
+        pad_token_id=END_OF_SPEECH,
+    )[0, n_prompt:].tolist()
 
     attn = DenseCausalAttention()
     hidden = ours(torch.tensor(prompt), torch.arange(n_prompt), attn)[-1:]

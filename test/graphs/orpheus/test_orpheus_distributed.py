@@ -1,4 +1,5 @@
 """Orpheus across Worker processes: LLM and SNAC apart (each transport), prefill and decode apart."""
+
 from __future__ import annotations
 
 import asyncio
@@ -36,8 +37,10 @@ def tts() -> OrpheusTTS:
 
 async def _serve(tts: OrpheusTTS, conductor: Conductor, outputs=None):
     async with conductor:
-        streams = [conductor.submit(tts.request(t, sampling=GREEDY, request_id=f"t{i}", outputs=outputs))
-                   for i, t in enumerate(TEXTS)]
+        streams = [
+            conductor.submit(tts.request(t, sampling=GREEDY, request_id=f"t{i}", outputs=outputs))
+            for i, t in enumerate(TEXTS)
+        ]
         results = await asyncio.gather(*(s.collect() for s in streams))
         await conductor.wait_idle(timeout=10)
     return results
@@ -76,6 +79,7 @@ def test_prefill_and_decode_on_two_ranks_give_the_same_tokens(tts, single_proces
 
 def test_tensor_parallel_llm_over_two_processes_gives_the_same_tokens(tts, single_process):
     from pathlib import Path
+
     path = Path(__file__).parents[3] / "config" / "placement" / "orpheus-tp2.yaml"
     conductor = Conductor.distributed(orpheus_spec(), path, config=FP32)
     got = asyncio.run(_serve(tts, conductor))
@@ -92,14 +96,21 @@ def test_killing_a_tensor_parallel_rank_fails_fast_and_restarts_the_group(tts):
     from pathlib import Path
 
     from mstar.conductor import RequestError
+
     path = Path(__file__).parents[3] / "config" / "placement" / "orpheus-tp2.yaml"
 
     async def go():
         conductor = Conductor.distributed(orpheus_spec(), path, config=FP32)
         async with conductor:
             old = {r: w.pid for r, w in conductor.pool.workers.items()}
-            stream = conductor.submit(tts.request(TEXTS[1], sampling=SamplingParams(max_tokens=600, seed=1),
-                                                  request_id="doomed", outputs=frozenset({"tokens"})))
+            stream = conductor.submit(
+                tts.request(
+                    TEXTS[1],
+                    sampling=SamplingParams(max_tokens=600, seed=1),
+                    request_id="doomed",
+                    outputs=frozenset({"tokens"}),
+                )
+            )
             await stream.__anext__()
             os.kill(old[1], 9)
             killed = time.monotonic()

@@ -1,4 +1,5 @@
 """Loading Orpheus from a directory: bad checkpoints fail clearly, naming what is wrong."""
+
 from __future__ import annotations
 
 import json

@@ -1,4 +1,5 @@
 """Orpheus end to end through the Conductor, against transformers generate() + the snac package."""
+
 from __future__ import annotations
 
 import asyncio
@@ -14,8 +15,16 @@ from mstar_graphs.orpheus.reference import hf_generate, load_hf_llm, load_refere
 from support.parity import FP32, fp32
 
 GREEDY = SamplingParams(max_tokens=64, seed=1234)
-TEXTS = ["Hello there.", "The quick brown fox jumps over the lazy dog, twice.", "Hi", "One two three four five six seven",
-         "Streaming speech is fun.", "A", "Robots and voices", "What a day it has been for everyone here today!"]
+TEXTS = [
+    "Hello there.",
+    "The quick brown fox jumps over the lazy dog, twice.",
+    "Hi",
+    "One two three four five six seven",
+    "Streaming speech is fun.",
+    "A",
+    "Robots and voices",
+    "What a day it has been for everyone here today!",
+]
 
 
 @pytest.fixture(scope="module")
@@ -23,8 +32,13 @@ def tts() -> OrpheusTTS:
     return OrpheusTTS.load(progress=False)
 
 
-async def _run(tts: OrpheusTTS, texts: list[str], sampling: SamplingParams, config: EngineConfig | None = None,
-               stagger_s: float = 0.0):
+async def _run(
+    tts: OrpheusTTS,
+    texts: list[str],
+    sampling: SamplingParams,
+    config: EngineConfig | None = None,
+    stagger_s: float = 0.0,
+):
     async with Conductor(tts.graph(), tts.modules(), config=config or FP32) as c:
         streams = []
         for t in texts:
@@ -38,7 +52,7 @@ async def _run(tts: OrpheusTTS, texts: list[str], sampling: SamplingParams, conf
 
 
 def test_greedy_tokens_and_streamed_audio_match_offline_pipeline(tts):
-    (tokens, audio), = asyncio.run(_run(tts, [TEXTS[1]], GREEDY))[0]
+    ((tokens, audio),) = asyncio.run(_run(tts, [TEXTS[1]], GREEDY))[0]
     prompt = tts.prompt_ids(TEXTS[1])
     expected = hf_generate(load_hf_llm(tts.paths.llm), [prompt], max_new_tokens=64, do_sample=False)[0]
     assert len(tokens) >= 28, "too few tokens to make a window"
@@ -54,12 +68,12 @@ def test_greedy_tokens_and_streamed_audio_match_offline_pipeline(tts):
     assert torch.allclose(ours, ref, atol=1e-4, rtol=0), float((ours - ref).abs().max())
     # Between the edges it is the Orpheus reference decoder's own output (which drops the edges).
     inner = torch.cat(snac_windows(snac, tokens, GREEDY.seed, edges=False))
-    assert torch.allclose(ours[2048:(frames - 2) * 2048], inner, atol=1e-4, rtol=0)
+    assert torch.allclose(ours[2048 : (frames - 2) * 2048], inner, atol=1e-4, rtol=0)
 
 
 def test_a_stream_of_whole_frames_ends_with_its_last_window_in_full(tts):
     whole = SamplingParams(max_tokens=63, seed=9)
-    (tokens, audio), = asyncio.run(_run(tts, [TEXTS[3]], whole))[0]
+    ((tokens, audio),) = asyncio.run(_run(tts, [TEXTS[3]], whole))[0]
     assert len(tokens) == 63 and len(audio) == 9 - 4 + 1, "no repeated window"
     assert audio[0].shape == (2 * 2048,) and audio[-1].shape == (3 * 2048,)
     reference = snac_windows(load_reference_snac(tts.paths.snac), tokens, whole.seed)
@@ -68,7 +82,7 @@ def test_a_stream_of_whole_frames_ends_with_its_last_window_in_full(tts):
 
 def test_a_stream_shorter_than_a_window_is_decoded_whole(tts):
     short = SamplingParams(max_tokens=23, seed=5)  # 3 whole frames and 2 tokens of a 4th
-    (tokens, audio), = asyncio.run(_run(tts, [TEXTS[0]], short))[0]
+    ((tokens, audio),) = asyncio.run(_run(tts, [TEXTS[0]], short))[0]
     assert len(tokens) == 23 and len(audio) == 1
     reference = snac_windows(load_reference_snac(tts.paths.snac), tokens, short.seed)
     assert audio[0].shape == reference[0].shape == (3 * 2048,)
@@ -103,6 +117,7 @@ def test_bad_inputs_give_clear_errors_and_serving_continues(tts):
     async def scenario():
         async with Conductor(tts.graph(), tts.modules(), config=FP32) as c:
             from mstar.conductor import Request, UnknownRequest
+
             with pytest.raises(UnknownRequest):
                 await c.cancel("no-such-request")
             bad = Request({"prompt_ids": torch.tensor([10**7])}, GREEDY)
@@ -111,6 +126,7 @@ def test_bad_inputs_give_clear_errors_and_serving_continues(tts):
             good = await c.submit(tts.request(TEXTS[0], sampling=GREEDY)).collect()
             assert len(good["audio"]) > 0
             await c.wait_idle()
+
     asyncio.run(scenario())
 
 
@@ -124,10 +140,12 @@ def test_cancel_mid_stream_frees_everything(tts):
             assert first.name in ("tokens", "audio")
             await c.cancel(victim_req.request_id)
             from mstar.conductor import RequestCancelled
+
             with pytest.raises(RequestCancelled):
                 async for _ in victim:
                     pass
             assert len((await keep.collect())["audio"]) > 0
             await c.wait_idle()
             assert c.kv_blocks_used() == 0
+
     asyncio.run(scenario())

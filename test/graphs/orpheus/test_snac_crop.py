@@ -1,4 +1,5 @@
 """Receptive-field cropping: ``SnacDecoder.decode_range`` == ``decode(...)[..., start:end]``."""
+
 from __future__ import annotations
 
 import copy

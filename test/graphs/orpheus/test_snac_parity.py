@@ -1,4 +1,5 @@
 """Our SNAC decoder vs the reference ``snac`` package, loaded from the same random checkpoint."""
+
 from __future__ import annotations
 
 import json

@@ -1,4 +1,5 @@
 """OrpheusSnacStage vs the Orpheus reference pipeline (token -> codes, snac.decode, keep 2048:4096)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -90,7 +91,12 @@ def test_prepare_inputs_shapes(stage: OrpheusSnacStage) -> None:
     calls = [NodeCall(f"r{i}", {"codes": _random_window(gen)}) for i in range(2)]
     batch = stage.prepare_inputs(calls)
     assert batch["codes_0"].shape == (2, 4) and batch["codes_1"].shape == (2, 8) and batch["codes_2"].shape == (2, 16)
-    assert [tuple(batch[f"noise_{i}"].shape) for i in range(4)] == [(2, 1, 128), (2, 1, 1024), (2, 1, 4096), (2, 1, 8192)]
+    assert [tuple(batch[f"noise_{i}"].shape) for i in range(4)] == [
+        (2, 1, 128),
+        (2, 1, 1024),
+        (2, 1, 4096),
+        (2, 1, 8192),
+    ]
 
 
 @pytest.mark.parametrize("position", [0, 5, 27])
@@ -136,8 +142,9 @@ def test_edge_chunks_keep_what_the_middle_crop_drops(stage: OrpheusSnacStage) ->
     last = _run(stage, [NodeCall("r", {"codes": tokens}, index=4, seed=2, meta={"final": 1})])[0]["audio"]
     torch.testing.assert_close(last, whole[4][2048:], atol=1e-5, rtol=0)
     # A final chunk that repeats window 4 (call index 5, all context) keeps its last two frames, its noise.
-    again = _run(stage, [NodeCall("r", {"codes": tokens}, index=5, seed=2,
-                                  meta={"final": 1, "left_context": 28})])[0]["audio"]
+    again = _run(stage, [NodeCall("r", {"codes": tokens}, index=5, seed=2, meta={"final": 1, "left_context": 28})])[0][
+        "audio"
+    ]
     torch.testing.assert_close(again, whole[4][4096:], atol=1e-5, rtol=0)
     only = _run(stage, [NodeCall("r", {"codes": tokens}, index=0, seed=2, meta={"first": 1, "final": 1})])[0]
     torch.testing.assert_close(only["audio"], whole[0], atol=1e-5, rtol=0)

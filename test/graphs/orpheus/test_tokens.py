@@ -1,4 +1,5 @@
 """Orpheus token layout, constrained-decoding rule, and prompt format."""
+
 from __future__ import annotations
 
 import hashlib
@@ -14,7 +15,13 @@ from mstar_graphs.orpheus.tiny_llm import build_tokenizer, write_tiny_llm
 def test_constants_match_the_reference_layout():
     # <custom_token_N> = 128256 + N; audio codes start at custom token 10.
     assert (T.START_OF_SPEECH, T.END_OF_SPEECH, T.START_OF_HUMAN, T.END_OF_HUMAN, T.START_OF_AI, T.END_OF_AI) == (
-        128257, 128258, 128259, 128260, 128261, 128262)
+        128257,
+        128258,
+        128259,
+        128260,
+        128261,
+        128262,
+    )
     assert T.EOT == 128009
     assert T.audio_token(0, 0) == 128266
     assert T.audio_token(4095, 6) == 128266 + 4095 + 6 * 4096 == T.AUDIO_TOKEN_END - 1

@@ -5,6 +5,7 @@ The harness drives ``Pi05Model`` the way the AR engine does, without the engine:
 prefill step with the prefix-bidirectional mask, then flow steps whose H suffix rows
 per sequence are written into the same reserved slots every step.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -60,8 +61,9 @@ class Observation:
 
 
 @torch.no_grad()
-def make_observation(encoder: Pi05ImageEncoder, tokenizer, cameras: int, prompt: str, state: torch.Tensor,
-                     seed: int) -> Observation:
+def make_observation(
+    encoder: Pi05ImageEncoder, tokenizer, cameras: int, prompt: str, state: torch.Tensor, seed: int
+) -> Observation:
     rows = encoder(**encoder.prepare_inputs([_call(random_images(cameras, seed))]))["embeds"][0]
     ids, mask = build_prefix(tokenizer, cameras, prompt, state, tokens_per_image=encoder.tokens_per_image)
     dense = torch.zeros(ids.shape[0], rows.shape[1])
@@ -108,8 +110,9 @@ class PagedHarness:
         self.backend.plan(AttentionMetadata(seqs=seqs, slot_mapping=torch.cat(slots)))
         ids = torch.cat([o.ids for o in obs])
         pos = torch.cat([torch.arange(o.ids.shape[0]) for o in obs])
-        hidden = self.model(ids, pos, self.attn, embeds=torch.cat([o.embeds for o in obs]),
-                            embed_mask=torch.cat([o.mask for o in obs]))
+        hidden = self.model(
+            ids, pos, self.attn, embeds=torch.cat([o.embeds for o in obs]), embed_mask=torch.cat([o.mask for o in obs])
+        )
         return list(hidden.split([o.ids.shape[0] for o in obs]))
 
     @torch.no_grad()
@@ -118,8 +121,9 @@ class PagedHarness:
         h = x.shape[1]
         seqs, slots, pos = [], [], []
         for b, n in enumerate(self.lengths):
-            seqs.append(SeqAttention(b * h, h, n + h, self.tables[b], mask=MaskKind.PREFIX_BIDIRECTIONAL,
-                                     mask_arg=n + h))
+            seqs.append(
+                SeqAttention(b * h, h, n + h, self.tables[b], mask=MaskKind.PREFIX_BIDIRECTIONAL, mask_arg=n + h)
+            )
             slots.append(self._slots(b, n, n + h))
             pos.append(torch.arange(n, n + h))
         self.backend.plan(AttentionMetadata(seqs=seqs, slot_mapping=torch.cat(slots)))
@@ -144,7 +148,6 @@ def observe(encoder, tokenizer):
         return make_observation(encoder, tokenizer, cameras, prompt, torch.tensor(state), seed)
 
     return make
-
 
 
 @pytest.fixture(scope="session")

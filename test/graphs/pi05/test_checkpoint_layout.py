@@ -1,4 +1,5 @@
 """Released pi0.5 checkpoint layouts (LeRobot, openpi) inspected before any weight is read."""
+
 from __future__ import annotations
 
 import pytest
@@ -8,15 +9,28 @@ from mstar_graphs.pi05.normalization import Mode, NormalizationError
 from mstar_graphs.pi05.tokenizer import TokenizerError
 from support.pi05_layouts import lerobot_checkpoint, openpi_checkpoint, train_sentencepiece
 
-STATE = {"q01": [-1.0 - i for i in range(8)], "q99": [1.0 + 2 * i for i in range(8)],
-         "mean": [0.1 * i for i in range(8)], "std": [1.0 + i for i in range(8)]}
-ACTION = {"q01": [-0.5 * (i + 1) for i in range(8)], "q99": [0.25 * (i + 1) for i in range(8)],
-          "mean": [-0.1 * i for i in range(8)], "std": [0.5 + i for i in range(8)]}
+STATE = {
+    "q01": [-1.0 - i for i in range(8)],
+    "q99": [1.0 + 2 * i for i in range(8)],
+    "mean": [0.1 * i for i in range(8)],
+    "std": [1.0 + i for i in range(8)],
+}
+ACTION = {
+    "q01": [-0.5 * (i + 1) for i in range(8)],
+    "q99": [0.25 * (i + 1) for i in range(8)],
+    "mean": [-0.1 * i for i in range(8)],
+    "std": [0.5 + i for i in range(8)],
+}
 
 
 def test_lerobot_layout(tmp_path, ckpt):
-    path = lerobot_checkpoint(tmp_path / "ck", ckpt, {"observation.state": STATE, "action": ACTION},
-                              cameras=("image", "wrist_image"), empty_cameras=1)
+    path = lerobot_checkpoint(
+        tmp_path / "ck",
+        ckpt,
+        {"observation.state": STATE, "action": ACTION},
+        cameras=("image", "wrist_image"),
+        empty_cameras=1,
+    )
     layout = inspect_checkpoint(path)
     assert layout.kind == "lerobot" and layout.cameras == ("image", "wrist_image")
     assert layout.placeholder_cameras == ("empty_camera_0",)
@@ -30,8 +44,12 @@ def test_lerobot_layout(tmp_path, ckpt):
 
 
 def test_lerobot_mode_per_feature_type(tmp_path, ckpt):
-    path = lerobot_checkpoint(tmp_path / "ck", ckpt, {"observation.state": STATE, "action": ACTION},
-                              modes={"VISUAL": "IDENTITY", "STATE": "MEAN_STD", "ACTION": "QUANTILES"})
+    path = lerobot_checkpoint(
+        tmp_path / "ck",
+        ckpt,
+        {"observation.state": STATE, "action": ACTION},
+        modes={"VISUAL": "IDENTITY", "STATE": "MEAN_STD", "ACTION": "QUANTILES"},
+    )
     norm = inspect_checkpoint(path).normalization
     assert (norm.state.mode, norm.action.mode) == (Mode.MEAN_STD, Mode.QUANTILES)
 
@@ -75,8 +93,9 @@ def test_openpi_without_assets_says_it_falls_back(tmp_path, ckpt):
 
 
 def test_openpi_quantiles_must_be_there(tmp_path, ckpt):
-    path = openpi_checkpoint(tmp_path / "ck", ckpt, {"state": {"mean": [0.0], "std": [1.0]},
-                                                       "actions": {"mean": [0.0], "std": [1.0]}})
+    path = openpi_checkpoint(
+        tmp_path / "ck", ckpt, {"state": {"mean": [0.0], "std": [1.0]}, "actions": {"mean": [0.0], "std": [1.0]}}
+    )
     with pytest.raises(NormalizationError, match="q01 / q99 are missing"):
         inspect_checkpoint(path)
 

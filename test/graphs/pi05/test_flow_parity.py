@@ -1,4 +1,5 @@
 """The flow Loop over the persisted prefix KV == openpi-style sampling that recomputes the prefix every step."""
+
 from __future__ import annotations
 
 import torch
@@ -20,12 +21,15 @@ def _noise(b: int, model, seed: int) -> torch.Tensor:
 def test_persisted_prefix_equals_recompute_every_step(model, harness, observe):
     # Two robots with different camera counts, prompts and states: different prefix lengths,
     # packed into one prefill step and one batched flow evaluation per Euler step.
-    obs = [observe(2, "pick up the red cube", [0.1, -0.5, 0.99, -1.0, 0.3], seed=1),
-           observe(1, "open the top drawer", [0.7, 0.0], seed=2)]
+    obs = [
+        observe(2, "pick up the red cube", [0.1, -0.5, 0.99, -1.0, 0.3], seed=1),
+        observe(1, "open the top drawer", [0.7, 0.0], seed=2),
+    ]
     assert obs[0].ids.shape[0] != obs[1].ids.shape[0]
     harness.prefill(obs)
-    prefix_kv = [(harness.cache.k[:, t].clone(), harness.cache.v[:, t].clone()) for t in
-                 (harness.tables[0], harness.tables[1])]
+    prefix_kv = [
+        (harness.cache.k[:, t].clone(), harness.cache.v[:, t].clone()) for t in (harness.tables[0], harness.tables[1])
+    ]
     noise = _noise(2, model, seed=3)
 
     got = harness.sample(noise, STEPS)
@@ -41,6 +45,7 @@ def test_persisted_prefix_equals_recompute_every_step(model, harness, observe):
         n, bs = o.ids.shape[0], harness.cache.block_size
         k_before, v_before = prefix_kv[b]
         k_now, v_now = harness.cache.k[:, harness.tables[b]], harness.cache.v[:, harness.tables[b]]
+
         def flat(t: torch.Tensor, n: int = n) -> torch.Tensor:  # [layers, tokens, kv, d] -> the first n tokens
             return t.reshape(t.shape[0], -1, *t.shape[3:])[:, :n]
 

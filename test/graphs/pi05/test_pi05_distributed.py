@@ -1,4 +1,5 @@
 """pi0.5 across Worker processes: the vision tower on one rank, the prefix and flow on another."""
+
 from __future__ import annotations
 
 import asyncio
@@ -20,9 +21,16 @@ node_groups:
 def test_vision_on_another_process_gives_the_same_chunks(tmp_path):
     policy = Pi05Policy.load(progress=False)
     g = torch.Generator().manual_seed(5)
-    requests = [policy.request(torch.randint(0, 256, (2, 224, 224, 3), generator=g, dtype=torch.uint8),
-                               torch.rand(8, generator=g) * 2 - 1, f"task {i}", seed=i, request_id=f"r{i}")
-                for i in range(3)]
+    requests = [
+        policy.request(
+            torch.randint(0, 256, (2, 224, 224, 3), generator=g, dtype=torch.uint8),
+            torch.rand(8, generator=g) * 2 - 1,
+            f"task {i}",
+            seed=i,
+            request_id=f"r{i}",
+        )
+        for i in range(3)
+    ]
 
     async def serve(conductor):
         async with conductor:

@@ -1,4 +1,5 @@
 """Loading the released pi0.5 PyTorch layouts through mstar.weights; errors name the tensor."""
+
 from __future__ import annotations
 
 import json
@@ -47,12 +48,15 @@ def test_every_checkpoint_tensor_has_exactly_one_home(state, model, encoder):
     assert not (set(state) & {PG + "model.language_model.embed_tokens.weight"})  # openpi keeps lm_head's name
 
 
-@pytest.mark.parametrize("victim", [
-    "paligemma_with_expert.gemma_expert.model.layers.1.mlp.up_proj.weight",
-    "paligemma_with_expert.gemma_expert.model.layers.0.input_layernorm.dense.bias",
-    "paligemma_with_expert.paligemma.lm_head.weight",
-    "time_mlp_out.weight",
-])
+@pytest.mark.parametrize(
+    "victim",
+    [
+        "paligemma_with_expert.gemma_expert.model.layers.1.mlp.up_proj.weight",
+        "paligemma_with_expert.gemma_expert.model.layers.0.input_layernorm.dense.bias",
+        "paligemma_with_expert.paligemma.lm_head.weight",
+        "time_mlp_out.weight",
+    ],
+)
 def test_missing_tensor_is_named(tmp_path, ckpt, state, victim):
     path = _write(tmp_path, ckpt, {k: v for k, v in state.items() if k != victim})
     with pytest.raises(WeightsError) as info:
@@ -69,8 +73,9 @@ def test_missing_vision_tensor_is_named(tmp_path, ckpt, state):
     Pi05Model.from_pretrained_dir(path, progress=False)  # the LM part does not need it
 
 
-@pytest.mark.parametrize("victim", ["action_in_proj.weight",
-                                    PG + "model.language_model.layers.0.self_attn.k_proj.weight"])
+@pytest.mark.parametrize(
+    "victim", ["action_in_proj.weight", PG + "model.language_model.layers.0.self_attn.k_proj.weight"]
+)
 def test_wrong_shape_is_named(tmp_path, ckpt, state, victim):
     bad = dict(state)
     bad[victim] = torch.zeros(bad[victim].shape[0] + 1, *bad[victim].shape[1:])
@@ -94,10 +99,12 @@ def test_other_real_layouts_load_the_same_weights(tmp_path, ckpt, state, model, 
         renamed = {"model." + k: v for k, v in state.items()}
         renamed["model." + PG + "model.language_model.embed_tokens.weight"] = state[PG + "lm_head.weight"]
     else:  # converted with transformers < 4.52
-        renamed = {k.replace(PG + "model.language_model.", PG + "language_model.model.")
-                    .replace(PG + "model.vision_tower.", PG + "vision_tower.")
-                    .replace(PG + "model.multi_modal_projector.", PG + "multi_modal_projector."): v
-                   for k, v in state.items()}
+        renamed = {
+            k.replace(PG + "model.language_model.", PG + "language_model.model.")
+            .replace(PG + "model.vision_tower.", PG + "vision_tower.")
+            .replace(PG + "model.multi_modal_projector.", PG + "multi_modal_projector."): v
+            for k, v in state.items()
+        }
     path = _write(tmp_path, ckpt, renamed)
     for cls, reference in ((Pi05Model, model), (Pi05ImageEncoder, encoder)):
         loaded = cls.from_pretrained_dir(path, progress=False).state_dict()
@@ -114,8 +121,14 @@ def test_checkpoint_names_round_trip(model, encoder, state):
 
 def test_tiny_checkpoint_is_deterministic_and_says_random(tmp_path, ckpt):
     again = write_tiny_pi05(tmp_path / "again")
-    for file in ("model.safetensors", "config.json", "tokenizer.json", "policy_preprocessor.json",
-                 "policy_postprocessor.json", "policy_preprocessor_step_3_normalizer_processor.safetensors"):
+    for file in (
+        "model.safetensors",
+        "config.json",
+        "tokenizer.json",
+        "policy_preprocessor.json",
+        "policy_postprocessor.json",
+        "policy_preprocessor_step_3_normalizer_processor.safetensors",
+    ):
         assert (again / file).read_bytes() == (ckpt / file).read_bytes(), file
     assert json.loads((ckpt / "config.json").read_text())["mstar_random_weights"] is True
 
@@ -143,8 +156,11 @@ def test_a_policy_without_weights_builds_the_same_requests():
     light = Pi05Policy.load(load_weights=False)
     full = Pi05Policy.load(progress=False)
     assert all(p.is_meta for p in list(light.model.parameters()) + list(light.encoder.parameters()))
-    assert (light.action_horizon, light.action_dim, light.random_weights) == \
-        (full.action_horizon, full.action_dim, full.random_weights)
+    assert (light.action_horizon, light.action_dim, light.random_weights) == (
+        full.action_horizon,
+        full.action_dim,
+        full.random_weights,
+    )
     images, state = torch.randint(0, 255, (2, 224, 224, 3), dtype=torch.uint8), torch.linspace(-1, 1, 8)
     a = light.request(images, state, "stack the blocks", seed=3)
     b = full.request(images, state, "stack the blocks", seed=3)

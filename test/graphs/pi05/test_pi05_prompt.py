@@ -1,5 +1,6 @@
 """The pi0.5 prompt: the references' text format with the state discretised into 256 bins, images first,
 tokenized with PaliGemma's SentencePiece model or a tokenizer.json, cut to the checkpoint's budget."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -35,8 +36,15 @@ def _openpi_ids(sp_file, task: str, state: np.ndarray, max_len: int) -> list[int
 
 def test_discretisation_matches_numpy_digitize_everywhere():
     edges = np.linspace(-1, 1, 257)
-    values = np.concatenate([np.linspace(-1.3, 1.3, 20001), edges, np.nextafter(edges, -2), np.nextafter(edges, 2),
-                             [-1.0, 1.0, 0.0, -1e-9, 1e-9, 5.0, -5.0]])
+    values = np.concatenate(
+        [
+            np.linspace(-1.3, 1.3, 20001),
+            edges,
+            np.nextafter(edges, -2),
+            np.nextafter(edges, 2),
+            [-1.0, 1.0, 0.0, -1e-9, 1e-9, 5.0, -5.0],
+        ]
+    )
     for dtype in (np.float64, np.float32):
         x = values.astype(dtype)
         assert discretize_state(torch.from_numpy(x)) == _openpi_bins(x)
@@ -73,7 +81,7 @@ def test_prefix_layout(tokenizer, model):
     assert mask[:n_img].all() and not mask[n_img:].any()
     assert (ids[:n_img] == IMAGE_PLACEHOLDER_ID).all()
     assert ids[n_img] == model.config.bos_token_id == 2  # both references put <bos> first
-    assert tokenizer.decode(ids[n_img + 1:].tolist()) == text
+    assert tokenizer.decode(ids[n_img + 1 :].tolist()) == text
     assert int(ids.max()) < model.vocab_size
     ids0, mask0 = build_prefix(tokenizer, 0, "open the top drawer", state)  # no images: <bos> + text
     assert not mask0.any() and torch.equal(ids0, ids[n_img:])
@@ -101,8 +109,9 @@ def test_tokenizing_the_task_once_gives_the_whole_prompts_ids(tmp_path, tokenize
                 state = torch.from_numpy(rng.uniform(-1.2, 1.2, size=8))
                 a, b = split.ids(split.task(prompt), state), whole.ids(whole.task(prompt), state)
                 assert a == b and a[0][1:] == tok.encode(format_prompt(prompt, state)), (tok, prompt)
-    sp_dummy = PromptEncoder(load_tokenizer(train_sentencepiece(tmp_path / "d", dummy_prefix=True)), bos_id=2,
-                             max_len=400)
+    sp_dummy = PromptEncoder(
+        load_tokenizer(train_sentencepiece(tmp_path / "d", dummy_prefix=True)), bos_id=2, max_len=400
+    )
     assert PromptEncoder(tokenizer, bos_id=2, max_len=400).split_safe  # the byte-level BPE never merges across
     assert sp_dummy.task("go").whole == (not sp_dummy.split_safe)
 

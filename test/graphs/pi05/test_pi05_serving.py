@@ -1,4 +1,5 @@
 """pi0.5 served through the Conductor: observation in, action chunk out, equal to the dense reference."""
+
 from __future__ import annotations
 
 import asyncio
@@ -41,13 +42,19 @@ def test_chunks_for_several_robots_equal_the_reference(policy):
         assert actions.shape == (policy.action_horizon, policy.action_dim)
         with torch.no_grad():
             embeds = policy.encoder(policy.encoder.prepare_inputs([_call(req)])["pixel_values"])["embeds"][0]
-            expected = sample_actions(policy.model, req.inputs["input_ids"], req.inputs["noise"],
-                                      embeds=embeds, embed_mask=req.inputs["embed_mask"])
+            expected = sample_actions(
+                policy.model,
+                req.inputs["input_ids"],
+                req.inputs["noise"],
+                embeds=embeds,
+                embed_mask=req.inputs["embed_mask"],
+            )
         assert torch.allclose(actions, expected, atol=1e-4), float((actions - expected).abs().max())
 
 
 def _call(req):
     from mstar.graph.node import NodeCall
+
     return NodeCall(req.request_id, {"images": req.inputs["images"]})
 
 

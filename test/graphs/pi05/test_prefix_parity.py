@@ -4,6 +4,7 @@ Both run on the same tiny checkpoint: transformers gets PaliGemma's names (the t
 embedding from openpi's ``lm_head.weight``), ours loads through ``mstar.weights`` and runs
 over the paged KV with the prefix-bidirectional mask, as the AR engine drives it.
 """
+
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -30,18 +31,40 @@ def paligemma(ckpt, model):
     c = model.config
     v, p = c.vision, c.prefix
     cfg = transformers.PaliGemmaConfig(
-        vision_config=dict(model_type="siglip_vision_model", hidden_size=v.width, intermediate_size=v.mlp_dim,
-                           num_hidden_layers=v.depth, num_attention_heads=v.heads, image_size=v.image_size,
-                           patch_size=v.patch_size, layer_norm_eps=v.layer_norm_eps, vision_use_head=False),
-        text_config=dict(model_type="gemma", hidden_size=p.width, intermediate_size=p.mlp_dim,
-                         num_hidden_layers=p.depth, num_attention_heads=p.num_heads,
-                         num_key_value_heads=p.num_kv_heads, head_dim=p.head_dim, vocab_size=c.vocab_size,
-                         hidden_activation="gelu_pytorch_tanh", rms_norm_eps=c.rms_norm_eps,
-                         rope_theta=c.rope_theta, max_position_embeddings=c.max_positions),
-        projection_dim=p.width, image_token_index=c.vocab_size, vocab_size=c.vocab_size)
+        vision_config=dict(
+            model_type="siglip_vision_model",
+            hidden_size=v.width,
+            intermediate_size=v.mlp_dim,
+            num_hidden_layers=v.depth,
+            num_attention_heads=v.heads,
+            image_size=v.image_size,
+            patch_size=v.patch_size,
+            layer_norm_eps=v.layer_norm_eps,
+            vision_use_head=False,
+        ),
+        text_config=dict(
+            model_type="gemma",
+            hidden_size=p.width,
+            intermediate_size=p.mlp_dim,
+            num_hidden_layers=p.depth,
+            num_attention_heads=p.num_heads,
+            num_key_value_heads=p.num_kv_heads,
+            head_dim=p.head_dim,
+            vocab_size=c.vocab_size,
+            hidden_activation="gelu_pytorch_tanh",
+            rms_norm_eps=c.rms_norm_eps,
+            rope_theta=c.rope_theta,
+            max_position_embeddings=c.max_positions,
+        ),
+        projection_dim=p.width,
+        image_token_index=c.vocab_size,
+        vocab_size=c.vocab_size,
+    )
     hf = transformers.PaliGemmaModel(cfg).eval()
-    state = {k.removeprefix("model."): t for k, t in load_file(str(ckpt / "model.safetensors")).items()}  # LeRobot names
-    src = {k[len(PG + "model."):]: t for k, t in state.items() if k.startswith(PG + "model.")}
+    state = {
+        k.removeprefix("model."): t for k, t in load_file(str(ckpt / "model.safetensors")).items()
+    }  # LeRobot names
+    src = {k[len(PG + "model.") :]: t for k, t in state.items() if k.startswith(PG + "model.")}
     src["language_model.embed_tokens.weight"] = state[PG + "lm_head.weight"]  # tied; openpi stores this name
     mapped = {}
     for key in hf.state_dict():
@@ -73,8 +96,12 @@ def test_prefix_hidden_matches_paligemma(model, encoder, tokenizer, paligemma, h
 
     hf_ids = ids.masked_fill(mask, model.config.vocab_size)  # PaliGemma's image token
     pixels = images.permute(0, 3, 1, 2).float() / 255.0 * 2.0 - 1.0
-    ref = paligemma(input_ids=hf_ids[None], pixel_values=pixels, token_type_ids=torch.zeros_like(hf_ids)[None],
-                    position_ids=torch.arange(ids.shape[0])[None]).last_hidden_state[0]  # openpi: 0-based
+    ref = paligemma(
+        input_ids=hf_ids[None],
+        pixel_values=pixels,
+        token_type_ids=torch.zeros_like(hf_ids)[None],
+        position_ids=torch.arange(ids.shape[0])[None],
+    ).last_hidden_state[0]  # openpi: 0-based
     assert ours.shape == ref.shape == (ids.shape[0], model.config.prefix.width)
     err = _rel_err(ours, ref)
     assert err < 1e-4, err
@@ -82,8 +109,12 @@ def test_prefix_hidden_matches_paligemma(model, encoder, tokenizer, paligemma, h
     # The dense reference agrees too, and a causal prefix would not: the mask matters here.
     dense_ref = reference.prefix_hidden(model, ids, embeds=rows, embed_mask=mask)
     assert _rel_err(dense_ref, ref) < 1e-4
-    causal = paligemma(input_ids=hf_ids[None], pixel_values=pixels, token_type_ids=torch.ones_like(hf_ids)[None],
-                       position_ids=torch.arange(ids.shape[0])[None]).last_hidden_state[0]
+    causal = paligemma(
+        input_ids=hf_ids[None],
+        pixel_values=pixels,
+        token_type_ids=torch.ones_like(hf_ids)[None],
+        position_ids=torch.arange(ids.shape[0])[None],
+    ).last_hidden_state[0]
     assert _rel_err(causal, ref) > 1e-2
 
 

@@ -1,4 +1,5 @@
 """The sizes a pi0.5 config gives (variant names, mstar_dims) against the tensor shapes in the headers."""
+
 from __future__ import annotations
 
 import json
@@ -24,9 +25,13 @@ def test_one_wrong_size_is_named_with_its_part_and_tensor(tmp_path, ckpt):
     _edit_config(path, lambda c: c["mstar_dims"]["paligemma"].update(mlp_dim=96))
     (mismatch,) = check_shapes(path).mismatches
     assert mismatch.part == "prefix LM" and mismatch.sizes_from == "mstar_dims.paligemma"
-    assert len(mismatch.mis_shaped) == 6 and not mismatch.missing and not mismatch.unexpected  # 3 MLP weights x 2 layers
-    assert ("paligemma_with_expert.paligemma.model.language_model.layers.0.mlp.gate_proj.weight: "
-            "checkpoint (128, 64) vs config (96, 64)") in mismatch.mis_shaped
+    assert (
+        len(mismatch.mis_shaped) == 6 and not mismatch.missing and not mismatch.unexpected
+    )  # 3 MLP weights x 2 layers
+    assert (
+        "paligemma_with_expert.paligemma.model.language_model.layers.0.mlp.gate_proj.weight: "
+        "checkpoint (128, 64) vs config (96, 64)"
+    ) in mismatch.mis_shaped
 
 
 def test_real_variant_names_on_other_weights_name_every_part(tmp_path, ckpt):
@@ -45,13 +50,21 @@ def test_real_variant_names_on_other_weights_name_every_part(tmp_path, ckpt):
     assert prefix.sizes_from == "paligemma_variant 'gemma_2b'" and prefix.layers == (2, 18)
     assert expert.sizes_from == "action_expert_variant 'gemma_300m' and action_dim 32" and expert.layers == (2, 18)
     assert vision.sizes_from == "pi0.5's SigLIP So400m/14 at 224 px" and vision.layers == (2, 27)
-    assert prefix.missing[0] == "model.paligemma_with_expert.paligemma.model.language_model.layers.2.input_layernorm.weight"
-    assert "model.paligemma_with_expert.paligemma.lm_head.weight: checkpoint (1024, 64) vs config (257152, 2048)" \
+    assert (
+        prefix.missing[0]
+        == "model.paligemma_with_expert.paligemma.model.language_model.layers.2.input_layernorm.weight"
+    )
+    assert (
+        "model.paligemma_with_expert.paligemma.lm_head.weight: checkpoint (1024, 64) vs config (257152, 2048)"
         in prefix.mis_shaped
-    assert check.problem() == ("the checkpoint's tensors do not match the config's sizes in vision, prefix LM, "
-                               "action expert (shapes: above)")
-    assert "prefix LM (sizes from paligemma_variant 'gemma_2b'): the checkpoint has 2 layers, the config 18; " \
+    )
+    assert check.problem() == (
+        "the checkpoint's tensors do not match the config's sizes in vision, prefix LM, action expert (shapes: above)"
+    )
+    assert (
+        "prefix LM (sizes from paligemma_variant 'gemma_2b'): the checkpoint has 2 layers, the config 18; "
         in "\n".join(check.lines())
+    )
 
 
 def test_tensors_no_part_takes_are_named(tmp_path, ckpt):

@@ -1,4 +1,5 @@
 """Our SigLIP tower + PaliGemma projector vs transformers' SiglipVisionModel on the tiny checkpoint."""
+
 from __future__ import annotations
 
 import pytest
@@ -22,14 +23,23 @@ def _rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 @pytest.fixture(scope="module")
 def hf_tower(ckpt, encoder):
     v = encoder.config.vision
-    cfg = transformers.SiglipVisionConfig(hidden_size=v.width, intermediate_size=v.mlp_dim, num_hidden_layers=v.depth,
-                                          num_attention_heads=v.heads, image_size=v.image_size, patch_size=v.patch_size,
-                                          layer_norm_eps=v.layer_norm_eps, vision_use_head=False)
+    cfg = transformers.SiglipVisionConfig(
+        hidden_size=v.width,
+        intermediate_size=v.mlp_dim,
+        num_hidden_layers=v.depth,
+        num_attention_heads=v.heads,
+        image_size=v.image_size,
+        patch_size=v.patch_size,
+        layer_norm_eps=v.layer_norm_eps,
+        vision_use_head=False,
+    )
     model = transformers.SiglipVisionModel(cfg).eval()
-    state = {k.removeprefix("model."): t for k, t in load_file(str(ckpt / "model.safetensors")).items()}  # LeRobot names
+    state = {
+        k.removeprefix("model."): t for k, t in load_file(str(ckpt / "model.safetensors")).items()
+    }  # LeRobot names
     # transformers 5 loads SiglipVisionModel without the "vision_model." level; 4.x keeps it
     strip = VT if any(k.startswith("vision_model.") for k in model.state_dict()) else VT + "vision_model."
-    tower = {k[len(strip):]: t for k, t in state.items() if k.startswith(strip)}
+    tower = {k[len(strip) :]: t for k, t in state.items() if k.startswith(strip)}
     missing, unexpected = model.load_state_dict(tower, strict=False)
     assert not unexpected and all("position_ids" in m for m in missing), (missing, unexpected)
     projector = (state[MM + "weight"], state[MM + "bias"])
@@ -79,13 +89,16 @@ def test_preprocessing_normalises_and_letterboxes():
     assert wide[:, :, 56:168].std() > 0.3
 
 
-@pytest.mark.parametrize("bad, message", [
-    (torch.zeros(224, 224, 4, dtype=torch.uint8), "RGB, channels last"),
-    (torch.zeros(3, 224, 224, dtype=torch.uint8), "RGB, channels last"),
-    (torch.full((224, 224, 3), 2.0), r"must be in \[0, 1\]"),
-    (torch.full((224, 224, 3), float("nan")), "NaN"),
-    (torch.zeros(224, 224, 3, dtype=torch.int32), "uint8 or floating"),
-])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        (torch.zeros(224, 224, 4, dtype=torch.uint8), "RGB, channels last"),
+        (torch.zeros(3, 224, 224, dtype=torch.uint8), "RGB, channels last"),
+        (torch.full((224, 224, 3), 2.0), r"must be in \[0, 1\]"),
+        (torch.full((224, 224, 3), float("nan")), "NaN"),
+        (torch.zeros(224, 224, 3, dtype=torch.int32), "uint8 or floating"),
+    ],
+)
 def test_bad_images_are_rejected_with_a_reason(encoder, bad, message):
     with pytest.raises(ValueError, match=message):
         encoder.prepare_inputs([NodeCall("robot7", {"images": bad})])

@@ -1,4 +1,5 @@
 """Shared Qwen3-Omni fixtures: the tiny checkpoint (transformers' layout), our components, the reference."""
+
 from __future__ import annotations
 
 import pytest
@@ -15,8 +16,10 @@ def q3_ckpt(tmp_path_factory: pytest.TempPathFactory):
 @pytest.fixture(scope="session")
 def q3(q3_ckpt):
     """Our four components, loaded through our loader from the checkpoint's own files."""
-    return {name: load_component(name, q3_ckpt, progress=False)
-            for name in ("thinker", "audio_encoder", "talker", "code2wav")}
+    return {
+        name: load_component(name, q3_ckpt, progress=False)
+        for name in ("thinker", "audio_encoder", "talker", "code2wav")
+    }
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,5 @@
 """Bad input to Qwen3-Omni gets a clear error and leaves the others served."""
+
 from __future__ import annotations
 
 import asyncio
@@ -32,10 +33,9 @@ def test_audio_that_cannot_be_a_turn_is_refused_before_any_work(chat):
     with pytest.raises(ValueError, match="no audio features came with it"):
         chat.model.request([151644, 872, 198, 151675, 151645, 198, 151644, 77091, 198])
     with pytest.raises(ValueError, match=r"100 audio frames make 13 audio tokens; the prompt has 1"):
-        chat.model.request([151644, 872, 198, 151675, 151645, 198, 151644, 77091, 198],
-                           features=torch.zeros(128, 100))
+        chat.model.request([151644, 872, 198, 151675, 151645, 198, 151644, 77091, 198], features=torch.zeros(128, 100))
     with pytest.raises(ValueError, match="prompt token ids must be in"):
-        chat.model.request([10 ** 7])
+        chat.model.request([10**7])
 
 
 def test_a_failing_request_leaves_the_others_served(chat):
@@ -45,11 +45,15 @@ def test_a_failing_request_leaves_the_others_served(chat):
 
     async def main():
         async with Conductor(chat.graph(), chat.modules(), config=FP32) as c:
-            alone = await c.submit(chat.model.request([151644, 872, 198, 100, 151645, 198, 151644, 77091, 198],
-                                                      **good)).collect()
+            alone = await c.submit(
+                chat.model.request([151644, 872, 198, 100, 151645, 198, 151644, 77091, 198], **good)
+            ).collect()
             features = torch.full((128, 100), float("nan"))
-            bad = chat.model.request([151644, 872, 198, 151669, *[151675] * 13, 151670, 151645, 198, 151644, 77091, 198],
-                                     features=features, **good)
+            bad = chat.model.request(
+                [151644, 872, 198, 151669, *[151675] * 13, 151670, 151645, 198, 151644, 77091, 198],
+                features=features,
+                **good,
+            )
             ok = chat.model.request([151644, 872, 198, 100, 151645, 198, 151644, 77091, 198], **good)
             results = await asyncio.gather(c.submit(bad).collect(), c.submit(ok).collect(), return_exceptions=True)
             return alone, results

@@ -1,5 +1,6 @@
 """Our loader on a checkpoint written by transformers' own ``save_pretrained`` (not our tiny writer):
 its config spells the Talker's expert count ``num_local_experts``, its experts are stored per expert."""
+
 from __future__ import annotations
 
 import json
@@ -37,12 +38,20 @@ def test_the_talker_expert_count_transformers_writes_is_read(saved_by_transforme
 
 
 def test_generate_from_the_transformers_checkpoint_matches_transformers(saved_by_transformers):
-    ours = {name: load_component(name, saved_by_transformers, progress=False)
-            for name in ("thinker", "talker", "code2wav")}
-    ref = reference_generate(load_reference(saved_by_transformers), TEXT_PROMPT, thinker_max_new_tokens=6,
-                             talker_max_new_tokens=12)
-    got = generate(ours["thinker"], ours["talker"], ours["code2wav"], TEXT_PROMPT, thinker_max_new_tokens=6,
-                   talker_max_new_tokens=12)
+    ours = {
+        name: load_component(name, saved_by_transformers, progress=False) for name in ("thinker", "talker", "code2wav")
+    }
+    ref = reference_generate(
+        load_reference(saved_by_transformers), TEXT_PROMPT, thinker_max_new_tokens=6, talker_max_new_tokens=12
+    )
+    got = generate(
+        ours["thinker"],
+        ours["talker"],
+        ours["code2wav"],
+        TEXT_PROMPT,
+        thinker_max_new_tokens=6,
+        talker_max_new_tokens=12,
+    )
     assert got.text_ids == ref.text_ids and len(got.text_ids) == 6
     assert torch.equal(got.codes, ref.codes) and got.codes.shape[1] > 1  # the Talker's experts took part
     scale = ref.audio.abs().max()  # transformers' initialisation makes a quiet waveform: compare relative to it

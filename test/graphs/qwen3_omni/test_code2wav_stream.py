@@ -1,5 +1,6 @@
 """Code2Wav streamed chunk by chunk gives the audio transformers' generate gives: the reference's
 ``chunked_decode(codes, 300, 25)``, whatever the chunk sizes, alone, batched, and served."""
+
 from __future__ import annotations
 
 import asyncio
@@ -33,7 +34,7 @@ def random_codes(frames: int, seed: int) -> torch.Tensor:
 def streamed(code2wav, codes: torch.Tensor, sizes: list[int]) -> torch.Tensor:
     stream, pieces, at = Code2WavStream(), [], 0
     for n in sizes:
-        (samples,), (stream,) = decode_streams(code2wav, [codes[:, at:at + n]], [stream])
+        (samples,), (stream,) = decode_streams(code2wav, [codes[:, at : at + n]], [stream])
         pieces.append(samples)
         at += n
     assert at == codes.shape[1] and stream.calls == len(sizes)
@@ -45,8 +46,13 @@ def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
     return float((got - want).abs().max() / want.abs().max())
 
 
-@pytest.mark.parametrize("sizes", [[5] + [25] * 24 + [15],  # a voice chat's: 5, then 25s (segment edges inside chunks)
-                                   [1, 298, 1, 1, 300, 19]])  # chunks ending where segments do, and a whole one
+@pytest.mark.parametrize(
+    "sizes",
+    [
+        [5] + [25] * 24 + [15],  # a voice chat's: 5, then 25s (segment edges inside chunks)
+        [1, 298, 1, 1, 300, 19],
+    ],
+)  # chunks ending where segments do, and a whole one
 def test_a_stream_in_any_chunks_gives_the_references_generate_audio(q3, q3_ref, sizes):
     code2wav, codes = q3["code2wav"], random_codes(FRAMES, 1)
     with torch.inference_mode():
@@ -55,7 +61,7 @@ def test_a_stream_in_any_chunks_gives_the_references_generate_audio(q3, q3_ref, 
         assert relative_error(got, want) < 1e-4
         # frames 50-75 decoded after 25 frames of context instead (vLLM-Omni's way) are another audio
         third = code2wav.decode_chunk(codes[None, :, 25:75], 25)[0, 0]
-    assert float((third - want[50 * 1920:50 * 1920 + third.numel()]).abs().max()) > 0.1
+    assert float((third - want[50 * 1920 : 50 * 1920 + third.numel()]).abs().max()) > 0.1
 
 
 def test_streams_at_different_points_batch_as_each_alone(q3):
@@ -65,7 +71,7 @@ def test_streams_at_different_points_batch_as_each_alone(q3):
         streams = []
         for c, before in zip(codes, (5, 30, 100)):  # K/V of 5, 30 and 71 (a full window) frames
             (_,), (s,) = stream_step(code2wav, c[None, :, :before], [Code2WavStream()])
-            streams.append((s, c[:, before:before + 25]))
+            streams.append((s, c[:, before : before + 25]))
         batched, _ = stream_step(code2wav, torch.stack([c for _, c in streams]), [s for s, _ in streams])
         for (s, c), got in zip(streams, batched):
             (alone,), _ = stream_step(code2wav, c[None], [s])
@@ -79,12 +85,15 @@ def served_graph() -> ModelGraph:
     return ModelGraph(
         name="code2wav_alone",
         nodes=[GraphNode("code2wav", ["codes"], ["audio"])],
-        edges=[StreamingGraphEdge("input.codes", "code2wav.codes", target_partition="vocoder"),
-               GraphEdge("code2wav.audio", "output.audio")],
+        edges=[
+            StreamingGraphEdge("input.codes", "code2wav.codes", target_partition="vocoder"),
+            GraphEdge("code2wav.audio", "output.audio"),
+        ],
         walks={"speak": AwaitInput("codes")},
         next_walk=lambda s: None if s.walks_done else "speak",
-        topology=PartitionTopology({"vocoder": ["code2wav"]},
-                                   [PartitionConnection("input", "vocoder", LeftContextChunkPolicy(25, 0, 5))]),
+        topology=PartitionTopology(
+            {"vocoder": ["code2wav"]}, [PartitionConnection("input", "vocoder", LeftContextChunkPolicy(25, 0, 5))]
+        ),
     )
 
 

@@ -1,4 +1,5 @@
 """Qwen3-Omni config.json: real field names read, impossible shapes refused with the field's path."""
+
 from __future__ import annotations
 
 import json
@@ -17,17 +18,33 @@ def test_the_tiny_config_reads_with_the_real_token_ids():
     assert cfg.mstar_random_weights
 
 
-@pytest.mark.parametrize("path, value, message", [
-    (("thinker_config", "text_config", "num_experts_per_tok"), 9,
-     "thinker_config.text_config.num_experts_per_tok: must be in [1, num_experts=4]"),
-    (("talker_config", "text_config", "rope_parameters", "mrope_section"), [4, 4, 4],
-     "talker_config.text_config.rope_parameters.mrope_section: [4, 4, 4] must sum to head_dim / 2 = 8"),
-    (("talker_config", "text_config", "shared_expert_intermediate_size"), 0,
-     "talker_config.text_config.shared_expert_intermediate_size"),
-    (("talker_config", "accept_hidden_layer"), 7, "talker_config.accept_hidden_layer: must be in [0, 3]"),
-    (("talker_config", "num_code_groups"), 8, "talker_config.num_code_groups: 8 codebooks per frame"),
-    (("thinker_config", "text_config", "hidden_size"), "wide", "thinker_config.text_config.hidden_size: Expected `int`, got `str`"),
-])
+@pytest.mark.parametrize(
+    "path, value, message",
+    [
+        (
+            ("thinker_config", "text_config", "num_experts_per_tok"),
+            9,
+            "thinker_config.text_config.num_experts_per_tok: must be in [1, num_experts=4]",
+        ),
+        (
+            ("talker_config", "text_config", "rope_parameters", "mrope_section"),
+            [4, 4, 4],
+            "talker_config.text_config.rope_parameters.mrope_section: [4, 4, 4] must sum to head_dim / 2 = 8",
+        ),
+        (
+            ("talker_config", "text_config", "shared_expert_intermediate_size"),
+            0,
+            "talker_config.text_config.shared_expert_intermediate_size",
+        ),
+        (("talker_config", "accept_hidden_layer"), 7, "talker_config.accept_hidden_layer: must be in [0, 3]"),
+        (("talker_config", "num_code_groups"), 8, "talker_config.num_code_groups: 8 codebooks per frame"),
+        (
+            ("thinker_config", "text_config", "hidden_size"),
+            "wide",
+            "thinker_config.text_config.hidden_size: Expected `int`, got `str`",
+        ),
+    ],
+)
 def test_a_bad_field_is_named(path, value, message):
     cfg = tiny_config()
     node = cfg
@@ -59,7 +76,10 @@ def test_transformers_other_names_for_a_field_are_read():
     talker_text["num_local_experts"] = talker_text.pop("num_experts")
     audio = cfg["thinker_config"]["audio_config"]
     audio["hidden_size"], audio["num_hidden_layers"] = audio.pop("d_model"), audio.pop("encoder_layers")
-    audio["num_attention_heads"], audio["intermediate_size"] = audio.pop("encoder_attention_heads"), audio.pop("encoder_ffn_dim")
+    audio["num_attention_heads"], audio["intermediate_size"] = (
+        audio.pop("encoder_attention_heads"),
+        audio.pop("encoder_ffn_dim"),
+    )
     vision = cfg["thinker_config"]["vision_config"]
     vision["num_attention_heads"], vision["num_hidden_layers"] = vision.pop("num_heads"), vision.pop("depth")
     read = Qwen3OmniConfig.from_json(json.dumps(cfg))
@@ -74,16 +94,22 @@ def test_one_field_under_both_names_must_agree():
     same = _with(tiny_config(), ("talker_config", "text_config"), num_local_experts=4)
     assert Qwen3OmniConfig.from_json(json.dumps(same)).talker_config.text_config.num_experts == 4
     differ = _with(tiny_config(), ("talker_config", "text_config"), num_local_experts=8)
-    with pytest.raises(ConfigError, match=r"talker_config\.text_config\.num_local_experts: 8, but "
-                                          r"talker_config\.text_config\.num_experts .* is 4"):
+    with pytest.raises(
+        ConfigError,
+        match=r"talker_config\.text_config\.num_local_experts: 8, but "
+        r"talker_config\.text_config\.num_experts .* is 4",
+    ):
         Qwen3OmniConfig.from_json(json.dumps(differ))
 
 
 def test_no_experts_with_a_top_k_is_refused():
     cfg = tiny_config()
     del cfg["talker_config"]["text_config"]["num_experts"]  # e.g. spelled in a way we do not read
-    with pytest.raises(ConfigError, match=r"talker_config\.text_config\.num_experts: 0 experts, but "
-                                          r"num_experts_per_tok is 2"):
+    with pytest.raises(
+        ConfigError,
+        match=r"talker_config\.text_config\.num_experts: 0 experts, but "
+        r"num_experts_per_tok is 2",
+    ):
         Qwen3OmniConfig.from_json(json.dumps(cfg))
 
 

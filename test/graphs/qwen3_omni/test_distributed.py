@@ -3,6 +3,7 @@ and Code2Wav on rank 1 (config/placement/qwen3-omni-two-ranks.yaml); the Thinker
 over shared memory; a spoken turn streams into rank 0 as it is said, alone and after an image; and the Thinker at tensor
 parallelism 2 (config/placement/qwen3-omni-thinker-tp2.yaml). Same text, codes and audio as in one
 process."""
+
 from __future__ import annotations
 
 import asyncio
@@ -35,21 +36,43 @@ async def _serve(model: Qwen3Omni, conductor, ranks: list | None = None) -> list
     t = torch.arange(11_000) / 16000
     clip = 0.3 * torch.sin(2 * torch.pi * 220 * t) * (1 + torch.sin(2 * torch.pi * 3 * t))
     async with conductor:
-        streams = [conductor.submit(model.request(p, thinker_max_tokens=6, talker_max_tokens=30 + 10 * i,
-                                                  talker_sampling=GREEDY_TALKER, request_id=f"q{i}"))
-                   for i, p in enumerate(prompts)]
+        streams = [
+            conductor.submit(
+                model.request(
+                    p,
+                    thinker_max_tokens=6,
+                    talker_max_tokens=30 + 10 * i,
+                    talker_sampling=GREEDY_TALKER,
+                    request_id=f"q{i}",
+                )
+            )
+            for i, p in enumerate(prompts)
+        ]
         chat = Qwen3OmniChat(model)
-        turn, samples = chat.listen_request(sampling=msgspec.structs.replace(GREEDY_TALKER, max_tokens=25),
-                                            request_id="spoken")
-        seeing, seen_samples = chat.listen_request(images=[picture(40, 30, 6)], request_id="spoken_image",
-                                                   sampling=msgspec.structs.replace(GREEDY_TALKER, max_tokens=20))
+        turn, samples = chat.listen_request(
+            sampling=msgspec.structs.replace(GREEDY_TALKER, max_tokens=25), request_id="spoken"
+        )
+        seeing, seen_samples = chat.listen_request(
+            images=[picture(40, 30, 6)],
+            request_id="spoken_image",
+            sampling=msgspec.structs.replace(GREEDY_TALKER, max_tokens=20),
+        )
         streams += [conductor.submit(turn), conductor.submit(seeing)]
         # an image's rows are wider (its deepstack features) and its prompt has M-RoPE positions
         pixels = torch.randn(24, 3 * 2 * 16 * 16, generator=torch.Generator().manual_seed(5))
         image = [151644, 872, 198, 151652, *[151655] * 6, 151653, 100, 151645, 198, 151644, 77091, 198]
-        streams.append(conductor.submit(model.request(image, images=[(pixels, (1, 4, 6))], thinker_max_tokens=5,
-                                                      talker_max_tokens=20, talker_sampling=GREEDY_TALKER,
-                                                      request_id="image")))
+        streams.append(
+            conductor.submit(
+                model.request(
+                    image,
+                    images=[(pixels, (1, 4, 6))],
+                    thinker_max_tokens=5,
+                    talker_max_tokens=20,
+                    talker_sampling=GREEDY_TALKER,
+                    request_id="image",
+                )
+            )
+        )
         for piece in clip.split(1234):
             samples.push(piece)
             seen_samples.push(piece)
@@ -91,7 +114,10 @@ def test_thinker_at_tensor_parallel_2_gives_what_one_process_gives(q3_ckpt, in_o
     model, alone = in_one_process
     placement = PLACEMENTS / "qwen3-omni-thinker-tp2.yaml"
     ranks: list = []
-    _same(asyncio.run(_serve(model, Conductor.distributed(qwen3_omni_spec(q3_ckpt), placement, config=FP32), ranks)), alone)
+    _same(
+        asyncio.run(_serve(model, Conductor.distributed(qwen3_omni_spec(q3_ckpt), placement, config=FP32), ranks)),
+        alone,
+    )
     assert [(r.rank, r.up) for r in ranks] == [(0, True), (1, True), (2, True)]
     assert "thinker" in ranks[1].nodes and "talker" in ranks[2].nodes and len({r.pid for r in ranks}) == 3
 
@@ -109,10 +135,11 @@ def test_a_tensor_parallel_thinker_shard_halves_heads_experts_and_vocabulary(q3_
     inner = text.moe_intermediate_size
     assert part.gate_up.shape == (text.num_experts, inner, text.hidden_size)
     # rank 1 keeps the second half of the gate's rows and of the up projection's rows
-    assert torch.equal(part.gate_up[:, :inner // 2], moe.gate_up[:, inner // 2:inner])
-    assert torch.equal(part.gate_up[:, inner // 2:], moe.gate_up[:, inner + inner // 2:])
-    assert torch.equal(part.down, moe.down[:, :, inner // 2:])
+    assert torch.equal(part.gate_up[:, : inner // 2], moe.gate_up[:, inner // 2 : inner])
+    assert torch.equal(part.gate_up[:, inner // 2 :], moe.gate_up[:, inner + inner // 2 :])
+    assert torch.equal(part.down, moe.down[:, :, inner // 2 :])
     assert shard.lm_head.weight.shape[0] == text.vocab_size // 2 and shard.lm_head.vocab_start == text.vocab_size // 2
     with pytest.raises(ValueError, match="place the Talker's nodes on a rank of their own"):
         from mstar_graphs.qwen3_omni.components import qwen3_omni_components
+
         qwen3_omni_components({"thinker", "talker"}, str(q3_ckpt), tp=TPGroup(0, 2))

@@ -1,6 +1,7 @@
 """The Qwen3-Omni graph served by the Conductor (Thinker and Talker on AR engines, the Talker's code
 predictor as its Loop feedback, Code2Wav on streamed 25-frame chunks) gives what the model computes
 end to end, alone and with other requests batched beside it."""
+
 from __future__ import annotations
 
 import asyncio
@@ -28,21 +29,32 @@ def test_served_graph_equals_the_model_end_to_end_alone_and_batched(q3_ckpt):
     model = Qwen3Omni.load(q3_ckpt, progress=False)
     features, other = log_mel(tone(1.3)), log_mel(tone(0.6))
     # two audio prompts: one decodes while the other's prompt rows are embeddings in the same step
-    prompts = [(TEXT_PROMPT, None, 6, 12), (audio_prompt(tokens_for_frames(features.shape[1])), features, 5, 40),
-               (TEXT_PROMPT[:4] + TEXT_PROMPT[5:], None, 8, 30),
-               (audio_prompt(tokens_for_frames(other.shape[1])), other, 9, 20)]
+    prompts = [
+        (TEXT_PROMPT, None, 6, 12),
+        (audio_prompt(tokens_for_frames(features.shape[1])), features, 5, 40),
+        (TEXT_PROMPT[:4] + TEXT_PROMPT[5:], None, 8, 30),
+        (audio_prompt(tokens_for_frames(other.shape[1])), other, 9, 20),
+    ]
     expected = []
     with torch.inference_mode():
         for ids, feats, think, talk in prompts:
             rows = None if feats is None else model.audio_encoder.encode([feats])[0]
-            out = generate(model.thinker, model.talker, model.code2wav, ids, audio_rows=rows,
-                           thinker_max_new_tokens=think, talker_max_new_tokens=talk)
+            out = generate(
+                model.thinker,
+                model.talker,
+                model.code2wav,
+                ids,
+                audio_rows=rows,
+                thinker_max_new_tokens=think,
+                talker_max_new_tokens=talk,
+            )
             expected.append((out.text_ids, out.codes, chunked_decode(model.code2wav, out.codes, 300, 25)))
 
     def request(i: int):
         ids, feats, think, talk = prompts[i]
-        return model.request(ids, features=feats, thinker_max_tokens=think, talker_max_tokens=talk,
-                             talker_sampling=GREEDY_TALKER)
+        return model.request(
+            ids, features=feats, thinker_max_tokens=think, talker_max_tokens=talk, talker_sampling=GREEDY_TALKER
+        )
 
     async def main():
         async with Conductor(model.graph(), model.modules(), config=FP32) as c:
@@ -76,14 +88,22 @@ def test_text_to_speech_is_the_talker_alone_on_the_texts_rows(q3_ckpt):
     with torch.inference_mode():
         ids = torch.tensor(TEXT_PROMPT + say)  # the Thinker never sees the reply's last token (<|im_end|>)
         rows = model.thinker.model.embed_tokens(ids)
-        inputs = talker_inputs(model.talker, model.thinker.model.embed_tokens, model.config, TEXT_PROMPT, rows,
-                               torch.zeros_like(rows), "ethan")
+        inputs = talker_inputs(
+            model.talker,
+            model.thinker.model.embed_tokens,
+            model.config,
+            TEXT_PROMPT,
+            rows,
+            torch.zeros_like(rows),
+            "ethan",
+        )
         codes = talk(model.talker, inputs, 20, 1.05)
 
     async def main():
         async with Conductor(model.graph(), model.modules(), config=FP32) as c:
-            return await c.submit(model.request(TEXT_PROMPT, say_ids=say, talker_max_tokens=20,
-                                                talker_sampling=GREEDY_TALKER)).collect()
+            return await c.submit(
+                model.request(TEXT_PROMPT, say_ids=say, talker_max_tokens=20, talker_sampling=GREEDY_TALKER)
+            ).collect()
 
     out = asyncio.run(main())
     assert "text_ids" not in out  # the Thinker did not run
@@ -106,17 +126,31 @@ def test_the_talker_speaks_while_the_thinker_still_replies(q3_ckpt):
 
     graph.next_walk = recording
     with torch.inference_mode():
-        ref = generate(model.thinker, model.talker, model.code2wav, TEXT_PROMPT, thinker_max_new_tokens=40,
-                       talker_max_new_tokens=30)
+        ref = generate(
+            model.thinker,
+            model.talker,
+            model.code2wav,
+            TEXT_PROMPT,
+            thinker_max_new_tokens=40,
+            talker_max_new_tokens=30,
+        )
 
     async def main():
         async with Conductor(graph, model.modules(), config=FP32) as c:
             order = []
-            async for out in c.submit(model.request(TEXT_PROMPT, thinker_max_tokens=40, talker_max_tokens=30,
-                                                    talker_sampling=GREEDY_TALKER)):
+            async for out in c.submit(
+                model.request(TEXT_PROMPT, thinker_max_tokens=40, talker_max_tokens=30, talker_sampling=GREEDY_TALKER)
+            ):
                 order.append((out.name, out.data))
-            after = await c.submit(model.request(TEXT_PROMPT, thinker_max_tokens=40, talker_max_tokens=30,
-                                                 talker_sampling=GREEDY_TALKER, talker_after_reply=True)).collect()
+            after = await c.submit(
+                model.request(
+                    TEXT_PROMPT,
+                    thinker_max_tokens=40,
+                    talker_max_tokens=30,
+                    talker_sampling=GREEDY_TALKER,
+                    talker_after_reply=True,
+                )
+            ).collect()
             await c.wait_idle()
             return order, after
 

@@ -1,4 +1,5 @@
 """Qwen3-Omni image preprocessing: transformers' Qwen2-VL PIL image processor's numbers and layout, clear refusals."""
+
 from __future__ import annotations
 
 import json
@@ -17,8 +18,15 @@ from mstar_graphs.qwen3_omni.image_processor import (
     write_preprocessor_config,
 )
 
-RELEASED = dict(patch_size=16, temporal_patch_size=2, merge_size=2, min_pixels=3136, max_pixels=12845056,
-                image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5])
+RELEASED = dict(
+    patch_size=16,
+    temporal_patch_size=2,
+    merge_size=2,
+    min_pixels=3136,
+    max_pixels=12845056,
+    image_mean=[0.5, 0.5, 0.5],
+    image_std=[0.5, 0.5, 0.5],
+)
 
 
 @pytest.fixture(scope="module")
@@ -51,10 +59,10 @@ CASES = [
     ((64, 48, 3), {}),
     ((333, 500, 3), {}),
     ((1000, 37, 3), {}),
-    ((48, 80, 3), {}),                     # 48 / 32 = 1.5 and 80 / 32 = 2.5: round half to even
-    ((17, 17, 1), {}),                     # gray, grown to the minimum area
-    ((50, 40, 4), {}),                     # RGBA onto white
-    ((400, 300, 3), {"max_pixels": 32 * 32 * 20}),   # shrunk to the maximum area
+    ((48, 80, 3), {}),  # 48 / 32 = 1.5 and 80 / 32 = 2.5: round half to even
+    ((17, 17, 1), {}),  # gray, grown to the minimum area
+    ((50, 40, 4), {}),  # RGBA onto white
+    ((400, 300, 3), {"max_pixels": 32 * 32 * 20}),  # shrunk to the maximum area
     ((64, 96, 3), {"resample": 2, "merge_size": 1, "temporal_patch_size": 1}),
 ]
 
@@ -95,7 +103,7 @@ def test_smart_resize_matches_on_many_sizes(qwen2vl):
 
 
 def test_the_released_config_round_trips(tmp_path, qwen2vl):
-    assert ImagePreprocessor.from_dir(tmp_path) == ImagePreprocessor()   # no file: the released values
+    assert ImagePreprocessor.from_dir(tmp_path) == ImagePreprocessor()  # no file: the released values
     file = write_preprocessor_config(tmp_path)
     assert json.loads(file.read_text()) == RELEASED_PREPROCESSOR_CONFIG
     ours = ImagePreprocessor.from_dir(tmp_path)
@@ -110,8 +118,14 @@ def test_the_released_config_round_trips(tmp_path, qwen2vl):
 def test_size_bounds_and_their_override():
     p = ImagePreprocessor.from_dict({"size": {"shortest_edge": 1024, "longest_edge": 4096}, "min_pixels": None})
     assert (p.min_pixels, p.max_pixels) == (1024, 4096)
-    p = ImagePreprocessor.from_dict({"size": {"shortest_edge": 1024, "longest_edge": 4096}, "max_pixels": 8192,
-                                     "image_mean": 0.25, "feature_size": 128})
+    p = ImagePreprocessor.from_dict(
+        {
+            "size": {"shortest_edge": 1024, "longest_edge": 4096},
+            "max_pixels": 8192,
+            "image_mean": 0.25,
+            "feature_size": 128,
+        }
+    )
     assert (p.min_pixels, p.max_pixels, p.image_mean) == (1024, 8192, (0.25, 0.25, 0.25))
 
 
@@ -121,17 +135,20 @@ def test_image_pad_count():
         image_pad_count((1, 3, 3), 2)
 
 
-@pytest.mark.parametrize("data, message", [
-    ({"patch_size": "16"}, "Expected `int | null`, got `str` - at `$.patch_size`"),
-    ({"patch_size": 0}, "patch_size: 0 must be a positive integer"),
-    ({"resample": 9}, "resample: 9 must be a PIL resampling filter"),
-    ({"image_mean": [0.5, 0.5]}, "image_mean: (0.5, 0.5) must be three finite numbers"),
-    ({"image_std": [0.5, 0.0, 0.5]}, "image_std: (0.5, 0.0, 0.5) must not contain 0"),
-    ({"min_pixels": 5000, "max_pixels": 4000}, "max_pixels: 4000 must be at least min_pixels=5000"),
-    ({"rescale_factor": -1.0}, "rescale_factor: -1.0 must be a positive number"),
-    ({"do_resize": False}, "do_resize: false is not supported"),
-    ({"image_processor_type": "SiglipImageProcessor"}, "image_processor_type: 'SiglipImageProcessor'"),
-])
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        ({"patch_size": "16"}, "Expected `int | null`, got `str` - at `$.patch_size`"),
+        ({"patch_size": 0}, "patch_size: 0 must be a positive integer"),
+        ({"resample": 9}, "resample: 9 must be a PIL resampling filter"),
+        ({"image_mean": [0.5, 0.5]}, "image_mean: (0.5, 0.5) must be three finite numbers"),
+        ({"image_std": [0.5, 0.0, 0.5]}, "image_std: (0.5, 0.0, 0.5) must not contain 0"),
+        ({"min_pixels": 5000, "max_pixels": 4000}, "max_pixels: 4000 must be at least min_pixels=5000"),
+        ({"rescale_factor": -1.0}, "rescale_factor: -1.0 must be a positive number"),
+        ({"do_resize": False}, "do_resize: false is not supported"),
+        ({"image_processor_type": "SiglipImageProcessor"}, "image_processor_type: 'SiglipImageProcessor'"),
+    ],
+)
 def test_a_bad_config_field_is_named(tmp_path, data, message):
     (tmp_path / "preprocessor_config.json").write_text(json.dumps(data))
     with pytest.raises(ValueError) as err:
@@ -148,7 +165,7 @@ def test_an_unreadable_config_is_refused(tmp_path):
 def test_a_big_image_is_downsized_but_one_over_the_cap_is_refused():
     assert MAX_INPUT_PIXELS == 8192 * 8192
     small_max = ImagePreprocessor(max_pixels=64 * 64)
-    assert small_max(random_image(400, 400, 3))[1] == (1, 4, 4)   # 400 x 400 down to 64 x 64
+    assert small_max(random_image(400, 400, 3))[1] == (1, 4, 4)  # 400 x 400 down to 64 x 64
     capped = ImagePreprocessor(max_input_pixels=1000)
     with pytest.raises(ValueError, match=r"image is 30 x 40 = 1200 pixels, over the limit of 1000"):
         capped(random_image(40, 30, 3))
@@ -156,17 +173,20 @@ def test_a_big_image_is_downsized_but_one_over_the_cap_is_refused():
         capped(PIL.Image.new("RGB", (30, 40)))
 
 
-@pytest.mark.parametrize("image, message", [
-    (np.zeros((2, 1000, 3), np.uint8), "image is 1000 x 2: its aspect ratio 500.0 is over the limit of 200"),
-    (np.zeros((0, 10, 3), np.uint8), "image is 10 x 0: it is empty"),
-    (PIL.Image.new("RGB", (0, 5)), "image is 0 x 5: it is empty"),
-    (np.zeros((40, 50, 3), np.float32), "image array must be uint8 (values 0-255); got dtype float32"),
-    (np.full((40, 50, 3), np.nan, np.float32), "image array contains NaN or infinite values"),
-    (np.zeros((3, 40, 50), np.uint8), "channels last; got shape (3, 40, 50)"),
-    (np.zeros((40, 50, 2), np.uint8), "got shape (40, 50, 2)"),
-    (np.zeros((1, 40, 50, 3), np.uint8), "got shape (1, 40, 50, 3)"),
-    ("cat.png", "image must be a PIL image or a uint8 array [H, W, 3]; got str"),
-])
+@pytest.mark.parametrize(
+    "image, message",
+    [
+        (np.zeros((2, 1000, 3), np.uint8), "image is 1000 x 2: its aspect ratio 500.0 is over the limit of 200"),
+        (np.zeros((0, 10, 3), np.uint8), "image is 10 x 0: it is empty"),
+        (PIL.Image.new("RGB", (0, 5)), "image is 0 x 5: it is empty"),
+        (np.zeros((40, 50, 3), np.float32), "image array must be uint8 (values 0-255); got dtype float32"),
+        (np.full((40, 50, 3), np.nan, np.float32), "image array contains NaN or infinite values"),
+        (np.zeros((3, 40, 50), np.uint8), "channels last; got shape (3, 40, 50)"),
+        (np.zeros((40, 50, 2), np.uint8), "got shape (40, 50, 2)"),
+        (np.zeros((1, 40, 50, 3), np.uint8), "got shape (1, 40, 50, 3)"),
+        ("cat.png", "image must be a PIL image or a uint8 array [H, W, 3]; got str"),
+    ],
+)
 def test_bad_images_are_refused_clearly(image, message):
     with pytest.raises(ValueError) as err:
         ImagePreprocessor()(image)

@@ -1,4 +1,5 @@
 """The MoE block: experts batched per expert over all rows equal the per-row, per-expert computation."""
+
 from __future__ import annotations
 
 import torch
@@ -10,9 +11,9 @@ def per_row(moe: SparseMoE, x: torch.Tensor) -> torch.Tensor:
     weights, ids = moe.route(x)
     rows = []
     for r in range(x.shape[0]):
-        y = sum(w * moe.experts[int(e)](x[r:r + 1]) for w, e in zip(weights[r], ids[r]))
+        y = sum(w * moe.experts[int(e)](x[r : r + 1]) for w, e in zip(weights[r], ids[r]))
         if hasattr(moe, "shared_expert"):
-            y = y + torch.sigmoid(moe.shared_expert_gate(x[r:r + 1])) * moe.shared_expert(x[r:r + 1])
+            y = y + torch.sigmoid(moe.shared_expert_gate(x[r : r + 1])) * moe.shared_expert(x[r : r + 1])
         rows.append(y)
     return torch.cat(rows)
 

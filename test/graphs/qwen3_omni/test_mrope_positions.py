@@ -3,6 +3,7 @@
 The reference is called unbound, on a stand-in that has only the config and the grid helper it
 reads. That way no model gets built.
 """
+
 from __future__ import annotations
 
 import json
@@ -28,8 +29,9 @@ VISION_END, AUDIO_END = 151653, 151670  # chat.py's specials
 def ref() -> types.SimpleNamespace:
     thinker = Qwen3OmniMoeConfig(**tiny_config()).thinker_config
     owner = tmod.Qwen3OmniMoePreTrainedModelForConditionalGeneration
-    ns = types.SimpleNamespace(config=thinker, spatial_merge_size=thinker.vision_config.spatial_merge_size,
-                               rope_deltas=None)
+    ns = types.SimpleNamespace(
+        config=thinker, spatial_merge_size=thinker.vision_config.spatial_merge_size, rope_deltas=None
+    )
     ns.get_llm_pos_ids_for_vision = lambda *a: owner.get_llm_pos_ids_for_vision(ns, *a)
     ns.get_rope_index = lambda *a, **k: owner.get_rope_index(ns, *a, **k)
     return ns
@@ -40,7 +42,7 @@ def text(n: int, base: int = 1000) -> list[int]:
 
 
 def image(t: int, h: int, w: int) -> list[int]:
-    return [TH.vision_start_token_id, *[TH.image_token_id] * (t * h * w // MERGE ** 2), VISION_END]
+    return [TH.vision_start_token_id, *[TH.image_token_id] * (t * h * w // MERGE**2), VISION_END]
 
 
 def audio(mel_frames: int) -> list[int]:
@@ -49,12 +51,17 @@ def audio(mel_frames: int) -> list[int]:
     return [TH.audio_start_token_id, *[TH.audio_token_id] * n, AUDIO_END]
 
 
-def reference(ns, ids: list[int], grids: list[tuple[int, int, int]], mels: list[int],
-              force_multimodal: bool = False) -> tuple[torch.Tensor, int]:
+def reference(
+    ns, ids: list[int], grids: list[tuple[int, int, int]], mels: list[int], force_multimodal: bool = False
+) -> tuple[torch.Tensor, int]:
     grid_t = torch.tensor(grids, dtype=torch.long).reshape(-1, 3) if (grids or force_multimodal) else None
-    pos, deltas = ns.get_rope_index(torch.tensor([ids]), image_grid_thw=grid_t, attention_mask=torch.ones(1, len(ids)),
-                                    use_audio_in_video=False,
-                                    audio_seqlens=torch.tensor(mels, dtype=torch.long) if mels else None)
+    pos, deltas = ns.get_rope_index(
+        torch.tensor([ids]),
+        image_grid_thw=grid_t,
+        attention_mask=torch.ones(1, len(ids)),
+        use_audio_in_video=False,
+        audio_seqlens=torch.tensor(mels, dtype=torch.long) if mels else None,
+    )
     assert torch.equal(pos, pos.round())  # float in the reference; integral values
     return pos[:, 0].long(), int(deltas.reshape(-1)[0])
 
@@ -66,12 +73,13 @@ CASES = {
     "image_1x8x2_ends_prompt": (text(2) + image(1, 8, 2), [(1, 8, 2)], []),
     "image_1x14x10_first": (image(1, 14, 10) + text(3), [(1, 14, 10)], []),
     "image_t2_scaled_time": (text(2) + image(2, 2, 4) + text(3, 2000), [(2, 2, 4)], []),
-    "two_images": (text(3) + image(1, 6, 4) + text(2, 2000) + image(1, 2, 8) + text(4, 3000),
-                   [(1, 6, 4), (1, 2, 8)], []),
-    "image_then_audio": (text(3) + image(1, 4, 4) + text(2, 2000) + audio(230) + text(3, 3000),
-                         [(1, 4, 4)], [230]),
-    "audio_then_image": (text(2) + audio(100) + text(1, 2000) + image(1, 2, 6) + text(5, 3000),
-                         [(1, 2, 6)], [100]),
+    "two_images": (
+        text(3) + image(1, 6, 4) + text(2, 2000) + image(1, 2, 8) + text(4, 3000),
+        [(1, 6, 4), (1, 2, 8)],
+        [],
+    ),
+    "image_then_audio": (text(3) + image(1, 4, 4) + text(2, 2000) + audio(230) + text(3, 3000), [(1, 4, 4)], [230]),
+    "audio_then_image": (text(2) + audio(100) + text(1, 2000) + image(1, 2, 6) + text(5, 3000), [(1, 2, 6)], [100]),
     "audio_only": (text(4) + audio(517) + text(3, 2000), [], [517]),
     "two_audios": (text(1) + audio(80) + text(2, 2000) + audio(1000) + text(2, 3000), [], [80, 1000]),
 }
@@ -124,8 +132,14 @@ def test_decode_matches_reference(ref, name: str) -> None:
     ref.rope_deltas = torch.tensor([[want_delta]])
     cache = types.SimpleNamespace(get_seq_length=lambda: len(ids))
     want = tmod.Qwen3OmniMoeThinkerModel.compute_3d_position_ids(
-        ref, input_ids=None, image_grid_thw=None, video_grid_thw=None, inputs_embeds=torch.zeros(1, count, 1),
-        attention_mask=None, cache=cache)
+        ref,
+        input_ids=None,
+        image_grid_thw=None,
+        video_grid_thw=None,
+        inputs_embeds=torch.zeros(1, count, 1),
+        attention_mask=None,
+        cache=cache,
+    )
     got = decode_positions(len(ids), count, delta)
     assert got.dtype == torch.long and torch.equal(got, want[:, 0].long())
 

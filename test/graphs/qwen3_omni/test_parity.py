@@ -1,6 +1,7 @@
 """Qwen3-Omni against transformers' Qwen3OmniMoeForConditionalGeneration on one tiny checkpoint
 (written in transformers' layout, read by both loaders): Thinker logits, audio features and encoder,
 Code2Wav, and generate(return_audio=True) end to end (greedy: the same text, codes and waveform)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -18,7 +19,9 @@ from support.qwen3_omni_prompts import TEXT_PROMPT, audio_prompt
 def speech_like(seconds: float, seed: int) -> np.ndarray:
     rng = np.random.RandomState(seed)
     t = np.arange(int(16000 * seconds)) / 16000
-    return (0.3 * np.sin(2 * np.pi * 220 * t) * (1 + np.sin(2 * np.pi * 3 * t)) + 0.02 * rng.randn(len(t))).astype(np.float32)
+    return (0.3 * np.sin(2 * np.pi * 220 * t) * (1 + np.sin(2 * np.pi * 3 * t)) + 0.02 * rng.randn(len(t))).astype(
+        np.float32
+    )
 
 
 def test_thinker_logits_and_accept_layer_match(q3, q3_ref):
@@ -42,7 +45,9 @@ def test_log_mel_is_whisper_feature_extractors():
     for n, seed in ((40000, 1), (12345, 2)):
         x = speech_like(n / 16000, seed)
         # as the Qwen3-Omni processor calls it: padded to the longest clip, never truncated
-        ref = fe(x, sampling_rate=16000, return_tensors="pt", return_attention_mask=True, padding=True, truncation=False)
+        ref = fe(
+            x, sampling_rate=16000, return_tensors="pt", return_attention_mask=True, padding=True, truncation=False
+        )
         frames = int(ref["attention_mask"].sum())
         ours = log_mel(torch.from_numpy(x))
         assert ours.shape == (128, n // 160) and frames == n // 160
@@ -55,8 +60,12 @@ def test_audio_encoder_matches_and_batches_clips_as_alone(q3, q3_ref):
     long, short = log_mel(torch.from_numpy(speech_like(2.5, 3))), log_mel(torch.from_numpy(speech_like(0.77, 4)))
     encoder = q3["audio_encoder"]
     with torch.inference_mode():
-        alone = [q3_ref.thinker.model.audio_tower(input_features=f, feature_lens=torch.tensor([f.shape[1]])).last_hidden_state
-                 for f in (long, short)]
+        alone = [
+            q3_ref.thinker.model.audio_tower(
+                input_features=f, feature_lens=torch.tensor([f.shape[1]])
+            ).last_hidden_state
+            for f in (long, short)
+        ]
         batched = encoder.encode([long, short])
     for ours, ref, f in zip(batched, alone, (long, short)):
         assert ours.shape == (tokens_for_frames(f.shape[1]), ref.shape[1]) == ref.shape
@@ -78,8 +87,9 @@ def test_code2wav_whole_and_chunked_match(q3, q3_ref):
 
 def test_generate_text_prompt_matches_the_reference(q3, q3_ref):
     ref = reference_generate(q3_ref, TEXT_PROMPT, thinker_max_new_tokens=6, talker_max_new_tokens=12)
-    ours = generate(q3["thinker"], q3["talker"], q3["code2wav"], TEXT_PROMPT, thinker_max_new_tokens=6,
-                    talker_max_new_tokens=12)
+    ours = generate(
+        q3["thinker"], q3["talker"], q3["code2wav"], TEXT_PROMPT, thinker_max_new_tokens=6, talker_max_new_tokens=12
+    )
     assert ours.text_ids == ref.text_ids and len(ours.text_ids) == 6
     assert torch.equal(ours.codes, ref.codes) and ours.codes.shape == (16, 11)  # the last code 0 gets no frame
     assert ours.audio.shape == ref.audio.shape == (1920 * 11 - 555,)
@@ -89,11 +99,20 @@ def test_generate_text_prompt_matches_the_reference(q3, q3_ref):
 def test_generate_audio_prompt_matches_the_reference(q3, q3_ref):
     features = log_mel(torch.from_numpy(speech_like(1.5, 6)))
     prompt = audio_prompt(tokens_for_frames(features.shape[1]))
-    ref = reference_generate(q3_ref, prompt, input_features=features, thinker_max_new_tokens=5, talker_max_new_tokens=10)
+    ref = reference_generate(
+        q3_ref, prompt, input_features=features, thinker_max_new_tokens=5, talker_max_new_tokens=10
+    )
     with torch.inference_mode():
         rows = q3["audio_encoder"].encode([features])[0]
-    ours = generate(q3["thinker"], q3["talker"], q3["code2wav"], prompt, audio_rows=rows, thinker_max_new_tokens=5,
-                    talker_max_new_tokens=10)
+    ours = generate(
+        q3["thinker"],
+        q3["talker"],
+        q3["code2wav"],
+        prompt,
+        audio_rows=rows,
+        thinker_max_new_tokens=5,
+        talker_max_new_tokens=10,
+    )
     assert ours.text_ids == ref.text_ids
     assert torch.equal(ours.codes, ref.codes)
     assert (ours.audio - ref.audio).abs().max() < 1e-5

@@ -1,6 +1,7 @@
 """A spoken turn streamed into the Qwen3-Omni graph while it is said (input.pcm, AwaitInput): its frames are
 computed chunk by chunk as the samples come, the answer starts when the stream closes, and it is the
 answer to the same clip given whole; bad streams fail their request with a message, others still run."""
+
 from __future__ import annotations
 
 import asyncio
@@ -25,8 +26,9 @@ GREEDY_TALKER = SamplingParams(temperature=0.0, repetition_penalty=1.05, max_tok
 def speechlike(seconds: float, seed: int) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     t = torch.arange(int(16000 * seconds)) / 16000
-    return 0.3 * torch.sin(2 * torch.pi * 220 * t) * (1 + torch.sin(2 * torch.pi * 3 * t)) + \
-        0.01 * torch.randn(t.shape, generator=g)
+    return 0.3 * torch.sin(2 * torch.pi * 220 * t) * (1 + torch.sin(2 * torch.pi * 3 * t)) + 0.01 * torch.randn(
+        t.shape, generator=g
+    )
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +43,7 @@ async def push_slowly(stream, samples: torch.Tensor, seed: int) -> int:
     at = pieces = 0
     while at < samples.numel():
         size = int(torch.randint(50, 2500, (1,), generator=g))
-        stream.push(samples[at:at + size])
+        stream.push(samples[at : at + size])
         at += size
         pieces += 1
         await asyncio.sleep(0.002)
@@ -97,16 +99,19 @@ def test_a_streamed_turn_with_images_is_answered_as_the_whole_clip_with_them_is(
     async def main():
         async with Conductor(chat.graph(), chat.modules(), config=FP32) as c:
             idle = c.kv_blocks_used()
-            whole = await c.submit(chat.request(audio=clip, images=shown, history=history,
-                                                sampling=GREEDY_TALKER)).collect()
+            whole = await c.submit(
+                chat.request(audio=clip, images=shown, history=history, sampling=GREEDY_TALKER)
+            ).collect()
             blind = await c.submit(chat.request(audio=clip, sampling=GREEDY_TALKER)).collect()
             request, stream = chat.listen_request(images=shown, history=history, sampling=GREEDY_TALKER)
             alone = c.submit(request)
             pushing = asyncio.ensure_future(push_slowly(stream, clip, 3))
             alone = await alone.collect()
             await pushing
-            pairs = [chat.listen_request(images=shown, history=history, sampling=GREEDY_TALKER),
-                     chat.listen_request(sampling=GREEDY_TALKER)]
+            pairs = [
+                chat.listen_request(images=shown, history=history, sampling=GREEDY_TALKER),
+                chat.listen_request(sampling=GREEDY_TALKER),
+            ]
             runs = [c.submit(r) for r, _ in pairs]
             pushes = [asyncio.ensure_future(push_slowly(s, clip, 5 + i)) for i, (_, s) in enumerate(pairs)]
             together = await asyncio.gather(*(r.collect() for r in runs), *pushes)
@@ -124,7 +129,7 @@ def test_a_streamed_turn_with_images_is_answered_as_the_whole_clip_with_them_is(
         assert torch.equal(codes(out), codes(ref))
     assert torch.equal(torch.cat(alone["audio"]), torch.cat(whole["audio"]))
     for out, ref in ((batched, whole), (batched_blind, blind)):  # Code2Wav batched their chunks: its convolutions
-        ref = torch.cat(ref["audio"])                              # sum in another order
+        ref = torch.cat(ref["audio"])  # sum in another order
         assert (torch.cat(out["audio"]) - ref).abs().max() / ref.abs().max() < 1e-4
     assert used == idle
 
@@ -226,8 +231,10 @@ def test_streamed_frames_are_the_whole_clips_frames(samples):
     chunks.append(policy.final(cursor, len(items)))
     parts = []
     for c in chunks:
-        got = items[c.start:c.end]
-        parts.append(streamed_log10_mel(torch.cat(got), sum(t.numel() for t in got[:c.left_context]), c.first, c.final))
+        got = items[c.start : c.end]
+        parts.append(
+            streamed_log10_mel(torch.cat(got), sum(t.numel() for t in got[: c.left_context]), c.first, c.final)
+        )
     streamed, whole = floor_and_scale(torch.cat(parts, dim=1)), log_mel(clip)
     assert streamed.shape == whole.shape
     assert (streamed - whole).abs().max() < 1e-6
@@ -256,11 +263,16 @@ def test_a_spoken_turn_in_the_history_is_heard_again_as_the_reference_hears_it(c
     ids = whole.inputs["prompt_ids"].tolist()
     features = [log_mel(first), log_mel(second)]
     assert whole.inputs["clip_frames"].tolist() == [f.shape[1] for f in features]
-    ref = reference_generate(q3_ref, ids, input_features=features, thinker_max_new_tokens=whole.meta["thinker_max_tokens"],
-                             talker_max_new_tokens=12)
+    ref = reference_generate(
+        q3_ref,
+        ids,
+        input_features=features,
+        thinker_max_new_tokens=whole.meta["thinker_max_tokens"],
+        talker_max_new_tokens=12,
+    )
     text = [int(t) for t in got["text_ids"]]
-    assert text == ref.text_ids[:len(text)] and len(text) > 1
-    assert torch.equal(torch.stack(got["codes"], dim=1), ref.codes[:, :len(got["codes"])])
+    assert text == ref.text_ids[: len(text)] and len(text) > 1
+    assert torch.equal(torch.stack(got["codes"], dim=1), ref.codes[:, : len(got["codes"])])
     assert [int(t) for t in streamed["text_ids"]] == text
     assert torch.equal(torch.stack(streamed["codes"]), torch.stack(got["codes"]))
 

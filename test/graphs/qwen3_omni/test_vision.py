@@ -1,6 +1,7 @@
 """Images into Qwen3-Omni: the vision encoder (with its deepstack rows), the Thinker's M-RoPE positions and
 deepstack adds, and the Talker's positions, against transformers' ``generate`` on real images through our
 image preprocessor; batched beside text and audio; bad images refused."""
+
 from __future__ import annotations
 
 import asyncio
@@ -47,7 +48,9 @@ def test_the_vision_encoder_matches_the_reference(q3_ckpt, q3_ref):
 
     ours = load_component("vision_encoder", q3_ckpt, progress=False)
     grids = [(1, 4, 6), (1, 10, 8), (2, 2, 2)]
-    pixels = torch.randn(sum(t * h * w for t, h, w in grids), 3 * 2 * 16 * 16, generator=torch.Generator().manual_seed(0))
+    pixels = torch.randn(
+        sum(t * h * w for t, h, w in grids), 3 * 2 * 16 * 16, generator=torch.Generator().manual_seed(0)
+    )
     with torch.inference_mode():
         ref = q3_ref.thinker.model.visual(pixels, grid_thw=torch.tensor(grids), return_dict=True)
         got = ours.encode(pixels, grids)
@@ -67,8 +70,11 @@ def test_an_image_prompt_served_gives_what_the_reference_generates(chat, q3_ref,
 
     async def main():
         async with Conductor(model.graph(), model.modules(), config=FP32) as c:
-            return await c.submit(model.request(prompt, images=two_images, thinker_max_tokens=6, talker_max_tokens=14,
-                                                talker_sampling=GREEDY_TALKER)).collect()
+            return await c.submit(
+                model.request(
+                    prompt, images=two_images, thinker_max_tokens=6, talker_max_tokens=14, talker_sampling=GREEDY_TALKER
+                )
+            ).collect()
 
     out = asyncio.run(main())
     assert [int(t) for t in out["text_ids"]] == ref.text_ids and len(ref.text_ids) == 6
@@ -91,9 +97,20 @@ def test_an_image_prompt_split_over_steps_and_preempted_gives_what_the_reference
     async def main():
         config = fp32(max_batched_tokens=7, num_kv_blocks=24, block_size=4)
         async with Conductor(model.graph(), model.modules(), config=config) as c:
-            return await asyncio.gather(*(c.submit(model.request(prompt, images=two_images, thinker_max_tokens=6,
-                                                                 talker_max_tokens=10, talker_sampling=GREEDY_TALKER))
-                                          .collect() for _ in range(2)))
+            return await asyncio.gather(
+                *(
+                    c.submit(
+                        model.request(
+                            prompt,
+                            images=two_images,
+                            thinker_max_tokens=6,
+                            talker_max_tokens=10,
+                            talker_sampling=GREEDY_TALKER,
+                        )
+                    ).collect()
+                    for _ in range(2)
+                )
+            )
 
     for out in asyncio.run(main()):
         assert [int(t) for t in out["text_ids"]] == ref.text_ids
@@ -108,22 +125,43 @@ def test_images_and_audio_in_one_turn_give_the_reference_thinkers_text(chat, q3_
     model = chat.model
     features = log_mel(0.3 * torch.sin(2 * torch.pi * 250 * torch.arange(12000) / 16000))
     pads = tuple(image_pad_count(grid) for _, grid in two_images)
-    prompt = prompt_ids(chat.tokenizer, model.config,
-                        [Turn("user", "what do you see and hear", tokens_for_frames(features.shape[1]), pads)])
+    prompt = prompt_ids(
+        chat.tokenizer,
+        model.config,
+        [Turn("user", "what do you see and hear", tokens_for_frames(features.shape[1]), pads)],
+    )
     with pytest.raises(AttributeError, match="audio_config"):
-        reference_generate(q3_ref, prompt, input_features=features, images=two_images, thinker_max_new_tokens=6,
-                           talker_max_new_tokens=12)
+        reference_generate(
+            q3_ref,
+            prompt,
+            input_features=features,
+            images=two_images,
+            thinker_max_new_tokens=6,
+            talker_max_new_tokens=12,
+        )
     with torch.inference_mode():
-        ref = q3_ref.thinker.generate(input_ids=torch.tensor([prompt]), input_features=features[None],
-                                      feature_attention_mask=torch.ones(1, features.shape[1], dtype=torch.long),
-                                      pixel_values=torch.cat([v for v, _ in two_images]),
-                                      image_grid_thw=torch.tensor([list(g) for _, g in two_images]),
-                                      max_new_tokens=6, do_sample=False)[0, len(prompt):].tolist()
+        ref = q3_ref.thinker.generate(
+            input_ids=torch.tensor([prompt]),
+            input_features=features[None],
+            feature_attention_mask=torch.ones(1, features.shape[1], dtype=torch.long),
+            pixel_values=torch.cat([v for v, _ in two_images]),
+            image_grid_thw=torch.tensor([list(g) for _, g in two_images]),
+            max_new_tokens=6,
+            do_sample=False,
+        )[0, len(prompt) :].tolist()
 
     async def main():
         async with Conductor(model.graph(), model.modules(), config=FP32) as c:
-            return await c.submit(model.request(prompt, features=features, images=two_images, thinker_max_tokens=6,
-                                                talker_max_tokens=12, talker_sampling=GREEDY_TALKER)).collect()
+            return await c.submit(
+                model.request(
+                    prompt,
+                    features=features,
+                    images=two_images,
+                    thinker_max_tokens=6,
+                    talker_max_tokens=12,
+                    talker_sampling=GREEDY_TALKER,
+                )
+            ).collect()
 
     out = asyncio.run(main())
     assert [int(t) for t in out["text_ids"]] == ref and len(ref) == 6
@@ -133,15 +171,18 @@ def test_images_and_audio_in_one_turn_give_the_reference_thinkers_text(chat, q3_
 def test_an_image_request_batched_beside_text_and_audio_gets_what_it_gets_alone(chat, two_images):
     model = chat.model
     features = log_mel(0.3 * torch.sin(2 * torch.pi * 300 * torch.arange(16000) / 16000))
-    prompts = [dict(prompt_ids=image_prompt(chat, two_images[:1]), images=two_images[:1]),
-               dict(prompt_ids=TEXT_PROMPT),
-               dict(prompt_ids=audio_prompt(tokens_for_frames(features.shape[1])), features=features),
-               dict(prompt_ids=image_prompt(chat, two_images), images=two_images)]
+    prompts = [
+        dict(prompt_ids=image_prompt(chat, two_images[:1]), images=two_images[:1]),
+        dict(prompt_ids=TEXT_PROMPT),
+        dict(prompt_ids=audio_prompt(tokens_for_frames(features.shape[1])), features=features),
+        dict(prompt_ids=image_prompt(chat, two_images), images=two_images),
+    ]
 
     def request(i: int):
         p = dict(prompts[i])
-        return model.request(p.pop("prompt_ids"), **p, thinker_max_tokens=5, talker_max_tokens=12,
-                             talker_sampling=GREEDY_TALKER)
+        return model.request(
+            p.pop("prompt_ids"), **p, thinker_max_tokens=5, talker_max_tokens=12, talker_sampling=GREEDY_TALKER
+        )
 
     async def main():
         async with Conductor(model.graph(), model.modules(), config=FP32) as c:

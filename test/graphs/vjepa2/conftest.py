@@ -1,4 +1,5 @@
 """Shared V-JEPA 2-AC fixtures: the tiny checkpoint (Meta's layout) and its loaded modules."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,4 +1,5 @@
 """Loading V-JEPA 2-AC weights: Meta's file as its hub loader reads it, clear errors otherwise."""
+
 from __future__ import annotations
 
 import json
@@ -39,7 +40,10 @@ def test_a_released_file_alone_means_the_released_sizes(tmp_path):
 def test_weights_round_trip_through_metas_layout(vj_ckpt, vj_encoder, vj_predictor):
     raw = torch.load(vj_ckpt / AC_FILE, weights_only=True)
     assert all(k.startswith("module.backbone.") for k in raw["encoder"])
-    assert all(k.startswith("module.") for k in raw["predictor"]) and "module.extrinsics_encoder.weight" in raw["predictor"]
+    assert (
+        all(k.startswith("module.") for k in raw["predictor"])
+        and "module.extrinsics_encoder.weight" in raw["predictor"]
+    )
     assert torch.equal(vj_predictor.predictor_proj.weight, raw["predictor"]["module.predictor_proj.weight"])
     assert torch.equal(vj_encoder.blocks[1].attn.qkv.bias, raw["encoder"]["module.backbone.blocks.1.attn.qkv.bias"])
 
@@ -64,6 +68,7 @@ def test_a_pickle_with_code_is_refused(tmp_path, vj_ckpt):
     class Evil:
         def __reduce__(self):
             return (print, ("ran code from a checkpoint",))
+
     bad = tmp_path / "evil"
     bad.mkdir()
     (bad / AC_FILE).write_bytes(pickle.dumps({"encoder": Evil()}))

@@ -1,4 +1,5 @@
 """Our V-JEPA 2 encoder vs transformers' VJEPA2Model, through our loader, in both layouts."""
+
 from __future__ import annotations
 
 import json
@@ -17,9 +18,19 @@ def _rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def _hf_model(tmp_path):
-    cfg = transformers.VJEPA2Config(hidden_size=64, num_attention_heads=4, num_hidden_layers=2, mlp_ratio=2.0,
-                                    crop_size=32, patch_size=8, frames_per_clip=8, tubelet_size=2,
-                                    pred_hidden_size=32, pred_num_attention_heads=4, pred_num_hidden_layers=1)
+    cfg = transformers.VJEPA2Config(
+        hidden_size=64,
+        num_attention_heads=4,
+        num_hidden_layers=2,
+        mlp_ratio=2.0,
+        crop_size=32,
+        patch_size=8,
+        frames_per_clip=8,
+        tubelet_size=2,
+        pred_hidden_size=32,
+        pred_num_attention_heads=4,
+        pred_num_hidden_layers=1,
+    )
     torch.manual_seed(3)
     model = transformers.VJEPA2Model(cfg).eval()
     with torch.no_grad():  # non-trivial norms and biases, so a swapped name cannot pass
@@ -62,8 +73,11 @@ def test_encoder_matches_transformers_from_meta_layout(tmp_path):
     out = tmp_path / "meta"
     out.mkdir()
     torch.save({"encoder": {f"module.backbone.{k}": v for k, v in meta.items()}, "predictor": {}}, out / "ac.pt")
-    (out / "config.json").write_text(json.dumps({"encoder": {"width": 64, "depth": 2, "heads": 4, "mlp_hidden": 128,
-                                                             "image_size": 32, "patch_size": 8}}))
+    (out / "config.json").write_text(
+        json.dumps(
+            {"encoder": {"width": 64, "depth": 2, "heads": 4, "mlp_hidden": 128, "image_size": 32, "patch_size": 8}}
+        )
+    )
     ours = load_encoder(resolve_source(out))
     pixels = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
@@ -99,6 +113,7 @@ def test_encoder_node_normalises_latents_and_batches(vj_encoder):
 
 def test_bad_frames_are_refused(vj_encoder):
     import pytest
+
     with pytest.raises(ValueError, match=r"\[H, W, 3\]"):
         vj_encoder.prepare_inputs([NodeCall("r", {"frames": torch.zeros(32, 32)})])
     with pytest.raises(ValueError, match="NaN"):

@@ -1,4 +1,5 @@
 """CEM planning as Meta's MPC does it, batched across robots without changing any robot's plan."""
+
 from __future__ import annotations
 
 import asyncio
@@ -28,8 +29,13 @@ PARAMS = CemParams(samples=12, topk=3, iterations=3, maxnorm=0.05)
 
 
 def _modules(encoder, predictor):
-    return {"encoder": encoder, "predictor": predictor, "cem_sample": CemSample(), "cem_energy": CemEnergy(),
-            "cem_refit": CemRefit()}
+    return {
+        "encoder": encoder,
+        "predictor": predictor,
+        "cem_sample": CemSample(),
+        "cem_energy": CemEnergy(),
+        "cem_refit": CemRefit(),
+    }
 
 
 def test_samples_follow_the_belief_and_the_bounds():
@@ -37,7 +43,7 @@ def test_samples_follow_the_belief_and_the_bounds():
     mean[:, 3], std[:, 3] = 0.5, 0.1
     a = sample_actions(mean, std, CemParams(samples=2000, topk=10), torch.Generator().manual_seed(0))
     assert a.shape == (2000, 3, 7)
-    assert torch.all(a[..., 3:6] == 0)                                   # rotations never sampled
+    assert torch.all(a[..., 3:6] == 0)  # rotations never sampled
     assert a[..., :3].abs().max() <= 0.05 + 1e-7 and a[..., 6].abs().max() <= 0.75 + 1e-7
     assert abs(float(a[..., 6].mean()) - 0.5) < 0.1 and float(a[..., :3].std()) > 0.02
 
@@ -76,13 +82,25 @@ def test_cem_with_a_fixed_seed_plans_the_same_batched_as_alone(vj_encoder, vj_pr
             goal = (await c.submit(Request({"frames": goal_image}, meta={"walk": "encode"})).collect())["latents"][0]
             for n in names:
                 images, states, actions = robots[n]
-                await c.submit(Request({"frames": images, "states": states, "actions": actions}, session_id=n)).collect()
+                await c.submit(
+                    Request({"frames": images, "states": states, "actions": actions}, session_id=n)
+                ).collect()
             engine = c.workers[0].ar_engines["predictor"]
             forwards = engine.loops[LoopMode.FRAMES].forwards
-            outs = await asyncio.gather(*(c.submit(Request(
-                {"goal": goal, "mean": mean, "std": std, "params": PARAMS.tensor()}, session_id=n,
-                sampling=SamplingParams(seed=11), meta={"iterations": PARAMS.iterations},
-                outputs=frozenset({"plan", "energies"}))).collect() for n in names))
+            outs = await asyncio.gather(
+                *(
+                    c.submit(
+                        Request(
+                            {"goal": goal, "mean": mean, "std": std, "params": PARAMS.tensor()},
+                            session_id=n,
+                            sampling=SamplingParams(seed=11),
+                            meta={"iterations": PARAMS.iterations},
+                            outputs=frozenset({"plan", "energies"}),
+                        )
+                    ).collect()
+                    for n in names
+                )
+            )
             return {n: o for n, o in zip(names, outs)}, engine.loops[LoopMode.FRAMES].forwards - forwards
 
     together, forwards = asyncio.run(plans(["a", "b", "c"]))

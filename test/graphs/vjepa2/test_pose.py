@@ -1,4 +1,5 @@
 """Poses and the actions between them as Meta's code computes them (scipy's extrinsic xyz Euler angles)."""
+
 from __future__ import annotations
 
 import math
@@ -18,8 +19,11 @@ from mstar_graphs.vjepa2.pose import (
 
 def _rot(axis: str, a: float) -> torch.Tensor:
     c, s = math.cos(a), math.sin(a)
-    return {"x": torch.tensor([[1, 0, 0], [0, c, -s], [0, s, c]]), "y": torch.tensor([[c, 0, s], [0, 1, 0], [-s, 0, c]]),
-            "z": torch.tensor([[c, -s, 0], [s, c, 0], [0, 0, 1]])}[axis].double()
+    return {
+        "x": torch.tensor([[1, 0, 0], [0, c, -s], [0, s, c]]),
+        "y": torch.tensor([[c, 0, s], [0, 1, 0], [-s, 0, c]]),
+        "z": torch.tensor([[c, -s, 0], [s, c, 0], [0, 0, 1]]),
+    }[axis].double()
 
 
 def test_extrinsic_xyz_is_rz_ry_rx():

@@ -1,5 +1,6 @@
 """V-JEPA 2-AC rollouts as frame Loops over a persistent KV: equal to Meta's native recompute at
 every step, each frame computed once, the window kept exactly, samples sharing blocks."""
+
 from __future__ import annotations
 
 import asyncio
@@ -23,8 +24,13 @@ F_CTX, H = 4, 6
 
 
 def _modules(encoder, predictor):
-    return {"encoder": encoder, "predictor": predictor, "cem_sample": CemSample(), "cem_energy": CemEnergy(),
-            "cem_refit": CemRefit()}
+    return {
+        "encoder": encoder,
+        "predictor": predictor,
+        "cem_sample": CemSample(),
+        "cem_energy": CemEnergy(),
+        "cem_refit": CemRefit(),
+    }
 
 
 def _episode(seed: int, frames: int, size: int = 32):
@@ -66,8 +72,9 @@ def test_rollout_with_persistent_kv_equals_native_recompute_at_every_step(vj_enc
     assert torch.equal(out["frame"][0], frames[:, -1])
     for s in range(2):
         # context frame i carries the action taken at it: actions[i + 1] (from consecutive poses)
-        want = native_rollout(vj_predictor, latents[:F_CTX], actions[1:F_CTX], list(states[:F_CTX - 1]),
-                              states[F_CTX - 1], roll[s])
+        want = native_rollout(
+            vj_predictor, latents[:F_CTX], actions[1:F_CTX], list(states[: F_CTX - 1]), states[F_CTX - 1], roll[s]
+        )
         for h in range(H):
             err = float((frames[s, h] - want[h]).abs().max())
             assert err < 1e-4, f"sample {s} step {h}: {err}"
@@ -84,9 +91,13 @@ def test_each_frame_is_computed_once_and_the_window_slides_exactly(vj_encoder, v
             engine = c.workers[0].ar_engines["predictor"]
             seen = []
             for i in range(6):
-                await c.submit(Request({"frames": images[i:i + 1], "states": states[i:i + 1],
-                                        "actions": actions[i:i + 1]}, session_id="s",
-                                       meta={"context.kv_window": window})).collect()
+                await c.submit(
+                    Request(
+                        {"frames": images[i : i + 1], "states": states[i : i + 1], "actions": actions[i : i + 1]},
+                        session_id="s",
+                        meta={"context.kv_window": window},
+                    )
+                ).collect()
                 seen.append((c.kv_blocks_used(), engine.loops[LoopMode.FRAMES].frames_computed))
             out = await c.submit(Request({"actions": roll}, session_id="s")).collect()
             latents = (await c.submit(Request({"frames": images}, meta={"walk": "encode"})).collect())["latents"][0]
@@ -116,21 +127,39 @@ def test_plan_samples_share_exactly_the_blocks_before_their_first_action(vj_pred
     replies = []
     latents = torch.randn(3, 16, 64)
     put = lambda t: store.put(t, owner="r")  # noqa: E731
-    engine._handle(ExecuteNode(1, "r", "context", {"latents": put(latents), "states": put(torch.rand(3, 7)),
-                                                     "actions": put(torch.randn(3, 7) * 0.05)},
-                               session_id="s", loop_mode=LoopMode.FRAMES), replies.append)
+    engine._handle(
+        ExecuteNode(
+            1,
+            "r",
+            "context",
+            {"latents": put(latents), "states": put(torch.rand(3, 7)), "actions": put(torch.randn(3, 7) * 0.05)},
+            session_id="s",
+            loop_mode=LoopMode.FRAMES,
+        ),
+        replies.append,
+    )
     engine.step()
     ctx = engine.loops[LoopMode.FRAMES].context("s", "context")
     assert replies[-1].error is None and len(ctx.table.blocks) == 2
-    engine._handle(ExecuteNode(2, "r", "rollout", {"actions": put(torch.randn(5, 3, 7) * 0.05)},
-                               session_id="s", kv_from="context", loop_mode=LoopMode.FRAMES,
-                               loop=LoopSpec(max_iters=3)), replies.append)
+    engine._handle(
+        ExecuteNode(
+            2,
+            "r",
+            "rollout",
+            {"actions": put(torch.randn(5, 3, 7) * 0.05)},
+            session_id="s",
+            kv_from="context",
+            loop_mode=LoopMode.FRAMES,
+            loop=LoopSpec(max_iters=3),
+        ),
+        replies.append,
+    )
     engine.step()
     rollout = engine.loops[LoopMode.FRAMES].rollouts[("s", "rollout")]
     shared = ctx.table.blocks
     for table in rollout.tables:
-        assert table.blocks[:2] == shared            # the frames before the first action: shared
-        assert len(table.blocks) == 2 + 3            # from the frame carrying the first action on: its own,
+        assert table.blocks[:2] == shared  # the frames before the first action: shared
+        assert len(table.blocks) == 2 + 3  # from the frame carrying the first action on: its own,
     own = [b for t in rollout.tables for b in t.blocks[2:]]  # reserved for the whole horizon when it forked
     assert len(set(own)) == 5 * 3 and not set(own) & set(shared)
     assert all(engine.blocks.ref_count(b) == 6 for b in shared)  # the context + 5 samples
@@ -147,11 +176,14 @@ def test_bad_input_is_reported_and_the_session_keeps_serving(vj_encoder, vj_pred
     async def main():
         async with Conductor(vjepa2_graph(), _modules(vj_encoder, vj_predictor), config=FP32) as c:
             errors = []
-            for req in [Request({"actions": roll}, session_id="s"),  # before any frame
-                        Request({"frames": images, "states": states.clone().fill_(float("nan")), "actions": actions},
-                                session_id="s"),
-                        Request({"frames": images, "states": states[:, :5], "actions": actions}, session_id="s"),
-                        Request({"frames": images[..., :2], "states": states, "actions": actions}, session_id="s")]:
+            for req in [
+                Request({"actions": roll}, session_id="s"),  # before any frame
+                Request(
+                    {"frames": images, "states": states.clone().fill_(float("nan")), "actions": actions}, session_id="s"
+                ),
+                Request({"frames": images, "states": states[:, :5], "actions": actions}, session_id="s"),
+                Request({"frames": images[..., :2], "states": states, "actions": actions}, session_id="s"),
+            ]:
                 with pytest.raises(RequestError) as info:
                     await c.submit(req).collect()
                 errors.append(str(info.value))
@@ -190,21 +222,50 @@ def test_a_rollout_the_pool_cannot_hold_fails_at_once_and_two_that_fit_one_by_on
     put = lambda t: store.put(t, owner="r")  # noqa: E731
     replies: dict[int, list] = {}
     for i, session in enumerate(("s1", "s2")):
-        engine._handle(ExecuteNode(i, "r", "context", {"latents": put(torch.randn(2, 16, 64)),
-                                                        "states": put(torch.rand(2, 7)),
-                                                        "actions": put(torch.zeros(2, 7))},
-                                   session_id=session, loop_mode=LoopMode.FRAMES),
-                       replies.setdefault(i, []).append)
+        engine._handle(
+            ExecuteNode(
+                i,
+                "r",
+                "context",
+                {
+                    "latents": put(torch.randn(2, 16, 64)),
+                    "states": put(torch.rand(2, 7)),
+                    "actions": put(torch.zeros(2, 7)),
+                },
+                session_id=session,
+                loop_mode=LoopMode.FRAMES,
+            ),
+            replies.setdefault(i, []).append,
+        )
     engine.step()
     assert engine.blocks.num_used_blocks == 2  # one computed frame per session
-    engine._handle(ExecuteNode(7, "r", "rollout", {"actions": put(torch.zeros(5, 2, 7))}, session_id="s1",
-                               kv_from="context", loop_mode=LoopMode.FRAMES), replies.setdefault(7, []).append)
+    engine._handle(
+        ExecuteNode(
+            7,
+            "r",
+            "rollout",
+            {"actions": put(torch.zeros(5, 2, 7))},
+            session_id="s1",
+            kv_from="context",
+            loop_mode=LoopMode.FRAMES,
+        ),
+        replies.setdefault(7, []).append,
+    )
     engine.step()
     assert "need 10 KV frame blocks; 8 of 10 are free" in replies[7][-1].error
     for i, session in ((8, "s1"), (9, "s2")):  # 4 x 2 frames each: they fit one after the other
-        engine._handle(ExecuteNode(i, "r", "rollout", {"actions": put(torch.zeros(4, 2, 7))},
-                                   session_id=session, kv_from="context", loop_mode=LoopMode.FRAMES),
-                       replies.setdefault(i, []).append)
+        engine._handle(
+            ExecuteNode(
+                i,
+                "r",
+                "rollout",
+                {"actions": put(torch.zeros(4, 2, 7))},
+                session_id=session,
+                kv_from="context",
+                loop_mode=LoopMode.FRAMES,
+            ),
+            replies.setdefault(i, []).append,
+        )
     for _ in range(10):
         engine.step()
     assert replies[8][-1].error is None and replies[9][-1].error is None
@@ -222,10 +283,21 @@ def test_a_failing_frame_forward_fails_its_call_and_drops_the_half_written_conte
 
     monkeypatch.setattr(vj_predictor, "forward_frames", boom)
     replies: list = []
-    engine._handle(ExecuteNode(1, "r", "context", {"latents": put(torch.randn(3, 16, 64)),
-                                                     "states": put(torch.rand(3, 7)),
-                                                     "actions": put(torch.zeros(3, 7))},
-                               session_id="s", loop_mode=LoopMode.FRAMES), replies.append)
+    engine._handle(
+        ExecuteNode(
+            1,
+            "r",
+            "context",
+            {
+                "latents": put(torch.randn(3, 16, 64)),
+                "states": put(torch.rand(3, 7)),
+                "actions": put(torch.zeros(3, 7)),
+            },
+            session_id="s",
+            loop_mode=LoopMode.FRAMES,
+        ),
+        replies.append,
+    )
     engine.step()
     assert replies and replies[-1].final and replies[-1].error == "frame step failed: RuntimeError: boom"
     assert engine.loops[LoopMode.FRAMES].context("s", "context") is None and engine.blocks.num_used_blocks == 0

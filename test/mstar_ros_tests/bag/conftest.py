@@ -1,4 +1,5 @@
 """Fixtures for the bag tests: small synthetic bags, a ROS environment per test, a test subscriber."""
+
 from __future__ import annotations
 
 import hashlib
@@ -87,10 +88,16 @@ class RosSubscriber:
         def cb(msg) -> None:
             now = time.monotonic()
             raw = bytes(msg.data) if image else repr([round(x, 12) for x in msg.position]).encode()
-            rec = Received(topic, msg.header.stamp.sec * 10**9 + msg.header.stamp.nanosec, now,
-                           hashlib.sha1(raw).hexdigest(), msg.header.frame_id)
+            rec = Received(
+                topic,
+                msg.header.stamp.sec * 10**9 + msg.header.stamp.nanosec,
+                now,
+                hashlib.sha1(raw).hexdigest(),
+                msg.header.frame_id,
+            )
             with self.lock:
                 self.received.append(rec)
+
         return cb
 
     def _spin(self) -> None:
@@ -129,8 +136,14 @@ class PlayerProcess:
     """``mstar-ros bag play`` in a subprocess; its output lines collected by a thread."""
 
     def __init__(self, args: list[str], env: dict[str, str]) -> None:
-        self.proc = subprocess.Popen([*CLI, "bag", "play", *args], env=env, stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, text=True, bufsize=1)
+        self.proc = subprocess.Popen(
+            [*CLI, "bag", "play", *args],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            bufsize=1,
+        )
         self.lines: list[str] = []
         self._cond = threading.Condition()
         self._reader = threading.Thread(target=self._read, daemon=True)

@@ -3,6 +3,7 @@
 The subscriber is a real rclpy node with ``use_sim_time`` set, in this process; the player is
 `mstar-ros bag play` in its own. The bag's stamps are from 2024: by the system clock they are old.
 """
+
 from __future__ import annotations
 
 import threading
@@ -31,8 +32,9 @@ class SimTimeNode:
 
         self.context = Context()
         rclpy.init(args=[], context=self.context, domain_id=domain_id)
-        self.node = rclpy.create_node("sim_time_probe", context=self.context,
-                                      parameter_overrides=[Parameter("use_sim_time", value=True)])
+        self.node = rclpy.create_node(
+            "sim_time_probe", context=self.context, parameter_overrides=[Parameter("use_sim_time", value=True)]
+        )
         self.frames: list[tuple[float, float]] = []
         self.clocks: list[float] = []
         self.node.create_subscription(Image, CAMERA, self._frame, qos_profile_sensor_data)
@@ -72,8 +74,7 @@ def sim_time_node(ros_env):
 @pytest.mark.slow
 def test_a_node_on_sim_time_sees_recorded_stamps_as_current(small_bag, sim_time_node, player_factory):
     bag, spec = small_bag
-    player = player_factory(str(bag), "--clock", "--loop", "--stop-after", "4.5", "--progress", "0", "--topics",
-                            CAMERA)
+    player = player_factory(str(bag), "--clock", "--loop", "--stop-after", "4.5", "--progress", "0", "--topics", CAMERA)
     assert player.wait(timeout=90) == 0, player.output
     assert "/clock  [rosgraph_msgs/msg/Clock]" in player.output
     frames, clocks = sim_time_node.frames, sim_time_node.clocks
@@ -85,10 +86,10 @@ def test_a_node_on_sim_time_sees_recorded_stamps_as_current(small_bag, sim_time_
     assert time.time() - frames[0][0] > 3600  # by the system clock they are old
     # the clock: the bag's start first, then at 40 Hz through the pass; the second pass starts it over
     assert clocks[0] == pytest.approx(start, abs=1e-6)
-    first_pass = clocks[:clocks.index(max(clocks)) + 1]
+    first_pass = clocks[: clocks.index(max(clocks)) + 1]
     assert first_pass == sorted(first_pass) and max(clocks) - start == pytest.approx(spec.seconds, abs=0.2)
     assert 30 <= len(first_pass) / spec.seconds <= 50, len(first_pass)
-    assert min(clocks[len(first_pass):]) < start + 1.0  # over again
+    assert min(clocks[len(first_pass) :]) < start + 1.0  # over again
 
 
 def test_clock_and_restamp_are_refused_together():

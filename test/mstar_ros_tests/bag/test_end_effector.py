@@ -1,4 +1,5 @@
 """The synthetic world-model bag and the episodes read back from it, as the rollout benchmark reads them."""
+
 from __future__ import annotations
 
 import subprocess
@@ -27,11 +28,14 @@ def test_the_bag_holds_camera_pose_gripper_and_the_actions_between_poses(tmp_pat
                 actions.append(np.asarray(msg.data))
             elif conn.topic == "/robot1/camera/exterior/image_raw":
                 images.append(np.asarray(msg.data).reshape(msg.height, msg.width, 3))
-    assert topics == sorted(f"/robot{r}/{t}" for r in (1, 2)
-                            for t in ("action", "camera/exterior/image_raw", "ee_pose", "gripper/joint_states"))
+    assert topics == sorted(
+        f"/robot{r}/{t}"
+        for r in (1, 2)
+        for t in ("action", "camera/exterior/image_raw", "ee_pose", "gripper/joint_states")
+    )
     assert len(poses) == len(actions) == len(images) == 30
     q = poses[0].pose.orientation
-    assert abs(q.x ** 2 + q.y ** 2 + q.z ** 2 + q.w ** 2 - 1) < 1e-9
+    assert abs(q.x**2 + q.y**2 + q.z**2 + q.w**2 - 1) < 1e-9
     assert any(not np.array_equal(a, b) for a, b in zip(images, images[1:]))  # the scene follows the arm
     episode = read_episodes(path, fps=15.0, namespaces=["/robot1"])[0]
     # the recorded action takes each pose to the next, as Meta's compute_new_pose applies it
@@ -42,8 +46,25 @@ def test_the_bag_holds_camera_pose_gripper_and_the_actions_between_poses(tmp_pat
 
 def test_episodes_at_4_fps_and_the_cli(tmp_path):
     out = tmp_path / "cli_wm"
-    run = subprocess.run([sys.executable, "-m", "mstar_ros.cli", "bag", "make-world-model", str(out), "--robots", "2",
-                          "--seconds", "3", "--size", "40x40"], capture_output=True, text=True, timeout=120)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mstar_ros.cli",
+            "bag",
+            "make-world-model",
+            str(out),
+            "--robots",
+            "2",
+            "--seconds",
+            "3",
+            "--size",
+            "40x40",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert run.returncode == 0, run.stderr
     assert "2 robot(s), 45 frames each" in run.stdout
     episodes = read_episodes(out)

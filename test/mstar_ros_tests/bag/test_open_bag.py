@@ -3,6 +3,7 @@
 The broken bags are made from a small good one (MCAP and SQLite) by cutting, emptying, overwriting
 or rewriting its files, as a crashed recorder, a full disk or a careless edit leaves them.
 """
+
 from __future__ import annotations
 
 import shutil
@@ -91,9 +92,21 @@ def broken_bag(kind: str, good: dict[str, Path], root: Path) -> tuple[Path, str,
     raise AssertionError(kind)
 
 
-KINDS = ["truncated mcap", "empty mcap", "not mcap", "truncated mcap file", "mcap of 8 bytes", "truncated sqlite",
-         "not sqlite", "empty sqlite", "metadata not yaml", "metadata nested too deep", "metadata not a mapping",
-         "metadata missing a key", "no metadata"]
+KINDS = [
+    "truncated mcap",
+    "empty mcap",
+    "not mcap",
+    "truncated mcap file",
+    "mcap of 8 bytes",
+    "truncated sqlite",
+    "not sqlite",
+    "empty sqlite",
+    "metadata not yaml",
+    "metadata nested too deep",
+    "metadata not a mapping",
+    "metadata missing a key",
+    "no metadata",
+]
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -120,24 +133,51 @@ def test_a_good_bag_is_still_described(good_bags, capsys):
         assert "messages:    120" in capsys.readouterr().out  # 2 s: 15 Hz x 2 cameras + 30 Hz joints
 
 
-@pytest.mark.parametrize("at, byte, words", [(0.4, b"\x00", "unreadable after "),  # zstd: data corruption
-                                             (0.5, b"\xff", "could be read")])      # the parser skips messages
-def test_a_chunk_corrupt_mid_file_stops_play_after_the_summary_with_one_line(at, byte, words, good_bags, tmp_path,
-                                                                             ros_env):
+@pytest.mark.parametrize(
+    "at, byte, words",
+    [
+        (0.4, b"\x00", "unreadable after "),  # zstd: data corruption
+        (0.5, b"\xff", "could be read"),
+    ],
+)  # the parser skips messages
+def test_a_chunk_corrupt_mid_file_stops_play_after_the_summary_with_one_line(
+    at, byte, words, good_bags, tmp_path, ros_env
+):
     """The index at the end is intact (info reads it), a compressed chunk in the middle is not: play
     publishes what it could read, prints its summary, then names the file and exits 2 -- also where the
     parser itself would skip the broken messages without a word."""
     bag, file = _copy(good_bags["mcap"], tmp_path / "bag")
     data = bytearray(file.read_bytes())
     start = int(len(data) * at)
-    data[start:start + 64] = byte * 64
+    data[start : start + 64] = byte * 64
     file.write_bytes(bytes(data))
-    info = subprocess.run([sys.executable, "-m", "mstar_ros.cli", "bag", "info", str(bag)], capture_output=True,
-                          text=True, env=ros_env, timeout=120)
+    info = subprocess.run(
+        [sys.executable, "-m", "mstar_ros.cli", "bag", "info", str(bag)],
+        capture_output=True,
+        text=True,
+        env=ros_env,
+        timeout=120,
+    )
     assert info.returncode == 0, info.stderr
-    played = subprocess.run([sys.executable, "-m", "mstar_ros.cli", "bag", "play", str(bag), "--no-wait",
-                             "--rate", "20", "--progress", "0"], capture_output=True, text=True, env=ros_env,
-                            timeout=120)
+    played = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mstar_ros.cli",
+            "bag",
+            "play",
+            str(bag),
+            "--no-wait",
+            "--rate",
+            "20",
+            "--progress",
+            "0",
+        ],
+        capture_output=True,
+        text=True,
+        env=ros_env,
+        timeout=120,
+    )
     assert played.returncode == 2, played.stdout + played.stderr
     assert "Traceback" not in played.stderr and len(played.stderr.strip().splitlines()) == 1, played.stderr
     assert played.stderr.startswith(f"mstar-ros bag play: error: {file}:") and words in played.stderr, played.stderr

@@ -3,6 +3,7 @@
 The subscriber runs in the test process (its own rclpy context, spun by a thread) with
 sensor-data QoS (best effort) on the cameras, as the policy nodes subscribe.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -35,8 +36,7 @@ def recorded(path) -> dict[str, list[tuple[int, int, str]]]:
 
 @pytest.mark.timeout(90)
 @pytest.mark.slow
-def test_play_waits_for_a_late_subscriber_and_follows_the_recording(small_bag, player_factory,
-                                                                    subscriber_factory):
+def test_play_waits_for_a_late_subscriber_and_follows_the_recording(small_bag, player_factory, subscriber_factory):
     path, spec = small_bag
     rate = 2.0
     bag = recorded(path)
@@ -86,9 +86,23 @@ def test_loop_topics_remap_and_restamp(small_bag, player_factory, subscriber_fac
     bag = recorded(path)["/robot1/joint_states"]
     sub = subscriber_factory({"/arm/joints": "joints"})  # subscribed before the player starts
     rate = 4.0
-    player = player_factory(str(path), "--topics", "/robot1/joint_states", "--remap", "/robot1:=/arm",
-                            "--remap", "/robot1/joint_states:=/arm/joints", "--rate", str(rate), "--loop",
-                            "--stop-after", "1.8", "--restamp", "--progress", "0")
+    player = player_factory(
+        str(path),
+        "--topics",
+        "/robot1/joint_states",
+        "--remap",
+        "/robot1:=/arm",
+        "--remap",
+        "/robot1/joint_states:=/arm/joints",
+        "--rate",
+        str(rate),
+        "--loop",
+        "--stop-after",
+        "1.8",
+        "--restamp",
+        "--progress",
+        "0",
+    )
     assert player.wait(timeout=60) == 0, player.output
     time.sleep(0.2)
     out = player.output
@@ -138,8 +152,7 @@ def test_topic_selection_and_remapping_rules():
 
 
 @pytest.mark.timeout(90)
-def test_large_frames_arrive_whole_through_the_localhost_profile(tmp_path, ros_env, player_factory,
-                                                                 subscriber_factory):
+def test_large_frames_arrive_whole_through_the_localhost_profile(tmp_path, ros_env, player_factory, subscriber_factory):
     """640x480 rgb8 (921,600 bytes) to a best-effort subscriber: with config/fastdds_localhost.xml
     the frames go through 32 MB shared memory; with Fast DDS's defaults about a third were lost here."""
     from mstar_ros.bag.synthetic import SyntheticBagSpec, write_synthetic_bag
@@ -192,7 +205,8 @@ def test_a_bag_naming_an_unknown_type_is_refused_for_that_topic_without_importin
     assert refused.stderr.strip().splitlines()[-1] == (
         "mstar-ros bag: error: /boom: message type 'plantedmsgs/msg/Boom' is not a standard ROS 2 message type "
         "(rosbags' Kilted type store); the player publishes only those and imports nothing a bag names "
-        "(play the other topics with --topics)")
+        "(play the other topics with --topics)"
+    )
     assert not marker.exists(), "the player imported a package named by the bag"
     played = subprocess.run(play + ["--topics", "/chatter"], env=env, capture_output=True, text=True, timeout=60)
     assert played.returncode == 0 and "published 1 messages on 1 topics" in played.stdout, played.stdout + played.stderr
@@ -207,9 +221,14 @@ def test_ctrl_c_stops_a_player_started_with_sigint_ignored(small_bag, ros_env):
     import sys
 
     path, _ = small_bag
-    proc = subprocess.Popen([sys.executable, "-m", "mstar_ros.cli", "bag", "play", str(path), "--no-wait", "--loop", "--progress", "0"], env=ros_env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mstar_ros.cli", "bag", "play", str(path), "--no-wait", "--loop", "--progress", "0"],
+        env=ros_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )
     try:
         assert proc.stdout is not None
         for line in proc.stdout:  # its topics are listed once its publishers exist

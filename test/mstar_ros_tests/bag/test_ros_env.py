@@ -4,6 +4,7 @@ The socket test starts a real rclpy node (a publisher and a subscription) with t
 defaults and reads which addresses its sockets are bound to, from /proc/PID/fd (socket inodes)
 and /proc/PID/net/{udp,udp6,tcp,tcp6} (that process's network namespace).
 """
+
 from __future__ import annotations
 
 import ipaddress
@@ -39,7 +40,7 @@ NODE = textwrap.dedent("""
 def _address(hex_address: str) -> str:
     """/proc/net/udp* local_address (ADDR:PORT, the address in host byte order words) -> 'ip'."""
     raw = bytes.fromhex(hex_address.split(":")[0])
-    words = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+    words = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
     return str(ipaddress.ip_address(words))
 
 
@@ -52,7 +53,7 @@ def bound_addresses(pid: int) -> list[tuple[str, str, int]]:
         except OSError:  # closed meanwhile
             continue
         if target.startswith("socket:["):
-            inodes.add(target[len("socket:["):-1])
+            inodes.add(target[len("socket:[") : -1])
     found = []
     for proto in ("udp", "udp6", "tcp", "tcp6"):
         for line in Path(f"/proc/{pid}/net/{proto}").read_text().splitlines()[1:]:
@@ -63,8 +64,14 @@ def bound_addresses(pid: int) -> list[tuple[str, str, int]]:
 
 
 def _probe(env: dict[str, str], mode: str) -> list[tuple[str, str, int]]:
-    proc = subprocess.Popen([sys.executable, "-c", NODE, mode], env=env, stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", NODE, mode],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert proc.stdout.readline().strip() == "ready", proc.stderr.read()
         return bound_addresses(proc.pid)
@@ -85,16 +92,24 @@ def test_with_the_product_defaults_no_dds_socket_is_bound_beyond_loopback(monkey
     assert all(address == "127.0.0.1" for _, address, _ in sockets), sockets
     # what SYSTEM_DEFAULT avoids: with LOCALHOST rmw_fastrtps adds a UDP transport of its own beside the
     # profile's, with sending sockets on 0.0.0.0 (and on every other interface's address)
-    widened = {**os.environ, "ROS_AUTOMATIC_DISCOVERY_RANGE": "LOCALHOST",
-               "FASTDDS_DEFAULT_PROFILES_FILE": str(ROOT / "config" / "fastdds_localhost.xml")}
+    widened = {
+        **os.environ,
+        "ROS_AUTOMATIC_DISCOVERY_RANGE": "LOCALHOST",
+        "FASTDDS_DEFAULT_PROFILES_FILE": str(ROOT / "config" / "fastdds_localhost.xml"),
+    }
     assert "0.0.0.0" in {address for _, address, _ in _probe(widened, "as-set")}
 
 
 def test_the_defaults_apply_the_profile_without_rmws_own_localhost_transport():
     env: dict[str, str] = {}
-    assert apply_localhost_defaults(env) == env == {
-        "FASTDDS_DEFAULT_PROFILES_FILE": str(ROOT / "config" / "fastdds_localhost.xml"),
-        "ROS_AUTOMATIC_DISCOVERY_RANGE": "SYSTEM_DEFAULT"}
+    assert (
+        apply_localhost_defaults(env)
+        == env
+        == {
+            "FASTDDS_DEFAULT_PROFILES_FILE": str(ROOT / "config" / "fastdds_localhost.xml"),
+            "ROS_AUTOMATIC_DISCOVERY_RANGE": "SYSTEM_DEFAULT",
+        }
+    )
     assert describe_discovery(env).startswith("DDS on 127.0.0.1 only")
     # LOCALHOST set by the user: the same scope, served by the profile alone
     env = {"ROS_AUTOMATIC_DISCOVERY_RANGE": "LOCALHOST"}

@@ -5,6 +5,7 @@ under port numbers no Fast DDS participant uses. The process tests run real rclp
 that discovered ours is SIGKILLed (its reference in our ports is never given back), then ours is
 stopped with SIGINT, and none of the ports it used may stay behind.
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -78,10 +79,18 @@ def test_a_port_whose_listener_lives_stays(fake_ports):
 
 def test_a_port_another_live_process_maps_stays(fake_ports):
     port = fake_ports()
-    mapper = subprocess.Popen([sys.executable, "-c", "import mmap, sys\n"
-                               f"f = open({str(port.segment)!r}, 'r+b'); m = mmap.mmap(f.fileno(), 0)\n"
-                               "print('mapped', flush=True); sys.stdin.read()"],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    mapper = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import mmap, sys\n"
+            f"f = open({str(port.segment)!r}, 'r+b'); m = mmap.mmap(f.fileno(), 0)\n"
+            "print('mapped', flush=True); sys.stdin.read()",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert mapper.stdout.readline().strip() == "mapped"
         assert port.name in ports_in_use(mapper.pid)
@@ -187,8 +196,20 @@ class Output:
 def test_a_clean_stop_after_a_peer_was_killed_leaves_no_port_behind(process, small_bag, ros_env, tmp_path):
     bag, _spec = small_bag
     if process == "bag play":
-        cmd = [sys.executable, "-m", "mstar_ros.cli", "bag", "play", str(bag), "--no-wait", "--loop", "--progress",
-               "0.2", "--rate", "0.2"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "mstar_ros.cli",
+            "bag",
+            "play",
+            str(bag),
+            "--no-wait",
+            "--loop",
+            "--progress",
+            "0.2",
+            "--rate",
+            "0.2",
+        ]
         serving = "msgs ("  # a progress line: playing
     else:
         cmd, serving = [sys.executable, "-c", ROS_PROCESS], "up"

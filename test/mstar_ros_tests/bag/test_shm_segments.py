@@ -1,4 +1,5 @@
 """Dead participants' Fast DDS segments go; live ones, and ones being created, stay."""
+
 from __future__ import annotations
 
 import fcntl
@@ -16,16 +17,21 @@ def _segment(d, name: str, age_s: float) -> None:
 
 
 def test_only_unlocked_old_segments_are_removed(tmp_path):
-    _segment(tmp_path, "fastdds_0123456789abcdef", 120)   # dead owner
-    _segment(tmp_path, "fastdds_aaaaaaaaaaaaaaaa", 120)   # live owner: holds the lock
-    _segment(tmp_path, "fastdds_bbbbbbbbbbbbbbbb", 1)     # being created: lock not taken yet
-    (tmp_path / "fastdds_port7411_el").write_bytes(b"")   # not a segment
+    _segment(tmp_path, "fastdds_0123456789abcdef", 120)  # dead owner
+    _segment(tmp_path, "fastdds_aaaaaaaaaaaaaaaa", 120)  # live owner: holds the lock
+    _segment(tmp_path, "fastdds_bbbbbbbbbbbbbbbb", 1)  # being created: lock not taken yet
+    (tmp_path / "fastdds_port7411_el").write_bytes(b"")  # not a segment
     with open(tmp_path / "fastdds_aaaaaaaaaaaaaaaa_el", "ab") as held:
         fcntl.flock(held, fcntl.LOCK_EX)
         assert remove_stale_segments(tmp_path, min_age_s=30) == ["fastdds_0123456789abcdef"]
     left = sorted(p.name for p in tmp_path.iterdir())
-    assert left == ["fastdds_aaaaaaaaaaaaaaaa", "fastdds_aaaaaaaaaaaaaaaa_el", "fastdds_bbbbbbbbbbbbbbbb",
-                    "fastdds_bbbbbbbbbbbbbbbb_el", "fastdds_port7411_el"]
+    assert left == [
+        "fastdds_aaaaaaaaaaaaaaaa",
+        "fastdds_aaaaaaaaaaaaaaaa_el",
+        "fastdds_bbbbbbbbbbbbbbbb",
+        "fastdds_bbbbbbbbbbbbbbbb_el",
+        "fastdds_port7411_el",
+    ]
     assert remove_stale_segments(tmp_path / "missing") == []
 
 

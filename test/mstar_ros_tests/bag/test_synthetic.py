@@ -1,4 +1,5 @@
 """The synthetic DROID-like bag: read back with rosbags, checked field by field; bytes rclpy-compatible."""
+
 from __future__ import annotations
 
 import json
@@ -44,10 +45,13 @@ def test_topics_types_counts_and_storage(small_bag):
     with Reader(path) as r:
         topics = {c.topic: (c.msgtype, c.msgcount) for c in r.connections}
     assert topics == {
-        "/robot1/camera/exterior/image_raw": (IMAGE_TYPE, 45), "/robot1/camera/wrist/image_raw": (IMAGE_TYPE, 45),
+        "/robot1/camera/exterior/image_raw": (IMAGE_TYPE, 45),
+        "/robot1/camera/wrist/image_raw": (IMAGE_TYPE, 45),
         "/robot1/joint_states": (JOINT_STATE_TYPE, 90),
-        "/robot2/camera/exterior/image_raw": (IMAGE_TYPE, 45), "/robot2/camera/wrist/image_raw": (IMAGE_TYPE, 45),
-        "/robot2/joint_states": (JOINT_STATE_TYPE, 90)}
+        "/robot2/camera/exterior/image_raw": (IMAGE_TYPE, 45),
+        "/robot2/camera/wrist/image_raw": (IMAGE_TYPE, 45),
+        "/robot2/joint_states": (JOINT_STATE_TYPE, 90),
+    }
     assert spec.expected_counts() == {t: n for t, (_, n) in topics.items()}
     info = read_info(path)
     assert info.messages == 360 and info.storage == "mcap" and info.version == 9
@@ -180,9 +184,18 @@ def test_type_hashes_match_the_kilted_wheels(small_bag):
 
 
 def test_other_encodings_sizes_cameras_and_sqlite3(tmp_path):
-    spec = SyntheticBagSpec(robots=3, seconds=0.5, seed=1, width=80, height=60, encoding="bgr8",
-                            cameras=("exterior_1", "exterior_2", "wrist"), camera_hz=10, joint_hz=50,
-                            storage="sqlite3")
+    spec = SyntheticBagSpec(
+        robots=3,
+        seconds=0.5,
+        seed=1,
+        width=80,
+        height=60,
+        encoding="bgr8",
+        cameras=("exterior_1", "exterior_2", "wrist"),
+        camera_hz=10,
+        joint_hz=50,
+        storage="sqlite3",
+    )
     write_synthetic_bag(tmp_path / "s", spec)
     assert list((tmp_path / "s").glob("*.db3"))
     counts: dict[str, int] = {}
@@ -200,8 +213,14 @@ def test_other_encodings_sizes_cameras_and_sqlite3(tmp_path):
 
 
 def test_bad_specs_are_refused():
-    for bad in (dict(robots=0), dict(seconds=0), dict(encoding="yuv422"), dict(cameras=("a b",)),
-                dict(width=8), dict(storage="bag")):
+    for bad in (
+        dict(robots=0),
+        dict(seconds=0),
+        dict(encoding="yuv422"),
+        dict(cameras=("a b",)),
+        dict(width=8),
+        dict(storage="bag"),
+    ):
         with pytest.raises(ValueError):
             SyntheticBagSpec(**bad)
 
@@ -218,8 +237,12 @@ def test_ensure_synthetic_bag_reuses_or_refuses(tmp_path):
 def test_cli_make_and_info(tmp_path):
     """As a user runs them: real subprocesses."""
     out = tmp_path / "cli_bag"
-    r = subprocess.run([*CLI, "bag", "make", str(out), "--robots", "2", "--seconds", "1", "--size", "96x64",
-                        "--seed", "5"], capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [*CLI, "bag", "make", str(out), "--robots", "2", "--seconds", "1", "--size", "96x64", "--seed", "5"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     assert "wrote" in r.stdout and "120 messages on 6 topics" in r.stdout
     r = subprocess.run([*CLI, "bag", "info", str(out)], capture_output=True, text=True, timeout=120)
@@ -245,10 +268,14 @@ def test_cli_errors_and_help(tmp_path, capsys):
     assert "FROM:=TO" in capsys.readouterr().err
     assert main(["bag", "play", str(tmp_path / "b"), "--topics", "/robot9"]) == 2
     assert "matches no topic" in capsys.readouterr().err
-    for argv, words in ((["bag", "--help"], ("make", "info", "play", "LOCALHOST")),
-                        (["bag", "play", "--help"], ("--rate", "--loop", "--topics", "--remap", "--no-wait",
-                                                     "--wait-timeout", "subscriber", "best-effort")),
-                        (["bag", "make", "--help"], ("--robots", "--seconds", "--seed", "--size", "MCAP"))):
+    for argv, words in (
+        (["bag", "--help"], ("make", "info", "play", "LOCALHOST")),
+        (
+            ["bag", "play", "--help"],
+            ("--rate", "--loop", "--topics", "--remap", "--no-wait", "--wait-timeout", "subscriber", "best-effort"),
+        ),
+        (["bag", "make", "--help"], ("--robots", "--seconds", "--seed", "--size", "MCAP")),
+    ):
         with pytest.raises(SystemExit) as exit_:
             main(argv)
         assert exit_.value.code == 0
@@ -262,9 +289,12 @@ def test_cli_make_takes_robot_namespaces_as_launch_does(tmp_path, capsys):
     from mstar_ros.cli import main
 
     small = ["--seconds", "0.2", "--size", "32x32", "--cameras", "wrist"]
-    for robots, namespaces in ((["/arm_left", "arm/right"], ["/arm_left", "/arm/right"]),
-                               (["robot1,robot2"], ["/robot1", "/robot2"]), (["3"], ["/robot1", "/robot2", "/robot3"]),
-                               ([], ["/robot1", "/robot2"])):
+    for robots, namespaces in (
+        (["/arm_left", "arm/right"], ["/arm_left", "/arm/right"]),
+        (["robot1,robot2"], ["/robot1", "/robot2"]),
+        (["3"], ["/robot1", "/robot2", "/robot3"]),
+        ([], ["/robot1", "/robot2"]),
+    ):
         out = tmp_path / ("bag_" + "_".join(robots).replace("/", "").replace(",", "") or "default")
         assert main(["bag", "make", str(out), *(["--robots", *robots] if robots else []), *small]) == 0
         assert read_spec(out).namespaces == namespaces, robots

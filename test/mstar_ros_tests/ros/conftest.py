@@ -4,6 +4,7 @@ Every test gets a ROS domain of its own (DDS shared memory crosses network names
 so concurrent runs on one host would otherwise see each other) and localhost-only
 discovery. The test client runs in the test process: its own rclpy context, spun by a thread.
 """
+
 from __future__ import annotations
 
 import os
@@ -47,8 +48,9 @@ class Proc:
 
     def __init__(self, cmd: list[str], env: dict[str, str]) -> None:
         self.cmd = cmd
-        self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                     bufsize=1, start_new_session=True)
+        self.proc = subprocess.Popen(
+            cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1, start_new_session=True
+        )
         self.lines: list[str] = []
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
@@ -126,6 +128,7 @@ class RosClient:
         def cb(msg) -> None:
             with self.lock:
                 self.received.append(Got(topic, msg, time.monotonic()))
+
         return self.node.create_subscription(msg_type, topic, cb, depth)
 
     def publisher(self, msg_type, topic: str):
@@ -140,7 +143,9 @@ class RosClient:
         while not predicate():
             for p in procs:
                 if p.proc.poll() is not None:
-                    raise AssertionError(f"a process exited ({p.proc.returncode}) while waiting for {what}:\n{p.output}")
+                    raise AssertionError(
+                        f"a process exited ({p.proc.returncode}) while waiting for {what}:\n{p.output}"
+                    )
             if time.monotonic() > deadline:
                 logs = "\n\n".join(p.output for p in procs)
                 raise AssertionError(f"timed out after {timeout} s waiting for {what}\n{logs}")
@@ -164,9 +169,24 @@ def ros_client(ros_env):
 def start_player(procs):
     """``mstar-ros bag play BAG --loop --restamp EXTRA...`` (it waits for a subscriber on every topic;
     restamped, as the policy nodes judge frames by header.stamp)."""
+
     def start(bag: Path, *extra: str) -> Proc:
-        return procs(PY, "-m", "mstar_ros.cli", "bag", "play", str(bag), "--loop", "--restamp", "--progress", "0",
-                     "--wait-timeout", "60", *extra)
+        return procs(
+            PY,
+            "-m",
+            "mstar_ros.cli",
+            "bag",
+            "play",
+            str(bag),
+            "--loop",
+            "--restamp",
+            "--progress",
+            "0",
+            "--wait-timeout",
+            "60",
+            *extra,
+        )
+
     return start
 
 
@@ -174,8 +194,17 @@ class RobotFeed:
     """Publishes one robot's cameras (rgb8, at ``hz``) and joint states (at 2 x ``hz``) from a thread,
     stamped with the ROS clock unless ``stamp`` says otherwise: what a driver stack would send."""
 
-    def __init__(self, client: RosClient, ns: str, cameras: list[str], joints: list[str], *,
-                 positions: list[float], hz: float = 15.0, image: bytes | None = None) -> None:
+    def __init__(
+        self,
+        client: RosClient,
+        ns: str,
+        cameras: list[str],
+        joints: list[str],
+        *,
+        positions: list[float],
+        hz: float = 15.0,
+        image: bytes | None = None,
+    ) -> None:
         from sensor_msgs.msg import Image, JointState
 
         self.client, self.hz = client, hz
@@ -183,14 +212,17 @@ class RobotFeed:
         self.joint_pub = client.publisher(JointState, f"{ns}/joint_states")
         self.joints, self.positions = list(joints), list(positions)
         self.pixels = image if image is not None else bytes(range(256)) * (224 * 224 * 3 // 256)
-        self.frozen_stamp = None      # set: cameras repeat this stamp (a frozen driver)
+        self.frozen_stamp = None  # set: cameras repeat this stamp (a frozen driver)
         self.paused = threading.Event()
         self._stop = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
 
     def start(self) -> RobotFeed:
-        self.client.wait_for(lambda: all(p.get_subscription_count() > 0 for p in self.image_pubs + [self.joint_pub]),
-                             60, "the policy node's subscriptions")
+        self.client.wait_for(
+            lambda: all(p.get_subscription_count() > 0 for p in self.image_pubs + [self.joint_pub]),
+            60,
+            "the policy node's subscriptions",
+        )
         self.thread.start()
         return self
 

@@ -1,4 +1,5 @@
 """``mstar-ros bench pi05 --flood`` in its quick form: the node set over real DDS, robot 2 flooded with bad frames."""
+
 from __future__ import annotations
 
 import json
@@ -12,9 +13,31 @@ import pytest
 @pytest.mark.slow
 def test_flood_bench_reports_robot1_latency_with_and_without_robot2s_flood(ros_env, tmp_path):
     out = tmp_path / "flood.json"
-    run = subprocess.run([sys.executable, "-m", "mstar_ros.cli", "-q", "bench", "pi05", "--flood", "--preset", "tiny",
-                          "--seconds", "3", "--flood-warmup", "2", "--flood-rate", "200", "--json", str(out)],
-                         env=ros_env, capture_output=True, text=True, timeout=230)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mstar_ros.cli",
+            "-q",
+            "bench",
+            "pi05",
+            "--flood",
+            "--preset",
+            "tiny",
+            "--seconds",
+            "3",
+            "--flood-warmup",
+            "2",
+            "--flood-rate",
+            "200",
+            "--json",
+            str(out),
+        ],
+        env=ros_env,
+        capture_output=True,
+        text=True,
+        timeout=230,
+    )
     assert run.returncode == 0, run.stdout + run.stderr
     result = json.loads(out.read_text())
     for kind in ("quiet", "flood"):

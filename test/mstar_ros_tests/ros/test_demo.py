@@ -1,4 +1,5 @@
 """`mstar-ros demo` (what `make demo` runs): node set + bag player, then what was served."""
+
 from __future__ import annotations
 
 import subprocess
@@ -12,8 +13,24 @@ from mstar_ros.bag.bundled import BAG_SECONDS, bundled_bag
 @pytest.mark.timeout(90)
 @pytest.mark.slow
 def test_demo_serves_two_robots_and_prints_rates_latencies_and_joints(short_bag, ros_env, tmp_path):
-    out = subprocess.run([sys.executable, "-m", "mstar_ros.cli", "demo", "--seconds", "6", "--bag", str(short_bag),
-                          "--logs", str(tmp_path / "logs")], env=ros_env, capture_output=True, text=True, timeout=80)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mstar_ros.cli",
+            "demo",
+            "--seconds",
+            "6",
+            "--bag",
+            str(short_bag),
+            "--logs",
+            str(tmp_path / "logs"),
+        ],
+        env=ros_env,
+        capture_output=True,
+        text=True,
+        timeout=80,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     text = out.stdout
     assert "DDS on 127.0.0.1 only" in text

@@ -5,6 +5,7 @@ that record what they build (test/support/launch_standins.py); the command a lau
 would run is rebuilt the way launch_ros lays it out and must equal the spec's, and each Node's
 on_exit must end the launch (non-zero with the process's one-line error when it failed).
 """
+
 from __future__ import annotations
 
 import json
@@ -40,6 +41,7 @@ def test_the_params_file_holds_every_policy_parameter_with_its_default_type():
     cameras = params.pop("cameras")  # cameras.<name>: one per camera of the checkpoint
     from mstar_graphs.pi05.checkpoint_layout import inspect_checkpoint
     from mstar_graphs.pi05.checkpoints import ensure_tiny_pi05
+
     assert tuple(cameras) == inspect_checkpoint(ensure_tiny_pi05()).cameras
     assert all(isinstance(t, str) and t for t in cameras.values())
     assert set(params) == set(PARAMETERS)
@@ -58,31 +60,79 @@ def test_the_params_file_holds_every_policy_parameter_with_its_default_type():
 def test_launch_arguments_become_the_node_set_command(tmp_path):
     placement = tmp_path / "p.yaml"
     placement.write_text("world_size: 1\n")
-    (p,) = pi05_processes("robot1, /robot2 /arm/left", "/w", str(placement), "20", "", "2", extra_arguments=["--duration", "5"],
-                          remappings=[("/robot1/action_chunk", "/x")], ros_arguments=["-p", "smooth:=false"])
-    assert p.command() == ["mstar_pi05_node_set", "--robots", "/robot1", "/robot2", "/arm/left", "--weights", "/w",
-                           "--placement", str(placement), "--rate", "20.0", "--max-inflight", "2", "--duration", "5",
-                           "--ros-args",
-                           "--params-file", str(default_params_file()), "-r", "/robot1/action_chunk:=/x",
-                           "-p", "smooth:=false"]
+    (p,) = pi05_processes(
+        "robot1, /robot2 /arm/left",
+        "/w",
+        str(placement),
+        "20",
+        "",
+        "2",
+        extra_arguments=["--duration", "5"],
+        remappings=[("/robot1/action_chunk", "/x")],
+        ros_arguments=["-p", "smooth:=false"],
+    )
+    assert p.command() == [
+        "mstar_pi05_node_set",
+        "--robots",
+        "/robot1",
+        "/robot2",
+        "/arm/left",
+        "--weights",
+        "/w",
+        "--placement",
+        str(placement),
+        "--rate",
+        "20.0",
+        "--max-inflight",
+        "2",
+        "--duration",
+        "5",
+        "--ros-args",
+        "--params-file",
+        str(default_params_file()),
+        "-r",
+        "/robot1/action_chunk:=/x",
+        "-p",
+        "smooth:=false",
+    ]
     assert p.command(python="py")[:3] == ["py", "-m", "mstar_ros.ros.pi05.node_set"]
     assert parse_robots(["/a", "b,c"]) == ["/a", "/b", "/c"]
-    for bad, says in [(dict(robots=""), "at least one"), (dict(robots="/9x"), "not a valid ROS namespace"),
-                      (dict(robots="/a /a"), "twice"), (dict(rate="fast"), "expected Hz"), (dict(rate="0"), "> 0"),
-                      (dict(placement="/nope.yaml"), "no file"), (dict(params_file="/nope.yaml"), "no file"),
-                      (dict(max_inflight="-1"), "a count >= 0"), (dict(max_inflight="two"), "a count >= 0")]:
+    for bad, says in [
+        (dict(robots=""), "at least one"),
+        (dict(robots="/9x"), "not a valid ROS namespace"),
+        (dict(robots="/a /a"), "twice"),
+        (dict(rate="fast"), "expected Hz"),
+        (dict(rate="0"), "> 0"),
+        (dict(placement="/nope.yaml"), "no file"),
+        (dict(params_file="/nope.yaml"), "no file"),
+        (dict(max_inflight="-1"), "a count >= 0"),
+        (dict(max_inflight="two"), "a count >= 0"),
+    ]:
         with pytest.raises((ValueError, FileNotFoundError), match=says):
             pi05_processes(**bad)
 
 
 # -- launch/pi05.launch.py against stand-ins for launch / launch_ros ---------------------------------
 
+
 def _load(monkeypatch, name: str):
     return load_launch_file(ROOT / "launch" / name, monkeypatch)
 
 
-@pytest.mark.parametrize("given", [{}, {"robots": "/robot1 /robot2", "rate": "10", "weights": "/models/pi05",
-                                         "max_inflight": "1", "prompt": "stack the red block", "status_every": "5"}])
+@pytest.mark.parametrize(
+    "given",
+    [
+        {},
+        {
+            "robots": "/robot1 /robot2",
+            "rate": "10",
+            "weights": "/models/pi05",
+            "max_inflight": "1",
+            "prompt": "stack the red block",
+            "status_every": "5",
+        },
+    ],
+)
 def test_the_launch_file_builds_the_commands_of_the_spec(monkeypatch, given):
     declared, entities = describe(_load(monkeypatch, "pi05.launch.py"), given)
     assert [(d.args[0], d.kwargs["default_value"]) for d in declared] == [(a.name, a.default) for a in LAUNCH_ARGUMENTS]
@@ -97,14 +147,18 @@ def test_the_launch_file_builds_the_commands_of_the_spec(monkeypatch, given):
 @pytest.mark.parametrize("given", [{}, {"split": "false", "namespace": "/speech"}])
 def test_the_orpheus_launch_file_builds_the_commands_of_the_spec(monkeypatch, given):
     declared, entities = describe(_load(monkeypatch, "orpheus.launch.py"), given)
-    assert [(d.args[0], d.kwargs["default_value"]) for d in declared] == \
-        [(a.name, a.default) for a in ORPHEUS_LAUNCH_ARGUMENTS]
+    assert [(d.args[0], d.kwargs["default_value"]) for d in declared] == [
+        (a.name, a.default) for a in ORPHEUS_LAUNCH_ARGUMENTS
+    ]
     specs = orpheus_processes(**{a.name: given.get(a.name, a.default) for a in ORPHEUS_LAUNCH_ARGUMENTS})
     assert [launch_ros_command(n)[:-1] for n in nodes(entities)] == [s.command() for s in specs]  # [:-1]: --ros-args
     parts = [s.arguments[1] for s in specs]
     assert parts == (["all"] if given else ["talker", "vocoder"])
-    for bad, says in [(dict(split="maybe"), "expected true or false"), (dict(namespace="/9"), "not a valid ROS"),
-                      (dict(weights="/nope"), "weights: no directory")]:
+    for bad, says in [
+        (dict(split="maybe"), "expected true or false"),
+        (dict(namespace="/9"), "not a valid ROS"),
+        (dict(weights="/nope"), "weights: no directory"),
+    ]:
         with pytest.raises((ValueError, FileNotFoundError), match=says):
             orpheus_processes(**bad)
 
@@ -117,20 +171,25 @@ def _exited(returncode: int):
 @pytest.mark.parametrize("given", [{}, {"robots": "/arm_left,/arm_right", "weights": str(ROOT / "config")}])
 def test_the_vjepa2_launch_file_builds_the_commands_of_the_spec(monkeypatch, given):
     declared, entities = describe(_load(monkeypatch, "vjepa2.launch.py"), given)
-    assert [(d.args[0], d.kwargs["default_value"]) for d in declared] == \
-        [(a.name, a.default) for a in VJEPA2_LAUNCH_ARGUMENTS]
+    assert [(d.args[0], d.kwargs["default_value"]) for d in declared] == [
+        (a.name, a.default) for a in VJEPA2_LAUNCH_ARGUMENTS
+    ]
     specs = vjepa2_processes(**{a.name: given.get(a.name, a.default) for a in VJEPA2_LAUNCH_ARGUMENTS})
     assert [launch_ros_command(n) for n in nodes(entities)] == [s.command() for s in specs]
     assert specs[0].params_files == (str(ROOT / "config" / "vjepa2.yaml"),)
     assert specs[0].command(python="py")[:3] == ["py", "-m", "mstar_ros.ros.vjepa2.node_set"]
-    for bad, says in [(dict(robots="/9"), "not a valid ROS"), (dict(weights="/nope"), "weights: no file"),
-                      (dict(params_file="/nope.yaml"), "no file")]:
+    for bad, says in [
+        (dict(robots="/9"), "not a valid ROS"),
+        (dict(weights="/nope"), "weights: no file"),
+        (dict(params_file="/nope.yaml"), "no file"),
+    ]:
         with pytest.raises((ValueError, FileNotFoundError), match=says):
             vjepa2_processes(**bad)
 
 
 def test_the_vjepa2_params_file_holds_every_world_model_parameter_with_its_default_type():
     from mstar_ros.ros.vjepa2.params import PARAMETERS as WM
+
     params = yaml.safe_load((ROOT / "config" / "vjepa2.yaml").read_text())["/**"]["ros__parameters"]
     assert set(params) == set(WM)
     for name, value in params.items():
@@ -157,10 +216,14 @@ def test_a_node_process_that_exits_ends_the_launch_and_a_failure_ends_it_non_zer
         with pytest.raises(NodeProcessFailed) as failed:
             on_exit(_exited(2), running)
         assert str(failed.value).endswith("exited with status 2: 12:00:00 INFO loading")
-        on_io.kwargs["on_stderr"](types.SimpleNamespace(
-            text=b"mstar_x: error: FileNotFoundError: /w: no config.json\n\n"))
-        with pytest.raises(NodeProcessFailed, match=f"\\({node.kwargs['executable']}\\) exited with status -11: "
-                                                    "mstar_x: error: FileNotFoundError: /w: no config.json$"):
+        on_io.kwargs["on_stderr"](
+            types.SimpleNamespace(text=b"mstar_x: error: FileNotFoundError: /w: no config.json\n\n")
+        )
+        with pytest.raises(
+            NodeProcessFailed,
+            match=f"\\({node.kwargs['executable']}\\) exited with status -11: "
+            "mstar_x: error: FileNotFoundError: /w: no config.json$",
+        ):
             on_exit(_exited(-11), running)
         assert on_exit(_exited(-2), stopping) is None and on_exit(_exited(0), stopping) is None
 
@@ -182,11 +245,26 @@ def test_prompt_and_status_every_reach_the_node_set_command():
 def test_mstar_ros_launch_passes_prompt_and_status_every_through(capsys):
     from mstar_ros.cli import main
 
-    assert main(["launch", "pi05", "--robots", "/r1", "--prompt", "open the drawer", "--status-every", "3",
-                 "--print-commands"]) == 0
+    assert (
+        main(
+            [
+                "launch",
+                "pi05",
+                "--robots",
+                "/r1",
+                "--prompt",
+                "open the drawer",
+                "--status-every",
+                "3",
+                "--print-commands",
+            ]
+        )
+        == 0
+    )
     (command,) = capsys.readouterr().out.splitlines()
-    assert command.startswith("mstar_pi05_node_set --robots /r1 --prompt=open the drawer --status-every 3.0 "
-                              "--ros-args --params-file "), command
+    assert command.startswith(
+        "mstar_pi05_node_set --robots /r1 --prompt=open the drawer --status-every 3.0 --ros-args --params-file "
+    ), command
     assert main(["launch", "pi05", "--status-every", "soon", "--print-commands"]) == 2
     assert "status_every: expected seconds" in capsys.readouterr().err
 
@@ -212,8 +290,11 @@ def test_the_dtype_launch_argument_reaches_every_node_set(capsys):
     from mstar_ros.ros.pi05 import node_set as pi05_node_set
     from mstar_ros.ros.vjepa2 import node_set as vjepa2_node_set
 
-    for processes, parse in ((pi05_processes, pi05_node_set.parse_args), (vjepa2_processes, vjepa2_node_set.parse_args),
-                             (orpheus_processes, orpheus_node_set.parse_args)):
+    for processes, parse in (
+        (pi05_processes, pi05_node_set.parse_args),
+        (vjepa2_processes, vjepa2_node_set.parse_args),
+        (orpheus_processes, orpheus_node_set.parse_args),
+    ):
         for spec in processes(dtype="float32"):
             args, _ = parse(list(spec.arguments))
             assert args.dtype == "float32"
@@ -232,10 +313,12 @@ def test_the_dtype_launch_argument_reaches_every_node_set(capsys):
 
 # -- `mstar-ros launch pi05` for real: remapping and parameters reach the nodes -----------------------
 
+
 @pytest.mark.timeout(120)
 @pytest.mark.slow
-def test_mstar_ros_launch_applies_ros_args_remapping_and_parameters(procs, start_player, short_bag, ros_client,
-                                                                   tmp_path):
+def test_mstar_ros_launch_applies_ros_args_remapping_and_parameters(
+    procs, start_player, short_bag, ros_client, tmp_path
+):
     from trajectory_msgs.msg import JointTrajectory
 
     params = tmp_path / "params.yaml"  # a params file of our own: the -p after it wins over it
@@ -245,13 +328,35 @@ def test_mstar_ros_launch_applies_ros_args_remapping_and_parameters(procs, start
     ros_client.subscribe(JointTrajectory, "/arm_left/trajectory")
     ros_client.subscribe(JointTrajectory, "/robot1/action_chunk")
     summary = tmp_path / "summary.json"
-    launcher = procs(sys.executable, "-m", "mstar_ros.cli", "launch", "pi05", "--robots", "/robot1",
-                     "--params-file", str(params), "--summary-json", str(summary), "--status-every", "1",
-                     "--ros-args", "-r", "/robot1/action_chunk:=/arm_left/trajectory",
-                     "-p", "control_rate_hz:=20.0", "-p", "prompt:=stack the red block")
+    launcher = procs(
+        sys.executable,
+        "-m",
+        "mstar_ros.cli",
+        "launch",
+        "pi05",
+        "--robots",
+        "/robot1",
+        "--params-file",
+        str(params),
+        "--summary-json",
+        str(summary),
+        "--status-every",
+        "1",
+        "--ros-args",
+        "-r",
+        "/robot1/action_chunk:=/arm_left/trajectory",
+        "-p",
+        "control_rate_hz:=20.0",
+        "-p",
+        "prompt:=stack the red block",
+    )
     player = start_player(short_bag, "--topics", "/robot1")
-    ros_client.wait_for(lambda: len(ros_client.got("/arm_left/trajectory")) >= 2, 90,
-                        "2 chunks on the remapped topic", [launcher, player])
+    ros_client.wait_for(
+        lambda: len(ros_client.got("/arm_left/trajectory")) >= 2,
+        90,
+        "2 chunks on the remapped topic",
+        [launcher, player],
+    )
     # the prompt parameter can be changed while serving (as `ros2 param set` does), never to ""
     assert [r.successful for r in _set_param(ros_client, "/robot1/pi05_policy", "prompt", "   ")] == [False]
     assert [r.successful for r in _set_param(ros_client, "/robot1/pi05_policy", "prompt", "open it")] == [True]
@@ -291,11 +396,13 @@ def _set_param(ros_client, node: str, name: str, value: str) -> list:
 def test_mstar_ros_launch_ends_with_the_failed_node_sets_status_and_one_line_error(procs, tmp_path):
     """Like the launch files: the node set fails (a bad weights path) -> the group ends with its status
     (2) and its one-line error, named; no traceback."""
-    launcher = procs(sys.executable, "-m", "mstar_ros.cli", "launch", "pi05", "--weights", str(tmp_path / "none"),
-                     "--duration", "30")
+    launcher = procs(
+        sys.executable, "-m", "mstar_ros.cli", "launch", "pi05", "--weights", str(tmp_path / "none"), "--duration", "30"
+    )
     assert launcher.proc.wait(timeout=50) == 2, launcher.output
     launcher._reader.join(timeout=5)
     said = f"mstar_pi05_node_set: error: FileNotFoundError: {tmp_path / 'none'}: no such directory"
-    assert launcher.lines[-1].startswith(f"mstar-ros launch: error: pi05_node_set (mstar_pi05_node_set) exited "
-                                         f"with status 2: {said}"), launcher.output
+    assert launcher.lines[-1].startswith(
+        f"mstar-ros launch: error: pi05_node_set (mstar_pi05_node_set) exited with status 2: {said}"
+    ), launcher.output
     assert "[launch] pi05_node_set exited with status 2" in launcher.output and "Traceback" not in launcher.output

@@ -3,6 +3,7 @@
 The node set is started from mstar_ros.launch_spec (what `mstar-ros launch pi05` and
 `ros2 launch mstar_ros pi05.launch.py` start), with config/pi05.yaml.
 """
+
 from __future__ import annotations
 
 import json
@@ -23,8 +24,9 @@ RATE = CONFIG["control_rate_hz"]
 
 def start_node_set(procs, tmp_path, robots: str, max_inflight: str = "0"):
     summary = tmp_path / "summary.json"
-    (spec,) = pi05_processes(robots, max_inflight=max_inflight,
-                             extra_arguments=["--duration", "120", "--summary-json", str(summary)])
+    (spec,) = pi05_processes(
+        robots, max_inflight=max_inflight, extra_arguments=["--duration", "120", "--summary-json", str(summary)]
+    )
     return procs(*spec.command(python=sys.executable)), summary
 
 
@@ -34,8 +36,9 @@ def seconds(duration) -> float:
 
 @pytest.mark.timeout(120)
 @pytest.mark.slow
-def test_two_robots_get_chunks_with_the_configured_joints_horizon_and_rate(procs, start_player, short_bag,
-                                                                           ros_client, tmp_path):
+def test_two_robots_get_chunks_with_the_configured_joints_horizon_and_rate(
+    procs, start_player, short_bag, ros_client, tmp_path
+):
     from trajectory_msgs.msg import JointTrajectory
 
     topics = ["/robot1/action_chunk", "/robot2/action_chunk"]
@@ -44,8 +47,12 @@ def test_two_robots_get_chunks_with_the_configured_joints_horizon_and_rate(procs
     # one chunk in flight at a time: the robots take turns, neither starves
     node_set, summary_path = start_node_set(procs, tmp_path, "/robot1 /robot2", max_inflight="1")
     player = start_player(short_bag)
-    ros_client.wait_for(lambda: all(len(ros_client.got(t)) >= 3 for t in topics), 90,
-                        "3 chunks on each robot's action_chunk", [node_set, player])
+    ros_client.wait_for(
+        lambda: all(len(ros_client.got(t)) >= 3 for t in topics),
+        90,
+        "3 chunks on each robot's action_chunk",
+        [node_set, player],
+    )
     assert node_set.interrupt() == 0, node_set.output
     player.interrupt()
 
@@ -94,8 +101,9 @@ def _joints(names, positions):
 
 @pytest.mark.timeout(120)
 @pytest.mark.slow
-def test_bad_input_is_reported_and_dropped_while_the_other_robot_is_served(procs, start_player, short_bag,
-                                                                           ros_client, tmp_path):
+def test_bad_input_is_reported_and_dropped_while_the_other_robot_is_served(
+    procs, start_player, short_bag, ros_client, tmp_path
+):
     from diagnostic_msgs.msg import DiagnosticArray
     from sensor_msgs.msg import Image, JointState
     from std_msgs.msg import String
@@ -106,8 +114,7 @@ def test_bad_input_is_reported_and_dropped_while_the_other_robot_is_served(procs
     ros_client.subscribe(DiagnosticArray, "/diagnostics", depth=1000)
     node_set, summary_path = start_node_set(procs, tmp_path, "/robot1 /robot2")
     player = start_player(short_bag, "--topics", "/robot1")  # /robot2 gets only what this test sends
-    ros_client.wait_for(lambda: ros_client.got("/robot1/action_chunk"), 90, "robot1's first chunk",
-                        [node_set, player])
+    ros_client.wait_for(lambda: ros_client.got("/robot1/action_chunk"), 90, "robot1's first chunk", [node_set, player])
 
     ext = ros_client.publisher(Image, "/robot2/camera/exterior/image_raw")
     wrist = ros_client.publisher(Image, "/robot2/camera/wrist/image_raw")
@@ -116,25 +123,45 @@ def test_bad_input_is_reported_and_dropped_while_the_other_robot_is_served(procs
     nan_state = [0.0] * len(JOINTS)
     nan_state[2] = math.nan
     bad = [  # (publisher, message, what the diagnostic must say)
-        (ext, _image("rgba8", 224, 224, channels=4), "/robot2/camera/exterior/image_raw: image encoding 'rgba8' "
-                                                     "is not supported"),
-        (ext, _image("rgb8", 100, 80), "/robot2/camera/exterior/image_raw: image is 100x80, this camera is "
-                                       "configured for 224x224"),
-        (wrist, _image("rgb8", 224, 224, step=300), "/robot2/camera/wrist/image_raw: step 300 is less than "
-                                                    "width x channels = 672"),
+        (
+            ext,
+            _image("rgba8", 224, 224, channels=4),
+            "/robot2/camera/exterior/image_raw: image encoding 'rgba8' is not supported",
+        ),
+        (
+            ext,
+            _image("rgb8", 100, 80),
+            "/robot2/camera/exterior/image_raw: image is 100x80, this camera is configured for 224x224",
+        ),
+        (
+            wrist,
+            _image("rgb8", 224, 224, step=300),
+            "/robot2/camera/wrist/image_raw: step 300 is less than width x channels = 672",
+        ),
         (joints, _joints([], [0.1] * 7), "/robot2/joint_states: 7 positions without names, expected 8"),
-        (joints, _joints(JOINTS[:7], [0.1] * 7), "/robot2/joint_states: joint state lacks joints "
-                                                 "['robotiq_85_left_knuckle_joint']"),
-        (joints, _joints(JOINTS, nan_state), "/robot2/joint_states: joint state has NaN or infinite positions "
-                                             "for ['panda_joint3']"),
+        (
+            joints,
+            _joints(JOINTS[:7], [0.1] * 7),
+            "/robot2/joint_states: joint state lacks joints ['robotiq_85_left_knuckle_joint']",
+        ),
+        (
+            joints,
+            _joints(JOINTS, nan_state),
+            "/robot2/joint_states: joint state has NaN or infinite positions for ['panda_joint3']",
+        ),
         (prompt, String(data="   "), "/robot2/prompt: empty prompt ignored"),
     ]
-    ros_client.wait_for(lambda: all(p.get_subscription_count() > 0 for p, _, _ in bad), 30, "the node's subscriptions",
-                        [node_set])
+    ros_client.wait_for(
+        lambda: all(p.get_subscription_count() > 0 for p, _, _ in bad), 30, "the node's subscriptions", [node_set]
+    )
 
     def robot2_errors() -> list:
-        return [s for g in ros_client.got("/diagnostics") for s in g.msg.status
-                if s.hardware_id == "/robot2" and s.level == s.ERROR]
+        return [
+            s
+            for g in ros_client.got("/diagnostics")
+            for s in g.msg.status
+            if s.hardware_id == "/robot2" and s.level == s.ERROR
+        ]
 
     def reported(text: str) -> bool:
         return any(text in s.message for s in robot2_errors())
@@ -168,8 +195,9 @@ def test_bad_input_is_reported_and_dropped_while_the_other_robot_is_served(procs
 
 @pytest.mark.timeout(150)
 @pytest.mark.slow
-def test_with_a_placement_every_worker_process_reports_on_diagnostics(procs, start_player, short_bag,
-                                                                      ros_client, tmp_path):
+def test_with_a_placement_every_worker_process_reports_on_diagnostics(
+    procs, start_player, short_bag, ros_client, tmp_path
+):
     from pathlib import Path
 
     from diagnostic_msgs.msg import DiagnosticArray
@@ -185,9 +213,15 @@ def test_with_a_placement_every_worker_process_reports_on_diagnostics(procs, sta
     def names() -> set[str]:
         return {s.name for g in ros_client.got("/diagnostics") for s in g.msg.status}
 
-    ros_client.wait_for(lambda: {"mstar: worker 0", "mstar: worker 1", "mstar: conductor"} <= names()
-                        and len(ros_client.got("/robot1/action_chunk")) >= 2, 120,
-                        "diagnostics from both Worker processes and the Conductor, and chunks", [node_set, player])
+    ros_client.wait_for(
+        lambda: (
+            {"mstar: worker 0", "mstar: worker 1", "mstar: conductor"} <= names()
+            and len(ros_client.got("/robot1/action_chunk")) >= 2
+        ),
+        120,
+        "diagnostics from both Worker processes and the Conductor, and chunks",
+        [node_set, player],
+    )
     status = next(s for g in ros_client.got("/diagnostics") for s in g.msg.status if s.name == "mstar: worker 0")
     assert {v.key for v in status.values} >= {"nodes", "kv_blocks_used"}
     assert node_set.interrupt() == 0, node_set.output

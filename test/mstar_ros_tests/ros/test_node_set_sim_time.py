@@ -4,6 +4,7 @@ By the node's system clock every frame is old: refused as stale, no chunk. With 
 (`mstar-ros launch pi05 --use-sim-time`, from mstar_ros.launch_spec) and `bag play --clock` the node
 keeps the recording's time: the same frames are current and the robot gets chunks.
 """
+
 from __future__ import annotations
 
 import json
@@ -29,17 +30,32 @@ def recorded_bag(tmp_path_factory) -> Path:
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("sim_time", [True, False], ids=["use_sim_time and --clock", "system clock"])
 @pytest.mark.slow
-def test_recorded_stamps_are_served_on_sim_time_and_refused_as_stale_without(sim_time, recorded_bag, procs,
-                                                                              ros_client, tmp_path):
+def test_recorded_stamps_are_served_on_sim_time_and_refused_as_stale_without(
+    sim_time, recorded_bag, procs, ros_client, tmp_path
+):
     from trajectory_msgs.msg import JointTrajectory
 
     ros_client.subscribe(JointTrajectory, CHUNKS)
     summary_path = tmp_path / "summary.json"
-    (spec,) = pi05_processes("/robot1", use_sim_time=str(sim_time).lower(),
-                             extra_arguments=["--duration", "150", "--summary-json", str(summary_path)])
+    (spec,) = pi05_processes(
+        "/robot1",
+        use_sim_time=str(sim_time).lower(),
+        extra_arguments=["--duration", "150", "--summary-json", str(summary_path)],
+    )
     node_set = procs(*spec.command(python=sys.executable))
-    player = procs(sys.executable, "-m", "mstar_ros.cli", "bag", "play", str(recorded_bag), "--progress", "0",
-                   "--wait-timeout", "90", *(["--clock"] if sim_time else []))
+    player = procs(
+        sys.executable,
+        "-m",
+        "mstar_ros.cli",
+        "bag",
+        "play",
+        str(recorded_bag),
+        "--progress",
+        "0",
+        "--wait-timeout",
+        "90",
+        *(["--clock"] if sim_time else []),
+    )
     assert player.proc.wait(timeout=150) == 0, player.output + "\n" + node_set.output  # the whole bag, once
     assert node_set.interrupt() == 0, node_set.output
     robot = json.loads(summary_path.read_text())["robots"]["/robot1"]

@@ -4,6 +4,7 @@ A Worker killed with SIGKILL shows on /diagnostics by rank (ERROR while it is do
 its replacement serves), and a Worker that cannot set up ends the node set as a bad
 checkpoint does without a placement: one line, status 2, no traceback.
 """
+
 from __future__ import annotations
 
 import os
@@ -38,8 +39,12 @@ def test_a_killed_worker_shows_error_then_ok_by_rank_on_diagnostics(procs, ros_c
     ros_client.subscribe(DiagnosticArray, "/diagnostics", depth=1000)
     (spec,) = pi05_processes("/robot1", placement=str(PLACEMENT), extra_arguments=["--duration", "150"])
     node_set = procs(*spec.command(python=sys.executable))
-    ros_client.wait_for(lambda: all(any(s.level == DiagnosticStatus.OK for s in statuses(ros_client, RANK.format(r)))
-                                    for r in (0, 1)), 120, "both ranks OK on /diagnostics", [node_set])
+    ros_client.wait_for(
+        lambda: all(any(s.level == DiagnosticStatus.OK for s in statuses(ros_client, RANK.format(r))) for r in (0, 1)),
+        120,
+        "both ranks OK on /diagnostics",
+        [node_set],
+    )
     before = values(statuses(ros_client, RANK.format(1))[-1])
     assert before["state"] == "alive" and before["restarts"] == "0" and before["last_death"] == ""
     assert before["nodes"] == "vision" and 0.0 <= float(before["heartbeat_age_s"]) < 5.0
@@ -49,23 +54,41 @@ def test_a_killed_worker_shows_error_then_ok_by_rank_on_diagnostics(procs, ros_c
     def after_kill(name: str) -> list:
         return [s for g in ros_client.got("/diagnostics")[seen:] for s in g.msg.status if s.name == name]
 
-    ros_client.wait_for(lambda: any(s.level == DiagnosticStatus.ERROR for s in after_kill(RANK.format(1))), 30,
-                        "rank 1 reported ERROR", [node_set])
+    ros_client.wait_for(
+        lambda: any(s.level == DiagnosticStatus.ERROR for s in after_kill(RANK.format(1))),
+        30,
+        "rank 1 reported ERROR",
+        [node_set],
+    )
     down = [s for s in after_kill(RANK.format(1)) if s.level == DiagnosticStatus.ERROR]
     assert all(s.hardware_id == "rank1" and values(s)["state"] == "restarting" for s in down), down
     # the exit status is known a few ms after the connection drops: the reason follows at once
-    ros_client.wait_for(lambda: any(s.message == "restarting: died (killed by SIGKILL)"
-                                    for s in after_kill(RANK.format(1))), 10, "the reason of rank 1's death", [node_set])
-    assert any(s.level == DiagnosticStatus.ERROR and s.message == "worker rank 1 restarting: died (killed by SIGKILL)"
-               for s in after_kill("mstar: conductor")), "the Conductor's own status did not turn ERROR"
+    ros_client.wait_for(
+        lambda: any(s.message == "restarting: died (killed by SIGKILL)" for s in after_kill(RANK.format(1))),
+        10,
+        "the reason of rank 1's death",
+        [node_set],
+    )
+    assert any(
+        s.level == DiagnosticStatus.ERROR and s.message == "worker rank 1 restarting: died (killed by SIGKILL)"
+        for s in after_kill("mstar: conductor")
+    ), "the Conductor's own status did not turn ERROR"
 
-    ros_client.wait_for(lambda: any(s.level == DiagnosticStatus.OK for s in after_kill(RANK.format(1))), 90,
-                        "rank 1 OK again", [node_set])
+    ros_client.wait_for(
+        lambda: any(s.level == DiagnosticStatus.OK for s in after_kill(RANK.format(1))),
+        90,
+        "rank 1 OK again",
+        [node_set],
+    )
     back = values(next(s for s in after_kill(RANK.format(1)) if s.level == DiagnosticStatus.OK))
     assert back["state"] == "alive" and back["restarts"] == "1" and back["pid"] != before["pid"]
     assert back["last_death"] == "died (killed by SIGKILL)"
-    ros_client.wait_for(lambda: after_kill("mstar: conductor")[-1].level == DiagnosticStatus.OK, 10,
-                        "the Conductor's status OK again", [node_set])
+    ros_client.wait_for(
+        lambda: after_kill("mstar: conductor")[-1].level == DiagnosticStatus.OK,
+        10,
+        "the Conductor's status OK again",
+        [node_set],
+    )
     # rank 0 was never down
     assert all(s.level == DiagnosticStatus.OK for s in statuses(ros_client, RANK.format(0)))
     assert node_set.interrupt() == 0, node_set.output
@@ -86,10 +109,10 @@ def test_a_worker_that_fails_setup_ends_the_node_set_as_without_a_placement(ros_
     bad = corrupt_checkpoint(tmp_path)
     runs = {}
     for placement in (None, str(PLACEMENT)):
-        (spec,) = pi05_processes("/robot1", weights=str(bad), placement=placement,
-                                 extra_arguments=["--duration", "30"])
-        runs[placement] = subprocess.run(spec.command(python=sys.executable), env=ros_env, capture_output=True,
-                                         text=True, timeout=200)
+        (spec,) = pi05_processes("/robot1", weights=str(bad), placement=placement, extra_arguments=["--duration", "30"])
+        runs[placement] = subprocess.run(
+            spec.command(python=sys.executable), env=ros_env, capture_output=True, text=True, timeout=200
+        )
     errors = {}
     for placement, run in runs.items():
         output = run.stdout + run.stderr

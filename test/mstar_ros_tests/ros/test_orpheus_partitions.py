@@ -1,5 +1,6 @@
 """Orpheus split at its streaming edge: the talker and the vocoder partitions as two ROS node processes
 joined by the /tts/llm_token topic, against the same graph served in one process."""
+
 from __future__ import annotations
 
 import asyncio
@@ -25,7 +26,9 @@ SAMPLING = {"temperature": 0.0, "top_p": 1.0, "repetition_penalty": 1.0, "max_to
 def start_partitions(procs, tmp_path):
     """The processes `mstar-ros launch orpheus` / orpheus.launch.py start (mstar_ros.launch_spec)."""
     started = []
-    for spec in orpheus_processes(split="true", namespace="/tts", extra_arguments=["--duration", "150", "--stream-timeout", "3"]):
+    for spec in orpheus_processes(
+        split="true", namespace="/tts", extra_arguments=["--duration", "150", "--stream-timeout", "3"]
+    ):
         summary = tmp_path / f"{spec.name}.json"
         started.append((procs(*spec.command(python=sys.executable), "--summary-json", str(summary)), summary))
     return started
@@ -70,21 +73,38 @@ def test_talker_and_vocoder_nodes_speak_what_one_process_speaks(procs, ros_clien
     from diagnostic_msgs.msg import DiagnosticArray
     from std_msgs.msg import Float32MultiArray, Int64MultiArray, String
 
-    for topic, kind in [("/tts/audio", Float32MultiArray), ("/tts/llm_token", Int64MultiArray),
-                        ("/tts/tokens", Int64MultiArray), ("/diagnostics", DiagnosticArray)]:
+    for topic, kind in [
+        ("/tts/audio", Float32MultiArray),
+        ("/tts/llm_token", Int64MultiArray),
+        ("/tts/tokens", Int64MultiArray),
+        ("/diagnostics", DiagnosticArray),
+    ]:
         ros_client.subscribe(kind, topic, depth=1000)
     (talker, talker_summary), (vocoder, vocoder_summary) = start_partitions(procs, tmp_path)
     node = ros_client.node
     text_pub = ros_client.publisher(String, "/tts/text")
     token_pub = ros_client.publisher(Int64MultiArray, "/tts/llm_token")
+
     # the talker reads text and sees two readers of its tokens (the vocoder and this test)
     def talker_token_readers() -> int:
-        values = [{kv.key: kv.value for kv in s.values} for g in ros_client.got("/diagnostics") for s in g.msg.status
-                  if s.name == "mstar: /tts/orpheus_talker"]
+        values = [
+            {kv.key: kv.value for kv in s.values}
+            for g in ros_client.got("/diagnostics")
+            for s in g.msg.status
+            if s.name == "mstar: /tts/orpheus_talker"
+        ]
         return int(values[-1].get("llm_token.subscribers", 0)) if values else 0
 
-    ros_client.wait_for(lambda: text_pub.get_subscription_count() >= 1 and token_pub.get_subscription_count() >= 1
-                        and talker_token_readers() >= 2, 90, "both partition nodes", [talker, vocoder])
+    ros_client.wait_for(
+        lambda: (
+            text_pub.get_subscription_count() >= 1
+            and token_pub.get_subscription_count() >= 1
+            and talker_token_readers() >= 2
+        ),
+        90,
+        "both partition nodes",
+        [talker, vocoder],
+    )
 
     # the cut edge is an ordinary topic, visible to ROS tools
     types = dict(node.get_topic_names_and_types())
@@ -92,8 +112,12 @@ def test_talker_and_vocoder_nodes_speak_what_one_process_speaks(procs, ros_clien
     assert types["/tts/audio"] == ["std_msgs/msg/Float32MultiArray"]
 
     text_pub.publish(String(data=json.dumps({"text": TEXT, "id": "hello", "seed": 7, **SAMPLING})))
-    ros_client.wait_for(lambda: stream(ros_client, "/tts/audio", torch.float32, "hello")[1], 120,
-                        "the end of stream 'hello' on /tts/audio", [talker, vocoder])
+    ros_client.wait_for(
+        lambda: stream(ros_client, "/tts/audio", torch.float32, "hello")[1],
+        120,
+        "the end of stream 'hello' on /tts/audio",
+        [talker, vocoder],
+    )
 
     tokens_ref, audio_ref = one_process_audio(seed=7)
     tokens, ended, failed = stream(ros_client, "/tts/llm_token", torch.int64, "hello")
@@ -119,29 +143,47 @@ def test_talker_and_vocoder_nodes_speak_what_one_process_speaks(procs, ros_clien
     for msg in gap + stalled + [end_message(torch.int64, "doomed", 0, failed=True)]:
         token_pub.publish(msg)
     text_pub.publish(String(data=json.dumps({"text": "x", "id": "a/b"})))
-    expected = ["text request dropped: text is empty", "unknown request field(s) ['colour']", "is not JSON",
-                "message dropped: no layout.dim", "stream late joined at item 5",
-                "request gappy: input stream failed: llm_token item 2 never arrived (got item 3)",
-                "stream doomed ended before its first item: its producer failed", "stream id 'a/b' must be",
-                "request stalled: input stream failed: no llm_token item for 3 s after item 1"]
-    ros_client.wait_for(lambda: all(e in diagnostics() for e in expected), 30,
-                        f"each of {expected} on /diagnostics", [talker, vocoder])
+    expected = [
+        "text request dropped: text is empty",
+        "unknown request field(s) ['colour']",
+        "is not JSON",
+        "message dropped: no layout.dim",
+        "stream late joined at item 5",
+        "request gappy: input stream failed: llm_token item 2 never arrived (got item 3)",
+        "stream doomed ended before its first item: its producer failed",
+        "stream id 'a/b' must be",
+        "request stalled: input stream failed: no llm_token item for 3 s after item 1",
+    ]
+    ros_client.wait_for(
+        lambda: all(e in diagnostics() for e in expected), 30, f"each of {expected} on /diagnostics", [talker, vocoder]
+    )
     # every stream the vocoder took on ends, as failed (on its own topic: it may arrive after the diagnostics)
     for sid in ("gappy", "late", "doomed", "stalled"):
-        ros_client.wait_for(lambda sid=sid: stream(ros_client, "/tts/audio", torch.float32, sid)[1], 10,
-                            f"the end of stream {sid!r} on /tts/audio", [talker, vocoder])
+        ros_client.wait_for(
+            lambda sid=sid: stream(ros_client, "/tts/audio", torch.float32, sid)[1],
+            10,
+            f"the end of stream {sid!r} on /tts/audio",
+            [talker, vocoder],
+        )
         assert stream(ros_client, "/tts/audio", torch.float32, sid)[1:] == (True, True), sid
 
     # and both still serve
     text_pub.publish(String(data=json.dumps({"text": "Again.", "id": "again", "seed": 1, **SAMPLING})))
-    ros_client.wait_for(lambda: stream(ros_client, "/tts/audio", torch.float32, "again")[1], 120,
-                        "stream 'again' on /tts/audio", [talker, vocoder])
+    ros_client.wait_for(
+        lambda: stream(ros_client, "/tts/audio", torch.float32, "again")[1],
+        120,
+        "stream 'again' on /tts/audio",
+        [talker, vocoder],
+    )
     assert stream(ros_client, "/tts/audio", torch.float32, "again")[1:] == (True, False)
 
     assert talker.interrupt() == 0, talker.output
     assert vocoder.interrupt() == 0, vocoder.output
     t, v = json.loads(talker_summary.read_text()), json.loads(vocoder_summary.read_text())
-    assert (t["finished"], t["published"]["llm_token"]) == (2, len(tokens) + len(stream(ros_client, "/tts/llm_token", torch.int64, "again")[0]))
+    assert (t["finished"], t["published"]["llm_token"]) == (
+        2,
+        len(tokens) + len(stream(ros_client, "/tts/llm_token", torch.int64, "again")[0]),
+    )
     assert (v["finished"], v["failed"]) == (2, 4)  # 'late', 'doomed' never started; 'gappy', 'stalled' failed
 
 
@@ -157,23 +199,39 @@ def test_the_whole_graph_as_one_node_streams_its_audio_output_on_a_topic(procs, 
     audio_sub = ros_client.subscribe(Float32MultiArray, "/speech/audio", depth=1000)
     ros_client.subscribe(DiagnosticArray, "/diagnostics", depth=1000)
     params = [a for k, v in SAMPLING.items() for a in ("-p", f"{k}:={v!r}")]
-    (spec,) = orpheus_processes(split="false", namespace="/speech", extra_arguments=["--duration", "120"],
-                                ros_arguments=params)
+    (spec,) = orpheus_processes(
+        split="false", namespace="/speech", extra_arguments=["--duration", "120"], ros_arguments=params
+    )
     node = procs(*spec.command(python=sys.executable))
     text_pub = ros_client.publisher(String, "/speech/text")
+
     def audio_readers() -> int:  # as the node's publisher sees them (its diagnostics)
-        values = [{kv.key: kv.value for kv in s.values} for g in ros_client.got("/diagnostics") for s in g.msg.status
-                  if s.name == "mstar: /speech/orpheus"]
+        values = [
+            {kv.key: kv.value for kv in s.values}
+            for g in ros_client.got("/diagnostics")
+            for s in g.msg.status
+            if s.name == "mstar: /speech/orpheus"
+        ]
         return int(values[-1].get("audio.subscribers", 0)) if values else 0
 
     # matched at both ends: a volatile reader that has not yet matched the writer misses what it writes
-    ros_client.wait_for(lambda: text_pub.get_subscription_count() >= 1 and audio_sub.get_publisher_count() >= 1
-                        and audio_readers() >= 1, 90, "the orpheus node", [node])
+    ros_client.wait_for(
+        lambda: (
+            text_pub.get_subscription_count() >= 1 and audio_sub.get_publisher_count() >= 1 and audio_readers() >= 1
+        ),
+        90,
+        "the orpheus node",
+        [node],
+    )
     types = dict(ros_client.node.get_topic_names_and_types())
     assert "/speech/llm_token" not in types  # the edge stays inside the graph
     text_pub.publish(String(data=json.dumps({"text": TEXT, "id": "whole", "seed": 7})))  # sampling from -p
-    ros_client.wait_for(lambda: stream(ros_client, "/speech/audio", torch.float32, "whole")[1], 120,
-                        "the end of stream 'whole' on /speech/audio", [node])
+    ros_client.wait_for(
+        lambda: stream(ros_client, "/speech/audio", torch.float32, "whole")[1],
+        120,
+        "the end of stream 'whole' on /speech/audio",
+        [node],
+    )
     chunks, ended, failed = stream(ros_client, "/speech/audio", torch.float32, "whole")
     _, audio_ref = one_process_audio(seed=7)
     assert ended and not failed
@@ -184,8 +242,11 @@ def test_the_whole_graph_as_one_node_streams_its_audio_output_on_a_topic(procs, 
 
     def set_param(name, value):
         kind = ParameterType.PARAMETER_DOUBLE
-        future = setter.call_async(SetParameters.Request(parameters=[
-            Parameter(name=name, value=ParameterValue(type=kind, double_value=value))]))
+        future = setter.call_async(
+            SetParameters.Request(
+                parameters=[Parameter(name=name, value=ParameterValue(type=kind, double_value=value))]
+            )
+        )
         ros_client.wait_for(future.done, 30, f"set {name}", [node])
         return future.result().results[0]
 

@@ -1,6 +1,7 @@
 """Released checkpoint layouts served over real DDS: the published actions for a raw joint state are the
 reference's (normalise with the checkpoint's state statistics -> pi0.5 -> unnormalise with its action
 statistics), computed here with the dense reference model and the formulas written out in numpy."""
+
 from __future__ import annotations
 
 import sys
@@ -17,10 +18,18 @@ JOINTS = [f"panda_joint{i}" for i in range(1, 8)] + ["robotiq_85_left_knuckle_jo
 CAMERAS = ["camera/exterior/image_raw", "camera/wrist/image_raw"]
 RAW_STATE = np.array([0.3, -0.4, 0.1, -1.9, 0.2, 1.6, 0.7, 0.04], dtype=np.float32)
 # state and action statistics that differ in every dim: mixing them up changes every action
-STATE = {"q01": [-1.5, -1.2, -2.0, -2.9, -1.0, 0.2, -1.4, 0.0], "q99": [1.4, 1.1, 2.2, -0.5, 1.3, 3.1, 2.0, 0.08],
-         "mean": [0.0] * 8, "std": [1.0] * 8}
-ACTION = {"q01": [-0.6, -0.2, -0.9, -2.5, -0.3, 0.5, -0.1, -0.01],
-          "q99": [0.9, 0.4, 1.3, -1.1, 0.8, 2.4, 1.2, 0.09], "mean": [0.0] * 8, "std": [1.0] * 8}
+STATE = {
+    "q01": [-1.5, -1.2, -2.0, -2.9, -1.0, 0.2, -1.4, 0.0],
+    "q99": [1.4, 1.1, 2.2, -0.5, 1.3, 3.1, 2.0, 0.08],
+    "mean": [0.0] * 8,
+    "std": [1.0] * 8,
+}
+ACTION = {
+    "q01": [-0.6, -0.2, -0.9, -2.5, -0.3, 0.5, -0.1, -0.01],
+    "q99": [0.9, 0.4, 1.3, -1.1, 0.8, 2.4, 1.2, 0.09],
+    "mean": [0.0] * 8,
+    "std": [1.0] * 8,
+}
 
 
 def _reference_actions(ckpt, state_n: np.ndarray, pixels: bytes, seed: int, dims: int = 8) -> torch.Tensor:
@@ -38,8 +47,9 @@ def _reference_actions(ckpt, state_n: np.ndarray, pixels: bytes, seed: int, dims
     images = torch.stack([image, image])
     with torch.no_grad():
         embeds = encoder(**encoder.prepare_inputs([NodeCall("r", {"images": images})]))["embeds"][0]
-    ids, mask = build_prefix(load_tokenizer(ckpt / "tokenizer.json"), 2, "pick up the object",
-                             torch.from_numpy(state_n))
+    ids, mask = build_prefix(
+        load_tokenizer(ckpt / "tokenizer.json"), 2, "pick up the object", torch.from_numpy(state_n)
+    )
     noise = torch.randn((50, 32), generator=torch.Generator().manual_seed(seed))  # the node's first request
     return sample_actions(model, ids, noise, embeds=embeds, embed_mask=mask)[:, :dims].double()
 
@@ -86,8 +96,12 @@ def test_published_actions_are_the_references_for_a_raw_state(layout, procs, ros
     ckpt = ensure_tiny_pi05()  # the generated weights, re-laid in each released layout
 
     if layout == "lerobot":
-        weights = lerobot_checkpoint(tmp_path / "ck", ckpt, {"observation.state": STATE, "action": ACTION},
-                                     cameras=("base_0_rgb", "left_wrist_0_rgb"))
+        weights = lerobot_checkpoint(
+            tmp_path / "ck",
+            ckpt,
+            {"observation.state": STATE, "action": ACTION},
+            cameras=("base_0_rgb", "left_wrist_0_rgb"),
+        )
         norm, back, extra = _lerobot, _lerobot_back, []
     elif layout == "openpi":  # its three cameras; this robot has no right wrist one: left out, as openpi masks it
         weights = openpi_checkpoint(tmp_path / "ck", ckpt, {"state": STATE, "actions": ACTION})
@@ -96,12 +110,18 @@ def test_published_actions_are_the_references_for_a_raw_state(layout, procs, ros
         weights = openpi_checkpoint(tmp_path / "ck", ckpt, None)
         norm, back, extra = _limits, _limits_back, ["-p", "cameras.right_wrist_0_rgb:=''"]
     ros_client.subscribe(JointTrajectory, "/robot1/action_chunk")
-    (spec,) = pi05_processes("/robot1", weights=str(weights), dtype="float32",  # parity: float32
-                             extra_arguments=["--duration", "120"], ros_arguments=extra)
+    (spec,) = pi05_processes(
+        "/robot1",
+        weights=str(weights),
+        dtype="float32",  # parity: float32
+        extra_arguments=["--duration", "120"],
+        ros_arguments=extra,
+    )
     node_set = procs(*spec.command(python=sys.executable))
     feed = robot_feed("/robot1", CAMERAS, JOINTS, positions=RAW_STATE.tolist()).start()
-    ros_client.wait_for(lambda: any(g.msg.points for g in ros_client.got("/robot1/action_chunk")), 90,
-                        "the first chunk", [node_set])
+    ros_client.wait_for(
+        lambda: any(g.msg.points for g in ros_client.got("/robot1/action_chunk")), 90, "the first chunk", [node_set]
+    )
     first = next(g.msg for g in ros_client.got("/robot1/action_chunk") if g.msg.points)
     published = np.array([list(p.positions) for p in first.points])
     skip = 50 - len(published)  # the actions whose time passed while the chunk was computed
@@ -129,15 +149,30 @@ def test_actions_that_are_not_the_states_joints_go_out_as_a_labelled_array(procs
 
     from mstar_graphs.pi05.checkpoints import ensure_tiny_pi05
 
-    weights = lerobot_checkpoint(tmp_path / "ck", ensure_tiny_pi05(), {"observation.state": STATE, "action": EE_ACTION},
-                                 cameras=("base_0_rgb", "left_wrist_0_rgb"), state_dim=8, action_dim=7)
+    weights = lerobot_checkpoint(
+        tmp_path / "ck",
+        ensure_tiny_pi05(),
+        {"observation.state": STATE, "action": EE_ACTION},
+        cameras=("base_0_rgb", "left_wrist_0_rgb"),
+        state_dim=8,
+        action_dim=7,
+    )
     ros_client.subscribe(Float32MultiArray, "/robot1/action_chunk")
-    (spec,) = pi05_processes("/robot1", weights=str(weights), dtype="float32", extra_arguments=["--duration", "120"],
-                             ros_arguments=["-p", "action_space:=labelled_array", "-p", f"action_names:={EE_NAMES}"])
+    (spec,) = pi05_processes(
+        "/robot1",
+        weights=str(weights),
+        dtype="float32",
+        extra_arguments=["--duration", "120"],
+        ros_arguments=["-p", "action_space:=labelled_array", "-p", f"action_names:={EE_NAMES}"],
+    )
     node_set = procs(*spec.command(python=sys.executable))
     feed = robot_feed("/robot1", CAMERAS, JOINTS, positions=RAW_STATE.tolist()).start()
-    ros_client.wait_for(lambda: any(g.msg.data for g in ros_client.got("/robot1/action_chunk")), 90,
-                        "the first labelled array", [node_set])
+    ros_client.wait_for(
+        lambda: any(g.msg.data for g in ros_client.got("/robot1/action_chunk")),
+        90,
+        "the first labelled array",
+        [node_set],
+    )
     first = next(g.msg for g in ros_client.got("/robot1/action_chunk") if g.msg.data)
     time_dim, action_dim = first.layout.dim
     assert time_dim.label == "time" and action_dim.label.split(",") == EE_NAMES and action_dim.size == 7

@@ -1,6 +1,7 @@
 """The V-JEPA 2-AC node set over real DDS, driven by a world-model bag or a scripted feed: the session's KV
 grows then stays within its window, a goal image leads to published plans, bad input is reported and dropped
 (stamps off the clock, values out of bounds, floods), a seed reproduces a plan."""
+
 from __future__ import annotations
 
 import json
@@ -31,29 +32,50 @@ def _values(status) -> dict[str, str]:
 
 @pytest.mark.timeout(150)
 @pytest.mark.slow
-def test_world_model_session_plans_toward_a_goal_and_drops_bad_input(procs, start_player, wm_bag, ros_client,
-                                                                      tmp_path):
+def test_world_model_session_plans_toward_a_goal_and_drops_bad_input(procs, start_player, wm_bag, ros_client, tmp_path):
     from diagnostic_msgs.msg import DiagnosticArray
     from geometry_msgs.msg import PoseStamped
     from nav_msgs.msg import Path
     from sensor_msgs.msg import Image
     from std_msgs.msg import Float64
 
-    for msg_type, topic in ((PoseStamped, "/robot1/plan/target_pose"), (Path, "/robot1/plan/path"),
-                            (Float64, "/robot1/plan/energy"), (Float64, "/robot1/plan/gripper"),
-                            (DiagnosticArray, "/diagnostics")):
+    for msg_type, topic in (
+        (PoseStamped, "/robot1/plan/target_pose"),
+        (Path, "/robot1/plan/path"),
+        (Float64, "/robot1/plan/energy"),
+        (Float64, "/robot1/plan/gripper"),
+        (DiagnosticArray, "/diagnostics"),
+    ):
         ros_client.subscribe(msg_type, topic, depth=200)
     summary_path = tmp_path / "summary.json"
-    (spec,) = vjepa2_processes("/robot1", extra_arguments=["--duration", "120", "--summary-json", str(summary_path)],
-                               ros_arguments=["-p", f"window_frames:={WINDOW}", "-p", f"plan_horizon:={HORIZON}",
-                                              "-p", "plan_samples:=8", "-p", "plan_topk:=4", "-p", "plan_iterations:=2",
-                                              "-p", "report_period_s:=0.0"])
+    (spec,) = vjepa2_processes(
+        "/robot1",
+        extra_arguments=["--duration", "120", "--summary-json", str(summary_path)],
+        ros_arguments=[
+            "-p",
+            f"window_frames:={WINDOW}",
+            "-p",
+            f"plan_horizon:={HORIZON}",
+            "-p",
+            "plan_samples:=8",
+            "-p",
+            "plan_topk:=4",
+            "-p",
+            "plan_iterations:=2",
+            "-p",
+            "report_period_s:=0.0",
+        ],
+    )
     node_set = procs(*spec.command(python=sys.executable))
     goal_pub = ros_client.publisher(Image, "/robot1/goal_image")
     camera_pub = ros_client.publisher(Image, "/robot1/camera/exterior/image_raw")
     pose_pub = ros_client.publisher(PoseStamped, "/robot1/ee_pose")
-    ros_client.wait_for(lambda: goal_pub.get_subscription_count() > 0 and camera_pub.get_subscription_count() > 0,
-                        60, "the world-model node's subscriptions", [node_set])
+    ros_client.wait_for(
+        lambda: goal_pub.get_subscription_count() > 0 and camera_pub.get_subscription_count() > 0,
+        60,
+        "the world-model node's subscriptions",
+        [node_set],
+    )
 
     def image(encoding: str = "rgb8", size: int = 64) -> Image:
         msg = Image(encoding=encoding, width=size, height=size, step=size * 3)
@@ -73,8 +95,9 @@ def test_world_model_session_plans_toward_a_goal_and_drops_bad_input(procs, star
                     return _values(status), status
         return None, None
 
-    ros_client.wait_for(lambda: int((node_status()[0] or {}).get("frames", "0")) >= 3, 60, "3 frames in the session",
-                        [node_set, player])
+    ros_client.wait_for(
+        lambda: int((node_status()[0] or {}).get("frames", "0")) >= 3, 60, "3 frames in the session", [node_set, player]
+    )
     bad_image = image(encoding="16UC1")
     bad_image.step = 64 * 2
     bad_image.data = bytes(64 * 64 * 2)
@@ -93,12 +116,17 @@ def test_world_model_session_plans_toward_a_goal_and_drops_bad_input(procs, star
             for status in got.msg.status:
                 values = _values(status)
                 if "worker0.ar:predictor.context_blocks" in values:
-                    out.append((int(values["worker0.ar:predictor.context_blocks"]),
-                                int(values["worker0.ar:predictor.window_slides"])))
+                    out.append(
+                        (
+                            int(values["worker0.ar:predictor.context_blocks"]),
+                            int(values["worker0.ar:predictor.window_slides"]),
+                        )
+                    )
         return out
 
-    ros_client.wait_for(lambda: any(slides >= 2 for _, slides in engine_counters()), 60, "the window to slide twice",
-                        [node_set, player])
+    ros_client.wait_for(
+        lambda: any(slides >= 2 for _, slides in engine_counters()), 60, "the window to slide twice", [node_set, player]
+    )
     assert node_set.interrupt() == 0, node_set.output
     player.interrupt()
 
@@ -109,7 +137,7 @@ def test_world_model_session_plans_toward_a_goal_and_drops_bad_input(procs, star
     for t, p in zip(targets, paths):
         assert t.pose.position.x == p.poses[0].pose.position.x
         q = t.pose.orientation
-        assert abs(math.sqrt(q.x ** 2 + q.y ** 2 + q.z ** 2 + q.w ** 2) - 1) < 1e-6
+        assert abs(math.sqrt(q.x**2 + q.y**2 + q.z**2 + q.w**2) - 1) < 1e-6
     energies = [g.msg.data for g in ros_client.got("/robot1/plan/energy")]
     assert energies and all(math.isfinite(e) and e > 0 for e in energies)
     assert all(0.0 <= g.msg.data <= 1.0 for g in ros_client.got("/robot1/plan/gripper"))
@@ -121,6 +149,7 @@ def test_world_model_session_plans_toward_a_goal_and_drops_bad_input(procs, star
 
     whole = json.loads(summary_path.read_text())
     from mstar.engine.dtype_choice import resolve_dtype
+
     assert whole["dtype"] == resolve_dtype("auto").describe()  # decided by the Worker, with its reason
     summary = whole["robots"]["/robot1"]
     assert summary["plans"] >= 3 and summary["goals"] == 1 and summary["frames"] >= 5, summary
@@ -163,9 +192,12 @@ class WorldModelFeed:
         self._thread: threading.Thread | None = None
 
     def wait_for_node(self, procs) -> None:
-        self.client.wait_for(lambda: all(p.get_subscription_count() > 0
-                                         for p in (self.camera, self.pose, self.gripper, self.goal)),
-                             60, f"{self.ns}'s world-model subscriptions", procs)
+        self.client.wait_for(
+            lambda: all(p.get_subscription_count() > 0 for p in (self.camera, self.pose, self.gripper, self.goal)),
+            60,
+            f"{self.ns}'s world-model subscriptions",
+            procs,
+        )
 
     def image(self, stamp, size: int = SIZE, shade: int = 0):
         from sensor_msgs.msg import Image
@@ -175,8 +207,9 @@ class WorldModelFeed:
         msg.data = bytes((i + shade) % 256 for i in range(256)) * (size * size * 3 // 256)
         return msg
 
-    def send(self, *, ahead_s: float = 0.0, x: float = 0.5, grip: float = 0.2, size: int = SIZE,
-             settle_s: float = 0.0) -> None:
+    def send(
+        self, *, ahead_s: float = 0.0, x: float = 0.5, grip: float = 0.2, size: int = SIZE, settle_s: float = 0.0
+    ) -> None:
         """``settle_s``: the frame goes out that much after the pose and gripper (stamped then), so that they
         are surely in first (topics are not ordered with each other)."""
         from geometry_msgs.msg import PoseStamped
@@ -184,8 +217,11 @@ class WorldModelFeed:
         from sensor_msgs.msg import JointState
 
         now = self.client.node.get_clock().now()
-        stamp = (now + Duration(nanoseconds=int(ahead_s * 1e9))).to_msg() if ahead_s >= 0 else \
-            (now - Duration(nanoseconds=int(-ahead_s * 1e9))).to_msg()
+        stamp = (
+            (now + Duration(nanoseconds=int(ahead_s * 1e9))).to_msg()
+            if ahead_s >= 0
+            else (now - Duration(nanoseconds=int(-ahead_s * 1e9))).to_msg()
+        )
         pose = PoseStamped()
         pose.header.stamp = stamp
         pose.pose.position.x, pose.pose.position.z = x, 0.3
@@ -206,6 +242,7 @@ class WorldModelFeed:
                 change, self.next_set = self.next_set, {}
                 self.send(**change)
                 time.sleep(1.0 / hz)
+
         self._thread = threading.Thread(target=loop, daemon=True)
         self._thread.start()
         return self
@@ -245,26 +282,34 @@ def test_stamps_off_the_clock_and_values_out_of_bounds_are_refused_on_their_topi
 
     ros_client.subscribe(DiagnosticArray, "/diagnostics", depth=200)
     summary_path = tmp_path / "summary.json"
-    (spec,) = vjepa2_processes("/robot1", extra_arguments=["--duration", "120", "--summary-json", str(summary_path)],
-                               ros_arguments=["-p", "fps:=8.0", "-p", "plan_samples:=8", "-p", "plan_topk:=4"])
+    (spec,) = vjepa2_processes(
+        "/robot1",
+        extra_arguments=["--duration", "120", "--summary-json", str(summary_path)],
+        ros_arguments=["-p", "fps:=8.0", "-p", "plan_samples:=8", "-p", "plan_topk:=4"],
+    )
     node_set = procs(*spec.command(python=sys.executable))
     feed = WorldModelFeed(ros_client, "/robot1")
     feed.wait_for_node([node_set])
     feed.run(hz=8.0)
     try:
         ros_client.wait_for(lambda: _frames(ros_client, "/robot1") >= 2, 60, "2 frames", [node_set])
-        feed.once(ahead_s=1e6)                     # camera, pose and gripper stamped 11.6 days ahead
+        feed.once(ahead_s=1e6)  # camera, pose and gripper stamped 11.6 days ahead
         frozen_at = _frames(ros_client, "/robot1")
-        ros_client.wait_for(lambda: _frames(ros_client, "/robot1") >= frozen_at + 4, 20,
-                            "frames to go on after a set stamped 1e6 s ahead", [node_set])
-        feed.once(ahead_s=-100.0)                  # 100 s old
+        ros_client.wait_for(
+            lambda: _frames(ros_client, "/robot1") >= frozen_at + 4,
+            20,
+            "frames to go on after a set stamped 1e6 s ahead",
+            [node_set],
+        )
+        feed.once(ahead_s=-100.0)  # 100 s old
         for _ in range(3):
-            feed.once(x=1e300)                     # a pose far off any workspace (inf in float32)
+            feed.once(x=1e300)  # a pose far off any workspace (inf in float32)
             feed.once(grip=float("nan"))
-        feed.once(size=SIZE * 2)                   # the camera's size changed (image_height/width 0)
+        feed.once(size=SIZE * 2)  # the camera's size changed (image_height/width 0)
         frames = _frames(ros_client, "/robot1")
-        ros_client.wait_for(lambda: _frames(ros_client, "/robot1") >= frames + 3, 20, "frames after the bad input",
-                            [node_set])
+        ros_client.wait_for(
+            lambda: _frames(ros_client, "/robot1") >= frames + 3, 20, "frames after the bad input", [node_set]
+        )
     finally:
         feed.stop()
     assert node_set.interrupt() == 0, node_set.output
@@ -299,9 +344,11 @@ def test_a_flood_of_bad_frames_shuts_that_camera_and_the_other_robot_keeps_plann
     ros_client.subscribe(DiagnosticArray, "/diagnostics", depth=200)
     ros_client.subscribe(Float64, "/robot1/plan/energy", depth=200)
     summary_path = tmp_path / "summary.json"
-    (spec,) = vjepa2_processes("/robot1 /robot2", extra_arguments=["--duration", "120", "--summary-json",
-                                                                   str(summary_path)],
-                               ros_arguments=["-p", "plan_samples:=8", "-p", "plan_topk:=4"])
+    (spec,) = vjepa2_processes(
+        "/robot1 /robot2",
+        extra_arguments=["--duration", "120", "--summary-json", str(summary_path)],
+        ros_arguments=["-p", "plan_samples:=8", "-p", "plan_topk:=4"],
+    )
     node_set = procs(*spec.command(python=sys.executable))
     feeds = [WorldModelFeed(ros_client, ns) for ns in ("/robot1", "/robot2")]
     for feed in feeds:
@@ -312,15 +359,18 @@ def test_a_flood_of_bad_frames_shuts_that_camera_and_the_other_robot_keeps_plann
         ros_client.wait_for(lambda: _frames(ros_client, "/robot1") >= 1, 60, "robot 1's first frame", [node_set])
         time.sleep(0.5)
         feeds[0].goal.publish(feeds[0].image(ros_client.node.get_clock().now().to_msg(), shade=7))
-        ros_client.wait_for(lambda: len(ros_client.got("/robot1/plan/energy")) >= 2, 60, "robot 1's plans",
-                            [node_set])
+        ros_client.wait_for(lambda: len(ros_client.got("/robot1/plan/energy")) >= 2, 60, "robot 1's plans", [node_set])
         flooder.wait_for_subscriber(30)
         flooder.on.set()
         plans = len(ros_client.got("/robot1/plan/energy"))
         time.sleep(4.0)
         flooder.on.clear()
-        ros_client.wait_for(lambda: len(ros_client.got("/robot1/plan/energy")) >= plans + 3, 30,
-                            "robot 1 to plan on during robot 2's flood", [node_set])
+        ros_client.wait_for(
+            lambda: len(ros_client.got("/robot1/plan/energy")) >= plans + 3,
+            30,
+            "robot 1 to plan on during robot 2's flood",
+            [node_set],
+        )
     finally:
         flooder.close()
         for feed in feeds:
@@ -349,14 +399,28 @@ def test_the_seed_parameter_reproduces_a_plan(procs, ros_client, tmp_path):
     for ns in robots:
         ros_client.subscribe(Path, f"{ns}/plan/path", depth=20)
     params = tmp_path / "seeds.yaml"
-    params.write_text("".join(f"{ns}/world_model:\n  ros__parameters:\n    seed: {seed}\n"
-                              for ns, seed in zip(robots, (5, 5, 6))))
+    params.write_text(
+        "".join(f"{ns}/world_model:\n  ros__parameters:\n    seed: {seed}\n" for ns, seed in zip(robots, (5, 5, 6)))
+    )
     summary_path = tmp_path / "summary.json"
-    (spec,) = vjepa2_processes(" ".join(robots), extra_arguments=["--duration", "120", "--summary-json",
-                                                                  str(summary_path)],
-                               ros_arguments=["-p", "fps:=100.0", "-p", "plan_samples:=8", "-p", "plan_topk:=4",
-                                              "-p", "plan_iterations:=2", "-p", "max_pose_age_s:=2.0",
-                                              "--params-file", str(params)])
+    (spec,) = vjepa2_processes(
+        " ".join(robots),
+        extra_arguments=["--duration", "120", "--summary-json", str(summary_path)],
+        ros_arguments=[
+            "-p",
+            "fps:=100.0",
+            "-p",
+            "plan_samples:=8",
+            "-p",
+            "plan_topk:=4",
+            "-p",
+            "plan_iterations:=2",
+            "-p",
+            "max_pose_age_s:=2.0",
+            "--params-file",
+            str(params),
+        ],
+    )
     node_set = procs(*spec.command(python=sys.executable))
     feeds = [WorldModelFeed(ros_client, ns) for ns in robots]
     for feed in feeds:
@@ -375,8 +439,9 @@ def test_the_seed_parameter_reproduces_a_plan(procs, ros_client, tmp_path):
     ros_client.wait_for(lambda: every("goals", 1), 60, "each robot's goal", [node_set])
     for feed in feeds:  # the same second frame: each robot plans once from it
         feed.send(x=0.52, settle_s=0.5)
-    ros_client.wait_for(lambda: all(ros_client.got(f"{ns}/plan/path") for ns in robots), 60, "a plan per robot",
-                        [node_set])
+    ros_client.wait_for(
+        lambda: all(ros_client.got(f"{ns}/plan/path") for ns in robots), 60, "a plan per robot", [node_set]
+    )
     assert node_set.interrupt() == 0, node_set.output
 
     def plan(ns: str) -> list[float]:

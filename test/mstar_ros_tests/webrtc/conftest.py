@@ -1,4 +1,5 @@
 """Shared by the gateway tests: the tiny Orpheus and Qwen3-Omni speech models, loaded once; a microphone WAV."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,5 +1,6 @@
 """Each response format, encoded chunk by chunk as a response streams it, decodes back (PyAV) to the
 audio that went in: its duration, and for the lossless ones its samples."""
+
 from __future__ import annotations
 
 import io
@@ -45,7 +46,7 @@ def test_a_streamed_file_decodes_to_the_duration_that_went_in(fmt):
     got_s, want_s = len(samples) / rate, len(pcm) / RATE
     assert want_s <= got_s + 1e-9 and got_s - want_s <= SLACK[fmt] / RATE + 1e-9, (fmt, got_s, want_s)
     if fmt in ("pcm", "wav", "flac"):  # lossless: the very samples
-        assert np.array_equal(samples[:len(pcm)], pcm)
+        assert np.array_equal(samples[: len(pcm)], pcm)
 
 
 def test_wav_streams_an_open_ended_header_and_a_whole_clip_gets_its_real_sizes():

@@ -1,5 +1,6 @@
 """The VAD's turn handed out while it is said (SpeechDetector.fresh_turn_audio): whatever the speech
 probabilities do, what was handed out plus the stop's tail is exactly the stop's turn audio."""
+
 from __future__ import annotations
 
 import av
@@ -27,16 +28,19 @@ def frames(samples: np.ndarray, size: int = 320):
     """16 kHz s16 mono frames of ``size`` samples (a microphone's 20 ms)."""
     pcm = (samples * 32767).astype(np.int16)
     for at in range(0, len(pcm) - size + 1, size):
-        frame = av.AudioFrame.from_ndarray(pcm[None, at:at + size], format="s16", layout="mono")
+        frame = av.AudioFrame.from_ndarray(pcm[None, at : at + size], format="s16", layout="mono")
         frame.sample_rate = 16000
         yield frame
 
 
-@pytest.mark.parametrize("script", [
-    [0.0] * 5 + [0.9] * 30 + [0.0] * 40,                                       # speech, then silence
-    [0.0] * 5 + [0.9] * 10 + [0.1] + [0.4] * 40 + [0.0] * 40,                 # a pause that hovers (no reset)
-    [0.0] * 5 + [0.9] * 10 + [0.1] * 8 + [0.9] * 10 + [0.0] * 40,             # a pause, then speech again
-])
+@pytest.mark.parametrize(
+    "script",
+    [
+        [0.0] * 5 + [0.9] * 30 + [0.0] * 40,  # speech, then silence
+        [0.0] * 5 + [0.9] * 10 + [0.1] + [0.4] * 40 + [0.0] * 40,  # a pause that hovers (no reset)
+        [0.0] * 5 + [0.9] * 10 + [0.1] * 8 + [0.9] * 10 + [0.0] * 40,  # a pause, then speech again
+    ],
+)
 def test_what_is_handed_out_is_exactly_the_turn(script):
     detector = SpeechDetector(silence_duration_ms=500)
     detector._vad.model = Scripted(script)

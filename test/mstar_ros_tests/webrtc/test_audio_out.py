@@ -1,5 +1,6 @@
 """The peer's outbound track (PacedAudioTrack): 24 kHz chunks come out as 20 ms Opus packets a real
 libopus decoder turns back into the audio; idle frames are the shared packet of digital silence."""
+
 from __future__ import annotations
 
 import asyncio
@@ -45,19 +46,19 @@ def test_a_tone_comes_back_through_opus_and_idle_frames_are_the_silent_packet():
     # the tone's frames and the FLUSH_FRAMES after them went through the peer's encoder; then the silent packet
     silent = silent_packet()
     assert all(bytes(p) != silent for p in packets[:audio_frames])
-    assert all(bytes(p) == silent for p in packets[audio_frames + FLUSH_FRAMES:])
+    assert all(bytes(p) == silent for p in packets[audio_frames + FLUSH_FRAMES :])
 
     codec = decoder()
     decoded = [decode(codec, p) for p in packets]
     assert all(len(d) == FRAME_SAMPLES for d in decoded)
-    heard = np.concatenate(decoded[2:audio_frames - 1])  # past the encoder's fade-in
+    heard = np.concatenate(decoded[2 : audio_frames - 1])  # past the encoder's fade-in
     spectrum = np.abs(np.fft.rfft(heard * np.hanning(len(heard))))
     peak_hz = np.argmax(spectrum) * RATE / len(heard)
     assert abs(peak_hz - tone_hz) < 5, peak_hz
-    rms = float(np.sqrt(np.mean(heard ** 2)))
+    rms = float(np.sqrt(np.mean(heard**2)))
     assert abs(rms - 0.5 / np.sqrt(2)) < 0.05, rms  # Opus at 64 kb/s keeps a tone's level
     # digital silence decodes to exact zeros once the encoder's tail is out: the peers' "loud" test relies on it
-    assert all(not np.any(d) for d in decoded[audio_frames + FLUSH_FRAMES:])
+    assert all(not np.any(d) for d in decoded[audio_frames + FLUSH_FRAMES :])
 
 
 def test_an_idle_track_sends_only_the_silent_packet_and_clear_drops_the_queue():

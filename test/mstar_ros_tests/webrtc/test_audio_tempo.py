@@ -1,4 +1,5 @@
 """``speed``: the same speech in 1/speed of the time, streamed chunk by chunk, its pitch kept."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -26,7 +27,7 @@ def test_the_duration_scales_by_one_over_speed_and_the_pitch_stays(speed):
     out = np.concatenate([stretch.push(chunk) for chunk in np.array_split(pcm, 7)] + [stretch.finish()])
     want = len(pcm) / speed
     assert abs(len(out) - want) <= 0.03 * want, (speed, len(out), want)
-    assert abs(pitch(out[len(out) // 4: 3 * len(out) // 4]) - 220.0) < 5.0
+    assert abs(pitch(out[len(out) // 4 : 3 * len(out) // 4]) - 220.0) < 5.0
 
 
 def test_factors_stay_within_what_one_atempo_blends():

@@ -1,5 +1,6 @@
 """A real headless Chromium (Debian's, driven by playwright) on the gateway's page: it connects, speaks a
 typed text, hears the audio (inbound RTP and an AnalyserNode level), gets the events, and interrupts."""
+
 from __future__ import annotations
 
 import asyncio
@@ -12,15 +13,13 @@ from support.webrtc_gateway import gateway_for
 pytestmark = pytest.mark.browser
 
 
-
-
-
 async def _open(browser, url: str):
     page = await browser.new_page()
     await page.goto(url)
     await page.click("#connect")
-    await page.wait_for_function("window.mstarVoice.channel && window.mstarVoice.channel.readyState === 'open'",
-                                 timeout=30000)
+    await page.wait_for_function(
+        "window.mstarVoice.channel && window.mstarVoice.channel.readyState === 'open'", timeout=30000
+    )
     return page
 
 
@@ -48,11 +47,14 @@ def test_two_browsers_hear_their_responses_and_one_interrupts(orpheus):
                 await two.wait_for_function("window.mstarVoice.maxLevel > 0.001", timeout=60000)
                 await two.click("#interrupt")
                 await two.wait_for_function(
-                    "window.mstarVoice.events.some(e => e.type === 'response.done')", timeout=20000)
+                    "window.mstarVoice.events.some(e => e.type === 'response.done')", timeout=20000
+                )
                 done_two = await two.evaluate(
-                    "window.mstarVoice.events.filter(e => e.type === 'response.done')[0].response.status")
+                    "window.mstarVoice.events.filter(e => e.type === 'response.done')[0].response.status"
+                )
                 await one.wait_for_function(  # the whole answer heard: after response.done
-                    "window.mstarVoice.events.some(e => e.type === 'output_audio_buffer.stopped')", timeout=120000)
+                    "window.mstarVoice.events.some(e => e.type === 'output_audio_buffer.stopped')", timeout=120000
+                )
                 stats_one = await one.evaluate("window.mstarInboundStats()")
                 level_one = await one.evaluate("window.mstarVoice.maxLevel")
                 ttfa = await one.evaluate("window.mstarVoice.ttfaMs")
@@ -64,16 +66,20 @@ def test_two_browsers_hear_their_responses_and_one_interrupts(orpheus):
                 after = await two.evaluate("window.mstarInboundStats()")
                 types_one = await _types(one)
                 await browser.close()
-                return (stats_one, level_one, ttfa, transcript, types_one, done_two, blocks, idle_blocks,
-                        before, after)
+                return (stats_one, level_one, ttfa, transcript, types_one, done_two, blocks, idle_blocks, before, after)
 
     stats_one, level, ttfa, transcript, types, done_two, blocks, idle_blocks, before, after = asyncio.run(main())
     assert stats_one["packetsReceived"] > 50 and stats_one["totalSamplesReceived"] > 48000 * 0.5, stats_one
     assert level > 0.01  # an AnalyserNode heard the (random-weight) speech, not silence
     assert ttfa is not None and ttfa > 0
     assert transcript == "Hello from the first browser."
-    assert types[:5] == ["session.created", "response.created", "response.output_item.added",
-                         "conversation.item.created", "response.content_part.added"], types
+    assert types[:5] == [
+        "session.created",
+        "response.created",
+        "response.output_item.added",
+        "conversation.item.created",
+        "response.content_part.added",
+    ], types
     assert types.index("response.done") < types.index("output_audio_buffer.stopped"), types
     assert done_two == "cancelled" and blocks == idle_blocks
     assert after["packetsReceived"] > before["packetsReceived"]  # the track goes on (silence), paced
@@ -108,7 +114,9 @@ def test_a_fake_microphone_speaking_over_the_response_interrupts_it(orpheus, tmp
                 await page.click("#speak")
                 await page.wait_for_function(
                     "window.mstarVoice.events.some(e => e.type === 'input_audio_buffer.speech_started') && "
-                    "window.mstarVoice.events.some(e => e.type === 'response.done')", timeout=60000)
+                    "window.mstarVoice.events.some(e => e.type === 'response.done')",
+                    timeout=60000,
+                )
                 events = await page.evaluate("window.mstarVoice.events")
                 await asyncio.sleep(0.3)
                 await browser.close()

@@ -1,5 +1,6 @@
 """The gateway's page in Debian's Firefox ESR (driven over WebDriver BiDi): it connects with its
 (fake) microphone on, speaks a typed text, hears the audio, gets the events, and interrupts."""
+
 from __future__ import annotations
 
 import asyncio
@@ -24,25 +25,33 @@ def test_firefox_hears_a_response_and_interrupts_the_next(orpheus):
                 await page.evaluate("document.querySelector('#mic').checked = true")
                 await page.click("#connect")
                 await page.wait_for_function(
-                    "window.mstarVoice.channel && window.mstarVoice.channel.readyState === 'open'", 30)
+                    "window.mstarVoice.channel && window.mstarVoice.channel.readyState === 'open'", 30
+                )
                 peers = len(gateway.peers)
                 await page.fill("#text", "Hello from Firefox.")
                 await page.click("#speak")
                 await page.wait_for_function(  # the whole answer heard: after response.done
-                    "window.mstarVoice.events.some(e => e.type === 'output_audio_buffer.stopped')", 120)
+                    "window.mstarVoice.events.some(e => e.type === 'output_audio_buffer.stopped')", 120
+                )
                 stats = await page.evaluate("window.mstarInboundStats()")
                 level = await page.evaluate("window.mstarVoice.maxLevel")
                 ttfa = await page.evaluate("window.mstarVoice.ttfaMs")
-                transcript = await page.evaluate("document.querySelector('#conversation .turn.assistant .text').textContent")
+                transcript = await page.evaluate(
+                    "document.querySelector('#conversation .turn.assistant .text').textContent"
+                )
                 state = await page.evaluate("document.querySelector('#state').textContent")
                 # a long second answer, interrupted as soon as it plays
                 await page.fill("#text", "A much longer sentence that Firefox interrupts. " * 4)
                 await page.click("#speak")
-                await page.wait_for_function("window.mstarVoice.events.filter("
-                                             "e => e.type === 'response.output_audio_transcript.delta').length >= 2", 60)
+                await page.wait_for_function(
+                    "window.mstarVoice.events.filter("
+                    "e => e.type === 'response.output_audio_transcript.delta').length >= 2",
+                    60,
+                )
                 await page.click("#interrupt")
                 await page.wait_for_function(
-                    "window.mstarVoice.events.filter(e => e.type === 'response.done').length >= 2", 20)
+                    "window.mstarVoice.events.filter(e => e.type === 'response.done').length >= 2", 20
+                )
                 events = await page.evaluate("window.mstarVoice.events")
                 await asyncio.sleep(0.5)
                 return peers, stats, level, ttfa, transcript, state, events, c.kv_blocks_used(), idle_blocks
@@ -54,8 +63,13 @@ def test_firefox_hears_a_response_and_interrupts_the_next(orpheus):
     assert ttfa is not None and ttfa > 0
     assert transcript == "Hello from Firefox.", transcript
     types = [e["type"] for e in events]
-    assert types[:5] == ["session.created", "response.created", "response.output_item.added",
-                         "conversation.item.created", "response.content_part.added"], types
+    assert types[:5] == [
+        "session.created",
+        "response.created",
+        "response.output_item.added",
+        "conversation.item.created",
+        "response.content_part.added",
+    ], types
     assert types.index("response.done") < types.index("output_audio_buffer.stopped"), types
     done = [e["response"]["status"] for e in events if e["type"] == "response.done"]
     assert done == ["completed", "cancelled"], done

@@ -7,6 +7,7 @@ message, a typed message answered with its transcript folded into one log line, 
 segment and its time to first audio. Failed connections: no loopback in the browser, a full server, no token,
 no network path.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -21,8 +22,10 @@ from support.webrtc_gateway import gateway_for
 
 pytestmark = pytest.mark.browser
 
-CONNECTED = ("window.mstarVoice.phase === 'connected' && window.mstarVoice.channel "
-             "&& window.mstarVoice.channel.readyState === 'open'")
+CONNECTED = (
+    "window.mstarVoice.phase === 'connected' && window.mstarVoice.channel "
+    "&& window.mstarVoice.channel.readyState === 'open'"
+)
 
 
 @pytest.fixture(scope="module")
@@ -37,8 +40,10 @@ async def shot(page, screens, name: str) -> None:
 
 
 def done_with(status: str, nth: int = 1) -> str:
-    return (f"window.mstarVoice.events.filter(e => e.type === 'response.done' && e.response.status === '{status}')"
-            f".length >= {nth}")
+    return (
+        f"window.mstarVoice.events.filter(e => e.type === 'response.done' && e.response.status === '{status}')"
+        f".length >= {nth}"
+    )
 
 
 async def replies(page) -> list[dict]:
@@ -75,28 +80,40 @@ def test_the_page_through_its_states_with_orpheus(orpheus, screens):
                 await page.wait_for_function("!document.getElementById('connect').disabled")
                 await page.wait_for_function("document.getElementById('model').textContent !== '-'")
                 out["idle"] = {
-                    "state": await page.inner_text("#state"), "model": await page.inner_text("#model"),
+                    "state": await page.inner_text("#state"),
+                    "model": await page.inner_text("#model"),
                     "log_open": await page.evaluate("document.getElementById('events').open"),
-                    "disconnect": await page.is_disabled("#disconnect"), "speak": await page.is_disabled("#speak"),
-                    "label": await page.inner_text("#text-label"), "button": await page.inner_text("#speak"),
-                    "ttfa": await page.inner_text("#ttfa"), "weights": await page.is_visible("#weights")}
+                    "disconnect": await page.is_disabled("#disconnect"),
+                    "speak": await page.is_disabled("#speak"),
+                    "label": await page.inner_text("#text-label"),
+                    "button": await page.inner_text("#speak"),
+                    "ttfa": await page.inner_text("#ttfa"),
+                    "weights": await page.is_visible("#weights"),
+                }
                 await shot(page, screens, "1-disconnected")
 
                 # two clicks at once: one peer (the button is disabled by the first)
                 await page.evaluate("const b = document.getElementById('connect'); b.click(); b.click();")
                 await page.wait_for_function(CONNECTED, timeout=30000)
-                out["connected"] = {"peers": len(gateway.peers), "state": await page.inner_text("#state"),
-                                    "connect": await page.is_disabled("#connect"),
-                                    "mic": await page.inner_text("#micstate"),
-                                    "weights": await page.is_visible("#weights")}
+                out["connected"] = {
+                    "peers": len(gateway.peers),
+                    "state": await page.inner_text("#state"),
+                    "connect": await page.is_disabled("#connect"),
+                    "mic": await page.inner_text("#micstate"),
+                    "weights": await page.is_visible("#weights"),
+                }
                 await shot(page, screens, "2-connected")
 
                 await page.fill("#text", "Hello from the page.")
                 await page.press("#text", "Enter")  # Enter sends
                 await page.wait_for_function(done_with("completed"), timeout=120000)
                 await page.wait_for_function("window.mstarVoice.ttfas.length >= 1", timeout=10000)
-                out["typed"] = {"turns": await replies(page), "ttfa": await page.inner_text("#ttfa"),
-                                "ttfas": await page.evaluate("window.mstarVoice.ttfas"), "log": await log_lines(page)}
+                out["typed"] = {
+                    "turns": await replies(page),
+                    "ttfa": await page.inner_text("#ttfa"),
+                    "ttfas": await page.evaluate("window.mstarVoice.ttfas"),
+                    "log": await log_lines(page),
+                }
                 await shot(page, screens, "3-typed-turn-answered")
 
                 await page.fill("#text", "A much longer sentence that the user cuts off halfway through. " * 4)
@@ -109,22 +126,28 @@ def test_the_page_through_its_states_with_orpheus(orpheus, screens):
 
                 await page.click("#disconnect")
                 await until(lambda: not gateway.peers, "Disconnect frees the server's slot")
-                out["disconnected"] = {"state": await page.inner_text("#state"),
-                                       "connect": await page.is_enabled("#connect"),
-                                       "notice": await page.is_visible("#notice")}
+                out["disconnected"] = {
+                    "state": await page.inner_text("#state"),
+                    "connect": await page.is_enabled("#connect"),
+                    "notice": await page.is_visible("#notice"),
+                }
 
                 await page.click("#connect")
                 await page.wait_for_function(CONNECTED, timeout=30000)
                 # the server drops the peer as it does when ICE consent expires (its connection "failed")
                 await gateway._drop(next(iter(gateway.peers)))
                 await page.wait_for_function("window.mstarVoice.phase === 'failed'", timeout=20000)
-                out["dropped"] = {"notice": await page.inner_text("#notice"), "connect": await page.is_enabled("#connect"),
-                                  "state": await page.inner_text("#state")}
+                out["dropped"] = {
+                    "notice": await page.inner_text("#notice"),
+                    "connect": await page.is_enabled("#connect"),
+                    "state": await page.inner_text("#state"),
+                }
                 await shot(page, screens, "5-dropped-by-the-server")
 
                 await page.set_viewport_size({"width": 390, "height": 844})
                 out["phone_overflow"] = await page.evaluate(
-                    "document.documentElement.scrollWidth - document.documentElement.clientWidth")
+                    "document.documentElement.scrollWidth - document.documentElement.clientWidth"
+                )
                 await shot(page, screens, "6-phone-width")
                 await browser.close()
         return out
@@ -135,7 +158,12 @@ def test_the_page_through_its_states_with_orpheus(orpheus, screens):
     assert idle["log_open"] is False and idle["disconnect"] and idle["speak"]
     assert (idle["label"], idle["button"]) == ("Text to speak", "Speak")
     connected = out["connected"]
-    assert (connected["peers"], connected["state"], connected["connect"], connected["mic"]) == (1, "connected", True, "off")
+    assert (connected["peers"], connected["state"], connected["connect"], connected["mic"]) == (
+        1,
+        "connected",
+        True,
+        "off",
+    )
 
     turns = out["typed"]["turns"]
     assert [(t["role"], t["kind"]) for t in turns] == [("user", "typed"), ("assistant", None)]
@@ -180,8 +208,11 @@ def test_failed_connections_say_why_and_what_to_try(orpheus, screens):
                     await page.goto(page_url)
                     await page.click("#connect")
                     await page.wait_for_function("window.mstarVoice.phase === 'failed'", timeout=20000)
-                    return {"page": page, "notice": await page.inner_text("#notice"),
-                            "state": await page.inner_text("#state")}
+                    return {
+                        "page": page,
+                        "notice": await page.inner_text("#notice"),
+                        "state": await page.inner_text("#state"),
+                    }
 
                 out["no_token"] = await refused(url + "/")
                 out["full"] = await refused(url + "/#token=s3cret")
@@ -190,14 +221,18 @@ def test_failed_connections_say_why_and_what_to_try(orpheus, screens):
                 await until(lambda: not gateway.peers, "the first page's slot")
 
                 # a browser that leaves loopback out of ICE (a stock Chromium) never connects to 127.0.0.1
-                stock = await pw.chromium.launch(executable_path=CHROMIUM, headless=True,
-                                                 args=[a for a in ARGS if "loopback" not in a])
+                stock = await pw.chromium.launch(
+                    executable_path=CHROMIUM, headless=True, args=[a for a in ARGS if "loopback" not in a]
+                )
                 page = await stock.new_page()
                 await page.goto(url + "/#token=s3cret")
                 await page.click("#connect")
                 await page.wait_for_function("window.mstarVoice.phase === 'failed'", timeout=20000)
-                out["no_loopback"] = {"notice": await page.inner_text("#notice"), "state": await page.inner_text("#state"),
-                                      "connect": await page.is_enabled("#connect")}
+                out["no_loopback"] = {
+                    "notice": await page.inner_text("#notice"),
+                    "state": await page.inner_text("#state"),
+                    "connect": await page.is_enabled("#connect"),
+                }
                 await shot(page, screens, "8-failed-connection-no-loopback")
                 await until(lambda: not gateway.peers, "the unconnected peer's slot")
                 await stock.close()
@@ -253,27 +288,40 @@ def test_a_model_that_answers_a_typed_message_and_a_spoken_turn(qwen3_omni, spee
                 await page.goto(url)
                 await page.click("#connect")
                 await page.wait_for_function(CONNECTED, timeout=30000)
-                await page.evaluate("window.mstarVoice.channel.send(JSON.stringify({type: 'session.update', "
-                                    "session: {max_output_tokens: 25, seed: 5}}))")
-                out["box"] = {"label": await page.inner_text("#text-label"),
-                              "placeholder": await page.get_attribute("#text", "placeholder"),
-                              "value": await page.input_value("#text"), "button": await page.inner_text("#speak"),
-                              "images": await page.is_visible("#imagebox")}
+                await page.evaluate(
+                    "window.mstarVoice.channel.send(JSON.stringify({type: 'session.update', "
+                    "session: {max_output_tokens: 25, seed: 5}}))"
+                )
+                out["box"] = {
+                    "label": await page.inner_text("#text-label"),
+                    "placeholder": await page.get_attribute("#text", "placeholder"),
+                    "value": await page.input_value("#text"),
+                    "button": await page.inner_text("#speak"),
+                    "images": await page.is_visible("#imagebox"),
+                }
                 await page.fill("#text", "Hello, who are you?")
                 await page.click("#speak")
                 await page.wait_for_function(done_with("completed"), timeout=120000)
-                out["typed"] = {"turns": await replies(page), "log": await log_lines(page),
-                                "events": await page.evaluate("window.mstarVoice.events")}
+                out["typed"] = {
+                    "turns": await replies(page),
+                    "log": await log_lines(page),
+                    "events": await page.evaluate("window.mstarVoice.events"),
+                }
                 await browser.close()
 
                 browser, page = await open_with_microphone(pw, url, mic)
-                await page.evaluate("window.mstarVoice.channel.send(JSON.stringify({type: 'session.update', "
-                                    "session: {max_output_tokens: 25, seed: 5}}))")
+                await page.evaluate(
+                    "window.mstarVoice.channel.send(JSON.stringify({type: 'session.update', "
+                    "session: {max_output_tokens: 25, seed: 5}}))"
+                )
                 await page.wait_for_function("window.mstarVoice.ttfas.some(t => t.kind === 'spoken')", timeout=120000)
                 await page.wait_for_function(done_with("completed"), timeout=60000)
-                out["spoken"] = {"turns": await replies(page), "ttfa": await page.inner_text("#ttfa"),
-                                 "mic": await page.inner_text("#micstate"),
-                                 "ttfas": await page.evaluate("window.mstarVoice.ttfas")}
+                out["spoken"] = {
+                    "turns": await replies(page),
+                    "ttfa": await page.inner_text("#ttfa"),
+                    "mic": await page.inner_text("#micstate"),
+                    "ttfas": await page.evaluate("window.mstarVoice.ttfas"),
+                }
                 await shot(page, screens, "9-spoken-turn-answered")
                 await browser.close()
         return out
@@ -295,7 +343,9 @@ def test_a_model_that_answers_a_typed_message_and_a_spoken_turn(qwen3_omni, spee
 
     spoken = out["spoken"]
     said = next(t for t in spoken["turns"] if t["kind"] == "spoken")
-    assert said["status"] == "spoken" and re.search(r"spoken: \d+\.\d\d\u2013\d+\.\d\d s of the microphone", said["text"])
+    assert said["status"] == "spoken" and re.search(
+        r"spoken: \d+\.\d\d\u2013\d+\.\d\d s of the microphone", said["text"]
+    )
     assert "of audio sent to the model" in said["meta"]
     answered = [t for t in spoken["turns"] if t["role"] == "assistant" and t["status"] == "completed"]
     assert answered and re.fullmatch(r"first audio \d+ ms after the end of your turn was detected", answered[0]["meta"])
@@ -319,8 +369,10 @@ def test_speech_over_a_reply_cuts_it_off_and_shows_the_spoken_turn(orpheus, spee
                 await page.fill("#text", "A long answer that the user talks over before it is done. " * 5)
                 await page.click("#speak")
                 await page.wait_for_function(done_with("cancelled"), timeout=60000)
-                await page.wait_for_function("[...document.querySelectorAll('.turn.user')].some("
-                                             "t => t.dataset.status === 'spoken')", timeout=30000)
+                await page.wait_for_function(
+                    "[...document.querySelectorAll('.turn.user')].some(t => t.dataset.status === 'spoken')",
+                    timeout=30000,
+                )
                 out = {"turns": await replies(page), "mic": await page.inner_text("#micstate")}
                 await shot(page, screens, "10-spoken-over-a-reply")
                 await browser.close()

@@ -1,4 +1,5 @@
 """The budget requests share (bodies' bytes, images' pixels): arrival order, waiting, refusing, giving back."""
+
 from __future__ import annotations
 
 import asyncio

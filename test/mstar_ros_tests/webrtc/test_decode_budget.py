@@ -1,4 +1,5 @@
 """The pixels being decoded at once are bounded across every request of the gateway (chat completions here)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -19,8 +20,15 @@ def image_body(side: int) -> dict:
     buf = io.BytesIO()
     PIL.Image.new("RGB", (side, side), (90, 120, 30)).save(buf, format="PNG")
     url = "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
-    return {"max_tokens": 2, "messages": [{"role": "user", "content": [
-        {"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "what is it"}]}]}
+    return {
+        "max_tokens": 2,
+        "messages": [
+            {
+                "role": "user",
+                "content": [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "what is it"}],
+            }
+        ],
+    }
 
 
 def test_images_wait_for_the_shared_decoding_budget_and_one_over_it_is_refused(qwen3_omni):
@@ -32,6 +40,7 @@ def test_images_wait_for_the_shared_decoding_budget_and_one_over_it_is_refused(q
             out = {}
             try:
                 async with ClientSession() as http:
+
                     async def post(side: int) -> tuple[int, str]:
                         async with http.post(f"{url}/v1/chat/completions", json=image_body(side)) as r:
                             return r.status, (await r.json()).get("error", {}).get("message", "")

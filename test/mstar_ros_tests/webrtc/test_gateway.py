@@ -1,4 +1,5 @@
 """The voice gateway with real aiortc peers on loopback: signalling, audio out, events, barge-in, limits."""
+
 from __future__ import annotations
 
 import asyncio
@@ -38,9 +39,13 @@ def test_a_peer_hears_the_response_and_gets_its_events_then_barges_in(orpheus):
                     peer = gateway.peers[answer["pc_id"]]
                     # barge-in: a long response, cancelled once audio flows
                     client.send(type="response.create", text="This is a long sentence that goes on " * 6)
-                    await client.until(lambda: peer.track.frames_with_audio > heard + 5, 60, "the second response's audio")
+                    await client.until(
+                        lambda: peer.track.frames_with_audio > heard + 5, 60, "the second response's audio"
+                    )
                     client.send(type="response.cancel")
-                    await client.until(lambda: client.types().count("response.done") == 2, 10, "the cancelled response.done")
+                    await client.until(
+                        lambda: client.types().count("response.done") == 2, 10, "the cancelled response.done"
+                    )
                     await asyncio.sleep(0.2)
                     after_cancel = peer.track.frames_with_audio
                     await asyncio.sleep(0.3)
@@ -58,12 +63,21 @@ def test_a_peer_hears_the_response_and_gets_its_events_then_barges_in(orpheus):
     first = types.index("response.done")
     # OpenAI's order: the response, its item and part, the audio starting, the deltas, the done events; the
     # audio buffer stops once the peer has heard it all, after response.done
-    assert types[:first + 2] == ["session.created", "response.created", "response.output_item.added",
-                                 "conversation.item.created", "response.content_part.added",
-                                 "response.output_audio_transcript.delta", "output_audio_buffer.started",
-                                 "response.output_audio.done", "response.output_audio_transcript.done",
-                                 "response.content_part.done", "response.output_item.done", "response.done",
-                                 "output_audio_buffer.stopped"], types
+    assert types[: first + 2] == [
+        "session.created",
+        "response.created",
+        "response.output_item.added",
+        "conversation.item.created",
+        "response.content_part.added",
+        "response.output_audio_transcript.delta",
+        "output_audio_buffer.started",
+        "response.output_audio.done",
+        "response.output_audio_transcript.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.done",
+        "output_audio_buffer.stopped",
+    ], types
     assert events[first]["response"]["status"] == "completed"
     assert heard > 10  # tens of 20 ms frames of (random-weight) audio reached the peer, decoded from Opus
     done = [e for e in events if e["type"] == "response.done"]
@@ -71,7 +85,9 @@ def test_a_peer_hears_the_response_and_gets_its_events_then_barges_in(orpheus):
     assert later == after_cancel  # no audio after the cancel: queued audio dropped
     second = [e for e in events if e.get("response_id") == done[1]["response"]["id"]]
     assert [e["type"] for e in second if e["type"].startswith("output_audio_buffer")] == [
-        "output_audio_buffer.started", "output_audio_buffer.cleared"]
+        "output_audio_buffer.started",
+        "output_audio_buffer.cleared",
+    ]
     assert blocks == idle_blocks  # the cancelled request's KV was freed
     assert "unknown event type 'bogus.event'" in events[-1]["error"]["message"]
     assert events[-1]["error"]["param"] == "type" and events[-1]["error"]["type"] == "invalid_request_error"
@@ -91,8 +107,15 @@ def test_session_update_sets_the_sampling_and_length_of_later_responses(orpheus)
                 peer = gateway.peers[answer["pc_id"]]
                 client.send(type="session.update", session={"top_p": 2.0})
                 await client.until(lambda: "error" in client.types(), 5, "the refusal")
-                client.send(type="session.update", session={"max_output_tokens": 49, "seed": 5, "temperature": 0.5,
-                                                            "turn_detection": {"silence_duration_ms": 700}})
+                client.send(
+                    type="session.update",
+                    session={
+                        "max_output_tokens": 49,
+                        "seed": 5,
+                        "temperature": 0.5,
+                        "turn_detection": {"silence_duration_ms": 700},
+                    },
+                )
                 await client.until(lambda: "session.updated" in client.types(), 5, "session.updated")
                 audio = []
                 for _ in range(2):  # same seed, same sampling: the same audio, at most 49 tokens of it
@@ -103,7 +126,7 @@ def test_session_update_sets_the_sampling_and_length_of_later_responses(orpheus)
                 client.send(type="response.create", response={"instructions": "Shorter.", "max_output_tokens": 14})
                 await client.until(lambda: client.types().count("response.done") == 3, 60, "response.done")
                 audio.append(peer.timings[-1].audio_s)
-                client.send(type="response.create", response={"instructions": "Too long.", "max_output_tokens": 10 ** 6})
+                client.send(type="response.create", response={"instructions": "Too long.", "max_output_tokens": 10**6})
                 await client.until(lambda: client.types().count("error") == 2, 5, "the refusal")
                 return client.events, audio
             finally:
@@ -141,14 +164,17 @@ def test_signalling_refuses_garbage_oversized_unauthorised_and_too_many_peers(or
                     for route in ("/offer", "/v1/audio/speech"):  # msgspec and json recurse as deep as the input
                         async with http.post(f"{url}{route}", data=b'{"input": "hi", "x": ' + b"[" * 3000) as r:
                             out[f"nested {route}"] = r.status
-                    out["chunked"] = await raw_status(url, b"POST /offer HTTP/1.1\r\nHost: x\r\n"
-                                                           b"Transfer-Encoding: chunked\r\n\r\n", chunks=15 * 16)
+                    out["chunked"] = await raw_status(
+                        url, b"POST /offer HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n", chunks=15 * 16
+                    )
                     assert not gateway.peers  # a refused offer leaves no peer behind
                     await client.connect(http, url)
                     second = RTCPeerConnection(RTCConfiguration(iceServers=[]))
                     second.createDataChannel("x")
                     await second.setLocalDescription(await second.createOffer())
-                    async with http.post(f"{url}/offer", json={"sdp": second.localDescription.sdp, "type": "offer"}) as r:
+                    async with http.post(
+                        f"{url}/offer", json={"sdp": second.localDescription.sdp, "type": "offer"}
+                    ) as r:
                         out["full"] = (r.status, await r.text())
                     await second.close()
             finally:
@@ -166,8 +192,9 @@ def test_signalling_refuses_garbage_oversized_unauthorised_and_too_many_peers(or
                         out["lower_case"] = r.status
                     async with http.post(f"{url}/offer", json={}, headers={"Authorization": "s3cret"}) as r:
                         out["no_scheme"] = r.status
-                out["latin1"] = await raw_status(url, b"GET /v1/models HTTP/1.1\r\nHost: x\r\n"
-                                                      b"Authorization: Bearer s3cr\xe9t\r\n\r\n")
+                out["latin1"] = await raw_status(
+                    url, b"GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer s3cr\xe9t\r\n\r\n"
+                )
             finally:
                 await runner.cleanup()
             return out
@@ -212,19 +239,25 @@ def test_offers_that_never_connect_give_their_slots_to_newer_offers_and_go_after
     """A client that posts offers and never does ICE holds a slot only until a newer offer needs it (the oldest
     pending one goes: per address, in all, or when the house is full) and for ``connect_timeout_s`` at most: a
     burst of them cannot lock a real peer out."""
+
     async def main():
         async with Conductor(orpheus.graph(), orpheus.modules()) as c:
-            gateway = VoiceGateway(orpheus, c, limits=GatewayLimits(max_peers=3, max_pending_peers=2,
-                                                                    max_pending_per_client=2, connect_timeout_s=1.5))
+            gateway = VoiceGateway(
+                orpheus,
+                c,
+                limits=GatewayLimits(max_peers=3, max_pending_peers=2, max_pending_per_client=2, connect_timeout_s=1.5),
+            )
             runner, url = await serve_gateway(gateway)
             out = {}
             try:
                 async with ClientSession() as http:
+
                     async def ghost() -> tuple[int, str]:
                         client = GatewayClient(keep_samples=False)
                         await client.pc.setLocalDescription(await client.pc.createOffer())
-                        async with http.post(f"{url}/offer", json={"sdp": client.pc.localDescription.sdp,
-                                                                    "type": "offer"}) as r:
+                        async with http.post(
+                            f"{url}/offer", json={"sdp": client.pc.localDescription.sdp, "type": "offer"}
+                        ) as r:
                             answer = (r.status, await r.json() if r.status == 200 else await r.text())
                         await client.close()  # never does ICE with the answer
                         return answer
@@ -274,8 +307,26 @@ def test_v1_audio_speech_streams_the_same_audio_as_mstar_ros_tts(orpheus, tmp_pa
 
     text, seed = "Streaming speech, chunk by chunk.", 7
     out = tmp_path / "tts.wav"
-    run = subprocess.run([sys.executable, "-m", "mstar_ros.cli", "-q", "tts", "--text", text, "--out", str(out),
-                          "--seed", str(seed), "--max-tokens", "280"], capture_output=True, text=True, timeout=300)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mstar_ros.cli",
+            "-q",
+            "tts",
+            "--text",
+            text,
+            "--out",
+            str(out),
+            "--seed",
+            str(seed),
+            "--max-tokens",
+            "280",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert run.returncode == 0, run.stderr[-2000:]
     with wave.open(str(out)) as w:
         reference = w.readframes(w.getnframes())
@@ -291,20 +342,36 @@ def test_v1_audio_speech_streams_the_same_audio_as_mstar_ros_tts(orpheus, tmp_pa
                         got["models"] = await r.json()
                     arrivals, pcm = [], b""
                     started = time.monotonic()
-                    async with http.post(f"{url}/v1/audio/speech", json={"input": text, "response_format": "pcm",
-                                                                          "seed": seed, "max_tokens": 280}) as r:
+                    async with http.post(
+                        f"{url}/v1/audio/speech",
+                        json={"input": text, "response_format": "pcm", "seed": seed, "max_tokens": 280},
+                    ) as r:
                         got["type"] = r.headers["Content-Type"]
                         async for chunk in r.content.iter_any():
                             arrivals.append(time.monotonic() - started)
                             pcm += chunk
                     got["pcm"], got["arrivals"] = pcm, arrivals
-                    async with http.post(f"{url}/v1/audio/speech", json={"input": text, "response_format": "wav",
-                                                                          "seed": seed, "max_tokens": 280}) as r:
+                    async with http.post(
+                        f"{url}/v1/audio/speech",
+                        json={"input": text, "response_format": "wav", "seed": seed, "max_tokens": 280},
+                    ) as r:
                         got["wav"] = await r.read()
-                    async with http.post(f"{url}/v1/audio/speech", json={"input": text, "stream_format": "sse",
-                                                                          "response_format": "pcm", "seed": seed, "max_tokens": 280}) as r:
-                        events = [json.loads(line[6:]) for line in (await r.text()).splitlines() if line.startswith("data: ")]
-                    got["sse"] = b"".join(base64.b64decode(e["audio"]) for e in events if e["type"] == "speech.audio.delta")
+                    async with http.post(
+                        f"{url}/v1/audio/speech",
+                        json={
+                            "input": text,
+                            "stream_format": "sse",
+                            "response_format": "pcm",
+                            "seed": seed,
+                            "max_tokens": 280,
+                        },
+                    ) as r:
+                        events = [
+                            json.loads(line[6:]) for line in (await r.text()).splitlines() if line.startswith("data: ")
+                        ]
+                    got["sse"] = b"".join(
+                        base64.b64decode(e["audio"]) for e in events if e["type"] == "speech.audio.delta"
+                    )
                     got["sse_last"] = events[-1]["type"]
                     async with http.post(f"{url}/v1/audio/speech", json={"input": ""}) as r:
                         got["empty"] = (r.status, (await r.json())["error"]["message"])
@@ -369,11 +436,17 @@ def test_a_peer_that_leaves_mid_response_is_cancelled_and_idle_ones_time_out(orp
                         await asyncio.sleep(0.01)
                     out["gone_after_s"] = asyncio.get_running_loop().time() - left_at
                     out["gone"] = a["pc_id"] not in gateway.peers
-                    await staying.until(lambda: peer_b.track.frames_with_audio > heard_b + 20, 60,
-                                        "the other peer to keep streaming")
-                    await staying.until(lambda: "output_audio_buffer.stopped" in staying.types(), 120,
-                                        "the other peer's response, heard to its end")
-                    out["b_status"] = [e for e in staying.events if e["type"] == "response.done"][0]["response"]["status"]
+                    await staying.until(
+                        lambda: peer_b.track.frames_with_audio > heard_b + 20, 60, "the other peer to keep streaming"
+                    )
+                    await staying.until(
+                        lambda: "output_audio_buffer.stopped" in staying.types(),
+                        120,
+                        "the other peer's response, heard to its end",
+                    )
+                    out["b_status"] = [e for e in staying.events if e["type"] == "response.done"][0]["response"][
+                        "status"
+                    ]
                     c_id = (await idle.connect(http, url))["pc_id"]
                     out["idle_served"] = "session.created" in idle.types()
                     for _ in range(200):  # both idle peers time out after 1 s without an event or audio
@@ -404,6 +477,7 @@ def test_a_peer_that_leaves_mid_response_is_cancelled_and_idle_ones_time_out(orp
 def test_a_peer_that_vanishes_mid_stream_is_dropped_within_2_s_and_the_others_keep_streaming(orpheus):
     """The peer's process is killed (no goodbye on the wire): ICE consent checks (RFC 7675) stop being
     answered and the gateway drops it, cancelling its request and freeing its KV, in under 2 s."""
+
     async def main():
         async with Conductor(orpheus.graph(), orpheus.modules()) as c:
             idle_blocks = c.kv_blocks_used()

@@ -1,4 +1,5 @@
 """The gateway token: from a file or the environment (argv only with a warning), and the Authorization header."""
+
 from __future__ import annotations
 
 import logging
@@ -31,13 +32,23 @@ def test_the_token_comes_from_one_of_file_environment_or_argv_and_argv_warns(tmp
             gateway_token(environ={TOKEN_ENV: bad})
 
 
-@pytest.mark.parametrize("header, ok", [
-    ("Bearer s3cret", True), ("bearer s3cret", True), ("BEARER  s3cret ", True),
-    ("s3cret", False), ("Basic s3cret", False), ("Bearer", False), ("Bearer wrong", False), ("", False),
-    ("Bearer s3cr\udce9t", False),  # aiohttp's view of a header with a byte that is not UTF-8
-    ("Bearer s3cr\u00e9t", False),
-])
+@pytest.mark.parametrize(
+    "header, ok",
+    [
+        ("Bearer s3cret", True),
+        ("bearer s3cret", True),
+        ("BEARER  s3cret ", True),
+        ("s3cret", False),
+        ("Basic s3cret", False),
+        ("Bearer", False),
+        ("Bearer wrong", False),
+        ("", False),
+        ("Bearer s3cr\udce9t", False),  # aiohttp's view of a header with a byte that is not UTF-8
+        ("Bearer s3cr\u00e9t", False),
+    ],
+)
 def test_only_bearer_with_the_token_is_authorised_in_any_case_of_the_scheme(header, ok):
     assert authorised(header, "s3cret") is ok
-    assert (bearer_token(header) is not None) == (header.strip().lower().startswith("bearer ")
-                                                   and bool(header.strip()[7:].strip()))
+    assert (bearer_token(header) is not None) == (
+        header.strip().lower().startswith("bearer ") and bool(header.strip()[7:].strip())
+    )

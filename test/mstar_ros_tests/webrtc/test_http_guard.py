@@ -1,4 +1,5 @@
 """What a connection may cost before its request is judged: real aiohttp behind the guard, raw sockets as clients."""
+
 from __future__ import annotations
 
 import asyncio
@@ -12,6 +13,7 @@ BIG = 16 * 2**20
 
 async def serve(limits: ConnectionLimits, body_limit: int = 1024):
     """An app whose one route echoes its body's length, behind the guard: (runner, guard, port)."""
+
     async def echo(request: web.Request) -> web.Response:
         return web.Response(text=str(len(await request_body(request))))
 
@@ -124,8 +126,9 @@ def test_connections_past_the_limit_get_503_and_slow_heads_and_bodies_get_408():
 
 def test_slow_bodies_hold_only_what_they_sent_and_one_address_cannot_take_every_connection():
     async def main():
-        limits = ConnectionLimits(max_connections=20, max_connections_per_client=6, header_timeout_s=0.5,
-                                  max_body_bytes_held=4 * 1024)
+        limits = ConnectionLimits(
+            max_connections=20, max_connections_per_client=6, header_timeout_s=0.5, max_body_bytes_held=4 * 1024
+        )
         runner, guard, port = await serve(limits, body_limit=1024)
         out = {}
         try:

@@ -1,4 +1,5 @@
 """input_audio_buffer.append's audio: base64 pcm16 at 24 kHz, held until commit, resampled for the model."""
+
 from __future__ import annotations
 
 import base64
@@ -33,8 +34,12 @@ def test_pieces_are_one_turn_at_the_models_rate():
 def test_bad_audio_a_full_buffer_and_a_short_commit_are_errors_and_keep_what_came():
     buffer = AppendedAudio(max_s=1.0)
     buffer.append(base64.b64encode(pcm16(0.6).tobytes()).decode())
-    for bad, message in (("not base64!", "not valid base64"), (base64.b64encode(b"abc").decode(), "2 a sample"),
-                         (None, "needs audio"), (base64.b64encode(pcm16(0.6).tobytes()).decode(), "at most 1 s")):
+    for bad, message in (
+        ("not base64!", "not valid base64"),
+        (base64.b64encode(b"abc").decode(), "2 a sample"),
+        (None, "needs audio"),
+        (base64.b64encode(pcm16(0.6).tobytes()).decode(), "at most 1 s"),
+    ):
         with pytest.raises(EventError, match=message) as refused:
             buffer.append(bad)
         assert refused.value.param == "audio"

@@ -1,4 +1,5 @@
 """A request's audio and images judged from their headers before any decoding."""
+
 from __future__ import annotations
 
 import base64
@@ -16,23 +17,34 @@ def wav(rate: int, frames: int, claimed_frames: int | None = None, channels: int
     """An input_audio part: a 16-bit WAV whose header says ``rate`` and ``claimed_frames`` (default: the truth)."""
     data = np.arange(frames * channels, dtype=np.int16).tobytes()
     claimed = len(data) if claimed_frames is None else claimed_frames * 2 * channels
-    raw = (b"RIFF" + struct.pack("<I", 36 + claimed) + b"WAVEfmt "
-           + struct.pack("<IHHIIHH", 16, 1, channels, rate, rate * 2 * channels, 2 * channels, 16)
-           + b"data" + struct.pack("<I", claimed) + data)
+    raw = (
+        b"RIFF"
+        + struct.pack("<I", 36 + claimed)
+        + b"WAVEfmt "
+        + struct.pack("<IHHIIHH", 16, 1, channels, rate, rate * 2 * channels, 2 * channels, 16)
+        + b"data"
+        + struct.pack("<I", claimed)
+        + data
+    )
     return {"type": "input_audio", "input_audio": {"format": "wav", "data": base64.b64encode(raw).decode()}}
 
 
-@pytest.mark.parametrize("part, error", [
-    (wav(0, 100), r"sample rate 0 Hz: must be in \[1000, 384000\]"),
-    (wav(100, 1000), r"sample rate 100 Hz"),
-    (wav(16_000, 10, claimed_frames=16_000 * 400), r"over the 300 s limit \(this clip alone is 400 s\)"),
-    (wav(8_000, 8_000 * 301), r"this clip alone is 301 s"),
-    (wav(16_000, 10, channels=9), "9 channels"),
-    ({"input_audio": {"format": "pcm16", "data": base64.b64encode(bytes(2 * 24_000 * 301)).decode()}},
-     "this clip alone is 301 s"),
-    ({"input_audio": {"format": "mp3", "data": ""}}, "wav or pcm16"),
-    ({"input_audio": {"format": "wav", "data": 5}}, "must be a base64 string"),
-])
+@pytest.mark.parametrize(
+    "part, error",
+    [
+        (wav(0, 100), r"sample rate 0 Hz: must be in \[1000, 384000\]"),
+        (wav(100, 1000), r"sample rate 100 Hz"),
+        (wav(16_000, 10, claimed_frames=16_000 * 400), r"over the 300 s limit \(this clip alone is 400 s\)"),
+        (wav(8_000, 8_000 * 301), r"this clip alone is 301 s"),
+        (wav(16_000, 10, channels=9), "9 channels"),
+        (
+            {"input_audio": {"format": "pcm16", "data": base64.b64encode(bytes(2 * 24_000 * 301)).decode()}},
+            "this clip alone is 301 s",
+        ),
+        ({"input_audio": {"format": "mp3", "data": ""}}, "wav or pcm16"),
+        ({"input_audio": {"format": "wav", "data": 5}}, "must be a base64 string"),
+    ],
+)
 def test_audio_is_refused_from_its_header_with_a_clear_reason(part, error):
     with pytest.raises(BadRequest, match=error):
         decode_audio(part, 16_000)

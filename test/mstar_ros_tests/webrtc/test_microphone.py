@@ -1,4 +1,5 @@
 """A peer's microphone through the VAD: real speech (espeak-ng) over a response interrupts it (barge-in)."""
+
 from __future__ import annotations
 
 import asyncio

@@ -1,4 +1,5 @@
 """/v1/chat/completions (and /v1/audio/speech) for a model that answers: tiny Qwen3-Omni behind the gateway."""
+
 from __future__ import annotations
 
 import asyncio
@@ -24,34 +25,57 @@ def wav_b64(path) -> str:
 
 
 def sse(text: str) -> list:
-    return [json.loads(line[6:]) if line[6:] != "[DONE]" else "[DONE]"
-            for line in text.splitlines() if line.startswith("data: ")]
+    return [
+        json.loads(line[6:]) if line[6:] != "[DONE]" else "[DONE]"
+        for line in text.splitlines()
+        if line.startswith("data: ")
+    ]
 
 
 def test_chat_completions_stream_text_and_audio_and_take_a_spoken_turn(qwen3_omni, speech_wav):
     path, _ = speech_wav
-    chat = {"model": "qwen3-omni", "modalities": ["text", "audio"], "stream": True, "seed": 11, "max_tokens": 8,
-            "messages": [{"role": "system", "content": "You are brief."},
-                         {"role": "user", "content": "hello there, how are you today"}]}
+    chat = {
+        "model": "qwen3-omni",
+        "modalities": ["text", "audio"],
+        "stream": True,
+        "seed": 11,
+        "max_tokens": 8,
+        "messages": [
+            {"role": "system", "content": "You are brief."},
+            {"role": "user", "content": "hello there, how are you today"},
+        ],
+    }
 
     audio_part = {"type": "input_audio", "input_audio": {"data": wav_b64(path), "format": "wav"}}
-    conversation = {"modalities": ["text"], "max_tokens": 6, "seed": 4, "stream": False,
-                    "messages": [{"role": "user", "content": [audio_part]},
-                                 {"role": "assistant", "content": "hello there"},
-                                 {"role": "user", "content": "how are you"}]}
+    conversation = {
+        "modalities": ["text"],
+        "max_tokens": 6,
+        "seed": 4,
+        "stream": False,
+        "messages": [
+            {"role": "user", "content": [audio_part]},
+            {"role": "assistant", "content": "hello there"},
+            {"role": "user", "content": "how are you"},
+        ],
+    }
 
     async def main():
         async with Conductor(qwen3_omni.graph(), qwen3_omni.modules()) as c:
             # max_tokens caps the text and the audio frames: the model's own sampling.max_tokens
-            same = qwen3_omni.request("hello there, how are you today", history=[("system", "You are brief.")],
-                                      sampling=msgspec.structs.replace(qwen3_omni.default_sampling, seed=11,
-                                                                       max_tokens=8))
+            same = qwen3_omni.request(
+                "hello there, how are you today",
+                history=[("system", "You are brief.")],
+                sampling=msgspec.structs.replace(qwen3_omni.default_sampling, seed=11, max_tokens=8),
+            )
             direct = await c.submit(same).collect()
             heard = decode_audio(audio_part, qwen3_omni.audio_input_rate)
-            again = qwen3_omni.request("how are you", history=[("user", "", heard), ("assistant", "hello there")],
-                                       sampling=msgspec.structs.replace(qwen3_omni.default_sampling, seed=4,
-                                                                        max_tokens=6),
-                                       outputs=frozenset({"text_ids"}), speak=False)
+            again = qwen3_omni.request(
+                "how are you",
+                history=[("user", "", heard), ("assistant", "hello there")],
+                sampling=msgspec.structs.replace(qwen3_omni.default_sampling, seed=4, max_tokens=6),
+                outputs=frozenset({"text_ids"}),
+                speak=False,
+            )
             direct_conversation = await c.submit(again).collect()
             runner, url = await serve_gateway(VoiceGateway(qwen3_omni, c, model_name="qwen3-omni"))
             got = {}
@@ -62,26 +86,53 @@ def test_chat_completions_stream_text_and_audio_and_take_a_spoken_turn(qwen3_omn
                     text_only = {**chat, "stream": False, "modalities": ["text"]}
                     async with http.post(f"{url}/v1/chat/completions", json=text_only) as r:
                         got["text"] = (r.status, await r.json())
-                    spoken = {"modalities": ["text", "audio"], "audio": {"format": "wav"}, "max_tokens": 6,
-                              "messages": [{"role": "user", "content": [
-                                  {"type": "input_audio", "input_audio": {"data": wav_b64(path), "format": "wav"}}]}]}
+                    spoken = {
+                        "modalities": ["text", "audio"],
+                        "audio": {"format": "wav"},
+                        "max_tokens": 6,
+                        "messages": [
+                            {
+                                "role": "user",
+                                "content": [
+                                    {"type": "input_audio", "input_audio": {"data": wav_b64(path), "format": "wav"}}
+                                ],
+                            }
+                        ],
+                    }
                     async with http.post(f"{url}/v1/chat/completions", json=spoken) as r:
                         got["spoken"] = (r.status, await r.json())
                     # a conversation whose first turn was spoken: the model hears it again
                     async with http.post(f"{url}/v1/chat/completions", json=conversation) as r:
                         got["conversation"] = (r.status, await r.json())
-                    bad = [{"messages": [{"role": "user", "content": [{"type": "input_audio",
-                                                                       "input_audio": {"data": "%%%", "format": "wav"}}]}]},
-                           {"messages": [{"role": "assistant", "content": "hi"}]},
-                           {"modalities": ["video"], "messages": [{"role": "user", "content": "hi"}]},
-                           {"messages": [{"role": "user", "content": "   "}]},
-                           {"messages": [{"role": "assistant", "content": [audio_part]}, {"role": "user", "content": "hi"}]}]
+                    bad = [
+                        {
+                            "messages": [
+                                {
+                                    "role": "user",
+                                    "content": [
+                                        {"type": "input_audio", "input_audio": {"data": "%%%", "format": "wav"}}
+                                    ],
+                                }
+                            ]
+                        },
+                        {"messages": [{"role": "assistant", "content": "hi"}]},
+                        {"modalities": ["video"], "messages": [{"role": "user", "content": "hi"}]},
+                        {"messages": [{"role": "user", "content": "   "}]},
+                        {
+                            "messages": [
+                                {"role": "assistant", "content": [audio_part]},
+                                {"role": "user", "content": "hi"},
+                            ]
+                        },
+                    ]
                     got["bad"] = []
                     for body in bad:
                         async with http.post(f"{url}/v1/chat/completions", json=body) as r:
                             got["bad"].append((r.status, (await r.json())["error"]["message"]))
-                    async with http.post(f"{url}/v1/audio/speech", json={"input": "hello there", "response_format": "pcm",
-                                                                          "max_tokens": 30}) as r:
+                    async with http.post(
+                        f"{url}/v1/audio/speech",
+                        json={"input": "hello there", "response_format": "pcm", "max_tokens": 30},
+                    ) as r:
                         got["speech"] = (r.status, await r.read())
             finally:
                 await runner.cleanup()
@@ -111,7 +162,8 @@ def test_chat_completions_stream_text_and_audio_and_take_a_spoken_turn(qwen3_omn
     status, answer = got["conversation"]
     assert status == 200, answer
     assert answer["choices"][0]["message"]["content"] == qwen3_omni.decode_text(
-        [int(t) for t in direct_conversation["text_ids"]])
+        [int(t) for t in direct_conversation["text_ids"]]
+    )
     messages = [m for _, m in got["bad"]]
     assert [s for s, _ in got["bad"]] == [400, 400, 400, 400, 400], got["bad"]
     assert "audio and images are taken in user messages only" in messages[4]
@@ -133,44 +185,92 @@ def test_chat_completions_take_images_as_data_urls_and_refuse_bad_ones(qwen3_omn
     rng = np.random.default_rng(0)
     image = PIL.Image.fromarray(rng.integers(0, 256, (48, 64, 3), dtype=np.uint8))
     url = _png_data_url(image)
-    shown = {"modalities": ["text"], "max_tokens": 6, "seed": 3,
-             "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
-                                                       {"type": "text", "text": "what is this"}]}]}
-    later = {"modalities": ["text"], "max_tokens": 5, "seed": 3,  # the image stays in the conversation
-             "messages": [shown["messages"][0], {"role": "assistant", "content": "a picture"},
-                          {"role": "user", "content": "and its colours"}]}
+    shown = {
+        "modalities": ["text"],
+        "max_tokens": 6,
+        "seed": 3,
+        "messages": [
+            {
+                "role": "user",
+                "content": [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "what is this"}],
+            }
+        ],
+    }
+    later = {
+        "modalities": ["text"],
+        "max_tokens": 5,
+        "seed": 3,  # the image stays in the conversation
+        "messages": [
+            shown["messages"][0],
+            {"role": "assistant", "content": "a picture"},
+            {"role": "user", "content": "and its colours"},
+        ],
+    }
 
     def body(part) -> dict:
         return {"messages": [{"role": "user", "content": [part, {"type": "text", "text": "what"}]}]}
+
     bomb = "data:image/png;base64," + base64.b64encode(bomb_png(9000, 8000)).decode()
     big = "data:image/png;base64," + base64.b64encode(bomb_png(8000, 8000)).decode()  # 3 are over 2 x 8192^2
-    bad = [body({"type": "image_url", "image_url": {"url": "http://127.0.0.1:1/cat.png"}}),
-           body({"type": "image_url", "image_url": {"url": "data:image/png;base64,%%%"}}),
-           body({"type": "image_url", "image_url": {"url": "data:image/png;base64," + base64.b64encode(b"no").decode()}}),
-           body({"type": "image_url", "image_url": {"url": bomb}}),
-           {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}] * 9}]},
-           {"messages": [{"role": "assistant", "content": [{"type": "image_url", "image_url": {"url": url}}]},
-                         {"role": "user", "content": "hi"}]},
-           body({"type": "image_url", "image_url": {"url": "data:image/png;base64," + base64.b64encode(broken_png()).decode()}}),
-           {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": big}}] * 3}]},
-           # a header of 8192 x 8192 and no pixel data: refused for its tokens, which it could only be if its
-           # pixels were never decoded (decoding would fail first)
-           body({"type": "image_url", "image_url": {"url": "data:image/png;base64,"
-                                                          + base64.b64encode(undecodable_png(8192, 8192)).decode()}}),
-           body({"type": "input_audio", "input_audio": {"format": "wav", "data": base64.b64encode(
-               b"RIFF\x24\0\0\0WAVEfmt \x10\0\0\0\x01\0\x01\0" + bytes(4) + bytes(4) + b"\x02\0\x10\0data"
-               + bytes(4)).decode()}})]
+    bad = [
+        body({"type": "image_url", "image_url": {"url": "http://127.0.0.1:1/cat.png"}}),
+        body({"type": "image_url", "image_url": {"url": "data:image/png;base64,%%%"}}),
+        body({"type": "image_url", "image_url": {"url": "data:image/png;base64," + base64.b64encode(b"no").decode()}}),
+        body({"type": "image_url", "image_url": {"url": bomb}}),
+        {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}] * 9}]},
+        {
+            "messages": [
+                {"role": "assistant", "content": [{"type": "image_url", "image_url": {"url": url}}]},
+                {"role": "user", "content": "hi"},
+            ]
+        },
+        body(
+            {
+                "type": "image_url",
+                "image_url": {"url": "data:image/png;base64," + base64.b64encode(broken_png()).decode()},
+            }
+        ),
+        {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": big}}] * 3}]},
+        # a header of 8192 x 8192 and no pixel data: refused for its tokens, which it could only be if its
+        # pixels were never decoded (decoding would fail first)
+        body(
+            {
+                "type": "image_url",
+                "image_url": {"url": "data:image/png;base64," + base64.b64encode(undecodable_png(8192, 8192)).decode()},
+            }
+        ),
+        body(
+            {
+                "type": "input_audio",
+                "input_audio": {
+                    "format": "wav",
+                    "data": base64.b64encode(
+                        b"RIFF\x24\0\0\0WAVEfmt \x10\0\0\0\x01\0\x01\0"
+                        + bytes(4)
+                        + bytes(4)
+                        + b"\x02\0\x10\0data"
+                        + bytes(4)
+                    ).decode(),
+                },
+            }
+        ),
+    ]
 
     async def main():
         async with Conductor(qwen3_omni.graph(), qwen3_omni.modules()) as c:
             sampling = msgspec.structs.replace(qwen3_omni.default_sampling, seed=3)
             decoded = PIL.Image.open(io.BytesIO(base64.b64decode(url.partition(",")[2])))
-            first = qwen3_omni.request("what is this", images=[decoded], sampling=sampling,
-                                       outputs=frozenset({"text_ids"}), speak=False)
+            first = qwen3_omni.request(
+                "what is this", images=[decoded], sampling=sampling, outputs=frozenset({"text_ids"}), speak=False
+            )
             first.meta["thinker_max_tokens"] = 6
-            second = qwen3_omni.request("and its colours", history=[("user", "what is this", None, [decoded]),
-                                                                    ("assistant", "a picture")],
-                                        sampling=sampling, outputs=frozenset({"text_ids"}), speak=False)
+            second = qwen3_omni.request(
+                "and its colours",
+                history=[("user", "what is this", None, [decoded]), ("assistant", "a picture")],
+                sampling=sampling,
+                outputs=frozenset({"text_ids"}),
+                speak=False,
+            )
             second.meta["thinker_max_tokens"] = 5
             direct = [await c.submit(first).collect(), await c.submit(second).collect()]
             runner, gateway = await serve_gateway(VoiceGateway(qwen3_omni, c, model_name="qwen3-omni"))
@@ -230,45 +330,77 @@ def test_the_openai_client_gets_usage_length_audio_formats_and_typed_errors(qwen
 
     async def main():
         async with Conductor(qwen3_omni.graph(), qwen3_omni.modules()) as c:
-            reference = qwen3_omni.request("hello there, how are you today", outputs=frozenset({"text_ids"}),
-                                           speak=False)
+            reference = qwen3_omni.request(
+                "hello there, how are you today", outputs=frozenset({"text_ids"}), speak=False
+            )
             runner, url = await serve_gateway(VoiceGateway(qwen3_omni, c, model_name="qwen3-omni"))
             try:
+
                 def calls():
                     oa, got = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0), {}
                     ask = dict(model="qwen3-omni", messages=hello, seed=3)
                     got["text"] = oa.chat.completions.create(**ask, max_tokens=5)
                     for fmt in ("pcm16", "wav", "mp3", "flac", "opus", "aac"):
-                        got[fmt] = oa.chat.completions.create(**ask, max_tokens=6, modalities=["text", "audio"],
-                                                              audio={"voice": "ethan", "format": fmt})
-                    got["stream"] = list(oa.chat.completions.create(**ask, max_tokens=6, modalities=["text", "audio"],
-                                                                    stream=True, stream_options={"include_usage": True}))
+                        got[fmt] = oa.chat.completions.create(
+                            **ask, max_tokens=6, modalities=["text", "audio"], audio={"voice": "ethan", "format": fmt}
+                        )
+                    got["stream"] = list(
+                        oa.chat.completions.create(
+                            **ask,
+                            max_tokens=6,
+                            modalities=["text", "audio"],
+                            stream=True,
+                            stream_options={"include_usage": True},
+                        )
+                    )
                     got["hot"] = oa.chat.completions.create(**ask, max_tokens=5, temperature=1.8)
                     got["greedy"] = oa.chat.completions.create(**ask, max_tokens=5, temperature=0)
-                    bad = {"n": {"n": 2}, "temperature": {"temperature": 2.5}, "top_p": {"top_p": 1.5},
-                           "logprobs": {"logprobs": True}, "stop": {"stop": ["\n"]},
-                           "presence_penalty": {"presence_penalty": 0.5},
-                           "tools": {"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]},
-                           "response_format": {"response_format": {"type": "json_object"}},
-                           "audio.format": {"modalities": ["text", "audio"], "stream": True,
-                                            "audio": {"voice": "ethan", "format": "mp3"}},
-                           "max_tokens": {"max_tokens": 0}}
-                    got["bad"] = {name: _refused(lambda kw=kw: oa.chat.completions.create(**ask, **kw))
-                                  for name, kw in bad.items()}
+                    bad = {
+                        "n": {"n": 2},
+                        "temperature": {"temperature": 2.5},
+                        "top_p": {"top_p": 1.5},
+                        "logprobs": {"logprobs": True},
+                        "stop": {"stop": ["\n"]},
+                        "presence_penalty": {"presence_penalty": 0.5},
+                        "tools": {"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]},
+                        "response_format": {"response_format": {"type": "json_object"}},
+                        "audio.format": {
+                            "modalities": ["text", "audio"],
+                            "stream": True,
+                            "audio": {"voice": "ethan", "format": "mp3"},
+                        },
+                        "max_tokens": {"max_tokens": 0},
+                    }
+                    got["bad"] = {
+                        name: _refused(lambda kw=kw: oa.chat.completions.create(**ask, **kw))
+                        for name, kw in bad.items()
+                    }
                     got["unknown"] = _refused(lambda: oa.chat.completions.create(**ask, extra_body={"mood": "x"}))
                     got["model"] = _refused(lambda: oa.chat.completions.create(model="gpt-4o", messages=hello))
-                    got["messages"] = _refused(lambda: oa.chat.completions.create(
-                        model="qwen3-omni", messages=[{"role": "assistant", "content": "hi"}]))
+                    got["messages"] = _refused(
+                        lambda: oa.chat.completions.create(
+                            model="qwen3-omni", messages=[{"role": "assistant", "content": "hi"}]
+                        )
+                    )
                     # instructions: Qwen3-Omni says how in the user turn the Talker reads
-                    say = dict(model="qwen3-omni", voice="ethan", input="hello there", response_format="pcm",
-                               extra_body={"seed": 2, "max_tokens": 12})
+                    say = dict(
+                        model="qwen3-omni",
+                        voice="ethan",
+                        input="hello there",
+                        response_format="pcm",
+                        extra_body={"seed": 2, "max_tokens": 12},
+                    )
                     got["plain"] = oa.audio.speech.create(**say).read()
                     got["instructed"] = oa.audio.speech.create(**say, instructions="Whisper, slowly.").read()
                     return got
+
                 got = await asyncio.to_thread(calls)
                 sampling = msgspec.structs.replace(qwen3_omni.default_sampling, seed=2, max_tokens=12)
-                direct = await c.submit(qwen3_omni.speech_request("hello there", voice="ethan", sampling=sampling,
-                                                                  instructions="Whisper, slowly.")).collect()
+                direct = await c.submit(
+                    qwen3_omni.speech_request(
+                        "hello there", voice="ethan", sampling=sampling, instructions="Whisper, slowly."
+                    )
+                ).collect()
                 return reference, got, direct
             finally:
                 await runner.cleanup()
@@ -297,8 +429,11 @@ def test_the_openai_client_gets_usage_length_audio_formats_and_typed_errors(qwen
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == spoken.usage.completion_tokens
     assert all(ch.usage is None for ch in chunks[:-1])
     assert chunks[-2].choices[0].finish_reason == "length"
-    streamed = b"".join(base64.b64decode(ch.choices[0].delta.audio.data) for ch in chunks[:-1]
-                        if ch.choices[0].delta.audio and ch.choices[0].delta.audio.data)
+    streamed = b"".join(
+        base64.b64decode(ch.choices[0].delta.audio.data)
+        for ch in chunks[:-1]
+        if ch.choices[0].delta.audio and ch.choices[0].delta.audio.data
+    )
     assert streamed == pcm  # the same seed: the same audio, streamed or whole
     # the text's sampling is the request's: a hot temperature leaves greedy decoding
     assert got["greedy"].choices[0].message.content == text.choices[0].message.content

@@ -1,4 +1,5 @@
 """OpenAI's error JSON on /v1/ paths, whatever raised the error; other paths left as they are."""
+
 from __future__ import annotations
 
 import asyncio
@@ -20,7 +21,11 @@ def test_param_of_names_the_field_msgspec_complains_about():
 def test_check_range_words_and_codes_as_openai():
     with pytest.raises(APIError) as caught:
         check_range("temperature", 2.5, 0, 2)
-    assert (caught.value.status, caught.value.param, caught.value.code) == (400, "temperature", "decimal_above_max_value")
+    assert (caught.value.status, caught.value.param, caught.value.code) == (
+        400,
+        "temperature",
+        "decimal_above_max_value",
+    )
     assert "Expected a value <= 2, but got 2.5 instead" in caught.value.message
     with pytest.raises(APIError) as caught:
         check_range("n", 0, 1)
@@ -58,11 +63,14 @@ def test_errors_from_routes_middlewares_and_bugs_come_in_the_shape_and_the_serve
         got = {}
         try:
             async with ClientSession() as http:
-                for name, method, path, headers in (("refuse", "POST", "/v1/refuse", {}), ("bug", "GET", "/v1/bug", {}),
-                                                    ("denied", "GET", "/v1/fine", {"X-Deny": "1"}),
-                                                    ("missing", "GET", "/v1/nothing", {}),
-                                                    ("method", "DELETE", "/v1/fine", {}),
-                                                    ("fine", "GET", "/v1/fine", {})):
+                for name, method, path, headers in (
+                    ("refuse", "POST", "/v1/refuse", {}),
+                    ("bug", "GET", "/v1/bug", {}),
+                    ("denied", "GET", "/v1/fine", {"X-Deny": "1"}),
+                    ("missing", "GET", "/v1/nothing", {}),
+                    ("method", "DELETE", "/v1/fine", {}),
+                    ("fine", "GET", "/v1/fine", {}),
+                ):
                     async with http.request(method, url + path, headers=headers) as r:
                         got[name] = (r.status, await r.json(), dict(r.headers))
                 async with http.get(url + "/nothing") as r:  # not /v1/: aiohttp's own answer
@@ -75,8 +83,10 @@ def test_errors_from_routes_middlewares_and_bugs_come_in_the_shape_and_the_serve
     keys = {"message", "type", "param", "code"}
     for name in ("refuse", "bug", "denied", "missing", "method"):
         assert set(got[name][1]["error"]) == keys, got[name]
-    assert got["refuse"][:2] == (400, {"error": {"message": "no", "type": "invalid_request_error", "param": "field",
-                                                "code": "invalid_value"}})
+    assert got["refuse"][:2] == (
+        400,
+        {"error": {"message": "no", "type": "invalid_request_error", "param": "field", "code": "invalid_value"}},
+    )
     status, body, _ = got["bug"]
     assert status == 500 and body["error"]["type"] == "server_error" and "KeyError" in body["error"]["message"]
     status, body, headers = got["denied"]

@@ -1,6 +1,7 @@
 """/v1/audio/speech and /v1/models through the official ``openai`` client, tiny Orpheus behind the gateway:
 every response format decodes (PyAV) to the audio's duration, streaming and SSE with usage, speed,
 and each refusal as the client's typed error naming the field, the gateway serving on after each."""
+
 from __future__ import annotations
 
 import asyncio
@@ -21,8 +22,14 @@ TEXT, SEED, MAX_TOKENS = "Hello there, how are you today?", 5, 140
 RATE = 24_000
 # what an encoder may add past the samples (priming and padding): two codec frames
 SLACK_S = {"mp3": 2 * 1152 / RATE, "aac": 2 * 1024 / RATE, "opus": 0.0, "flac": 0.0, "wav": 0.0}
-TYPES = {"mp3": "audio/mpeg", "opus": "audio/ogg", "aac": "audio/aac", "flac": "audio/flac", "wav": "audio/wav",
-         "pcm": "audio/pcm"}
+TYPES = {
+    "mp3": "audio/mpeg",
+    "opus": "audio/ogg",
+    "aac": "audio/aac",
+    "flac": "audio/flac",
+    "wav": "audio/wav",
+    "pcm": "audio/pcm",
+}
 
 
 def seconds(data: bytes) -> float:
@@ -36,8 +43,13 @@ def client(url: str, key: str = "x") -> openai.OpenAI:
 
 
 def speak(c: openai.OpenAI, **kw) -> tuple[bytes, str]:
-    kw = {"model": "orpheus", "voice": "tara", "input": TEXT, "extra_body": {"seed": SEED, "max_tokens": MAX_TOKENS},
-          **kw}
+    kw = {
+        "model": "orpheus",
+        "voice": "tara",
+        "input": TEXT,
+        "extra_body": {"seed": SEED, "max_tokens": MAX_TOKENS},
+        **kw,
+    }
     r = c.audio.speech.create(**kw)
     return r.read(), r.response.headers["content-type"]
 
@@ -59,6 +71,7 @@ def test_every_response_format_streams_and_decodes_to_the_audios_duration(orpheu
             direct = await c.submit(req).collect()
             runner, url = await serve_gateway(VoiceGateway(orpheus, c))
             try:
+
                 def calls():
                     oa, got = client(url), {}
                     got["models"] = oa.models.list().data
@@ -67,16 +80,26 @@ def test_every_response_format_streams_and_decodes_to_the_audios_duration(orpheu
                         got[fmt] = speak(oa, response_format=fmt)
                     got["default"] = speak(oa)  # mp3, as OpenAI's default
                     with oa.audio.speech.with_streaming_response.create(
-                            model="orpheus", voice="tara", input=TEXT, response_format="mp3",
-                            extra_body={"seed": SEED, "max_tokens": MAX_TOKENS}) as r:
+                        model="orpheus",
+                        voice="tara",
+                        input=TEXT,
+                        response_format="mp3",
+                        extra_body={"seed": SEED, "max_tokens": MAX_TOKENS},
+                    ) as r:
                         got["chunks"] = list(r.iter_bytes())
                     with oa.audio.speech.with_streaming_response.create(
-                            model="orpheus", voice="tara", input=TEXT, response_format="pcm", stream_format="sse",
-                            extra_body={"seed": SEED, "max_tokens": MAX_TOKENS}) as r:
+                        model="orpheus",
+                        voice="tara",
+                        input=TEXT,
+                        response_format="pcm",
+                        stream_format="sse",
+                        extra_body={"seed": SEED, "max_tokens": MAX_TOKENS},
+                    ) as r:
                         got["sse"] = (r.headers["content-type"], r.read().decode())
                     got["fast"] = speak(oa, response_format="pcm", speed=2.0)
                     got["slow"] = speak(oa, response_format="wav", speed=0.5)
                     return got
+
                 return direct, req, await asyncio.to_thread(calls)
             finally:
                 await runner.cleanup()
@@ -102,8 +125,11 @@ def test_every_response_format_streams_and_decodes_to_the_audios_duration(orpheu
     sse_pcm = b"".join(base64.b64decode(e["audio"]) for e in events[:-1])
     assert [e["type"] for e in events[:-1]] == ["speech.audio.delta"] * (len(events) - 1) and sse_pcm == pcm
     usage = events[-1]["usage"]
-    assert usage == {"input_tokens": int(req.inputs["prompt_ids"].numel()), "output_tokens": len(direct["tokens"]),
-                     "total_tokens": int(req.inputs["prompt_ids"].numel()) + len(direct["tokens"])}, usage
+    assert usage == {
+        "input_tokens": int(req.inputs["prompt_ids"].numel()),
+        "output_tokens": len(direct["tokens"]),
+        "total_tokens": int(req.inputs["prompt_ids"].numel()) + len(direct["tokens"]),
+    }, usage
     fast = len(got["fast"][0]) / 2 / RATE
     assert abs(fast - want / 2) <= 0.03 * want, (fast, want)  # speed 2: half the time
     assert abs(seconds(got["slow"][0]) - want * 2) <= 0.03 * want * 2  # speed 0.5: twice
@@ -115,6 +141,7 @@ def test_refusals_are_the_clients_typed_errors_naming_the_field_and_the_gateway_
             gateway = VoiceGateway(orpheus, c, host="127.0.0.1", token="s3cret")
             runner, url = await serve_gateway(gateway)
             try:
+
                 def calls():
                     oa, out = client(url, "s3cret"), {}
                     out["speed"] = refused(lambda: speak(oa, speed=4.5))
@@ -130,9 +157,11 @@ def test_refusals_are_the_clients_typed_errors_naming_the_field_and_the_gateway_
                     out["too_big"] = refused(lambda: speak(oa, input="a" * 70_000))  # over the 64 KiB body limit
                     out["key"] = refused(lambda: client(url, "wrong").models.list())
                     # OpenAI's limit: 4096 characters pass the length check (the tiny model's context then holds them)
-                    out["longest"] = speak(oa, input="hello there " * 341, response_format="pcm",
-                                           extra_body={"seed": 1, "max_tokens": 14})[0]
+                    out["longest"] = speak(
+                        oa, input="hello there " * 341, response_format="pcm", extra_body={"seed": 1, "max_tokens": 14}
+                    )[0]
                     return out
+
                 return await asyncio.to_thread(calls)
             finally:
                 await runner.cleanup()

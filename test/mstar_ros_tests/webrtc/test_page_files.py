@@ -1,5 +1,6 @@
 """The page's files over real HTTP: its modules and style are served by exact name, as JavaScript and CSS, and
 without the token (they hold no secret), while every other route still wants it."""
+
 from __future__ import annotations
 
 import asyncio
@@ -15,6 +16,7 @@ def test_the_page_and_its_files_load_without_the_token_and_nothing_else_does(orp
         async with gateway_for(orpheus, token="s3cret") as (_, _gateway, url):
             auth = {"Authorization": "Bearer s3cret"}
             async with ClientSession() as http:
+
                 async def get(path: str, **kw):
                     async with http.get(url + path, **kw) as r:
                         return r.status, r.content_type, await r.text()

@@ -2,6 +2,7 @@
 session names the model and its voices, every field not served is an error naming it and changes nothing,
 the ids of items, parts and deltas, the audio buffer's events, items truncated and deleted; a tab closed
 mid-response logs no traceback, and a peer lost to ICE consent is logged with its cause."""
+
 from __future__ import annotations
 
 import asyncio
@@ -36,22 +37,31 @@ def test_an_openai_client_gets_its_events_and_an_error_naming_each_field_not_ser
                 await client.until(lambda: "session.created" in client.types(), 10, "session.created")
                 refused = [
                     {"type": "realtime", "audio": {"output": {"voice": "alloy"}}, "max_output_tokens": 21},
-                    {"instructions": "Be brief."}, {"tools": [{"type": "function", "name": "lookup"}]},
-                    {"audio": {"input": {"transcription": {"model": "whisper-1"}}}}]
+                    {"instructions": "Be brief."},
+                    {"tools": [{"type": "function", "name": "lookup"}]},
+                    {"audio": {"input": {"transcription": {"model": "whisper-1"}}}},
+                ]
                 for i, session in enumerate(refused):
                     client.send(type="session.update", event_id=f"evt_{i}", session=session)
                 client.send(type="input_audio_buffer.append", audio=base64.b64encode(b"\0\0" * 2400).decode())
                 await client.until(lambda: len(errors(client)) == 5, 10, "the refusals")
                 unchanged = peer.session_state()
-                client.send(type="session.update", session={"type": "realtime", "output_modalities": ["audio"],
-                                                            "audio": {"output": {"voice": "Leah"}},
-                                                            "max_output_tokens": 21, "seed": 1})
+                client.send(
+                    type="session.update",
+                    session={
+                        "type": "realtime",
+                        "output_modalities": ["audio"],
+                        "audio": {"output": {"voice": "Leah"}},
+                        "max_output_tokens": 21,
+                        "seed": 1,
+                    },
+                )
                 await client.until(lambda: "session.updated" in client.types(), 10, "session.updated")
                 client.send(type="response.create", text="Hello there.")
                 await client.until(lambda: "output_audio_buffer.stopped" in client.types(), 60, "the audio's end")
                 answer = next(e for e in client.events if e["type"] == "response.done")["response"]
                 item_id = answer["output"][0]["id"]
-                client.send(type="conversation.item.truncate", item_id=item_id, content_index=0, audio_end_ms=10 ** 6)
+                client.send(type="conversation.item.truncate", item_id=item_id, content_index=0, audio_end_ms=10**6)
                 client.send(type="conversation.item.truncate", item_id=item_id, content_index=0, audio_end_ms=100)
                 client.send(type="conversation.item.delete", item_id=item_id)
                 client.send(type="conversation.item.delete", item_id=item_id, event_id="evt_again")
@@ -76,12 +86,17 @@ def test_an_openai_client_gets_its_events_and_an_error_naming_each_field_not_ser
     assert created["voice"] == "tara" and "leah" in created["voices"]
     errs = [e["error"] for e in events if e["type"] == "error"]
     assert [(e["param"], e["event_id"]) for e in errs[:4]] == [
-        (None, "evt_0"), ("session.instructions", "evt_1"), ("session.tools", "evt_2"),
-        ("session.audio.input.transcription", "evt_3")], errs
+        (None, "evt_0"),
+        ("session.instructions", "evt_1"),
+        ("session.tools", "evt_2"),
+        ("session.audio.input.transcription", "evt_3"),
+    ], errs
     assert "session.audio.output.voice 'alloy'" in errs[0]["message"] and "tara" in errs[0]["message"]
     assert all(e["type"] == "invalid_request_error" and e["message"] for e in errs)
     assert errs[4]["param"] == "audio" and "takes no audio input" in errs[4]["message"]
-    assert unchanged["voice"] == "tara" and unchanged["max_output_tokens"] == 1200  # the refused updates changed nothing
+    assert (
+        unchanged["voice"] == "tara" and unchanged["max_output_tokens"] == 1200
+    )  # the refused updates changed nothing
     updated = next(e for e in events if e["type"] == "session.updated")["session"]
     assert updated["audio"]["output"]["voice"] == updated["voice"] == "leah" and updated["max_output_tokens"] == 21
 
@@ -200,8 +215,9 @@ def test_a_peer_is_not_idle_until_its_answer_has_played_and_then_idle_from_then(
 
     idle_s = VoicePeer.idle_s.fget
     long_ago = time.monotonic() - 60
-    peer = SimpleNamespace(response_id=None, playing="resp_1", track=SimpleNamespace(queued_ms=0),
-                           last_activity=long_ago)
+    peer = SimpleNamespace(
+        response_id=None, playing="resp_1", track=SimpleNamespace(queued_ms=0), last_activity=long_ago
+    )
     assert idle_s(peer) == 0.0  # the answer's last frame is out, stopped not yet said
     peer.playing = None
     assert idle_s(peer) >= 59  # nothing playing, no event for a minute

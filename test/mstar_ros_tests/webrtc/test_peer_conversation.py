@@ -3,6 +3,7 @@ answer filed right after the item it answered; and, through the gateway with a m
 Qwen3-Omni, an aiortc peer without a microphone track): audio appended as events is a turn answered as the
 same audio in process, instructions are a system turn, voices the model lacks are refused, and items are
 truncated and deleted by id."""
+
 from __future__ import annotations
 
 import asyncio
@@ -46,8 +47,13 @@ def test_the_conversation_drops_its_oldest_turns_past_its_limits_keeping_system_
     big = picture(1500, 1500, 1)  # 2.25 MP: two are over the 4.2 MP the conversation keeps
     shown = [("user", "a", None, [big]), ("assistant", "b"), ("user", "c", None, [big])]
     assert peer._trimmed(shown) == shown[2:]
-    spoken = [("user", "", np.zeros(16_000 * 70, np.float32)), ("assistant", "a"),
-              ("user", "", np.zeros(16_000 * 60, np.float32)), ("assistant", "b"), ("user", "now")]
+    spoken = [
+        ("user", "", np.zeros(16_000 * 70, np.float32)),
+        ("assistant", "a"),
+        ("user", "", np.zeros(16_000 * 60, np.float32)),
+        ("assistant", "b"),
+        ("user", "now"),
+    ]
     assert peer._trimmed(spoken) == spoken[2:]  # 130 s of audio is over 120: the oldest spoken turn goes
     chat = [(("user", f"q{i}") if i % 2 == 0 else ("assistant", f"a{i}")) for i in range(25)]
     kept = peer._trimmed(chat)
@@ -77,7 +83,7 @@ def pcm16_24k(path) -> np.ndarray:
     frame.sample_rate = rate
     resampler = av.AudioResampler(format="s16", layout="mono", rate=24_000)
     out = [f.to_ndarray().reshape(-1) for f in resampler.resample(frame) + resampler.resample(None)]
-    return np.concatenate(out)[int(2.3 * 24_000):]  # from just before the speech
+    return np.concatenate(out)[int(2.3 * 24_000) :]  # from just before the speech
 
 
 @pytest.mark.timeout(240)
@@ -96,13 +102,22 @@ def test_appended_audio_is_a_turn_answered_with_the_instructions_and_items_go_by
             try:
                 async with ClientSession() as http:
                     peer = gateway.peers[(await client.connect(http, url))["pc_id"]]
-                client.send(type="session.update", session={"type": "realtime", "instructions": instructions,
-                                                            "audio": {"output": {"voice": "alloy"}}})
+                client.send(
+                    type="session.update",
+                    session={"type": "realtime", "instructions": instructions, "audio": {"output": {"voice": "alloy"}}},
+                )
                 await client.until(lambda: "error" in client.types(), 10, "the voice's refusal")
                 refused_state = peer.session_state()
-                client.send(type="session.update", session={
-                    "type": "realtime", "instructions": instructions, "max_output_tokens": 30, "seed": 3,
-                    "audio": {"input": {"turn_detection": None}, "output": {"voice": "Chelsie"}}})
+                client.send(
+                    type="session.update",
+                    session={
+                        "type": "realtime",
+                        "instructions": instructions,
+                        "max_output_tokens": 30,
+                        "seed": 3,
+                        "audio": {"input": {"turn_detection": None}, "output": {"voice": "Chelsie"}},
+                    },
+                )
                 await client.until(lambda: "session.updated" in client.types(), 10, "session.updated")
                 for piece in np.array_split(pcm, max(1, len(pcm) // 2400)):  # ~100 ms a piece
                     client.send(type="input_audio_buffer.append", audio=base64.b64encode(piece.tobytes()).decode())
@@ -114,15 +129,21 @@ def test_appended_audio_is_a_turn_answered_with_the_instructions_and_items_go_by
                 buffer = AppendedAudio()
                 buffer.append(base64.b64encode(pcm.tobytes()).decode())
                 heard = buffer.take(qwen3_omni.audio_input_rate)
-                expected = await answer(c, audio=torch_of(heard), history=[("system", instructions)],
-                                        sampling=peer.sampling, voice="chelsie")
+                expected = await answer(
+                    c,
+                    audio=torch_of(heard),
+                    history=[("system", instructions)],
+                    sampling=peer.sampling,
+                    voice="chelsie",
+                )
                 without = await answer(c, audio=torch_of(heard), sampling=peer.sampling)
                 done = next(e for e in client.events if e["type"] == "response.done")["response"]
                 answer_id, audio_ms = done["output"][0]["id"], peer.items.get(done["output"][0]["id"]).audio_ms
                 user_id = next(e for e in client.events if e["type"] == "input_audio_buffer.committed")["item_id"]
                 client.send(type="conversation.item.truncate", item_id=user_id, content_index=0, audio_end_ms=0)
-                client.send(type="conversation.item.truncate", item_id=answer_id, content_index=0,
-                            audio_end_ms=audio_ms // 2)
+                client.send(
+                    type="conversation.item.truncate", item_id=answer_id, content_index=0, audio_end_ms=audio_ms // 2
+                )
                 await client.until(lambda: "conversation.item.truncated" in client.types(), 10, "truncated")
                 truncated = list(peer.history)
                 client.send(type="conversation.item.delete", item_id=user_id)
@@ -150,7 +171,9 @@ def test_appended_audio_is_a_turn_answered_with_the_instructions_and_items_go_by
     assert abs(events[committed]["audio_ms"] - len(heard) / 16) < 2
     transcript = next(e for e in events if e["type"] == "response.output_audio_transcript.done")["transcript"]
     assert transcript == expected and expected != without  # the instructions reached the model as a system turn
-    assert [t[:2] for t in history] == [("user", ""), ("assistant", transcript)] and np.array_equal(history[0][2], heard)
+    assert [t[:2] for t in history] == [("user", ""), ("assistant", transcript)] and np.array_equal(
+        history[0][2], heard
+    )
     assert errors[1]["message"] == "only an assistant item can be truncated"
     cut = truncated[1][1]
     assert transcript.strip().startswith(cut) and 0 < len(cut) < len(transcript.strip())  # cut at a word

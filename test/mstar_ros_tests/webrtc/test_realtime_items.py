@@ -1,4 +1,5 @@
 """A response's events in OpenAI's order, with the ids clients use; the conversation's items by id."""
+
 from __future__ import annotations
 
 import pytest
@@ -17,25 +18,44 @@ def test_a_response_sends_its_item_part_deltas_and_done_events_in_order():
     events.delta("lo")
     events.finish("completed", {"total_tokens": 3})
     assert [e["type"] for e in sent] == [
-        "response.created", "response.output_item.added", "conversation.item.created", "response.content_part.added",
-        "output_audio_buffer.started", "response.output_audio_transcript.delta",
-        "response.output_audio_transcript.delta", "response.output_audio.done",
-        "response.output_audio_transcript.done", "response.content_part.done", "response.output_item.done",
-        "response.done"]
+        "response.created",
+        "response.output_item.added",
+        "conversation.item.created",
+        "response.content_part.added",
+        "output_audio_buffer.started",
+        "response.output_audio_transcript.delta",
+        "response.output_audio_transcript.delta",
+        "response.output_audio.done",
+        "response.output_audio_transcript.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.done",
+    ]
     at = {"response_id": "resp_1", "item_id": events.item_id, "output_index": 0, "content_index": 0}
     for e in sent[5:10]:
         assert {k: e[k] for k in at} == at, e
     assert sent[2]["previous_item_id"] == "item_before"
     done = sent[-1]["response"]
     assert done["status"] == "completed" and done["usage"] == {"total_tokens": 3}
-    assert done["output"] == [{"id": events.item_id, "object": "realtime.item", "type": "message",
-                               "role": "assistant", "status": "completed",
-                               "content": [{"type": "output_audio", "transcript": "Hello"}]}]
+    assert done["output"] == [
+        {
+            "id": events.item_id,
+            "object": "realtime.item",
+            "type": "message",
+            "role": "assistant",
+            "status": "completed",
+            "content": [{"type": "output_audio", "transcript": "Hello"}],
+        }
+    ]
     cancelled = []
     ResponseEvents(lambda kind, **f: cancelled.append({"type": kind, **f}), "resp_2").finish(
-        "cancelled", {}, reason="turn_detected")
-    assert cancelled[-1]["response"]["status_details"] == {"type": "cancelled", "reason": "turn_detected",
-                                                          "error": None}
+        "cancelled", {}, reason="turn_detected"
+    )
+    assert cancelled[-1]["response"]["status_details"] == {
+        "type": "cancelled",
+        "reason": "turn_detected",
+        "error": None,
+    }
     assert cancelled[-2]["item"]["status"] == "incomplete"
 
 

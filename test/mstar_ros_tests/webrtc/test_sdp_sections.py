@@ -1,19 +1,40 @@
 """Splitting an offer into the m-sections aiortc answers and those rejected with port 0, on SDP built here."""
+
 from __future__ import annotations
 
 import pytest
 
 from mstar_ros.webrtc.sdp_sections import BadSDP, split_offer
 
-TRANSPORT = ["a=ice-ufrag:abcd", "a=ice-pwd:0123456789abcdefghijkl", "a=fingerprint:sha-256 AA:BB", "a=setup:actpass",
-             "a=rtcp-mux", "a=candidate:1 1 udp 2130706431 127.0.0.1 5000 typ host", "a=end-of-candidates"]
+TRANSPORT = [
+    "a=ice-ufrag:abcd",
+    "a=ice-pwd:0123456789abcdefghijkl",
+    "a=fingerprint:sha-256 AA:BB",
+    "a=setup:actpass",
+    "a=rtcp-mux",
+    "a=candidate:1 1 udp 2130706431 127.0.0.1 5000 typ host",
+    "a=end-of-candidates",
+]
 
 
 def offer(video_first: bool = True) -> str:
-    video = ["m=video 9 UDP/TLS/RTP/SAVPF 96 97", "c=IN IP4 0.0.0.0", "a=mid:v", "a=sendonly",
-             "a=rtpmap:96 VP8/90000", "a=rtpmap:97 rtx/90000", "a=fmtp:97 apt=96"]
-    audio = ["m=audio 0 UDP/TLS/RTP/SAVPF 111", "c=IN IP4 0.0.0.0", "a=mid:a", "a=bundle-only", "a=sendrecv",
-             "a=rtpmap:111 opus/48000/2"]
+    video = [
+        "m=video 9 UDP/TLS/RTP/SAVPF 96 97",
+        "c=IN IP4 0.0.0.0",
+        "a=mid:v",
+        "a=sendonly",
+        "a=rtpmap:96 VP8/90000",
+        "a=rtpmap:97 rtx/90000",
+        "a=fmtp:97 apt=96",
+    ]
+    audio = [
+        "m=audio 0 UDP/TLS/RTP/SAVPF 111",
+        "c=IN IP4 0.0.0.0",
+        "a=mid:a",
+        "a=bundle-only",
+        "a=sendrecv",
+        "a=rtpmap:111 opus/48000/2",
+    ]
     video, audio = (video + TRANSPORT, audio) if video_first else (video, audio + TRANSPORT)
     media = video + audio if video_first else audio + video
     order = "v a" if video_first else "a v"
@@ -25,7 +46,7 @@ def test_a_rejected_bundle_tag_hands_its_transport_to_the_first_section_kept():
     assert split.rejected_mids == ["v"]
     sent = split.offer_for_aiortc()
     assert "m=video" not in sent and "a=group:BUNDLE a\r\n" in sent and "a=bundle-only" not in sent
-    audio = sent[sent.index("m=audio"):]
+    audio = sent[sent.index("m=audio") :]
     assert all(line in audio for line in TRANSPORT)
 
 
@@ -34,8 +55,13 @@ def test_the_answer_puts_the_rejected_section_back_in_its_place_with_port_0():
     aiortc_answer = "v=0\r\ns=-\r\na=group:BUNDLE a\r\nm=audio 5000 UDP/TLS/RTP/SAVPF 111\r\na=mid:a\r\n"
     answer = split.answer(aiortc_answer)
     sections = answer.split("\r\nm=")
-    assert sections[1].split("\r\n") == ["video 0 UDP/TLS/RTP/SAVPF 96", "c=IN IP4 0.0.0.0", "a=inactive", "a=mid:v",
-                                         "a=rtpmap:96 VP8/90000"]
+    assert sections[1].split("\r\n") == [
+        "video 0 UDP/TLS/RTP/SAVPF 96",
+        "c=IN IP4 0.0.0.0",
+        "a=inactive",
+        "a=mid:v",
+        "a=rtpmap:96 VP8/90000",
+    ]
     assert sections[2].startswith("audio 5000 ") and "a=group:BUNDLE a\r\n" in answer
 
 

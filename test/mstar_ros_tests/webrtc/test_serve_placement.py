@@ -1,6 +1,7 @@
 """``mstar-ros serve voice --placement``: the model's nodes in Worker processes, the gateway in its own.
 Orpheus whole in one Worker speaks what the in-process gateway speaks for the same request and seed;
 Qwen3-Omni on two ranks answers an aiortc peer's typed turn in voice."""
+
 from __future__ import annotations
 
 import asyncio
@@ -24,8 +25,12 @@ TEXT, SEED = "Worker processes speak it.", 11
 @contextlib.contextmanager
 def serving(*args: str):
     """``mstar-ros serve voice ARGS --port 0`` running: its URL; stopped at the end."""
-    proc = subprocess.Popen([sys.executable, "-m", "mstar_ros.cli", "serve", "voice", "--port", "0", *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mstar_ros.cli", "serve", "voice", "--port", "0", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         seen = []
         for line in proc.stdout:  # type: ignore[union-attr]
@@ -47,8 +52,9 @@ def serving(*args: str):
 
 async def speech_pcm(url: str) -> bytes:
     async with ClientSession() as http:
-        async with http.post(f"{url}/v1/audio/speech", json={"input": TEXT, "response_format": "pcm", "seed": SEED,
-                                                              "max_tokens": 140}) as r:
+        async with http.post(
+            f"{url}/v1/audio/speech", json={"input": TEXT, "response_format": "pcm", "seed": SEED, "max_tokens": 140}
+        ) as r:
             assert r.status == 200, await r.text()
             return await r.read()
 
@@ -104,8 +110,12 @@ def test_the_gateway_of_a_placement_reads_no_weights_and_builds_the_same_request
     light = load_speech_model(name, requests_only=True, progress=False)
     full = load_speech_model(name, progress=False)
     params = [p for part in vars(light).values() if isinstance(part, torch.nn.Module) for p in part.parameters()]
-    params += [p for part in vars(getattr(light, "model", light)).values() if isinstance(part, torch.nn.Module)
-               for p in part.parameters()]
+    params += [
+        p
+        for part in vars(getattr(light, "model", light)).values()
+        if isinstance(part, torch.nn.Module)
+        for p in part.parameters()
+    ]
     assert params and all(p.is_meta for p in params)
     with pytest.raises(RuntimeError, match="requests_only"):
         light.modules()

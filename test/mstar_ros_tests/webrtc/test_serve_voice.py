@@ -1,5 +1,6 @@
 """``mstar-ros serve voice`` as a process: the URLs it prints work, it stops on SIGINT when a script started it
 as a background job (SIGINT ignored) and on SIGTERM, and ``--model`` lists the installed speech models."""
+
 from __future__ import annotations
 
 import re
@@ -35,15 +36,29 @@ def _get(url: str, token: str | None = None) -> int:
 def test_a_background_job_stops_on_sigint_and_prints_its_urls_but_never_its_token(tmp_path):
     """``sh -c 'serve voice &'``: the shell starts the job with SIGINT ignored, so Python never raises
     KeyboardInterrupt; SIGINT still stops it, exit status 0, with its closing log line."""
-    probe = subprocess.run(["sh", "-c", '"$@" & wait $!', "sh", sys.executable, "-c",
-                            "import signal; print(signal.getsignal(signal.SIGINT) == signal.SIG_IGN)"],
-                           capture_output=True, text=True, timeout=60)
+    probe = subprocess.run(
+        [
+            "sh",
+            "-c",
+            '"$@" & wait $!',
+            "sh",
+            sys.executable,
+            "-c",
+            "import signal; print(signal.getsignal(signal.SIGINT) == signal.SIG_IGN)",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert probe.stdout.strip() == "True", probe  # what a job started this way inherits
     token = "tok-" + "x7" * 12
     (tmp_path / "token").write_text(token)
-    proc = subprocess.Popen(["sh", "-c", '"$@" & echo "pid $!"; wait $!', "sh", *SERVE,
-                             "--token-file", str(tmp_path / "token")],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        ["sh", "-c", '"$@" & echo "pid $!"; wait $!', "sh", *SERVE, "--token-file", str(tmp_path / "token")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         server = int(proc.stdout.readline().split()[1])  # type: ignore[union-attr]
         banner = "".join(_started(proc))

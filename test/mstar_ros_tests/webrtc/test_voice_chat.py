@@ -2,6 +2,7 @@
 turn from an aiortc microphone streams into the graph as it is said (its streamed input) and is answered
 in voice with its transcript; a typed turn too; an image shown first (conversation.item.create) is seen
 with the spoken turn; speaking over the answer cancels every stage and frees their KV."""
+
 from __future__ import annotations
 
 import asyncio
@@ -70,8 +71,14 @@ def test_a_spoken_turn_is_answered_in_voice_with_its_transcript(qwen3_omni, spee
     assert filed["type"] == "conversation.item.created" and filed["item"]["id"] == committed["item_id"]
     assert filed["item"]["content"] == [{"type": "input_audio", "transcript": None}]
     answer_item = next(e for e in events if e["type"] == "response.output_item.added")
-    assert next(e for e in events if e["type"] == "conversation.item.created" and
-                e["item"]["id"] == answer_item["item"]["id"])["previous_item_id"] == committed["item_id"]
+    assert (
+        next(
+            e
+            for e in events
+            if e["type"] == "conversation.item.created" and e["item"]["id"] == answer_item["item"]["id"]
+        )["previous_item_id"]
+        == committed["item_id"]
+    )
     assert spoken < types.index("response.created")  # the answer starts when the turn ends
     # the turn streamed into its request while it was said: all but its last ~0.6 s before it ended
     turn = peer.last_turn
@@ -86,9 +93,12 @@ def test_a_spoken_turn_is_answered_in_voice_with_its_transcript(qwen3_omni, spee
     assert peer.timings[0].audio_s > 0 and peer.timings[1].audio_s > 0
     # both turns are kept with their answers: the spoken one with its audio (heard again next turn, with the
     # typed one's prompt), the typed one as text
-    assert [entry[:2] for entry in peer.history] == [("user", ""), ("assistant", transcripts[0]),
-                                                     ("user", "hello there, how are you today"),
-                                                     ("assistant", transcripts[1])]
+    assert [entry[:2] for entry in peer.history] == [
+        ("user", ""),
+        ("assistant", transcripts[0]),
+        ("user", "hello there, how are you today"),
+        ("assistant", transcripts[1]),
+    ]
     assert len(peer.history[0][2]) == turn.stream.samples and len(peer.history[2]) == 2
     assert blocks == idle  # Thinker's and Talker's KV freed
 
@@ -133,30 +143,55 @@ def test_an_image_shown_before_a_spoken_turn_is_seen_with_it_and_items_can_be_an
     async def main():
         async with chatting(qwen3_omni, path) as (c, idle, client, player, peer):
             client.send(type="session.update", session={"max_output_tokens": 40, "seed": 3})
-            client.send(type="conversation.item.create", item={"type": "message", "role": "user", "content": [
-                {"type": "input_image", "image_url": png_data_url(shown)}]})
+            client.send(
+                type="conversation.item.create",
+                item={
+                    "type": "message",
+                    "role": "user",
+                    "content": [{"type": "input_image", "image_url": png_data_url(shown)}],
+                },
+            )
             await client.until(lambda: "response.done" in client.types(), 120, "the spoken turn's answer")
             player.audio.stop()
             # bad items are errors; the peer keeps its conversation and goes on serving
-            for item in ({"type": "message", "role": "user", "content": [{"type": "input_image",
-                                                                           "image_url": "https://example.com/a.png"}]},
-                         {"type": "message", "role": "assistant", "content": [{"type": "input_image",
-                                                                                "image_url": png_data_url(shown)}]},
-                         # a special token in its text: the model refuses the conversation with it, so it stays out
-                         {"type": "message", "role": "user", "content": [{"type": "input_text",
-                                                                           "text": "hear <|audio_pad|> this"}]}):
+            for item in (
+                {
+                    "type": "message",
+                    "role": "user",
+                    "content": [{"type": "input_image", "image_url": "https://example.com/a.png"}],
+                },
+                {
+                    "type": "message",
+                    "role": "assistant",
+                    "content": [{"type": "input_image", "image_url": png_data_url(shown)}],
+                },
+                # a special token in its text: the model refuses the conversation with it, so it stays out
+                {
+                    "type": "message",
+                    "role": "user",
+                    "content": [{"type": "input_text", "text": "hear <|audio_pad|> this"}],
+                },
+            ):
                 client.send(type="conversation.item.create", item=item)
             await client.until(lambda: client.types().count("error") == 3, 30, "the bad items' errors")
             # a typed item, then response.create without text: the conversation's last item is answered
-            client.send(type="conversation.item.create", item={"type": "message", "role": "user", "content": [
-                {"type": "input_text", "text": "and what colour is it"}]})
+            client.send(
+                type="conversation.item.create",
+                item={
+                    "type": "message",
+                    "role": "user",
+                    "content": [{"type": "input_text", "text": "and what colour is it"}],
+                },
+            )
             client.send(type="response.create")
             await client.until(lambda: client.types().count("response.done") == 2, 120, "the item's answer")
             history = list(peer.history)
             heard = torch.from_numpy(peer.last_turn.audio)
             seen = history[0]
-            expected = [await answer(c, audio=heard, history=[seen], sampling=peer.sampling),
-                        await answer(c, text="and what colour is it", history=history[:3], sampling=peer.sampling)]
+            expected = [
+                await answer(c, audio=heard, history=[seen], sampling=peer.sampling),
+                await answer(c, text="and what colour is it", history=history[:3], sampling=peer.sampling),
+            ]
             blind = await answer(c, audio=heard, sampling=peer.sampling)
             return client.events, history, expected, blind
 
@@ -172,8 +207,13 @@ def test_an_image_shown_before_a_spoken_turn_is_seen_with_it_and_items_can_be_an
     assert done == ["completed", "completed"]
     assert transcripts == expected and expected[0] != blind  # the spoken turn's answer saw the image
     roles = [(turn[0], turn[1]) for turn in history]
-    assert roles == [("user", ""), ("user", ""), ("assistant", transcripts[0]), ("user", "and what colour is it"),
-                     ("assistant", transcripts[1])]
+    assert roles == [
+        ("user", ""),
+        ("user", ""),
+        ("assistant", transcripts[0]),
+        ("user", "and what colour is it"),
+        ("assistant", transcripts[1]),
+    ]
     # the image is kept prepared (resized and patched once, not again each turn): as the model prepares it
     prepared = history[0][3][0]
     assert torch.equal(prepared.pixel_values, qwen3_omni.prepare_image(shown).pixel_values)

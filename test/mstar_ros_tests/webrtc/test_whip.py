@@ -1,5 +1,6 @@
 """WHIP (RFC 9725) on the gateway, driven by clients written to the RFC: aiortc peers with aiohttp, and a
 headless Chromium on another origin (CORS) offering audio and video."""
+
 from __future__ import annotations
 
 import asyncio
@@ -57,18 +58,22 @@ def test_a_whip_client_posts_its_offer_hears_posted_text_and_deletes_its_session
                 async with ClientSession() as http:
                     async with http.post(f"{url}/whip", data=await client.offer(), headers=SDP) as r:
                         out["created"] = r.status, r.headers["Content-Type"], r.headers.get("Link")
-                        out["cors"] = r.headers.get("Access-Control-Allow-Origin"), \
-                            r.headers.get("Access-Control-Expose-Headers")
+                        out["cors"] = (
+                            r.headers.get("Access-Control-Allow-Origin"),
+                            r.headers.get("Access-Control-Expose-Headers"),
+                        )
                         location, etag, answer = r.headers["Location"], r.headers["ETag"], await r.text()
                     out["location"], out["etag"] = location, etag
                     await client.pc.setRemoteDescription(RTCSessionDescription(sdp=answer, type="answer"))
                     await client.until(lambda: client.pc.connectionState == "connected", 20, "connected")
-                    async with http.post(f"{url}{location}", data="Hello over WHIP.",
-                                         headers={"Content-Type": "text/plain"}) as r:
+                    async with http.post(
+                        f"{url}{location}", data="Hello over WHIP.", headers={"Content-Type": "text/plain"}
+                    ) as r:
                         out["spoken"] = r.status
                     await client.until(lambda: client.loud > 10, 60, "the posted text's audio")
-                    async with http.post(f"{url}{location}", data="x" * 2001,
-                                         headers={"Content-Type": "text/plain; charset=utf-8"}) as r:
+                    async with http.post(
+                        f"{url}{location}", data="x" * 2001, headers={"Content-Type": "text/plain; charset=utf-8"}
+                    ) as r:
                         out["too_long"] = r.status, await r.text()
                     async with http.post(f"{url}{location}", data=" ", headers={"Content-Type": "text/plain"}) as r:
                         out["empty"] = r.status, await r.text()
@@ -76,12 +81,15 @@ def test_a_whip_client_posts_its_offer_hears_posted_text_and_deletes_its_session
                     fragment = "a=mid:0\r\na=end-of-candidates\r\n"
                     async with http.patch(f"{url}{location}", data=fragment, headers=patch) as r:
                         out["no_if_match"] = r.status
-                    async with http.patch(f"{url}{location}", data=fragment, headers={**patch, "If-Match": '"old"'}) as r:
+                    async with http.patch(
+                        f"{url}{location}", data=fragment, headers={**patch, "If-Match": '"old"'}
+                    ) as r:
                         out["stale"] = r.status
                     async with http.patch(f"{url}{location}", data=fragment, headers={**patch, "If-Match": "*"}) as r:
                         out["restart"] = r.status, await r.text()
-                    async with http.patch(f"{url}{location}", data=fragment,
-                                          headers={"Content-Type": "text/plain", "If-Match": etag}) as r:
+                    async with http.patch(
+                        f"{url}{location}", data=fragment, headers={"Content-Type": "text/plain", "If-Match": etag}
+                    ) as r:
                         out["wrong_fragment_type"] = r.status
                     async with http.post(f"{url}/whip", data="v=0", headers={"Content-Type": "text/plain"}) as r:
                         out["wrong_type"] = r.status
@@ -115,6 +123,7 @@ def test_candidates_trickled_by_patch_reach_the_gateways_ice_agent(orpheus):
     """The offer goes without its candidates; they follow in a PATCH with the ETag (204), as a trickling WHIP
     client sends them, and the gateway's ICE agent pairs them as the client's host candidates (not ones it
     discovered from the client's checks). A fragment naming other ICE credentials is a restart: 422."""
+
     async def main():
         out = {}
         async with gateway_for(orpheus) as (_, gateway, url):
@@ -129,17 +138,30 @@ def test_candidates_trickled_by_patch_reach_the_gateways_ice_agent(orpheus):
                         location, etag, answer = r.headers["Location"], r.headers["ETag"], await r.text()
                     await client.pc.setRemoteDescription(RTCSessionDescription(sdp=answer, type="answer"))
                     ufrag = next(line for line in lines if line.startswith("a=ice-ufrag:"))
-                    fragment = "\r\n".join(["a=ice-options:trickle", "m=audio 9 UDP/TLS/RTP/SAVPF 0", "a=mid:0", ufrag,
-                                            "a=candidate:1 1 udp 1 not-enough-fields", *held, "a=end-of-candidates"])
-                    async with http.patch(f"{url}{location}", data=fragment + "\r\n",
-                                          headers={"Content-Type": FRAG, "If-Match": etag}) as r:
+                    fragment = "\r\n".join(
+                        [
+                            "a=ice-options:trickle",
+                            "m=audio 9 UDP/TLS/RTP/SAVPF 0",
+                            "a=mid:0",
+                            ufrag,
+                            "a=candidate:1 1 udp 1 not-enough-fields",
+                            *held,
+                            "a=end-of-candidates",
+                        ]
+                    )
+                    async with http.patch(
+                        f"{url}{location}", data=fragment + "\r\n", headers={"Content-Type": FRAG, "If-Match": etag}
+                    ) as r:
                         out["trickled"] = r.status, r.headers.get("ETag")
                     await client.until(lambda: client.pc.connectionState == "connected", 20, "connected")
                     peer = gateway.peers[location.rsplit("/", 1)[1]]
                     transport = peer.pc.getTransceivers()[0].receiver.transport.transport
                     out["remote"] = {(c.ip, c.port, c.type) for c in transport.getRemoteCandidates()}
-                    async with http.patch(f"{url}{location}", data="a=ice-ufrag:other\r\na=ice-pwd:otherpassword\r\n",
-                                          headers={"Content-Type": FRAG, "If-Match": etag}) as r:
+                    async with http.patch(
+                        f"{url}{location}",
+                        data="a=ice-ufrag:other\r\na=ice-pwd:otherpassword\r\n",
+                        headers={"Content-Type": FRAG, "If-Match": etag},
+                    ) as r:
                         out["new_ufrag"] = r.status
             finally:
                 await client.pc.close()
@@ -162,7 +184,9 @@ def test_the_answer_rejects_video_with_port_0_and_an_offer_without_audio_is_refu
                 async with ClientSession() as http:
                     async with http.post(f"{url}/whip", data=await both.offer(), headers=SDP) as r:
                         out["both"] = r.status, await r.text(), r.headers["Location"]
-                    out["kinds"] = [t.kind for t in gateway.peers[out["both"][2].rsplit("/", 1)[1]].pc.getTransceivers()]
+                    out["kinds"] = [
+                        t.kind for t in gateway.peers[out["both"][2].rsplit("/", 1)[1]].pc.getTransceivers()
+                    ]
                     async with http.post(f"{url}/whip", data=await video.offer(), headers=SDP) as r:
                         out["video_only"] = r.status, await r.text()
             finally:
@@ -189,16 +213,22 @@ def test_preflight_needs_no_token_and_refusals_are_readable_across_origins(orphe
             async with ClientSession() as http:
                 got = {}
                 for path in ("/whip", "/whip/abc"):
-                    async with http.options(f"{url}{path}", headers={
-                            "Origin": "http://example.test", "Access-Control-Request-Method": "POST",
-                            "Access-Control-Request-Headers": "authorization, content-type"}) as r:
+                    async with http.options(
+                        f"{url}{path}",
+                        headers={
+                            "Origin": "http://example.test",
+                            "Access-Control-Request-Method": "POST",
+                            "Access-Control-Request-Headers": "authorization, content-type",
+                        },
+                    ) as r:
                         got[path] = r.status, dict(r.headers)
                 async with http.post(f"{url}/whip", data="v=0", headers=SDP) as r:
                     got["unauthorised"] = r.status, r.headers.get("Access-Control-Allow-Origin")
         async with gateway_for(orpheus) as (_, _, url):  # no token: no other origin may drive it
             async with ClientSession() as http:
-                async with http.options(f"{url}/whip", headers={"Origin": "http://example.test",
-                                                                 "Access-Control-Request-Method": "POST"}) as r:
+                async with http.options(
+                    f"{url}/whip", headers={"Origin": "http://example.test", "Access-Control-Request-Method": "POST"}
+                ) as r:
                     got["tokenless"] = r.status, r.headers.get("Access-Control-Allow-Origin")
         return got
 

@@ -3,6 +3,7 @@ admission errors, seeded sampling and constrained decoding (sessions: test_sessi
 
 Every greedy result is compared with ToyLM's dense, unbatched reference.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -34,18 +35,24 @@ from support.toy_models import RangeConstrainedLM, ToyLM
 
 # ---- continuous batching is invisible -------------------------------------------------------------
 
+
 def largest_need_blocks() -> int:
     return max(math.ceil((len(p) + n) / BS) for p, n in zip(PROMPTS, MAX_TOKENS))
 
 
-@pytest.mark.parametrize("pool,max_batched", [(256, 1024), ("tight", 1024), (256, 8), ("tight", 8)],
-                         ids=["roomy", "preempting", "chunked", "preempting+chunked"])
+@pytest.mark.parametrize(
+    "pool,max_batched",
+    [(256, 1024), ("tight", 1024), (256, 8), ("tight", 8)],
+    ids=["roomy", "preempting", "chunked", "preempting+chunked"],
+)
 def test_concurrent_greedy_equals_reference(pool, max_batched):
     tight = pool == "tight"
     blocks = largest_need_blocks() + 1 if tight else pool
 
     async def main():
-        async with Conductor(lm_graph(), {"llm": LM}, config=config(num_kv_blocks=blocks, max_batched_tokens=max_batched)) as c:
+        async with Conductor(
+            lm_graph(), {"llm": LM}, config=config(num_kv_blocks=blocks, max_batched_tokens=max_batched)
+        ) as c:
             got = await run_batch(c, PROMPTS, MAX_TOKENS)
             await c.wait_idle()
             return got, engine_stats(c)
@@ -130,6 +137,7 @@ def test_cancel_mid_decode_leaves_no_tensors_behind():
     a step for that request and store.put() its sampled token under the freed owner, so the
     tensor is never freed and wait_idle() times out.
     """
+
     async def main():
         async with Conductor(lm_graph(), {"llm": LM}, config=config()) as c:
             for _ in range(4):  # the race is timing-dependent: a few rounds make it near-certain
@@ -163,6 +171,7 @@ def test_cancel_before_first_token_frees_everything(started):
     not run yet, so Conductor._run's body (its except/finally) never executes: the stream never
     ends, the request stays in _tasks (in_flight 1) and its input tensor stays in the store.
     """
+
     async def main():
         async with Conductor(lm_graph(), {"llm": LM}, config=config(max_batched_tokens=4)) as c:
             s = c.submit(req(list(range(1, 60)), 50))  # a long chunked prefill
@@ -184,6 +193,7 @@ def test_cancel_before_first_token_frees_everything(started):
 
 
 # ---- stop token ----------------------------------------------------------------------------------
+
 
 def test_stop_token_ends_generation_and_is_not_emitted():
     prompts = make_prompts([4, 10, 2, 17, 8, 25, 6, 13], seed=2)
@@ -214,11 +224,13 @@ def test_stop_token_ends_generation_and_is_not_emitted():
 
 # ---- admission errors ----------------------------------------------------------------------------
 
+
 def test_admission_errors_are_clear_and_the_engine_keeps_serving():
     small = ToyLM(max_positions=64)
 
     async def main():
         async with Conductor(lm_graph(), {"llm": small}, config=config(num_kv_blocks=10)) as c:
+
             async def expect_error(request, *fragments):
                 with pytest.raises(RequestError) as info:
                     await c.submit(request).collect()
@@ -276,9 +288,12 @@ SEED_PROMPT = [8, 30, 2, 71]
 
 async def _sample_with(c: Conductor, sampling: SamplingParams, company: int) -> list[int]:
     """Samples SEED_PROMPT with ``sampling`` alongside ``company`` other requests."""
-    others = [c.submit(req(list(p), 10 + i, sampling=SamplingParams(
-        temperature=0.7 if i % 2 else 0.0, seed=i, max_tokens=10 + i)))
-        for i, p in enumerate(make_prompts([3 + 4 * i for i in range(company)], seed=9))]
+    others = [
+        c.submit(
+            req(list(p), 10 + i, sampling=SamplingParams(temperature=0.7 if i % 2 else 0.0, seed=i, max_tokens=10 + i))
+        )
+        for i, p in enumerate(make_prompts([3 + 4 * i for i in range(company)], seed=9))
+    ]
     mine = c.submit(req(SEED_PROMPT, sampling=sampling))
     out = toks(await mine.collect())
     await asyncio.gather(*(o.collect() for o in others))
@@ -302,8 +317,14 @@ def test_seed_gives_identical_streams_across_runs_and_batch_compositions():
 def test_different_seeds_give_different_streams():
     async def main():
         async with Conductor(lm_graph(), {"llm": LM}, config=config()) as c:
-            outs = await asyncio.gather(*(c.submit(req(SEED_PROMPT, sampling=SamplingParams(
-                temperature=1.0, max_tokens=24, seed=s))).collect() for s in range(4)))
+            outs = await asyncio.gather(
+                *(
+                    c.submit(
+                        req(SEED_PROMPT, sampling=SamplingParams(temperature=1.0, max_tokens=24, seed=s))
+                    ).collect()
+                    for s in range(4)
+                )
+            )
             await c.wait_idle()
             return [toks(o) for o in outs]
 
@@ -318,7 +339,9 @@ def test_repetition_penalty_changes_greedy_output_and_avoids_repeats():
 
     async def main():
         async with Conductor(lm_graph(), {"llm": LM}, config=config()) as c:
-            out = toks(await c.submit(req(prompt, sampling=SamplingParams(max_tokens=30, repetition_penalty=50.0))).collect())
+            out = toks(
+                await c.submit(req(prompt, sampling=SamplingParams(max_tokens=30, repetition_penalty=50.0))).collect()
+            )
             await c.wait_idle()
             return out
 
@@ -330,6 +353,7 @@ def test_repetition_penalty_changes_greedy_output_and_avoids_repeats():
 
 
 # ---- constrained decoding ------------------------------------------------------------------------
+
 
 def constrained_reference(lm: ToyLM, prompt: list[int], n: int) -> list[int]:
     ids, out = list(prompt), []
@@ -352,9 +376,11 @@ def in_ranges(tok: int, ranges) -> bool:
     return ranges is None or any(lo <= tok < hi for lo, hi in ranges)
 
 
-@pytest.mark.parametrize("ranges", [(((0, 10),), ((50, 60),)),
-                                    (None, ((20, 30), (40, 45)), ((90, 97),))],
-                         ids=["alternating", "with-unconstrained-steps"])
+@pytest.mark.parametrize(
+    "ranges",
+    [(((0, 10),), ((50, 60),)), (None, ((20, 30), (40, 45)), ((90, 97),))],
+    ids=["alternating", "with-unconstrained-steps"],
+)
 def test_constrained_greedy_equals_masked_reference(ranges):
     lm = RangeConstrainedLM(ranges=ranges)
     prompts = make_prompts([1, 6, 13, 3, 22, 9], seed=4)
@@ -380,8 +406,17 @@ def test_constrained_sampling_only_emits_allowed_tokens():
 
     async def main():
         async with Conductor(lm_graph(), {"llm": lm}, config=config()) as c:
-            outs = await asyncio.gather(*(c.submit(req([1 + s, 2], sampling=SamplingParams(
-                temperature=2.0, max_tokens=20, seed=s, repetition_penalty=1.3))).collect() for s in range(6)))
+            outs = await asyncio.gather(
+                *(
+                    c.submit(
+                        req(
+                            [1 + s, 2],
+                            sampling=SamplingParams(temperature=2.0, max_tokens=20, seed=s, repetition_penalty=1.3),
+                        )
+                    ).collect()
+                    for s in range(6)
+                )
+            )
             await c.wait_idle()
             return [toks(o) for o in outs]
 
@@ -401,8 +436,12 @@ def test_request_outputs_selects_what_is_streamed():
     graph = ModelGraph(
         name="two_outputs",
         nodes=[GraphNode("a", inputs=["x"], outputs=["y"]), GraphNode("b", inputs=["x"], outputs=["y"])],
-        edges=[GraphEdge("input.x", "a.x"), GraphEdge("a.y", "b.x"), GraphEdge("a.y", "output.first"),
-               GraphEdge("b.y", "output.second")],
+        edges=[
+            GraphEdge("input.x", "a.x"),
+            GraphEdge("a.y", "b.x"),
+            GraphEdge("a.y", "output.first"),
+            GraphEdge("b.y", "output.second"),
+        ],
         walks={"main": Sequential("a", "b")},
         next_walk=lambda s: None if s.last_walk else "main",
     )

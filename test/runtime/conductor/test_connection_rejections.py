@@ -2,6 +2,7 @@
 
 A real WorkerPool on 127.0.0.1 (no Worker launched); the test opens the connections.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -60,10 +61,10 @@ def test_each_kind_of_bad_peer_gets_its_reason_and_a_worker_is_still_served(tmp_
         writer.close()
 
     async def body(pool: WorkerPool):
-        await peer(pool, (1 << 20).to_bytes(4, "big"))         # a Hello announced over the pre-proof limit
+        await peer(pool, (1 << 20).to_bytes(4, "big"))  # a Hello announced over the pre-proof limit
         await peer(pool, (5).to_bytes(4, "big") + b"\xc1" * 5)  # not msgpack
         await peer(pool, b"\x00\x00")
-        await peer(pool, encode_frame(Welcome(b"x" * 32)))      # a control message, but no Hello
+        await peer(pool, encode_frame(Welcome(b"x" * 32)))  # a control message, but no Hello
         reader, writer = await asyncio.open_connection(pool.host, pool.port)
         challenge = await read_frame(reader)
         writer.write(encode_frame(handshake.hello(TOKEN, challenge, 1, os.getpid(), "testhost")))

@@ -2,6 +2,7 @@
 they are made. The consumer's output equals what it gives when it starts after the producer is done
 (every row there), however the rows' arrival interleaves with its steps; it waits for a row it needs
 rather than read past the end; cancelling or a bad row frees everything."""
+
 from __future__ import annotations
 
 import asyncio
@@ -21,7 +22,9 @@ from support.toy_models import FedLM, RowsLM
 def request(i: int, **meta) -> Request:
     g = torch.Generator().manual_seed(i)
     prompt, prompt2 = torch.randint(1, 97, (3 + i,), generator=g), torch.randint(1, 97, (2 + i % 3,), generator=g)
-    return Request({"prompt": prompt, "prompt2": prompt2}, SamplingParams(), meta={"produce": 6 + i, "consume": 9 + i, **meta})
+    return Request(
+        {"prompt": prompt, "prompt2": prompt2}, SamplingParams(), meta={"produce": 6 + i, "consume": 9 + i, **meta}
+    )
 
 
 def modules(delay_s: float = 0.0) -> dict:
@@ -54,6 +57,7 @@ def test_the_consumer_reading_rows_as_they_come_equals_it_reading_them_all_at_on
 
 def test_the_consumer_starts_before_the_producer_ends():
     """Its first tokens come out while the producer is still making rows (a slow producer)."""
+
     async def main():
         async with Conductor(fed_loop_graph(), modules(delay_s=0.02), config=config()) as c:
             order = []
@@ -70,8 +74,10 @@ def test_cancelling_while_the_consumer_waits_for_rows_frees_both_loops():
         async with Conductor(fed_loop_graph(), modules(delay_s=0.05), config=config()) as c:
             idle = c.kv_blocks_used()
             stream = c.submit(request(2, produce=40, consume=40))
-            await until(lambda: stats(c, "consumer")["sequences"] == 1 and stats(c, "producer")["sequences"] == 1,
-                        what="both loops running")
+            await until(
+                lambda: stats(c, "consumer")["sequences"] == 1 and stats(c, "producer")["sequences"] == 1,
+                what="both loops running",
+            )
             await c.cancel(stream.request_id)
             other = await c.submit(request(0, after=True)).collect()
             await c.wait_idle()
@@ -86,8 +92,14 @@ def test_a_fed_input_needs_one_streaming_edge_from_step_rows():
     edges = [e for e in graph.edges if not str(e).startswith("producer.step_rows")]
     edges.append(GraphEdge("producer.rows", "consumer.text"))
     with pytest.raises(GraphError, match="fed input consumer.text needs exactly one streaming edge"):
-        type(graph)(name=graph.name, nodes=graph.nodes, edges=edges, walks=graph.walks, topology=graph.topology,
-                    next_walk=graph.next_walk)
+        type(graph)(
+            name=graph.name,
+            nodes=graph.nodes,
+            edges=edges,
+            walks=graph.walks,
+            topology=graph.topology,
+            next_walk=graph.next_walk,
+        )
     with pytest.raises(ValueError, match="fed inputs"):
         GraphNode("enc", inputs=["x"], outputs=["y"], fed_inputs=["x"])  # a stateless node has no running Loop
 
@@ -98,8 +110,14 @@ def test_a_fed_input_whose_producer_is_not_in_the_walk_is_closed_not_waited_for(
 
     graph = fed_loop_graph()
     walks = dict(graph.walks, alone=DynamicLoop("consumer", trip_count=lambda s: 5))
-    graph = type(graph)(name=graph.name, nodes=graph.nodes, edges=graph.edges, walks=walks, topology=graph.topology,
-                        next_walk=lambda s: None if s.last_walk else "alone")
+    graph = type(graph)(
+        name=graph.name,
+        nodes=graph.nodes,
+        edges=graph.edges,
+        walks=walks,
+        topology=graph.topology,
+        next_walk=lambda s: None if s.last_walk else "alone",
+    )
 
     async def main():
         async with Conductor(graph, modules(), config=config()) as c:

@@ -1,6 +1,7 @@
 """ARModule.loop_limit: a module ends its Loop call from what its side inputs hold (the Qwen3-Omni Talker's
 audio capped by its text's length). Here a consumer may speak twice as many tokens as the text rows it
 read, once the text has ended: below the call's own budget, that limit ends it, streamed or not."""
+
 from __future__ import annotations
 
 import asyncio
@@ -27,8 +28,11 @@ class LimitedFedLM(FedLM):
 def request(i: int, consume: int, after: bool = False) -> Request:
     g = torch.Generator().manual_seed(i)
     prompt, prompt2 = torch.randint(1, 97, (3 + i,), generator=g), torch.randint(1, 97, (2,), generator=g)
-    return Request({"prompt": prompt, "prompt2": prompt2}, SamplingParams(),
-                   meta={"produce": 5 + i, "consume": consume, "after": after})
+    return Request(
+        {"prompt": prompt, "prompt2": prompt2},
+        SamplingParams(),
+        meta={"produce": 5 + i, "consume": consume, "after": after},
+    )
 
 
 def test_a_module_ends_its_loop_by_its_side_inputs_streamed_or_not():
@@ -36,8 +40,9 @@ def test_a_module_ends_its_loop_by_its_side_inputs_streamed_or_not():
     requests = [request(i, consume) for i, consume in budgets]
 
     async def main():
-        async with Conductor(fed_loop_graph(), {"producer": RowsLM(delay_s=0.005), "consumer": LimitedFedLM()},
-                             config=config()) as c:
+        async with Conductor(
+            fed_loop_graph(), {"producer": RowsLM(delay_s=0.005), "consumer": LimitedFedLM()}, config=config()
+        ) as c:
             streamed = await asyncio.gather(*(c.submit(r).collect() for r in requests))
             after = [await c.submit(request(i, consume, after=True)).collect() for i, consume in budgets]
             await c.wait_idle()

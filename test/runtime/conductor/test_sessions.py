@@ -1,5 +1,6 @@
 """Sessions through the Conductor: KV kept across messages, closing, sliding-window eviction,
 and idle session KV never starving other requests."""
+
 from __future__ import annotations
 
 import asyncio
@@ -12,6 +13,7 @@ from support.conductor_helpers import BS, LM, config, engine_stats, make_prompts
 from support.toy_graphs import lm_graph
 
 # ---- sessions ------------------------------------------------------------------------------------
+
 
 def blocks_for(tokens: int) -> int:
     return math.ceil(tokens / BS)
@@ -140,6 +142,7 @@ def test_idle_session_kv_does_not_starve_new_requests():
     never preempts it for a *newer* request (Scheduler._victim only takes holders with
     arrival >= the waiting sequence's), so a request the admission check accepted waits
     forever once idle sessions fill the pool."""
+
     async def main():
         async with Conductor(lm_graph(), {"llm": LM}, config=config(num_kv_blocks=8)) as c:
             await c.submit(req(list(range(1, 21)), 4, session_id="idle")).collect()

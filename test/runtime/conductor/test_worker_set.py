@@ -1,5 +1,6 @@
 """The worker-set contract: both implementations define every operation, and a Conductor
 drives either through the same calls (the in-process / Worker-process choice is made once)."""
+
 from __future__ import annotations
 
 import functools
@@ -18,8 +19,7 @@ from support.conductor_helpers import config, make_prompts, req, run
 from support.toy_factory import REGISTRATION, toy_spec, toy_streaming
 
 IMPLEMENTATIONS = [InProcessWorkers, ProcessWorkers]
-OPERATIONS = {"workers", "worker", "host_of", "start", "stop", "put_input", "worker_status", "refresh",
-              "tensors_held"}
+OPERATIONS = {"workers", "worker", "host_of", "start", "stop", "put_input", "worker_status", "refresh", "tensors_held"}
 
 # one process, every node on it: the calls are those of the embedded run, and the explicit
 # transport keeps the Router from asking hosts (it does only to pick "auto" transports)
@@ -61,6 +61,7 @@ def test_an_embedded_worker_set_has_rank_zero_only():
         assert await workers.worker(0) is workers.local_worker
         with pytest.raises(KeyError):
             await workers.worker(1)
+
     run(go())
     assert workers.placement is None and workers.pool is None
 
@@ -70,27 +71,37 @@ def _record(monkeypatch, implementation: type, calls: list[str]) -> None:
     for name in OPERATIONS:
         own = vars(implementation)[name]
         if isinstance(own, property):
+
             def read(self, _get=own.fget, _name=name):
                 calls.append(_name)
                 return _get(self)
+
             monkeypatch.setattr(implementation, name, property(read))
         elif inspect.iscoroutinefunction(own):
+
             async def call_async(self, *args, _call=own, _name=name, **kwargs):
                 calls.append(_name)
                 return await _call(self, *args, **kwargs)
+
             monkeypatch.setattr(implementation, name, functools.wraps(own)(call_async))
         else:
+
             def call(self, *args, _call=own, _name=name, **kwargs):
                 calls.append(_name)
                 return _call(self, *args, **kwargs)
+
             monkeypatch.setattr(implementation, name, functools.wraps(own)(call))
 
 
 async def _serve(conductor: Conductor) -> list[int]:
     """One request through every public entry point that reaches the Workers."""
     async with conductor:
-        tokens = [int(item.data) async for item in conductor.submit(
-            req(make_prompts([5], seed=1)[0], 6, request_id="r", session_id="s", outputs=frozenset({"token"})))]
+        tokens = [
+            int(item.data)
+            async for item in conductor.submit(
+                req(make_prompts([5], seed=1)[0], 6, request_id="r", session_id="s", outputs=frozenset({"token"}))
+            )
+        ]
         conductor.close_session("s")  # before waiting: a session keeps its KV
         await conductor.wait_idle(timeout=10)
         conductor.stats()

@@ -1,5 +1,6 @@
 """The toy models of test/support are registered for these tests only, in the environment:
 the test's Conductor resolves the name, and the Worker processes it launches inherit it."""
+
 from __future__ import annotations
 
 import pytest

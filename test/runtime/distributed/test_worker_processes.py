@@ -1,4 +1,5 @@
 """Workers in their own processes: same outputs as one process, over every transport; clean shutdown."""
+
 from __future__ import annotations
 
 import asyncio
@@ -47,8 +48,9 @@ async def collect(conductor: Conductor, request) -> dict[str, list]:
 
 
 async def serve_all(conductor: Conductor, prompts, max_tokens: int = 12, outputs=None) -> list[dict]:
-    return await asyncio.gather(*(collect(conductor, req(p, max_tokens, request_id=f"r{i}", outputs=outputs))
-                                  for i, p in enumerate(prompts)))
+    return await asyncio.gather(
+        *(collect(conductor, req(p, max_tokens, request_id=f"r{i}", outputs=outputs)) for i, p in enumerate(prompts))
+    )
 
 
 PROMPTS = make_prompts([3, 9, 5, 14], seed=3)
@@ -59,6 +61,7 @@ def embedded_outputs(outputs=None) -> list[dict]:
         graph, modules = toy_streaming({"llm", "sum"})
         async with Conductor(graph, modules, config=config()) as c:
             return await serve_all(c, PROMPTS, outputs=outputs)
+
     return run(go())
 
 
@@ -142,8 +145,9 @@ def _start_pool_with(tmp_path, spec, **options):
 
     async def go():
         graph, _ = toy_streaming(set())
-        pool = WorkerPool(spec, load_placement(str(placement(tmp_path, SPLIT)), graph), config(), setup_timeout=60,
-                          **options)
+        pool = WorkerPool(
+            spec, load_placement(str(placement(tmp_path, SPLIT)), graph), config(), setup_timeout=60, **options
+        )
         c = Conductor(graph, config=config(), pool=pool)
         with pytest.raises(WorkerSetupError) as info:
             await c.start()
@@ -165,7 +169,8 @@ def test_a_setup_naming_an_unregistered_model_is_refused_and_nothing_named_is_im
     marker = tmp_path / "imported"
     (tmp_path / "planted_factory.py").write_text(
         f"import pathlib\npathlib.Path({str(marker)!r}).write_text('imported')\n"
-        "def build(nodes, **kw):\n    raise AssertionError('built')\n")
+        "def build(nodes, **kw):\n    raise AssertionError('built')\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))  # importable by the Workers too (they get our sys.path)
     assert importlib.util.find_spec("planted_factory") is not None  # importable, had anything tried
     for name in ("planted_factory:build", "not_registered"):
@@ -202,9 +207,25 @@ def test_workers_started_by_hand_connect_to_the_conductor_address(tmp_path):
             await asyncio.sleep(0.01)
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p), MSTAR_WORKER_TOKEN=c.pool.token)
         del env[MODELS.env]  # registered by the flag below instead, as a user starting a Worker would
-        procs = [subprocess.Popen([sys.executable, "-m", "mstar.worker.process_main", "--conductor", c.pool.address,
-                                   "--rank", str(rank), "--listen", "127.0.0.1", "--model", REGISTRATION], env=env)
-                 for rank in (1, 0)]
+        procs = [
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "mstar.worker.process_main",
+                    "--conductor",
+                    c.pool.address,
+                    "--rank",
+                    str(rank),
+                    "--listen",
+                    "127.0.0.1",
+                    "--model",
+                    REGISTRATION,
+                ],
+                env=env,
+            )
+            for rank in (1, 0)
+        ]
         await starting
         try:
             got = await serve_all(c, PROMPTS)
@@ -250,8 +271,12 @@ asyncio.run(main())
         deadline = time.monotonic() + 10
         alive = [pid for pid, _ in workers]
         while alive and time.monotonic() < deadline:
-            alive = [pid for pid in alive if os.path.exists(f"/proc/{pid}") and
-                     "Z" not in open(f"/proc/{pid}/stat").read().split(")")[1].split()[0]]
+            alive = [
+                pid
+                for pid in alive
+                if os.path.exists(f"/proc/{pid}")
+                and "Z" not in open(f"/proc/{pid}/stat").read().split(")")[1].split()[0]
+            ]
             time.sleep(0.05)
         assert alive == [], f"workers {alive} outlived their conductor"
         for _, prefix in workers:
@@ -266,8 +291,9 @@ def test_a_worker_that_stops_answering_is_taken_down_and_replaced(tmp_path):
     import time
 
     async def go():
-        c = Conductor.distributed(toy_spec(delay=0.05), placement(tmp_path, SPLIT), config=config(),
-                                  heartbeat_s=0.2, heartbeat_timeout_s=1.0)
+        c = Conductor.distributed(
+            toy_spec(delay=0.05), placement(tmp_path, SPLIT), config=config(), heartbeat_s=0.2, heartbeat_timeout_s=1.0
+        )
         async with c:
             victim = c.pool.workers[1]
             stream = c.submit(req(PROMPTS[1], 200, request_id="stuck", outputs=frozenset({"y"})))

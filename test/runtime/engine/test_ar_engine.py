@@ -1,5 +1,6 @@
 """AREngine driven directly with ExecuteNode messages (no Conductor): calls, engine-resident
 loops, stop values, admission errors, release / sessions, sliding windows, step failures."""
+
 from __future__ import annotations
 
 import contextlib
@@ -41,12 +42,34 @@ class Harness:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def call(self, request_id: str, ids=None, *, loop: LoopSpec | None = None, sampling=GREEDY,
-             session_id=None, kv_window=None, node="llm", seed=0, on_reply=None) -> queue.Queue[NodeOutput]:
+    def call(
+        self,
+        request_id: str,
+        ids=None,
+        *,
+        loop: LoopSpec | None = None,
+        sampling=GREEDY,
+        session_id=None,
+        kv_window=None,
+        node="llm",
+        seed=0,
+        on_reply=None,
+    ) -> queue.Queue[NodeOutput]:
         replies: queue.Queue[NodeOutput] = queue.Queue()
-        inputs = {} if ids is None else {"input_ids": self.store.put(torch.tensor(ids, dtype=torch.long), owner=request_id)}
-        msg = ExecuteNode(call_id=next(self.ids), request_id=request_id, node=node, inputs=inputs, seed=seed,
-                          sampling=sampling, loop=loop, session_id=session_id, kv_window=kv_window)
+        inputs = (
+            {} if ids is None else {"input_ids": self.store.put(torch.tensor(ids, dtype=torch.long), owner=request_id)}
+        )
+        msg = ExecuteNode(
+            call_id=next(self.ids),
+            request_id=request_id,
+            node=node,
+            inputs=inputs,
+            seed=seed,
+            sampling=sampling,
+            loop=loop,
+            session_id=session_id,
+            kv_window=kv_window,
+        )
 
         def reply(out: NodeOutput) -> None:
             if on_reply is not None:
@@ -74,7 +97,9 @@ class Harness:
         toks = self.tokens(first)
         if n == 1:
             return toks, first
-        rest = self.wait(self.call(request_id, toks[-1:], loop=LoopSpec(max_iters=n - 1, stop_values=tuple(stop)), **kw))
+        rest = self.wait(
+            self.call(request_id, toks[-1:], loop=LoopSpec(max_iters=n - 1, stop_values=tuple(stop)), **kw)
+        )
         return toks + self.tokens(rest), first + rest
 
     def until(self, pred, timeout: float = 5.0) -> None:
@@ -187,8 +212,13 @@ def test_windowed_call_skips_the_context_check():
     with Harness(lm, num_kv_blocks=4) as h:
         # 200 tokens would need 50 blocks; with a window of 8 the call fits in 4
         peak = []
-        q = h.call("r", [1, 2, 3], loop=LoopSpec(max_iters=200), kv_window=8,
-                   on_reply=lambda out: peak.append(h.engine.blocks.num_used_blocks))
+        q = h.call(
+            "r",
+            [1, 2, 3],
+            loop=LoopSpec(max_iters=200),
+            kv_window=8,
+            on_reply=lambda out: peak.append(h.engine.blocks.num_used_blocks),
+        )
         outs = h.wait(q)
         assert len(h.tokens(outs)) == 200 and outs[-1].finish_reason == "length"
         assert max(peak) <= math.ceil((8 + 4 - 1) / 4)
@@ -249,7 +279,13 @@ def test_same_seed_same_tokens_regardless_of_batch_mates():
 
     def sample(h, mates):
         for i in range(mates):
-            h.call(f"m{i}", [i + 1] * (i + 2), loop=LoopSpec(max_iters=15), sampling=SamplingParams(temperature=0.8), seed=i)
+            h.call(
+                f"m{i}",
+                [i + 1] * (i + 2),
+                loop=LoopSpec(max_iters=15),
+                sampling=SamplingParams(temperature=0.8),
+                seed=i,
+            )
         toks, _ = h.generate("mine", [9, 8, 7], 15, sampling=sampling, seed=42)
         return toks
 
@@ -284,6 +320,7 @@ def test_a_failing_step_fails_its_batch_and_the_engine_keeps_serving():
 
 # ---- session preemption, driven step by step on the test thread (engine not started) ------------
 
+
 class Stepper:
     """An AREngine whose messages and steps run on the calling thread: deterministic interleavings."""
 
@@ -294,8 +331,14 @@ class Stepper:
         self.ids = itertools.count()
 
     def call(self, request_id: str, ids: list[int], session_id: str | None = "s") -> None:
-        msg = ExecuteNode(call_id=next(self.ids), request_id=request_id, node="llm", session_id=session_id,
-                          inputs={"input_ids": self.store.put(torch.tensor(ids), owner=request_id)}, sampling=GREEDY)
+        msg = ExecuteNode(
+            call_id=next(self.ids),
+            request_id=request_id,
+            node="llm",
+            session_id=session_id,
+            inputs={"input_ids": self.store.put(torch.tensor(ids), owner=request_id)},
+            sampling=GREEDY,
+        )
         self.engine._handle(msg, self.outs.append)
 
     def drain(self) -> int:
@@ -332,8 +375,8 @@ def test_cancelling_a_preempted_session_message_keeps_the_session_history():
     st.call("r1", P1)
     st.drain()
     st.engine._handle(ReleaseRequest("r1"))
-    st.call("r2", P2)                       # the next message is queued ...
-    st.engine.scheduler.preempt(st.seq())   # ... its session KV is preempted before it runs ...
+    st.call("r2", P2)  # the next message is queued ...
+    st.engine.scheduler.preempt(st.seq())  # ... its session KV is preempted before it runs ...
     st.engine._handle(ReleaseRequest("r2"))  # ... and the message is cancelled
     assert st.seq().token_ids == P1, "the session lost its history"
     st.call("r3", P3)
@@ -342,9 +385,15 @@ def test_cancelling_a_preempted_session_message_keeps_the_session_history():
 
 def _fed_call(h: Harness, request_id: str, prompt, iters: int) -> queue.Queue[NodeOutput]:
     replies: queue.Queue[NodeOutput] = queue.Queue()
-    msg = ExecuteNode(call_id=next(h.ids), request_id=request_id, node="llm",
-                      inputs={"input_ids": h.store.put(torch.tensor(prompt), owner=request_id)}, sampling=GREEDY,
-                      loop=LoopSpec(max_iters=iters), fed_inputs=("text",))
+    msg = ExecuteNode(
+        call_id=next(h.ids),
+        request_id=request_id,
+        node="llm",
+        inputs={"input_ids": h.store.put(torch.tensor(prompt), owner=request_id)},
+        sampling=GREEDY,
+        loop=LoopSpec(max_iters=iters),
+        fed_inputs=("text",),
+    )
     h.engine.submit(msg, replies.put)
     return replies
 
@@ -376,10 +425,13 @@ def test_a_loop_waits_for_its_fed_rows_and_goes_on_as_they_come():
         assert h.tokens(streamed) == h.tokens(h.wait(whole)) and len(h.tokens(streamed)) == 6
 
 
-@pytest.mark.parametrize("bad, error", [
-    (torch.full((1, 32), float("nan")), "NaN or infinite"),
-    (torch.zeros(1, 8), "8 wide, earlier ones 32"),
-])
+@pytest.mark.parametrize(
+    "bad, error",
+    [
+        (torch.full((1, 32), float("nan")), "NaN or infinite"),
+        (torch.zeros(1, 8), "8 wide, earlier ones 32"),
+    ],
+)
 def test_bad_fed_rows_fail_that_call_and_the_engine_keeps_serving(bad, error):
     from support.toy_models import FedLM
 

@@ -1,4 +1,5 @@
 """select_attention_backend: CPU -> torch, clear errors for impossible or unknown choices."""
+
 import logging
 
 import pytest

@@ -1,4 +1,5 @@
 """BlockManager: allocation, slot mapping, copy-on-write forks, eviction, leak/double-free checks."""
+
 import pytest
 import torch
 

@@ -7,19 +7,26 @@ from mstar.engine.config import EngineConfig, load_engine_config
 
 def test_shipped_engine_yaml_loads():
     from pathlib import Path
+
     cfg = load_engine_config(Path(__file__).parents[3] / "config" / "engine.yaml")
     assert cfg.block_size == 16 and cfg.dtype == "auto"
 
 
-@pytest.mark.parametrize("text, needle", [
-    ("block_size: abc\n", "block_size"),
-    ("blok_size: 3\n", "blok_size"),
-    ("block_size: -3\n", "block_size"),
-    ("dtype: float8\n", "dtype"),
-    ("- 1\n- 2\n", "mapping"),
-    ("block_size: [1,\n", r"engine.yaml:2: not valid YAML: expected the node content, but found .<stream end>. \(column 1\)"),
-    ("size: &n 16\nblock_size: *n\n", r"engine.yaml:2: not valid YAML: aliases are not accepted \(\*n\)"),
-])
+@pytest.mark.parametrize(
+    "text, needle",
+    [
+        ("block_size: abc\n", "block_size"),
+        ("blok_size: 3\n", "blok_size"),
+        ("block_size: -3\n", "block_size"),
+        ("dtype: float8\n", "dtype"),
+        ("- 1\n- 2\n", "mapping"),
+        (
+            "block_size: [1,\n",
+            r"engine.yaml:2: not valid YAML: expected the node content, but found .<stream end>. \(column 1\)",
+        ),
+        ("size: &n 16\nblock_size: *n\n", r"engine.yaml:2: not valid YAML: aliases are not accepted \(\*n\)"),
+    ],
+)
 def test_bad_engine_yaml_names_the_field(tmp_path, text, needle):
     path = tmp_path / "engine.yaml"
     path.write_text(text)

@@ -1,5 +1,6 @@
 """mstar.engine.device_loop: the device thread keeps the process's one OpenMP team (issue 16;
 a fresh interpreter: support.team_probe)."""
+
 from support.team_probe import run_fresh
 
 

@@ -1,4 +1,5 @@
 """Flow Loops in the AR engine: Euler steps over the persisted prefix KV, batched across requests."""
+
 from __future__ import annotations
 
 import asyncio
@@ -31,9 +32,12 @@ def observation(n: int, seed: int, guide: bool = False):
 
 def request(obs, rid: str) -> Request:
     ids, embeds, mask, noise, guide, weights = obs
-    return Request({"ids": ids, "embeds": embeds, "embed_mask": mask, "noise": noise, "guide": guide,
-                    "guide_weights": weights}, SamplingParams(max_tokens=1), request_id=rid,
-                   meta={"prefix.mask": int(MaskKind.PREFIX_BIDIRECTIONAL), "prefix.mask_arg": len(ids)})
+    return Request(
+        {"ids": ids, "embeds": embeds, "embed_mask": mask, "noise": noise, "guide": guide, "guide_weights": weights},
+        SamplingParams(max_tokens=1),
+        request_id=rid,
+        meta={"prefix.mask": int(MaskKind.PREFIX_BIDIRECTIONAL), "prefix.mask_arg": len(ids)},
+    )
 
 
 def reference(lm: ToyFlowLM, obs):
@@ -96,12 +100,15 @@ def test_flow_waits_for_kv_and_never_preempts_a_running_flow():
         assert torch.allclose(actions, reference(lm, obs), atol=1e-5)
 
 
-@pytest.mark.parametrize("bad, message", [
-    ({"noise": torch.full((H, A), float("nan"))}, "NaN"),
-    ({"noise": torch.zeros(H + 1, A)}, r"\(noise\) has shape"),
-    ({"embeds": torch.full((3, W), float("inf"))}, "embeds contain NaN"),
-    ({"embed_mask": torch.ones(3, dtype=torch.bool)}, "embed_mask marks"),
-])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        ({"noise": torch.full((H, A), float("nan"))}, "NaN"),
+        ({"noise": torch.zeros(H + 1, A)}, r"\(noise\) has shape"),
+        ({"embeds": torch.full((3, W), float("inf"))}, "embeds contain NaN"),
+        ({"embed_mask": torch.ones(3, dtype=torch.bool)}, "embed_mask marks"),
+    ],
+)
 def test_bad_flow_inputs_fail_clearly_and_the_next_request_is_served(bad, message):
     lm = ToyFlowLM()
     good = observation(6, 0)

@@ -1,4 +1,5 @@
 """mstar.engine.intra_op: who gets an OpenMP team (each case in a fresh interpreter: support.team_probe)."""
+
 import os
 
 import torch

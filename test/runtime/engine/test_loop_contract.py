@@ -1,4 +1,5 @@
 """The AR engine's loop contract: every loop keeps it, the engine dispatches on the call's mode alone."""
+
 from __future__ import annotations
 
 import msgspec
@@ -94,16 +95,27 @@ def test_an_unknown_mode_fails_the_call_with_a_clear_error():
     replies: list[NodeOutput] = []
     engine._handle(_call(store, 1, "bogus"), replies.append)
     assert replies[-1].final and replies[-1].error == (
-        "node 'llm': engine 'ar' runs no loop of mode 'bogus' (it runs ['flow', 'frames', 'token'])")
+        "node 'llm': engine 'ar' runs no loop of mode 'bogus' (it runs ['flow', 'frames', 'token'])"
+    )
     del engine.loops[LoopMode.FLOW]  # an engine without a loop for a valid mode says so too
     engine._handle(_call(store, 2, LoopMode.FLOW), replies.append)
     assert "runs no loop of mode <LoopMode.FLOW: 'flow'>" in replies[-1].error
     with pytest.raises(ValueError, match=r"unknown loop mode 'bogus': one of \['token', 'flow', 'frames'\]"):
         GraphNode("n", ("a",), ("b",), engine="ar", loop_mode="bogus")
     with pytest.raises(msgspec.ValidationError):
-        msgspec.msgpack.decode(msgspec.msgpack.encode({"type": "ExecuteNode", "call_id": 1, "request_id": "r",
-                                                       "node": "n", "inputs": {}, "loop_mode": "bogus"}),
-                               type=ExecuteNode)
+        msgspec.msgpack.decode(
+            msgspec.msgpack.encode(
+                {
+                    "type": "ExecuteNode",
+                    "call_id": 1,
+                    "request_id": "r",
+                    "node": "n",
+                    "inputs": {},
+                    "loop_mode": "bogus",
+                }
+            ),
+            type=ExecuteNode,
+        )
 
 
 def test_the_mode_travels_on_the_wire_and_a_declaration_may_spell_it():

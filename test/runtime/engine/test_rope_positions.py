@@ -1,5 +1,6 @@
 """Multi-axis RoPE positions a request gives its tokens (mstar.engine.rope_positions): kept with the
 sequence, packed per step, and continued from the largest given position after the given tokens."""
+
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -46,11 +47,14 @@ def test_a_step_packs_every_sequence_and_none_without_any():
     assert packed_rope_positions([SimpleNamespace(seq=b, start=0, end=2)]) is None
 
 
-@pytest.mark.parametrize("given,match", [
-    (torch.zeros(3, 4, dtype=torch.long), r"must be \[axes, 5\]"),
-    (torch.zeros(3, 5), "must be integers"),
-    (torch.full((3, 5), -1), "must not be negative"),
-])
+@pytest.mark.parametrize(
+    "given,match",
+    [
+        (torch.zeros(3, 4, dtype=torch.long), r"must be \[axes, 5\]"),
+        (torch.zeros(3, 5), "must be integers"),
+        (torch.full((3, 5), -1), "must not be negative"),
+    ],
+)
 def test_bad_positions_name_the_problem(given, match):
     with pytest.raises(ValueError, match=match):
         set_rope_positions(seq(), given, count=5, before=0, node="thinker")

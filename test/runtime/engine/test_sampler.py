@@ -1,4 +1,5 @@
 """Sampler and vocabulary-constraint unit tests (no engine)."""
+
 from __future__ import annotations
 
 import pytest
@@ -28,6 +29,7 @@ def nucleus_reference(logits: torch.Tensor, p: float) -> set[int]:
 
 # ---- repetition penalty -------------------------------------------------------------
 
+
 def test_repetition_penalty_divides_positive_and_multiplies_negative_logits():
     row = torch.tensor([2.0, -2.0, 3.0, -1.0, 0.5])
     apply_repetition_penalty(row, torch.tensor([0, 1, 4]), 2.0)
@@ -56,6 +58,7 @@ def test_history_columns_full_and_restricted_vocab():
 
 
 # ---- top-k / top-p --------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("k", [1, 2, 5, 17, 49])
 def test_top_k_keeps_exactly_the_k_largest(k):
@@ -106,6 +109,7 @@ def test_top_p_applies_to_the_top_k_renormalized_distribution():
 
 
 # ---- Sampler -------------------------------------------------------------------------
+
 
 def gens(n, seed=0):
     return [torch.Generator().manual_seed(seed + i) for i in range(n)]
@@ -196,8 +200,18 @@ def test_mixed_batch_greedy_rows_stay_greedy():
 
 # ---- SamplingParams ------------------------------------------------------------------
 
-@pytest.mark.parametrize("field,value", [("temperature", -0.1), ("top_k", -1), ("top_p", 0.0), ("top_p", 1.5),
-                                         ("repetition_penalty", 0.0), ("max_tokens", 0)])
+
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("temperature", -0.1),
+        ("top_k", -1),
+        ("top_p", 0.0),
+        ("top_p", 1.5),
+        ("repetition_penalty", 0.0),
+        ("max_tokens", 0),
+    ],
+)
 def test_sampling_params_errors_name_the_field(field, value):
     with pytest.raises(ValueError, match=f"sampling.{field}"):
         SamplingParams(**{field: value})
@@ -210,6 +224,7 @@ def test_sampling_params_from_dict_rejects_unknown_fields():
 
 
 # ---- vocabulary constraints ---------------------------------------------------------
+
 
 def test_union_vocab():
     ranges = [[(0, 3)], [(5, 7), (1, 2)]]

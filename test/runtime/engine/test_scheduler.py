@@ -1,4 +1,5 @@
 """Scheduler unit tests: token budget, oldest-first order, chunked prefill, preemption, eviction."""
+
 from __future__ import annotations
 
 import itertools
@@ -23,8 +24,15 @@ def make_scheduler(num_blocks=16, block_size=4, period=1, **cfg) -> Scheduler:
 
 def add_seq(sched: Scheduler, name: str, num_tokens: int, *, with_call: bool = True, kv_window=None) -> Sequence:
     """A sequence with ``num_tokens`` pending tokens; arrival order = creation order."""
-    seq = Sequence(owner=name, node="llm", request_id=name, table=BlockTable(blocks=[]),
-                   token_ids=list(range(1, num_tokens + 1)), arrival=float(next(_clock)), kv_window=kv_window)
+    seq = Sequence(
+        owner=name,
+        node="llm",
+        request_id=name,
+        table=BlockTable(blocks=[]),
+        token_ids=list(range(1, num_tokens + 1)),
+        arrival=float(next(_clock)),
+        kv_window=kv_window,
+    )
     if with_call:
         msg = ExecuteNode(call_id=0, request_id=name, node="llm", inputs={}, sampling=SamplingParams())
         seq.call = ActiveCall(msg, lambda out: None)
@@ -85,12 +93,12 @@ def test_sequences_without_a_call_are_not_scheduled():
 
 def test_youngest_running_sequence_is_preempted_and_recomputed():
     s = make_scheduler(num_blocks=4, block_size=4)
-    a = add_seq(s, "a", 4)   # 1 block
-    b = add_seq(s, "b", 8)   # 2 blocks
-    c = add_seq(s, "c", 4)   # 1 block
+    a = add_seq(s, "a", 4)  # 1 block
+    b = add_seq(s, "b", 8)  # 2 blocks
+    c = add_seq(s, "c", 4)  # 1 block
     run_step(s)
     assert s.blocks.num_free_blocks == 0 and s.num_preemptions == 0
-    a.token_ids.append(9)    # a needs a new block: the youngest holder (c) goes
+    a.token_ids.append(9)  # a needs a new block: the youngest holder (c) goes
     assert run_step(s) == [("a", 4, 1)]
     assert s.num_preemptions == 1
     assert c.table.blocks == [] and c.num_computed == 0 and c.status == SeqStatus.WAITING
@@ -129,7 +137,7 @@ def test_first_come_first_served_when_the_oldest_waits():
     s = make_scheduler(num_blocks=3, block_size=4)
     a = add_seq(s, "a", 8)
     run_step(s)
-    big = add_seq(s, "big", 8)    # does not fit next to a
+    big = add_seq(s, "big", 8)  # does not fit next to a
     small = add_seq(s, "small", 2)  # would fit, but queues behind big
     assert run_step(s) == []
     assert small.table.blocks == [] and big.table.blocks == []

@@ -1,6 +1,7 @@
 """A stateless node with ``sequential_calls`` (state kept between a request's chunks): the engine runs each
 request's calls one at a time and in order, batching different requests together, and frees the state
 when the request ends, whether it finished or was cancelled."""
+
 from __future__ import annotations
 
 import asyncio
@@ -89,7 +90,7 @@ def test_a_requests_chunks_run_in_order_one_at_a_time_and_its_state_is_freed():
     outs = asyncio.run(main())
     for i, out in enumerate(outs):
         items = [float(v + 100 * i) for v in range(12)]
-        assert [float(t) for t in out["total"]] == [sum(items[:k + 2]) for k in range(0, 12, 2)]
+        assert [float(t) for t in out["total"]] == [sum(items[: k + 2]) for k in range(0, 12, 2)]
     for batch in acc.batches:  # never two calls of one request in a batch
         assert len({rid for rid, _ in batch}) == len(batch), batch
     per_request: dict[str, list[int]] = {}

@@ -1,4 +1,5 @@
 """TorchAttentionBackend against dense attention on contiguous K/V."""
+
 import pytest
 import torch
 
@@ -13,15 +14,17 @@ def check(out, ref, atol=1e-5):
     torch.testing.assert_close(out.double(), ref, atol=atol, rtol=atol)
 
 
-@pytest.mark.parametrize("kind,arg", [(MaskKind.CAUSAL, 0), (MaskKind.PREFIX_BIDIRECTIONAL, 7),
-                                      (MaskKind.BLOCK_CAUSAL, 3)])
+@pytest.mark.parametrize(
+    "kind,arg", [(MaskKind.CAUSAL, 0), (MaskKind.PREFIX_BIDIRECTIONAL, 7), (MaskKind.BLOCK_CAUSAL, 3)]
+)
 def test_full_prefill_each_mask(kind, arg):
     out, ref = run_case([{"ctx": 13, "ql": 13, "mask": kind, "arg": arg}])
     check(out, ref)
 
 
-@pytest.mark.parametrize("kind,arg", [(MaskKind.CAUSAL, 0), (MaskKind.PREFIX_BIDIRECTIONAL, 12),
-                                      (MaskKind.BLOCK_CAUSAL, 5)])
+@pytest.mark.parametrize(
+    "kind,arg", [(MaskKind.CAUSAL, 0), (MaskKind.PREFIX_BIDIRECTIONAL, 12), (MaskKind.BLOCK_CAUSAL, 5)]
+)
 def test_chunked_prefill_each_mask(kind, arg):
     # 6 new tokens on top of 9 cached ones; the prefix / frame boundaries cut through the chunk.
     out, ref = run_case([{"ctx": 15, "ql": 6, "mask": kind, "arg": arg}])
@@ -30,8 +33,10 @@ def test_chunked_prefill_each_mask(kind, arg):
 
 def test_masks_differ():
     """Guard the reference: the three masks really produce different attention here."""
-    outs = [run_case([{"ctx": 12, "ql": 12, "mask": m, "arg": a}])[0]
-            for m, a in [(MaskKind.CAUSAL, 0), (MaskKind.PREFIX_BIDIRECTIONAL, 6), (MaskKind.BLOCK_CAUSAL, 4)]]
+    outs = [
+        run_case([{"ctx": 12, "ql": 12, "mask": m, "arg": a}])[0]
+        for m, a in [(MaskKind.CAUSAL, 0), (MaskKind.PREFIX_BIDIRECTIONAL, 6), (MaskKind.BLOCK_CAUSAL, 4)]
+    ]
     assert not torch.allclose(outs[0], outs[1]) and not torch.allclose(outs[0], outs[2])
 
 
@@ -43,8 +48,8 @@ def test_gqa(hq, hkv):
 
 def test_mixed_batch_prefill_chunks_and_decodes():
     specs = [
-        {"ctx": 17, "ql": 17},                                        # fresh prefill
-        {"ctx": 1, "ql": 1},                                          # decode, one key
+        {"ctx": 17, "ql": 17},  # fresh prefill
+        {"ctx": 1, "ql": 1},  # decode, one key
         {"ctx": 22, "ql": 5, "mask": MaskKind.PREFIX_BIDIRECTIONAL, "arg": 19},  # chunk
         {"ctx": 30, "ql": 1, "mask": MaskKind.BLOCK_CAUSAL, "arg": 4},
         {"ctx": 9, "ql": 1, "mask": MaskKind.PREFIX_BIDIRECTIONAL, "arg": 20},
@@ -63,13 +68,13 @@ def test_decode_only_batch_of_different_lengths():
     check(out, ref)
 
 
-@pytest.mark.parametrize("kind,arg", [(MaskKind.CAUSAL, 0), (MaskKind.PREFIX_BIDIRECTIONAL, 14),
-                                      (MaskKind.BLOCK_CAUSAL, 6)])
+@pytest.mark.parametrize(
+    "kind,arg", [(MaskKind.CAUSAL, 0), (MaskKind.PREFIX_BIDIRECTIONAL, 14), (MaskKind.BLOCK_CAUSAL, 6)]
+)
 def test_first_position_after_eviction(kind, arg):
     # Cached tokens start at absolute position 8 (two blocks evicted): the masks must use
     # absolute positions, e.g. the prefix [0, 14) now covers only table tokens [0, 6).
-    out, ref = run_case([{"ctx": 14, "ql": 5, "first": 8, "mask": kind, "arg": arg},
-                         {"ctx": 10, "ql": 1, "first": 4}])
+    out, ref = run_case([{"ctx": 14, "ql": 5, "first": 8, "mask": kind, "arg": arg}, {"ctx": 10, "ql": 1, "first": 4}])
     check(out, ref)
 
 
@@ -113,6 +118,7 @@ def test_groups_of_equal_query_length(hq, hkv):
 
 def test_heads_as_rows_round_trip_and_plan():
     from mstar.engine.attention.torch_backend import heads_as_rows, rows_as_heads
+
     q = torch.randn(3, 5, 8, 4)
     rows = heads_as_rows(q, 2)
     assert rows.shape == (3, 2, 4 * 5, 4)
@@ -120,8 +126,10 @@ def test_heads_as_rows_round_trip_and_plan():
     assert torch.equal(rows_as_heads(rows, 5), q)
     cache = PagedKVCache(KVSpec(num_layers=1, num_kv_heads=2, head_dim=4), 16, BS)
     backend = TorchAttentionBackend(cache)
-    seqs = [SeqAttention(0, 3, 7, [0, 1], 0, MaskKind.PREFIX_BIDIRECTIONAL, 7),
-            SeqAttention(3, 3, 5, [2, 3], 0, MaskKind.PREFIX_BIDIRECTIONAL, 5)]
+    seqs = [
+        SeqAttention(0, 3, 7, [0, 1], 0, MaskKind.PREFIX_BIDIRECTIONAL, 7),
+        SeqAttention(3, 3, 5, [2, 3], 0, MaskKind.PREFIX_BIDIRECTIONAL, 5),
+    ]
     backend.plan(AttentionMetadata(seqs, torch.arange(6)))
     (group,) = backend._groups
     assert group.rows_alike and group.mask.shape == (2, 1, 1, 7)

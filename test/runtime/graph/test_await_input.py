@@ -1,5 +1,6 @@
 """AwaitInput: a Walk waits for a streamed input's end, the chunks cut from it and those of the streams
 their consumers feed, then reads what they made; a stream that ends empty or fails fails its request."""
+
 from __future__ import annotations
 
 import asyncio
@@ -31,8 +32,17 @@ class ChunkSums(NodeSubmodule):
     """Per chunk: the sum of its new items (context excluded)."""
 
     def prepare_inputs(self, calls):
-        return {"parts": [(torch.as_tensor(c.inputs["x"]) if not isinstance(c.inputs["x"], list) else
-                           torch.stack(c.inputs["x"]), int(c.meta.get("left_context", 0))) for c in calls]}
+        return {
+            "parts": [
+                (
+                    torch.as_tensor(c.inputs["x"])
+                    if not isinstance(c.inputs["x"], list)
+                    else torch.stack(c.inputs["x"]),
+                    int(c.meta.get("left_context", 0)),
+                )
+                for c in calls
+            ]
+        }
 
     def batch_key(self, call):
         return "sums"
@@ -68,17 +78,28 @@ class PlusBias(NodeSubmodule):
 def graph() -> ModelGraph:
     return ModelGraph(
         name="listen",
-        nodes=[GraphNode("sums", ["x"], ["s"]), GraphNode("total", ["s"], ["total", "chunks"]),
-               GraphNode("after", ["total", "bias"], ["y"])],
-        edges=[StreamingGraphEdge("input.x", "sums.x", target_partition="p"),
-               StreamingGraphEdge("sums.s", "total.s", target_partition="p"),
-               GraphEdge("total.total", "after.total"), GraphEdge("input.bias", "after.bias"),
-               GraphEdge("total.chunks", "output.chunks"), GraphEdge("after.y", "output.y")],
+        nodes=[
+            GraphNode("sums", ["x"], ["s"]),
+            GraphNode("total", ["s"], ["total", "chunks"]),
+            GraphNode("after", ["total", "bias"], ["y"]),
+        ],
+        edges=[
+            StreamingGraphEdge("input.x", "sums.x", target_partition="p"),
+            StreamingGraphEdge("sums.s", "total.s", target_partition="p"),
+            GraphEdge("total.total", "after.total"),
+            GraphEdge("input.bias", "after.bias"),
+            GraphEdge("total.chunks", "output.chunks"),
+            GraphEdge("after.y", "output.y"),
+        ],
         walks={"answer": Sequential(AwaitInput("x"), Call("after"))},
         next_walk=lambda s: None if s.walks_done else "answer",
-        topology=PartitionTopology({"p": ["sums", "total", "after"]},
-                                   [PartitionConnection("input", "p", LeftContextChunkPolicy(4, 1, edges=True)),
-                                    PartitionConnection("p", "p", WholeStreamPolicy())]),
+        topology=PartitionTopology(
+            {"p": ["sums", "total", "after"]},
+            [
+                PartitionConnection("input", "p", LeftContextChunkPolicy(4, 1, edges=True)),
+                PartitionConnection("p", "p", WholeStreamPolicy()),
+            ],
+        ),
     )
 
 
@@ -138,8 +159,14 @@ def test_a_stream_that_ends_empty_or_fails_fails_its_request_only():
 def test_await_input_names_a_streamed_input():
     with pytest.raises(GraphError, match="awaits 'bias', which is no streamed input"):
         g = graph()
-        ModelGraph(name=g.name, nodes=g.nodes, edges=g.edges, walks={"answer": Sequential(AwaitInput("bias"), Call("after"))},
-                   next_walk=g.next_walk, topology=g.topology)
+        ModelGraph(
+            name=g.name,
+            nodes=g.nodes,
+            edges=g.edges,
+            walks={"answer": Sequential(AwaitInput("bias"), Call("after"))},
+            next_walk=g.next_walk,
+            topology=g.topology,
+        )
 
 
 def test_sample_stream_cuts_items_of_one_size_and_the_rest_last():

@@ -1,4 +1,5 @@
 """Chunk policies as pure functions of (cursor, available, closed)."""
+
 import random
 
 import pytest
@@ -45,7 +46,7 @@ def test_fixed_remainder_only_on_close():
     p = FixedChunkPolicy(4)
     assert p.ready(8, 11, True) == [Chunk(8, 11)]
     assert p.ready(0, 11, True) == [Chunk(0, 4), Chunk(4, 8), Chunk(8, 11)]
-    assert p.ready(8, 8, True) == []     # nothing left: no empty chunk
+    assert p.ready(8, 8, True) == []  # nothing left: no empty chunk
     assert p.ready(0, 0, True) == []
     assert p.ready(0, 8, True) == [Chunk(0, 4), Chunk(4, 8)]
 
@@ -61,7 +62,7 @@ def test_fixed_incremental_partitions_the_stream():
 def test_left_context_counts():
     p = LeftContextChunkPolicy(chunk=4, left_context=2)
     assert p.ready(0, 3, False) == []
-    assert p.ready(0, 4, False) == [Chunk(0, 4, 0)]            # first chunk has no context
+    assert p.ready(0, 4, False) == [Chunk(0, 4, 0)]  # first chunk has no context
     assert p.ready(4, 8, False) == [Chunk(2, 8, 2)]
     chunks = p.ready(0, 12, False)
     assert chunks == [Chunk(0, 4, 0), Chunk(2, 8, 2), Chunk(6, 12, 2)]
@@ -80,9 +81,9 @@ def test_left_context_remainder_on_close():
 
 def test_left_context_with_a_shorter_first_chunk():
     p = LeftContextChunkPolicy(chunk=4, left_context=2, first_chunk=1)
-    assert p.ready(0, 1, False) == [Chunk(0, 1, 0)]             # the first item alone, at once
+    assert p.ready(0, 1, False) == [Chunk(0, 1, 0)]  # the first item alone, at once
     assert p.ready(1, 4, False) == []
-    assert p.ready(1, 5, False) == [Chunk(0, 5, 1)]             # then chunks of 4 with their context
+    assert p.ready(1, 5, False) == [Chunk(0, 5, 1)]  # then chunks of 4 with their context
     assert p.ready(0, 9, False) == [Chunk(0, 1, 0), Chunk(0, 5, 1), Chunk(3, 9, 2)]
 
 
@@ -179,16 +180,19 @@ def test_window_equal_to_stride_has_no_context():
 
 
 # -- invalid arguments -----------------------------------------------------------------------
-@pytest.mark.parametrize("make, fragment", [
-    (lambda: FixedChunkPolicy(0), "size must be >= 1, got 0"),
-    (lambda: FixedChunkPolicy(-3), "size must be >= 1, got -3"),
-    (lambda: LeftContextChunkPolicy(0, 2), "chunk >= 1, left_context >= 0"),
-    (lambda: LeftContextChunkPolicy(4, -1), "chunk >= 1, left_context >= 0"),
-    (lambda: LeftContextChunkPolicy(4, 2, first_chunk=0), "first_chunk >= 1"),
-    (lambda: LeftContextChunkPolicy(4, 0, edges=True), "edges needs left_context >= 1"),
-    (lambda: SlidingWindowChunkPolicy(28, 0), "1 <= stride <= window, got window=28, stride=0"),
-    (lambda: SlidingWindowChunkPolicy(7, 28), "1 <= stride <= window, got window=7, stride=28"),
-])
+@pytest.mark.parametrize(
+    "make, fragment",
+    [
+        (lambda: FixedChunkPolicy(0), "size must be >= 1, got 0"),
+        (lambda: FixedChunkPolicy(-3), "size must be >= 1, got -3"),
+        (lambda: LeftContextChunkPolicy(0, 2), "chunk >= 1, left_context >= 0"),
+        (lambda: LeftContextChunkPolicy(4, -1), "chunk >= 1, left_context >= 0"),
+        (lambda: LeftContextChunkPolicy(4, 2, first_chunk=0), "first_chunk >= 1"),
+        (lambda: LeftContextChunkPolicy(4, 0, edges=True), "edges needs left_context >= 1"),
+        (lambda: SlidingWindowChunkPolicy(28, 0), "1 <= stride <= window, got window=28, stride=0"),
+        (lambda: SlidingWindowChunkPolicy(7, 28), "1 <= stride <= window, got window=7, stride=28"),
+    ],
+)
 def test_invalid_arguments(make, fragment):
     with pytest.raises(ValueError, match=fragment):
         make()

@@ -1,5 +1,6 @@
 """Cutting a graph at a partition: each side runs in its own Conductor, joined only by the items of
 the cut streaming edge (a StreamInput), and together they give exactly what the whole graph gives."""
+
 import asyncio
 
 import pytest
@@ -40,20 +41,25 @@ def test_unknown_partition_is_named():
 
 async def _whole(g, modules, prompt, seed):
     async with Conductor(g, modules, config=CONFIG) as c:
-        return await c.submit(Request({"prompt": torch.tensor(prompt)}, SamplingParams(max_tokens=N, seed=seed))).collect()
+        return await c.submit(
+            Request({"prompt": torch.tensor(prompt)}, SamplingParams(max_tokens=N, seed=seed))
+        ).collect()
 
 
 async def _split(g, modules, prompt, seed):
     """Producer and consumer in separate Conductors; items cross one at a time, as a topic would carry them."""
     lm_graph, sink_graph = split_partition(g, "lm"), split_partition(g, "sink")
-    async with Conductor(lm_graph, {"llm": modules["llm"]}, config=CONFIG) as producer, \
-            Conductor(sink_graph, {"probe": modules["probe"]}) as consumer:
+    async with (
+        Conductor(lm_graph, {"llm": modules["llm"]}, config=CONFIG) as producer,
+        Conductor(sink_graph, {"probe": modules["probe"]}) as consumer,
+    ):
         feed = StreamInput()
         sink_out = consumer.submit(Request({"llm_token": feed}, SamplingParams(seed=seed)))
         collected = asyncio.ensure_future(sink_out.collect())
         tokens = []
-        async for out in producer.submit(Request({"prompt": torch.tensor(prompt)},
-                                                 SamplingParams(max_tokens=N, seed=seed))):
+        async for out in producer.submit(
+            Request({"prompt": torch.tensor(prompt)}, SamplingParams(max_tokens=N, seed=seed))
+        ):
             if out.name == "llm_token":
                 feed.put(out.data)
             else:
@@ -103,11 +109,17 @@ def test_a_tensor_for_a_streamed_input_is_refused_and_a_failed_stream_fails_its_
 def test_a_view_reading_kv_across_the_cut_cannot_be_split():
     from mstar.graph import Call, GraphEdge, GraphNode, ModelGraph, PartitionTopology
 
-    g = ModelGraph(name="views", nodes=[GraphNode("a", inputs=["x"], outputs=["y"], engine="ar"),
-                                        GraphNode("b", inputs=["x"], outputs=["y"], engine="ar", module="a", kv_from="a")],
-                   edges=[GraphEdge("input.x", "a.x"), GraphEdge("a.y", "b.x"), GraphEdge("b.y", "output.y")],
-                   walks={"w": Call("a")}, next_walk=lambda s: None,
-                   topology=PartitionTopology({"p": ["a"], "q": ["b"]}))
+    g = ModelGraph(
+        name="views",
+        nodes=[
+            GraphNode("a", inputs=["x"], outputs=["y"], engine="ar"),
+            GraphNode("b", inputs=["x"], outputs=["y"], engine="ar", module="a", kv_from="a"),
+        ],
+        edges=[GraphEdge("input.x", "a.x"), GraphEdge("a.y", "b.x"), GraphEdge("b.y", "output.y")],
+        walks={"w": Call("a")},
+        next_walk=lambda s: None,
+        topology=PartitionTopology({"p": ["a"], "q": ["b"]}),
+    )
     with pytest.raises(GraphError, match="'b' in partition 'q' reads the KV of 'a'"):
         split_partition(g, "q")
 
@@ -115,19 +127,28 @@ def test_a_view_reading_kv_across_the_cut_cannot_be_split():
 def _two_partition_graph(walk, edges_extra=(), out_port="y"):
     from mstar.graph import GraphEdge, GraphNode, ModelGraph, PartitionTopology
 
-    return ModelGraph(name="g", nodes=[GraphNode("a", inputs=["x"], outputs=[out_port]),
-                                       GraphNode("b", inputs=["x"], outputs=["y"])],
-                      edges=[GraphEdge("input.x", "a.x"), GraphEdge(f"a.{out_port}", "b.x"),
-                             GraphEdge("b.y", "output.y"), *edges_extra],
-                      walks={"w": walk}, next_walk=lambda s: None,
-                      topology=PartitionTopology({"p": ["a"], "q": ["b"]}))
+    return ModelGraph(
+        name="g",
+        nodes=[GraphNode("a", inputs=["x"], outputs=[out_port]), GraphNode("b", inputs=["x"], outputs=["y"])],
+        edges=[
+            GraphEdge("input.x", "a.x"),
+            GraphEdge(f"a.{out_port}", "b.x"),
+            GraphEdge("b.y", "output.y"),
+            *edges_extra,
+        ],
+        walks={"w": walk},
+        next_walk=lambda s: None,
+        topology=PartitionTopology({"p": ["a"], "q": ["b"]}),
+    )
 
 
 def test_a_walk_across_the_cut_and_colliding_names_are_refused():
     from mstar.graph import Call, GraphEdge, Sequential
 
     g = _two_partition_graph(Sequential(Call("a"), Call("b")))
-    with pytest.raises(GraphError, match=r"walk 'w' calls nodes inside partition 'p' \(\['a'\]\) and outside it \(\['b'\]\)"):
+    with pytest.raises(
+        GraphError, match=r"walk 'w' calls nodes inside partition 'p' \(\['a'\]\) and outside it \(\['b'\]\)"
+    ):
         split_partition(g, "p")
     g = _two_partition_graph(Call("a"), out_port="y", edges_extra=[GraphEdge("a.y", "output.a_y")])
     with pytest.raises(GraphError, match="the cut edge from a.y would be named 'a_y', which is already"):

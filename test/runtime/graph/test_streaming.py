@@ -1,6 +1,7 @@
 """Streaming edges end to end: an AR decode loop streams its tokens into a stateless node in another
 partition, chunked by each policy; the chunk results are checked against the very tokens the same
 request produced (they are also emitted on output.token)."""
+
 import asyncio
 
 import pytest
@@ -31,9 +32,9 @@ N = 11  # tokens per request
 
 # (start, end, left_context) of every chunk of an N=11 item stream, worked out by hand
 POLICIES = {
-    "fixed4": (FixedChunkPolicy(4), [(0, 4, 0), (4, 8, 0), (8, 11, 0)]),            # remainder flushed on close
+    "fixed4": (FixedChunkPolicy(4), [(0, 4, 0), (4, 8, 0), (8, 11, 0)]),  # remainder flushed on close
     "leftctx4_2": (LeftContextChunkPolicy(4, 2), [(0, 4, 0), (2, 8, 2), (6, 11, 2)]),  # remainder flushed on close
-    "sliding8_2": (SlidingWindowChunkPolicy(8, 2), [(0, 8, 0), (2, 10, 6)]),        # item 10 never delivered
+    "sliding8_2": (SlidingWindowChunkPolicy(8, 2), [(0, 8, 0), (2, 10, 6)]),  # item 10 never delivered
 }
 
 
@@ -53,7 +54,7 @@ def check_chunks(evs, bounds):
     toks = [int(t) for t in by_name(evs, "token")]
     assert len(toks) == N
     assert by_name(evs, "total") == [float(sum(toks[s:e])) for s, e, _ in bounds]
-    assert by_name(evs, "new") == [float(sum(toks[s + c:e])) for s, e, c in bounds]
+    assert by_name(evs, "new") == [float(sum(toks[s + c : e])) for s, e, c in bounds]
     assert by_name(evs, "n") == [e - s - c for s, e, c in bounds]
     assert by_name(evs, "ctx") == [c for _, _, c in bounds]
     assert by_name(evs, "first") == [float(toks[s]) for s, _, _ in bounds]
@@ -120,9 +121,12 @@ def test_streaming_edge_to_graph_output(key):
     g = ModelGraph(
         name="stream_out",
         nodes=[GraphNode("llm", inputs=["input_ids"], outputs=["token"], engine="ar")],
-        edges=[GraphEdge("input.prompt", "llm.input_ids"), GraphEdge("llm.token", "llm.input_ids"),
-               GraphEdge("llm.token", "output.token"),
-               StreamingGraphEdge("llm.token", "output.chunked", target_partition="out")],
+        edges=[
+            GraphEdge("input.prompt", "llm.input_ids"),
+            GraphEdge("llm.token", "llm.input_ids"),
+            GraphEdge("llm.token", "output.token"),
+            StreamingGraphEdge("llm.token", "output.chunked", target_partition="out"),
+        ],
         walks={"main": Loop("llm", max_iters=N)},
         next_walk=lambda s: None if s.last_walk else "main",
         topology=PartitionTopology({"lm": ["llm"], "out": []}, [PartitionConnection("lm", "out", policy)]),
@@ -137,21 +141,29 @@ def test_streaming_edge_to_graph_output(key):
     evs = asyncio.run(go())
     toks = [int(t) for t in by_name(evs, "token")]
     assert toks == lm.reference_greedy(prompt, N)
-    assert [int(t) for t in by_name(evs, "chunked")] == toks[:bounds[-1][1]]
+    assert [int(t) for t in by_name(evs, "chunked")] == toks[: bounds[-1][1]]
 
 
 def test_conductor_loop_streams_and_stop_value_is_not_streamed():
     """A stateless producer in a conductor-driven loop: items 1..9 stream (10 stops the loop)."""
     g = ModelGraph(
         name="count_stream",
-        nodes=[GraphNode("s", inputs=["x"], outputs=["y"]), GraphNode("probe", inputs=["x"], outputs=list(PROBE_OUTPUTS))],
-        edges=[GraphEdge("input.x", "s.x"), GraphEdge("s.y", "s.x"), GraphEdge("s.y", "output.item"),
-               StreamingGraphEdge("s.y", "probe.x", target_partition="sink")]
+        nodes=[
+            GraphNode("s", inputs=["x"], outputs=["y"]),
+            GraphNode("probe", inputs=["x"], outputs=list(PROBE_OUTPUTS)),
+        ],
+        edges=[
+            GraphEdge("input.x", "s.x"),
+            GraphEdge("s.y", "s.x"),
+            GraphEdge("s.y", "output.item"),
+            StreamingGraphEdge("s.y", "probe.x", target_partition="sink"),
+        ]
         + [GraphEdge(f"probe.{p}", f"output.{p}") for p in PROBE_OUTPUTS],
         walks={"main": Loop("s", max_iters=50, stop=StopOnValues("s.y", (10,)))},
         next_walk=lambda s: None if s.last_walk else "main",
-        topology=PartitionTopology({"src": ["s"], "sink": ["probe"]},
-                                   [PartitionConnection("src", "sink", LeftContextChunkPolicy(4, 1))]),
+        topology=PartitionTopology(
+            {"src": ["s"], "sink": ["probe"]}, [PartitionConnection("src", "sink", LeftContextChunkPolicy(4, 1))]
+        ),
     )
 
     async def go():

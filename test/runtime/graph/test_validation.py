@@ -1,4 +1,5 @@
 """Declaration-time checks of a ModelGraph: each mistake fails with a message that names the culprit."""
+
 import re
 
 import pytest
@@ -103,8 +104,11 @@ def test_dangling_input():
 def test_streaming_edge_feeds_its_input():
     """A port fed only by a streaming edge is not dangling."""
     nodes, _ = chain()
-    edges = [GraphEdge("input.x", "a.x"), StreamingGraphEdge("a.y", "b.x", target_partition="q"),
-             GraphEdge("b.y", "output.y")]
+    edges = [
+        GraphEdge("input.x", "a.x"),
+        StreamingGraphEdge("a.y", "b.x", target_partition="q"),
+        GraphEdge("b.y", "output.y"),
+    ]
     topo = PartitionTopology({"p": ["a"], "q": ["b"]}, [PartitionConnection("p", "q", FixedChunkPolicy(2))])
     g = make(nodes, edges, {"main": Sequential("a", "b")}, topology=topo)
     assert [str(e) for e in g.streaming_edges()] == ["a.y ~> b.x [q]"]
@@ -158,7 +162,12 @@ def test_loop_stop_edge_must_be_a_node_output():
 # -- cycles --------------------------------------------------------------------------------
 def cyclic():
     nodes = [node("a"), node("b")]
-    edges = [GraphEdge("input.x", "a.x"), GraphEdge("a.y", "b.x"), GraphEdge("b.y", "a.x"), GraphEdge("b.y", "output.y")]
+    edges = [
+        GraphEdge("input.x", "a.x"),
+        GraphEdge("a.y", "b.x"),
+        GraphEdge("b.y", "a.x"),
+        GraphEdge("b.y", "output.y"),
+    ]
     return nodes, edges
 
 
@@ -192,8 +201,12 @@ def test_self_loop_needs_a_loop():
 
 def test_streaming_edge_does_not_close_a_cycle():
     nodes, _ = cyclic()
-    edges = [GraphEdge("input.x", "a.x"), StreamingGraphEdge("a.y", "b.x", target_partition="q"),
-             GraphEdge("b.y", "a.x"), GraphEdge("b.y", "output.y")]
+    edges = [
+        GraphEdge("input.x", "a.x"),
+        StreamingGraphEdge("a.y", "b.x", target_partition="q"),
+        GraphEdge("b.y", "a.x"),
+        GraphEdge("b.y", "output.y"),
+    ]
     topo = PartitionTopology({"p": ["a"], "q": ["b"]}, [PartitionConnection("p", "q", FixedChunkPolicy(2))])
     make(nodes, edges, {"main": Sequential("a", "b")}, topology=topo)
 
@@ -201,8 +214,11 @@ def test_streaming_edge_does_not_close_a_cycle():
 # -- partitions and streaming edges -----------------------------------------------------------
 def streaming(target_partition="q"):
     nodes, _ = chain()
-    edges = [GraphEdge("input.x", "a.x"), StreamingGraphEdge("a.y", "b.x", target_partition=target_partition),
-             GraphEdge("b.y", "output.y")]
+    edges = [
+        GraphEdge("input.x", "a.x"),
+        StreamingGraphEdge("a.y", "b.x", target_partition=target_partition),
+        GraphEdge("b.y", "output.y"),
+    ]
     return nodes, edges
 
 
@@ -260,8 +276,10 @@ def test_partition_lists_unknown_node():
 
 def test_connection_to_missing_partition():
     nodes, edges = streaming()
-    topo = PartitionTopology({"p": ["a"], "q": ["b"]},
-                             [PartitionConnection("p", "q", FixedChunkPolicy(2)), PartitionConnection("p", "r", FixedChunkPolicy(2))])
+    topo = PartitionTopology(
+        {"p": ["a"], "q": ["b"]},
+        [PartitionConnection("p", "q", FixedChunkPolicy(2)), PartitionConnection("p", "r", FixedChunkPolicy(2))],
+    )
     with raises("connection 'p' -> 'r' names missing partition 'r'"):
         make(nodes, edges, {"main": Sequential("a", "b")}, topology=topo)
 
@@ -288,7 +306,9 @@ def ar(name, module="lm", **kw):
 
 
 def ar_edges(*names):
-    return [e for n in names for e in (GraphEdge("input.prompt", f"{n}.input_ids"), GraphEdge(f"{n}.token", f"output.{n}"))]
+    return [
+        e for n in names for e in (GraphEdge("input.prompt", f"{n}.input_ids"), GraphEdge(f"{n}.token", f"output.{n}"))
+    ]
 
 
 def test_views_share_a_module():
@@ -310,7 +330,11 @@ def test_kv_from_unknown_node():
 
 def test_kv_from_other_module_or_stateless():
     with raises("node 'b' can fork KV only from an AR view of the same module, not 'a'"):
-        make([ar("a", module="m1"), ar("b", module="m2", kv_from="a")], ar_edges("a", "b"), {"main": Sequential("a", "b")})
+        make(
+            [ar("a", module="m1"), ar("b", module="m2", kv_from="a")],
+            ar_edges("a", "b"),
+            {"main": Sequential("a", "b")},
+        )
     nodes = [GraphNode("a", inputs=["input_ids"], outputs=["token"]), ar("b", kv_from="a")]
     with raises("node 'b' can fork KV only from an AR view of the same module, not 'a'"):
         make(nodes, ar_edges("a", "b"), {"main": Sequential("a", "b")})

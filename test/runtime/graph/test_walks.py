@@ -1,5 +1,6 @@
 """Walks run end to end through the Conductor (real engines, in process): Sequential, Parallel,
 conductor-driven Loops and their stops, DynamicLoop, next_walk, and AR views of one module."""
+
 import asyncio
 
 import pytest
@@ -27,8 +28,9 @@ CONFIG = EngineConfig(num_kv_blocks=64, block_size=4)
 
 def one_walk(name, nodes, edges, walk):
     """A graph that runs ``walk`` once per request."""
-    return ModelGraph(name=name, nodes=nodes, edges=edges, walks={"main": walk},
-                      next_walk=lambda s: None if s.last_walk else "main")
+    return ModelGraph(
+        name=name, nodes=nodes, edges=edges, walks={"main": walk}, next_walk=lambda s: None if s.last_walk else "main"
+    )
 
 
 def stateless(name, inputs=("x",), outputs=("y",)):
@@ -59,9 +61,12 @@ def values(tensors):
 
 # -- Sequential / Parallel -------------------------------------------------------------------
 def test_sequential_scale_then_scale():
-    g = one_walk("seq", [stateless("s1"), stateless("s2")],
-                 [GraphEdge("input.x", "s1.x"), GraphEdge("s1.y", "s2.x"), GraphEdge("s2.y", "output.y")],
-                 Sequential("s1", "s2"))
+    g = one_walk(
+        "seq",
+        [stateless("s1"), stateless("s2")],
+        [GraphEdge("input.x", "s1.x"), GraphEdge("s1.y", "s2.x"), GraphEdge("s2.y", "output.y")],
+        Sequential("s1", "s2"),
+    )
     xs = [[1.0, 2.0, 3.0], [-1.0, 0.5, 10.0], [7.0, 0.0, 1.0]]
     outs = run(g, {"s1": Scale(2.0), "s2": Scale(2.0)}, *(req(x=x) for x in xs))
     for x, out in zip(xs, outs):  # concurrent requests may be batched together; each gets its own rows
@@ -71,19 +76,32 @@ def test_sequential_scale_then_scale():
 
 def test_sequential_order_matters():
     """s1 (x+1) then s2 (*3) differs from the reverse: the walk, not the edge list, orders the calls."""
-    g = one_walk("order", [stateless("inc"), stateless("tri")],
-                 [GraphEdge("input.x", "inc.x"), GraphEdge("inc.y", "tri.x"), GraphEdge("tri.y", "output.y"),
-                  GraphEdge("inc.y", "output.mid")],
-                 Sequential("inc", "tri"))
+    g = one_walk(
+        "order",
+        [stateless("inc"), stateless("tri")],
+        [
+            GraphEdge("input.x", "inc.x"),
+            GraphEdge("inc.y", "tri.x"),
+            GraphEdge("tri.y", "output.y"),
+            GraphEdge("inc.y", "output.mid"),
+        ],
+        Sequential("inc", "tri"),
+    )
     (out,) = run(g, {"inc": AddOne(), "tri": Scale(3.0)}, req(x=torch.tensor([2.0])))
     assert values(out["mid"]) == [[3.0]] and values(out["y"]) == [[9.0]]
 
 
 def test_parallel_branches_both_reach_outputs_and_join():
     nodes = [stateless("a"), stateless("b"), stateless("join", inputs=("a", "b"))]
-    edges = [GraphEdge("input.x", "a.x"), GraphEdge("input.x", "b.x"),
-             GraphEdge("a.y", "output.a"), GraphEdge("b.y", "output.b"),
-             GraphEdge("a.y", "join.a"), GraphEdge("b.y", "join.b"), GraphEdge("join.y", "output.sum")]
+    edges = [
+        GraphEdge("input.x", "a.x"),
+        GraphEdge("input.x", "b.x"),
+        GraphEdge("a.y", "output.a"),
+        GraphEdge("b.y", "output.b"),
+        GraphEdge("a.y", "join.a"),
+        GraphEdge("b.y", "join.b"),
+        GraphEdge("join.y", "output.sum"),
+    ]
     g = one_walk("par", nodes, edges, Sequential(Parallel("a", "b"), "join"))
     (out,) = run(g, {"a": Scale(2.0), "b": Scale(3.0), "join": Add()}, req(x=[1.0, -2.0]))
     assert sorted(out) == ["a", "b", "sum"]
@@ -94,8 +112,14 @@ def test_parallel_branches_both_reach_outputs_and_join():
 
 def test_parallel_of_sequences():
     nodes = [stateless(n) for n in ("a1", "a2", "b1", "b2")]
-    edges = [GraphEdge("input.x", "a1.x"), GraphEdge("a1.y", "a2.x"), GraphEdge("a2.y", "output.a"),
-             GraphEdge("input.x", "b1.x"), GraphEdge("b1.y", "b2.x"), GraphEdge("b2.y", "output.b")]
+    edges = [
+        GraphEdge("input.x", "a1.x"),
+        GraphEdge("a1.y", "a2.x"),
+        GraphEdge("a2.y", "output.a"),
+        GraphEdge("input.x", "b1.x"),
+        GraphEdge("b1.y", "b2.x"),
+        GraphEdge("b2.y", "output.b"),
+    ]
     g = one_walk("par2", nodes, edges, Parallel(Sequential("a1", "a2"), Sequential("b1", "b2")))
     mods = {"a1": Scale(2.0), "a2": Scale(5.0), "b1": Scale(3.0), "b2": AddOne()}
     (out,) = run(g, mods, req(x=[1.0]))
@@ -105,15 +129,19 @@ def test_parallel_of_sequences():
 # -- conductor-driven loops -------------------------------------------------------------------
 def self_loop_graph(walk, name="loop"):
     """A stateless node fed by its own output: input.x -> s.x, s.y -> s.x, s.y -> output.y."""
-    return one_walk(name, [stateless("s")],
-                    [GraphEdge("input.x", "s.x"), GraphEdge("s.y", "s.x"), GraphEdge("s.y", "output.y")], walk)
+    return one_walk(
+        name,
+        [stateless("s")],
+        [GraphEdge("input.x", "s.x"), GraphEdge("s.y", "s.x"), GraphEdge("s.y", "output.y")],
+        walk,
+    )
 
 
 def test_loop_max_iters():
     g = self_loop_graph(Loop("s", max_iters=5))
     (out,) = run(g, {"s": Scale(3.0)}, req(x=[1.0, 2.0]))
-    assert values(out["y"]) == [[3.0 ** k, 2 * 3.0 ** k] for k in range(1, 6)]
-    assert values(out["y"])[-1] == [3.0 ** 5, 2 * 3.0 ** 5]
+    assert values(out["y"]) == [[3.0**k, 2 * 3.0**k] for k in range(1, 6)]
+    assert values(out["y"])[-1] == [3.0**5, 2 * 3.0**5]
 
 
 def test_loop_stop_when():
@@ -140,7 +168,7 @@ def test_loop_stop_on_values_does_not_emit_the_stop_value():
     g = self_loop_graph(Loop("s", max_iters=10, stop=StopOnValues("s.y", (5, 9))))
     (out,) = run(g, {"s": AddOne()}, req(x=torch.tensor([1])))
     assert values(out["y"]) == [[2], [3], [4]]
-    (out,) = run(g, {"s": AddOne()}, req(x=torch.tensor([5])))   # 6, 7, 8, then 9 stops
+    (out,) = run(g, {"s": AddOne()}, req(x=torch.tensor([5])))  # 6, 7, 8, then 9 stops
     assert values(out["y"]) == [[6], [7], [8]]
     (out,) = run(g, {"s": AddOne()}, req(x=torch.tensor([20])))  # never stops: max_iters
     assert values(out["y"]) == [[v] for v in range(21, 31)]
@@ -150,10 +178,16 @@ def test_loop_stop_on_values_ends_a_multi_node_body():
     """Loop(Sequential(inc, dbl)) stopping on inc's output: the stop value is not passed on,
     and the rest of that iteration's body must not run on a missing (or stale) input."""
     nodes = [stateless("inc"), stateless("dbl")]
-    edges = [GraphEdge("input.x", "inc.x"), GraphEdge("inc.y", "dbl.x"), GraphEdge("dbl.y", "inc.x"),
-             GraphEdge("inc.y", "output.inc"), GraphEdge("dbl.y", "output.dbl")]
-    g = one_walk("stop_mid", nodes, edges,
-                 Loop(Sequential("inc", "dbl"), max_iters=10, stop=StopOnValues("inc.y", (7,))))
+    edges = [
+        GraphEdge("input.x", "inc.x"),
+        GraphEdge("inc.y", "dbl.x"),
+        GraphEdge("dbl.y", "inc.x"),
+        GraphEdge("inc.y", "output.inc"),
+        GraphEdge("dbl.y", "output.dbl"),
+    ]
+    g = one_walk(
+        "stop_mid", nodes, edges, Loop(Sequential("inc", "dbl"), max_iters=10, stop=StopOnValues("inc.y", (7,)))
+    )
     # x=0: inc 1, dbl 2, inc 3, dbl 6, inc 7 -> stop
     (out,) = run(g, {"inc": AddOne(), "dbl": Scale(2.0)}, req(x=torch.tensor([0])))
     assert values(out["inc"]) == [[1], [3]]
@@ -174,12 +208,17 @@ def test_outer_stop_on_values_ends_an_inner_loop():
 @pytest.mark.parametrize("trips", [0, 1, 3])
 def test_dynamic_loop_trip_count_from_meta(trips):
     nodes = [stateless("s"), stateless("tail")]
-    edges = [GraphEdge("input.x", "s.x"), GraphEdge("s.y", "s.x"), GraphEdge("s.y", "output.y"),
-             GraphEdge("input.x", "tail.x"), GraphEdge("tail.y", "output.tail")]
+    edges = [
+        GraphEdge("input.x", "s.x"),
+        GraphEdge("s.y", "s.x"),
+        GraphEdge("s.y", "output.y"),
+        GraphEdge("input.x", "tail.x"),
+        GraphEdge("tail.y", "output.tail"),
+    ]
     walk = Sequential(DynamicLoop("s", trip_count=lambda st: st.request.meta["trips"]), "tail")
     g = one_walk("dyn", nodes, edges, walk)
     (out,) = run(g, {"s": Scale(2.0), "tail": Scale(10.0)}, req(x=[1.0], meta={"trips": trips}))
-    assert values(out.get("y", [])) == [[2.0 ** k] for k in range(1, trips + 1)]
+    assert values(out.get("y", [])) == [[2.0**k] for k in range(1, trips + 1)]
     assert values(out["tail"]) == [[10.0]]  # the walk goes on after the loop, even after zero trips
 
 
@@ -200,19 +239,32 @@ def test_dynamic_loop_negative_trip_count_fails_the_request():
 def task_graph():
     """'understand': enc -> head; 'generate': gen; 'both': understand then generate."""
     nodes = [stateless("enc"), stateless("head"), stateless("gen")]
-    edges = [GraphEdge("input.x", "enc.x"), GraphEdge("enc.y", "head.x"), GraphEdge("head.y", "output.label"),
-             GraphEdge("input.x", "gen.x"), GraphEdge("gen.y", "output.audio")]
-    plans = {"understand": ["understand"], "generate": ["generate"], "both": ["understand", "generate"],
-             "bogus": ["nowhere"]}
+    edges = [
+        GraphEdge("input.x", "enc.x"),
+        GraphEdge("enc.y", "head.x"),
+        GraphEdge("head.y", "output.label"),
+        GraphEdge("input.x", "gen.x"),
+        GraphEdge("gen.y", "output.audio"),
+    ]
+    plans = {
+        "understand": ["understand"],
+        "generate": ["generate"],
+        "both": ["understand", "generate"],
+        "bogus": ["nowhere"],
+    }
 
     def next_walk(state):
         plan = plans[state.request.meta["task"]]
         done = len(state.walks_done)
         return plan[done] if done < len(plan) else None
 
-    return ModelGraph(name="tasks", nodes=nodes, edges=edges,
-                      walks={"understand": Sequential("enc", "head"), "generate": Call("gen")},
-                      next_walk=next_walk)
+    return ModelGraph(
+        name="tasks",
+        nodes=nodes,
+        edges=edges,
+        walks={"understand": Sequential("enc", "head"), "generate": Call("gen")},
+        next_walk=next_walk,
+    )
 
 
 def test_next_walk_chooses_walks_per_request():
@@ -234,8 +286,12 @@ def test_next_walk_chooses_walks_per_request():
             assert (mods["enc"].calls, mods["head"].calls, mods["gen"].calls) == (2, 2, 2)
 
             # concurrent requests with different plans
-            outs = await asyncio.gather(*(c.submit(req(x=[float(i)], meta={"task": t})).collect()
-                                          for i, t in enumerate(["generate", "understand", "generate"])))
+            outs = await asyncio.gather(
+                *(
+                    c.submit(req(x=[float(i)], meta={"task": t})).collect()
+                    for i, t in enumerate(["generate", "understand", "generate"])
+                )
+            )
             assert [sorted(o) for o in outs] == [["audio"], ["label"], ["audio"]]
             assert [values(next(iter(o.values()))) for o in outs] == [[[0.0]], [[15.0]], [[14.0]]]
             assert (mods["enc"].calls, mods["head"].calls, mods["gen"].calls) == (3, 3, 4)
@@ -277,8 +333,11 @@ def ar_view(name, **kw):
 
 
 def view_edges(name, prompt):
-    return [GraphEdge(f"input.{prompt}", f"{name}.input_ids"), GraphEdge(f"{name}.token", f"{name}.input_ids"),
-            GraphEdge(f"{name}.token", f"output.{name}")]
+    return [
+        GraphEdge(f"input.{prompt}", f"{name}.input_ids"),
+        GraphEdge(f"{name}.token", f"{name}.input_ids"),
+        GraphEdge(f"{name}.token", f"output.{name}"),
+    ]
 
 
 def tokens(ts):
@@ -291,8 +350,12 @@ PA, PB = [1, 2, 3, 4, 5, 6], [40, 41, 42]
 def test_views_interleaved_conductor_loop_keep_separate_kv():
     """One request decodes two prompts on two views of one ToyLM, alternating a, b, a, b, ..."""
     lm, n = ToyLM(), 8
-    g = one_walk("views", [ar_view("a"), ar_view("b")], view_edges("a", "pa") + view_edges("b", "pb"),
-                 Loop(Sequential("a", "b"), max_iters=n))
+    g = one_walk(
+        "views",
+        [ar_view("a"), ar_view("b")],
+        view_edges("a", "pa") + view_edges("b", "pb"),
+        Loop(Sequential("a", "b"), max_iters=n),
+    )
     (out,) = run(g, {"lm": lm}, req(pa=PA, pb=PB))
     ref_a, ref_b = lm.reference_greedy(PA, n), lm.reference_greedy(PB, n)
     assert ref_a != ref_b
@@ -313,8 +376,11 @@ def test_ar_conductor_loop_with_stop_when_matches_reference():
     """StopWhen keeps an AR self-loop on the conductor (one call per token); tokens stay exact."""
     lm = ToyLM()
     nodes = [GraphNode("llm", inputs=["input_ids"], outputs=["token"], engine="ar")]
-    edges = [GraphEdge("input.prompt", "llm.input_ids"), GraphEdge("llm.token", "llm.input_ids"),
-             GraphEdge("llm.token", "output.token")]
+    edges = [
+        GraphEdge("input.prompt", "llm.input_ids"),
+        GraphEdge("llm.token", "llm.input_ids"),
+        GraphEdge("llm.token", "output.token"),
+    ]
     walk = Sequential("llm", Loop("llm", max_iters=50, stop=StopWhen(lambda s: s.output_counts["token"] >= 7)))
     g = one_walk("ar_stop_when", nodes, edges, walk)
     (out,) = run(g, {"llm": lm}, req(prompt=PA))

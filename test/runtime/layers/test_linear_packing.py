@@ -1,4 +1,5 @@
 """Prepacked bf16 linears: same numbers as nn.Linear, chosen only where they can run."""
+
 from __future__ import annotations
 
 import asyncio
@@ -135,6 +136,7 @@ def _serve(tts: OrpheusTTS, config: EngineConfig, text: str) -> tuple[list[int],
         async with Conductor(tts.graph(), tts.modules(), config=config) as c:
             result = await c.submit(tts.request(text, sampling=SamplingParams(max_tokens=56, seed=3))).collect()
         return [int(t) for t in result["tokens"]], torch.cat(result["audio"])
+
     tokens, audio = asyncio.run(go())
     packed = sum(isinstance(m, PackedLinear) for m in tts.llm.modules())
     return tokens, audio, packed

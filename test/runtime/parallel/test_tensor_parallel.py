@@ -6,6 +6,7 @@ runs see the same batches: chunked prefills mixed with decodes, a copy-on-write 
 constrained (vocabulary subset) and full-vocabulary sampling. This file is also the
 script each rank runs: ``python test_tensor_parallel.py RANK PORT OUT LLM_DIR``.
 """
+
 from __future__ import annotations
 
 import os
@@ -53,13 +54,21 @@ class Driver:
         self.calls += 1
         key = f"{rid}/{node}"
         self.tokens[key] = []
-        msg = ExecuteNode(self.calls, rid, node, {"input_ids": self.store.put(torch.tensor(prompt), owner=rid)},
-                          sampling=SamplingParams(), loop=LoopSpec(max_iters=n), kv_from=kv_from)
+        msg = ExecuteNode(
+            self.calls,
+            rid,
+            node,
+            {"input_ids": self.store.put(torch.tensor(prompt), owner=rid)},
+            sampling=SamplingParams(),
+            loop=LoopSpec(max_iters=n),
+            kv_from=kv_from,
+        )
 
         def reply(out) -> None:
             assert out.error is None, out.error
             if "token" in out.outputs:
                 self.tokens[key].append(int(self.store.get(out.outputs["token"])))
+
         self.engine.submit(msg, reply)
         self.engine.poll()
 
@@ -78,6 +87,7 @@ def scenario(engine: AREngine, store: InProcessTensorStore, llm: OrpheusLLM) -> 
         out = compute(hidden, ids)
         logits.append(out.clone())  # the engine masks its copy in place
         return out
+
     llm.compute_logits = recording  # type: ignore[method-assign]
     gen = torch.Generator().manual_seed(7)
     prompt = lambda n: torch.randint(0, 512, (n,), generator=gen).tolist()  # noqa: E731
@@ -142,8 +152,15 @@ def test_tp2_matches_tp1(tmp_path: Path) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     started = time.monotonic()
     logs = [open(tmp_path / f"rank{r}.log", "w+") for r in range(TP)]
-    procs = [subprocess.Popen([sys.executable, __file__, str(r), str(port), str(out), str(path)],
-                              env=env, stdout=logs[r], stderr=subprocess.STDOUT) for r in range(TP)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, __file__, str(r), str(port), str(out), str(path)],
+            env=env,
+            stdout=logs[r],
+            stderr=subprocess.STDOUT,
+        )
+        for r in range(TP)
+    ]
     try:
         llm = load(path)  # TP=1 here, while the ranks start
         store = InProcessTensorStore()
@@ -170,12 +187,15 @@ def test_tp2_matches_tp1(tmp_path: Path) -> None:
     print(f"TP=2 vs TP=1: {len(ref_logits)} logits tensors, {time.monotonic() - started:.1f}s")
 
 
-@pytest.mark.parametrize("field,value,overrides", [
-    ("num_attention_heads", 3, {"num_attention_heads": 3, "num_key_value_heads": 1}),
-    ("num_key_value_heads", 1, {"num_key_value_heads": 1}),
-    ("intermediate_size", 127, {"intermediate_size": 127}),
-    ("vocab_size", 156941, {"vocab_size": 156941}),
-])
+@pytest.mark.parametrize(
+    "field,value,overrides",
+    [
+        ("num_attention_heads", 3, {"num_attention_heads": 3, "num_key_value_heads": 1}),
+        ("num_key_value_heads", 1, {"num_key_value_heads": 1}),
+        ("intermediate_size", 127, {"intermediate_size": 127}),
+        ("vocab_size", 156941, {"vocab_size": 156941}),
+    ],
+)
 def test_indivisible_sizes_name_the_field(field: str, value: int, overrides: dict) -> None:
     config = LlamaConfig.from_dict({**config_dict("tiny"), **overrides})
     with pytest.raises(ValueError, match=f"{field} = {value} is not divisible by tp_size = 2"):

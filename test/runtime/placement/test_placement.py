@@ -1,4 +1,5 @@
 """Placement files: parsing, resolution per Walk, and errors that name the field and the line."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -24,47 +25,95 @@ def test_shipped_examples_resolve():
 
 
 def test_walk_scoped_group_wins_over_unscoped():
-    p = resolve("world_size: 2\nnode_groups:\n  - {nodes: [llm, snac], ranks: [0]}\n"
-                "  - {nodes: [llm], ranks: [1], walks: [decode]}\n")
+    p = resolve(
+        "world_size: 2\nnode_groups:\n  - {nodes: [llm, snac], ranks: [0]}\n"
+        "  - {nodes: [llm], ranks: [1], walks: [decode]}\n"
+    )
     assert p.lookup("llm", "prefill").ranks == (0,) and p.lookup("llm", "decode").ranks == (1,)
 
 
 def test_tensor_parallel_group():
-    p = resolve("world_size: 2\nnode_groups:\n  - {nodes: [llm], ranks: [0, 1], tp_size: 2}\n"
-                "  - {nodes: [snac], ranks: [1]}\n")
+    p = resolve(
+        "world_size: 2\nnode_groups:\n  - {nodes: [llm], ranks: [0, 1], tp_size: 2}\n  - {nodes: [snac], ranks: [1]}\n"
+    )
     assert p.lookup("llm", "decode").tp_size == 2 and p.lookup("llm", "decode").ranks == (0, 1)
 
 
-@pytest.mark.parametrize("text, needle, line", [
-    ("world_size: 2\nnode_groups:\n  - nodes: [llm, vocoder]\n    ranks: [0]\n  - {nodes: [snac], ranks: [1]}\n",
-     "node_groups[0].nodes[1]: unknown node 'vocoder'", 3),
-    ("world_size: 2\nnode_groups:\n  - nodes: [llm]\n    ranks: [0]\n  - nodes: [snac]\n    ranks: [2]\n",
-     "node_groups[1].ranks[0]: rank 2 is out of range (world_size 2)", 6),
-    ("world_size: 2\nnode_groups:\n  - nodes: [llm]\n    ranks: [0]\n    walks: [prefill, generate]\n"
-     "  - {nodes: [snac], ranks: [1]}\n", "node_groups[0].walks[1]: graph 'orpheus' has no walk 'generate'", 5),
-    ("world_size: 2\nnode_groups:\n  - nodes: [llm]\n    ranks: [0]\n    walks: [prefill]\n"
-     "  - {nodes: [snac], ranks: [1]}\n", "node 'llm' is placed nowhere for walk 'decode'", 2),
-    ("world_size: 1\nnode_groups:\n  - nodes: [llm]\n    ranks: [0]\n", "node 'snac'", 2),
-    ("world_size: 2\nnode_groups:\n  - nodes: [llm]\n    ranks: [0]\n    tp_size: 2\n", "tp_size 2 needs exactly", 5),
-    ("world_size: 2\nnode_groups:\n  - nodes: [llm, snac]\n    ranks: [0]\n  - nodes: [llm]\n    ranks: [1]\n",
-     "node 'llm' is already placed for every walk by node_groups[0]", 5),
-    ("world_size: two\nnode_groups: []\n", "world_size", 1),
-    ("world_size: 2\nnode_groups:\n  - nodes: [llm]\n    rank: [0]\n", "rank", 3),
-    ("world_size: 2\ndevices: {0: cpu, 1: gpu0}\nnode_groups:\n  - {nodes: [llm, snac], ranks: [0]}\n",
-     "devices[1]: device 'gpu0' is not 'cpu' or 'cuda:N'", 2),
-    ("world_size: 2\nnode_groups:\n  - nodes: [llm\n",
-     "not valid YAML: expected ',' or ']', but got '<stream end>' (column 1), while parsing a flow sequence at line 3", 4),
-    ("world_size: 2\nbase: &b {nodes: [llm, snac], ranks: [0]}\nnode_groups: [*b]\n",
-     "not valid YAML: aliases are not accepted (*b): write the value out", 3),
-    ("world_size: 2\nnode_groups:\n  - {nodes: [llm, snac], ranks: [0]}\ntransport:\n  default: udp\n",
-     "transport.default: unknown transport 'udp'", 5),
-    ("world_size: 2\nnode_groups:\n  - {nodes: [llm, snac], ranks: [0]}\ntransport:\n  edges:\n    llm.audio: tcp\n",
-     "transport.edges.llm.audio: 'llm.audio' is not an output of a node", 6),
-    ("world_size: 2\nnode_groups:\n  - {nodes: [llm, snac], ranks: [0]}\ntransport:\n  edges:\n    llm.token: rdma\n",
-     "unknown transport 'rdma'", 6),
-    ("world_size: 2\nnode_groups:\n  - {nodes: [llm], ranks: [0, 0], tp_size: 2}\n  - {nodes: [snac], ranks: [1]}\n",
-     "names a rank twice", 3),
-])
+@pytest.mark.parametrize(
+    "text, needle, line",
+    [
+        (
+            "world_size: 2\nnode_groups:\n  - nodes: [llm, vocoder]\n    ranks: [0]\n  - {nodes: [snac], ranks: [1]}\n",
+            "node_groups[0].nodes[1]: unknown node 'vocoder'",
+            3,
+        ),
+        (
+            "world_size: 2\nnode_groups:\n  - nodes: [llm]\n    ranks: [0]\n  - nodes: [snac]\n    ranks: [2]\n",
+            "node_groups[1].ranks[0]: rank 2 is out of range (world_size 2)",
+            6,
+        ),
+        (
+            "world_size: 2\nnode_groups:\n  - nodes: [llm]\n    ranks: [0]\n    walks: [prefill, generate]\n"
+            "  - {nodes: [snac], ranks: [1]}\n",
+            "node_groups[0].walks[1]: graph 'orpheus' has no walk 'generate'",
+            5,
+        ),
+        (
+            "world_size: 2\nnode_groups:\n  - nodes: [llm]\n    ranks: [0]\n    walks: [prefill]\n"
+            "  - {nodes: [snac], ranks: [1]}\n",
+            "node 'llm' is placed nowhere for walk 'decode'",
+            2,
+        ),
+        ("world_size: 1\nnode_groups:\n  - nodes: [llm]\n    ranks: [0]\n", "node 'snac'", 2),
+        (
+            "world_size: 2\nnode_groups:\n  - nodes: [llm]\n    ranks: [0]\n    tp_size: 2\n",
+            "tp_size 2 needs exactly",
+            5,
+        ),
+        (
+            "world_size: 2\nnode_groups:\n  - nodes: [llm, snac]\n    ranks: [0]\n  - nodes: [llm]\n    ranks: [1]\n",
+            "node 'llm' is already placed for every walk by node_groups[0]",
+            5,
+        ),
+        ("world_size: two\nnode_groups: []\n", "world_size", 1),
+        ("world_size: 2\nnode_groups:\n  - nodes: [llm]\n    rank: [0]\n", "rank", 3),
+        (
+            "world_size: 2\ndevices: {0: cpu, 1: gpu0}\nnode_groups:\n  - {nodes: [llm, snac], ranks: [0]}\n",
+            "devices[1]: device 'gpu0' is not 'cpu' or 'cuda:N'",
+            2,
+        ),
+        (
+            "world_size: 2\nnode_groups:\n  - nodes: [llm\n",
+            "not valid YAML: expected ',' or ']', but got '<stream end>' (column 1), while parsing a flow sequence at line 3",
+            4,
+        ),
+        (
+            "world_size: 2\nbase: &b {nodes: [llm, snac], ranks: [0]}\nnode_groups: [*b]\n",
+            "not valid YAML: aliases are not accepted (*b): write the value out",
+            3,
+        ),
+        (
+            "world_size: 2\nnode_groups:\n  - {nodes: [llm, snac], ranks: [0]}\ntransport:\n  default: udp\n",
+            "transport.default: unknown transport 'udp'",
+            5,
+        ),
+        (
+            "world_size: 2\nnode_groups:\n  - {nodes: [llm, snac], ranks: [0]}\ntransport:\n  edges:\n    llm.audio: tcp\n",
+            "transport.edges.llm.audio: 'llm.audio' is not an output of a node",
+            6,
+        ),
+        (
+            "world_size: 2\nnode_groups:\n  - {nodes: [llm, snac], ranks: [0]}\ntransport:\n  edges:\n    llm.token: rdma\n",
+            "unknown transport 'rdma'",
+            6,
+        ),
+        (
+            "world_size: 2\nnode_groups:\n  - {nodes: [llm], ranks: [0, 0], tp_size: 2}\n  - {nodes: [snac], ranks: [1]}\n",
+            "names a rank twice",
+            3,
+        ),
+    ],
+)
 def test_errors_name_the_field_and_line(text, needle, line):
     with pytest.raises(PlacementError) as err:
         resolve(text)
@@ -86,6 +135,9 @@ def test_nested_aliases_are_refused_unexpanded(tmp_path):
 
 def test_a_kv_view_must_sit_with_the_view_it_forks_from():
     from support.toy_flow import flow_graph
+
     text = "world_size: 2\nnode_groups:\n  - {nodes: [prefix], ranks: [0]}\n  - {nodes: [act], ranks: [1]}\n"
-    with pytest.raises(PlacementError, match=r"p.yaml:4: node_groups\[1\].nodes: node 'act' forks its KV from 'prefix'"):
+    with pytest.raises(
+        PlacementError, match=r"p.yaml:4: node_groups\[1\].nodes: node 'act' forks its KV from 'prefix'"
+    ):
         ResolvedPlacement(flow_graph(), PlacementFile.parse(text, "p.yaml"))

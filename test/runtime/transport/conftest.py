@@ -3,6 +3,7 @@
 Every peer is a separate Python process (peer_process.py) talking to the test over
 127.0.0.1; tags include our pid so concurrent test runs never share /dev/shm names.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -83,8 +84,12 @@ class Peer:
         listener = Listener(("127.0.0.1", 0), authkey=authkey)
         self._log = tempfile.TemporaryFile()
         env = {**os.environ, "PEER_MOONCAKE": "1" if mooncake else "0"}
-        self.proc = subprocess.Popen([sys.executable, str(PEER_SCRIPT), str(listener.address[1]), authkey.hex(),
-                                      self.tag], env=env, stdout=self._log, stderr=self._log)
+        self.proc = subprocess.Popen(
+            [sys.executable, str(PEER_SCRIPT), str(listener.address[1]), authkey.hex(), self.tag],
+            env=env,
+            stdout=self._log,
+            stderr=self._log,
+        )
         accepted: list = []
         thread = threading.Thread(target=lambda: accepted.append(listener.accept()), daemon=True)
         thread.start()
@@ -149,6 +154,7 @@ def new_peer():
     def start(tag: str | None = None, mooncake: bool = False) -> Peer:
         made.append(Peer(tag, mooncake=mooncake))
         return made[-1]
+
     yield start
     for p in made:
         p.close()
@@ -186,5 +192,7 @@ def assert_same(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
 def tx():
     """Helpers for the test modules (conftest cannot be imported under --import-mode=importlib)."""
     import types
-    return types.SimpleNamespace(assert_same=assert_same, PeerError=PeerError, require_mooncake=require_mooncake,
-                                 new_tag=new_tag, wire=wire)
+
+    return types.SimpleNamespace(
+        assert_same=assert_same, PeerError=PeerError, require_mooncake=require_mooncake, new_tag=new_tag, wire=wire
+    )

@@ -4,6 +4,7 @@ Run as ``python peer_process.py PORT AUTHKEY_HEX TAG``; it connects back to the 
 127.0.0.1 (multiprocessing.connection). Handles travel msgspec-encoded as in production;
 tensors come back to the test as (shape, dtype, raw bytes) so the test compares bytes.
 """
+
 from __future__ import annotations
 
 import os
@@ -30,9 +31,13 @@ def from_wire(wire: tuple[tuple[int, ...], str, bytes]) -> torch.Tensor:
 
 def main() -> None:
     port, authkey, tag = int(sys.argv[1]), bytes.fromhex(sys.argv[2]), sys.argv[3]
-    exchange = TensorExchange(tag, shm=True, tcp_host="127.0.0.1",
-                              mooncake_host="127.0.0.1" if os.environ.get("PEER_MOONCAKE") == "1" else None,
-                              shm_arena_mb=1)
+    exchange = TensorExchange(
+        tag,
+        shm=True,
+        tcp_host="127.0.0.1",
+        mooncake_host="127.0.0.1" if os.environ.get("PEER_MOONCAKE") == "1" else None,
+        shm_arena_mb=1,
+    )
     conn = Client(("127.0.0.1", port), authkey=authkey)
     conn.send(("ready", os.getpid(), exchange.endpoints()))
     while True:

@@ -1,4 +1,5 @@
 """The byte-level pieces: raw memcpy (incl. the multi-threaded path), inline codec, slot allocator."""
+
 from __future__ import annotations
 
 import pytest
@@ -14,8 +15,8 @@ def test_memcpy_large_copies_split_over_threads_cover_every_byte_exactly():
     src = torch.randint(0, 256, (count,), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
     dst = torch.full((count + 2 * 4096,), 0xAB, dtype=torch.uint8)  # guard bytes on both sides
     memcpy(dst.data_ptr() + 4096, src.data_ptr(), count)
-    assert torch.equal(dst[4096:4096 + count], src)
-    assert bool((dst[:4096] == 0xAB).all()) and bool((dst[4096 + count:] == 0xAB).all())
+    assert torch.equal(dst[4096 : 4096 + count], src)
+    assert bool((dst[:4096] == 0xAB).all()) and bool((dst[4096 + count :] == 0xAB).all())
 
 
 def test_inline_codec_round_trips_bf16_and_rejects_a_wrong_length():

@@ -1,4 +1,5 @@
 """Slots, overflow segments, cleanup (close, SIGKILL + supervisor), restarts and clear errors."""
+
 from __future__ import annotations
 
 import os

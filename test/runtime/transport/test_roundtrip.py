@@ -1,4 +1,5 @@
 """Tensors of every dtype and shape cross between two real processes through every transport."""
+
 from __future__ import annotations
 
 import pytest
@@ -22,8 +23,9 @@ def test_this_process_exports_peer_reads(kind, request, peer, cases, tx):
         exported = ex.export(ex.put(tensor, owner), kind)
         assert exported.nbytes == tensor.numel() * tensor.element_size(), what
         assert (exported.data is not None) == (kind == "inline"), what
-        assert exported.location.startswith({"inline": "inproc", "shm": "shm:", "tcp": "tcp:",
-                                             "mooncake": "mooncake:"}[kind]), exported.location
+        assert exported.location.startswith(
+            {"inline": "inproc", "shm": "shm:", "tcp": "tcp:", "mooncake": "mooncake:"}[kind]
+        ), exported.location
         tx.assert_same(peer.resolve(exported), tensor.contiguous(), f"{kind} {what}")
     assert ex.free_owner(owner) == len(cases)
 
@@ -51,6 +53,7 @@ def test_resolve_stacks_a_list_of_remote_handles(exchange, peer, tx):
 
 def test_shared_memory_reads_are_views_and_out_gives_a_copy(exchange, peer, tx):
     from mstar.transport.exchange import SHM_VIEW_MIN_BYTES
+
     n = SHM_VIEW_MIN_BYTES // 4
     small = peer.put_export(torch.arange(10.0), "owned", "shm")
     assert exchange.get(small).data_ptr() != exchange.get(small).data_ptr()  # small: a copy each time

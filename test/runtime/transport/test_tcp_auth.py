@@ -1,4 +1,5 @@
 """The TCP tensor server talks only to holders of the pool's secret, and the client reads only from them."""
+
 import logging
 import re
 import socket

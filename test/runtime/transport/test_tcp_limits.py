@@ -3,6 +3,7 @@
 Raw sockets play the peers (authenticated with the real HMAC handshake where the case
 needs it); the server runs in this process, so its threads and allocations are ours to count.
 """
+
 from __future__ import annotations
 
 import os
@@ -26,8 +27,10 @@ BIG = 16 << 20
 
 @pytest.fixture
 def tensors() -> dict[str, torch.Tensor]:
-    return {"small": torch.arange(1000, dtype=torch.float32),
-            "big": torch.randint(0, 255, (BIG,), dtype=torch.uint8, generator=torch.Generator().manual_seed(5))}
+    return {
+        "small": torch.arange(1000, dtype=torch.float32),
+        "big": torch.randint(0, 255, (BIG,), dtype=torch.uint8, generator=torch.Generator().manual_seed(5)),
+    }
 
 
 @pytest.fixture
@@ -37,6 +40,7 @@ def make_server(tensors):
     def make(**options) -> TensorServer:
         made.append(TensorServer("127.0.0.1", tensors.get, SECRET, **options))
         return made[-1]
+
     yield make
     for server in made:
         server.stop()
@@ -96,9 +100,10 @@ def test_a_2gib_key_is_refused_from_its_header_alone_without_allocating(make_ser
     finally:
         tracemalloc.stop()
         sock.close()
-    status, length = REPLY.unpack(reply[:REPLY.size])
-    assert status == REFUSED and reply[REPLY.size:].decode() == (
-        f"a tensor key of {2 << 30} bytes is over the {MAX_KEY_BYTES}-byte limit")
+    status, length = REPLY.unpack(reply[: REPLY.size])
+    assert status == REFUSED and reply[REPLY.size :].decode() == (
+        f"a tensor key of {2 << 30} bytes is over the {MAX_KEY_BYTES}-byte limit"
+    )
     assert took < 2.0, f"the refusal took {took:.2f}s"  # the server did not wait for the key's bytes
     assert peak < 1 << 20, f"{peak} bytes allocated while refusing"
     assert torch.equal(fetch(server, "small", 4000).view(torch.float32), tensors["small"])  # still serving
@@ -111,7 +116,7 @@ def test_keys_up_to_the_limit_are_read_and_one_byte_more_is_refused(make_server)
     status, length = REPLY.unpack(recv_n(sock, REPLY.size))
     assert status == MISSING and b"is not (or no longer) held" in recv_n(sock, length)
     sock.sendall(struct.pack("!I", MAX_KEY_BYTES + 1))
-    status, _ = REPLY.unpack(read_all_until_closed(sock, timeout=5)[:REPLY.size])
+    status, _ = REPLY.unpack(read_all_until_closed(sock, timeout=5)[: REPLY.size])
     assert status == REFUSED
     with pytest.raises(ValueError, match=f"over the {MAX_KEY_BYTES}-byte limit of tensor servers"):
         fetch(server, "k" * (MAX_KEY_BYTES + 1), 4)  # the client does not even ask
@@ -198,7 +203,7 @@ def fake_server(reply: bytes):
         nonce = auth.new_nonce()
         conn.sendall(nonce)
         answer = recv_n(conn, auth.NONCE_BYTES + auth.PROOF_BYTES)
-        conn.sendall(auth.proof(SECRET, b"server", answer[:auth.NONCE_BYTES], nonce))
+        conn.sendall(auth.proof(SECRET, b"server", answer[: auth.NONCE_BYTES], nonce))
         recv_n(conn, 4 + 1)
         conn.sendall(reply)
         time.sleep(2)
@@ -209,10 +214,13 @@ def fake_server(reply: bytes):
     return listener.getsockname()[1]
 
 
-@pytest.mark.parametrize("status, length, error", [
-    (MISSING, 1 << 40, f"announced a {1 << 40}-byte error message \\(limit {MAX_MESSAGE_BYTES}\\)"),
-    (OK, 1 << 40, f"sent {1 << 40} bytes, handle says 4"),
-])
+@pytest.mark.parametrize(
+    "status, length, error",
+    [
+        (MISSING, 1 << 40, f"announced a {1 << 40}-byte error message \\(limit {MAX_MESSAGE_BYTES}\\)"),
+        (OK, 1 << 40, f"sent {1 << 40} bytes, handle says 4"),
+    ],
+)
 def test_the_client_allocates_nothing_from_a_length_the_server_names(status, length, error):
     port = fake_server(REPLY.pack(status, length))
     into = torch.empty(4, dtype=torch.uint8)

@@ -1,4 +1,5 @@
 """Finding and reading checkpoint files, and writing them with save_safetensors."""
+
 from __future__ import annotations
 
 import json
@@ -67,7 +68,7 @@ def test_index_naming_tensor_absent_from_shard(tmp_path):
 
 
 def test_bad_index_and_corrupt_file(tmp_path):
-    (tmp_path / "model.safetensors.index.json").write_text("{\"metadata\": {}}")
+    (tmp_path / "model.safetensors.index.json").write_text('{"metadata": {}}')
     with pytest.raises(WeightsError, match="weight_map"):
         checkpoint_tensor_names(tmp_path)
     bad = tmp_path / "bad.safetensors"

@@ -1,4 +1,5 @@
 """load_weights: round trips through every layout, renaming, dtypes, ties and every error kind."""
+
 from __future__ import annotations
 
 import json
@@ -93,8 +94,9 @@ def test_name_map_renames_and_skips(tmp_path):
 
 def test_bf16_checkpoint_into_fp32_module(tmp_path):
     src = Tiny(seed=1)
-    save_safetensors({k: v.to(torch.bfloat16) if v.is_floating_point() else v
-                      for k, v in src.state_dict().items()}, tmp_path)
+    save_safetensors(
+        {k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in src.state_dict().items()}, tmp_path
+    )
     dst = Tiny(seed=2)
     load_weights(dst, tmp_path, progress=False)
     assert dst.proj.weight.dtype == torch.float32

@@ -32,8 +32,10 @@ def test_fills_are_restored_when_the_build_raises():
 
 def test_a_meta_build_does_not_import_dynamo():
     # the reason for the context manager: reset_parameters on meta imports torch._dynamo (seconds)
-    code = ("import sys, torch; from mstar.weights import no_random_init\n"
-            "with torch.device('meta'), no_random_init(): torch.nn.Linear(8, 8); torch.nn.Embedding(8, 8)\n"
-            "print('torch._dynamo' in sys.modules)")
+    code = (
+        "import sys, torch; from mstar.weights import no_random_init\n"
+        "with torch.device('meta'), no_random_init(): torch.nn.Linear(8, 8); torch.nn.Embedding(8, 8)\n"
+        "print('torch._dynamo' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

@@ -4,6 +4,7 @@ The Conductor side is a real WorkerPool listening on 127.0.0.1 (no Worker launch
 test speaks for the Worker); the Worker side is a real Worker process facing a Conductor
 impostor played by the test.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -22,7 +23,9 @@ from support.conductor_helpers import config, run
 from support.pool_peer import OTHER, TOKEN, closed_without_a_reply, impostor_conductor, read_frame, with_pool
 
 
-def test_a_hello_with_a_wrong_proof_is_refused_and_a_right_one_gets_the_conductors_proof_and_setup(tmp_path, monkeypatch):
+def test_a_hello_with_a_wrong_proof_is_refused_and_a_right_one_gets_the_conductors_proof_and_setup(
+    tmp_path, monkeypatch
+):
     async def body(pool: WorkerPool):
         results = {}
         for case in ("other token", "proof replayed for another rank", "right"):
@@ -78,20 +81,32 @@ def test_a_worker_builds_nothing_for_a_conductor_that_cannot_prove_the_token(tmp
     marker = tmp_path / "built"
     (tmp_path / "marking_factory.py").write_text(
         "import pathlib\n"
-        f"def build(nodes, **kw):\n    pathlib.Path({str(marker)!r}).write_text('built')\n    raise RuntimeError('x')\n")
+        f"def build(nodes, **kw):\n    pathlib.Path({str(marker)!r}).write_text('built')\n    raise RuntimeError('x')\n"
+    )
     setup = Setup(spec=ModelSpec("marking"), nodes=["sum"], config=config())
-    env = {**os.environ, TOKEN_ENV: TOKEN, MODELS.env: "marking=marking_factory:build",
-           "PYTHONPATH": os.pathsep.join([str(tmp_path), *(p for p in sys.path if p)])}
+    env = {
+        **os.environ,
+        TOKEN_ENV: TOKEN,
+        MODELS.env: "marking=marking_factory:build",
+        "PYTHONPATH": os.pathsep.join([str(tmp_path), *(p for p in sys.path if p)]),
+    }
     for proof, want_rc in ((b"x" * 32, 2), (None, 1)):  # a made-up proof, then the real one (builds, then fails)
         port, thread, got = impostor_conductor(proof, encode_frame(setup))
-        worker = subprocess.run([sys.executable, "-m", "mstar.worker.process_main", "--conductor", f"127.0.0.1:{port}",
-                                 "--rank", "1"], env=env, capture_output=True, text=True, timeout=60)
+        worker = subprocess.run(
+            [sys.executable, "-m", "mstar.worker.process_main", "--conductor", f"127.0.0.1:{port}", "--rank", "1"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         thread.join(10)
         assert worker.returncode == want_rc, worker.stderr
         assert TOKEN.encode() not in got["bytes"]  # the token itself never crossed the wire
         if proof is not None:
-            assert worker.stderr.strip() == (f"mstar worker rank 1: error: the Conductor at 127.0.0.1:{port} could not "
-                                             f"prove it holds the pool token: building nothing it asks for")
+            assert worker.stderr.strip() == (
+                f"mstar worker rank 1: error: the Conductor at 127.0.0.1:{port} could not "
+                f"prove it holds the pool token: building nothing it asks for"
+            )
             assert not marker.exists(), "the Worker built a model for an unproven Conductor"
     assert marker.exists()  # the same Setup with a valid proof is built: the refusal above was the proof's
 
@@ -103,7 +118,11 @@ def test_proofs_fail_when_anything_changes(tamper):
     assert handshake.hello_is_valid(TOKEN, challenge, hello)
     assert not handshake.hello_is_valid(OTHER, challenge, hello)
     assert not handshake.hello_is_valid(TOKEN, handshake.challenge(), hello)  # another connection's challenge
-    bad = Hello(3, 42, "h", os.urandom(16), hello.proof) if tamper == "nonce" else Hello(3, 42, "h", hello.nonce, bytes(32))
+    bad = (
+        Hello(3, 42, "h", os.urandom(16), hello.proof)
+        if tamper == "nonce"
+        else Hello(3, 42, "h", hello.nonce, bytes(32))
+    )
     assert not handshake.hello_is_valid(TOKEN, challenge, bad)
     welcome = handshake.welcome(TOKEN, challenge, hello)
     assert handshake.welcome_is_valid(TOKEN, challenge, hello, welcome)

@@ -3,6 +3,7 @@
 A loopback TCP connection carries real frames to a BlockingChannel (the Worker's end); the last test
 plays an authenticated Conductor to a real Worker process and announces 1 GiB it never sends.
 """
+
 from __future__ import annotations
 
 import os
@@ -71,7 +72,7 @@ def test_a_large_frame_arriving_in_pieces_decodes_whole_and_a_close_between_fram
 
     def trickle() -> None:
         for i in range(0, len(data), 100_000):
-            conductor.sendall(data[i:i + 100_000])
+            conductor.sendall(data[i : i + 100_000])
         conductor.shutdown(socket.SHUT_WR)
 
     sender = threading.Thread(target=trickle)
@@ -94,8 +95,12 @@ def test_a_worker_does_not_allocate_a_frame_its_conductor_only_announces():
     announced = (1 << 30) - 1  # under MAX_FRAME: only its arrival may cost memory
     port, thread, got = impostor_conductor(None, announced.to_bytes(4, "big"), hold_s=3.0)
     env = {**os.environ, TOKEN_ENV: TOKEN, "OMP_NUM_THREADS": "1"}
-    worker = subprocess.Popen([sys.executable, "-m", "mstar.worker.process_main", "--conductor", f"127.0.0.1:{port}",
-                               "--rank", "1"], env=env, stderr=subprocess.PIPE, text=True)
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "mstar.worker.process_main", "--conductor", f"127.0.0.1:{port}", "--rank", "1"],
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 60
         while "hello" not in got and time.monotonic() < deadline:
@@ -111,5 +116,6 @@ def test_a_worker_does_not_allocate_a_frame_its_conductor_only_announces():
             worker.kill()
     assert (peak - baseline) < 100 << 10, f"the Worker grew by {(peak - baseline) >> 10} MB"  # was +1024 MB
     assert worker.returncode == 2
-    assert stderr.strip().endswith(f"the Conductor closed the connection after 0 of the {announced} bytes its frame "
-                                   f"announced"), stderr
+    assert stderr.strip().endswith(
+        f"the Conductor closed the connection after 0 of the {announced} bytes its frame announced"
+    ), stderr

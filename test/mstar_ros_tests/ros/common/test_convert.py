@@ -1,4 +1,5 @@
 """ROS messages <-> arrays: encodings, padded rows, joint order, and the messages of every refusal."""
+
 from __future__ import annotations
 
 import math
@@ -41,11 +42,13 @@ def test_images_become_rgb_arrays_with_padding_stripped(encoding):
 
 def test_bad_images_are_refused_with_what_is_wrong():
     good = _image("rgb8", np.zeros((4, 4, 3), np.uint8))
-    cases = [(dict(encoding="rgba8"), "image encoding 'rgba8' is not supported"),
-             (dict(width=0), "image is 0x4"),
-             (dict(height=5), "image is 4x5, this camera is configured for 4x4"),
-             (dict(step=10), "step 10 is less than width x channels = 12 for rgb8"),
-             (dict(data=bytes(40)), "40 bytes of data, expected step x height = 48")]
+    cases = [
+        (dict(encoding="rgba8"), "image encoding 'rgba8' is not supported"),
+        (dict(width=0), "image is 0x4"),
+        (dict(height=5), "image is 4x5, this camera is configured for 4x4"),
+        (dict(step=10), "step 10 is less than width x channels = 12 for rgb8"),
+        (dict(data=bytes(40)), "40 bytes of data, expected step x height = 48"),
+    ]
     for change, says in cases:
         msg = _image("rgb8", np.zeros((4, 4, 3), np.uint8))
         for key, value in change.items():
@@ -61,10 +64,12 @@ def test_joint_states_are_read_in_the_configured_order():
     names = ["a", "b", "c"]
     state = joint_positions(JointState(name=["c", "x", "a", "b"], position=[3.0, 9.0, 1.0, 2.0]), names, topic="/j")
     assert state.tolist() == [1.0, 2.0, 3.0] and state.dtype == np.float32
-    for msg, says in [(JointState(name=["a", "b"], position=[1.0, 2.0]), r"lacks joints \['c'\]"),
-                      (JointState(name=["a", "b", "c"], position=[1.0]), "3 joint names but 1 positions"),
-                      (JointState(position=[1.0, 2.0]), "2 positions without names, expected 3"),
-                      (JointState(name=names, position=[1.0, math.inf, 3.0]), r"NaN or infinite positions for \['b'\]")]:
+    for msg, says in [
+        (JointState(name=["a", "b"], position=[1.0, 2.0]), r"lacks joints \['c'\]"),
+        (JointState(name=["a", "b", "c"], position=[1.0]), "3 joint names but 1 positions"),
+        (JointState(position=[1.0, 2.0]), "2 positions without names, expected 3"),
+        (JointState(name=names, position=[1.0, math.inf, 3.0]), r"NaN or infinite positions for \['b'\]"),
+    ]:
         with pytest.raises(ObservationError, match="^/j: .*" + says):
             joint_positions(msg, names, topic="/j")
 

@@ -1,4 +1,5 @@
 """The command-line split every mstar node makes: its own arguments, then rclpy's ``--ros-args`` tail."""
+
 from __future__ import annotations
 
 from mstar_ros.ros.common.ros_process import split_ros_args
@@ -19,5 +20,6 @@ def test_a_worker_that_failed_setup_is_said_in_one_line_with_status_2(capsys):
         raise WorkerSetupError(1, "WeightsError: cannot read safetensors file /w/model.safetensors: truncated")
 
     assert run_serving("prog", serving()) == (2, None)
-    assert capsys.readouterr().err == ("prog: error: WeightsError: cannot read safetensors file /w/model.safetensors: "
-                                       "truncated (worker rank 1)\n")
+    assert capsys.readouterr().err == (
+        "prog: error: WeightsError: cannot read safetensors file /w/model.safetensors: truncated (worker rank 1)\n"
+    )

@@ -1,4 +1,5 @@
 """Stream items as std_msgs MultiArrays: round trips, the header, and what a receiver refuses."""
+
 import pytest
 import torch
 from std_msgs.msg import Float32MultiArray, Int64MultiArray, MultiArrayDimension
@@ -13,8 +14,16 @@ from mstar_ros.ros.partition.stream_msgs import (
 )
 
 
-@pytest.mark.parametrize("tensor", [torch.arange(6).reshape(2, 3), torch.tensor(5), torch.randn(7),
-                                    torch.randn(2, 2, 2, dtype=torch.float64), torch.tensor([1, 2], dtype=torch.uint8)])
+@pytest.mark.parametrize(
+    "tensor",
+    [
+        torch.arange(6).reshape(2, 3),
+        torch.tensor(5),
+        torch.randn(7),
+        torch.randn(2, 2, 2, dtype=torch.float64),
+        torch.tensor([1, 2], dtype=torch.uint8),
+    ],
+)
 def test_items_round_trip_with_shape_dtype_and_header(tensor):
     msg = item_message(tensor, StreamHeader("req-1", 12, 99))
     assert type(msg) is message_type(tensor.dtype)
@@ -37,8 +46,9 @@ def test_bf16_travels_as_float32_and_end_messages_say_whether_the_producer_faile
 def test_malformed_messages_are_refused_with_the_reason():
     def msg(label, data, dims=()):
         m = Int64MultiArray(data=data)
-        m.layout.dim = [MultiArrayDimension(label=label, size=1, stride=len(data))] + \
-            [MultiArrayDimension(label="d0", size=s, stride=s) for s in dims]
+        m.layout.dim = [MultiArrayDimension(label=label, size=1, stride=len(data))] + [
+            MultiArrayDimension(label="d0", size=s, stride=s) for s in dims
+        ]
         return m
 
     with pytest.raises(StreamMessageError, match="no layout.dim"):

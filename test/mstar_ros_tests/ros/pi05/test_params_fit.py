@@ -1,4 +1,5 @@
 """A robot's joints and actions checked against real checkpoints' state and action dims (no ROS needed)."""
+
 from __future__ import annotations
 
 import msgspec
@@ -24,9 +25,13 @@ def params(**given) -> PolicyParams:
 @pytest.fixture(scope="module")
 def libero(tmp_path_factory):
     """A LeRobot checkpoint with an 8-d state and 7-d actions."""
-    out = lerobot_checkpoint(tmp_path_factory.mktemp("ck") / "libero", ensure_tiny_pi05(),
-                             {"observation.state": STATS, "action": {k: v[:7] for k, v in STATS.items()}},
-                             state_dim=8, action_dim=7)
+    out = lerobot_checkpoint(
+        tmp_path_factory.mktemp("ck") / "libero",
+        ensure_tiny_pi05(),
+        {"observation.state": STATS, "action": {k: v[:7] for k, v in STATS.items()}},
+        state_dim=8,
+        action_dim=7,
+    )
     return Pi05Policy.load(out, load_weights=False, progress=False)
 
 
@@ -38,8 +43,11 @@ def without_statistics(tmp_path_factory):
 
 def test_actions_other_than_the_joints_fit_a_checkpoint_whose_actions_differ_from_its_state(libero):
     check_fits(params(action_names=EE, action_space="labelled_array"), libero, "/r")
-    with pytest.raises(ValueError, match=r"^/r: parameter joint_names: 8 joints, but the checkpoint's actions have 7 "
-                                         r"dims \(.*\) \(set action_names for actions that are not the state's joints"):
+    with pytest.raises(
+        ValueError,
+        match=r"^/r: parameter joint_names: 8 joints, but the checkpoint's actions have 7 "
+        r"dims \(.*\) \(set action_names for actions that are not the state's joints",
+    ):
         check_fits(params(), libero, "/r")  # today's default: the actions are the joints
     with pytest.raises(ValueError, match="parameter action_names: 6 names, but the checkpoint's actions have 7 dims"):
         check_fits(params(action_names=EE[:6], action_space="labelled_array"), libero, "/r")
