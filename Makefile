@@ -12,7 +12,7 @@ export ROS_AUTOMATIC_DISCOVERY_RANGE ?= LOCALHOST
 # what `pip install .` puts where ROS 2 looks, from these files (setup.py's data_files)
 ROS_FILES := package.xml resource/mstar_ros $(wildcard launch/*.launch.py config/*.yaml config/*.xml config/placement/*.yaml)
 
-.PHONY: demo test install install-test clean
+.PHONY: demo test lint install install-test clean
 
 $(VENV)/.installed: setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -54,13 +54,18 @@ install-test: $(VENV)/.installed-test
 demo: $(VENV)/.ros-layout
 	$(VENV)/bin/mstar-ros demo $(ARGS)
 
-test: $(VENV)/.installed-test
+test: $(VENV)/.installed-test lint
 ifeq ($(NETNS),yes)
 	unshare -n sh -c 'ip link set lo up && $(VENV)/bin/python -m pytest -q $(PYTEST_ARGS)'
 else
 	@echo "note: not root or no unshare: running tests without a loopback-only namespace"
 	$(VENV)/bin/python -m pytest -q $(PYTEST_ARGS)
 endif
+
+# ruff.toml: lint and format; `ruff format .` fixes what the format check reports
+lint: $(VENV)/.installed-test
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 
 clean:
 	rm -rf $(VENV) out build *.egg-info

@@ -124,6 +124,7 @@ setup(
         # is part of setuptools since 70.1)
         # playwright drives Debian's chromium (make test installs it; never a downloaded browser)
         # openai: the official client, against the gateway's OpenAI-compatible routes
+        # ruff: lint and format (`make lint`, run by `make test`)
         "test": [
             "pytest>=8",
             "pytest-timeout>=2",
@@ -133,6 +134,7 @@ setup(
             "matplotlib>=3.7",
             "setuptools>=70.1",
             "openai==3.63.0",
+            "ruff==0.17.6",
         ],
     },
     # console scripts: with pip in bin/ and, as launchers, in lib/mstar_ros/ (install_data above);
