@@ -73,18 +73,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--status-every", default="0", metavar="S", help=_HELP["status_every"])
     p.add_argument("--tokenizer", default="", help=_HELP["tokenizer"])
     p.add_argument("--asset-id", default="", help=_HELP["asset_id"])
-    p.add_argument("--dtype", default="auto", choices=DTYPE_NAMES, help=_HELP["dtype"])
-    _add_use_sim_time(p)
-    p.add_argument("--duration", type=float, help="stop after this many seconds (default: run until Ctrl-C)")
-    p.add_argument("--summary-json", help="the node set writes its summary here as JSON when it stops")
-    p.add_argument("--print-commands", action="store_true", help="print the commands and exit")
-    p.add_argument(
-        "--ros-args",
-        dest="ros_args",
-        nargs=argparse.REMAINDER,
-        default=[],
-        metavar="ARG",
-        help="ROS arguments for the node set (-r FROM:=TO, -p NAME:=VALUE, --params-file F, ...)",
+    _add_run_options(
+        p,
+        _HELP["dtype"],
+        summary=True,
+        ros_args="ROS arguments for the node set (-r FROM:=TO, -p NAME:=VALUE, --params-file F, ...)",
     )
     p.set_defaults(run=run)
     _add_orpheus(targets)
@@ -106,12 +99,30 @@ layout.dim[0].label). --no-split: one node. The same processes as
   ros2 topic echo /tts/llm_token"""
 
 
-def _add_use_sim_time(p: argparse.ArgumentParser) -> None:
+def _add_run_options(p: argparse.ArgumentParser, dtype_help: str, summary: bool, ros_args: str) -> None:
+    """The options every node set's target shares: dtype, sim time, how long, what to print, ROS args."""
+    p.add_argument("--dtype", default="auto", choices=DTYPE_NAMES, help=dtype_help)
     p.add_argument(
         "--use-sim-time",
         action="store_true",
         help=USE_SIM_TIME_ARGUMENT.description.replace("true: every", "every") + " (use_sim_time:=true)",
     )
+    p.add_argument("--duration", type=float, help="stop after this many seconds (default: run until Ctrl-C)")
+    if summary:
+        p.add_argument("--summary-json", help="the node set writes its summary here as JSON when it stops")
+    p.add_argument("--print-commands", action="store_true", help="print the commands and exit")
+    p.add_argument("--ros-args", dest="ros_args", nargs=argparse.REMAINDER, default=[], metavar="ARG", help=ros_args)
+
+
+def _run_arguments(args: argparse.Namespace) -> list[str]:
+    """What the node set's own command line gets from those options."""
+    extra = ["--duration", repr(float(args.duration))] if args.duration else []
+    if getattr(args, "summary_json", None):
+        extra += ["--summary-json", args.summary_json]
+    return extra
+
+
+ROS_ARGS_EVERY_NODE = "ROS arguments for every node (-r FROM:=TO, -p NAME:=VALUE, ...)"
 
 
 def _add_orpheus(targets: argparse._SubParsersAction) -> None:
@@ -126,23 +137,12 @@ def _add_orpheus(targets: argparse._SubParsersAction) -> None:
     p.add_argument("--namespace", default="/tts", help=helps["namespace"] + " (default /tts)")
     p.add_argument("--weights", default="", help=helps["weights"])
     p.add_argument("--snac-weights", default="", help=helps["snac_weights"])
-    p.add_argument("--dtype", default="auto", choices=DTYPE_NAMES, help=helps["dtype"])
-    _add_use_sim_time(p)
-    p.add_argument("--duration", type=float, help="stop after this many seconds (default: run until Ctrl-C)")
-    p.add_argument("--print-commands", action="store_true", help="print the commands and exit")
-    p.add_argument(
-        "--ros-args",
-        dest="ros_args",
-        nargs=argparse.REMAINDER,
-        default=[],
-        metavar="ARG",
-        help="ROS arguments for every node (-r FROM:=TO, -p NAME:=VALUE, ...)",
-    )
+    _add_run_options(p, helps["dtype"], summary=False, ros_args=ROS_ARGS_EVERY_NODE)
     p.set_defaults(run=run_orpheus)
 
 
 def run_orpheus(args: argparse.Namespace) -> int:
-    extra = ["--duration", repr(float(args.duration))] if args.duration else []
+    extra = _run_arguments(args)
     specs = orpheus_processes(
         args.split,
         args.namespace,
@@ -180,26 +180,12 @@ def _add_vjepa2(targets: argparse._SubParsersAction) -> None:
     p.add_argument("--robots", nargs="+", default=["/robot1"], help=helps["robots"] + " (default /robot1)")
     p.add_argument("--weights", default="", help=helps["weights"])
     p.add_argument("--params-file", default="", help=helps["params_file"])
-    p.add_argument("--dtype", default="auto", choices=DTYPE_NAMES, help=helps["dtype"])
-    _add_use_sim_time(p)
-    p.add_argument("--duration", type=float, help="stop after this many seconds (default: run until Ctrl-C)")
-    p.add_argument("--summary-json", help="write the node set's summary as JSON to this file")
-    p.add_argument("--print-commands", action="store_true", help="print the commands and exit")
-    p.add_argument(
-        "--ros-args",
-        dest="ros_args",
-        nargs=argparse.REMAINDER,
-        default=[],
-        metavar="ARG",
-        help="ROS arguments for every node (-r FROM:=TO, -p NAME:=VALUE, ...)",
-    )
+    _add_run_options(p, helps["dtype"], summary=True, ros_args=ROS_ARGS_EVERY_NODE)
     p.set_defaults(run=run_vjepa2)
 
 
 def run_vjepa2(args: argparse.Namespace) -> int:
-    extra = ["--duration", repr(float(args.duration))] if args.duration else []
-    if args.summary_json:
-        extra += ["--summary-json", args.summary_json]
+    extra = _run_arguments(args)
     specs = vjepa2_processes(
         " ".join(args.robots),
         args.weights,
@@ -213,11 +199,7 @@ def run_vjepa2(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    extra = []
-    if args.duration:
-        extra += ["--duration", repr(float(args.duration))]
-    if args.summary_json:
-        extra += ["--summary-json", args.summary_json]
+    extra = _run_arguments(args)
     specs = pi05_processes(
         args.robots,
         args.weights,
