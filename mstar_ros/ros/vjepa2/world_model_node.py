@@ -45,8 +45,8 @@ import torch
 from rclpy.node import Node
 
 from mstar.report_throttle import ReportThrottle
-from mstar.request import Request, RequestCancelled, RequestError
-from mstar_graphs.vjepa2.frontend import plan_request
+from mstar.request import RequestCancelled, RequestError
+from mstar_graphs.vjepa2.frontend import encode_request, observe_request, plan_request
 from mstar_graphs.vjepa2.planner import CemParams
 from mstar_graphs.vjepa2.pose import pose_delta
 from mstar_ros.policy.flood_guard import FloodGuard
@@ -159,10 +159,8 @@ class WorldModelNode(WorldModelInputs, PlanPublishing, WorldModelStatus, Node):
 
     async def _add_frame(self, image, state: torch.Tensor) -> None:
         action = pose_delta(self.state, state).float() if self.state is not None else torch.zeros(7)
-        req = Request(
-            {"frames": torch.from_numpy(image)[None], "states": state[None], "actions": action[None]},
-            session_id=self.session,
-            meta={"walk": "observe", "context.kv_window": self.window},
+        req = observe_request(
+            torch.from_numpy(image)[None], state[None], action[None], session_id=self.session, kv_window=self.window
         )
         try:
             await self.conductor.submit(req).collect()
@@ -182,9 +180,7 @@ class WorldModelNode(WorldModelInputs, PlanPublishing, WorldModelStatus, Node):
                 "any frame (the session has nothing to plan from)",
                 guard=False,
             )
-        out = await self.conductor.submit(
-            Request({"frames": torch.from_numpy(image)}, meta={"walk": "encode"})
-        ).collect()
+        out = await self.conductor.submit(encode_request(torch.from_numpy(image))).collect()
         self.goal = out["latents"][0]
         self.stats.goals += 1
         self.get_logger().info(f"goal set: planning {self.params.plan_horizon} actions after every frame")
