@@ -11,6 +11,12 @@ TYPE_CHECKING): a lazy import is still a dependency, and a cycle of lazy imports
 cycle a reader has to untangle. Modules collapse to packages (`mstar.engine`,
 `mstar_graphs.pi05`, `mstar_ros.ros`); a module at a layer's top (`mstar.progress`)
 collapses to the layer itself (`mstar`), which therefore may import none of its subpackages.
+`mstar_graphs.common` is the models' shelf: it may import no model folder.
+
+Inside a package, modules may refer back to each other lazily, but the imports that run when a
+module is imported (its top level and class bodies, not functions, not `if TYPE_CHECKING:`)
+must form no cycle either: such a cycle fails or half-initialises a module depending on which
+one is imported first.
 """
 
 from __future__ import annotations
@@ -29,6 +35,8 @@ FOLDERS = {"mstar": "runtime", "mstar_graphs": "graphs", "mstar_ros": "mstar_ros
 LAYERS = {"mstar": 0, "mstar_graphs": 1, "mstar_ros": 2}
 # The runtime's subpackages, lowest first (modules at runtime/'s top are leaves, below all).
 RUNTIME_ORDER = ("parallel", "layers", "transport", "weights", "graph", "placement", "engine", "worker", "conductor")
+# A layer's shared shelf sits below that layer's other subpackages.
+SHELVES = {"mstar_graphs": "common"}
 
 
 @dataclass
@@ -97,6 +105,44 @@ class SourceTree:
                     found.extend(sub for alias in node.names if self.resolves(sub := f"{target}.{alias.name}"))
         return [name for name in found if name.split(".")[0] in FOLDERS]
 
+    def import_time_modules(self, path: Path) -> list[str]:
+        """The project modules importing ``path`` imports at once: top level and class bodies,
+        not function bodies and not ``if TYPE_CHECKING:`` blocks. Its own ancestor packages are
+        left out: Python initialises them before the module itself."""
+        own = self.module_name(path)
+        package = own if path.name == "__init__.py" else own.rpartition(".")[0]
+        ancestors = {".".join(own.split(".")[:i]) for i in range(1, own.count(".") + 1)}
+        found: list[str] = []
+
+        def visit(nodes: list[ast.stmt]) -> None:
+            for node in nodes:
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    continue  # runs when called, not when imported
+                if isinstance(node, ast.If) and _is_type_checking(node.test):
+                    visit(node.orelse)
+                    continue
+                if isinstance(node, ast.Import):
+                    found.extend(alias.name for alias in node.names)
+                elif isinstance(node, ast.ImportFrom):
+                    target = _absolute(node, package)
+                    found.append(target)
+                    if target.split(".")[0] in FOLDERS:
+                        found.extend(sub for alias in node.names if self.resolves(sub := f"{target}.{alias.name}"))
+                # statements nested in class bodies, if/for/while/with/try run at import time too
+                for name in ("body", "orelse", "finalbody"):
+                    visit([child for child in getattr(node, name, []) if isinstance(child, ast.stmt)])
+                for handler in getattr(node, "handlers", []):
+                    visit(handler.body)
+
+        visit(ast.parse(path.read_text(), filename=str(path)).body)
+        return [name for name in found if name.split(".")[0] in FOLDERS and name not in ancestors]
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
 
 def _absolute(node: ast.ImportFrom, package: str) -> str:
     if not node.level:
@@ -116,8 +162,19 @@ def build(root: Path = ROOT) -> ImportGraph:
     return graph
 
 
+def build_modules(root: Path = ROOT) -> ImportGraph:
+    """The graph of the imports that run at import time, between modules."""
+    tree = SourceTree(root)
+    graph = ImportGraph()
+    for path in tree.sources():
+        src = tree.module_name(path)
+        for dst in tree.import_time_modules(path):
+            graph.add(src, dst, src, dst)
+    return graph
+
+
 def cycles(graph: ImportGraph) -> list[list[str]]:
-    """The strongly connected components with more than one package (Tarjan)."""
+    """The strongly connected components with more than one node (Tarjan)."""
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
@@ -149,27 +206,25 @@ def cycles(graph: ImportGraph) -> list[list[str]]:
 
 
 def rank(package: str) -> tuple[int, int]:
-    """(layer, order inside the runtime) of a package; the runtime's top-level modules rank lowest."""
+    """(layer, order inside the layer) of a package: the runtime's subpackages by RUNTIME_ORDER
+    above its top-level modules; a layer's shelf (graphs/common) below its other subpackages,
+    which have no order among themselves (only cycles count there)."""
     top, *rest = package.split(".")
     if top == "mstar" and rest:
         if rest[0] not in RUNTIME_ORDER:
             raise ValueError(f"{package}: a new runtime subpackage; place it in RUNTIME_ORDER")
         return 0, RUNTIME_ORDER.index(rest[0]) + 1
+    if top in SHELVES and rest and rest[0] != SHELVES[top]:
+        return LAYERS[top], 1
     return LAYERS[top], 0
 
 
 def upward(graph: ImportGraph) -> list[tuple[str, str]]:
-    """Edges into a higher layer, or into a later runtime subpackage (graphs' and mstar_ros'
-    subpackages have no order among themselves: only cycles count there)."""
-    return sorted(
-        (src, dst)
-        for src, dsts in graph.edges.items()
-        for dst in dsts
-        if rank(dst) > rank(src) and not (rank(dst)[0] == rank(src)[0] > 0)
-    )
+    """Edges into a higher layer, into a later runtime subpackage, or from a shelf into its layer."""
+    return sorted((src, dst) for src, dsts in graph.edges.items() for dst in dsts if rank(dst) > rank(src))
 
 
-def report(graph: ImportGraph) -> dict:
+def report(graph: ImportGraph, modules: ImportGraph | None = None) -> dict:
     def witness(src: str, dst: str) -> list[str]:
         return sorted({f"{a} -> {b}" for a, b in graph.witnesses[(src, dst)]})
 
@@ -186,6 +241,7 @@ def report(graph: ImportGraph) -> dict:
         "cycles": found_cycles,
         "cycle_edges": cycle_edges,
         "upward": {f"{src} -> {dst}": witness(src, dst) for src, dst in upward(graph)},
+        "module_cycles": cycles(modules) if modules is not None else [],
     }
 
 
@@ -198,6 +254,8 @@ def format_report(result: dict) -> str:
     lines += [f"    {edge}: {why(modules)}" for edge, modules in result["cycle_edges"].items()]
     lines.append(f"{len(result['upward'])} upward imports")
     lines += [f"  {edge}: {why(modules)}" for edge, modules in result["upward"].items()]
+    lines.append(f"{len(result['module_cycles'])} import-time module cycles")
+    lines += ["  cycle: " + " <-> ".join(component) for component in result["module_cycles"]]
     return "\n".join(lines)
 
 
@@ -206,9 +264,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--root", type=Path, default=ROOT, help="the project's folder (default: this checkout)")
     args = parser.parse_args(argv)
-    result = report(build(args.root))
+    result = report(build(args.root), build_modules(args.root))
     print(json.dumps(result, indent=2) if args.json else format_report(result))
-    return 1 if result["cycles"] or result["upward"] else 0
+    return 1 if result["cycles"] or result["upward"] or result["module_cycles"] else 0
 
 
 if __name__ == "__main__":

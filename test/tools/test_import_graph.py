@@ -12,8 +12,9 @@ import import_graph  # noqa: E402
 
 
 def test_the_project_has_no_import_cycle_and_no_upward_import():
-    result = import_graph.report(import_graph.build(ROOT))
+    result = import_graph.report(import_graph.build(ROOT), import_graph.build_modules(ROOT))
     assert not result["cycles"] and not result["upward"], import_graph.format_report(result)
+    assert not result["module_cycles"], import_graph.format_report(result)
 
 
 def _write(root: Path, files: dict[str, str]) -> None:
@@ -80,3 +81,54 @@ def test_a_runtime_subpackage_outside_the_order_is_named(tmp_path):
     _write(tmp_path, {**CLEAN, "runtime/newpkg/__init__.py": "from mstar.graph import node\n"})
     with pytest.raises(ValueError, match="mstar.newpkg"):
         import_graph.report(import_graph.build(tmp_path))
+
+
+def test_modules_importing_each_other_at_import_time_are_a_cycle_but_lazily_not(tmp_path):
+    _write(
+        tmp_path,
+        {
+            **CLEAN,
+            "runtime/graph/edges.py": "from mstar.graph.node import *\n",
+            "runtime/graph/node.py": "class Node:\n    from mstar.graph import edges\n",
+        },
+    )
+    modules = import_graph.build_modules(tmp_path)
+    assert import_graph.cycles(modules) == [["mstar.graph.edges", "mstar.graph.node"]]
+    assert import_graph.main(["--root", str(tmp_path)]) == 1
+    # the same reference back, made when called or only for type checkers, is no import-time cycle
+    for back in (
+        "def edges():\n    from mstar.graph import edges\n",
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from mstar.graph import edges\n",
+    ):
+        _write(tmp_path, {"runtime/graph/node.py": back})
+        assert import_graph.cycles(import_graph.build_modules(tmp_path)) == []
+
+
+def test_a_module_importing_its_own_package_is_no_cycle(tmp_path):
+    # Python initialises the package before its module: `from mstar.graph import node` in the package is fine
+    _write(
+        tmp_path,
+        {
+            **CLEAN,
+            "runtime/graph/__init__.py": "from mstar.graph import node\n",
+            "runtime/graph/node.py": "import mstar.graph\n",
+        },
+    )
+    assert import_graph.cycles(import_graph.build_modules(tmp_path)) == []
+
+
+def test_the_models_shelf_importing_a_model_is_upward(tmp_path):
+    _write(
+        tmp_path,
+        {
+            **CLEAN,
+            "graphs/common/__init__.py": "",
+            "graphs/common/layers.py": "from mstar_graphs.tts import x\n",
+            "graphs/tts/x.py": "from mstar_graphs.common import layers\n",
+        },
+    )
+    result = import_graph.report(import_graph.build(tmp_path))
+    assert list(result["upward"]) == ["mstar_graphs.common -> mstar_graphs.tts"]
+    # a model using the shelf, or another model folder, is not upward
+    _write(tmp_path, {"graphs/common/layers.py": "", "graphs/asr/__init__.py": "from mstar_graphs.tts import x\n"})
+    assert import_graph.report(import_graph.build(tmp_path))["upward"] == {}
