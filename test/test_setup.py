@@ -32,6 +32,7 @@ SHARE_FILES = [
     "package.xml",
     "launch/pi05.launch.py",
     "launch/orpheus.launch.py",
+    "launch/vjepa2.launch.py",
     "config/pi05.yaml",
     "config/engine.yaml",
     "config/fastdds_localhost.xml",
@@ -144,7 +145,11 @@ def test_ament_finds_the_package_and_launch_ros_the_launch_files_executables(pre
     assert get_package_share_directory("mstar_ros") == str(prefix / "share" / "mstar_ros")
     assert get_resource("packages", "mstar_ros") == ("", str(prefix))
     libexec = Path(get_package_prefix("mstar_ros")) / "lib" / "mstar_ros"
-    for launch_file in ("pi05.launch.py", "orpheus.launch.py"):  # the installed files, as ros2 launch loads them
+    for launch_file in (
+        "pi05.launch.py",
+        "orpheus.launch.py",
+        "vjepa2.launch.py",
+    ):  # the installed files, as ros2 launch loads them
         _declared, entities = describe(
             load_launch_file(prefix / "share" / "mstar_ros" / "launch" / launch_file, monkeypatch), {}
         )
