@@ -33,6 +33,8 @@ from mstar.parallel.group import TPGroup
 from mstar.transport.inprocess import InProcessTensorStore
 
 log = logging.getLogger("mstar.engine.ar")
+# the log line of a failed step, as it read before the loops shared one contract
+STEP_NAMES = {LoopMode.TOKEN: "engine", LoopMode.FLOW: "flow", LoopMode.FRAMES: "frame"}
 
 
 class AREngine(EngineInbox):
@@ -123,7 +125,7 @@ class AREngine(EngineInbox):
         try:
             return loop.step()
         except Exception as exc:
-            log.exception("%s engine: %s step failed", self.name, mode.value)
+            log.exception("%s %s step failed", self.name, STEP_NAMES[mode])
             loop.fail_all(exc)
             return 0
 
