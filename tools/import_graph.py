@@ -93,17 +93,20 @@ class SourceTree:
         tree = ast.parse(path.read_text(), filename=str(path))
         own = self.module_name(path)
         package = own if path.name == "__init__.py" else own.rpartition(".")[0]
-        found: list[str] = []
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Import):
-                found.extend(alias.name for alias in node.names)
-            elif isinstance(node, ast.ImportFrom):
-                target = _absolute(node, package)
-                found.append(target)
-                if target.split(".")[0] in FOLDERS:
-                    # `from mstar.engine import sampler` imports the module mstar.engine.sampler
-                    found.extend(sub for alias in node.names if self.resolves(sub := f"{target}.{alias.name}"))
+        found = [name for node in ast.walk(tree) for name in self._imported_by(node, package)]
         return [name for name in found if name.split(".")[0] in FOLDERS]
+
+    def _imported_by(self, node: ast.AST, package: str) -> list[str]:
+        """The modules one statement imports (none if it is no import)."""
+        if isinstance(node, ast.Import):
+            return [alias.name for alias in node.names]
+        if not isinstance(node, ast.ImportFrom):
+            return []
+        target = _absolute(node, package)
+        if target.split(".")[0] not in FOLDERS:
+            return [target]
+        # `from mstar.engine import sampler` imports the module mstar.engine.sampler
+        return [target, *(sub for alias in node.names if self.resolves(sub := f"{target}.{alias.name}"))]
 
     def import_time_modules(self, path: Path) -> list[str]:
         """The project modules importing ``path`` imports at once: top level and class bodies,
@@ -121,13 +124,7 @@ class SourceTree:
                 if isinstance(node, ast.If) and _is_type_checking(node.test):
                     visit(node.orelse)
                     continue
-                if isinstance(node, ast.Import):
-                    found.extend(alias.name for alias in node.names)
-                elif isinstance(node, ast.ImportFrom):
-                    target = _absolute(node, package)
-                    found.append(target)
-                    if target.split(".")[0] in FOLDERS:
-                        found.extend(sub for alias in node.names if self.resolves(sub := f"{target}.{alias.name}"))
+                found.extend(self._imported_by(node, package))
                 # statements nested in class bodies, if/for/while/with/try run at import time too
                 for name in ("body", "orelse", "finalbody"):
                     visit([child for child in getattr(node, name, []) if isinstance(child, ast.stmt)])
