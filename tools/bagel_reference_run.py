@@ -118,6 +118,8 @@ APP_SIZES: dict[str, Any] = {
     "vae_transform": [1024, 512, 16],
     "vit_transform": [980, 224, 14],
 }
+# also accepted in mstar_bagel, checked against the VAE's z_channels (the reference reads it from there)
+OPTIONAL_SIZES = ("latent_channels",)
 # load_ae's hardcoded FLUX VAE parameters
 LOAD_AE_PARAMS: dict[str, Any] = {"ch": 128, "ch_mult": [1, 2, 4, 4], "num_res_blocks": 2, "z_channels": 16}
 # InterleaveInferencer.gen_image's defaults
@@ -186,9 +188,10 @@ def bagel_sizes(llm_json: dict[str, Any]) -> dict[str, Any]:
     extra = llm_json.get("mstar_bagel") or {}
     if not isinstance(extra, dict):
         raise ValueError(f"llm_config.json: mstar_bagel must be an object, got {type(extra).__name__}")
-    unknown = sorted(set(extra) - set(APP_SIZES))
+    known = set(APP_SIZES) | set(OPTIONAL_SIZES)
+    unknown = sorted(set(extra) - known)
     if unknown:
-        raise ValueError(f"llm_config.json: mstar_bagel has unknown keys {unknown}; known: {sorted(APP_SIZES)}")
+        raise ValueError(f"llm_config.json: mstar_bagel has unknown keys {unknown}; known: {sorted(known)}")
     sizes = {**APP_SIZES, **extra}
     for name in ("vae_transform", "vit_transform"):
         triple = sizes[name]
@@ -513,9 +516,20 @@ def load_reference(src: Path, ckpt: Path, *, allow_key_mismatch: bool = False) -
     with safe_open(str(ae_path), "pt") as f:
         names = f.keys()  # safe_open is not iterable
         ae_shapes = {name: tuple(f.get_slice(name).get_shape()) for name in names}
-    ae = ae_params_from_shapes(ae_shapes)
+    try:
+        ae = ae_params_from_shapes(ae_shapes)
+        usable = True
+    except ValueError as exc:
+        if not allow_key_mismatch:
+            raise SystemExit(f"{exc} (--allow-key-mismatch runs with a random FLUX-sized VAE)") from None
+        ae, usable = {**LOAD_AE_PARAMS, "downsample": 8}, False
+        report["ae_unusable"] = str(exc)
     report["ae_params"] = ae
-    if {k: ae[k] for k in LOAD_AE_PARAMS} == LOAD_AE_PARAMS:
+    if not usable:
+        vae_model, vae_config = autoencoder.load_ae(local_path=None)
+        report["ae_loader"] = "load_ae(None): RANDOM weights, ae.safetensors unusable"
+        ae_missing, ae_unexpected = sorted(vae_model.state_dict()), sorted(ae_shapes)
+    elif {k: ae[k] for k in LOAD_AE_PARAMS} == LOAD_AE_PARAMS:
         vae_model, vae_config = autoencoder.load_ae(local_path=str(ae_path))
         report["ae_loader"] = "load_ae"
         expected = set(vae_model.state_dict())
@@ -538,6 +552,11 @@ def load_reference(src: Path, ckpt: Path, *, allow_key_mismatch: bool = False) -
         ae_missing, ae_unexpected = sorted(result.missing_keys), sorted(result.unexpected_keys)
         report["ae_loader"] = "AutoEncoder(inferred params)"
     report["ae_missing"], report["ae_unexpected"] = ae_missing, ae_unexpected
+    if sizes.get("latent_channels", ae["z_channels"]) != ae["z_channels"]:
+        raise SystemExit(
+            f"llm_config.json: mstar_bagel.latent_channels {sizes['latent_channels']} but ae.safetensors has "
+            f"z_channels {ae['z_channels']} (the reference takes the latent width from the VAE)"
+        )
     vae_model = vae_model.float().eval()
 
     config = BagelConfig(
@@ -919,7 +938,7 @@ def cases_from_args(args: argparse.Namespace) -> list[dict[str, Any]]:
         cases.append({"kind": "edit", "name": "edit", "image": image, "prompt": args.edit})
     if args.probe_text or (image and args.probe_image):
         probe = {"kind": "probe", "name": "probe"}
-        if args.probe_image:
+        if args.probe_image and image:
             probe["image"] = image
         if args.probe_text:
             probe["text"] = args.probe_text

@@ -74,6 +74,7 @@ def test_bagel_sizes_defaults_and_overrides():
     tiny = tool.bagel_sizes({"mstar_bagel": {"max_latent_size": 8, "vit_transform": [56, 28, 14]}})
     assert tiny["max_latent_size"] == 8 and tiny["vit_transform"] == [56, 28, 14]
     assert tiny["vit_max_num_patch_per_side"] == 70
+    assert tool.bagel_sizes({"mstar_bagel": {"latent_channels": 16}})["latent_channels"] == 16
     with pytest.raises(ValueError, match="unknown keys"):
         tool.bagel_sizes({"mstar_bagel": {"latent_grid": 8}})
     with pytest.raises(ValueError, match="vae_transform"):
