@@ -40,13 +40,19 @@ Model build (as app.py): ``Qwen2Config.from_json_file`` + ``qk_norm=True``,
 vit_max_num_patch_per_side, connector_act, latent_patch_size, max_latent_size)`` where those four
 and the two ``ImageTransform`` triples come from an optional ``"mstar_bagel"`` object in
 ``llm_config.json`` (defaults: app.py's 70 / gelu_pytorch_tanh / 2 / 64, VAE (1024, 512, 16), ViT
-(980, 224, 14)); ``convert_conv2d_to_linear``; ``ema.safetensors`` loaded and checked strictly.
+(980, 224, 14); ``latent_channels`` is accepted too and must equal the VAE's z);
+``convert_conv2d_to_linear``; ``ema.safetensors`` loaded and checked strictly (``--allow-key-mismatch``
+runs a partial checkpoint anyway: missing tensors keep their random init, an unreadable
+``ae.safetensors`` gives a random FLUX-sized VAE; the summary lists what was missing).
 VAE: the reference's ``load_ae`` when ``ae.safetensors`` has its hardcoded shapes (ch 128, mults
 [1,2,4,4], 2 res blocks, z 16), else the reference ``AutoEncoder`` built with ``AutoEncoderParams``
 inferred from the tensor shapes (``ae_params_from_shapes``) and loaded strictly. The tokenizer is
 the reference's ``Qwen2Tokenizer.from_pretrained`` when ``vocab.json`` + ``merges.txt`` exist, else
 ``tokenizer.json`` through ``tokenizers`` (``JsonTokenizer``: encode without special tokens, decode
 keeping them -- what the slow tokenizer does); then ``data_utils.add_special_tokens``.
+
+Memory: the model is built in float32 on CPU (no meta device), so the released 7B MoT needs about
+56 GB for the weights plus the bf16 ``ema.safetensors`` read at load (~29 GB) -- estimated, not run.
 
 Cases (each prefixes its npz keys with its name ``<c>``; arrays float32 unless noted):
 
