@@ -116,3 +116,16 @@ def test_bad_inputs_are_named(model):
         model(ids, torch.arange(3), cache, row_kinds=torch.zeros(2, dtype=torch.long))
     with pytest.raises(ValueError, match="embeds must be"):
         model(ids, torch.arange(3), cache, embeds=torch.zeros(3, 32), embed_mask=torch.ones(3, dtype=torch.bool))
+
+
+@torch.no_grad()
+def test_bfloat16_load_runs_close_to_fp32(ckpt, model, tok, markers):
+    from mstar_graphs.bagel.llm import BagelLLM
+
+    half = BagelLLM.from_pretrained_dir(ckpt, dtype=torch.bfloat16)
+    assert half.dtype == torch.bfloat16 and half.rope_cos.dtype == torch.bfloat16
+    parts = [("text", tok.text_turn("hello")), ("gen_rows", _rows(8, 3))]
+    fp32 = run_parts(model, DenseKVAttention(2), parts, markers)
+    bf16 = run_parts(half, DenseKVAttention(2), parts, markers)
+    assert bf16.dtype == torch.bfloat16
+    assert float((bf16.float() - fp32).abs().max()) < 0.05 * float(fp32.abs().max())  # bf16 rounding: ~1.5% seen
