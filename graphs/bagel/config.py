@@ -34,10 +34,8 @@ LLM_CONFIG_FILE = "llm_config.json"
 MOT_LAYER = "Qwen2MoTDecoderLayer"
 
 
-class LlmConfig(msgspec.Struct, JsonConfig, frozen=True, kw_only=True):
-    """The Qwen2 MoT language model, after app.py's overrides."""
-
-    checkpoint = "a BAGEL checkpoint directory"
+class _Qwen2Fields(msgspec.Struct, frozen=True, kw_only=True):
+    """The Qwen2 fields of llm_config.json the model is built from (Qwen2Config's defaults)."""
 
     vocab_size: int
     hidden_size: int
@@ -47,8 +45,15 @@ class LlmConfig(msgspec.Struct, JsonConfig, frozen=True, kw_only=True):
     num_key_value_heads: int
     hidden_act: str = "silu"
     rms_norm_eps: float = 1e-6
-    rope_theta: float = 10000.0  # Qwen2Config's default; Qwen2.5-7B's file says 1e6
+    rope_theta: float = 10000.0  # Qwen2.5-7B's file says 1e6
     max_position_embeddings: int = 32768
+
+
+class LlmConfig(_Qwen2Fields, JsonConfig, frozen=True, kw_only=True):
+    """The Qwen2 MoT language model, after app.py's overrides."""
+
+    checkpoint = "a BAGEL checkpoint directory"
+
     # app.py's overrides (the file's values are not used)
     qk_norm: bool = True
     tie_word_embeddings: bool = False
@@ -166,19 +171,10 @@ class _DimsHolder(msgspec.Struct):
     mstar_bagel: BagelDims
 
 
-class _RawLlmConfig(msgspec.Struct, kw_only=True):
-    """The Qwen2 fields we read, plus our two extensions; overridden fields are read but not used."""
+class _RawLlmConfig(_Qwen2Fields, frozen=True, kw_only=True):
+    """What llm_config.json may say: the Qwen2 fields, two we refuse to ignore, our two extensions.
+    The fields app.py overrides are not read."""
 
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    hidden_act: str = "silu"
-    rms_norm_eps: float = 1e-6
-    rope_theta: float = 10000.0
-    max_position_embeddings: int = 32768
     rope_scaling: dict[str, Any] | None = None
     model_type: str | None = None
     mstar_bagel: dict[str, Any] | None = None
@@ -190,8 +186,7 @@ class _RawLlmConfig(msgspec.Struct, kw_only=True):
             raise bad("model_type", f"expected 'qwen2' (BAGEL's LLM is Qwen2.5), got {self.model_type!r}")
         if self.rope_scaling is not None:
             raise bad("rope_scaling", f"must be null (BAGEL uses plain RoPE), got {self.rope_scaling}")
-        raw = msgspec.structs.asdict(self)
-        llm = LlmConfig(**{f: raw[f] for f in LlmConfig.__struct_fields__ if f in raw}).validated(source)
+        llm = LlmConfig(**{f: getattr(self, f) for f in _Qwen2Fields.__struct_fields__}).validated(source)
         # through a wrapper, so msgspec's error path reads "mstar_bagel.<field>"
         dims = convert({"mstar_bagel": self.mstar_bagel or {}}, _DimsHolder, source).mstar_bagel.validated(bad)
         return BagelConfig(llm=llm, dims=dims, random_weights=self.mstar_random_weights)
