@@ -24,7 +24,7 @@ from mstar_graphs.bagel.tiny import PRESETS, write_tiny_bagel
 from mstar_graphs.common.cache import cached_dir
 
 log = logging.getLogger("mstar_graphs.bagel")
-TINY_VERSION = 1  # bump when the generator changes, so stale caches are not reused
+TINY_VERSION = 2  # bump when the generator changes, so stale caches are not reused
 
 EMA_FILE = "ema.safetensors"
 AE_FILE = "ae.safetensors"

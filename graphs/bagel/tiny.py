@@ -215,28 +215,19 @@ def write_tokenizer_files(tok: Any, out: Path) -> None:
 def _vision_parts(
     preset: str, llm_hidden: int, generator: torch.Generator, dims: BagelDims
 ) -> tuple[dict[str, torch.Tensor], dict[str, Any], dict[str, torch.Tensor]]:
-    """The vision side's (ema tensors, vit_config.json content, ae.safetensors tensors).
+    """The vision side's (ema tensors, vit_config.json content, ae.safetensors tensors): SigLIP NaViT,
+    connector, position tables, latent embedder and the FLUX VAE (``tiny_vision``)."""
+    from mstar_graphs.bagel.tiny_vision import vision_tensors_and_config
 
-    Merge seam: the vision module ``mstar_graphs.bagel.tiny_vision`` will provide
-    ``vision_tensors_and_config(preset, llm_hidden, generator, dims)``; this function then returns
-    its result. Until then: no tensors and a minimal SigLIP config that fits the tiny dims (its
-    ``num_hidden_layers`` is the layer count + 1, as released: the loader subtracts one).
-    """
-    patch = dims.vit_transform[2]
-    vit_config = {
-        "model_type": "siglip_vision_model",
-        "hidden_size": 32,
-        "intermediate_size": 64,
-        "num_hidden_layers": 3,
-        "num_attention_heads": 2,
-        "num_channels": 3,
-        "patch_size": patch,
-        "image_size": patch * dims.vit_max_num_patch_per_side,
-        "layer_norm_eps": 1e-6,
-        "hidden_act": "gelu_pytorch_tanh",
-        "attention_dropout": 0.0,
-    }
-    return {}, vit_config, {}
+    return vision_tensors_and_config(
+        preset,
+        llm_hidden,
+        generator,
+        vit_grid=dims.vit_max_num_patch_per_side,
+        latent_grid=dims.max_latent_size,
+        latent_patch=dims.latent_patch_size,
+        latent_channels=dims.latent_channels,
+    )
 
 
 def write_safetensors_file(tensors: dict[str, torch.Tensor], path: Path) -> None:
