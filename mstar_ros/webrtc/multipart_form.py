@@ -1,4 +1,4 @@
-"""A ``multipart/form-data`` body (``/v1/images/edits`` as OpenAI's clients send it) into its text fields
+"""A ``multipart/form-data`` (or url-encoded) body (``/v1/images/edits`` as OpenAI's clients send it) into its text fields
 and its files, read with aiohttp's multipart reader from the body the guard already read under the
 route's byte limit (mstar_ros.webrtc.http_guard): nothing here reads from the connection. Bounded
 in parts and in each text field's size; any body a client can send gives a ``BadForm``, never an
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
+from urllib.parse import parse_qsl
 
 from aiohttp import MultipartReader, StreamReader
 from aiohttp.base_protocol import BaseProtocol
@@ -41,7 +42,14 @@ async def read_form(
     body: bytes, content_type: str, *, max_parts: int = MAX_PARTS, max_field_bytes: int = MAX_FIELD_BYTES
 ) -> Form:
     """The form's text fields (a repeated name: the last one) and files (a part with a filename, or a
-    part with a binary content type). A ``BadForm`` names what is wrong."""
+    part with a binary content type). A ``BadForm`` names what is wrong. An
+    ``application/x-www-form-urlencoded`` body (a form without files) gives its fields."""
+    if content_type.split(";")[0].strip().lower() == "application/x-www-form-urlencoded":
+        try:
+            pairs = parse_qsl(body.decode("utf-8"), keep_blank_values=True, max_num_fields=max_parts)
+        except (UnicodeDecodeError, ValueError) as exc:
+            raise BadForm(f"the body is not a readable url-encoded form: {exc}") from None
+        return Form(fields=dict(pairs))
     try:
         reader = MultipartReader({"Content-Type": content_type}, _stream_of(body))
     except (ValueError, AssertionError) as exc:

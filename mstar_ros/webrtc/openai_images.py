@@ -161,7 +161,7 @@ class OpenAIImages:
         [(PIL image, the field it came in)]."""
         raw = await request_body(http)
         budget = [MAX_REQUEST_IMAGE_PIXELS]
-        if http.content_type == "multipart/form-data":
+        if http.content_type in ("multipart/form-data", "application/x-www-form-urlencoded"):
             try:
                 form = await read_form(raw, http.headers.get("Content-Type", ""))
             except BadForm as exc:
