@@ -136,16 +136,39 @@ def test_a_second_client_is_served_while_one_streams_and_a_client_that_leaves_ca
             streaming = await s.post(f"{url}/v1/images/generations", json=slow)
             kind = streaming.headers["Content-Type"]  # the stream has begun (after the model's first step)
             status, quick = await post(s, url, {"prompt": "quick", "size": "8x8", "steps": 2})
-            still_running = bool(conductor._tasks)
+            still_running = conductor.in_flight > 0
             streaming.close()  # the client goes away mid-stream
             for _ in range(40):  # 2 s: well before the slow one would end
-                if not conductor._tasks:
+                if not conductor.in_flight:
                     break
                 await asyncio.sleep(0.05)
-            return kind, status, quick, still_running, dict(conductor._tasks)
+            return kind, status, quick, still_running, conductor.in_flight
 
     kind, status, quick, still_running, left = run(main())
     assert kind.startswith("text/event-stream")
     assert status == 200 and picture_of(quick["data"][0]["b64_json"]).size == (8, 8)
     assert still_running  # the slow one was still in flight while the quick one was answered
-    assert left == {}  # and the one whose client left was cancelled, not run to its end
+    assert left == 0  # and the one whose client left was cancelled, not run to its end
+
+
+def test_a_client_that_leaves_before_a_whole_answer_cancels_its_images():
+    slow = {"prompt": "slow", "size": "8x8", "steps": 400, "n": 2}
+
+    async def main():
+        model = ToyImageModel(delay=0.02)  # 400 steps of 20 ms: ~8 s unless cancelled
+        async with gateway_for(model, model_name="toy-image") as (conductor, _, url), ClientSession() as s:
+            task = asyncio.ensure_future(s.post(f"{url}/v1/images/generations", json=slow))
+            for _ in range(100):
+                if conductor.in_flight == 2:
+                    break
+                await asyncio.sleep(0.02)
+            running = conductor.in_flight
+            task.cancel()  # the client gives up and closes its connection
+            for _ in range(40):  # 2 s: well before the images would be done
+                if not conductor.in_flight:
+                    break
+                await asyncio.sleep(0.05)
+            return running, conductor.in_flight
+
+    running, left = run(main())
+    assert running == 2 and left == 0
