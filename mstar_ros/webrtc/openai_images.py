@@ -1,5 +1,6 @@
 """OpenAI-compatible ``POST /v1/images/generations`` and ``POST /v1/images/edits`` for a model that makes
-images (mstar_ros.webrtc.image_models says what it offers; nothing here is per model).
+images (mstar_ros.webrtc.image_models says what it offers; nothing here is per model). An edit's inputs are
+read by mstar_ros.webrtc.edit_inputs.
 
 Generations take JSON; edits take ``multipart/form-data`` (``image`` or ``image[]`` files, ``mask``,
 and the other fields as text, as OpenAI's clients send them) or JSON with the images as data URLs
@@ -27,32 +28,22 @@ import time
 import uuid
 from typing import Any
 
-import msgspec
 import numpy as np
 from aiohttp import web
 
 from mstar_ros.webrtc.budget import BudgetBusy, OverBudget, SharedBudget
+from mstar_ros.webrtc.edit_inputs import decode_inputs, read_edit
 from mstar_ros.webrtc.http_guard import request_body
 from mstar_ros.webrtc.image_encoding import b64_image
 from mstar_ros.webrtc.image_models import ImageEvent
-from mstar_ros.webrtc.image_params import EditBody, GenerationBody, check_image_params
-from mstar_ros.webrtc.media_parts import (
-    MAX_REQUEST_IMAGE_PIXELS,
-    BadRequest,
-    load_image,
-    open_image,
-    open_image_bytes,
-    pixels,
-    release_images,
-)
-from mstar_ros.webrtc.multipart_form import BadForm, read_form
-from mstar_ros.webrtc.openai_errors import APIError, error_response, param_of
+from mstar_ros.webrtc.image_params import GenerationBody, check_image_params
+from mstar_ros.webrtc.media_parts import MAX_REQUEST_IMAGE_PIXELS, pixels, release_images
+from mstar_ros.webrtc.openai_errors import APIError, error_response
 from mstar_ros.webrtc.openai_http import decode_body, model_mismatch
 
 log = logging.getLogger("mstar_ros.webrtc")
 
 GONE_POLL_S = 0.1  # how often a request whose client may have left is checked, between the model's events
-IMAGE_FILE_FIELDS = ("image", "image[]")
 
 
 class ClientGone(Exception):
@@ -96,11 +87,6 @@ def usage_of(finals: list[ImageEvent]) -> dict:
     }
 
 
-def _rgb(image) -> np.ndarray:
-    """A decoded PIL image -> HWC uint8 RGB (alpha and palettes flattened)."""
-    return np.asarray(image.convert("RGB"), dtype=np.uint8)
-
-
 class OpenAIImages:
     def __init__(
         self,
@@ -131,13 +117,13 @@ class OpenAIImages:
 
     async def edits(self, http: web.Request) -> web.StreamResponse:
         try:
-            body, opened = await self._edit_request(http)
+            body, opened = await read_edit(http, self.model, self.name)
         except APIError as exc:
             return error_response(exc.status, exc.message, param=exc.param, code=exc.code)
         try:
             size = self._size(body, [image.size for image, _ in opened])
             async with self.decode_budget.reserve(pixels(image for image, _ in opened)):
-                arrays = await asyncio.to_thread(self._decode, opened)
+                arrays = await asyncio.to_thread(decode_inputs, opened)
         except APIError as exc:
             return error_response(exc.status, exc.message, param=exc.param, code=exc.code)
         except BudgetBusy as exc:
@@ -155,99 +141,6 @@ class OpenAIImages:
         except ValueError as exc:
             raise APIError(400, str(exc), param="size", code="invalid_value") from None
         return int(width), int(height)
-
-    async def _edit_request(self, http: web.Request) -> tuple[EditBody, list]:
-        """The body's fields and its input images opened (headers read, judged; no pixel decoded):
-        [(PIL image, the field it came in)]."""
-        raw = await request_body(http)
-        budget = [MAX_REQUEST_IMAGE_PIXELS]
-        if http.content_type in ("multipart/form-data", "application/x-www-form-urlencoded"):
-            try:
-                form = await read_form(raw, http.headers.get("Content-Type", ""))
-            except BadForm as exc:
-                raise APIError(400, str(exc), code="invalid_request_body") from None
-            unknown = [name for name, _ in form.files if name not in (*IMAGE_FILE_FIELDS, "mask")]
-            if unknown:
-                raise APIError(400, f"unknown file field {unknown[0]!r}", param=unknown[0], code="unknown_parameter")
-            try:
-                body = msgspec.convert(form.fields, EditBody, strict=False)
-            except msgspec.ValidationError as exc:
-                raise APIError(
-                    400, f"bad request body: {exc}", param=param_of(str(exc)), code="invalid_request_body"
-                ) from None
-            if body.image is not None or body.images is not None:
-                raise APIError(400, "image must be a file part, not text", param="image", code="invalid_value")
-            files = [(data, name) for name, data in form.files if name in IMAGE_FILE_FIELDS]
-            mask = next((data for name, data in form.files if name == "mask"), None) or body.mask
-            self._check_inputs(len(files), mask)
-            return body, [self._open(data, name, budget) for data, name in files]
-        body = decode_body(raw, EditBody)
-        urls = self._json_images(body)
-        self._check_inputs(len(urls), body.mask)
-        return body, [self._open(url, field, budget) for url, field in urls]
-
-    def _json_images(self, body: EditBody) -> list[tuple[Any, str]]:
-        """(data URL, its field) of each input image of a JSON edit: ``images: [{"image_url": ...}]``, or
-        ``image``: a data URL or a list of them."""
-        if body.images is not None and body.image is not None:
-            raise APIError(400, "give images or image, not both", param="images", code="invalid_value")
-        if body.images is not None:
-            urls = []
-            for i, item in enumerate(body.images):
-                field = f"images[{i}]"
-                if isinstance(item, dict) and "file_id" in item:
-                    raise APIError(
-                        400, "file_id: this server keeps no files; send image_url", param=field, code="invalid_value"
-                    )
-                url = item.get("image_url") if isinstance(item, dict) else None
-                if isinstance(url, dict):  # {"image_url": {"url": ...}}, as chat parts have it
-                    url = url.get("url")
-                if not isinstance(url, str):
-                    raise APIError(
-                        400, f'{field} must be {{"image_url": "data:..."}}', param=field, code="invalid_value"
-                    )
-                urls.append((url, field))
-            return urls
-        if isinstance(body.image, str):
-            return [(body.image, "image")]
-        if isinstance(body.image, list):
-            return [(url, f"image[{i}]") for i, url in enumerate(body.image)]
-        return []
-
-    def _check_inputs(self, count: int, mask) -> None:
-        if mask is not None and not getattr(self.model, "image_mask", False):
-            raise APIError(
-                400,
-                f"{self.name} takes no mask: its edits follow the prompt",
-                param="mask",
-                code="unsupported_parameter",
-            )
-        if count == 0:
-            raise APIError(
-                400, "an edit needs an input image (image)", param="image", code="missing_required_parameter"
-            )
-        most = int(getattr(self.model, "max_input_images", 1))
-        if count > most:
-            raise APIError(
-                400, f"{count} input images: this model takes at most {most}", param="image", code="invalid_value"
-            )
-
-    def _open(self, data, field: str, budget: list[int]):
-        try:
-            image = open_image(data, budget) if isinstance(data, str) else open_image_bytes(data, budget)
-        except BadRequest as exc:
-            raise APIError(400, f"{field}: {exc}", param=field, code="invalid_image") from None
-        return image, field
-
-    def _decode(self, opened: list) -> list[np.ndarray]:
-        arrays = []
-        for image, field in opened:
-            try:
-                load_image(image)
-            except BadRequest as exc:
-                raise APIError(400, f"{field}: {exc}", param=field, code="invalid_image") from None
-            arrays.append(_rgb(image))
-        return arrays
 
     # -- running the model and answering ---------------------------------------------------------
     async def _serve(
