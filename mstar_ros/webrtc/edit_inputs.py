@@ -29,9 +29,9 @@ IMAGE_FILE_FIELDS = ("image", "image[]")
 FORMS = ("multipart/form-data", "application/x-www-form-urlencoded")
 
 
-async def read_edit(http: web.Request, model, name: str) -> tuple[EditBody, list]:
+async def read_edit(http: web.Request, model, model_name: str) -> tuple[EditBody, list]:
     """The body's fields and its input images opened (headers read, judged; no pixel decoded):
-    [(PIL image, the field it came in)]."""
+    [(PIL image, the field it came in)]. ``model`` (served as ``model_name``) says what it takes."""
     raw = await request_body(http)
     budget = [MAX_REQUEST_IMAGE_PIXELS]
     if http.content_type in FORMS:
@@ -52,11 +52,11 @@ async def read_edit(http: web.Request, model, name: str) -> tuple[EditBody, list
             raise APIError(400, "image must be a file part, not text", param="image", code="invalid_value")
         files = [(data, name) for name, data in form.files if name in IMAGE_FILE_FIELDS]
         mask = next((data for name, data in form.files if name == "mask"), None) or body.mask
-        _check_inputs(model, name, len(files), mask)
+        _check_inputs(model, model_name, len(files), mask)
         return body, [_open(data, name, budget) for data, name in files]
     body = decode_body(raw, EditBody)
     urls = _json_images(body)
-    _check_inputs(model, name, len(urls), body.mask)
+    _check_inputs(model, model_name, len(urls), body.mask)
     return body, [_open(url, field, budget) for url, field in urls]
 
 
@@ -87,11 +87,11 @@ def _json_images(body: EditBody) -> list[tuple[Any, str]]:
     return []
 
 
-def _check_inputs(model, name: str, count: int, mask) -> None:
+def _check_inputs(model, model_name: str, count: int, mask) -> None:
     if mask is not None and not getattr(model, "image_mask", False):
         raise APIError(
             400,
-            f"{name} takes no mask: its edits follow the prompt",
+            f"{model_name} takes no mask: its edits follow the prompt",
             param="mask",
             code="unsupported_parameter",
         )
