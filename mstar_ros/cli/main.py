@@ -7,7 +7,7 @@ import logging
 import sys
 
 DESCRIPTION = """\
-mstar_ros serves composite multimodal models (Orpheus TTS, pi0.5, ...) on the
+mstar_ros serves composite multimodal models (Orpheus TTS, pi0.5, BAGEL, ...) on the
 Walk Graph runtime: a Conductor plus Workers running each model's graph of
 components with continuous batching and a paged KV cache.
 
@@ -19,6 +19,7 @@ system working end to end, not real speech."""
 def build_parser() -> argparse.ArgumentParser:
     from mstar_ros.cli import (
         bag,
+        bagel,
         bench,
         bench_pi05,
         bench_qwen3_omni,
@@ -52,6 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     checkpoint.add_parser(sub)
     launch.add_parser(sub)  # the pi0.5 and Orpheus node sets: `launch pi05`, `launch orpheus`
     demo.add_parser(sub)
+    bagel.add_parser(sub)  # `bagel ask|generate|edit`
     return parser
 
 

@@ -37,7 +37,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "an ETag; PATCH /whip/ID trickles ICE candidates (ICE restart: 422); DELETE /whip/ID ends it; "
         "POST /whip/ID with text/plain is the peer's next response (WHIP has no data channel). "
         "GET / is the page. It prints the page's, /offer's, /whip's and the OpenAI base URL. Ctrl-C or "
-        "SIGTERM stops it (also as a script's background job), exit status 0.",
+        "SIGTERM stops it (also as a script's background job), exit status 0. A model that does not speak "
+        "(answers in text, makes images: BAGEL) is served on its OpenAI routes only: /v1/models, "
+        "/v1/chat/completions, /v1/images/generations and /v1/images/edits as it has them.",
     )
     names = speech_model_names()
     v.add_argument(
@@ -102,6 +104,7 @@ def _run_voice(args: argparse.Namespace) -> int:
 
     from mstar_ros.webrtc.gateway_token import gateway_token
     from mstar_ros.webrtc.http_guard import ConnectionLimits
+    from mstar_ros.webrtc.image_models import speaks
     from mstar_ros.webrtc.server import GatewayLimits, VoiceGateway
     from mstar_ros.webrtc.speech_models import load_speech_model, speech_conductor
 
@@ -128,13 +131,18 @@ def _run_voice(args: argparse.Namespace) -> int:
             await runner.setup()
             await gateway.site(runner, args.host, args.port).start()
             port = runner.addresses[0][1]  # --port 0: the one the system gave
-            note = " (RANDOM weights: the audio is noise)" if getattr(model, "random_weights", False) else ""
+            random = getattr(model, "random_weights", False)
             where = f" in Worker processes per {args.placement}" if args.placement else ""
-            banner = (
-                f"serving {args.model}{note}{where} to WebRTC peers: POST {base_url(args.host, port)}/offer\n"
-                f"{other_urls(base_url(args.host, port), token is not None)}\n"
-                f"  dtype {conductor.dtype_summary()}"
-            )
+            base = base_url(args.host, port)
+            if speaks(model):
+                note = " (RANDOM weights: the audio is noise)" if random else ""
+                head = f"serving {args.model}{note}{where} to WebRTC peers: POST {base}/offer\n"
+                urls = other_urls(base, token is not None)
+            else:  # no peers: its OpenAI routes only
+                note = " (RANDOM weights: its answers and images are noise)" if random else ""
+                head = f"serving {args.model}{note}{where} (it does not speak: no WebRTC peers)\n"
+                urls = f"  OpenAI base URL: {base}/v1 ({', '.join(openai_routes(model))})"
+            banner = f"{head}{urls}\n  dtype {conductor.dtype_summary()}"
             try:
                 await until_stopped(args.duration, lambda: print(banner, flush=True))
             finally:
@@ -148,6 +156,18 @@ def _run_voice(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         pass
     return 0
+
+
+def openai_routes(model) -> list[str]:
+    """The OpenAI routes a model that does not speak is served on."""
+    routes = ["/models"]
+    if getattr(model, "conversational", False):
+        routes.append("/chat/completions")
+    if getattr(model, "image_generation", False):
+        routes.append("/images/generations")
+    if getattr(model, "image_edit", False):
+        routes.append("/images/edits")
+    return routes
 
 
 def base_url(host: str, port: int) -> str:

@@ -113,14 +113,24 @@ def open_image(
     """A base64 ``data:`` URL -> a PIL image with its header read and its pixels not yet decoded.
     ``pixels_left`` ([pixels]): what the request's images may still hold together (named ``what``, out of
     ``limit``), checked against this one's declared size and then spent."""
-    import PIL.Image
-
     if not isinstance(url, str) or not url.startswith("data:"):
         raise BadRequest("image_url.url must be a data: URL (data:image/png;base64,...): this server fetches nothing")
     head, _, data = url.partition(",")
     if not head.endswith(";base64"):
         raise BadRequest("an image data: URL must be base64 (data:image/png;base64,...)")
-    raw = _base64(data, "the image data: URL")
+    return open_image_bytes(_base64(data, "the image data: URL"), pixels_left, what, limit)
+
+
+def open_image_bytes(
+    raw: bytes,
+    pixels_left: list[int] | None = None,
+    what: str = "the request's images",
+    limit: int = MAX_REQUEST_IMAGE_PIXELS,
+):
+    """An image file's bytes -> a PIL image with its header read and its pixels not yet decoded, judged
+    as ``open_image`` judges a data URL's."""
+    import PIL.Image
+
     try:
         image = PIL.Image.open(io.BytesIO(raw), formats=IMAGE_FORMATS)  # reads the header only
     except PIL.Image.DecompressionBombError as exc:

@@ -5,7 +5,7 @@ text parts and one ``input_audio`` part: base64 ``wav`` or ``pcm16`` at 24 kHz, 
 earlier spoken turns are heard again, as the reference takes a conversation's audio; and, for a model
 that takes images (``image_input``), ``image_url`` parts with a ``data:`` URL (PNG, JPEG, WebP, GIF:
 this server fetches nothing)),
-``modalities`` ``["text"]`` or ``["text", "audio"]``, and the other fields of OpenAI's request as
+``modalities`` ``["text"]`` or ``["text", "audio"]`` (``["text"]`` only for a model that does not speak), and the other fields of OpenAI's request as
 mstar_ros.webrtc.chat_params says (honoured, or a 400 naming the field). Streaming (SSE) sends
 ``chat.completion.chunk`` deltas as the model makes them: ``delta.content`` for text-only,
 ``delta.audio.transcript`` and ``delta.audio.data`` (base64 pcm16 at the model's rate) with audio,
@@ -37,6 +37,7 @@ from mstar_ros.webrtc.audio_out import pcm_s16
 from mstar_ros.webrtc.budget import BudgetBusy, SharedBudget
 from mstar_ros.webrtc.chat_params import ChatBody, check_chat_params, text_sampling
 from mstar_ros.webrtc.http_guard import request_body
+from mstar_ros.webrtc.image_models import speaks
 from mstar_ros.webrtc.media_parts import (
     MAX_AUDIO_S,
     MAX_REQUEST_IMAGE_PIXELS,
@@ -110,6 +111,13 @@ class OpenAIChat:
         images opened (headers only) and judged against the model's room for them: no pixel decoded here."""
         model_mismatch(body.model, self.name)
         check_chat_params(body)
+        if "audio" in (body.modalities or ()) and not speaks(self.model):
+            raise APIError(
+                400,
+                f"Unsupported value: 'modalities' does not support audio here: {self.name} answers in text only",
+                param="modalities",
+                code="unsupported_value",
+            )
         try:
             return self._turns(body)
         except BadRequest as exc:  # everything _turns judges is in the messages

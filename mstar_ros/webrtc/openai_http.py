@@ -79,8 +79,10 @@ class OpenAISpeech:
         self.max_input_chars = max(max_text_chars, MAX_INPUT_CHARS)
         self.created = int(time.time())  # when this server started serving the model: /v1/models' `created`
 
-    def add_routes(self, app: web.Application) -> None:
-        app.router.add_post("/v1/audio/speech", self.speech)
+    def add_routes(self, app: web.Application, speech: bool = True) -> None:
+        """``/v1/models``, and ``/v1/audio/speech`` where the model speaks (``speech``)."""
+        if speech:
+            app.router.add_post("/v1/audio/speech", self.speech)
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/v1/models/{model}", self.model_entry)
 

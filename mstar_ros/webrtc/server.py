@@ -1,7 +1,10 @@
 """The voice gateway's HTTP side (aiohttp): signalling, limits, authentication.
 
 ``/v1/audio/speech`` and ``/v1/models``: mstar_ros.webrtc.openai_http; ``/v1/chat/completions`` for a
-model that answers: mstar_ros.webrtc.openai_chat. ``POST /offer`` takes ``{"sdp", "type": "offer"}`` (JSON) and answers ``{"sdp", "type": "answer",
+model that answers: mstar_ros.webrtc.openai_chat; ``/v1/images/generations`` and ``/v1/images/edits``
+for a model that makes images: mstar_ros.webrtc.openai_images. A model that does not speak (no
+``audio_output``: mstar_ros.webrtc.image_models) is served on its OpenAI routes and ``/v1/models``
+only: no peers, WHIP, page or ``/v1/audio/speech``. ``POST /offer`` takes ``{"sdp", "type": "offer"}`` (JSON) and answers ``{"sdp", "type": "answer",
 "pc_id"}``, the shape pipecat's SmallWebRTC clients use; ``DELETE /offer/{pc_id}`` ends a peer.
 WHIP (RFC 9725): mstar_ros.webrtc.whip.
 No STUN or TURN (``iceServers`` empty), and ICE offers host candidates on the bound address
@@ -33,6 +36,7 @@ from aiohttp import web
 from mstar_ros.webrtc.budget import SharedBudget
 from mstar_ros.webrtc.gateway_token import TOKEN_ENV, authorised
 from mstar_ros.webrtc.http_guard import ConnectionGuard, ConnectionLimits, GuardedSite, body_middleware, request_body
+from mstar_ros.webrtc.image_models import makes_images, speaks
 from mstar_ros.webrtc.json_body import BadJSON, decode_json
 from mstar_ros.webrtc.media_parts import MAX_REQUEST_IMAGE_PIXELS
 from mstar_ros.webrtc.openai_errors import openai_error_middleware
@@ -49,6 +53,8 @@ class GatewayLimits:
     max_peers: int = 8
     max_body_bytes: int = 64 * 1024
     max_audio_body_bytes: int = 16 * 2**20  # /v1/chat/completions with input audio or images (base64): ~4 min at 24 kHz
+    max_image_body_bytes: int = 32 * 2**20  # /v1/images/edits: input images as files or base64
+    max_generating_pixels: int = 16 * 2**20  # pixels of images being made at once, all image requests together
     max_sdp_bytes: int = 32 * 1024
     max_text_chars: int = 2000
     idle_timeout_s: float = 300.0  # a peer with no event and nothing playing for this long is dropped
@@ -107,28 +113,41 @@ class VoiceGateway:
         self.model_name = model_name
         self.guard = ConnectionGuard(self.limits.connections)
         self.decode_budget = SharedBudget(MAX_REQUEST_IMAGE_PIXELS, "pixels of images being decoded")
+        self.generate_budget = SharedBudget(self.limits.max_generating_pixels, "pixels of images being generated")
         configure_ice("127.0.0.1" if host == "localhost" else host, self.limits.peer_lost_s)
 
     def app(self) -> web.Application:
         # the largest body any route takes; each route's own limit is counted as its body is read
         app = web.Application(
-            client_max_size=max(self.limits.max_body_bytes, self.limits.max_audio_body_bytes),
+            client_max_size=max(
+                self.limits.max_body_bytes, self.limits.max_audio_body_bytes, self.limits.max_image_body_bytes
+            ),
             middlewares=[
                 openai_error_middleware,
                 self._auth,  # outermost: /v1/ errors as OpenAI's
                 body_middleware(self._body_limit, self.limits.connections),
             ],
         )
-        add_page_routes(app)
-        app.router.add_post("/offer", self.offer)
-        app.router.add_delete("/offer/{pc_id}", self.delete)
-        WhipEndpoint(self).add_routes(app)
-        OpenAISpeech(self.model, self.conductor, self.model_name, self.limits.max_text_chars).add_routes(app)
+        speech = speaks(self.model)
+        if speech:  # peers hear the model: a model that does not speak has none
+            add_page_routes(app)
+            app.router.add_post("/offer", self.offer)
+            app.router.add_delete("/offer/{pc_id}", self.delete)
+            WhipEndpoint(self).add_routes(app)
+        OpenAISpeech(self.model, self.conductor, self.model_name, self.limits.max_text_chars).add_routes(
+            app, speech=speech
+        )
         if getattr(self.model, "conversational", False):  # a model that answers: chat completions too
             from mstar_ros.webrtc.openai_chat import OpenAIChat
 
             OpenAIChat(
                 self.model, self.conductor, self.model_name, self.limits.max_text_chars, self.decode_budget
+            ).add_routes(app)
+        if makes_images(self.model):
+            from mstar_ros.webrtc.openai_images import OpenAIImages
+
+            OpenAIImages(
+                self.model, self.conductor, self.model_name, self.decode_budget, self.generate_budget
             ).add_routes(app)
         app.on_startup.append(self._start_reaper)
         app.on_shutdown.append(self._close_all)
@@ -143,6 +162,8 @@ class VoiceGateway:
         return await handler(request)
 
     def _body_limit(self, request: web.Request) -> int:
+        if request.path == "/v1/images/edits":  # input images, as files or base64
+            return self.limits.max_image_body_bytes
         audio = request.path == "/v1/chat/completions"  # input audio and images, base64
         return self.limits.max_audio_body_bytes if audio else self.limits.max_body_bytes
 

@@ -6,11 +6,15 @@ output carries its audio (``audio_output``) at which ``sample_rate``: the gatewa
 so it has no per-model code. ``worker_spec()`` (optional) names what Worker processes build to serve
 it under a placement (``--placement``); a model loaded with ``requests_only=True`` then reads no weights
 in the gateway's process (it builds requests; the Workers hold the weights).
+A model that does not speak is served too when it answers in text (``conversational``) or makes
+images: mstar_ros.webrtc.image_models says what it then offers instead of ``audio_output``.
 """
 
 from __future__ import annotations
 
 from importlib.metadata import entry_points
+
+from mstar_ros.webrtc.image_models import check_image_model, check_text_model, makes_images
 
 
 def speech_model_names() -> list[str]:
@@ -23,10 +27,22 @@ def load_speech_model(name: str, weights: str | None = None, **kwargs):
         raise ValueError(f"no speech model {name!r} (installed: {', '.join(speech_model_names()) or 'none'})")
     cls = found[0].load()
     model = cls.load(weights, **kwargs)
+    check_served_model(model, name)
+    return model
+
+
+def check_served_model(model, name: str) -> None:
+    """A TypeError naming what ``model`` lacks to be served: a speech model's attributes, or, for a model
+    that does not speak, those of what it does (answers in text: ``conversational``; makes images)."""
+    if not hasattr(model, "audio_output") and (getattr(model, "conversational", False) or makes_images(model)):
+        if getattr(model, "conversational", False):
+            check_text_model(model, name)
+        if makes_images(model):
+            check_image_model(model, name)
+        return
     for attr in ("audio_output", "sample_rate", "graph", "modules", "request"):
         if not hasattr(model, attr):
             raise TypeError(f"speech model {name!r} lacks {attr!r}")
-    return model
 
 
 def speech_conductor(model, config, placement=None):

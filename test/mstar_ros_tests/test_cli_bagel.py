@@ -1,0 +1,75 @@
+"""``mstar-ros bagel ask|generate|edit`` driving a model with the capabilities (the toy image model,
+injected into the command functions), and its help."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import PIL.Image
+import pytest
+
+from mstar_ros.cli.main import build_parser
+from support.images import picture
+from support.toy_image_model import ToyImageModel, target_image
+
+
+def args_of(*argv: str):
+    return build_parser().parse_args(["bagel", *argv])
+
+
+def test_help_explains_the_three_commands(capsys):
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["bagel", "--help"])
+    text = capsys.readouterr().out
+    assert all(word in text for word in ("ask", "generate", "edit", "RANDOM", "progress bar"))
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["bagel", "generate", "--help"])
+    text = capsys.readouterr().out
+    assert all(flag in text for flag in ("--size", "--n", "--seed", "--steps", "--out", "--weights"))
+
+
+def test_generate_writes_pngs_and_says_the_weights_are_random(tmp_path, capsys):
+    args = args_of(
+        "generate", "a fox", "--size", "16x8", "--n", "2", "--seed", "4", "--steps", "3", "--out", str(tmp_path / "fox")
+    )
+    out = io.StringIO()
+    assert args.command_of(ToyImageModel(), args, out=out) == 0
+    paths = [tmp_path / "fox-0.png", tmp_path / "fox-1.png"]
+    images = [np.asarray(PIL.Image.open(p)) for p in paths]
+    assert all(im.shape == (8, 16, 3) for im in images)
+    assert np.array_equal(images[0], target_image("a fox", (16, 8)).astype(np.uint8))
+    assert f"wrote {paths[0]} (16x8)" in out.getvalue() and "RANDOM" in out.getvalue()
+    assert "flow steps" in capsys.readouterr().err  # the progress bar, on stderr
+
+
+def test_edit_writes_the_edited_image(tmp_path):
+    source = tmp_path / "in.png"
+    picture(24, 16, seed=3).save(source)
+    args = args_of("edit", "--image", str(source), "invert it", "--out", str(tmp_path / "night"))
+    assert args.command_of(ToyImageModel(), args, out=io.StringIO()) == 0
+    made = np.asarray(PIL.Image.open(tmp_path / "night-0.png"))
+    assert np.array_equal(made, 255 - np.asarray(PIL.Image.open(source).convert("RGB")))
+
+
+def test_ask_streams_the_answer(tmp_path):
+    source = tmp_path / "in.png"
+    picture(30, 20, seed=3).save(source)
+    args = args_of("ask", "--image", str(source), "what is this?")
+    out = io.StringIO()
+    assert args.command_of(ToyImageModel(), args, out=out) == 0
+    assert out.getvalue().startswith("I see 30x20 image(s). You asked: what is this?\n")
+
+
+def test_bad_inputs_are_refused_naming_them(tmp_path):
+    bad = tmp_path / "bad.png"
+    bad.write_bytes(b"not a png")
+    for argv, message in (
+        (("generate", "x", "--size", "13x7"), "size 13x7"),
+        (("generate", "x", "--size", "foo"), "--size 'foo'"),
+        (("generate", "x", "--n", "9"), "--n 9"),
+        (("edit", "--image", str(bad), "x"), f"--image {bad}"),
+    ):
+        args = args_of(*argv, "--out", str(tmp_path / "o")) if argv[0] != "ask" else args_of(*argv)
+        with pytest.raises(ValueError, match=message.replace("'", ".")):
+            args.command_of(ToyImageModel(), args, out=io.StringIO())
