@@ -138,6 +138,7 @@ class WalkExecutor:
             mask_arg=int(req.meta.get(f"{node}.mask_arg", 0)),
             kv_window=req.meta.get(f"{node}.kv_window"),
             kv_from=gnode.kv_from,
+            guidance=gnode.guidance,
             loop_mode=gnode.loop_mode,
             step_rows=any(self._step_streams(node, walk_nodes)),
         )

@@ -29,7 +29,15 @@ class ARModule(NodeSubmodule):
 
     ``forward`` gets the step's packed tokens of every sequence in the batch
     (prefill chunks and decode tokens mixed) and calls ``attn(layer, q, k, v, scale)``
-    in each attention layer; it returns hidden states, one row per token.
+    in each attention layer; it returns hidden states, one row per token. Keyword extras, when
+    they apply: ``embeds`` [T, W] + ``embed_mask`` [T] (rows given as embeddings),
+    ``rope_positions`` [axes, T] (``accepts_rope_positions``), ``row_kinds`` [T] int64
+    (``accepts_row_kinds``: mstar.engine.row_kinds), ``need_hidden`` (``accepts_need_hidden``).
+    A call's input ``spans`` (mstar.engine.row_spans) changes only the attention mask.
+
+    A flow view (``LoopMode.FLOW``) runs the module's ``flow_velocity``: with the fixed contract
+    (``action_horizon``, ``action_dim``) or, for a module with ``flow_plan``, the planned one with
+    guidance branches (``mstar.engine.flow_plan.FlowModule``).
     """
 
     engine: ClassVar[EngineKind] = "ar"
@@ -42,6 +50,9 @@ class ARModule(NodeSubmodule):
     # A module with ``feedback`` feeds a Loop's next iteration an embedding row it computes from the
     # sampled token, not the token's own embedding (mstar.engine.step_feedback).
     has_feedback: ClassVar[bool] = False
+    # A module that routes rows by kind takes ``row_kinds`` [T] in ``forward`` (mstar.engine.row_kinds);
+    # a call carrying row kinds to any other module is refused.
+    accepts_row_kinds: ClassVar[bool] = False
 
     def kv_spec(self) -> KVSpec:
         raise NotImplementedError

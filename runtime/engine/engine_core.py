@@ -74,7 +74,7 @@ class EngineCore:
                 continue
             keep = max(seq.num_computed, seq.call.context_before if seq.call else len(seq.token_ids))
             seq.call = None
-            del seq.token_ids[keep:]
+            seq.truncate(keep)
             seq.status = SeqStatus.IDLE
 
     def close_sequences(self, session_id: str, mine: Callable[[Sequence], bool]) -> None:
@@ -87,16 +87,22 @@ class EngineCore:
         """Whether sequences of the scheduler hold KV blocks (they may free them later)."""
         return any(s.table.blocks for s in self.scheduler.seqs.values())
 
-    def new_sequence(self, msg: ExecuteNode, owner: str) -> Sequence:
-        """A sequence for ``msg``'s node, forked (copy-on-write) from its ``kv_from`` view if any."""
-        seq = Sequence(owner=owner, node=msg.node, request_id=msg.request_id, table=BlockTable(blocks=[]))
-        source = self.scheduler.seqs.get((owner, msg.kv_from)) if msg.kv_from else None
-        if msg.kv_from and (source is None or source.call is not None):
+    def new_sequence(
+        self, msg: ExecuteNode, owner: str, node: str | None = None, view: str | None = None, empty_ok: bool = False
+    ) -> Sequence:
+        """A sequence for ``msg``'s node (or ``node``: a flow's guidance branch), forked (copy-on-write)
+        from its ``kv_from`` view (or ``view``) if any. ``empty_ok``: a view with no sequence for
+        ``owner`` yet gives an empty sequence (an empty context) instead of an error."""
+        node = node or msg.node
+        view = view or msg.kv_from
+        seq = Sequence(owner=owner, node=node, request_id=msg.request_id, table=BlockTable(blocks=[]))
+        source = self.scheduler.seqs.get((owner, view)) if view else None
+        if view and ((source is None and not empty_ok) or (source is not None and source.call is not None)):
             state = "has no KV yet" if source is None else "is still running"
-            raise ValueError(f"node {msg.node!r} forks its KV from {msg.kv_from!r}, which {state} for {owner!r}")
+            raise ValueError(f"node {msg.node!r} forks its KV from {view!r}, which {state} for {owner!r}")
         if source is not None:
             self._fork(seq, source)
-        node_salt = sum(ord(c) * 31**i for i, c in enumerate(msg.node)) % 1_000_003  # stable across runs
+        node_salt = sum(ord(c) * 31**i for i, c in enumerate(node)) % 1_000_003  # stable across runs
         seq.generator = torch.Generator(device="cpu").manual_seed((msg.seed * 1_000_003 + node_salt) % (2**63))
         self.scheduler.seqs[seq.key] = seq
         return seq
@@ -111,9 +117,13 @@ class EngineCore:
             seq.token_ids = list(source.token_ids)
         seq.history = list(source.history)
         seq.mask, seq.mask_arg = source.mask, source.mask_arg  # a recompute must see what the source saw
+        n = len(seq.token_ids)
         if source.embeds is not None:
-            n = len(seq.token_ids)
             seq.embeds, seq.embed_mask = source.embeds[:n], source.embed_mask[:n]
+        if source.row_kinds is not None:
+            seq.row_kinds = source.row_kinds[:n]
+        end = seq.table.first_position + n
+        seq.spans = [span for span in source.spans if span[1] <= end]
         seq.rope_positions, seq.rope_after = source.rope_positions, source.rope_after
         seq.num_generated = source.num_generated
         seq.arrival = source.arrival

@@ -1,124 +1,37 @@
 """Flow-matching Loops in the AR engine: Euler steps of a continuous state over persisted KV.
 
 A flow node (``GraphNode(..., engine="ar", loop_mode=LoopMode.FLOW, kv_from=PREFIX)``) forks the KV
-its prefix view computed once (copy-on-write: the prefix is never recomputed per
-step) and reserves ``H`` more slots for its suffix rows. Every iteration the module's
-``flow_velocity(x, t, positions, attn)`` evaluates the suffix - writing the suffix K/V
-into the same reserved slots - and the engine takes an Euler step
-``x += dt * v`` from t = 1 (noise) to t = 0. The flows of every sequence that is in
-a flow Loop share one batched evaluation per engine step, whatever their step.
+its prefix view computed once (copy-on-write: the prefix is never recomputed per step) and
+reserves its suffix rows' slots once. Every iteration the module's ``flow_velocity`` evaluates the
+suffix - writing the suffix K/V into the same reserved slots - and the engine takes an Euler step
+``x += dt * v`` from t_0 (noise) to t_S (data). The flows of every sequence in a flow Loop share
+one batched evaluation per engine step, whatever their step.
 
-Inpainting (real-time chunking): with inputs ``guide`` [H, A] and ``guide_weights`` [H]
-the state is pulled, after every step, toward the guide noised to the current time
-(``t * noise + (1 - t) * guide``) by the weights, so a chunk's first actions agree
-with the ones a robot executes while the chunk is computed and the seam is smooth.
+A module with ``flow_plan`` (mstar.engine.flow_plan) sets each call's rows, state shape and time
+schedule, and may use guidance views (``GraphNode.guidance``): each is one more KV branch of the
+flow (mstar.engine.flow_branches) whose rows are evaluated in the same module call as every other
+ready (flow, branch) pair; ``flow_branches`` says which branches a step needs and
+``flow_combine`` merges their velocities before the Euler step. A module without it keeps the
+fixed contract (pi0.5: ``action_horizon`` rows, uniform steps, one branch).
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 
 import torch
 
 from mstar.engine.attention.backend import AttentionContext
-from mstar.engine.attention.metadata import AttentionMetadata, MaskKind, SeqAttention
-from mstar.engine.block_manager import BlockManager
 from mstar.engine.engine_core import EngineCore
 from mstar.engine.engine_inbox import Reply
+from mstar.engine.flow_branches import check_fits, evaluation_metadata, fork_branches
+from mstar.engine.flow_plan import FlowEval, FlowPlan, check_plan, uniform_plan
+from mstar.engine.flow_state import FlowState, make_flow_state
 from mstar.engine.loop_contract import CallRefused, EngineLoop
 from mstar.engine.messages import ExecuteNode, NodeOutput
 from mstar.engine.sequence import ActiveCall, SeqStatus, Sequence
 
 DEFAULT_STEPS = 10
-
-
-@dataclass
-class FlowState:
-    x: torch.Tensor  # [H, A] float32, the state at time ``t``
-    noise: torch.Tensor  # [H, A], x at t = 1
-    steps: int
-    guide: torch.Tensor | None = None
-    weights: torch.Tensor | None = None  # [H, 1]
-    step: int = 0
-    reserved: bool = False  # the H suffix slots are in the table
-
-    @property
-    def t(self) -> float:
-        return 1.0 - self.step / self.steps
-
-    @property
-    def dt(self) -> float:
-        return -1.0 / self.steps
-
-    def advance(self, velocity: torch.Tensor) -> None:
-        self.x = self.x + self.dt * velocity.float()
-        self.step += 1
-        if self.guide is not None and self.weights is not None:
-            t = self.t
-            target = t * self.noise + (1.0 - t) * self.guide
-            self.x = self.weights * target + (1.0 - self.weights) * self.x
-
-    @property
-    def done(self) -> bool:
-        return self.step >= self.steps
-
-
-def make_flow_state(
-    inputs: dict[str, torch.Tensor], horizon: int, action_dim: int, steps: int, generator: torch.Generator | None
-) -> FlowState:
-    """The flow's start from the call's inputs; errors name the bad input."""
-    noise = inputs.get("x")
-    if noise is None:  # no noise given: draw it from the request's seeded generator
-        noise = torch.randn((horizon, action_dim), generator=generator)
-    noise = noise.float().reshape(-1, action_dim) if noise.numel() == horizon * action_dim else noise
-    if tuple(noise.shape) != (horizon, action_dim):
-        raise ValueError(
-            f"flow input 'x' (noise) has shape {tuple(noise.shape)}, the model needs {(horizon, action_dim)}"
-        )
-    if not torch.isfinite(noise).all():
-        raise ValueError("flow input 'x' (noise) has NaN or infinite values")
-    guide, weights = inputs.get("guide"), inputs.get("guide_weights")
-    if (guide is None) != (weights is None):
-        raise ValueError("flow inputs 'guide' and 'guide_weights' come together")
-    if guide is not None:
-        guide, weights = guide.float(), weights.float().reshape(-1, 1)
-        if tuple(guide.shape) != (horizon, action_dim) or weights.shape[0] != horizon:
-            raise ValueError(
-                f"flow 'guide' must be {(horizon, action_dim)} and 'guide_weights' ({horizon},); got "
-                f"{tuple(guide.shape)} and {tuple(weights.shape)}"
-            )
-        if not (torch.isfinite(guide).all() and torch.isfinite(weights).all()):
-            raise ValueError("flow 'guide' or 'guide_weights' has NaN or infinite values")
-        weights = weights.clamp(0.0, 1.0)
-    return FlowState(x=noise.clone(), noise=noise, steps=steps, guide=guide, weights=weights)
-
-
-def flow_metadata(
-    seqs: list[Sequence], blocks: BlockManager, horizon: int, device: torch.device
-) -> tuple[AttentionMetadata, torch.Tensor]:
-    """Attention plan and positions of one batched flow evaluation: each sequence's H suffix
-    rows see its whole prefix and each other (bidirectional), nothing of other sequences."""
-    plans, slots, positions = [], [], []
-    for i, seq in enumerate(seqs):
-        prefix = len(seq.token_ids)
-        first = seq.table.first_position
-        end = prefix + horizon
-        plans.append(
-            SeqAttention(
-                query_start=i * horizon,
-                query_len=horizon,
-                context_len=end,
-                block_table=list(seq.table.blocks),
-                first_position=first,
-                mask=MaskKind.PREFIX_BIDIRECTIONAL,
-                mask_arg=first + end,
-            )
-        )
-        slots.append(blocks.slot_mapping(seq.table, prefix, end))
-        positions.append(torch.arange(first + prefix, first + end))
-    meta = AttentionMetadata(seqs=plans, slot_mapping=torch.cat(slots).to(device))
-    return meta, torch.cat(positions).to(device)
 
 
 def _is_flow(seq: Sequence) -> bool:
@@ -127,40 +40,82 @@ def _is_flow(seq: Sequence) -> bool:
 
 class FlowLoop(EngineLoop):
     """The AR engine's flow calls: started by ``start``, advanced one batched Euler step per ``step``.
-    Their sequences live in the core's scheduler, which recomputes a preempted prefix."""
+    Their branch sequences live in the core's scheduler, which recomputes a preempted prefix."""
 
     def __init__(self, core: EngineCore) -> None:
         self.core = core
         self.attn = AttentionContext(core.backend)
-        self.evaluations = 0
+        self.evaluations = 0  # flow_velocity calls (one per state shape per engine step)
+        self.branch_evaluations = 0  # (flow, branch) pairs those calls evaluated
+        self.euler_steps = 0  # flow steps taken
 
-    def _active(self) -> list[Sequence]:
-        return [
-            s
+    # -- the flows ------------------------------------------------------------------------------
+    def _flows(self) -> list[FlowState]:
+        """Every flow with a call in flight, oldest first."""
+        flows = [
+            s.flow
             for s in self.core.scheduler.seqs.values()
-            if s.flow is not None and s.call is not None and s.num_pending == 0
+            if s.flow is not None and s is s.flow.main and s.call is not None
         ]
+        return sorted(flows, key=lambda f: f.main.arrival)
+
+    @staticmethod
+    def _computed(flow: FlowState) -> bool:
+        """Every branch's context is in the KV (none waits for a recompute)."""
+        return all(b.num_pending == 0 and b.call is not None for b in flow.branches)
 
     def has_work(self) -> bool:
-        return any(True for _ in self._active())
+        return any(self._computed(f) for f in self._flows())
 
     def stats(self) -> dict[str, int]:
-        return {}
+        return {
+            "flow_calls": self.evaluations,
+            "flow_evaluations": self.branch_evaluations,
+            "flow_steps": self.euler_steps,
+        }
+
+    # -- the contract's bookkeeping ----------------------------------------------------------------
+    def _drop(self, flow: FlowState) -> None:
+        for seq in flow.branches:
+            seq.flow, seq.call, seq.status = None, None, SeqStatus.IDLE
+            self.core.scheduler.drop(seq)  # the suffix slots and the forks go; the views keep their KV
+
+    def _fail(self, flow: FlowState, error: str) -> None:
+        self.core.fail_call(flow.main, error)
+        self._drop(flow)
+
+    def _owned(self, pick) -> list[FlowState]:
+        seen: dict[int, FlowState] = {}
+        for seq in self.core.scheduler.seqs.values():
+            if seq.flow is not None and pick(seq):
+                seen.setdefault(id(seq.flow), seq.flow)
+        return list(seen.values())
 
     def release(self, request_id: str) -> None:
-        self.core.release_sequences(request_id, _is_flow)
+        """A flow keeps nothing for a session (its KV is a fork): every branch of the request's flows goes."""
+        for flow in self._owned(lambda s: s.request_id == request_id):
+            self._drop(flow)
 
     def close_session(self, session_id: str) -> None:
-        self.core.close_sequences(session_id, _is_flow)
+        for flow in self._owned(lambda s: s.owner == session_id):
+            self._fail(flow, f"session {session_id!r} was closed")
 
     def fail_all(self, error: Exception) -> None:
         """Every flow in flight fails and goes (its suffix slots may be half-written)."""
-        for seq in [s for s in self.core.scheduler.seqs.values() if s.flow is not None and s.call is not None]:
-            self.core.fail_call(seq, f"flow step failed: {type(error).__name__}: {error}")
-            self.core.scheduler.drop(seq)
+        for flow in self._owned(lambda s: True):
+            self._fail(flow, f"flow step failed: {type(error).__name__}: {error}")
 
+    def _sweep(self) -> None:
+        """Flows that lost a branch (a failed recompute) or their call fail or go as a whole."""
+        for flow in self._owned(lambda s: True):
+            if flow.main.call is None:
+                self._drop(flow)
+            elif flow.error is not None or any(b.call is None for b in flow.branches):
+                self._fail(flow, flow.error or f"node {flow.main.node!r}: a guidance branch of the flow failed")
+
+    # -- start -------------------------------------------------------------------------------------
     def start(self, msg: ExecuteNode, reply: Reply) -> None:
-        """Validates a flow call and forks its sequence from the prefix view's KV."""
+        """Validates a flow call and forks one sequence per branch from its views' KV."""
         core = self.core
         module = core.module
         if core.tp_leader is not None:
@@ -172,71 +127,158 @@ class FlowLoop(EngineLoop):
         if not msg.kv_from:
             raise ValueError(f"flow node {msg.node!r} needs kv_from: the prefix view whose KV it reads")
         owner = msg.session_id or msg.request_id
-        old = core.scheduler.seqs.get((owner, msg.node))
-        if old is not None:
-            if old.call is not None:
+        for old in self._owned(lambda s: s.owner == owner and s.flow.main.node == msg.node):
+            if old.main.call is not None:
                 raise ValueError(f"node {msg.node!r} already has a call in flight for {owner!r}")
-            core.scheduler.drop(old)  # a new flow reads the prefix as it is now
-        steps = msg.loop.max_iters if msg.loop is not None and msg.loop.max_iters else DEFAULT_STEPS
+            self._drop(old)
+        stale = core.scheduler.seqs.get((owner, msg.node))
+        if stale is not None:  # a flow sequence left from before (its call ended elsewhere)
+            core.scheduler.drop(stale)
         inputs = {k: core.store.resolve(v) for k, v in msg.inputs.items()}
-        seq = core.new_sequence(msg, owner)
+        plan, planned = self._plan(msg, inputs)
+        branches = fork_branches(core, msg, owner, plan.branches)
         try:
-            seq.flow = make_flow_state(inputs, module.action_horizon, module.action_dim, steps, seq.generator)
+            check_fits(core, msg.node, branches, plan.rows)
+            flow = make_flow_state(inputs, plan, planned, branches[0].generator)
         except Exception:
-            core.scheduler.drop(seq)
+            for seq in branches:
+                core.scheduler.drop(seq)
             raise
-        seq.request_id = msg.request_id
-        seq.call = ActiveCall(msg, reply, context_before=len(seq.token_ids))
-        seq.status = SeqStatus.RUNNING if seq.table.blocks else SeqStatus.WAITING
+        flow.branches = branches
+        for i, seq in enumerate(branches):
+            seq.flow = flow
+            seq.request_id = msg.request_id
+            # a branch's call only lets the scheduler recompute its context; its errors fail the flow
+            seq.call = ActiveCall(msg, reply if i == 0 else _branch_reply(flow), context_before=len(seq.token_ids))
+            seq.status = SeqStatus.RUNNING if seq.table.blocks else SeqStatus.WAITING
 
+    def _plan(self, msg: ExecuteNode, inputs: dict[str, torch.Tensor]) -> tuple[FlowPlan, bool]:
+        """The call's plan (from ``flow_plan``, or the fixed contract's), and whether the module plans."""
+        module = self.core.module
+        if not hasattr(module, "flow_plan"):
+            if msg.guidance:
+                raise ValueError(
+                    f"node {msg.node!r} has guidance views but module {type(module).__name__} has no flow_plan"
+                )
+            steps = msg.loop.max_iters if msg.loop is not None and msg.loop.max_iters else DEFAULT_STEPS
+            rows, dim = module.action_horizon, module.action_dim
+            return uniform_plan(rows, (rows, dim), steps), False
+        plan = check_plan(module.flow_plan(inputs), msg.node, len(msg.guidance))
+        if plan.branches > 1 and not (hasattr(module, "flow_branches") and hasattr(module, "flow_combine")):
+            raise ValueError(
+                f"node {msg.node!r}: a flow with {plan.branches} branches needs the module's flow_branches and "
+                f"flow_combine ({type(module).__name__} lacks one)"
+            )
+        return plan, True
+
+    # -- step --------------------------------------------------------------------------------------
     def step(self) -> int:
-        """One batched flow evaluation over every flow ready to step; returns how many."""
+        """One batched evaluation of every ready (flow, branch) pair; returns how many flows stepped."""
+        self._sweep()
         if not self.has_work():
             return 0
         with self.core.busy():
             ready = self._reserve()
-            if not ready:
-                return 0
-            velocity = self._evaluate(ready)
-            for seq, v in zip(ready, velocity):
-                seq.flow.advance(v)
-                if seq.flow.done:
-                    self._finish(seq)
-            return len(ready)
+            pairs = [(flow, b) for flow in ready for b in self._branches_now(flow)]
+            velocities = self._evaluate(pairs)
+            stepped = 0
+            for flow in ready:
+                if flow.main.call is None:  # failed while choosing its branches
+                    continue
+                try:
+                    v = self._combine(flow, velocities.get(id(flow), {}))
+                except Exception as exc:  # this flow's mistake: the others go on
+                    self._fail(flow, f"node {flow.main.node!r}: flow_combine failed: {type(exc).__name__}: {exc}")
+                    continue
+                flow.advance(v)
+                self.euler_steps += 1
+                stepped += 1
+                if flow.done:
+                    self._finish(flow)
+            return stepped
 
-    def _reserve(self) -> list[Sequence]:
-        """The flows that step now, their H suffix slots reserved (once; oldest first, younger flows wait)."""
+    def _reserve(self) -> list[FlowState]:
+        """The flows that step now, every branch's suffix slots reserved (once, for all branches or
+        none; oldest first, younger flows wait)."""
         core = self.core
-        horizon = core.module.action_horizon
-        ready: list[Sequence] = []
-        for seq in sorted(self._active(), key=lambda s: s.arrival)[: core.config.max_num_seqs]:
-            if not seq.flow.reserved:
-                if not core.scheduler.make_room(seq, horizon, []) or seq.num_pending:
+        ready: list[FlowState] = []
+        for flow in [f for f in self._flows() if self._computed(f)][: core.config.max_num_seqs]:
+            if not flow.reserved:
+                if not core.scheduler.make_room_all(flow.branches, flow.plan.rows) or not self._computed(flow):
                     break
-                core.cache.copy_blocks(core.blocks.append(seq.table, horizon))
-                seq.flow.reserved = True
-            ready.append(seq)
+                for seq in flow.branches:
+                    core.cache.copy_blocks(core.blocks.append(seq.table, flow.plan.rows))
+                flow.reserved = True
+            ready.append(flow)
         return ready
 
-    def _evaluate(self, ready: list[Sequence]) -> torch.Tensor:
+    def _branches_now(self, flow: FlowState) -> list[int]:
+        """The branches ``flow`` evaluates at its current step (``flow_branches``; all of one)."""
+        if flow.plan.branches == 1:
+            return [0]
+        module = self.core.module
+        try:
+            wanted = list(module.flow_branches(flow.inputs, flow.step, flow.t))
+            if len(wanted) != flow.plan.branches or not wanted[0]:
+                raise ValueError(
+                    f"it must give {flow.plan.branches} flags (one per branch) with the first True, got {wanted}"
+                )
+        except Exception as exc:
+            self._fail(flow, f"node {flow.main.node!r}: flow_branches failed: {type(exc).__name__}: {exc}")
+            return []
+        return [b for b, on in enumerate(wanted) if on]
+
+    def _evaluate(self, pairs: list[tuple[FlowState, int]]) -> dict[int, dict[int, torch.Tensor]]:
+        """Velocities of every pair, by flow and branch: one module call per state shape."""
+        by_shape: dict[tuple[int, ...], list[tuple[FlowState, int]]] = {}
+        for flow, b in pairs:
+            by_shape.setdefault(flow.plan.state_shape, []).append((flow, b))
+        out: dict[int, dict[int, torch.Tensor]] = {}
+        for group in by_shape.values():
+            velocity = self._call_module(group)
+            for (flow, b), v in zip(group, velocity):
+                out.setdefault(id(flow), {})[b] = v
+        return out
+
+    def _call_module(self, group: list[tuple[FlowState, int]]) -> torch.Tensor:
         core = self.core
-        meta, positions = flow_metadata(ready, core.blocks, core.module.action_horizon, core.device)
+        seqs = [flow.branches[b] for flow, b in group]
+        meta, positions = evaluation_metadata(seqs, [flow.plan.rows for flow, _ in group], core.blocks, core.device)
         core.backend.plan(meta)
-        x = torch.stack([s.flow.x for s in ready]).to(core.device)
-        t = torch.tensor([s.flow.t for s in ready], dtype=torch.float32, device=core.device)
+        x = torch.stack([flow.x for flow, _ in group]).to(core.device)
+        t = torch.tensor([flow.t for flow, _ in group], dtype=torch.float32, device=core.device)
         started = time.perf_counter()
         with torch.inference_mode():
-            velocity = core.module.flow_velocity(x, t, positions, self.attn).float().cpu()
+            if group[0][0].planned:
+                evals = [FlowEval(flow.inputs, flow.plan, b, flow.step) for flow, b in group]
+                velocity = core.module.flow_velocity(x, t, positions, self.attn, evals)
+            else:
+                velocity = core.module.flow_velocity(x, t, positions, self.attn)
+            velocity = velocity.float().cpu()
         core.runner.forward_seconds += time.perf_counter() - started
+        if tuple(velocity.shape) != tuple(x.shape):
+            raise ValueError(f"flow_velocity returned shape {tuple(velocity.shape)} for x of shape {tuple(x.shape)}")
         self.evaluations += 1
+        self.branch_evaluations += len(group)
         return velocity
 
-    def _finish(self, seq: Sequence) -> None:
-        call, seq.call = seq.call, None
-        actions = seq.flow.x
-        seq.flow, seq.status = None, SeqStatus.IDLE
-        self.core.scheduler.drop(seq)  # the suffix slots and the fork go; the prefix view keeps its KV
-        if not torch.isfinite(actions).all():
+    def _combine(self, flow: FlowState, velocities: dict[int, torch.Tensor]) -> torch.Tensor:
+        """The flow's velocity for its Euler step: the main branch's, or ``flow_combine`` of all."""
+        if not flow.planned or not hasattr(self.core.module, "flow_combine"):
+            return velocities[0]
+        per_branch = [velocities.get(b) for b in range(flow.plan.branches)]
+        v = self.core.module.flow_combine(per_branch, flow.inputs, flow.step, flow.t)
+        v = torch.as_tensor(v).float().cpu()
+        if tuple(v.shape) != flow.plan.state_shape:
+            raise ValueError(f"it returned shape {tuple(v.shape)}, the flow state is {flow.plan.state_shape}")
+        return v
+
+    def _finish(self, flow: FlowState) -> None:
+        call = flow.main.call
+        final = flow.x
+        self._drop(flow)
+        assert call is not None
+        if not torch.isfinite(final).all():
             call.reply(
                 NodeOutput(
                     call.msg.call_id,
@@ -247,9 +289,19 @@ class FlowLoop(EngineLoop):
                 )
             )
             return
-        handle = self.core.store.put(actions, owner=call.msg.request_id)
+        handle = self.core.store.put(final, owner=call.msg.request_id)
         call.reply(
             NodeOutput(
                 call.msg.call_id, call.msg.request_id, call.iteration, {"x": handle}, final=True, finish_reason="done"
             )
         )
+
+
+def _branch_reply(flow: FlowState) -> Reply:
+    """A guidance branch's reply: its error (a recompute that can never fit) fails the whole flow."""
+
+    def reply(out: NodeOutput) -> None:
+        if out.error and flow.error is None:
+            flow.error = out.error
+
+    return reply

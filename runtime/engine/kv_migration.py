@@ -2,9 +2,9 @@
 
 Prefill/decode disaggregation places a node's prefill Walk on one rank and its decode
 Loop on another: the decode Worker must continue exactly where prefill stopped, so the
-computed K/V travel with the tokens, the repetition-penalty history and the seeded
-generator's state. If the receiver has no room for the KV it recomputes the tokens
-instead (slower, same answer).
+computed K/V travel with the tokens, the repetition-penalty history, the seeded
+generator's state, the bidirectional spans and the row kinds. If the receiver has no
+room for the KV it recomputes the tokens instead (slower, same answer).
 """
 
 from __future__ import annotations
@@ -49,6 +49,8 @@ def sequence_state(seq: Sequence, kv: TensorHandle | None) -> KVState:
         mask=seq.mask,
         mask_arg=seq.mask_arg,
         kv_window=seq.kv_window,
+        spans=list(seq.spans),
+        row_kinds=[] if seq.row_kinds is None else seq.row_kinds.tolist(),
     )
 
 
@@ -67,6 +69,8 @@ def restore_sequence(
         mask=state.mask,
         mask_arg=state.mask_arg,
         kv_window=state.kv_window,
+        spans=[(int(a), int(b)) for a, b in state.spans],
+        row_kinds=torch.tensor(state.row_kinds, dtype=torch.long) if state.row_kinds else None,
         status=SeqStatus.WAITING,
     )
     seq.generator = torch.Generator(device="cpu")

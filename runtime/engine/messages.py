@@ -39,6 +39,8 @@ class KVState(msgspec.Struct, frozen=True):
     mask: int = 0
     mask_arg: int = 0
     kv_window: int | None = None
+    spans: list[tuple[int, int]] = []  # bidirectional spans, absolute positions (mstar.engine.row_spans)
+    row_kinds: list[int] = []  # per-token kinds (mstar.engine.row_kinds); empty: none given
 
 
 class ExecuteNode(msgspec.Struct, tag=True):
@@ -65,6 +67,7 @@ class ExecuteNode(msgspec.Struct, tag=True):
     loop_mode: LoopMode = LoopMode.TOKEN  # which engine loop runs the call (GraphNode.loop_mode)
     fed_inputs: tuple[str, ...] = ()  # ports that grow while the call runs: FeedInput messages follow
     step_rows: bool = False  # each iteration's output carries the rows it computed ("step_<row output>")
+    guidance: tuple[str, ...] = ()  # a flow call's guidance views (GraphNode.guidance): a KV branch each
 
 
 class NodeOutput(msgspec.Struct, tag=True):

@@ -12,17 +12,19 @@ from mstar.engine.attention.backend import AttentionBackend, AttentionContext
 from mstar.engine.attention.metadata import AttentionMetadata, MaskKind, SeqAttention
 from mstar.engine.block_manager import BlockManager
 from mstar.engine.rope_positions import packed_rope_positions
+from mstar.engine.row_kinds import accepts_row_kinds, packed_row_kinds
+from mstar.engine.row_spans import spans_in
 from mstar.engine.scheduler import ScheduledSeq
 
-# (ids, positions, per-sequence attention, slot mapping on CPU) of a step, before its forward
-# ids, positions, per-sequence attention, slot mapping, embeds [T, W] | None, embed_mask [T] | None,
-# rope_positions [axes, T] | None
+# a step before its forward: ids, positions, per-sequence attention, slot mapping (CPU),
+# embeds [T, W] | None, embed_mask [T] | None, rope_positions [axes, T] | None, row_kinds [T] | None
 PlanHook = Callable[
     [
         list[int],
         list[int],
         list[SeqAttention],
         torch.Tensor,
+        torch.Tensor | None,
         torch.Tensor | None,
         torch.Tensor | None,
         torch.Tensor | None,
@@ -69,6 +71,7 @@ class ModelRunner:
                     first_position=first,
                     mask=MaskKind(seq.mask),
                     mask_arg=seq.mask_arg,
+                    spans=spans_in(seq, item.start, item.end),
                 )
             )
             ids.extend(seq.token_ids[item.start : item.end])
@@ -78,8 +81,9 @@ class ModelRunner:
         embeds, embed_mask = self._embeds(batch)
         rope = packed_rope_positions(batch)
         slot_mapping = torch.cat(slots)
+        kinds = packed_row_kinds(batch) if accepts_row_kinds(self.module) else None
         if self.plan_hook is not None:
-            self.plan_hook(ids, positions, seqs, slot_mapping, embeds, embed_mask, rope)
+            self.plan_hook(ids, positions, seqs, slot_mapping, embeds, embed_mask, rope, kinds)
         meta = AttentionMetadata(seqs=seqs, slot_mapping=slot_mapping.to(self.device))
         self.backend.plan(meta)
         input_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
@@ -88,6 +92,8 @@ class ModelRunner:
         extra: dict = {} if embeds is None else {"embeds": embeds, "embed_mask": embed_mask}
         if rope is not None:
             extra["rope_positions"] = rope.to(self.device)
+        if kinds is not None:
+            extra["row_kinds"] = kinds.to(self.device)
         if not need_hidden and getattr(self.module, "accepts_need_hidden", False):
             extra["need_hidden"] = False
         hidden = self.module(input_ids, pos, self._attn, **extra)

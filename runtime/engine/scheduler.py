@@ -2,9 +2,10 @@
 
 Oldest first. Every sequence with pending tokens (a decode token or a prefill chunk)
 competes for one token budget, so prefill and decode of different requests share a
-step. When KV blocks run out, the youngest sequences are preempted (their blocks
-freed, their tokens recomputed when they are scheduled again), so the oldest always
-progresses and nothing crashes or answers wrongly.
+step; a bidirectional prefix or span is never split over steps. When KV blocks run out,
+the youngest sequences are preempted (their blocks freed, their tokens recomputed when
+they are scheduled again), so the oldest always progresses and nothing crashes or
+answers wrongly.
 
 Phase alignment: when the module's constraint repeats every ``period`` tokens (Orpheus:
 7 tokens per audio frame), a sequence about to start is held back (fewer than
@@ -24,6 +25,7 @@ from mstar.engine.attention.metadata import MaskKind
 from mstar.engine.block_manager import BlockManager
 from mstar.engine.config import EngineConfig
 from mstar.engine.kv_cache import PagedKVCache
+from mstar.engine.row_spans import unsplit_chunk
 from mstar.engine.sequence import SeqStatus, Sequence
 
 
@@ -86,16 +88,22 @@ class Scheduler:
         batch: list[ScheduledSeq] = []
         phase = self._running_phase(ready)
         for seq in ready:
-            if budget == 0 or len(batch) >= self.config.max_num_seqs:
+            if budget <= 0 or len(batch) >= self.config.max_num_seqs:
                 break
             if phase is not None and self._hold_for_phase(seq, phase, budget):
                 continue
-            n = min(self._computable(seq), budget)
+            computable = self._computable(seq)
+            n = min(computable, budget)
+            # a bidirectional prefix or span cannot be split over steps (its tokens see each other): the chunk
+            # stops before a span it would cut, or, when the span starts it, takes all of it
             whole = self._bidirectional_rest(seq)
-            if n < whole:  # a bidirectional prefix cannot be split over steps: its tokens see each other
+            need = unsplit_chunk(seq, seq.num_computed, max(n, whole), floor=whole)
+            if need > n:  # alone in this step, over the token budget
                 if batch:
                     break
-                n = whole  # alone in this step, over the token budget
+                if need > computable:  # the span ends with a sampling token that must wait
+                    continue
+            n = need
             if not self.make_room(seq, n, batch):
                 if not batch and not any(s.table.blocks for s in self.seqs.values() if s is not seq):
                     self._stuck.append(seq)  # alone with the whole pool and still no room
@@ -145,6 +153,17 @@ class Scheduler:
             self.preempt(victim)
         return True
 
+    def make_room_all(self, seqs: list[Sequence], n: int) -> bool:
+        """Preempts idle or younger sequences until every one of ``seqs`` (a flow's branches, the
+        first the oldest) can take ``n`` more tokens; False, with none of them grown, if they cannot."""
+        held = [ScheduledSeq(s, s.num_computed, 0) for s in seqs]
+        while sum(self.blocks.blocks_needed(s.table, n) for s in seqs) > self.blocks.num_free_blocks:
+            victim = self._victim(seqs[0], held)
+            if victim is None:
+                return False
+            self.preempt(victim)
+        return True
+
     def _victim(self, seq: Sequence, batch: list[ScheduledSeq]) -> Sequence | None:
         """Idle sequences first (any age: a session between messages must not starve others),
         then the youngest running one; never a running sequence older than ``seq``."""
@@ -179,9 +198,7 @@ class Scheduler:
             seq.num_computed = item.end
             if seq.kv_window is not None and seq.num_computed > seq.kv_window:
                 evicted = self.blocks.evict_front(seq.table, seq.kv_window)
-                del seq.token_ids[:evicted]
-                if seq.embeds is not None:
-                    seq.embeds, seq.embed_mask = seq.embeds[evicted:], seq.embed_mask[evicted:]
+                seq.drop_front(evicted)
                 seq.num_computed -= evicted
 
     def drop(self, seq: Sequence) -> None:

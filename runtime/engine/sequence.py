@@ -13,7 +13,7 @@ import torch
 from mstar.engine.block_manager import BlockTable
 
 if TYPE_CHECKING:
-    from mstar.engine.flow_loop import FlowState
+    from mstar.engine.flow_state import FlowState
 from mstar.engine.messages import ExecuteNode, NodeOutput
 
 
@@ -67,6 +67,11 @@ class Sequence:
         None  # [axes, n]: given positions of the first n tokens (mstar.engine.rope_positions)
     )
     rope_after: int = 0  # token j >= n sits at j + rope_after on every axis
+    # bidirectional [start, end) ranges of absolute positions, sorted and disjoint (mstar.engine.row_spans)
+    spans: list[tuple[int, int]] = field(default_factory=list)
+    # [<= len(token_ids)] int64: each row's kind, the module's routing flag (mstar.engine.row_kinds); rows past
+    # its end are kind 0
+    row_kinds: torch.Tensor | None = None
     flow: FlowState | None = None  # an active flow Loop (mstar.engine.flow_loop)
     phase_waits: int = 0  # steps held back to start in phase (mstar.engine.scheduler)
     side_inputs: dict[str, torch.Tensor] = field(default_factory=dict)  # call inputs a feedback hook reads
@@ -84,3 +89,23 @@ class Sequence:
     @property
     def first_position(self) -> int:
         return self.table.first_position
+
+    def truncate(self, n: int) -> None:
+        """Keeps the first ``n`` tokens (an abandoned call's inputs go) and the per-row state of those only."""
+        del self.token_ids[n:]
+        if self.embeds is not None:
+            self.embeds, self.embed_mask = self.embeds[:n], self.embed_mask[:n]
+        if self.row_kinds is not None:
+            self.row_kinds = self.row_kinds[:n]
+        end = self.table.first_position + n
+        self.spans = [span for span in self.spans if span[1] <= end]
+
+    def drop_front(self, n: int) -> None:
+        """The first ``n`` tokens left the KV window (sliding-window eviction advanced first_position)."""
+        del self.token_ids[:n]
+        if self.embeds is not None:
+            self.embeds, self.embed_mask = self.embeds[n:], self.embed_mask[n:]
+        if self.row_kinds is not None:
+            self.row_kinds = self.row_kinds[n:]
+        first = self.table.first_position
+        self.spans = [span for span in self.spans if span[1] > first]  # a span before the window is history

@@ -22,7 +22,7 @@ import torch
 from mstar.engine.ar_module import ARModule, FeedbackCall
 from mstar.engine.sequence import Sequence
 
-CORE_INPUTS = ("input_ids", "embeds", "embed_mask", "rope_positions")
+CORE_INPUTS = ("input_ids", "embeds", "embed_mask", "rope_positions", "spans", "row_kinds")
 
 
 def keep_rows(module: ARModule, items) -> None:

@@ -14,6 +14,8 @@ from mstar.engine.kv_handoff import import_sequence
 from mstar.engine.loop_contract import CallRefused
 from mstar.engine.messages import ExecuteNode
 from mstar.engine.rope_positions import set_rope_positions
+from mstar.engine.row_kinds import add_row_kinds, call_row_kinds
+from mstar.engine.row_spans import add_spans, call_spans
 from mstar.engine.sequence import ActiveCall, SeqStatus, Sequence
 from mstar.engine.step_feedback import CORE_INPUTS
 
@@ -27,11 +29,16 @@ def admit_token_call(core: EngineCore, msg: ExecuteNode, reply: Reply) -> None:
     ref = msg.inputs.get("input_ids")
     ids = [] if ref is None else core.store.resolve(ref).reshape(-1).tolist()
     _check_fits(core, msg, seq, ids)
+    rows = _row_inputs(core, msg, len(ids))  # checked before anything joins a sequence
     if seq is None:
         seq = core.new_sequence(msg, owner)
     seq.request_id = msg.request_id
     context_before = len(seq.token_ids)
     _take_inputs(core, seq, msg, ids, context_before)
+    spans, kinds = rows
+    add_spans(seq, spans, context_before)
+    if kinds is not None:
+        add_row_kinds(seq, kinds, context_before)
     seq.mask, seq.mask_arg, seq.kv_window = msg.mask, msg.mask_arg, msg.kv_window
     seq.call = ActiveCall(msg, reply, context_before=context_before, rows_sent=context_before)
     seq.status = SeqStatus.RUNNING if seq.table.blocks else SeqStatus.WAITING
@@ -63,6 +70,15 @@ def _check_fits(core: EngineCore, msg: ExecuteNode, seq: Sequence | None, ids: l
         raise CallRefused(
             f"node {msg.node!r}: request needs {blocks_needed} KV blocks, the pool has {blocks.num_blocks}"
         )
+
+
+def _row_inputs(core: EngineCore, msg: ExecuteNode, count: int) -> tuple[list[tuple[int, int]], torch.Tensor | None]:
+    """The call's bidirectional ``spans`` and ``row_kinds`` (mstar.engine.row_spans, row_kinds), checked."""
+    spans = call_spans(core.store.resolve(msg.inputs["spans"]), count, msg.node) if "spans" in msg.inputs else []
+    kinds = None
+    if "row_kinds" in msg.inputs:
+        kinds = call_row_kinds(core.store.resolve(msg.inputs["row_kinds"]), count, core.module, msg.node)
+    return spans, kinds
 
 
 def _take_inputs(core: EngineCore, seq: Sequence, msg: ExecuteNode, ids: list[int], context_before: int) -> None:

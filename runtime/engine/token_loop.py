@@ -78,7 +78,7 @@ class TokenLoop(EngineLoop):
         for item in batch:
             seq = item.seq
             if seq.call is not None:
-                del seq.token_ids[seq.call.context_before :]
+                seq.truncate(seq.call.context_before)
                 core.fail_call(seq, text)
             seq.status = SeqStatus.IDLE
             core.scheduler.preempt(seq)

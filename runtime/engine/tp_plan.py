@@ -7,8 +7,10 @@ it broadcasts a plan so every follower makes the same call on its own shard:
 - FORWARD per step: the KV block copies the scheduler made (copy-on-write), the packed
   ids / positions, the attention metadata (per sequence + slot mapping), and the rows that
   enter as embeddings (an audio prompt's encoder rows): which rows, and their values as raw
-  float32 bytes (msgpack bin, not a list of floats); and the rows' multi-axis RoPE positions
-  when a sequence has some (mstar.engine.rope_positions).
+  float32 bytes (msgpack bin, not a list of floats); the rows' multi-axis RoPE positions
+  when a sequence has some (mstar.engine.rope_positions); the bidirectional spans of each
+  sequence (mstar.engine.row_spans) and the rows' kinds for a module that takes them
+  (mstar.engine.row_kinds).
 - LOGITS when the step samples: which hidden rows and which vocabulary subset.
 - SHUTDOWN when the engine closes: followers return from their loop.
 """
@@ -51,6 +53,7 @@ class SeqPlan(msgspec.Struct, array_like=True):
     first_position: int
     mask: int
     mask_arg: int
+    spans: list[tuple[int, int]] = []  # bidirectional spans (absolute positions) the queries lie in
 
 
 class StepPlan(msgspec.Struct, array_like=True):
@@ -67,11 +70,15 @@ class StepPlan(msgspec.Struct, array_like=True):
     embeds: bytes = b""  # float32 [len(embed_rows), embed_width], row-major
     rope_axes: int = 0  # > 0: rope_positions [rope_axes, len(ids)], flattened row-major
     rope_positions: list[int] = []
+    row_kinds: list[int] | None = None  # the rows' kinds (mstar.engine.row_kinds) for a module that takes them
 
 
 def plan_embeds(plan: StepPlan, device: torch.device) -> dict[str, torch.Tensor]:
-    """The module's ``embeds`` / ``embed_mask`` / ``rope_positions`` inputs of a FORWARD plan (those it has)."""
+    """The module's ``embeds`` / ``embed_mask`` / ``rope_positions`` / ``row_kinds`` inputs of a FORWARD plan
+    (those it has)."""
     out: dict[str, torch.Tensor] = {}
+    if plan.row_kinds is not None:
+        out["row_kinds"] = torch.tensor(plan.row_kinds, dtype=torch.long, device=device)
     if plan.rope_axes:
         out["rope_positions"] = (
             torch.tensor(plan.rope_positions, dtype=torch.long).reshape(plan.rope_axes, -1).to(device)
@@ -91,7 +98,14 @@ def plan_embeds(plan: StepPlan, device: torch.device) -> dict[str, torch.Tensor]
 def plan_metadata(plan: StepPlan, device: torch.device) -> AttentionMetadata:
     seqs = [
         SeqAttention(
-            s.query_start, s.query_len, s.context_len, s.block_table, s.first_position, MaskKind(s.mask), s.mask_arg
+            s.query_start,
+            s.query_len,
+            s.context_len,
+            s.block_table,
+            s.first_position,
+            MaskKind(s.mask),
+            s.mask_arg,
+            tuple((a, b) for a, b in s.spans),
         )
         for s in plan.seqs
     ]
@@ -143,6 +157,7 @@ class TPLeader:
         embeds: torch.Tensor | None = None,
         embed_mask: torch.Tensor | None = None,
         rope_positions: torch.Tensor | None = None,
+        row_kinds: torch.Tensor | None = None,
     ) -> None:
         copies, self._copies[:] = list(self._copies), []
         rows: list[int] = []
@@ -166,6 +181,7 @@ class TPLeader:
                         s.first_position,
                         int(s.mask),
                         s.mask_arg,
+                        list(s.spans),
                     )
                     for s in seqs
                 ],
@@ -175,6 +191,7 @@ class TPLeader:
                 embeds=values,
                 rope_axes=0 if rope_positions is None else rope_positions.shape[0],
                 rope_positions=[] if rope_positions is None else rope_positions.reshape(-1).tolist(),
+                row_kinds=None if row_kinds is None else row_kinds.reshape(-1).tolist(),
             )
         )
 

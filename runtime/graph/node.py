@@ -92,12 +92,16 @@ class GraphNode:
     # ports whose streaming edge feeds the node's running Loop call (its chunks join the call's side input
     # as they come, mstar.engine.fed_inputs) instead of starting a call per chunk
     fed_inputs: tuple[str, ...] = ()
+    # a flow node's guidance views (classifier-free guidance): AR views of the same module whose KV each
+    # give the flow one more branch, evaluated beside the main one (``kv_from``) in the same engine step
+    guidance: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "inputs", tuple(self.inputs))
         object.__setattr__(self, "outputs", tuple(self.outputs))
         object.__setattr__(self, "optional_inputs", tuple(self.optional_inputs))
         object.__setattr__(self, "fed_inputs", tuple(self.fed_inputs))
+        object.__setattr__(self, "guidance", tuple(self.guidance))
         object.__setattr__(self, "loop_mode", LoopMode.parse(self.loop_mode))
         if any(p not in self.inputs for p in self.fed_inputs) or (self.fed_inputs and self.engine != "ar"):
             raise ValueError(
@@ -121,6 +125,19 @@ class GraphNode:
                 f"among both its inputs and outputs"
             )
 
+        if self.guidance and (self.loop_mode is not LoopMode.FLOW or self.name in self.guidance):
+            raise ValueError(
+                f"node {self.name!r}: guidance views {list(self.guidance)} need a flow node "
+                f"(loop_mode FLOW) and cannot name the node itself"
+            )
+        if len(set(self.guidance)) != len(self.guidance):
+            raise ValueError(f"node {self.name!r}: guidance views {list(self.guidance)} repeat a view")
+
     @property
     def module_name(self) -> str:
         return self.module or self.name
+
+    @property
+    def kv_sources(self) -> tuple[str, ...]:
+        """The views whose KV this node reads: ``kv_from``, then its guidance views."""
+        return ((self.kv_from,) if self.kv_from else ()) + self.guidance

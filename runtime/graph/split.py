@@ -39,8 +39,9 @@ def split_partition(graph: ModelGraph, partition: str) -> ModelGraph:
         raise GraphError(f"graph {graph.name!r} has no partition {partition!r} (partitions: {known})")
     inside = set(topo.partitions[partition])
     for name in inside:
-        source = graph.node(name).kv_from
-        if source is not None and source not in inside:
+        for source in graph.node(name).kv_sources:
+            if source in inside:
+                continue
             raise GraphError(
                 f"graph {graph.name!r}: node {name!r} in partition {partition!r} reads the KV of "
                 f"{source!r}, which is in another partition: they cannot run apart"

@@ -185,15 +185,16 @@ def _strongly_connected(succ: dict[str, set[str]]) -> list[set[str]]:
 
 def _check_views(graph: ModelGraph) -> None:
     for node in graph.nodes:
-        if node.kv_from is None:
-            continue
-        src = graph.node_by_name.get(node.kv_from)
-        if src is None:
-            raise GraphError(f"graph {graph.name!r}: node {node.name!r} forks KV from unknown node {node.kv_from!r}")
-        if node.engine != "ar" or src.engine != "ar" or src.module_name != node.module_name:
-            raise GraphError(
-                f"graph {graph.name!r}: node {node.name!r} can fork KV only from an AR view of the same module, not {node.kv_from!r}"
-            )
+        for source in node.kv_sources:  # kv_from, then guidance views
+            what = "forks KV from" if source == node.kv_from else "takes guidance from"
+            src = graph.node_by_name.get(source)
+            if src is None:
+                raise GraphError(f"graph {graph.name!r}: node {node.name!r} {what} unknown node {source!r}")
+            if node.engine != "ar" or src.engine != "ar" or src.module_name != node.module_name:
+                verb = "fork KV" if source == node.kv_from else "take guidance"
+                raise GraphError(
+                    f"graph {graph.name!r}: node {node.name!r} can {verb} only from an AR view of the same module, not {source!r}"
+                )
     for module, names in graph.modules().items():
         kinds = {graph.node_by_name[n].engine for n in names}
         if len(kinds) > 1:

@@ -73,17 +73,17 @@ class ResolvedPlacement:
     def _check_kv_views_stay_together(self) -> None:
         """A view that forks its KV from another reads that KV in place: same ranks, every Walk."""
         for node in self.graph.nodes:
-            if node.kv_from is None:
-                continue
-            mine = {p.ranks for p in self.placements_of(node.name)}
-            source = {p.ranks for p in self.placements_of(node.kv_from)}
-            if mine and source and mine != source:
-                group = min(p.group for p in self.placements_of(node.name))
-                raise self.file.error(
-                    ("node_groups", group, "nodes"),
-                    f"node {node.name!r} forks its KV from {node.kv_from!r}: place both on the "
-                    f"same ranks (got {sorted(mine)} and {sorted(source)})",
-                )
+            for view in node.kv_sources:  # kv_from, then a flow's guidance views
+                mine = {p.ranks for p in self.placements_of(node.name)}
+                source = {p.ranks for p in self.placements_of(view)}
+                if mine and source and mine != source:
+                    group = min(p.group for p in self.placements_of(node.name))
+                    verb = "forks its KV from" if view == node.kv_from else "reads the KV of guidance view"
+                    raise self.file.error(
+                        ("node_groups", group, "nodes"),
+                        f"node {node.name!r} {verb} {view!r}: place both on the "
+                        f"same ranks (got {sorted(mine)} and {sorted(source)})",
+                    )
 
     def _check_transport_edges(self) -> None:
         for endpoint in self.file.placement.transport.edges:

@@ -23,8 +23,9 @@ def dense_reference(q, k, v, mask, scale):
     return torch.einsum("hqk,khd->qhd", s.softmax(-1), v)
 
 
-def positions_mask(first, ctx, ql, kind, arg):
-    """Mask written out element by element, straight from the MaskKind docstring."""
+def positions_mask(first, ctx, ql, kind, arg, spans=()):
+    """Mask written out element by element, straight from the MaskKind docstring (``spans``:
+    bidirectional [start, end) ranges of absolute positions)."""
     m = torch.zeros(ql, ctx, dtype=torch.bool)
     for i in range(ql):
         qp = first + ctx - ql + i
@@ -36,6 +37,7 @@ def positions_mask(first, ctx, ql, kind, arg):
                 m[i, j] = kp <= qp or (kp < arg and qp < arg)
             else:
                 m[i, j] = kp // arg <= qp // arg
+            m[i, j] |= any(a <= qp < b and a <= kp < b for a, b in spans)
     return m
 
 
@@ -51,7 +53,7 @@ def run_case(
     backend_cls=TorchAttentionBackend,
     device="cpu",
 ):
-    """specs: dicts with ctx, ql and optional mask, arg, first. Returns (out on CPU, float64 reference)."""
+    """specs: dicts with ctx, ql and optional mask, arg, first, spans. Returns (out on CPU, float64 reference)."""
     g = torch.Generator().manual_seed(seed)
     cache = PagedKVCache(KVSpec(num_layers=2, num_kv_heads=hkv, head_dim=d), num_blocks, BS, dtype=dtype, device=device)
     free = torch.randperm(num_blocks, generator=g).tolist()  # random, non-contiguous blocks
@@ -75,7 +77,14 @@ def run_case(
             )
         seqs.append(
             SeqAttention(
-                starts[i], ql, ctx, blocks, sp.get("first", 0), sp.get("mask", MaskKind.CAUSAL), sp.get("arg", 0)
+                starts[i],
+                ql,
+                ctx,
+                blocks,
+                sp.get("first", 0),
+                sp.get("mask", MaskKind.CAUSAL),
+                sp.get("arg", 0),
+                tuple(sp.get("spans", ())),
             )
         )
         full.append((q, k, v))
@@ -96,7 +105,12 @@ def run_case(
         # The cache holds K/V in its dtype: the reference sees the same rounding.
         k, v, q = k.to(dtype), v.to(dtype), q.to(dtype)
         mask = positions_mask(
-            sp.get("first", 0), sp["ctx"], sp["ql"], sp.get("mask", MaskKind.CAUSAL), sp.get("arg", 0)
+            sp.get("first", 0),
+            sp["ctx"],
+            sp["ql"],
+            sp.get("mask", MaskKind.CAUSAL),
+            sp.get("arg", 0),
+            sp.get("spans", ()),
         )
         ref[s : s + sp["ql"]] = dense_reference(q, k, v, mask, scale)
     return out, ref

@@ -4,7 +4,7 @@ Pure-decode steps use ``BatchDecodeWithPagedKVCacheWrapper`` (tensor-core path, 
 any GQA group size); any step with a prefill chunk uses one
 ``BatchPrefillWithPagedKVCacheWrapper`` call for the whole packed batch. FlashInfer's causal
 mask is bottom-right aligned (query i of a chunk sees kv j <= i + kv_len - qo_len), which is
-our CAUSAL for chunked prefill too. PREFIX_BIDIRECTIONAL / BLOCK_CAUSAL go through
+our CAUSAL for chunked prefill too. PREFIX_BIDIRECTIONAL / BLOCK_CAUSAL and bidirectional spans go through
 ``custom_mask`` (every sequence's [qo_len, kv_len] boolean mask, flattened and concatenated),
 built once per step. A single newest-token query sees every cached key under all three
 kinds, so decode steps never need a mask.
@@ -79,7 +79,7 @@ class FlashInferAttentionBackend(AttentionBackend):
             rows.append(torch.arange(s.query_start, s.query_start + s.query_len))
             m = build_mask(s) if s.query_len > 1 else torch.ones(1, s.context_len, dtype=torch.bool)
             masks.append(m)
-            if s.mask != MaskKind.CAUSAL and s.query_len > 1:
+            if (s.mask != MaskKind.CAUSAL or s.spans) and s.query_len > 1:
                 causal = torch.ones_like(m).tril(diagonal=s.context_len - s.query_len)
                 need_custom |= not torch.equal(m, causal)
         if qo[-1] != meta.num_tokens:

@@ -16,6 +16,9 @@ class MaskKind(IntEnum):
         [0, mask_arg) (PaliGemma / pi0.5 prefix).
     BLOCK_CAUSAL: frame-wise causal with frames of ``mask_arg`` tokens:
         key_pos // mask_arg <= query_pos // mask_arg (V-JEPA 2-AC predictor).
+
+    Any kind may add bidirectional spans (``SeqAttention.spans``): a query inside span [a, b) also
+    sees every key of [a, b) (an image's rows seeing each other inside an otherwise causal text).
     """
 
     CAUSAL = 0
@@ -32,6 +35,8 @@ class SeqAttention:
     (including the new ones) in ``block_table``; cached token ``i`` has absolute
     position ``first_position + i`` (``first_position`` > 0 after sliding-window eviction
     dropped whole blocks from the front). The new tokens are the last ``query_len`` of them.
+    ``spans``: bidirectional [start, end) ranges of absolute positions (sorted, disjoint) that the
+    step's queries lie in; a span is never split over steps, so its keys are all in this step.
     """
 
     query_start: int
@@ -41,6 +46,7 @@ class SeqAttention:
     first_position: int = 0
     mask: MaskKind = MaskKind.CAUSAL
     mask_arg: int = 0
+    spans: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass

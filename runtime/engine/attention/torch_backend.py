@@ -31,14 +31,18 @@ def build_mask(seq: SeqAttention) -> torch.Tensor:
     k_pos = first + torch.arange(seq.context_len)
     qp, kp = q_pos[:, None], k_pos[None, :]
     if seq.mask == MaskKind.CAUSAL:
-        return kp <= qp
-    if seq.mask == MaskKind.PREFIX_BIDIRECTIONAL:
+        mask = kp <= qp
+    elif seq.mask == MaskKind.PREFIX_BIDIRECTIONAL:
         a = seq.mask_arg
-        return (kp <= qp) | ((kp < a) & (qp < a))
-    if seq.mask == MaskKind.BLOCK_CAUSAL:
+        mask = (kp <= qp) | ((kp < a) & (qp < a))
+    elif seq.mask == MaskKind.BLOCK_CAUSAL:
         a = seq.mask_arg
-        return (kp // a) <= (qp // a)
-    raise ValueError(f"unknown mask kind {seq.mask!r}")
+        mask = (kp // a) <= (qp // a)
+    else:
+        raise ValueError(f"unknown mask kind {seq.mask!r}")
+    for start, end in seq.spans:  # rows of one bidirectional span see each other
+        mask |= (qp >= start) & (qp < end) & (kp >= start) & (kp < end)
+    return mask
 
 
 def validate_seq(seq: SeqAttention, block_size: int) -> None:
@@ -154,7 +158,7 @@ class TorchAttentionBackend(AttentionBackend):
             causal = False
             if bool(mask.all()):
                 mask = None
-            elif s.mask == MaskKind.CAUSAL and s.query_len == s.context_len:
+            elif s.mask == MaskKind.CAUSAL and not s.spans and s.query_len == s.context_len:
                 mask, causal = None, True  # SDPA's top-left causal equals ours when Lq == Lk
             plan = _PrefillPlan(
                 s.query_start, s.query_len, key_slots(s, bs).to(dev), None if mask is None else mask.to(dev), causal
