@@ -154,12 +154,14 @@ setup(
             "pi05 = mstar_graphs.pi05.components:pi05_components",
             "vjepa2 = mstar_graphs.vjepa2.components:vjepa2_components",
             "qwen3_omni = mstar_graphs.qwen3_omni.components:qwen3_omni_components",
+            "bagel = mstar_graphs.bagel.components:bagel_components",
         ],
         "mstar.worker_plugins": ["ros_diagnostics = mstar_ros.ros.common.worker_diagnostics:attach"],
         # what the WebRTC gateway can serve, by name (mstar_ros.webrtc.speech_models)
         "mstar.speech_models": [
             "orpheus = mstar_graphs.orpheus.frontend:OrpheusTTS",
             "qwen3-omni = mstar_graphs.qwen3_omni.frontend:Qwen3OmniChat",
+            "bagel = mstar_graphs.bagel.frontend:BagelModel",
         ],
     },
     zip_safe=True,

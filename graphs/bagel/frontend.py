@@ -1,0 +1,248 @@
+"""BAGEL as the gateway, the CLI and ROS serve it: image questions answered in text (``conversational``),
+images made from a prompt (``image_generation``) or from a prompt and an image (``image_edit``).
+
+It builds the model's own Walk Graph requests (mstar_graphs.bagel.requests) and reads their outputs:
+``text_ids`` (an answer's tokens) and ``image`` ([H, W, 3] uint8). What the gateway needs of it is
+mstar_ros.webrtc.image_models' protocol; nothing here knows of HTTP or ROS.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+
+from mstar.request import Request
+from mstar.sampling_params import SamplingParams
+from mstar_graphs.bagel.checkpoints import is_random_weights, resolve_path
+from mstar_graphs.bagel.config import BagelConfig
+from mstar_graphs.bagel.guidance import GuidanceParams
+from mstar_graphs.bagel.requests import MAX_STEPS, BagelRequests
+from mstar_graphs.bagel.tokenizer import BagelTokenizer
+from mstar_graphs.bagel.vit_config import VitConfig
+from mstar_graphs.common.image_events import ImageEvent
+
+DEFAULT_STEPS = 50  # the reference inferencer's
+
+
+class BagelModel:
+    conversational = True
+    image_input = True
+    text_output = "text_ids"
+    image_output = "image"
+    default_sampling = SamplingParams(temperature=0.0, max_tokens=512)  # the reference answers greedily
+    image_generation = True
+    image_edit = True
+    image_mask = False
+    max_images_per_request = 4
+    max_input_images = 1
+    default_image_steps = DEFAULT_STEPS
+
+    def __init__(self, path: Path, *, dtype: str = "float32", requests_only: bool = False) -> None:
+        self.path = path
+        self.dtype = dtype
+        self.config = BagelConfig.from_dir(path)
+        self.tokenizer = BagelTokenizer.from_dir(path)
+        vit = VitConfig.from_dir(path)
+        self.requests = BagelRequests(self.tokenizer, self.config.dims, vit.patch_size)
+        self._modules = None
+        self._requests_only = requests_only
+        self._ids = itertools.count()
+
+    @classmethod
+    def load(
+        cls,
+        weights: str | Path | None = None,
+        *,
+        preset: str = "tiny",
+        dtype: str = "float32",
+        progress: bool = True,
+        requests_only: bool = False,
+    ) -> BagelModel:
+        model = cls(resolve_path(weights, preset), dtype=dtype, requests_only=requests_only)
+        if not requests_only:
+            model.modules(progress=progress)
+        return model
+
+    @property
+    def random_weights(self) -> bool:
+        return is_random_weights(self.path)
+
+    def graph(self):
+        from mstar_graphs.bagel.graph import bagel_graph
+
+        return bagel_graph(self.tokenizer.special.im_end)
+
+    def modules(self, progress: bool = False):
+        if self._modules is None:
+            if self._requests_only:
+                raise RuntimeError("this BAGEL was loaded requests_only: its Workers hold the weights")
+            from mstar_graphs.bagel.components import load_modules
+            from mstar_graphs.bagel.graph import bagel_graph
+
+            nodes = {n.name for n in bagel_graph(self.tokenizer.special.im_end).nodes}
+            self._modules = load_modules(self.path, nodes, dtype=getattr(torch, self.dtype), progress=progress)
+        return self._modules
+
+    def worker_spec(self):
+        from mstar_graphs.bagel.components import bagel_spec
+
+        return bagel_spec(self.path, dtype=self.dtype)
+
+    # ------------------------------------------------------------------ text
+
+    @property
+    def special_token_ids(self) -> dict[str, int]:
+        return {"image": self.tokenizer.special.vision_start, "end": self.tokenizer.special.im_end}
+
+    def decode_text(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=True)
+
+    def check_images(self, images: Sequence) -> None:
+        if len(images) > 8:
+            raise ValueError(f"at most 8 images per conversation, got {len(images)}")
+
+    def request(
+        self,
+        text: str | None = None,
+        *,
+        audio=None,
+        images: Sequence = (),
+        history: Sequence = (),
+        voice=None,
+        sampling: SamplingParams | None = None,
+        outputs: frozenset[str] | None = None,
+        speak: bool = False,
+        request_id: str | None = None,
+    ) -> Request:
+        """A conversation turn answered in text: ``history`` turns (role, text[, None, images]) then this
+        one; each turn's images come before its text, as the reference lays out an interleaved context."""
+        if speak or audio is not None:
+            raise ValueError("BAGEL answers in text and takes no audio")
+        turns = [(t[1], list(t[3]) if len(t) > 3 and t[3] else []) for t in history]
+        turns.append((text or "", list(images)))
+        sampling = sampling or self.default_sampling
+        req = self.requests.conversation(
+            [(words, [_pil(im) for im in shown]) for words, shown in turns],
+            max_tokens=sampling.max_tokens,
+            sampling=sampling,
+            request_id=request_id or f"bagel-chat-{next(self._ids)}",
+        )
+        req.outputs = frozenset({self.text_output}) if outputs is None else outputs
+        return req
+
+    # ---------------------------------------------------------------- images
+
+    def image_size(self, size: tuple[int, int] | None, inputs: list[tuple[int, int]]) -> tuple[int, int]:
+        """(width, height) of the outputs: an edit's is its input's size after the VAE resize rule; a
+        generation's is ``size`` (multiples of 16 up to the model's largest side) or that largest square."""
+        if inputs:
+            w, h = inputs[0]
+            width, height = self.requests.vae_transform.size_for(w, h)
+            if size is not None and tuple(size) != (width, height):
+                raise ValueError(
+                    f"size {size[0]}x{size[1]}: an edit keeps its image's size ({width}x{height} after resizing)"
+                )
+            return width, height
+        side = self.config.dims.max_latent_size * self.requests.downsample
+        if size is None:
+            return side, side
+        height, width = self.requests.check_size(int(size[1]), int(size[0]))
+        return width, height
+
+    async def generate_images(
+        self,
+        conductor,
+        *,
+        prompt: str,
+        images: list[np.ndarray],
+        size: tuple[int, int],
+        n: int,
+        seed: int | None,
+        steps: int | None,
+        partial_images: int = 0,
+        request_id: str,
+        guidance: GuidanceParams | None = None,
+    ) -> AsyncIterator[ImageEvent]:
+        """The image capability's events (mstar_ros.webrtc.image_models); previews are not made yet
+        (``partial_images`` is a maximum)."""
+        steps = self.default_image_steps if steps is None else steps
+        if not 2 <= steps <= MAX_STEPS:
+            raise ValueError(f"steps must be in 2..{MAX_STEPS}, got {steps}")
+        base = guidance or (
+            GuidanceParams(image_scale=2.0, interval=(0.0, 1.0), renorm="text_channel") if images else GuidanceParams()
+        )
+        g = GuidanceParams(
+            steps=steps,
+            timestep_shift=base.timestep_shift,
+            text_scale=base.text_scale,
+            image_scale=base.image_scale,
+            interval=base.interval,
+            renorm=base.renorm,
+            renorm_min=base.renorm_min,
+        )
+        seed_base = seed if seed is not None else int(torch.randint(0, 2**31 - 1, ()).item())
+        width, height = size
+        built = []
+        for i in range(n):
+            rid = f"{request_id}-{i}"
+            if images:
+                built.append(
+                    self.requests.edit(_pil(images[0]), prompt, guidance=g, seed=seed_base + i, request_id=rid)
+                )
+            else:
+                built.append(
+                    self.requests.generate(prompt, size=(height, width), guidance=g, seed=seed_base + i, request_id=rid)
+                )
+        queue: asyncio.Queue = asyncio.Queue()
+
+        async def pump(i: int, req: Request) -> None:
+            try:
+                async for out in conductor.submit(req):
+                    if out.name == self.image_output:
+                        await queue.put((i, out.data))
+                await queue.put((i, None))
+            except Exception as exc:  # the consumer re-raises it
+                await queue.put((i, exc))
+
+        tasks = [asyncio.ensure_future(pump(i, r)) for i, r in enumerate(built)]
+        prompt_tokens = len(self.tokenizer.encode(prompt))
+        try:
+            done = 0
+            while done < n:
+                i, data = await queue.get()
+                if isinstance(data, Exception):
+                    raise data
+                if data is None:
+                    done += 1
+                    continue
+                yield ImageEvent("progress", i, step=steps - 1, steps=steps - 1)
+                yield ImageEvent(
+                    "final",
+                    i,
+                    data.numpy().astype(np.uint8),
+                    step=steps - 1,
+                    steps=steps - 1,
+                    input_tokens=prompt_tokens if i == 0 else 0,
+                )
+        finally:
+            for task in tasks:
+                task.cancel()
+            for req in built:
+                with contextlib.suppress(Exception):
+                    await conductor.cancel(req.request_id)
+
+
+def _pil(image) -> Image.Image:
+    if isinstance(image, Image.Image):
+        return image
+    arr = np.asarray(image)
+    if arr.ndim != 3 or arr.shape[2] != 3 or arr.dtype != np.uint8:
+        raise ValueError(f"an image must be [H, W, 3] uint8, got {arr.shape} {arr.dtype}")
+    return Image.fromarray(arr)

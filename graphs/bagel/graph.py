@@ -1,0 +1,176 @@
+"""The BAGEL Walk Graph: ViT and VAE encoders, one MoT LLM seen as three views, a flow Loop, the VAE decoder.
+
+    input.vit_image -> vit_encoder --embeds--> context <--embeds-- vae_encoder <- input.vae_image
+    input.<views' ids, positions, spans, row kinds> -> context
+                                                  |
+                                 +-- embeds ------+------ embeds --+
+                                 v                                 v
+    context.<view's prefill inputs> -> llm (full context)   llm_cfg_text (no last text)   llm_cfg_img (no image)
+                                 :  llm.token -> llm.input_ids (decode Loop) -> output.text_ids
+                                 :  (KV read by the flow node; guidance views read too)
+    input.noise -> image_cfg.x ---(flow Loop over llm + llm_cfg_text + llm_cfg_img)---> vae_decoder -> output.image
+
+The three LLM nodes are views of the one ``bagel`` module: each keeps its own KV (the reference's
+three contexts), and one engine step evaluates every view's rows of every request together. Walks:
+
+- ``prefill_text``: the full context of a text-only request (a text-to-image prompt, a text question);
+- ``prefill_vit``: an image question: the ViT rows, then the context with the image span;
+- ``prefill_vae``: an edit: VAE and ViT rows of the image, then all three views' contexts;
+- ``decode``: the answer, token by token, until ``<|im_end|>``;
+- ``image_gen``: the flow Loop without guidance (scales 1), then the VAE decoder;
+- ``image_gen_cfg``: the flow Loop with text / image guidance, then the VAE decoder.
+
+``next_walk`` follows ``request.meta["task"]``: ``understand`` / ``chat`` / ``t2i`` / ``edit``.
+"""
+
+from __future__ import annotations
+
+from mstar.graph import (
+    Call,
+    DynamicLoop,
+    GraphEdge,
+    GraphNode,
+    Loop,
+    LoopMode,
+    ModelGraph,
+    Parallel,
+    Sequential,
+    StopOnValues,
+)
+
+MODULE = "bagel"
+VIEWS = ("llm", "llm_cfg_text", "llm_cfg_img")  # full context, without the last text, without the images
+VIEW_INPUT_PREFIX = {"llm": "", "llm_cfg_text": "cfg_text_", "llm_cfg_img": "cfg_img_"}
+VIEW_PORTS = ("input_ids", "embed_mask", "rope_positions", "spans", "row_kinds")
+TASKS = ("understand", "chat", "t2i", "edit")
+
+
+def view_input_name(view: str, port: str) -> str:
+    """The request input feeding ``view.port`` (``ids`` for ``llm.input_ids``, ``cfg_img_spans`` ...)."""
+    return VIEW_INPUT_PREFIX[view] + ("ids" if port == "input_ids" else port)
+
+
+def make_next_walk(im_end: int):
+    def next_walk(state) -> str | None:
+        meta, last = state.request.meta, state.last_walk
+        task = meta.get("task")
+        if last is None:
+            if task == "understand":
+                return "prefill_vit"
+            if task == "edit":
+                return "prefill_vae"
+            return "prefill_text"
+        if task in ("understand", "chat"):
+            if last == "decode":
+                return None
+            first = state.value("llm.token")
+            if first is None or int(first) == im_end or meta.get("max_tokens", 512) <= 1:
+                return None
+            return "decode"
+        if last in ("prefill_text", "prefill_vae"):
+            return "image_gen_cfg" if meta.get("guided", True) else "image_gen"
+        return None
+
+    return next_walk
+
+
+def _llm_view(name: str, token: bool, images: bool = True) -> GraphNode:
+    """A view of the ``bagel`` module; ``images=False``: a context that never holds an image."""
+    image_ports = ["embeds", "embed_mask", "spans", "row_kinds"] if images else []
+    return GraphNode(
+        name,
+        inputs=["input_ids", "rope_positions", *image_ports],
+        outputs=["token"] if token else [],
+        engine="ar",
+        module=MODULE,
+        optional_inputs=["rope_positions", *image_ports],  # a decode call continues the positions
+    )
+
+
+def _flow_node(name: str, guidance: tuple[str, ...]) -> GraphNode:
+    return GraphNode(
+        name,
+        inputs=["x", "gen_params"],
+        outputs=["x"],
+        engine="ar",
+        module=MODULE,
+        kv_from="llm",
+        guidance=guidance,
+        loop_mode=LoopMode.FLOW,
+    )
+
+
+def bagel_graph(im_end: int) -> ModelGraph:
+    view_ports = [
+        view_input_name(view, port)
+        for view in VIEWS
+        for port in (VIEW_PORTS if view != "llm_cfg_img" else VIEW_PORTS[:1] + VIEW_PORTS[2:3])
+    ]
+    context_ports = ["vae_embeds", "vit_embeds", *view_ports]
+    view_edges = [
+        edge
+        for view in VIEWS
+        for port in VIEW_PORTS
+        if view != "llm_cfg_img" or port in ("input_ids", "rope_positions")
+        for edge in (
+            GraphEdge(f"input.{view_input_name(view, port)}", f"context.{view_input_name(view, port)}"),
+            GraphEdge(f"context.{view_input_name(view, port)}", f"{view}.{port}"),
+        )
+    ]
+    flow_edges = [
+        edge
+        for flow in ("image", "image_cfg")
+        for edge in (
+            GraphEdge("input.noise", f"{flow}.x"),
+            GraphEdge("input.gen_params", f"{flow}.gen_params"),
+            GraphEdge(f"{flow}.x", f"{flow}.x"),
+            GraphEdge(f"{flow}.x", "vae_decoder.x"),
+            GraphEdge(f"{flow}.x", "output.latent"),  # the final latent tokens [N, p*p*C]
+        )
+    ]
+    return ModelGraph(
+        name="bagel",
+        nodes=[
+            GraphNode("vit_encoder", inputs=["image"], outputs=["embeds"]),
+            GraphNode("vae_encoder", inputs=["image"], outputs=["embeds"]),
+            GraphNode("context", inputs=context_ports, outputs=["embeds", *view_ports], optional_inputs=context_ports),
+            _llm_view("llm", token=True),
+            _llm_view("llm_cfg_text", token=False),
+            _llm_view("llm_cfg_img", token=False, images=False),
+            _flow_node("image", ()),
+            _flow_node("image_cfg", ("llm_cfg_text", "llm_cfg_img")),
+            GraphNode("vae_decoder", inputs=["x", "gen_params"], outputs=["image"]),
+        ],
+        edges=[
+            GraphEdge("input.vit_image", "vit_encoder.image"),
+            GraphEdge("input.vae_image", "vae_encoder.image"),
+            GraphEdge("vit_encoder.embeds", "context.vit_embeds"),
+            GraphEdge("vae_encoder.embeds", "context.vae_embeds"),
+            GraphEdge("context.embeds", "llm.embeds"),
+            GraphEdge("context.embeds", "llm_cfg_text.embeds"),
+            *view_edges,
+            GraphEdge("llm.token", "llm.input_ids"),
+            GraphEdge("llm.token", "output.text_ids"),
+            *flow_edges,
+            GraphEdge("input.gen_params", "vae_decoder.gen_params"),
+            GraphEdge("vae_decoder.image", "output.image"),
+        ],
+        walks={
+            "prefill_text": Sequential(Call("context"), Call("llm")),
+            "prefill_vit": Sequential(Call("vit_encoder"), Call("context"), Call("llm")),
+            "prefill_vae": Sequential(
+                Parallel(Call("vae_encoder"), Call("vit_encoder")),
+                Call("context"),
+                Parallel(*(Call(v) for v in VIEWS)),
+            ),
+            "decode": DynamicLoop(
+                Call("llm"),
+                trip_count=lambda s: max(0, s.request.meta.get("max_tokens", 512) - 1),
+                stop=StopOnValues("llm.token", (im_end,)),
+            ),
+            "image_gen": Sequential(Loop(Call("image"), max_iters=1), Call("vae_decoder")),
+            "image_gen_cfg": Sequential(Loop(Call("image_cfg"), max_iters=1), Call("vae_decoder")),
+        },
+        next_walk=make_next_walk(im_end),
+        required_inputs=("ids", "rope_positions"),  # the full context; each task brings what its walks read
+    )

@@ -1,0 +1,221 @@
+"""BAGEL requests: an image question, a text-to-image prompt, an edit - as the reference's inferencer
+builds its three contexts (full; without the last text; without the images), laid out for the engine.
+
+- understanding: ``[ViT span, question turn, <|im_start|>]`` on the full context, then decoding;
+- text-to-image: full context ``[prompt turn]``; the no-text context is empty; the no-image context
+  equals the full one, so its velocity is the conditional one (``image_branch="main"``);
+- editing: full ``[VAE span, ViT span, instruction turn]``, no-text ``[VAE span, ViT span]``,
+  no-image ``[instruction turn]``; the output has the input's (VAE-resized) size.
+
+Every input image is first resized by the VAE rule, then by the ViT rule (the reference does so
+even for understanding). The VAE encoding of a context image is its Gaussian's mean (the reference
+samples it; a served model answers the same request the same way).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from PIL import Image
+
+from mstar.request import Request
+from mstar.sampling_params import SamplingParams
+from mstar_graphs.bagel.config import BagelDims
+from mstar_graphs.bagel.context_layout import ImagePart, Markers, Part, TextPart, view_inputs
+from mstar_graphs.bagel.generation_params import GenerationParams
+from mstar_graphs.bagel.graph import VIEW_PORTS, view_input_name
+from mstar_graphs.bagel.guidance import GuidanceParams
+from mstar_graphs.bagel.image_transform import ImageTransform, rgb_on_white
+from mstar_graphs.bagel.tokenizer import BagelTokenizer
+
+MAX_STEPS = 250  # flow evaluations a request may ask for (the released default is 50)
+
+
+@dataclass(frozen=True)
+class PreparedImage:
+    vae: torch.Tensor  # [3, H, W] in [-1, 1], H and W multiples of 16
+    vit: torch.Tensor  # [3, H', W'] in [-1, 1], multiples of the ViT patch
+
+    @property
+    def size(self) -> tuple[int, int]:
+        return int(self.vae.shape[1]), int(self.vae.shape[2])
+
+
+class BagelRequests:
+    """Builds BAGEL's Requests from text, PIL images and guidance settings; errors name the bad field."""
+
+    def __init__(self, tokenizer: BagelTokenizer, dims: BagelDims, vit_patch: int) -> None:
+        self.tokenizer = tokenizer
+        self.dims = dims
+        self.vae_transform = ImageTransform(*dims.vae_transform)
+        self.vit_transform = ImageTransform(*dims.vit_transform)
+        self.markers = Markers(tokenizer.special.vision_start, tokenizer.special.vision_end)
+        self.vit_patch = vit_patch
+        self.token_width = dims.latent_patch_size**2 * dims.latent_channels
+        self.downsample = 8 * dims.latent_patch_size  # pixels per latent token side
+
+    # ----------------------------------------------------------------- images
+
+    def prepare_image(self, image: Image.Image) -> PreparedImage:
+        rgb = rgb_on_white(image)
+        resized = self.vae_transform.resize(rgb)  # the VAE rule first, for every image (as the reference)
+        return PreparedImage(vae=self.vae_transform(resized), vit=self.vit_transform(resized))
+
+    def vit_rows(self, image: PreparedImage) -> int:
+        patch = self.vit_patch
+        return (image.vit.shape[1] // patch) * (image.vit.shape[2] // patch)
+
+    def vae_rows(self, image: PreparedImage) -> int:
+        return (image.vae.shape[1] // self.downsample) * (image.vae.shape[2] // self.downsample)
+
+    def check_size(self, height: int, width: int, field: str = "size") -> tuple[int, int]:
+        """(height, width) of an image to generate, or ValueError naming ``field``."""
+        step, grid = self.downsample, self.dims.max_latent_size
+        for name, v in (("height", height), ("width", width)):
+            if not isinstance(v, int) or v < step or v % step:
+                raise ValueError(f"{field}: {name} {v} must be a positive multiple of {step} pixels")
+            if v // step > grid:
+                raise ValueError(f"{field}: {name} {v} is over the model's {grid * step} pixels")
+        return height, width
+
+    # ---------------------------------------------------------------- requests
+
+    def _turn(self, text: str, field: str) -> TextPart:
+        if not isinstance(text, str) or not text.strip():
+            raise ValueError(f"{field} must be a non-empty string")
+        return TextPart(tuple(self.tokenizer.text_turn(text)))
+
+    def _views(self, contexts: dict[str, list[Part]]) -> dict[str, torch.Tensor]:
+        inputs: dict[str, torch.Tensor] = {}
+        for view, parts in contexts.items():
+            if not parts:
+                continue  # an empty context: no prefill, its branch sees only its own rows
+            laid = view_inputs(parts, self.markers).tensors()
+            for port in VIEW_PORTS:
+                if port in laid:
+                    inputs[view_input_name(view, port)] = laid[port]
+        return inputs
+
+    def conversation(
+        self,
+        turns: list[tuple[str, list[Image.Image]]],
+        *,
+        max_tokens: int = 512,
+        sampling: SamplingParams | None = None,
+        request_id: str | None = None,
+    ) -> Request:
+        """An answer to the last of ``turns`` ((text, images shown before it), oldest first): the context
+        is each turn's ViT spans then its text turn, then ``<|im_start|>`` (the reference's first decode
+        query). Greedy by default (as the reference answers); ``sampling`` may set a temperature."""
+        if not turns:
+            raise ValueError("a conversation needs a turn")
+        if not isinstance(max_tokens, int) or max_tokens < 1:
+            raise ValueError(f"max_tokens must be an integer >= 1, got {max_tokens!r}")
+        parts: list[Part] = []
+        shown: list[torch.Tensor] = []
+        for n, (text, images) in enumerate(turns):
+            for image in images:
+                prepared = self.prepare_image(image)
+                parts.append(ImagePart("vit", self.vit_rows(prepared)))
+                shown.append(prepared.vit)
+            last = n == len(turns) - 1
+            if text.strip() or last:
+                parts.append(self._turn(text, "question" if last else "an earlier turn"))
+        parts.append(TextPart((self.tokenizer.special.im_start,)))
+        inputs = self._views({"llm": parts})
+        if len(shown) > 1:  # several images: one ViT call per image, rows in order (the context node concatenates)
+            raise ValueError("BAGEL answers about one image per conversation here")
+        if shown:
+            inputs["vit_image"] = shown[0]
+        params = sampling or SamplingParams(temperature=0.0, max_tokens=max_tokens)
+        # "thinker_max_tokens": the key the gateway reads to tell a reply cut at the cap (finish_reason length)
+        meta = {"task": "understand" if shown else "chat", "max_tokens": max_tokens, "thinker_max_tokens": max_tokens}
+        return _request(inputs, params, meta, request_id)
+
+    def understand(
+        self,
+        image: Image.Image | None,
+        question: str,
+        *,
+        max_tokens: int = 512,
+        sampling: SamplingParams | None = None,
+        request_id: str | None = None,
+    ) -> Request:
+        """One question, about ``image`` if given (the reference's understanding)."""
+        turn = (question, [image] if image is not None else [])
+        return self.conversation([turn], max_tokens=max_tokens, sampling=sampling, request_id=request_id)
+
+    def generate(
+        self,
+        prompt: str,
+        *,
+        size: tuple[int, int] | None = None,
+        guidance: GuidanceParams | None = None,
+        seed: int | None = None,
+        noise: torch.Tensor | None = None,
+        request_id: str | None = None,
+    ) -> Request:
+        """Text to image; ``size`` (height, width), default the largest square the model makes."""
+        g = guidance or GuidanceParams()
+        side = self.dims.max_latent_size * self.downsample
+        height, width = self.check_size(*(size or (side, side)))
+        turn = self._turn(prompt, "prompt")
+        text_on, image_on = _branches_used(g)
+        params = GenerationParams(
+            g, height // self.downsample, width // self.downsample, "main" if image_on else "none"
+        )
+        inputs = self._views({"llm": [turn]})  # no-text context: empty; no-image context: the full one
+        return self._image_request(inputs, params, text_on, seed, noise, request_id, "t2i")
+
+    def edit(
+        self,
+        image: Image.Image,
+        prompt: str,
+        *,
+        guidance: GuidanceParams | None = None,
+        seed: int | None = None,
+        noise: torch.Tensor | None = None,
+        request_id: str | None = None,
+    ) -> Request:
+        """An edited image of ``image`` (its VAE-resized size). Default guidance: the reference app's edit
+        settings (image scale 2.0, interval (0, 1], text_channel renorm)."""
+        g = guidance or GuidanceParams(image_scale=2.0, interval=(0.0, 1.0), renorm="text_channel")
+        turn = self._turn(prompt, "prompt")
+        prepared = self.prepare_image(image)
+        spans = [ImagePart("vae", self.vae_rows(prepared)), ImagePart("vit", self.vit_rows(prepared))]
+        height, width = self.check_size(*prepared.size, field="image")
+        text_on, image_on = _branches_used(g)
+        params = GenerationParams(
+            g, height // self.downsample, width // self.downsample, "view" if image_on else "none"
+        )
+        inputs = {"vae_image": prepared.vae, "vit_image": prepared.vit}
+        inputs |= self._views({"llm": [*spans, turn], "llm_cfg_text": spans, "llm_cfg_img": [turn]})
+        return self._image_request(inputs, params, text_on, seed, noise, request_id, "edit")
+
+    def _image_request(self, inputs, params: GenerationParams, guided: bool, seed, noise, request_id, task) -> Request:
+        if params.guidance.steps > MAX_STEPS:
+            raise ValueError(f"steps must be at most {MAX_STEPS}, got {params.guidance.steps}")
+        shape = (params.num_tokens, self.token_width)
+        if noise is None:
+            generator = torch.Generator().manual_seed(seed) if seed is not None else None
+            noise = torch.randn(shape, generator=generator)
+        elif tuple(noise.shape) != shape:
+            raise ValueError(f"noise must be {shape} for this size, got {tuple(noise.shape)}")
+        inputs |= {"noise": noise.float(), "gen_params": params.pack()}
+        meta = {"task": task, "guided": guided}
+        return _request(inputs, SamplingParams(temperature=0.0, max_tokens=1, seed=seed), meta, request_id)
+
+
+def _branches_used(g: GuidanceParams) -> tuple[bool, bool]:
+    """(any guidance at all, the image branch): the reference applies none unless the text scale is > 1."""
+    text_on = g.text_scale > 1.0
+    return text_on, text_on and g.image_scale > 1.0
+
+
+_counter = iter(range(1 << 62))
+
+
+def _request(inputs, sampling: SamplingParams, meta: dict, request_id: str | None) -> Request:
+    rid = request_id if request_id is not None else f"bagel-{next(_counter)}"
+    return Request(inputs, sampling, request_id=rid, meta=meta)
