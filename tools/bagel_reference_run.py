@@ -485,7 +485,9 @@ class Reference(types.SimpleNamespace):
     """The built reference: model, vae_model, tokenizer, new_token_ids, inferencer, transforms, report."""
 
 
-def load_reference(src: Path, ckpt: Path, *, allow_key_mismatch: bool = False) -> Reference:
+def load_reference(
+    src: Path, ckpt: Path, *, allow_key_mismatch: bool = False, json_tokenizer: bool = False
+) -> Reference:
     stubs = install_import_stubs()
     sys.path.insert(0, str(src))
     from data.data_utils import add_special_tokens
@@ -587,7 +589,8 @@ def load_reference(src: Path, ckpt: Path, *, allow_key_mismatch: bool = False) -
     if mismatch and not allow_key_mismatch:
         raise SystemExit(f"checkpoint keys do not match the reference model: {json.dumps(mismatch)[:4000]}")
 
-    if (ckpt / "vocab.json").is_file() and (ckpt / "merges.txt").is_file():
+    slow = (ckpt / "vocab.json").is_file() and (ckpt / "merges.txt").is_file()
+    if slow and not json_tokenizer:
         from modeling.qwen2 import Qwen2Tokenizer
 
         tokenizer = Qwen2Tokenizer.from_pretrained(str(ckpt))
@@ -999,6 +1002,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--cfg-renorm-min", type=float, default=FLOW_DEFAULTS["cfg_renorm_min"])
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
     p.add_argument("--allow-key-mismatch", action="store_true", help="run even if checkpoint keys do not match")
+    p.add_argument(
+        "--json-tokenizer",
+        action="store_true",
+        help="read tokenizer.json even where vocab.json + merges.txt exist: the reference's slow Qwen2Tokenizer "
+        "fails to decode ids of the embedding table's padding rows (which random weights can sample)",
+    )
     return p
 
 
@@ -1018,7 +1027,9 @@ def main(argv: list[str] | None = None) -> int:
     cases = cases_from_args(args)
     start = time.monotonic()
     print(f"building the reference from {args.bagel_src} on {args.checkpoint} ...", flush=True)
-    ref = load_reference(args.bagel_src, args.checkpoint, allow_key_mismatch=args.allow_key_mismatch)
+    ref = load_reference(
+        args.bagel_src, args.checkpoint, allow_key_mismatch=args.allow_key_mismatch, json_tokenizer=args.json_tokenizer
+    )
     summary: dict[str, Any] = {"build": ref.report, "build_s": round(time.monotonic() - start, 2), "cases": {}}
     print(
         f"built in {summary['build_s']} s; stubs {ref.report['stubs']}; tokenizer: {ref.report['tokenizer']}",
