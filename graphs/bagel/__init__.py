@@ -3,8 +3,8 @@
 
 The model as served:
 
-- ``graph.py``: the Walk Graph (encoders, the three LLM views, the guided flow Loop, the VAE decoder)
-  and ``next_walk``; ``nodes.py``: its stateless nodes; ``flow_llm.py``: the ``bagel`` AR module (the
+- ``graph.py``: the Walk Graph (encoders, the three LLM views, the guided flow Loop, the VAE decoder,
+  the preview decoder fed by the flow's progress reports) and ``next_walk``; ``nodes.py``: its stateless nodes; ``flow_llm.py``: the ``bagel`` AR module (the
   LLM plus its flow contract: schedule, latent rows, guidance);
 - ``components.py``: what a Worker loads for the nodes it hosts (the ``mstar.models`` entry point);
 - ``frontend.py``: ``BagelModel``, what the gateway, the CLI and ROS serve (answers and images);

@@ -1,7 +1,7 @@
 """BAGEL for Worker processes: the graph plus only the submodules a Worker hosts.
 
 Registered as the model ``bagel`` (setup.py entry_points["mstar.models"]): a rank that runs only the
-ViT never loads the LLM or the VAE; the VAE is loaded once for the encoder and the decoder.
+ViT never loads the LLM or the VAE; the VAE is loaded once for the encoder and the decoders.
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def load_modules(
             progress=progress,
         )
         modules["vit_encoder"] = VitEncoderNode(encoder.eval())
-    if nodes & {"vae_encoder", "vae_decoder"}:
+    if nodes & {"vae_encoder", "vae_decoder", "preview_decoder"}:
         from mstar_graphs.bagel.autoencoder import FluxAutoencoder
 
         vae = FluxAutoencoder.from_file(path, dtype=dtype, progress=progress).eval()
@@ -79,8 +79,8 @@ def load_modules(
                 path, hidden, d.max_latent_size, d.latent_patch_size, d.latent_channels, dtype=dtype, progress=progress
             )
             modules["vae_encoder"] = VaeEncoderNode(vae, embedder.eval(), d.latent_patch_size, d.max_latent_size)
-        if "vae_decoder" in nodes:
-            modules["vae_decoder"] = VaeDecoderNode(vae, d.latent_patch_size, d.latent_channels)
+        for name in sorted({"vae_decoder", "preview_decoder"} & set(nodes)):  # the same VAE decodes previews
+            modules[name] = VaeDecoderNode(vae, d.latent_patch_size, d.latent_channels)
     if "context" in nodes:
         modules["context"] = ContextNode()
     return modules

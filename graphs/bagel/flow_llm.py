@@ -6,7 +6,9 @@ context's next rope position, attending to that context's KV and to each other -
 with the generation weights on the latent rows; ``llm2vae`` of the latent rows is the velocity.
 The branches are the views' contexts (full, no text, no image); ``flow_combine`` applies the
 reference's guidance to their velocities (mstar_graphs.bagel.guidance) and the engine takes the
-Euler step ``x += (t_next - t) * v`` over the shifted schedule.
+Euler step ``x += (t_next - t) * v`` over the shifted schedule. A request's ``gen_params`` may ask for
+progress: the engine then reports the latent after each step and, on preview steps, the predicted clean
+latent ``x - t * v`` (rectified flow: ``x_t = (1 - t) x0 + t noise``, ``v = noise - x0``).
 """
 
 from __future__ import annotations
@@ -82,6 +84,8 @@ class BagelFlowLLM(BagelLLM):
             state_shape=(n, self.dims.latent_token_dim),
             timesteps=timesteps(params.guidance.steps, params.guidance.timestep_shift).float(),
             branches=branches,
+            report_every=params.report_every,  # the latent after the steps (graph output latent_step)
+            predict_steps=params.preview_steps(),  # x0 predictions, decoded by the preview decoder
         )
 
     def flow_branches(self, inputs: Mapping[str, torch.Tensor], step: int, t: float) -> list[bool]:

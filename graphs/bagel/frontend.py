@@ -2,7 +2,8 @@
 images made from a prompt (``image_generation``) or from a prompt and an image (``image_edit``).
 
 It builds the model's own Walk Graph requests (mstar_graphs.bagel.requests) and reads their outputs:
-``text_ids`` (an answer's tokens) and ``image`` ([H, W, 3] uint8). What the gateway needs of it is
+``text_ids`` (an answer's tokens), ``image`` ([H, W, 3] uint8), and while an image is made ``flow_step``
+(steps done) and ``preview`` (preview images). What the gateway needs of it is
 mstar_ros.webrtc.image_models' protocol; nothing here knows of HTTP or ROS.
 """
 
@@ -22,6 +23,7 @@ from mstar.request import Request
 from mstar.sampling_params import SamplingParams
 from mstar_graphs.bagel.checkpoints import is_random_weights, resolve_path
 from mstar_graphs.bagel.config import BagelConfig
+from mstar_graphs.bagel.generation_params import MAX_PREVIEWS, GenerationParams
 from mstar_graphs.bagel.guidance import GuidanceParams
 from mstar_graphs.bagel.requests import MAX_STEPS, BagelRequests
 from mstar_graphs.bagel.tokenizer import BagelTokenizer
@@ -29,6 +31,7 @@ from mstar_graphs.bagel.vit_config import VitConfig
 from mstar_graphs.common.image_events import ImageEvent
 
 DEFAULT_STEPS = 50  # the reference inferencer's
+PREVIEW, FLOW_STEP = "preview", "flow_step"  # graph outputs: a preview image, the flow steps done
 
 
 class BagelModel:
@@ -170,8 +173,9 @@ class BagelModel:
         request_id: str,
         guidance: GuidanceParams | None = None,
     ) -> AsyncIterator[ImageEvent]:
-        """The image capability's events (mstar_ros.webrtc.image_models); previews are not made yet
-        (``partial_images`` is a maximum)."""
+        """The image capability's events (mstar_ros.webrtc.image_models): ``progress`` after every flow step,
+        ``partial_images`` previews (the VAE decode of the clean latent predicted at steps spread over the
+        flow, before its last), then the ``final`` image, per image."""
         steps = self.default_image_steps if steps is None else steps
         if not 2 <= steps <= MAX_STEPS:
             raise ValueError(f"steps must be in 2..{MAX_STEPS}, got {steps}")
@@ -189,54 +193,79 @@ class BagelModel:
         )
         seed_base = seed if seed is not None else int(torch.randint(0, 2**31 - 1, ()).item())
         width, height = size
+        if not 0 <= partial_images <= MAX_PREVIEWS:
+            raise ValueError(f"partial_images must be in 0..{MAX_PREVIEWS}, got {partial_images}")
+        progress = {"report_every": 1, "previews": partial_images}
         built = []
         for i in range(n):
             rid = f"{request_id}-{i}"
             if images:
-                built.append(
-                    self.requests.edit(_pil(images[0]), prompt, guidance=g, seed=seed_base + i, request_id=rid)
+                req = self.requests.edit(
+                    _pil(images[0]), prompt, guidance=g, seed=seed_base + i, request_id=rid, **progress
                 )
             else:
-                built.append(
-                    self.requests.generate(prompt, size=(height, width), guidance=g, seed=seed_base + i, request_id=rid)
+                req = self.requests.generate(
+                    prompt, size=(height, width), guidance=g, seed=seed_base + i, request_id=rid, **progress
                 )
+            req.outputs = frozenset({self.image_output, PREVIEW, FLOW_STEP})  # no latents to ship
+            built.append(req)
         queue: asyncio.Queue = asyncio.Queue()
+        evaluations = steps - 1  # flow steps: one fewer than the schedule's points
+        prompt_tokens = len(self.tokenizer.encode(prompt))
 
         async def pump(i: int, req: Request) -> None:
             try:
-                async for out in conductor.submit(req):
-                    if out.name == self.image_output:
-                        await queue.put((i, out.data))
-                await queue.put((i, None))
+                async for event in self._image_events(conductor, req, i, evaluations, prompt_tokens if i == 0 else 0):
+                    await queue.put(event)
+                await queue.put(None)
             except Exception as exc:  # the consumer re-raises it
-                await queue.put((i, exc))
+                await queue.put(exc)
 
         tasks = [asyncio.ensure_future(pump(i, r)) for i, r in enumerate(built)]
-        prompt_tokens = len(self.tokenizer.encode(prompt))
         try:
             done = 0
             while done < n:
-                i, data = await queue.get()
-                if isinstance(data, Exception):
-                    raise data
-                if data is None:
+                event = await queue.get()
+                if isinstance(event, Exception):
+                    raise event
+                if event is None:
                     done += 1
                     continue
-                yield ImageEvent("progress", i, step=steps - 1, steps=steps - 1)
-                yield ImageEvent(
-                    "final",
-                    i,
-                    data.numpy().astype(np.uint8),
-                    step=steps - 1,
-                    steps=steps - 1,
-                    input_tokens=prompt_tokens if i == 0 else 0,
-                )
+                yield event
         finally:
             for task in tasks:
                 task.cancel()
             for req in built:
                 with contextlib.suppress(Exception):
                     await conductor.cancel(req.request_id)
+
+    async def _image_events(
+        self, conductor, req: Request, index: int, evaluations: int, input_tokens: int
+    ) -> AsyncIterator[ImageEvent]:
+        """One image's events from its request's outputs: ``progress`` per flow step (``flow_step``), a
+        ``partial`` per preview, and the ``final`` image once the request is over (a preview decode still
+        running when the final image is made is waited for: no partial comes after the final)."""
+        preview_steps = GenerationParams.unpack(req.inputs["gen_params"]).preview_steps()
+        final = None
+        partials = 0
+        async for out in conductor.submit(req):
+            if out.name == FLOW_STEP:
+                yield ImageEvent("progress", index, step=int(out.data), steps=evaluations)
+            elif out.name == PREVIEW and partials < len(preview_steps):
+                step = preview_steps[partials]
+                yield ImageEvent(
+                    "partial", index, _uint8(out.data), partial_index=partials, step=step, steps=evaluations
+                )
+                partials += 1
+            elif out.name == self.image_output:
+                final = _uint8(out.data)
+        if final is None:
+            raise RuntimeError(f"request {req.request_id!r} ended without an image")
+        yield ImageEvent("final", index, final, step=evaluations, steps=evaluations, input_tokens=input_tokens)
+
+
+def _uint8(image: torch.Tensor) -> np.ndarray:
+    return image.numpy().astype(np.uint8)
 
 
 def _pil(image) -> Image.Image:

@@ -5,6 +5,10 @@ The flow node's module reads its schedule and guidance from it, the VAE decoder 
 ``llm_cfg_img`` view: an edit's context without the image), ``main`` (the full context itself: a
 text-to-image request has no image, so its no-image context IS the full context and its velocity
 is the conditional one - computed once, not twice).
+
+``report_every`` / ``previews`` ask the flow for progress: its latent after every ``report_every``-th
+step (and the last), and ``previews`` predictions of the clean latent spread over the flow (never at
+its last step), which the graph decodes into preview images.
 """
 
 from __future__ import annotations
@@ -18,7 +22,8 @@ from mstar_graphs.bagel.guidance import GuidanceParams
 
 RENORMS = ("global", "channel", "text_channel")
 IMAGE_BRANCHES = ("none", "view", "main")
-_WIDTH = 11
+_WIDTH = 13
+MAX_PREVIEWS = 8  # more previews than this cost decodes and show little new
 
 
 @dataclass(frozen=True)
@@ -27,10 +32,33 @@ class GenerationParams:
     grid_h: int  # latent token grid (image height / 16)
     grid_w: int
     image_branch: Literal["none", "view", "main"] = "none"
+    report_every: int = 0  # > 0: the latent after every k-th flow step (and the last); 0: none
+    previews: int = 0  # predicted clean latents to report, spread over the flow
+
+    def __post_init__(self) -> None:
+        for field, value, most in (
+            ("report_every", self.report_every, None),
+            ("previews", self.previews, MAX_PREVIEWS),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0 or (most and value > most):
+                bound = f"0..{most}" if most else ">= 0"
+                raise ValueError(f"gen_params: {field} must be an integer {bound}, got {value!r}")
 
     @property
     def num_tokens(self) -> int:
         return self.grid_h * self.grid_w
+
+    @property
+    def evaluations(self) -> int:
+        """Flow steps (velocity evaluations): one fewer than the schedule's points."""
+        return self.guidance.steps - 1
+
+    def preview_steps(self) -> tuple[int, ...]:
+        """The steps (1-based) after which a preview is made: ``previews`` of them, evenly spread, before
+        the last step (a flow of S steps has at most S - 1)."""
+        last = self.evaluations
+        picked = {round((i + 1) * last / (self.previews + 1)) for i in range(self.previews)}
+        return tuple(sorted(k for k in picked if 1 <= k < last))
 
     def pack(self) -> torch.Tensor:
         g = self.guidance
@@ -47,6 +75,8 @@ class GenerationParams:
                 self.grid_h,
                 self.grid_w,
                 IMAGE_BRANCHES.index(self.image_branch),
+                self.report_every,
+                self.previews,
             ],
             dtype=torch.float64,
         )
@@ -65,4 +95,4 @@ class GenerationParams:
             renorm=RENORMS[int(v[6])],
             renorm_min=v[7],
         )
-        return cls(guidance, int(v[8]), int(v[9]), IMAGE_BRANCHES[int(v[10])])
+        return cls(guidance, int(v[8]), int(v[9]), IMAGE_BRANCHES[int(v[10])], int(v[11]), int(v[12]))

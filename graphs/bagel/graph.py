@@ -9,6 +9,8 @@
                                  :  llm.token -> llm.input_ids (decode Loop) -> output.text_ids
                                  :  (KV read by the flow node; guidance views read too)
     input.noise -> image_cfg.x ---(flow Loop over llm + llm_cfg_text + llm_cfg_img)---> vae_decoder -> output.image
+                   image_cfg.x_step / .step (each step, when asked) -> output.latent_step / output.flow_step
+                   image_cfg.x_pred ~~(streamed, preview steps)~~> preview_decoder -> output.preview
 
 The three LLM nodes are views of the one ``bagel`` module: each keeps its own KV (the reference's
 three contexts), and one engine step evaluates every view's rows of every request together. Walks:
@@ -21,6 +23,11 @@ three contexts), and one engine step evaluates every view's rows of every reques
 - ``image_gen_cfg``: the flow Loop with text / image guidance, then the VAE decoder.
 
 ``next_walk`` follows ``request.meta["task"]``: ``understand`` / ``chat`` / ``t2i`` / ``edit``.
+
+Progress (asked by ``gen_params``' report_every / previews): while the flow runs, the engine reports the
+latent after each step (``output.latent_step``, ``output.flow_step``: steps done) and, on preview steps,
+the predicted clean latent, which streams to ``preview_decoder`` (the VAE decoder again, in a partition
+of its own so the stream has a chunk policy: one latent a call) and out as ``output.preview``.
 """
 
 from __future__ import annotations
@@ -28,14 +35,18 @@ from __future__ import annotations
 from mstar.graph import (
     Call,
     DynamicLoop,
+    FixedChunkPolicy,
     GraphEdge,
     GraphNode,
     Loop,
     LoopMode,
     ModelGraph,
     Parallel,
+    PartitionConnection,
+    PartitionTopology,
     Sequential,
     StopOnValues,
+    StreamingGraphEdge,
 )
 
 MODULE = "bagel"
@@ -43,6 +54,7 @@ VIEWS = ("llm", "llm_cfg_text", "llm_cfg_img")  # full context, without the last
 VIEW_INPUT_PREFIX = {"llm": "", "llm_cfg_text": "cfg_text_", "llm_cfg_img": "cfg_img_"}
 VIEW_PORTS = ("input_ids", "embed_mask", "rope_positions", "spans", "row_kinds")
 TASKS = ("understand", "chat", "t2i", "edit")
+MODEL, PREVIEW = "model", "preview"  # partitions: everything, and the preview decoder its stream feeds
 
 
 def view_input_name(view: str, port: str) -> str:
@@ -91,7 +103,7 @@ def _flow_node(name: str, guidance: tuple[str, ...]) -> GraphNode:
     return GraphNode(
         name,
         inputs=["x", "gen_params"],
-        outputs=["x"],
+        outputs=["x", "x_step", "step", "x_pred"],  # the last three: progress reports (mstar.engine.flow_reports)
         engine="ar",
         module=MODULE,
         kv_from="llm",
@@ -126,21 +138,26 @@ def bagel_graph(im_end: int) -> ModelGraph:
             GraphEdge(f"{flow}.x", f"{flow}.x"),
             GraphEdge(f"{flow}.x", "vae_decoder.x"),
             GraphEdge(f"{flow}.x", "output.latent"),  # the final latent tokens [N, p*p*C]
+            GraphEdge(f"{flow}.x_step", "output.latent_step"),  # the latent after each reported step
+            GraphEdge(f"{flow}.step", "output.flow_step"),  # steps done (1..steps - 1)
+            StreamingGraphEdge(f"{flow}.x_pred", "preview_decoder.x", target_partition=PREVIEW),
         )
+    ]
+    nodes = [
+        GraphNode("vit_encoder", inputs=["image"], outputs=["embeds"]),
+        GraphNode("vae_encoder", inputs=["image"], outputs=["embeds"]),
+        GraphNode("context", inputs=context_ports, outputs=["embeds", *view_ports], optional_inputs=context_ports),
+        _llm_view("llm", token=True),
+        _llm_view("llm_cfg_text", token=False),
+        _llm_view("llm_cfg_img", token=False, images=False),
+        _flow_node("image", ()),
+        _flow_node("image_cfg", ("llm_cfg_text", "llm_cfg_img")),
+        GraphNode("vae_decoder", inputs=["x", "gen_params"], outputs=["image"]),
+        GraphNode("preview_decoder", inputs=["x", "gen_params"], outputs=["image"]),
     ]
     return ModelGraph(
         name="bagel",
-        nodes=[
-            GraphNode("vit_encoder", inputs=["image"], outputs=["embeds"]),
-            GraphNode("vae_encoder", inputs=["image"], outputs=["embeds"]),
-            GraphNode("context", inputs=context_ports, outputs=["embeds", *view_ports], optional_inputs=context_ports),
-            _llm_view("llm", token=True),
-            _llm_view("llm_cfg_text", token=False),
-            _llm_view("llm_cfg_img", token=False, images=False),
-            _flow_node("image", ()),
-            _flow_node("image_cfg", ("llm_cfg_text", "llm_cfg_img")),
-            GraphNode("vae_decoder", inputs=["x", "gen_params"], outputs=["image"]),
-        ],
+        nodes=nodes,
         edges=[
             GraphEdge("input.vit_image", "vit_encoder.image"),
             GraphEdge("input.vae_image", "vae_encoder.image"),
@@ -154,6 +171,8 @@ def bagel_graph(im_end: int) -> ModelGraph:
             *flow_edges,
             GraphEdge("input.gen_params", "vae_decoder.gen_params"),
             GraphEdge("vae_decoder.image", "output.image"),
+            GraphEdge("input.gen_params", "preview_decoder.gen_params"),
+            GraphEdge("preview_decoder.image", "output.preview"),
         ],
         walks={
             "prefill_text": Sequential(Call("context"), Call("llm")),
@@ -172,5 +191,9 @@ def bagel_graph(im_end: int) -> ModelGraph:
             "image_gen_cfg": Sequential(Loop(Call("image_cfg"), max_iters=1), Call("vae_decoder")),
         },
         next_walk=make_next_walk(im_end),
+        topology=PartitionTopology(
+            partitions={MODEL: [n.name for n in nodes if n.name != "preview_decoder"], PREVIEW: ["preview_decoder"]},
+            connections=[PartitionConnection(MODEL, PREVIEW, FixedChunkPolicy(1))],  # each prediction: one decode
+        ),
         required_inputs=("ids", "rope_positions"),  # the full context; each task brings what its walks read
     )

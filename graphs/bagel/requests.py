@@ -155,15 +155,24 @@ class BagelRequests:
         seed: int | None = None,
         noise: torch.Tensor | None = None,
         request_id: str | None = None,
+        report_every: int = 0,
+        previews: int = 0,
     ) -> Request:
-        """Text to image; ``size`` (height, width), default the largest square the model makes."""
+        """Text to image; ``size`` (height, width), default the largest square the model makes.
+        ``report_every`` > 0 streams the latent after every k-th flow step (``latent_step``, ``flow_step``);
+        ``previews`` streams that many preview images (``preview``) spread over the flow."""
         g = guidance or GuidanceParams()
         side = self.dims.max_latent_size * self.downsample
         height, width = self.check_size(*(size or (side, side)))
         turn = self._turn(prompt, "prompt")
         text_on, image_on = _branches_used(g)
         params = GenerationParams(
-            g, height // self.downsample, width // self.downsample, "main" if image_on else "none"
+            g,
+            height // self.downsample,
+            width // self.downsample,
+            "main" if image_on else "none",
+            report_every,
+            previews,
         )
         inputs = self._views({"llm": [turn]})  # no-text context: empty; no-image context: the full one
         return self._image_request(inputs, params, text_on, seed, noise, request_id, "t2i")
@@ -177,9 +186,12 @@ class BagelRequests:
         seed: int | None = None,
         noise: torch.Tensor | None = None,
         request_id: str | None = None,
+        report_every: int = 0,
+        previews: int = 0,
     ) -> Request:
         """An edited image of ``image`` (its VAE-resized size). Default guidance: the reference app's edit
-        settings (image scale 2.0, interval (0, 1], text_channel renorm)."""
+        settings (image scale 2.0, interval (0, 1], text_channel renorm). ``report_every`` / ``previews``:
+        as for ``generate``."""
         g = guidance or GuidanceParams(image_scale=2.0, interval=(0.0, 1.0), renorm="text_channel")
         turn = self._turn(prompt, "prompt")
         prepared = self.prepare_image(image)
@@ -187,7 +199,12 @@ class BagelRequests:
         height, width = self.check_size(*prepared.size, field="image")
         text_on, image_on = _branches_used(g)
         params = GenerationParams(
-            g, height // self.downsample, width // self.downsample, "view" if image_on else "none"
+            g,
+            height // self.downsample,
+            width // self.downsample,
+            "view" if image_on else "none",
+            report_every,
+            previews,
         )
         inputs = {"vae_image": prepared.vae, "vit_image": prepared.vit}
         inputs |= self._views({"llm": [*spans, turn], "llm_cfg_text": spans, "llm_cfg_img": [turn]})

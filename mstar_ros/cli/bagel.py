@@ -192,7 +192,8 @@ def _make_images(model, args: argparse.Namespace, prompt: str, images: list[np.n
                 try:
                     async for event in events:
                         if event.steps and event.step > done_steps[event.index]:
-                            bar.total = bar.total or event.steps * args.n
+                            if bar.total != event.steps * args.n:  # the model counts its steps its own way
+                                bar.total = event.steps * args.n
                             bar.update(event.step - done_steps[event.index])
                             done_steps[event.index] = event.step
                         if event.kind == "final":

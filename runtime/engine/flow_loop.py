@@ -12,7 +12,9 @@ schedule, and may use guidance views (``GraphNode.guidance``): each is one more 
 flow (mstar.engine.flow_branches) whose rows are evaluated in the same module call as every other
 ready (flow, branch) pair; ``flow_branches`` says which branches a step needs and
 ``flow_combine`` merges their velocities before the Euler step. A module without it keeps the
-fixed contract (pi0.5: ``action_horizon`` rows, uniform steps, one branch).
+fixed contract (pi0.5: ``action_horizon`` rows, uniform steps, one branch). A planned call may ask
+for progress reports after chosen steps (mstar.engine.flow_reports): non-final outputs on the ports
+``x_step``, ``step`` and ``x_pred``; the final ``x`` is the same either way.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from mstar.engine.engine_core import EngineCore
 from mstar.engine.engine_inbox import Reply
 from mstar.engine.flow_branches import check_fits, evaluation_metadata, fork_branches
 from mstar.engine.flow_plan import FlowEval, FlowPlan, check_plan, uniform_plan
+from mstar.engine.flow_reports import step_report
 from mstar.engine.flow_state import FlowState, make_flow_state
 from mstar.engine.loop_contract import CallRefused, EngineLoop
 from mstar.engine.messages import ExecuteNode, NodeOutput
@@ -193,8 +196,11 @@ class FlowLoop(EngineLoop):
                 flow.advance(v)
                 self.euler_steps += 1
                 stepped += 1
+                report = step_report(flow, v)
                 if flow.done:
-                    self._finish(flow)
+                    self._finish(flow, report)
+                elif report:
+                    self._report(flow, report)
             return stepped
 
     def _reserve(self) -> list[FlowState]:
@@ -273,7 +279,15 @@ class FlowLoop(EngineLoop):
             raise ValueError(f"it returned shape {tuple(v.shape)}, the flow state is {flow.plan.state_shape}")
         return v
 
-    def _finish(self, flow: FlowState) -> None:
+    def _report(self, flow: FlowState, report: dict[str, torch.Tensor]) -> None:
+        """A progress report of the running call (a non-final output; iteration: the step's index)."""
+        call = flow.main.call
+        assert call is not None
+        owner = call.msg.request_id
+        handles = {name: self.core.store.put(value, owner=owner) for name, value in report.items()}
+        call.reply(NodeOutput(call.msg.call_id, owner, flow.step - 1, handles))
+
+    def _finish(self, flow: FlowState, report: dict[str, torch.Tensor] | None = None) -> None:
         call = flow.main.call
         final = flow.x
         self._drop(flow)
@@ -289,12 +303,10 @@ class FlowLoop(EngineLoop):
                 )
             )
             return
-        handle = self.core.store.put(final, owner=call.msg.request_id)
-        call.reply(
-            NodeOutput(
-                call.msg.call_id, call.msg.request_id, call.iteration, {"x": handle}, final=True, finish_reason="done"
-            )
-        )
+        owner = call.msg.request_id
+        outputs = {name: self.core.store.put(value, owner=owner) for name, value in (report or {}).items()}
+        outputs["x"] = self.core.store.put(final, owner=owner)
+        call.reply(NodeOutput(call.msg.call_id, owner, call.iteration, outputs, final=True, finish_reason="done"))
 
 
 def _branch_reply(flow: FlowState) -> Reply:

@@ -11,6 +11,10 @@ Two contracts run a flow Loop (mstar.engine.flow_loop):
   branch evaluates the same rows over the KV of another view, and the module combines their
   velocities before the Euler step). The Loop's ``max_iters`` is not used: the plan's timesteps
   say how many evaluations run.
+
+A planned call may report its progress (``FlowPlan.report_every`` / ``predict_steps``): after the
+chosen steps the flow sends a non-final output with its state (mstar.engine.flow_reports), so a graph
+edge from the flow node's ``x_step`` / ``step`` / ``x_pred`` ports streams it on while the flow runs.
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ class FlowPlan:
     state_shape: tuple[int, ...]  # shape of the flow state x, e.g. (N, 64)
     timesteps: torch.Tensor  # [S+1] float32: t_0 (noise) .. t_S (data); S evaluations; x += (t_{i+1} - t_i) * v
     branches: int = 1  # 1 (main, the node's kv_from view) + guidance views used by this call
+    report_every: int = 0  # > 0: report the state after every k-th step and after the last (0: never)
+    predict_steps: tuple[int, ...] = ()  # steps (1..S) whose report also predicts the end state (x_pred)
 
 
 @dataclass(frozen=True)
@@ -111,4 +117,11 @@ def check_plan(plan: object, node: str, guidance: int) -> FlowPlan:
         raise ValueError(
             f"{where} asks for {plan.branches!r} branches; the node has the main view and {guidance} guidance views"
         )
-    return FlowPlan(plan.rows, shape, times.detach().float().cpu(), plan.branches)
+    every = plan.report_every
+    if not isinstance(every, int) or isinstance(every, bool) or every < 0:
+        raise ValueError(f"{where} gave report_every={every!r}; it needs an integer >= 0 (0: no reports)")
+    steps = times.numel() - 1
+    predict = tuple(plan.predict_steps)
+    if not all(isinstance(k, int) and 1 <= k <= steps for k in predict):
+        raise ValueError(f"{where} gave predict_steps={predict!r}; each must be a step in 1..{steps}")
+    return FlowPlan(plan.rows, shape, times.detach().float().cpu(), plan.branches, every, tuple(sorted(set(predict))))

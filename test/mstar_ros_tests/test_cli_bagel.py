@@ -1,5 +1,5 @@
 """``mstar-ros bagel ask|generate|edit`` driving a model with the capabilities (the toy image model,
-injected into the command functions), and its help."""
+injected into the command functions), its help, and its progress bar over the real tiny BAGEL's flow steps."""
 
 from __future__ import annotations
 
@@ -9,6 +9,9 @@ import numpy as np
 import PIL.Image
 import pytest
 
+from mstar_graphs.bagel.frontend import BagelModel
+from mstar_graphs.bagel.tiny import write_tiny_bagel
+from mstar_ros.cli import bagel as cli_bagel
 from mstar_ros.cli.main import build_parser
 from support.images import picture
 from support.toy_image_model import ToyImageModel, target_image
@@ -73,3 +76,34 @@ def test_bad_inputs_are_refused_naming_them(tmp_path):
         args = args_of(*argv, "--out", str(tmp_path / "o")) if argv[0] != "ask" else args_of(*argv)
         with pytest.raises(ValueError, match=message.replace("'", ".")):
             args.command_of(ToyImageModel(), args, out=io.StringIO())
+
+
+@pytest.fixture(scope="module")
+def bagel(tmp_path_factory) -> BagelModel:
+    return BagelModel.load(write_tiny_bagel(tmp_path_factory.mktemp("bagel") / "ckpt"), progress=False)
+
+
+@pytest.mark.parametrize("command", ["generate", "edit"])
+def test_the_progress_bar_follows_bagels_flow_steps(bagel, command, tmp_path, capsys, monkeypatch):
+    updates: list[int] = []
+    real_bar = cli_bagel.progress_bar
+
+    def spy(*args, **kwargs):  # the real bar, its updates recorded
+        bar = real_bar(*args, **kwargs)
+        update = bar.update
+        bar.update = lambda n=1: (updates.append(n), update(n))[1]
+        return bar
+
+    monkeypatch.setattr(cli_bagel, "progress_bar", spy)
+    source = tmp_path / "in.png"
+    picture(40, 24, seed=2).save(source)
+    what = (
+        ("generate", "a fox", "--size", "32x32") if command == "generate" else ("edit", "--image", str(source), "blue")
+    )
+    args = args_of(*what, "--n", "2", "--steps", "6", "--seed", "1", "--out", str(tmp_path / "o"))
+    assert args.command_of(bagel, args, out=io.StringIO()) == 0
+    assert updates == [1] * 10  # each of the 5 flow steps of each of the 2 images, one at a time
+    err = capsys.readouterr().err
+    assert "flow steps" in err and "10/10" in err
+    width, height = bagel.image_size((32, 32), []) if command == "generate" else bagel.image_size(None, [(40, 24)])
+    assert np.asarray(PIL.Image.open(tmp_path / "o-1.png")).shape == (height, width, 3)

@@ -2,7 +2,8 @@
 
 Views of the module prefill contexts (causal, optionally with rope_positions); a flow call plans
 ``n`` + 1 suffix rows (a marker row, then one per state row), a state [n, 3], its timesteps and
-branch count from its inputs. Each branch's velocity depends on that branch's context KV; the
+branch count from its inputs (and, optionally, its progress reports: ``report_every``,
+``predict_steps``). Each branch's velocity depends on that branch's context KV; the
 combine mixes them with the input ``scale``. A dense reference recomputes one branch at a time.
 """
 
@@ -37,7 +38,15 @@ class ToyGuidedFlow(ToyFlowLM):
     def flow_plan(self, inputs: Mapping[str, torch.Tensor]) -> FlowPlan:
         n = int(inputs["n"])
         times = inputs.get("timesteps", DEFAULT_TIMES).float()
-        return FlowPlan(rows=n + 1, state_shape=(n, self.action_dim), timesteps=times, branches=int(inputs["branches"]))
+        predict = inputs.get("predict_steps")
+        return FlowPlan(
+            rows=n + 1,
+            state_shape=(n, self.action_dim),
+            timesteps=times,
+            branches=int(inputs["branches"]),
+            report_every=int(inputs.get("report_every", 0)),
+            predict_steps=() if predict is None else tuple(int(k) for k in predict.reshape(-1)),
+        )
 
     def flow_branches(self, inputs, step: int, t: float) -> list[bool]:
         gate = inputs.get("gate")

@@ -160,3 +160,48 @@ def test_decoded_image_is_the_vae_decode_of_the_latent(bagel):
         z = unpatchify_latent(out["latent"][0], 2, 2, 2, 16)
         want = to_uint8_image(vae.decode(z[None])[0])
     assert torch.equal(out["image"][0], want)
+
+
+def _predicted(states: list[torch.Tensor], noise: torch.Tensor, times: torch.Tensor, step: int) -> torch.Tensor:
+    """The clean latent predicted after ``step`` (1-based) from the reference's states: x - t * v, with v the
+    velocity that step took (rectified flow: x_t = (1 - t) x0 + t noise)."""
+    x = [noise.float(), *states]
+    v = (x[step] - x[step - 1]) / float(times[step] - times[step - 1])
+    return x[step] - float(times[step]) * v
+
+
+def test_the_latent_after_every_step_and_the_previews_equal_the_reference(bagel, ref):
+    from mstar_graphs.bagel.guidance import timesteps
+    from mstar_graphs.bagel.latent_tokens import to_uint8_image, unpatchify_latent
+
+    image = _picture(48, 32)
+    t2i = bagel.requests.generate("a red cube", size=(32, 32), guidance=T2I, seed=7, report_every=1, previews=2)
+    edit = bagel.requests.edit(image, "make it blue", guidance=EDIT, seed=8, report_every=1, previews=2)
+    plain = bagel.requests.generate("a red cube", size=(32, 32), guidance=T2I, seed=7)
+    got_t2i, got_edit, got_plain = _serve(bagel, [t2i, edit, plain])
+
+    turn = ref.turn("a red cube")
+    want_t2i = ref.latents({"gen": [turn], "cfg_text": [], "cfg_img": [turn]}, t2i.inputs["noise"], T2I, 32, 32)
+    vae, vit, instr = ("gen_rows", ref.vae_rows(image)), ("und_rows", ref.vit_rows(image)), ref.turn("make it blue")
+    want_edit = ref.latents(
+        {"gen": [vae, vit, instr], "cfg_text": [vae, vit], "cfg_img": [instr]}, edit.inputs["noise"], EDIT, 32, 48
+    )
+    decoder = bagel.modules()["vae_decoder"].vae
+    times = timesteps(6, T2I.timestep_shift)
+    for got, want, request, (h, w) in ((got_t2i, want_t2i, t2i, (2, 2)), (got_edit, want_edit, edit, (2, 3))):
+        assert len(want) == 5 and len(got["latent_step"]) == 5  # every step, the last included
+        assert [int(s) for s in got["flow_step"]] == [1, 2, 3, 4, 5]
+        for step, (a, b) in enumerate(zip(got["latent_step"], want), start=1):
+            assert _rel(a, b) < 1e-4, step
+        assert torch.equal(got["latent_step"][-1], got["latent"][0])
+        # two previews, before the last step (steps 2 and 3 of 5): the decoded predicted clean latents
+        assert len(got["preview"]) == 2 and len(got["image"]) == 1
+        for preview, step in zip(got["preview"], (2, 3)):
+            clean = _predicted(want, request.inputs["noise"], times, step)
+            with torch.no_grad():
+                expected = to_uint8_image(decoder.decode(unpatchify_latent(clean, h, w, 2, 16)[None])[0])
+            diff = (preview.int() - expected.int()).abs()
+            assert preview.shape == got["image"][0].shape and int(diff.max()) <= 2, int(diff.max())
+            assert not torch.equal(preview, got["image"][0])  # a preview, not the final image
+    assert "latent_step" not in got_plain and "preview" not in got_plain  # only when asked
+    assert torch.equal(got_plain["latent"][0], got_t2i["latent"][0])  # and the final latent is the same
