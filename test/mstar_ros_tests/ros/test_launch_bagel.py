@@ -72,3 +72,23 @@ def test_the_bagel_params_file_holds_every_parameter_with_its_default():
     assert params == {name: default for name, (default, _) in PARAMETERS.items()}
     for name, value in params.items():
         assert type(value) is type(PARAMETERS[name][0]), name  # rclpy refuses a type change (5 for 5.0)
+
+
+def test_mstar_ros_launch_starts_the_same_commands(capsys):
+    from mstar_ros.cli import main
+
+    assert (
+        main(
+            ["launch", "bagel", "--robots", "/r1", "--duration", "5", "--print-commands", "--ros-args", "-p", "seed:=3"]
+        )
+        == 0
+    )
+    (spec,) = bagel_processes("/r1", extra_arguments=["--duration", "5.0"], ros_arguments=["-p", "seed:=3"])
+    assert capsys.readouterr().out.splitlines() == [" ".join(spec.command())]
+    assert (
+        main(
+            ["launch", "bagel-vjepa2", "--vjepa2-params-file", str(ROOT / "config" / "vjepa2.yaml"), "--print-commands"]
+        )
+        == 0
+    )
+    assert capsys.readouterr().out.splitlines() == [" ".join(s.command()) for s in bagel_vjepa2_processes()]
