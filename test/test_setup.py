@@ -33,7 +33,10 @@ SHARE_FILES = [
     "launch/pi05.launch.py",
     "launch/orpheus.launch.py",
     "launch/vjepa2.launch.py",
+    "launch/bagel.launch.py",
+    "launch/bagel_vjepa2.launch.py",
     "config/pi05.yaml",
+    "config/bagel.yaml",
     "config/engine.yaml",
     "config/fastdds_localhost.xml",
 ]
@@ -108,7 +111,13 @@ def test_pip_install_puts_the_ros_files_in_share_and_the_ament_marker(prefix):
 
 def test_every_console_script_is_on_path_and_in_lib_mstar_ros_and_runs_from_there(prefix, tmp_path):
     scripts = _console_scripts(prefix)
-    assert {"mstar-ros", "mstar_pi05_node_set", "mstar_orpheus_node", "mstar_vjepa2_node_set"} <= set(scripts)
+    assert {
+        "mstar-ros",
+        "mstar_pi05_node_set",
+        "mstar_orpheus_node",
+        "mstar_vjepa2_node_set",
+        "mstar_bagel_node_set",
+    } <= set(scripts)
     for name in scripts:
         for where in (prefix / "bin", prefix / "lib" / "mstar_ros"):
             assert shutil.which(name, path=str(where)) == str(where / name), f"{where}/{name} is not executable"
@@ -149,6 +158,8 @@ def test_ament_finds_the_package_and_launch_ros_the_launch_files_executables(pre
         "pi05.launch.py",
         "orpheus.launch.py",
         "vjepa2.launch.py",
+        "bagel.launch.py",
+        "bagel_vjepa2.launch.py",
     ):  # the installed files, as ros2 launch loads them
         _declared, entities = describe(
             load_launch_file(prefix / "share" / "mstar_ros" / "launch" / launch_file, monkeypatch), {}
@@ -219,6 +230,7 @@ def test_colcon_install_puts_the_console_scripts_themselves_in_lib_mstar_ros(tmp
     lib = prefix / "lib" / "mstar_ros"
     assert sorted(p.name for p in lib.iterdir()) == [
         "mstar-ros",
+        "mstar_bagel_node_set",
         "mstar_orpheus_node",
         "mstar_pi05_node_set",
         "mstar_vjepa2_node_set",
