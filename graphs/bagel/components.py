@@ -19,7 +19,9 @@ from mstar_graphs.bagel.graph import MODULE, bagel_graph
 from mstar_graphs.bagel.tokenizer import BagelTokenizer
 
 MODEL = "bagel"  # its registered name
-LLM_NODES = frozenset({"llm", "llm_cfg_text", "llm_cfg_img", "image", "image_cfg"})
+LLM_NODES = frozenset(
+    {"llm", "llm_cfg_text", "llm_cfg_img", "image", "image_cfg", "velocity", "velocity_cfg_text", "velocity_cfg_img"}
+)
 
 
 def bagel_spec(weights: str | Path | None = None, *, preset: str = "tiny", dtype: str = "float32") -> ModelSpec:
@@ -83,4 +85,8 @@ def load_modules(
             modules[name] = VaeDecoderNode(vae, d.latent_patch_size, d.latent_channels)
     if "context" in nodes:
         modules["context"] = ContextNode()
+    if "cfg_step" in nodes:
+        from mstar_graphs.bagel.cfg_parallel import CfgStepNode
+
+        modules["cfg_step"] = CfgStepNode()
     return modules

@@ -23,7 +23,8 @@ from mstar.engine.flow_plan import FlowEval, FlowPlan
 from mstar.weights import no_random_init
 from mstar_graphs.bagel.config import BagelConfig
 from mstar_graphs.bagel.generation_params import GenerationParams
-from mstar_graphs.bagel.guidance import branches_active, combine, timesteps
+from mstar_graphs.bagel.guidance import timesteps
+from mstar_graphs.bagel.guided_branches import branches_needed, guided_velocity, planned_branches
 from mstar_graphs.bagel.latent_embed import LatentEmbedder
 from mstar_graphs.bagel.latent_tokens import latent_pos_ids
 from mstar_graphs.bagel.llm import GEN_ROW, BagelLLM
@@ -77,8 +78,8 @@ class BagelFlowLLM(BagelLLM):
         grid = self.dims.max_latent_size
         if not (1 <= params.grid_h <= grid and 1 <= params.grid_w <= grid):
             raise ValueError(f"gen_params: latent grid {params.grid_h}x{params.grid_w} is outside 1..{grid}")
-        text_on, image_on = _guided(params)
-        branches = 1 + int(text_on) + int(image_on and params.image_branch == "view")
+        text_on, image_on = planned_branches(params)
+        branches = 1 + int(text_on) + int(image_on)
         return FlowPlan(
             rows=n + 2,
             state_shape=(n, self.dims.latent_token_dim),
@@ -90,14 +91,9 @@ class BagelFlowLLM(BagelLLM):
 
     def flow_branches(self, inputs: Mapping[str, torch.Tensor], step: int, t: float) -> list[bool]:
         params = GenerationParams.unpack(inputs["gen_params"])
-        text, image = branches_active(params.guidance, t)
-        plan_text, plan_image = _guided(params)
-        out = [True]
-        if plan_text:
-            out.append(text)
-        if plan_image and params.image_branch == "view":
-            out.append(image)
-        return out
+        text, image = branches_needed(params, t)
+        plan_text, plan_image = planned_branches(params)
+        return [True] + ([text] if plan_text else []) + ([image] if plan_image else [])
 
     def flow_velocity(
         self,
@@ -147,18 +143,7 @@ class BagelFlowLLM(BagelLLM):
         self, velocities: list[torch.Tensor | None], inputs: Mapping[str, torch.Tensor], step: int, t: float
     ) -> torch.Tensor:
         params = GenerationParams.unpack(inputs["gen_params"])
-        text_on, image_on = _guided(params)
-        v_cond = velocities[0]
+        text_on, image_on = planned_branches(params)
         v_text = velocities[1] if text_on else None
-        if params.image_branch == "main":
-            v_image = v_cond  # a text-to-image request's no-image context is its full context
-        else:
-            v_image = velocities[2] if image_on else None
-        return combine(v_cond, v_text, v_image, t, params.guidance)
-
-
-def _guided(params: GenerationParams) -> tuple[bool, bool]:
-    """(the text branch exists, the image branch exists) for this request's whole flow."""
-    g = params.guidance
-    text_on = g.text_scale > 1.0
-    return text_on, text_on and g.image_scale > 1.0 and params.image_branch != "none"
+        v_image = velocities[1 + int(text_on)] if image_on else None
+        return guided_velocity(params, velocities[0], v_text, v_image, t)

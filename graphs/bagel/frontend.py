@@ -47,13 +47,17 @@ class BagelModel:
     max_input_images = 1
     default_image_steps = DEFAULT_STEPS
 
-    def __init__(self, path: Path, *, dtype: str = "float32", requests_only: bool = False) -> None:
+    def __init__(
+        self, path: Path, *, dtype: str = "float32", requests_only: bool = False, cfg_parallel: bool = False
+    ) -> None:
+        """``cfg_parallel``: serve guided images by the Walk-driven flow, whose guidance views may sit on
+        different Workers (config/placement/bagel-cfg-parallel.yaml needs it)."""
         self.path = path
         self.dtype = dtype
         self.config = BagelConfig.from_dir(path)
         self.tokenizer = BagelTokenizer.from_dir(path)
         vit = VitConfig.from_dir(path)
-        self.requests = BagelRequests(self.tokenizer, self.config.dims, vit.patch_size)
+        self.requests = BagelRequests(self.tokenizer, self.config.dims, vit.patch_size, cfg_parallel=cfg_parallel)
         self._modules = None
         self._requests_only = requests_only
         self._ids = itertools.count()
@@ -67,8 +71,9 @@ class BagelModel:
         dtype: str = "float32",
         progress: bool = True,
         requests_only: bool = False,
+        cfg_parallel: bool = False,
     ) -> BagelModel:
-        model = cls(resolve_path(weights, preset), dtype=dtype, requests_only=requests_only)
+        model = cls(resolve_path(weights, preset), dtype=dtype, requests_only=requests_only, cfg_parallel=cfg_parallel)
         if not requests_only:
             model.modules(progress=progress)
         return model

@@ -20,9 +20,13 @@ three contexts), and one engine step evaluates every view's rows of every reques
 - ``prefill_vae``: an edit: VAE and ViT rows of the image, then all three views' contexts;
 - ``decode``: the answer, token by token, until ``<|im_end|>``;
 - ``image_gen``: the flow Loop without guidance (scales 1), then the VAE decoder;
-- ``image_gen_cfg``: the flow Loop with text / image guidance, then the VAE decoder.
+- ``image_gen_cfg``: the flow Loop with text / image guidance, then the VAE decoder;
+- ``image_gen_cfg_parallel``: the same guided flow with the Walk driving its steps - per step one
+  velocity call per view (each where that view's KV is: the views may sit on different Workers),
+  then ``cfg_step`` combines and steps (mstar_graphs.bagel.cfg_parallel) - then the VAE decoder.
 
-``next_walk`` follows ``request.meta["task"]``: ``understand`` / ``chat`` / ``t2i`` / ``edit``.
+``next_walk`` follows ``request.meta["task"]``: ``understand`` / ``chat`` / ``t2i`` / ``edit``; a guided
+image with ``meta["cfg_parallel"]`` takes ``image_gen_cfg_parallel``.
 
 Progress (asked by ``gen_params``' report_every / previews): while the flow runs, the engine reports the
 latent after each step (``output.latent_step``, ``output.flow_step``: steps done) and, on preview steps,
@@ -48,6 +52,7 @@ from mstar.graph import (
     StopOnValues,
     StreamingGraphEdge,
 )
+from mstar_graphs.bagel.cfg_parallel import STEP_NODE, evaluations, no_image_needed, no_text_needed
 
 MODULE = "bagel"
 VIEWS = ("llm", "llm_cfg_text", "llm_cfg_img")  # full context, without the last text, without the images
@@ -55,6 +60,9 @@ VIEW_INPUT_PREFIX = {"llm": "", "llm_cfg_text": "cfg_text_", "llm_cfg_img": "cfg
 VIEW_PORTS = ("input_ids", "embed_mask", "rope_positions", "spans", "row_kinds")
 TASKS = ("understand", "chat", "t2i", "edit")
 MODEL, PREVIEW = "model", "preview"  # partitions: everything, and the preview decoder its stream feeds
+# the CFG-parallel Walk's velocity node over each view, and the cfg_step port its velocity feeds
+VELOCITY_NODES = {"llm": "velocity", "llm_cfg_text": "velocity_cfg_text", "llm_cfg_img": "velocity_cfg_img"}
+VELOCITY_PORTS = {"velocity": "v_cond", "velocity_cfg_text": "v_no_text", "velocity_cfg_img": "v_no_image"}
 
 
 def view_input_name(view: str, port: str) -> str:
@@ -80,7 +88,9 @@ def make_next_walk(im_end: int):
                 return None
             return "decode"
         if last in ("prefill_text", "prefill_vae"):
-            return "image_gen_cfg" if meta.get("guided", True) else "image_gen"
+            if not meta.get("guided", True):
+                return "image_gen"
+            return "image_gen_cfg_parallel" if meta.get("cfg_parallel") else "image_gen_cfg"
         return None
 
     return next_walk
@@ -110,6 +120,43 @@ def _flow_node(name: str, guidance: tuple[str, ...]) -> GraphNode:
         guidance=guidance,
         loop_mode=LoopMode.FLOW,
     )
+
+
+def _velocity_node(name: str, view: str) -> GraphNode:
+    return GraphNode(
+        name,
+        inputs=["x", "step", "gen_params"],
+        outputs=["v"],
+        engine="ar",
+        module=MODULE,
+        kv_from=view,
+        loop_mode=LoopMode.VELOCITY,
+        optional_inputs=["step"],  # the first step's call has none: step 0
+    )
+
+
+def _cfg_parallel_edges() -> list[GraphEdge]:
+    stepped = [*VELOCITY_PORTS, STEP_NODE]  # what reads the state and the step
+    return [
+        *(GraphEdge("input.noise", f"{node}.x") for node in stepped),
+        *(GraphEdge("input.gen_params", f"{node}.gen_params") for node in stepped),
+        *(GraphEdge(f"{STEP_NODE}.{port}", f"{node}.{port}") for node in stepped for port in ("x", "step")),
+        *(GraphEdge(f"{node}.v", f"{STEP_NODE}.{port}") for node, port in VELOCITY_PORTS.items()),
+        GraphEdge(f"{STEP_NODE}.latent", "vae_decoder.x"),
+        GraphEdge(f"{STEP_NODE}.latent", "output.latent"),
+        GraphEdge(f"{STEP_NODE}.step", "output.flow_step"),  # steps done: the progress a caller sees
+    ]
+
+
+def _cfg_parallel_walk() -> Sequential:
+    """Per step: the three views' velocities at once (a branch the step does not need is skipped), then
+    the guided Euler step; then the VAE decoder."""
+    branches = Parallel(
+        Call("velocity"),
+        DynamicLoop(Call("velocity_cfg_text"), trip_count=no_text_needed),
+        DynamicLoop(Call("velocity_cfg_img"), trip_count=no_image_needed),
+    )
+    return Sequential(DynamicLoop(Sequential(branches, Call(STEP_NODE)), trip_count=evaluations), Call("vae_decoder"))
 
 
 def bagel_graph(im_end: int) -> ModelGraph:
@@ -152,6 +199,13 @@ def bagel_graph(im_end: int) -> ModelGraph:
         _llm_view("llm_cfg_img", token=False, images=False),
         _flow_node("image", ()),
         _flow_node("image_cfg", ("llm_cfg_text", "llm_cfg_img")),
+        *(_velocity_node(node, view) for view, node in VELOCITY_NODES.items()),
+        GraphNode(
+            STEP_NODE,
+            inputs=["x", "step", "gen_params", *VELOCITY_PORTS.values()],
+            outputs=["x", "step", "latent"],
+            optional_inputs=["step", "v_no_text", "v_no_image"],
+        ),
         GraphNode("vae_decoder", inputs=["x", "gen_params"], outputs=["image"]),
         GraphNode("preview_decoder", inputs=["x", "gen_params"], outputs=["image"]),
     ]
@@ -169,6 +223,7 @@ def bagel_graph(im_end: int) -> ModelGraph:
             GraphEdge("llm.token", "llm.input_ids"),
             GraphEdge("llm.token", "output.text_ids"),
             *flow_edges,
+            *_cfg_parallel_edges(),
             GraphEdge("input.gen_params", "vae_decoder.gen_params"),
             GraphEdge("vae_decoder.image", "output.image"),
             GraphEdge("input.gen_params", "preview_decoder.gen_params"),
@@ -189,6 +244,7 @@ def bagel_graph(im_end: int) -> ModelGraph:
             ),
             "image_gen": Sequential(Loop(Call("image"), max_iters=1), Call("vae_decoder")),
             "image_gen_cfg": Sequential(Loop(Call("image_cfg"), max_iters=1), Call("vae_decoder")),
+            "image_gen_cfg_parallel": _cfg_parallel_walk(),
         },
         next_walk=make_next_walk(im_end),
         topology=PartitionTopology(

@@ -45,8 +45,11 @@ class PreparedImage:
 class BagelRequests:
     """Builds BAGEL's Requests from text, PIL images and guidance settings; errors name the bad field."""
 
-    def __init__(self, tokenizer: BagelTokenizer, dims: BagelDims, vit_patch: int) -> None:
+    def __init__(self, tokenizer: BagelTokenizer, dims: BagelDims, vit_patch: int, cfg_parallel: bool = False) -> None:
+        """``cfg_parallel``: guided images take the Walk-driven flow (``image_gen_cfg_parallel``), for a
+        placement that puts the guidance views on different Workers."""
         self.tokenizer = tokenizer
+        self.cfg_parallel = cfg_parallel
         self.dims = dims
         self.vae_transform = ImageTransform(*dims.vae_transform)
         self.vit_transform = ImageTransform(*dims.vit_transform)
@@ -221,6 +224,8 @@ class BagelRequests:
             raise ValueError(f"noise must be {shape} for this size, got {tuple(noise.shape)}")
         inputs |= {"noise": noise.float(), "gen_params": params.pack()}
         meta = {"task": task, "guided": guided}
+        if self.cfg_parallel:
+            meta["cfg_parallel"] = True
         return _request(inputs, SamplingParams(temperature=0.0, max_tokens=1, seed=seed), meta, request_id)
 
 

@@ -54,6 +54,7 @@ class Router:
     def rank_for(self, node: str, walk: str | None) -> int:
         if self.placement is None:
             return 0
+        self.placement.check_served(walk)
         placed = self.placement.lookup(node, walk)
         if placed is None:  # a streamed chunk after its Walk ended: wherever the node is placed
             candidates = self.placement.placements_of(node)

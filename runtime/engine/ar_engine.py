@@ -34,7 +34,7 @@ from mstar.transport.inprocess import InProcessTensorStore
 
 log = logging.getLogger("mstar.engine.ar")
 # the log line of a failed step, as it read before the loops shared one contract
-STEP_NAMES = {LoopMode.TOKEN: "engine", LoopMode.FLOW: "flow", LoopMode.FRAMES: "frame"}
+STEP_NAMES = {LoopMode.TOKEN: "engine", LoopMode.FLOW: "flow", LoopMode.VELOCITY: "flow", LoopMode.FRAMES: "frame"}
 
 
 class AREngine(EngineInbox):
@@ -58,9 +58,11 @@ class AREngine(EngineInbox):
         self.core = build_core(module, store, config, device, name, tp)
         self._tokens = TokenLoop(self.core)
         # stepped in this order: flows first, as reserving their suffix may preempt sequences the
-        # token batch would hold
+        # token batch would hold; a velocity call is a one-evaluation flow: the flow loop runs it
+        flows = FlowLoop(self.core)
         self.loops: dict[LoopMode, EngineLoop] = {
-            LoopMode.FLOW: FlowLoop(self.core),
+            LoopMode.FLOW: flows,
+            LoopMode.VELOCITY: flows,
             LoopMode.FRAMES: FrameLoop(self.core),
             LoopMode.TOKEN: self._tokens,
         }
@@ -106,18 +108,25 @@ class AREngine(EngineInbox):
 
     def stats(self) -> dict[str, int]:
         stats = self.core.stats()
-        for loop in self.loops.values():
+        for loop in self._distinct_loops().values():
             stats.update(loop.stats())
         return stats
 
+    def _distinct_loops(self) -> dict[LoopMode, EngineLoop]:
+        """Each loop once (one may run several modes), under its first mode, in stepping order."""
+        seen: dict[int, tuple[LoopMode, EngineLoop]] = {}
+        for mode, loop in self.loops.items():
+            seen.setdefault(id(loop), (mode, loop))
+        return dict(seen.values())
+
     # -- device thread (DeviceLoop) -------------------------------------------------
     def has_work(self) -> bool:
-        return any(loop.has_work() for loop in self.loops.values())
+        return any(loop.has_work() for loop in self._distinct_loops().values())
 
     has_pending = has_work
 
     def step(self) -> None:
-        done = sum(self._step_loop(mode, loop) for mode, loop in self.loops.items())
+        done = sum(self._step_loop(mode, loop) for mode, loop in self._distinct_loops().items())
         if not done:
             time.sleep(0.001)  # everything waits for KV held by running sequences
 
@@ -136,14 +145,14 @@ class AREngine(EngineInbox):
                     self._start(msg, reply)
                 case ReleaseRequest(request_id=request_id):
                     self.core.store.free_owner(request_id)  # outputs made after the Conductor let go of it
-                    for loop in self.loops.values():
+                    for loop in self._distinct_loops().values():
                         loop.release(request_id)
                 case FeedInput():
                     self._tokens.feed(msg)
                 case ExportKV():
                     reply(export_sequence(self.core, msg))
                 case CloseSession(session_id=session_id):
-                    for loop in self.loops.values():
+                    for loop in self._distinct_loops().values():
                         loop.close_session(session_id)
         except CallRefused as exc:  # the caller's mistake: the reply says it all
             reply(NodeOutput(msg.call_id, msg.request_id, 0, final=True, error=str(exc)))

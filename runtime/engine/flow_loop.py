@@ -15,6 +15,9 @@ ready (flow, branch) pair; ``flow_branches`` says which branches a step needs an
 fixed contract (pi0.5: ``action_horizon`` rows, uniform steps, one branch). A planned call may ask
 for progress reports after chosen steps (mstar.engine.flow_reports): non-final outputs on the ports
 ``x_step``, ``step`` and ``x_pred``; the final ``x`` is the same either way.
+
+A velocity call (``LoopMode.VELOCITY``, mstar.engine.flow_plan) is a one-evaluation flow over its own
+view: it joins the same batched evaluation as every other ready flow, then replies ``v`` and goes.
 """
 
 from __future__ import annotations
@@ -27,12 +30,13 @@ from mstar.engine.attention.backend import AttentionContext
 from mstar.engine.engine_core import EngineCore
 from mstar.engine.engine_inbox import Reply
 from mstar.engine.flow_branches import check_fits, evaluation_metadata, fork_branches
-from mstar.engine.flow_plan import FlowEval, FlowPlan, check_plan, uniform_plan
+from mstar.engine.flow_plan import FlowEval, FlowPlan, check_plan, uniform_plan, velocity_plan
 from mstar.engine.flow_reports import step_report
 from mstar.engine.flow_state import FlowState, make_flow_state
 from mstar.engine.loop_contract import CallRefused, EngineLoop
 from mstar.engine.messages import ExecuteNode, NodeOutput
 from mstar.engine.sequence import ActiveCall, SeqStatus, Sequence
+from mstar.graph.loop_mode import LoopMode
 
 DEFAULT_STEPS = 10
 
@@ -51,6 +55,7 @@ class FlowLoop(EngineLoop):
         self.evaluations = 0  # flow_velocity calls (one per state shape per engine step)
         self.branch_evaluations = 0  # (flow, branch) pairs those calls evaluated
         self.euler_steps = 0  # flow steps taken
+        self.velocity_calls = 0  # velocity calls answered (LoopMode.VELOCITY)
 
     # -- the flows ------------------------------------------------------------------------------
     def _flows(self) -> list[FlowState]:
@@ -75,6 +80,7 @@ class FlowLoop(EngineLoop):
             "flow_calls": self.evaluations,
             "flow_evaluations": self.branch_evaluations,
             "flow_steps": self.euler_steps,
+            "flow_velocity_calls": self.velocity_calls,
         }
 
     # -- the contract's bookkeeping ----------------------------------------------------------------
@@ -138,8 +144,14 @@ class FlowLoop(EngineLoop):
         if stale is not None:  # a flow sequence left from before (its call ended elsewhere)
             core.scheduler.drop(stale)
         inputs = {k: core.store.resolve(v) for k, v in msg.inputs.items()}
-        plan, planned = self._plan(msg, inputs)
-        branches = fork_branches(core, msg, owner, plan.branches)
+        velocity = LoopMode.parse(msg.loop_mode) is LoopMode.VELOCITY
+        if velocity:
+            plan, step = self._velocity_plan(msg, inputs)
+            planned = True
+            branches = [core.new_sequence(msg, owner, empty_ok=True)]  # its view alone, maybe an empty context
+        else:
+            plan, planned = self._plan(msg, inputs)
+            branches = fork_branches(core, msg, owner, plan.branches)
         try:
             check_fits(core, msg.node, branches, plan.rows)
             flow = make_flow_state(inputs, plan, planned, branches[0].generator)
@@ -147,6 +159,8 @@ class FlowLoop(EngineLoop):
             for seq in branches:
                 core.scheduler.drop(seq)
             raise
+        if velocity:
+            flow.step, flow.velocity_only = step, True
         flow.branches = branches
         for i, seq in enumerate(branches):
             seq.flow = flow
@@ -154,6 +168,18 @@ class FlowLoop(EngineLoop):
             # a branch's call only lets the scheduler recompute its context; its errors fail the flow
             seq.call = ActiveCall(msg, reply if i == 0 else _branch_reply(flow), context_before=len(seq.token_ids))
             seq.status = SeqStatus.RUNNING if seq.table.blocks else SeqStatus.WAITING
+
+    def _velocity_plan(self, msg: ExecuteNode, inputs: dict[str, torch.Tensor]) -> tuple[FlowPlan, int]:
+        """A velocity call's one-branch plan and the step it evaluates."""
+        module = self.core.module
+        if not hasattr(module, "flow_plan"):
+            raise ValueError(
+                f"velocity node {msg.node!r}: module {type(module).__name__} has no flow_plan (velocity calls need "
+                f"a planned flow module)"
+            )
+        if "x" not in inputs:
+            raise ValueError(f"velocity node {msg.node!r}: input 'x' (the state to evaluate at) is missing")
+        return velocity_plan(module.flow_plan(inputs), msg.node, inputs.get("step"))
 
     def _plan(self, msg: ExecuteNode, inputs: dict[str, torch.Tensor]) -> tuple[FlowPlan, bool]:
         """The call's plan (from ``flow_plan``, or the fixed contract's), and whether the module plans."""
@@ -187,6 +213,10 @@ class FlowLoop(EngineLoop):
             stepped = 0
             for flow in ready:
                 if flow.main.call is None:  # failed while choosing its branches
+                    continue
+                if flow.velocity_only:
+                    self._reply_velocity(flow, velocities[id(flow)][0])
+                    stepped += 1
                     continue
                 try:
                     v = self._combine(flow, velocities.get(id(flow), {}))
@@ -286,6 +316,21 @@ class FlowLoop(EngineLoop):
         owner = call.msg.request_id
         handles = {name: self.core.store.put(value, owner=owner) for name, value in report.items()}
         call.reply(NodeOutput(call.msg.call_id, owner, flow.step - 1, handles))
+
+    def _reply_velocity(self, flow: FlowState, velocity: torch.Tensor) -> None:
+        call = flow.main.call
+        self._drop(flow)
+        assert call is not None
+        self.velocity_calls += 1
+        msg = call.msg
+        if not torch.isfinite(velocity).all():
+            error = f"node {msg.node!r}: the velocity has NaN or infinite values"
+            call.reply(NodeOutput(msg.call_id, msg.request_id, call.iteration, final=True, error=error))
+            return
+        handle = self.core.store.put(velocity, owner=msg.request_id)
+        call.reply(
+            NodeOutput(msg.call_id, msg.request_id, call.iteration, {"v": handle}, final=True, finish_reason="done")
+        )
 
     def _finish(self, flow: FlowState, report: dict[str, torch.Tensor] | None = None) -> None:
         call = flow.main.call

@@ -15,6 +15,12 @@ Two contracts run a flow Loop (mstar.engine.flow_loop):
 A planned call may report its progress (``FlowPlan.report_every`` / ``predict_steps``): after the
 chosen steps the flow sends a non-final output with its state (mstar.engine.flow_reports), so a graph
 edge from the flow node's ``x_step`` / ``step`` / ``x_pred`` ports streams it on while the flow runs.
+
+A **velocity call** (``LoopMode.VELOCITY``, planned modules only) runs one evaluation and takes no
+step: the velocity at its input ``x`` and the plan's time ``t_step`` (input ``step``, default 0) over
+the KV of its ``kv_from`` view alone (an empty context if the view has none), replied as ``v``. A
+Walk that calls one velocity node per view (each on the Worker holding that view's KV) and then a
+node that combines them and steps runs the same flow with its views on different Workers.
 """
 
 from __future__ import annotations
@@ -95,6 +101,24 @@ def uniform_plan(rows: int, state_shape: tuple[int, ...], steps: int) -> FlowPla
     """The fixed contract's plan: ``steps`` uniform steps from t = 1 to t = 0, one branch."""
     times = torch.tensor([1.0 - i / steps for i in range(steps + 1)], dtype=torch.float32)
     return FlowPlan(rows=rows, state_shape=tuple(state_shape), timesteps=times)
+
+
+def velocity_plan(plan: object, node: str, step: torch.Tensor | None) -> tuple[FlowPlan, int]:
+    """A velocity call's plan (one branch: the call's own view) and its step; ValueError names a bad one."""
+    if isinstance(plan, FlowPlan):
+        plan = FlowPlan(plan.rows, plan.state_shape, plan.timesteps, branches=1)
+    plan = check_plan(plan, node, guidance=0)
+    evaluations = plan.timesteps.numel() - 1
+    if step is None:
+        return plan, 0
+    if step.numel() != 1 or step.is_floating_point() or step.is_complex():
+        raise ValueError(
+            f"node {node!r}: velocity input 'step' must be one integer, got {step.dtype} {tuple(step.shape)}"
+        )
+    index = int(step.reshape(-1)[0])
+    if not 0 <= index < evaluations:
+        raise ValueError(f"node {node!r}: velocity input 'step' is {index}; the plan has steps 0..{evaluations - 1}")
+    return plan, index
 
 
 def check_plan(plan: object, node: str, guidance: int) -> FlowPlan:

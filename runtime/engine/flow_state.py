@@ -38,6 +38,7 @@ class FlowState:
     reserved: bool = False  # every branch's suffix slots are in its table
     branches: list[Sequence] = field(default_factory=list)  # [0]: the main one, which holds the call
     error: str | None = None  # a branch sequence failed (its prefix could not be recomputed): the flow fails
+    velocity_only: bool = False  # a velocity call: evaluate at ``step`` once and reply v (LoopMode.VELOCITY)
 
     @property
     def main(self) -> Sequence:

@@ -10,12 +10,16 @@ class LoopMode(enum.Enum):
 
     TOKEN: sample a token and feed it back (mstar.engine.token_loop); FLOW: Euler steps of a
     continuous state over a forked prefix's KV (mstar.engine.flow_loop); FRAMES: a world
-    model's frame context or rollouts over it (mstar.engine.frame_loop).
+    model's frame context or rollouts over it (mstar.engine.frame_loop); VELOCITY: not a loop
+    but one flow evaluation - the velocity ``v`` at the call's state ``x`` and plan step over the
+    KV of ``kv_from`` (run by the flow loop), for flows whose steps a Walk drives (classifier-free
+    guidance with its views on different Workers).
     """
 
     TOKEN = "token"
     FLOW = "flow"
     FRAMES = "frames"
+    VELOCITY = "velocity"
 
     @classmethod
     def parse(cls, value: LoopMode | str) -> LoopMode:

@@ -86,7 +86,8 @@ class GraphNode:
     module: str | None = None
     kv_from: str | None = None
     # an AR node's Loop (a LoopMode or its string): "token" (default), "flow" (integrates input/output "x" over
-    # the KV of ``kv_from``) or "frames" (rows come in frames: a world model; mstar.engine.frame_loop)
+    # the KV of ``kv_from``), "frames" (rows come in frames: a world model; mstar.engine.frame_loop) or
+    # "velocity" (one flow evaluation over the KV of ``kv_from``: input "x" [and "step"], output "v")
     loop_mode: LoopMode = LoopMode.TOKEN
     optional_inputs: tuple[str, ...] = ()  # ports a call may go without (the engine has a default)
     # ports whose streaming edge feeds the node's running Loop call (its chunks join the call's side input
@@ -125,6 +126,12 @@ class GraphNode:
                 f"among both its inputs and outputs"
             )
 
+        if self.loop_mode is LoopMode.VELOCITY and (
+            self.engine != "ar" or self.kv_from is None or "x" not in self.inputs or "v" not in self.outputs
+        ):
+            raise ValueError(
+                f"node {self.name!r}: a velocity node is an AR view with kv_from set, an input 'x' and an output 'v'"
+            )
         if self.guidance and (self.loop_mode is not LoopMode.FLOW or self.name in self.guidance):
             raise ValueError(
                 f"node {self.name!r}: guidance views {list(self.guidance)} need a flow node "

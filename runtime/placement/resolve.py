@@ -22,6 +22,7 @@ class ResolvedPlacement:
         self.world_size = file.placement.world_size
         # (node, walk) -> placement; walk None holds the groups without a walk list
         self._table: dict[tuple[str, str | None], NodePlacement] = {}
+        self.skipped_walks = self._skipped_walks()
         for i, group in enumerate(file.placement.node_groups):
             self._add(i, group)
         self._check_every_used_node_is_placed()
@@ -52,8 +53,19 @@ class ResolvedPlacement:
                     )
                 self._table[key] = NodePlacement(tuple(group.ranks), group.tp_size, i)
 
+    def _skipped_walks(self) -> frozenset[str]:
+        for j, walk in enumerate(self.file.placement.skip_walks):
+            if walk not in self.graph.walks:
+                raise self.file.error(
+                    ("skip_walks", j),
+                    f"graph {self.graph.name!r} has no walk {walk!r} (walks: {sorted(self.graph.walks)})",
+                )
+        return frozenset(self.file.placement.skip_walks)
+
     def _check_every_used_node_is_placed(self) -> None:
         for walk_name, walk in self.graph.walks.items():
+            if walk_name in self.skipped_walks:  # not served: its nodes may be placed nowhere
+                continue
             for node in dict.fromkeys(walk.node_names()):
                 if self.lookup(node, walk_name) is None:
                     raise self.file.error(
@@ -99,6 +111,11 @@ class ResolvedPlacement:
         """The transport the file asks for values of ``endpoint`` ("auto" when it does not say)."""
         choice = self.file.placement.transport
         return choice.edges.get(endpoint, choice.default)
+
+    def check_served(self, walk: str | None) -> None:
+        """ValueError when the placement does not serve ``walk`` (its ``skip_walks``)."""
+        if walk in self.skipped_walks:
+            raise ValueError(f"walk {walk!r} is not served by placement {self.file.source} (its skip_walks)")
 
     def lookup(self, node: str, walk: str | None) -> NodePlacement | None:
         """Where ``node`` runs during ``walk`` (a walk-scoped group wins over an unscoped one)."""

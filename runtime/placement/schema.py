@@ -15,6 +15,8 @@
     transport:                       # optional; how tensors cross between Workers
       default: auto                  # auto: shm on one host, tcp across hosts
       edges: {llm.token: tcp}        # per producing endpoint
+    skip_walks: [image_gen_cfg]      # optional: Walks this placement does not serve (their nodes need
+                                     # no rank; a request that reaches one fails naming it)
 
 Parsed with a msgspec schema; every error names the field and the line of the file.
 """
@@ -54,6 +56,7 @@ class Placement(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     node_groups: list[NodeGroup]
     devices: dict[int, str] = {}
     transport: TransportChoice = TransportChoice()
+    skip_walks: list[str] = []
 
     def device_of(self, rank: int) -> str:
         return self.devices.get(rank, "cpu")

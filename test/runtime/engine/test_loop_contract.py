@@ -73,7 +73,13 @@ def test_the_engine_holds_one_loop_per_mode():
     engine, _ = _engine()
     assert set(engine.loops) == set(LoopMode)
     kinds = {mode: type(loop) for mode, loop in engine.loops.items()}
-    assert kinds == {LoopMode.TOKEN: TokenLoop, LoopMode.FLOW: FlowLoop, LoopMode.FRAMES: FrameLoop}
+    assert kinds == {
+        LoopMode.TOKEN: TokenLoop,
+        LoopMode.FLOW: FlowLoop,
+        LoopMode.VELOCITY: FlowLoop,
+        LoopMode.FRAMES: FrameLoop,
+    }
+    assert engine.loops[LoopMode.VELOCITY] is engine.loops[LoopMode.FLOW]  # one loop, stepped once
 
 
 def test_a_call_goes_to_the_loop_of_its_mode_and_the_rest_to_every_loop():
@@ -95,12 +101,14 @@ def test_an_unknown_mode_fails_the_call_with_a_clear_error():
     replies: list[NodeOutput] = []
     engine._handle(_call(store, 1, "bogus"), replies.append)
     assert replies[-1].final and replies[-1].error == (
-        "node 'llm': engine 'ar' runs no loop of mode 'bogus' (it runs ['flow', 'frames', 'token'])"
+        "node 'llm': engine 'ar' runs no loop of mode 'bogus' (it runs ['flow', 'velocity', 'frames', 'token'])"
     )
     del engine.loops[LoopMode.FLOW]  # an engine without a loop for a valid mode says so too
     engine._handle(_call(store, 2, LoopMode.FLOW), replies.append)
     assert "runs no loop of mode <LoopMode.FLOW: 'flow'>" in replies[-1].error
-    with pytest.raises(ValueError, match=r"unknown loop mode 'bogus': one of \['token', 'flow', 'frames'\]"):
+    with pytest.raises(
+        ValueError, match=r"unknown loop mode 'bogus': one of \['token', 'flow', 'frames', 'velocity'\]"
+    ):
         GraphNode("n", ("a",), ("b",), engine="ar", loop_mode="bogus")
     with pytest.raises(msgspec.ValidationError):
         msgspec.msgpack.decode(

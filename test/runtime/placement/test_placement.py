@@ -141,3 +141,21 @@ def test_a_kv_view_must_sit_with_the_view_it_forks_from():
         PlacementError, match=r"p.yaml:4: node_groups\[1\].nodes: node 'act' forks its KV from 'prefix'"
     ):
         ResolvedPlacement(flow_graph(), PlacementFile.parse(text, "p.yaml"))
+
+
+def test_skipped_walks_need_no_placement_and_refuse_their_requests():
+    from mstar.conductor.routing import Router
+    from support.toy_flow import flow_graph
+
+    text = "world_size: 2\nskip_walks: [act]\nnode_groups:\n  - {nodes: [prefix], ranks: [1]}\n"
+    placement = ResolvedPlacement(flow_graph(), PlacementFile.parse(text, "p.yaml"))
+    router = Router(flow_graph(), placement)
+    assert router.rank_for("prefix", "prefill") == 1 and placement.placements_of("act") == []
+    with pytest.raises(ValueError, match=r"walk 'act' is not served by placement p.yaml \(its skip_walks\)"):
+        router.rank_for("act", "act")
+    with pytest.raises(PlacementError, match=r"p.yaml:3: node_groups: node 'act' is placed nowhere for walk 'act'"):
+        ResolvedPlacement(
+            flow_graph(), PlacementFile.parse(text.replace("skip_walks: [act]", "skip_walks: []"), "p.yaml")
+        )
+    with pytest.raises(PlacementError, match=r"p.yaml:2: skip_walks\[0\]: graph 'toy_flow' has no walk 'decode'"):
+        ResolvedPlacement(flow_graph(), PlacementFile.parse(text.replace("[act]", "[decode]"), "p.yaml"))
