@@ -19,7 +19,7 @@ from mstar_graphs.bagel.graph import MODULE, bagel_graph
 from mstar_graphs.bagel.tokenizer import BagelTokenizer
 
 MODEL = "bagel"  # its registered name
-LLM_NODES = frozenset({"llm", "llm_cfg_text", "llm_cfg_img", "image", "image_cfg"})
+LLM_NODES = frozenset({"llm", "llm_cfg_text", "llm_cfg_img", "think", "image", "image_cfg"})
 
 
 def bagel_spec(weights: str | Path | None = None, *, preset: str = "tiny", dtype: str = "float32") -> ModelSpec:

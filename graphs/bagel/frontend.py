@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -23,7 +25,9 @@ from mstar.sampling_params import SamplingParams
 from mstar_graphs.bagel.checkpoints import is_random_weights, resolve_path
 from mstar_graphs.bagel.config import BagelConfig
 from mstar_graphs.bagel.guidance import GuidanceParams
+from mstar_graphs.bagel.image_options import OPTIONS, OptionError, parse_image_options
 from mstar_graphs.bagel.requests import MAX_STEPS, BagelRequests
+from mstar_graphs.bagel.think_requests import ThinkPlan
 from mstar_graphs.bagel.tokenizer import BagelTokenizer
 from mstar_graphs.bagel.vit_config import VitConfig
 from mstar_graphs.common.image_events import ImageEvent
@@ -43,6 +47,7 @@ class BagelModel:
     max_images_per_request = 4
     max_input_images = 1
     default_image_steps = DEFAULT_STEPS
+    image_options = OPTIONS  # the images API's extension fields BAGEL takes (mstar_graphs.bagel.image_options)
 
     def __init__(self, path: Path, *, dtype: str = "float32", requests_only: bool = False) -> None:
         self.path = path
@@ -120,9 +125,11 @@ class BagelModel:
         outputs: frozenset[str] | None = None,
         speak: bool = False,
         request_id: str | None = None,
+        think: bool = False,
     ) -> Request:
         """A conversation turn answered in text: ``history`` turns (role, text[, None, images]) then this
-        one; each turn's images come before its text, as the reference lays out an interleaved context."""
+        one; each turn's images come before its text, as the reference lays out an interleaved context.
+        ``think``: the model reasons first (the answer holds its reasoning)."""
         if speak or audio is not None:
             raise ValueError("BAGEL answers in text and takes no audio")
         turns = [(t[1], list(t[3]) if len(t) > 3 and t[3] else []) for t in history]
@@ -133,6 +140,7 @@ class BagelModel:
             max_tokens=sampling.max_tokens,
             sampling=sampling,
             request_id=request_id or f"bagel-chat-{next(self._ids)}",
+            think=think,
         )
         req.outputs = frozenset({self.text_output}) if outputs is None else outputs
         return req
@@ -168,45 +176,55 @@ class BagelModel:
         steps: int | None,
         partial_images: int = 0,
         request_id: str,
+        options: Mapping[str, Any] | None = None,
         guidance: GuidanceParams | None = None,
     ) -> AsyncIterator[ImageEvent]:
         """The image capability's events (mstar_ros.webrtc.image_models); previews are not made yet
-        (``partial_images`` is a maximum)."""
+        (``partial_images`` is a maximum). ``options``: BAGEL's own (mstar_graphs.bagel.image_options:
+        ``guidance``, ``think``); ``guidance`` (Python callers): settings given whole, ``steps`` aside.
+        With ``think`` each image's final event carries the thought as ``revised_prompt``."""
         steps = self.default_image_steps if steps is None else steps
-        if not 2 <= steps <= MAX_STEPS:
-            raise ValueError(f"steps must be in 2..{MAX_STEPS}, got {steps}")
-        base = guidance or (
-            GuidanceParams(image_scale=2.0, interval=(0.0, 1.0), renorm="text_channel") if images else GuidanceParams()
-        )
-        g = GuidanceParams(
-            steps=steps,
-            timestep_shift=base.timestep_shift,
-            text_scale=base.text_scale,
-            image_scale=base.image_scale,
-            interval=base.interval,
-            renorm=base.renorm,
-            renorm_min=base.renorm_min,
-        )
+        if isinstance(steps, bool) or not isinstance(steps, int) or not 2 <= steps <= MAX_STEPS:
+            raise OptionError("steps", f"must be an integer in 2..{MAX_STEPS}, got {steps!r}")
+        g, think = parse_image_options(options, edit=bool(images), steps=steps)
+        if guidance is not None:
+            g = dataclasses.replace(guidance, steps=steps)
         seed_base = seed if seed is not None else int(torch.randint(0, 2**31 - 1, ()).item())
         width, height = size
-        built = []
+        built = []  # per image: a Request, or (think) a ThinkPlan whose image request follows its thought
         for i in range(n):
             rid = f"{request_id}-{i}"
-            if images:
-                built.append(
-                    self.requests.edit(_pil(images[0]), prompt, guidance=g, seed=seed_base + i, request_id=rid)
-                )
+            source = _pil(images[0]) if images else None
+            if think:
+                built.append(self.requests.think(prompt, source, size=(height, width), guidance=g, request_id=rid))
+            elif source is not None:
+                built.append(self.requests.edit(source, prompt, guidance=g, seed=seed_base + i, request_id=rid))
             else:
                 built.append(
                     self.requests.generate(prompt, size=(height, width), guidance=g, seed=seed_base + i, request_id=rid)
                 )
         queue: asyncio.Queue = asyncio.Queue()
+        submitted: list[str] = []
+        thoughts: dict[int, str] = {}
 
-        async def pump(i: int, req: Request) -> None:
+        async def image_of(i: int, req: Request) -> None:
+            submitted.append(req.request_id)
+            async for out in conductor.submit(req):
+                if out.name == self.image_output:
+                    await queue.put((i, out.data))
+
+        async def pump(i: int, item) -> None:
             try:
-                async for out in conductor.submit(req):
-                    if out.name == self.image_output:
-                        await queue.put((i, out.data))
+                if isinstance(item, ThinkPlan):
+                    try:
+                        submitted.append(item.request.request_id)
+                        ids = [int(out.data) async for out in conductor.submit(item.request)]
+                        thoughts[i] = self.requests.thought(ids)
+                        await image_of(i, self.requests.after_thought(item, ids, seed=seed_base + i))
+                    finally:
+                        conductor.close_session(item.session_id)  # the contexts' and the thought's KV
+                else:
+                    await image_of(i, item)
                 await queue.put((i, None))
             except Exception as exc:  # the consumer re-raises it
                 await queue.put((i, exc))
@@ -230,13 +248,14 @@ class BagelModel:
                     step=steps - 1,
                     steps=steps - 1,
                     input_tokens=prompt_tokens if i == 0 else 0,
+                    revised_prompt=thoughts.get(i),
                 )
         finally:
             for task in tasks:
                 task.cancel()
-            for req in built:
+            for rid in submitted:
                 with contextlib.suppress(Exception):
-                    await conductor.cancel(req.request_id)
+                    await conductor.cancel(rid)
 
 
 def _pil(image) -> Image.Image:

@@ -18,9 +18,16 @@ three contexts), and one engine step evaluates every view's rows of every reques
 - ``prefill_vae``: an edit: VAE and ViT rows of the image, then all three views' contexts;
 - ``decode``: the answer, token by token, until ``<|im_end|>``;
 - ``image_gen``: the flow Loop without guidance (scales 1), then the VAE decoder;
-- ``image_gen_cfg``: the flow Loop with text / image guidance, then the VAE decoder.
+- ``image_gen_cfg``: the flow Loop with text / image guidance, then the VAE decoder;
+- ``prefill_views``: a text-only request's three contexts (think mode: the system prompt makes the
+  no-text and no-image contexts differ from the full one);
+- ``think`` / ``think_decode``: the reasoning decoded greedily by the ``think`` view, a copy-on-write
+  fork of the full context (``kv_from="llm"``): the full context itself is left as it was.
 
-``next_walk`` follows ``request.meta["task"]``: ``understand`` / ``chat`` / ``t2i`` / ``edit``.
+``next_walk`` follows ``request.meta["task"]``: ``understand`` / ``chat`` / ``t2i`` / ``edit`` /
+``think``. Think mode runs as two requests of one session: ``think`` (the contexts, then the thought,
+output ``thought_ids``), then the generation with ``meta["continued"]``: its input is only the thought
+re-tokenized as a text turn, appended to the full context (``prefill_text``) before the flow.
 """
 
 from __future__ import annotations
@@ -42,7 +49,8 @@ MODULE = "bagel"
 VIEWS = ("llm", "llm_cfg_text", "llm_cfg_img")  # full context, without the last text, without the images
 VIEW_INPUT_PREFIX = {"llm": "", "llm_cfg_text": "cfg_text_", "llm_cfg_img": "cfg_img_"}
 VIEW_PORTS = ("input_ids", "embed_mask", "rope_positions", "spans", "row_kinds")
-TASKS = ("understand", "chat", "t2i", "edit")
+TASKS = ("understand", "chat", "t2i", "edit", "think")
+THINK_INPUT = "think_ids"  # the think view's first query: ``<|im_start|>`` (through the context node)
 
 
 def view_input_name(view: str, port: str) -> str:
@@ -57,14 +65,19 @@ def make_next_walk(im_end: int):
         if last is None:
             if task == "understand":
                 return "prefill_vit"
-            if task == "edit":
+            if (task == "edit" and not meta.get("continued")) or (task == "think" and meta.get("source") == "edit"):
                 return "prefill_vae"
+            if task == "think" and meta.get("guided"):
+                return "prefill_views"
             return "prefill_text"
+        if task == "think":
+            if last in ("think", "think_decode") and (last == "think_decode" or _stops(state, "think.token", im_end)):
+                return None
+            return "think" if last.startswith("prefill") else "think_decode"
         if task in ("understand", "chat"):
             if last == "decode":
                 return None
-            first = state.value("llm.token")
-            if first is None or int(first) == im_end or meta.get("max_tokens", 512) <= 1:
+            if _stops(state, "llm.token", im_end):
                 return None
             return "decode"
         if last in ("prefill_text", "prefill_vae"):
@@ -72,6 +85,12 @@ def make_next_walk(im_end: int):
         return None
 
     return next_walk
+
+
+def _stops(state, port: str, im_end: int) -> bool:
+    """After a decode's first token: whether it ends there (``<|im_end|>``, or a one-token budget)."""
+    first = state.value(port)
+    return first is None or int(first) == im_end or state.request.meta.get("max_tokens", 512) <= 1
 
 
 def _llm_view(name: str, token: bool, images: bool = True) -> GraphNode:
@@ -106,7 +125,7 @@ def bagel_graph(im_end: int) -> ModelGraph:
         for view in VIEWS
         for port in (VIEW_PORTS if view != "llm_cfg_img" else VIEW_PORTS[:1] + VIEW_PORTS[2:3])
     ]
-    context_ports = ["vae_embeds", "vit_embeds", *view_ports]
+    context_ports = ["vae_embeds", "vit_embeds", *view_ports, THINK_INPUT]
     view_edges = [
         edge
         for view in VIEWS
@@ -133,10 +152,23 @@ def bagel_graph(im_end: int) -> ModelGraph:
         nodes=[
             GraphNode("vit_encoder", inputs=["image"], outputs=["embeds"]),
             GraphNode("vae_encoder", inputs=["image"], outputs=["embeds"]),
-            GraphNode("context", inputs=context_ports, outputs=["embeds", *view_ports], optional_inputs=context_ports),
+            GraphNode(
+                "context",
+                inputs=context_ports,
+                outputs=["embeds", *view_ports, THINK_INPUT],
+                optional_inputs=context_ports,
+            ),
             _llm_view("llm", token=True),
             _llm_view("llm_cfg_text", token=False),
             _llm_view("llm_cfg_img", token=False, images=False),
+            GraphNode(
+                "think",
+                inputs=["input_ids"],
+                outputs=["token"],
+                engine="ar",
+                module=MODULE,
+                kv_from="llm",  # a copy-on-write fork: the thought never enters the full context's KV
+            ),
             _flow_node("image", ()),
             _flow_node("image_cfg", ("llm_cfg_text", "llm_cfg_img")),
             GraphNode("vae_decoder", inputs=["x", "gen_params"], outputs=["image"]),
@@ -151,6 +183,10 @@ def bagel_graph(im_end: int) -> ModelGraph:
             *view_edges,
             GraphEdge("llm.token", "llm.input_ids"),
             GraphEdge("llm.token", "output.text_ids"),
+            GraphEdge(f"input.{THINK_INPUT}", f"context.{THINK_INPUT}"),
+            GraphEdge(f"context.{THINK_INPUT}", "think.input_ids"),
+            GraphEdge("think.token", "think.input_ids"),
+            GraphEdge("think.token", "output.thought_ids"),
             *flow_edges,
             GraphEdge("input.gen_params", "vae_decoder.gen_params"),
             GraphEdge("vae_decoder.image", "output.image"),
@@ -167,6 +203,13 @@ def bagel_graph(im_end: int) -> ModelGraph:
                 Call("llm"),
                 trip_count=lambda s: max(0, s.request.meta.get("max_tokens", 512) - 1),
                 stop=StopOnValues("llm.token", (im_end,)),
+            ),
+            "prefill_views": Sequential(Call("context"), Parallel(*(Call(v) for v in VIEWS))),
+            "think": Sequential(Call("think")),
+            "think_decode": DynamicLoop(
+                Call("think"),
+                trip_count=lambda s: max(0, s.request.meta.get("max_tokens", 512) - 1),
+                stop=StopOnValues("think.token", (im_end,)),
             ),
             "image_gen": Sequential(Loop(Call("image"), max_iters=1), Call("vae_decoder")),
             "image_gen_cfg": Sequential(Loop(Call("image_cfg"), max_iters=1), Call("vae_decoder")),
