@@ -10,7 +10,9 @@ The model as served:
 - ``frontend.py``: ``BagelModel``, what the gateway, the CLI and ROS serve (answers and images);
   ``requests.py``: its Requests, built as the reference's inferencer builds its three contexts;
   ``context_layout.py``: one context as the engine takes it; ``generation_params.py``: a generation's
-  settings as the tensor the graph carries;
+  settings as the tensor the graph carries; ``image_options.py``: the images API's / CLI's BAGEL options
+  (guidance, think) judged; ``think_requests.py`` / ``think_prompts.py``: think mode (its two requests,
+  the thought's text; the reference's system prompts, verbatim);
 - ``config.py``: ``BagelConfig`` (``LlmConfig`` from ``llm_config.json`` with app.py's overrides,
   ``BagelDims``: the sizes no released json holds); ``vit_config.py``: the ViT's;
 - ``checkpoints.py``: the released directory layout, the loader's name map, the cached tiny checkpoint

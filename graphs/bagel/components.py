@@ -20,7 +20,17 @@ from mstar_graphs.bagel.tokenizer import BagelTokenizer
 
 MODEL = "bagel"  # its registered name
 LLM_NODES = frozenset(
-    {"llm", "llm_cfg_text", "llm_cfg_img", "image", "image_cfg", "velocity", "velocity_cfg_text", "velocity_cfg_img"}
+    {
+        "llm",
+        "llm_cfg_text",
+        "llm_cfg_img",
+        "think",
+        "image",
+        "image_cfg",
+        "velocity",
+        "velocity_cfg_text",
+        "velocity_cfg_img",
+    }
 )
 
 

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -25,7 +27,9 @@ from mstar_graphs.bagel.checkpoints import is_random_weights, resolve_path
 from mstar_graphs.bagel.config import BagelConfig
 from mstar_graphs.bagel.generation_params import MAX_PREVIEWS, GenerationParams
 from mstar_graphs.bagel.guidance import GuidanceParams
+from mstar_graphs.bagel.image_options import OPTIONS, OptionError, parse_image_options
 from mstar_graphs.bagel.requests import MAX_STEPS, BagelRequests
+from mstar_graphs.bagel.think_requests import ThinkPlan
 from mstar_graphs.bagel.tokenizer import BagelTokenizer
 from mstar_graphs.bagel.vit_config import VitConfig
 from mstar_graphs.common.image_events import ImageEvent
@@ -46,6 +50,7 @@ class BagelModel:
     max_images_per_request = 4
     max_input_images = 1
     default_image_steps = DEFAULT_STEPS
+    image_options = OPTIONS  # the images API's extension fields BAGEL takes (mstar_graphs.bagel.image_options)
 
     def __init__(
         self, path: Path, *, dtype: str = "float32", requests_only: bool = False, cfg_parallel: bool = False
@@ -128,9 +133,11 @@ class BagelModel:
         outputs: frozenset[str] | None = None,
         speak: bool = False,
         request_id: str | None = None,
+        think: bool = False,
     ) -> Request:
         """A conversation turn answered in text: ``history`` turns (role, text[, None, images]) then this
-        one; each turn's images come before its text, as the reference lays out an interleaved context."""
+        one; each turn's images come before its text, as the reference lays out an interleaved context.
+        ``think``: the model reasons first (the answer holds its reasoning)."""
         if speak or audio is not None:
             raise ValueError("BAGEL answers in text and takes no audio")
         turns = [(t[1], list(t[3]) if len(t) > 3 and t[3] else []) for t in history]
@@ -141,6 +148,7 @@ class BagelModel:
             max_tokens=sampling.max_tokens,
             sampling=sampling,
             request_id=request_id or f"bagel-chat-{next(self._ids)}",
+            think=think,
         )
         req.outputs = frozenset({self.text_output}) if outputs is None else outputs
         return req
@@ -176,57 +184,71 @@ class BagelModel:
         steps: int | None,
         partial_images: int = 0,
         request_id: str,
+        options: Mapping[str, Any] | None = None,
         guidance: GuidanceParams | None = None,
     ) -> AsyncIterator[ImageEvent]:
         """The image capability's events (mstar_ros.webrtc.image_models): ``progress`` after every flow step,
         ``partial_images`` previews (the VAE decode of the clean latent predicted at steps spread over the
-        flow, before its last), then the ``final`` image, per image."""
+        flow, before its last), then the ``final`` image, per image. ``options``: BAGEL's own
+        (mstar_graphs.bagel.image_options: ``guidance``, ``think``); ``guidance`` (Python callers): settings
+        given whole, ``steps`` aside. With ``think`` each image's final event carries the thought as
+        ``revised_prompt``."""
         steps = self.default_image_steps if steps is None else steps
-        if not 2 <= steps <= MAX_STEPS:
-            raise ValueError(f"steps must be in 2..{MAX_STEPS}, got {steps}")
-        base = guidance or (
-            GuidanceParams(image_scale=2.0, interval=(0.0, 1.0), renorm="text_channel") if images else GuidanceParams()
-        )
-        g = GuidanceParams(
-            steps=steps,
-            timestep_shift=base.timestep_shift,
-            text_scale=base.text_scale,
-            image_scale=base.image_scale,
-            interval=base.interval,
-            renorm=base.renorm,
-            renorm_min=base.renorm_min,
-        )
-        seed_base = seed if seed is not None else int(torch.randint(0, 2**31 - 1, ()).item())
-        width, height = size
+        if isinstance(steps, bool) or not isinstance(steps, int) or not 2 <= steps <= MAX_STEPS:
+            raise OptionError("steps", f"must be an integer in 2..{MAX_STEPS}, got {steps!r}")
+        g, think = parse_image_options(options, edit=bool(images), steps=steps)
+        if guidance is not None:
+            g = dataclasses.replace(guidance, steps=steps)
         if not 0 <= partial_images <= MAX_PREVIEWS:
             raise ValueError(f"partial_images must be in 0..{MAX_PREVIEWS}, got {partial_images}")
+        seed_base = seed if seed is not None else int(torch.randint(0, 2**31 - 1, ()).item())
+        width, height = size
         progress = {"report_every": 1, "previews": partial_images}
-        built = []
+        built: list = []  # per image: a Request, or (think) a ThinkPlan whose image request follows its thought
         for i in range(n):
             rid = f"{request_id}-{i}"
-            if images:
-                req = self.requests.edit(
-                    _pil(images[0]), prompt, guidance=g, seed=seed_base + i, request_id=rid, **progress
+            source = _pil(images[0]) if images else None
+            if think:
+                built.append(self.requests.think(prompt, source, size=(height, width), guidance=g, request_id=rid))
+            elif source is not None:
+                built.append(
+                    self.requests.edit(source, prompt, guidance=g, seed=seed_base + i, request_id=rid, **progress)
                 )
             else:
-                req = self.requests.generate(
-                    prompt, size=(height, width), guidance=g, seed=seed_base + i, request_id=rid, **progress
+                built.append(
+                    self.requests.generate(
+                        prompt, size=(height, width), guidance=g, seed=seed_base + i, request_id=rid, **progress
+                    )
                 )
-            req.outputs = frozenset({self.image_output, PREVIEW, FLOW_STEP})  # no latents to ship
-            built.append(req)
-        queue: asyncio.Queue = asyncio.Queue()
         evaluations = steps - 1  # flow steps: one fewer than the schedule's points
         prompt_tokens = len(self.tokenizer.encode(prompt))
+        submitted: list[str] = []
+        queue: asyncio.Queue = asyncio.Queue()
 
-        async def pump(i: int, req: Request) -> None:
+        async def events_of(i: int, req: Request, thought: str | None) -> None:
+            req.outputs = frozenset({self.image_output, PREVIEW, FLOW_STEP})  # no latents to ship
+            submitted.append(req.request_id)
+            tokens = prompt_tokens if i == 0 else 0
+            async for event in self._image_events(conductor, req, i, evaluations, tokens, thought):
+                await queue.put(event)
+
+        async def pump(i: int, item) -> None:
             try:
-                async for event in self._image_events(conductor, req, i, evaluations, prompt_tokens if i == 0 else 0):
-                    await queue.put(event)
+                if isinstance(item, ThinkPlan):
+                    try:
+                        submitted.append(item.request.request_id)
+                        ids = [int(out.data) async for out in conductor.submit(item.request)]
+                        image_req = self.requests.after_thought(item, ids, seed=seed_base + i, **progress)
+                        await events_of(i, image_req, self.requests.thought(ids))
+                    finally:
+                        conductor.close_session(item.session_id)  # the contexts' and the thought's KV
+                else:
+                    await events_of(i, item, None)
                 await queue.put(None)
             except Exception as exc:  # the consumer re-raises it
                 await queue.put(exc)
 
-        tasks = [asyncio.ensure_future(pump(i, r)) for i, r in enumerate(built)]
+        tasks = [asyncio.ensure_future(pump(i, item)) for i, item in enumerate(built)]
         try:
             done = 0
             while done < n:
@@ -240,12 +262,12 @@ class BagelModel:
         finally:
             for task in tasks:
                 task.cancel()
-            for req in built:
+            for rid in submitted:
                 with contextlib.suppress(Exception):
-                    await conductor.cancel(req.request_id)
+                    await conductor.cancel(rid)
 
     async def _image_events(
-        self, conductor, req: Request, index: int, evaluations: int, input_tokens: int
+        self, conductor, req: Request, index: int, evaluations: int, input_tokens: int, thought: str | None = None
     ) -> AsyncIterator[ImageEvent]:
         """One image's events from its request's outputs: ``progress`` per flow step (``flow_step``), a
         ``partial`` per preview, and the ``final`` image once the request is over (a preview decode still
@@ -266,7 +288,15 @@ class BagelModel:
                 final = _uint8(out.data)
         if final is None:
             raise RuntimeError(f"request {req.request_id!r} ended without an image")
-        yield ImageEvent("final", index, final, step=evaluations, steps=evaluations, input_tokens=input_tokens)
+        yield ImageEvent(
+            "final",
+            index,
+            final,
+            step=evaluations,
+            steps=evaluations,
+            input_tokens=input_tokens,
+            revised_prompt=thought,
+        )
 
 
 def _uint8(image: torch.Tensor) -> np.ndarray:

@@ -23,10 +23,17 @@ three contexts), and one engine step evaluates every view's rows of every reques
 - ``image_gen_cfg``: the flow Loop with text / image guidance, then the VAE decoder;
 - ``image_gen_cfg_parallel``: the same guided flow with the Walk driving its steps - per step one
   velocity call per view (each where that view's KV is: the views may sit on different Workers),
-  then ``cfg_step`` combines and steps (mstar_graphs.bagel.cfg_parallel) - then the VAE decoder.
+  then ``cfg_step`` combines and steps (mstar_graphs.bagel.cfg_parallel) - then the VAE decoder;
+- ``prefill_views``: a text-only request's three contexts (think mode: the system prompt makes the
+  no-text and no-image contexts differ from the full one);
+- ``think`` / ``think_decode``: the reasoning decoded greedily by the ``think`` view, a copy-on-write
+  fork of the full context (``kv_from="llm"``): the full context itself is left as it was.
 
-``next_walk`` follows ``request.meta["task"]``: ``understand`` / ``chat`` / ``t2i`` / ``edit``; a guided
-image with ``meta["cfg_parallel"]`` takes ``image_gen_cfg_parallel``.
+``next_walk`` follows ``request.meta["task"]``: ``understand`` / ``chat`` / ``t2i`` / ``edit`` /
+``think``; a guided image with ``meta["cfg_parallel"]`` takes ``image_gen_cfg_parallel``. Think mode
+runs as two requests of one session: ``think`` (the contexts, then the thought, output
+``thought_ids``), then the generation with ``meta["continued"]``: its input is only the thought
+re-tokenized as a text turn, appended to the full context (``prefill_text``) before the flow.
 
 Progress (asked by ``gen_params``' report_every / previews): while the flow runs, the engine reports the
 latent after each step (``output.latent_step``, ``output.flow_step``: steps done) and, on preview steps,
@@ -63,6 +70,8 @@ MODEL, PREVIEW = "model", "preview"  # partitions: everything, and the preview d
 # the CFG-parallel Walk's velocity node over each view, and the cfg_step port its velocity feeds
 VELOCITY_NODES = {"llm": "velocity", "llm_cfg_text": "velocity_cfg_text", "llm_cfg_img": "velocity_cfg_img"}
 VELOCITY_PORTS = {"velocity": "v_cond", "velocity_cfg_text": "v_no_text", "velocity_cfg_img": "v_no_image"}
+TASKS = ("understand", "chat", "t2i", "edit", "think")
+THINK_INPUT = "think_ids"  # the think view's first query: ``<|im_start|>`` (through the context node)
 
 
 def view_input_name(view: str, port: str) -> str:
@@ -77,14 +86,19 @@ def make_next_walk(im_end: int):
         if last is None:
             if task == "understand":
                 return "prefill_vit"
-            if task == "edit":
+            if (task == "edit" and not meta.get("continued")) or (task == "think" and meta.get("source") == "edit"):
                 return "prefill_vae"
+            if task == "think" and meta.get("guided"):
+                return "prefill_views"
             return "prefill_text"
+        if task == "think":
+            if last in ("think", "think_decode") and (last == "think_decode" or _stops(state, "think.token", im_end)):
+                return None
+            return "think" if last.startswith("prefill") else "think_decode"
         if task in ("understand", "chat"):
             if last == "decode":
                 return None
-            first = state.value("llm.token")
-            if first is None or int(first) == im_end or meta.get("max_tokens", 512) <= 1:
+            if _stops(state, "llm.token", im_end):
                 return None
             return "decode"
         if last in ("prefill_text", "prefill_vae"):
@@ -94,6 +108,12 @@ def make_next_walk(im_end: int):
         return None
 
     return next_walk
+
+
+def _stops(state, port: str, im_end: int) -> bool:
+    """After a decode's first token: whether it ends there (``<|im_end|>``, or a one-token budget)."""
+    first = state.value(port)
+    return first is None or int(first) == im_end or state.request.meta.get("max_tokens", 512) <= 1
 
 
 def _llm_view(name: str, token: bool, images: bool = True) -> GraphNode:
@@ -165,7 +185,7 @@ def bagel_graph(im_end: int) -> ModelGraph:
         for view in VIEWS
         for port in (VIEW_PORTS if view != "llm_cfg_img" else VIEW_PORTS[:1] + VIEW_PORTS[2:3])
     ]
-    context_ports = ["vae_embeds", "vit_embeds", *view_ports]
+    context_ports = ["vae_embeds", "vit_embeds", *view_ports, THINK_INPUT]
     view_edges = [
         edge
         for view in VIEWS
@@ -193,10 +213,23 @@ def bagel_graph(im_end: int) -> ModelGraph:
     nodes = [
         GraphNode("vit_encoder", inputs=["image"], outputs=["embeds"]),
         GraphNode("vae_encoder", inputs=["image"], outputs=["embeds"]),
-        GraphNode("context", inputs=context_ports, outputs=["embeds", *view_ports], optional_inputs=context_ports),
+        GraphNode(
+            "context",
+            inputs=context_ports,
+            outputs=["embeds", *view_ports, THINK_INPUT],
+            optional_inputs=context_ports,
+        ),
         _llm_view("llm", token=True),
         _llm_view("llm_cfg_text", token=False),
         _llm_view("llm_cfg_img", token=False, images=False),
+        GraphNode(
+            "think",
+            inputs=["input_ids"],
+            outputs=["token"],
+            engine="ar",
+            module=MODULE,
+            kv_from="llm",  # a copy-on-write fork: the thought never enters the full context's KV
+        ),
         _flow_node("image", ()),
         _flow_node("image_cfg", ("llm_cfg_text", "llm_cfg_img")),
         *(_velocity_node(node, view) for view, node in VELOCITY_NODES.items()),
@@ -222,6 +255,10 @@ def bagel_graph(im_end: int) -> ModelGraph:
             *view_edges,
             GraphEdge("llm.token", "llm.input_ids"),
             GraphEdge("llm.token", "output.text_ids"),
+            GraphEdge(f"input.{THINK_INPUT}", f"context.{THINK_INPUT}"),
+            GraphEdge(f"context.{THINK_INPUT}", "think.input_ids"),
+            GraphEdge("think.token", "think.input_ids"),
+            GraphEdge("think.token", "output.thought_ids"),
             *flow_edges,
             *_cfg_parallel_edges(),
             GraphEdge("input.gen_params", "vae_decoder.gen_params"),
@@ -241,6 +278,13 @@ def bagel_graph(im_end: int) -> ModelGraph:
                 Call("llm"),
                 trip_count=lambda s: max(0, s.request.meta.get("max_tokens", 512) - 1),
                 stop=StopOnValues("llm.token", (im_end,)),
+            ),
+            "prefill_views": Sequential(Call("context"), Parallel(*(Call(v) for v in VIEWS))),
+            "think": Sequential(Call("think")),
+            "think_decode": DynamicLoop(
+                Call("think"),
+                trip_count=lambda s: max(0, s.request.meta.get("max_tokens", 512) - 1),
+                stop=StopOnValues("think.token", (im_end,)),
             ),
             "image_gen": Sequential(Loop(Call("image"), max_iters=1), Call("vae_decoder")),
             "image_gen_cfg": Sequential(Loop(Call("image_cfg"), max_iters=1), Call("vae_decoder")),

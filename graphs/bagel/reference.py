@@ -288,3 +288,39 @@ def ref_generate_latents(
         x = x - v * (times[i] - times[i + 1])
         out.append(x)
     return out
+
+
+# ------------------------------------------------------------------ think mode
+
+
+def ref_think_contexts(
+    sd: Mapping[str, torch.Tensor],
+    cfg: LlmConfig,
+    tok: Any,
+    inputs: Sequence[tuple[str, Any]],
+    system_prompt: str,
+    max_think_tokens: int,
+) -> tuple[RefText, dict[str, list[Part]]]:
+    """The thought and the three contexts a thinking generation ends with, built input by input as
+    ``InterleaveInferencer.interleave_inference(think=True)`` builds them. ``inputs``: ``("text", str)`` or
+    ``("image", [its parts])`` in order. The system prompt opens the full and the no-image contexts; a text
+    input first copies the full context to the no-text one; an image's parts go to the full context only,
+    which the no-text one then copies. The thought is decoded greedily from the full context, and its text
+    re-tokenized as one more text turn of the full context."""
+    system = ("text", tok.text_turn(system_prompt))
+    gen: list[Part] = [system]
+    no_image: list[Part] = [system]
+    no_text: list[Part] = []
+    for kind, value in inputs:
+        if kind == "text":
+            no_text = list(gen)
+            gen.append(("text", tok.text_turn(value)))
+            no_image.append(("text", tok.text_turn(value)))
+        elif kind == "image":
+            gen.extend(value)
+            no_text = list(gen)
+        else:
+            raise ValueError(f"unknown input {kind!r} (text, image)")
+    thought = ref_understand(sd, cfg, tok, gen, max_think_tokens)
+    gen.append(("text", tok.text_turn(thought.text)))
+    return thought, {"gen": gen, "cfg_text": no_text, "cfg_img": no_image}

@@ -5,7 +5,8 @@ builds its three contexts (full; without the last text; without the images), lai
 - text-to-image: full context ``[prompt turn]``; the no-text context is empty; the no-image context
   equals the full one, so its velocity is the conditional one (``image_branch="main"``);
 - editing: full ``[VAE span, ViT span, instruction turn]``, no-text ``[VAE span, ViT span]``,
-  no-image ``[instruction turn]``; the output has the input's (VAE-resized) size.
+  no-image ``[instruction turn]``; the output has the input's (VAE-resized) size;
+- think mode: the think prompt turn first in every context (mstar_graphs.bagel.think_requests).
 
 Every input image is first resized by the VAE rule, then by the ViT rule (the reference does so
 even for understanding). The VAE encoding of a context image is its Gaussian's mean (the reference
@@ -14,6 +15,7 @@ samples it; a served model answers the same request the same way).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -24,9 +26,11 @@ from mstar.sampling_params import SamplingParams
 from mstar_graphs.bagel.config import BagelDims
 from mstar_graphs.bagel.context_layout import ImagePart, Markers, Part, TextPart, view_inputs
 from mstar_graphs.bagel.generation_params import GenerationParams
-from mstar_graphs.bagel.graph import VIEW_PORTS, view_input_name
+from mstar_graphs.bagel.graph import THINK_INPUT, VIEW_PORTS, view_input_name
 from mstar_graphs.bagel.guidance import GuidanceParams
 from mstar_graphs.bagel.image_transform import ImageTransform, rgb_on_white
+from mstar_graphs.bagel.think_prompts import GENERATE_THINK_PROMPT, UNDERSTAND_THINK_PROMPT
+from mstar_graphs.bagel.think_requests import MAX_THINK_TOKENS, ThinkPlan, thought_text
 from mstar_graphs.bagel.tokenizer import BagelTokenizer
 
 MAX_STEPS = 250  # flow evaluations a request may ask for (the released default is 50)
@@ -107,15 +111,17 @@ class BagelRequests:
         max_tokens: int = 512,
         sampling: SamplingParams | None = None,
         request_id: str | None = None,
+        think: bool = False,
     ) -> Request:
         """An answer to the last of ``turns`` ((text, images shown before it), oldest first): the context
         is each turn's ViT spans then its text turn, then ``<|im_start|>`` (the reference's first decode
-        query). Greedy by default (as the reference answers); ``sampling`` may set a temperature."""
+        query). Greedy by default (as the reference answers); ``sampling`` may set a temperature.
+        ``think``: the understanding think prompt comes first; the answer then holds its reasoning."""
         if not turns:
             raise ValueError("a conversation needs a turn")
-        if not isinstance(max_tokens, int) or max_tokens < 1:
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
             raise ValueError(f"max_tokens must be an integer >= 1, got {max_tokens!r}")
-        parts: list[Part] = []
+        parts: list[Part] = [self._system(UNDERSTAND_THINK_PROMPT)] if think else []
         shown: list[torch.Tensor] = []
         for n, (text, images) in enumerate(turns):
             for image in images:
@@ -144,10 +150,11 @@ class BagelRequests:
         max_tokens: int = 512,
         sampling: SamplingParams | None = None,
         request_id: str | None = None,
+        think: bool = False,
     ) -> Request:
         """One question, about ``image`` if given (the reference's understanding)."""
         turn = (question, [image] if image is not None else [])
-        return self.conversation([turn], max_tokens=max_tokens, sampling=sampling, request_id=request_id)
+        return self.conversation([turn], max_tokens=max_tokens, sampling=sampling, request_id=request_id, think=think)
 
     def generate(
         self,
@@ -213,9 +220,100 @@ class BagelRequests:
         inputs |= self._views({"llm": [*spans, turn], "llm_cfg_text": spans, "llm_cfg_img": [turn]})
         return self._image_request(inputs, params, text_on, seed, noise, request_id, "edit")
 
+    # ------------------------------------------------------------- think mode
+
+    def _system(self, prompt: str) -> TextPart:
+        return TextPart(tuple(self.tokenizer.text_turn(prompt)))
+
+    def think(
+        self,
+        prompt: str,
+        image: Image.Image | None = None,
+        *,
+        size: tuple[int, int] | None = None,
+        guidance: GuidanceParams | None = None,
+        max_think_tokens: int = MAX_THINK_TOKENS,
+        request_id: str | None = None,
+        session_id: str | None = None,
+    ) -> ThinkPlan:
+        """The first request of a thinking generation (or edit, with ``image``): the three contexts with the
+        generation think prompt first, then the thought decoded greedily (output ``thought_ids``) on a
+        copy of the full context. Submit ``plan.request``, then ``after_thought(plan, thought_ids)``."""
+        if isinstance(max_think_tokens, bool) or not isinstance(max_think_tokens, int) or max_think_tokens < 1:
+            raise ValueError(f"max_think_tokens must be an integer >= 1, got {max_think_tokens!r}")
+        system, turn = self._system(GENERATE_THINK_PROMPT), self._turn(prompt, "prompt")
+        if image is None:
+            g = guidance or GuidanceParams()
+            side = self.dims.max_latent_size * self.downsample
+            height, width = self.check_size(*(size or (side, side)))
+            spans: list[Part] = []
+            inputs: dict[str, torch.Tensor] = {}
+        else:
+            g = guidance or GuidanceParams(image_scale=2.0, interval=(0.0, 1.0), renorm="text_channel")
+            prepared = self.prepare_image(image)
+            height, width = self.check_size(*prepared.size, field="image")
+            spans = [ImagePart("vae", self.vae_rows(prepared)), ImagePart("vit", self.vit_rows(prepared))]
+            inputs = {"vae_image": prepared.vae, "vit_image": prepared.vit}
+        self._check_steps(g)
+        text_on, image_on = _branches_used(g)
+        # the no-image context differs from the full one here (the thought goes to the full one only)
+        params = GenerationParams(
+            g, height // self.downsample, width // self.downsample, "view" if image_on else "none"
+        )
+        full = [system, *spans, turn]
+        contexts: dict[str, list[Part]] = {"llm": full}
+        if text_on or image is not None:  # an edit's prefill fills every view
+            contexts |= {"llm_cfg_text": [system, *spans], "llm_cfg_img": [system, turn]}
+        inputs |= self._views(contexts)
+        inputs[THINK_INPUT] = torch.tensor([self.tokenizer.special.im_start])
+        task = "t2i" if image is None else "edit"
+        meta = {"task": "think", "source": task, "guided": text_on, "max_tokens": max_think_tokens}
+        rid = request_id if request_id is not None else f"bagel-think-{next(_counter)}"
+        sid = session_id or rid
+        request = _request(inputs, SamplingParams(temperature=0.0, max_tokens=max_think_tokens), meta, rid)
+        request.session_id = sid
+        request.outputs = frozenset({"thought_ids"})
+        next_position = view_inputs(full, self.markers).next_position
+        return ThinkPlan(request, sid, task, params, text_on, next_position)
+
+    def thought(self, ids: list[int]) -> str:
+        """The thought's text from the think view's tokens (mstar_graphs.bagel.think_requests.thought_text)."""
+        return thought_text(self.tokenizer, [int(i) for i in ids])
+
+    def after_thought(
+        self,
+        plan: ThinkPlan,
+        thought_ids: list[int],
+        *,
+        seed: int | None = None,
+        noise: torch.Tensor | None = None,
+        request_id: str | None = None,
+        report_every: int = 0,
+        previews: int = 0,
+    ) -> Request:
+        """The second request (same session): the thought's text re-tokenized as one text turn, appended to
+        the full context only, then the image (``report_every`` / ``previews``: as ``generate``'s)."""
+        turn = self.tokenizer.text_turn(self.thought(thought_ids))
+        start = plan.next_position
+        inputs = {
+            "ids": torch.tensor(turn, dtype=torch.long),
+            "rope_positions": torch.arange(start, start + len(turn))[None],
+        }
+        rid = request_id if request_id is not None else f"{plan.request.request_id}-image"
+        params = dataclasses.replace(plan.params, report_every=report_every, previews=previews)
+        request = self._image_request(inputs, params, plan.guided, seed, noise, rid, plan.task)
+        request.session_id = plan.session_id
+        request.meta["continued"] = True
+        return request
+
+    # --------------------------------------------------------------- shared
+
+    def _check_steps(self, g: GuidanceParams) -> None:
+        if g.steps > MAX_STEPS:
+            raise ValueError(f"steps must be at most {MAX_STEPS}, got {g.steps}")
+
     def _image_request(self, inputs, params: GenerationParams, guided: bool, seed, noise, request_id, task) -> Request:
-        if params.guidance.steps > MAX_STEPS:
-            raise ValueError(f"steps must be at most {MAX_STEPS}, got {params.guidance.steps}")
+        self._check_steps(params.guidance)
         shape = (params.num_tokens, self.token_width)
         if noise is None:
             generator = torch.Generator().manual_seed(seed) if seed is not None else None

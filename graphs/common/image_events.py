@@ -22,7 +22,9 @@ class ImageEvent:
     (0 / 0 where the model does not count them). ``input_tokens`` (of which ``input_image_tokens``
     stood for input images) / ``output_tokens``: on a ``final`` event, what the image cost in the model's
     tokens; the gateway's ``usage`` sums them over a request's final events (0 where the model does not
-    say; a prompt shared by the n images is best counted on one of them)."""
+    say; a prompt shared by the n images is best counted on one of them). ``revised_prompt``: on a
+    ``final`` event, text the model made the image from beyond the prompt (BAGEL's thought in think
+    mode; the images API returns it as OpenAI's ``revised_prompt``), None otherwise."""
 
     kind: EventKind
     index: int
@@ -33,6 +35,7 @@ class ImageEvent:
     input_tokens: int = 0
     input_image_tokens: int = 0
     output_tokens: int = 0
+    revised_prompt: str | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in ("progress", "partial", "final"):

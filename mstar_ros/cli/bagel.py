@@ -24,6 +24,8 @@ BAGEL on the Walk Graph runtime: ask about an image, make images from a prompt, 
   mstar-ros bagel generate "a red fox in snow" --size 512x512 --n 2 --seed 1 --out fox
                                                                   (writes fox-0.png, fox-1.png)
   mstar-ros bagel edit --image photo.jpg "make it night" --out night
+  mstar-ros bagel generate "a cat" --think --cfg-text-scale 4 --cfg-interval 0.4 1 --steps 30
+                                                                  (prints the plan, then the image)
 
 generate and edit show a progress bar over the flow steps (stderr) and say where each PNG went.
 Without --weights the model is a small generated checkpoint with RANDOM weights: it shows the
@@ -44,6 +46,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     ask.add_argument("--max-tokens", type=int, help="most tokens in the answer (default: the model's)")
     ask.add_argument("--seed", type=int, help="fixes the sampling, for a reproducible answer")
     ask.add_argument("--temperature", type=float, help="0 for greedy (default: the model's)")
+    ask.add_argument("--think", action="store_true", help="the model reasons first (the answer shows it)")
     ask.set_defaults(run=run, command_of=run_ask)
     gen = what.add_parser("generate", help="make images from a prompt (PNGs)")
     gen.add_argument("prompt", help="what to draw")
@@ -58,11 +61,43 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         q.add_argument("--seed", type=int, help="the same seed gives the same images (image i: seed + i)")
         q.add_argument("--steps", type=int, help="flow steps per image (default: the model's)")
         q.add_argument("--out", default="bagel", help="output prefix: PREFIX-0.png, PREFIX-1.png, ... (default bagel)")
+        _add_guidance_flags(q)
     for q in (ask, gen, edit):
         q.add_argument("--model", default="bagel", help="the served model's name (default bagel)")
         q.add_argument("--weights", type=Path, help="checkpoint directory (default: the generated tiny one, RANDOM)")
         add_dtype_argument(q, default=None)
         q.add_argument("--engine-config", type=Path, help="engine settings YAML (see config/engine.yaml)")
+
+
+# flag -> the model's ``guidance`` option field (mstar_graphs.bagel.image_options)
+GUIDANCE_FLAGS = {
+    "cfg_text_scale": "text_scale",
+    "cfg_img_scale": "image_scale",
+    "cfg_interval": "interval",
+    "cfg_renorm_type": "renorm",
+    "cfg_renorm_min": "renorm_min",
+    "timestep_shift": "timestep_shift",
+}
+
+
+def _add_guidance_flags(q: argparse.ArgumentParser) -> None:
+    g = q.add_argument_group("guidance (default: the model's for the task; the model judges the values)")
+    g.add_argument("--cfg-text-scale", type=float, help="text guidance scale (<= 1: no guidance at all)")
+    g.add_argument("--cfg-img-scale", type=float, help="image guidance scale (<= 1: no image branch)")
+    g.add_argument("--cfg-interval", type=float, nargs=2, metavar=("LO", "HI"), help="guide only for LO < t <= HI")
+    g.add_argument("--cfg-renorm-type", help="global, channel or text_channel")
+    g.add_argument("--cfg-renorm-min", type=float, help="the renorm's lower clamp, in [0, 1]")
+    g.add_argument("--timestep-shift", type=float, help="the schedule's shift (> 0)")
+    g.add_argument("--think", action="store_true", help="plan the image in text first (printed)")
+
+
+def image_options(args: argparse.Namespace) -> dict:
+    """The model's own options from the flags given (none: {})."""
+    guidance = {field: getattr(args, flag) for flag, field in GUIDANCE_FLAGS.items() if getattr(args, flag) is not None}
+    options: dict = {"guidance": guidance} if guidance else {}
+    if args.think:
+        options["think"] = True
+    return options
 
 
 def run(args: argparse.Namespace) -> int:
@@ -117,7 +152,9 @@ def run_ask(model, args: argparse.Namespace, out: TextIO | None = None) -> int:
             raise ValueError("--max-tokens must be >= 1")
         changes["max_tokens"] = args.max_tokens
     sampling = msgspec.structs.replace(sampling, **changes) if changes else sampling
-    extra = {"images": images} if images else {}
+    extra: dict = {"images": images} if images else {}
+    if args.think:
+        extra["think"] = True
     request = model.request(
         args.question, history=[], sampling=sampling, outputs=frozenset({model.text_output}), speak=False, **extra
     )
@@ -172,6 +209,11 @@ def _make_images(model, args: argparse.Namespace, prompt: str, images: list[np.n
         raise ValueError("--steps must be >= 1")
     size = model.image_size(parse_size(args.size, "--size"), [(im.shape[1], im.shape[0]) for im in images])
     steps = args.steps or getattr(model, "default_image_steps", 0)
+    options = image_options(args)
+    if options and not set(options) <= set(getattr(model, "image_options", ())):
+        raise ValueError(f"{args.model} takes no {', '.join(sorted(options))} (its options: none of these flags)")
+    extra = {"options": options} if options else {}
+    thoughts: dict[int, str] = {}
 
     async def make() -> dict[int, np.ndarray]:
         finals: dict[int, np.ndarray] = {}
@@ -188,6 +230,7 @@ def _make_images(model, args: argparse.Namespace, prompt: str, images: list[np.n
                     steps=args.steps,
                     partial_images=0,
                     request_id="cli",
+                    **extra,
                 )
                 try:
                     async for event in events:
@@ -198,6 +241,8 @@ def _make_images(model, args: argparse.Namespace, prompt: str, images: list[np.n
                             done_steps[event.index] = event.step
                         if event.kind == "final":
                             finals[event.index] = event.image
+                            if event.revised_prompt is not None:
+                                thoughts[event.index] = event.revised_prompt
                 finally:
                     await events.aclose()
         return finals
@@ -210,6 +255,8 @@ def _make_images(model, args: argparse.Namespace, prompt: str, images: list[np.n
             raise RuntimeError(f"the model made no image {i}")
         path = prefix.with_name(f"{prefix.name}-{i}.png")
         path.write_bytes(encode_image(finals[i], "png"))
+        if i in thoughts:
+            print(f"thought {i}: {thoughts[i]}", file=out)
         print(f"wrote {path} ({finals[i].shape[1]}x{finals[i].shape[0]})", file=out)
     _note_random(model, out)
     return 0

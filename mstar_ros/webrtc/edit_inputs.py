@@ -13,6 +13,7 @@ import numpy as np
 from aiohttp import web
 
 from mstar_ros.webrtc.http_guard import request_body
+from mstar_ros.webrtc.image_extensions import decode_with_options, take_form_options
 from mstar_ros.webrtc.image_params import EditBody
 from mstar_ros.webrtc.media_parts import (
     MAX_REQUEST_IMAGE_PIXELS,
@@ -23,15 +24,15 @@ from mstar_ros.webrtc.media_parts import (
 )
 from mstar_ros.webrtc.multipart_form import BadForm, read_form
 from mstar_ros.webrtc.openai_errors import APIError, param_of
-from mstar_ros.webrtc.openai_http import decode_body
 
 IMAGE_FILE_FIELDS = ("image", "image[]")
 FORMS = ("multipart/form-data", "application/x-www-form-urlencoded")
 
 
-async def read_edit(http: web.Request, model, model_name: str) -> tuple[EditBody, list]:
-    """The body's fields and its input images opened (headers read, judged; no pixel decoded):
-    [(PIL image, the field it came in)]. ``model`` (served as ``model_name``) says what it takes."""
+async def read_edit(http: web.Request, model, model_name: str) -> tuple[EditBody, list, dict[str, Any]]:
+    """The body's fields, its input images opened (headers read, judged; no pixel decoded): [(PIL image,
+    the field it came in)], and the model's own options (mstar_ros.webrtc.image_extensions). ``model``
+    (served as ``model_name``) says what it takes."""
     raw = await request_body(http)
     budget = [MAX_REQUEST_IMAGE_PIXELS]
     if http.content_type in FORMS:
@@ -42,6 +43,7 @@ async def read_edit(http: web.Request, model, model_name: str) -> tuple[EditBody
         unknown = [name for name, _ in form.files if name not in (*IMAGE_FILE_FIELDS, "mask")]
         if unknown:
             raise APIError(400, f"unknown file field {unknown[0]!r}", param=unknown[0], code="unknown_parameter")
+        options = take_form_options(form.fields, model)
         try:
             body = msgspec.convert(form.fields, EditBody, strict=False)
         except msgspec.ValidationError as exc:
@@ -53,11 +55,11 @@ async def read_edit(http: web.Request, model, model_name: str) -> tuple[EditBody
         files = [(data, name) for name, data in form.files if name in IMAGE_FILE_FIELDS]
         mask = next((data for name, data in form.files if name == "mask"), None) or body.mask
         _check_inputs(model, model_name, len(files), mask)
-        return body, [_open(data, name, budget) for data, name in files]
-    body = decode_body(raw, EditBody)
+        return body, [_open(data, name, budget) for data, name in files], options
+    body, options = decode_with_options(raw, EditBody, model)
     urls = _json_images(body)
     _check_inputs(model, model_name, len(urls), body.mask)
-    return body, [_open(url, field, budget) for url, field in urls]
+    return body, [_open(url, field, budget) for url, field in urls], options
 
 
 def _json_images(body: EditBody) -> list[tuple[Any, str]]:

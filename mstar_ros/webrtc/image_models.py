@@ -33,6 +33,12 @@ A model object has the capability when ``image_generation`` or ``image_edit`` is
   that went away), the generator must cancel every Conductor request it still has in flight
   (``await conductor.cancel(id)`` in a ``finally``) so their KV and queued calls are freed.
 - ``random_weights: bool`` (optional): the weights are random (said in /v1/models and by the CLI).
+- ``image_options: tuple[str, ...]`` (optional): the model's own request fields (BAGEL: ``guidance``,
+  ``think``). The gateway takes them out of a request (mstar_ros.webrtc.image_extensions) and passes
+  them, when any is given, as ``generate_images(..., options={name: value})``; the model judges them. A
+  refusal's ValueError may carry ``param`` (the field, e.g. ``guidance.text_scale``): the 400 names it.
+- A ``final`` ImageEvent's ``revised_prompt`` (optional): text the model made the image from beyond the
+  prompt (BAGEL's thought in think mode), returned as OpenAI's ``revised_prompt``.
 
 A model that answers in text (``conversational``) and does not speak (no ``audio_output``) offers what
 ``/v1/chat/completions`` and ``mstar-ros bagel ask`` use: ``text_output`` (the graph output carrying

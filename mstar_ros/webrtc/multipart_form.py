@@ -24,7 +24,7 @@ class BadForm(ValueError):
 
 @dataclass
 class Form:
-    fields: dict[str, str] = field(default_factory=dict)
+    fields: dict[str, str | list[str]] = field(default_factory=dict)  # a name ending in [] keeps every value
     files: list[tuple[str, bytes]] = field(default_factory=list)  # (field name, the file's bytes), in order
 
 
@@ -41,7 +41,7 @@ def _stream_of(body: bytes) -> StreamReader:
 async def read_form(
     body: bytes, content_type: str, *, max_parts: int = MAX_PARTS, max_field_bytes: int = MAX_FIELD_BYTES
 ) -> Form:
-    """The form's text fields (a repeated name: the last one) and files (a part with a filename, or a
+    """The form's text fields (a repeated name: the last one; a name ending in ``[]``: a list of them all) and files (a part with a filename, or a
     part with a binary content type). A ``BadForm`` names what is wrong. An
     ``application/x-www-form-urlencoded`` body (a form without files) gives its fields."""
     if content_type.split(";")[0].strip().lower() == "application/x-www-form-urlencoded":
@@ -49,7 +49,10 @@ async def read_form(
             pairs = parse_qsl(body.decode("utf-8"), keep_blank_values=True, max_num_fields=max_parts)
         except (UnicodeDecodeError, ValueError) as exc:
             raise BadForm(f"the body is not a readable url-encoded form: {exc}") from None
-        return Form(fields=dict(pairs))
+        form = Form()
+        for name, value in pairs:
+            _add_field(form, name, value)
+        return form
     try:
         reader = MultipartReader({"Content-Type": content_type}, _stream_of(body))
     except (ValueError, AssertionError) as exc:
@@ -76,7 +79,7 @@ async def read_form(
             if len(data) > max_field_bytes:
                 raise BadForm(f"form field {name!r} is over {max_field_bytes} bytes")
             try:
-                form.fields[name] = data.decode(part.get_charset("utf-8"))
+                _add_field(form, name, data.decode(part.get_charset("utf-8")))
             except (UnicodeDecodeError, LookupError):
                 raise BadForm(f"form field {name!r} is not valid text") from None
     except BadForm:
@@ -84,3 +87,12 @@ async def read_form(
     except Exception as exc:  # aiohttp raises ValueError, AssertionError, RuntimeError on a broken body
         raise BadForm(f"the body is not readable multipart/form-data: {type(exc).__name__}: {exc}") from None
     return form
+
+
+def _add_field(form: Form, name: str, value: str) -> None:
+    if name.endswith("[]"):
+        values = form.fields.setdefault(name, [])
+        if isinstance(values, list):
+            values.append(value)
+    else:
+        form.fields[name] = value

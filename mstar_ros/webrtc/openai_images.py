@@ -15,7 +15,10 @@ client's flood waits behind itself. The answer: ``{"created", "data": [{"b64_jso
 ``image_edit.partial_image`` (``b64_json``, ``partial_image_index``, ...) as the model makes previews,
 then ``image_generation.completed`` / ``image_edit.completed`` (``b64_json``, ``usage``, ...) per image;
 with ``n`` > 1 each event also carries our ``image_index``. A client that goes away (streaming or not)
-cancels the model's requests. Errors are OpenAI's JSON (mstar_ros.webrtc.openai_errors).
+cancels the model's requests. Errors are OpenAI's JSON (mstar_ros.webrtc.openai_errors). A model's own
+fields (``image_options``, e.g. BAGEL's ``guidance`` and ``think``) go to it as ``options``
+(mstar_ros.webrtc.image_extensions); text it made an image from beyond the prompt (BAGEL's thought) comes
+back as each image's ``revised_prompt``.
 """
 
 from __future__ import annotations
@@ -35,11 +38,12 @@ from mstar_ros.webrtc.budget import BudgetBusy, OverBudget, SharedBudget
 from mstar_ros.webrtc.edit_inputs import decode_inputs, read_edit
 from mstar_ros.webrtc.http_guard import request_body
 from mstar_ros.webrtc.image_encoding import b64_image
+from mstar_ros.webrtc.image_extensions import decode_with_options
 from mstar_ros.webrtc.image_models import ImageEvent
 from mstar_ros.webrtc.image_params import GenerationBody, check_image_params
 from mstar_ros.webrtc.media_parts import MAX_REQUEST_IMAGE_PIXELS, pixels, release_images
 from mstar_ros.webrtc.openai_errors import APIError, error_response
-from mstar_ros.webrtc.openai_http import decode_body, model_mismatch
+from mstar_ros.webrtc.openai_http import model_mismatch
 
 log = logging.getLogger("mstar_ros.webrtc")
 
@@ -87,6 +91,14 @@ def usage_of(finals: list[ImageEvent]) -> dict:
     }
 
 
+def _item(final: ImageEvent, fmt: str, compression: int) -> dict:
+    """One ``data`` item: the image, and the text the model made it from beyond the prompt, if any."""
+    item: dict[str, Any] = {"b64_json": b64_image(final.image, fmt, compression)}
+    if final.revised_prompt is not None:
+        item["revised_prompt"] = final.revised_prompt
+    return item
+
+
 class OpenAIImages:
     def __init__(
         self,
@@ -109,15 +121,15 @@ class OpenAIImages:
     # -- the two routes ------------------------------------------------------------------------
     async def generations(self, http: web.Request) -> web.StreamResponse:
         try:
-            body = decode_body(await request_body(http), GenerationBody)
+            body, options = decode_with_options(await request_body(http), GenerationBody, self.model)
             size = self._size(body, [])
         except APIError as exc:
             return error_response(exc.status, exc.message, param=exc.param, code=exc.code)
-        return await self._serve(http, body, [], size, "image_generation")
+        return await self._serve(http, body, [], size, "image_generation", options)
 
     async def edits(self, http: web.Request) -> web.StreamResponse:
         try:
-            body, opened = await read_edit(http, self.model, self.name)
+            body, opened, options = await read_edit(http, self.model, self.name)
         except APIError as exc:
             return error_response(exc.status, exc.message, param=exc.param, code=exc.code)
         try:
@@ -130,7 +142,7 @@ class OpenAIImages:
             return error_response(503, str(exc))
         finally:
             release_images(image for image, _ in opened)
-        return await self._serve(http, body, arrays, size, "image_edit")
+        return await self._serve(http, body, arrays, size, "image_edit", options)
 
     # -- reading and judging a request -----------------------------------------------------------
     def _size(self, body: GenerationBody, inputs: list[tuple[int, int]]) -> tuple[int, int]:
@@ -144,9 +156,16 @@ class OpenAIImages:
 
     # -- running the model and answering ---------------------------------------------------------
     async def _serve(
-        self, http: web.Request, body: GenerationBody, images: list[np.ndarray], size: tuple[int, int], kind: str
+        self,
+        http: web.Request,
+        body: GenerationBody,
+        images: list[np.ndarray],
+        size: tuple[int, int],
+        kind: str,
+        options: dict[str, Any],
     ) -> web.StreamResponse:
         n = body.n or 1
+        extra = {"options": options} if options else {}  # the model's own fields, only to a model that has them
         try:
             async with self.generate_budget.reserve(n * size[0] * size[1]):
                 events = self.model.generate_images(
@@ -159,6 +178,7 @@ class OpenAIImages:
                     steps=body.steps,
                     partial_images=(body.partial_images or 0) if body.stream else 0,
                     request_id=f"img-{uuid.uuid4().hex[:16]}",
+                    **extra,
                 )
                 try:
                     if body.stream:
@@ -172,11 +192,12 @@ class OpenAIImages:
             return error_response(503, str(exc))
 
     async def _first(self, http: web.Request, events) -> ImageEvent | None:
-        """The model's first event; its ValueError (a refusal of this request's inputs) is a 400."""
+        """The model's first event; its ValueError (a refusal of this request's inputs, naming the field
+        in ``param`` where it has one) is a 400."""
         try:
             return await _while_connected(http, anext(events, None))
         except ValueError as exc:
-            raise APIError(400, str(exc), code="invalid_value") from None
+            raise APIError(400, str(exc), param=getattr(exc, "param", None), code="invalid_value") from None
 
     async def _whole(self, http: web.Request, body: GenerationBody, events, size, n: int) -> web.StreamResponse:
         fmt, compression = body.output_format or "png", body.output_compression or 100
@@ -194,9 +215,7 @@ class OpenAIImages:
             await _while_connected(http, collect(first))
             if sorted(finals) != list(range(n)):
                 raise RuntimeError(f"the model made images {sorted(finals)} of {n}")
-            data = await asyncio.to_thread(
-                lambda: [{"b64_json": b64_image(finals[i].image, fmt, compression)} for i in range(n)]
-            )
+            data = await asyncio.to_thread(lambda: [_item(finals[i], fmt, compression) for i in range(n)])
         except APIError as exc:
             return error_response(exc.status, exc.message, param=exc.param, code=exc.code)
         except ClientGone:
@@ -244,6 +263,8 @@ class OpenAIImages:
                         out.update(type=f"{kind}.partial_image", partial_image_index=event.partial_index)
                     else:
                         out.update(type=f"{kind}.completed", usage=usage_of([event]))
+                        if event.revised_prompt is not None:
+                            out["revised_prompt"] = event.revised_prompt
                     if several:
                         out["image_index"] = event.index  # our extension: which of the n images
                     await send(out)

@@ -1,7 +1,7 @@
 """Token counts in OpenAI's ``usage`` shapes, from what a request carried and what it streamed.
 
-Prompt tokens are the request's token-id inputs (every integer input named ``*_ids``: the prompt,
-and the text a speech request says); a prompt's audio and image tokens are its placeholders, counted
+Prompt tokens are the request's token-id inputs (every integer input named ``ids`` or ``*_ids``: the
+prompt, and the text a speech request says; BAGEL's context ``ids``, its image rows included); a prompt's audio and image tokens are its placeholders, counted
 by the ids a model names in ``special_token_ids`` (``audio``, ``image``). Output audio tokens are the
 items a model streams on ``audio_token_output`` (Orpheus: its LLM's tokens; Qwen3-Omni: Talker frames).
 A model that names neither gets zeros there, never a guess.
@@ -18,7 +18,7 @@ def prompt_tokens(request: Request) -> int:
     return sum(
         int(v.numel())
         for k, v in request.inputs.items()
-        if k.endswith("_ids") and isinstance(v, torch.Tensor) and not v.is_floating_point()
+        if (k == "ids" or k.endswith("_ids")) and isinstance(v, torch.Tensor) and not v.is_floating_point()
     )
 
 

@@ -107,3 +107,38 @@ def test_the_progress_bar_follows_bagels_flow_steps(bagel, command, tmp_path, ca
     assert "flow steps" in err and "10/10" in err
     width, height = bagel.image_size((32, 32), []) if command == "generate" else bagel.image_size(None, [(40, 24)])
     assert np.asarray(PIL.Image.open(tmp_path / "o-1.png")).shape == (height, width, 3)
+
+
+def test_bagel_guidance_and_think_flags_reach_the_model(tmp_path, capsys):
+    """The real tiny BAGEL: the flags become its options; a thinking generation prints its thought."""
+    from mstar_ros.cli.main import main
+
+    out = tmp_path / "cat"
+    argv = ["bagel", "generate", "a cat", "--size", "32x32", "--steps", "2", "--seed", "1", "--out", str(out)]
+    flags = ["--think", "--cfg-text-scale", "3", "--cfg-interval", "0", "1", "--cfg-renorm-type", "channel"]
+    assert main([*argv, *flags]) == 0
+    printed = capsys.readouterr().out
+    assert f"wrote {out}-0.png (32x32)" in printed and "thought 0: " in printed
+    assert PIL.Image.open(f"{out}-0.png").size == (32, 32)
+
+
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [
+        (["--cfg-text-scale", "0"], "guidance.text_scale"),
+        (["--cfg-img-scale", "nan"], "guidance.image_scale"),
+        (["--cfg-renorm-type", "local"], "guidance.renorm"),
+        (["--cfg-interval", "0.5", "2"], "guidance.interval"),
+        (["--cfg-renorm-min", "-1"], "guidance.renorm_min"),
+        (["--timestep-shift", "inf"], "guidance.timestep_shift"),
+        (["--steps", "300"], "steps"),
+        (["--size", "50x64"], "size"),
+    ],
+)
+def test_bad_bagel_flags_exit_2_naming_the_field(tmp_path, capsys, flags, named):
+    from mstar_ros.cli.main import main
+
+    argv = ["bagel", "generate", "a cat", "--size", "32x32", "--steps", "2", "--out", str(tmp_path / "o"), *flags]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "mstar-ros bagel: error:" in err and named in err, err
