@@ -60,10 +60,11 @@ class BagelBenchOptions:
     steps: int = 8  # schedule points (steps - 1 flow evaluations; the release's default is 50)
     repeats: int = 2  # interleaved runs of each system per image task
     bound_repeats: int = 2
-    answer_tokens: int = 64
+    answer_tokens: int = 128
     concurrency: list[int] = field(default_factory=lambda: [1, 8])
     chat_rounds: int = 2  # sequential requests timed at concurrency 1
     baseline_chats: int = 3  # the reference's chat requests, timed around ours
+    max_batched_tokens: int | None = None  # ours; None: room for an image prompt beside running decodes
     dtype: str = "auto"
     seed: int = 0
 
@@ -158,6 +159,16 @@ async def _warm(run: BenchRun) -> None:
     run.bar.update(1)
 
 
+def prompt_budget(bagel, side: int) -> int:
+    """Ours' ``max_batched_tokens``: the engine default (1024), or more so that an image question's prefill
+    (its ViT span cannot be split over steps) fits in a step beside the running decodes. With less, the
+    scheduler runs such a span only in a step of its own, i.e. after every older request has finished
+    decoding: image questions would be served one after another."""
+    job = chat_job(bagel, side, 0, 2, "budget")
+    rows = int(job.request.inputs["ids"].numel()) + 64  # + a decode token of every request
+    return max(1024, -(-rows // 1024) * 1024)
+
+
 def _kv_rows(bagel, side: int) -> int:
     """KV slots the baseline needs at most at once (an edit's three contexts and their flow rows)."""
     job = edit_job(bagel, side, 2, 0, "size")
@@ -172,7 +183,8 @@ async def _measure(bagel, opts: BagelBenchOptions, side: int, bar) -> dict:
     from mstar_ros.bench.bagel_baseline import ReferenceBagel
 
     special = bagel.tokenizer.special
-    async with Conductor(bagel.graph(), bagel.modules(), config=EngineConfig(dtype=opts.dtype)) as conductor:
+    config = EngineConfig(dtype=opts.dtype, max_batched_tokens=opts.max_batched_tokens or prompt_budget(bagel, side))
+    async with Conductor(bagel.graph(), bagel.modules(), config=config) as conductor:
         # after the engines cast and packed the modules: the baseline calls the very same objects
         reference = ReferenceBagel(
             bagel.modules(), bagel.requests.markers, special.im_start, special.im_end, _kv_rows(bagel, side)
@@ -186,7 +198,14 @@ async def _measure(bagel, opts: BagelBenchOptions, side: int, bar) -> dict:
         bar.update(1)
         chat = await measure_chat(run)
         dtype = str(reference.llm.dtype).removeprefix("torch.")
-    return {"edit": edit, "t2i": t2i, "bound": bound, "chat": chat, "dtype": dtype}
+    return {
+        "edit": edit,
+        "t2i": t2i,
+        "bound": bound,
+        "chat": chat,
+        "dtype": dtype,
+        "max_batched_tokens": config.max_batched_tokens,
+    }
 
 
 def _model_section(bagel, opts: BagelBenchOptions, side: int) -> dict:
@@ -257,6 +276,7 @@ def run_bagel_bench(opts: BagelBenchOptions) -> dict:
         },
         "threads": model_threads(),
         "machine": machine_section(),
+        "max_batched_tokens": measured["max_batched_tokens"],
         "dtypes": dtypes_section(choice, measured["dtype"], "the same module objects as ours (the engines' cast)"),
         "edit": edit,
         "t2i": t2i,

@@ -9,6 +9,14 @@ def _met(ok: bool) -> str:
     return "met" if ok else "NOT met"
 
 
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f} ms"
+
+
+def _x(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}x"
+
+
 def summary_lines(report: dict) -> list[str]:
     m, g, met = report["model"], report["goals"], report["goals_met"]
     llm = m["llm"]
@@ -42,15 +50,19 @@ def summary_lines(report: dict) -> list[str]:
     chat = report["chat"]
     lines.append(
         f"image to text, {chat['answer_tokens']} tokens: the reference takes {chat['reference_per_request_s']:.2f} s "
-        f"per request (first token at {chat['reference_first_token_s'] * 1000:.0f} ms), one at a time"
+        f"per request (first token at {chat['reference_first_token_s'] * 1000:.0f} ms, then "
+        f"{chat['reference_decode_ms_per_token']:.1f} ms per token), one at a time; ours max_batched_tokens "
+        f"{report['max_batched_tokens']}"
     )
-    lines.append("  C  ours ttft p50  ref ttft (streamed / as served)  ours tok/s  ref tok/s  ratio")
+    lines.append(
+        "  C  ours ttft p50  ref ttft (streamed / as served)  ours tok/s  ref tok/s  ratio  decode step  bound"
+    )
     for c, lv in sorted(chat["levels"].items(), key=lambda kv: int(kv[0])):
         ref = lv["reference"]
         lines.append(
             f"{c:>3} {lv['ttft_ms']['p50']:>10.0f} ms {ref['ttft_ms_if_streamed']['p50']:>12.0f} / "
             f"{ref['ttft_ms_as_served']['p50']:<8.0f} ms {lv['tokens_per_s']:>13.1f} {ref['tokens_per_s']:>10.1f} "
-            f"{lv['throughput_ratio']:>5.2f}x"
+            f"{lv['throughput_ratio']:>5.2f}x {_ms(lv['decode_step_ms']):>10} {_x(lv.get('throughput_bound')):>6}"
         )
     ttft = next(k for k in report if k.startswith("ttft_ratio_c") and not k.endswith("_as_served"))
     tp = next(k for k in report if k.startswith("throughput_ratio_c"))

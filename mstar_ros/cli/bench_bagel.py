@@ -10,6 +10,9 @@ from mstar_ros.dtype_option import add_dtype_argument
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
+    from mstar_ros.bench.bagel import BagelBenchOptions
+
+    d = BagelBenchOptions()
     p = bench_subparsers(sub).add_parser(
         "bagel",
         help="BAGEL: editing, text to image and image to text vs the reference's algorithm on the same modules",
@@ -27,17 +30,34 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="pixels per image side (default: the model's largest, 512 for the bench preset); smaller for a "
         "quicker run while developing",
     )
-    p.add_argument("--steps", type=int, default=12, help="flow schedule points: steps - 1 evaluations (default 12)")
-    p.add_argument("--repeats", type=int, default=1, help="interleaved runs of each system per image task (default 1)")
-    p.add_argument("--bound-repeats", type=int, default=3, help="timings of each bound forward (default 3)")
-    p.add_argument("--answer-tokens", type=int, default=64, help="tokens per image-to-text answer (default 64)")
-    p.add_argument("--concurrency", type=positive_ints, default=[1, 8], help="image-to-text levels (default 1,8)")
-    p.add_argument("--chat-rounds", type=int, default=2, help="requests timed one by one at concurrency 1 (default 2)")
+    p.add_argument(
+        "--steps", type=int, default=d.steps, help=f"flow schedule points: steps - 1 evaluations (default {d.steps})"
+    )
+    p.add_argument("--repeats", type=int, default=d.repeats, help=f"runs of each system per image task ({d.repeats})")
+    p.add_argument(
+        "--bound-repeats", type=int, default=d.bound_repeats, help=f"timings per bound forward ({d.bound_repeats})"
+    )
+    p.add_argument(
+        "--answer-tokens",
+        type=int,
+        default=d.answer_tokens,
+        help=f"tokens per image-to-text answer ({d.answer_tokens})",
+    )
+    p.add_argument(
+        "--concurrency", type=positive_ints, default=d.concurrency, help="image-to-text levels (default 1,8)"
+    )
+    p.add_argument("--chat-rounds", type=int, default=d.chat_rounds, help=f"requests timed at C = 1 ({d.chat_rounds})")
     p.add_argument(
         "--baseline-chats",
         type=int,
-        default=3,
-        help="reference chat requests, half before ours, half after (default 3)",
+        default=d.baseline_chats,
+        help=f"reference chat requests, half before ours, half after ({d.baseline_chats})",
+    )
+    p.add_argument(
+        "--max-batched-tokens",
+        type=int,
+        help="ours' engine token budget per step (default: 1024, or more so that an image question's prefill fits "
+        "beside running decodes: its ViT span cannot be split over steps)",
     )
     add_dtype_argument(p, what="compute dtype of both systems (they run the same module objects)")
     p.add_argument("--json", type=Path, default=Path("bench-bagel.json"), help="where to write the figures")
@@ -64,6 +84,7 @@ def _run(args: argparse.Namespace) -> int:
         concurrency=args.concurrency,
         chat_rounds=args.chat_rounds,
         baseline_chats=args.baseline_chats,
+        max_batched_tokens=args.max_batched_tokens,
         dtype=args.dtype,
     )
     if args.quick:

@@ -14,6 +14,7 @@ from mstar_graphs.bagel.generation_params import GenerationParams
 from mstar_graphs.bagel.guidance import GuidanceParams
 from mstar_ros.bench.bagel import BagelBenchOptions, check_options
 from mstar_ros.bench.bagel_bound import bound, schedule_counts
+from mstar_ros.bench.bagel_chat import throughput_bound
 from support.bench_reports import assert_machine_and_dtypes
 
 
@@ -23,6 +24,12 @@ def test_bound_weighs_guided_and_unguided_steps():
     t2i = GenerationParams(GuidanceParams(steps=8), 2, 2).pack()  # interval (0.4, 1]: the last evaluation unguided
     edit = GenerationParams(GuidanceParams(steps=8, interval=(0.0, 1.0)), 2, 2).pack()
     assert schedule_counts(t2i) == (6, 1) and schedule_counts(edit) == (7, 0)
+
+
+def test_throughput_bound_counts_prefills_once_per_request():
+    # 8 requests, prefill 1 s each in both systems; 10 tokens at 0.1 s alone or 0.2 s per step of all 8
+    assert throughput_bound(8, 1.0, 0.1, 0.2, 10) == pytest.approx(8 * 2.0 / (8 + 2.0))
+    assert throughput_bound(1, 1.0, 0.1, 0.1, 10) == 1.0
 
 
 def test_options_that_cannot_run_are_named():
@@ -58,6 +65,7 @@ def test_bench_bagel_quick(tmp_path):
     assert sorted(chat["levels"], key=int) == ["1", "2"]
     level = chat["levels"]["2"]
     assert r["throughput_ratio_c2"] == pytest.approx(level["tokens_per_s"] / level["reference"]["tokens_per_s"])
+    assert level["decode_step_ms"] > 0 and level["throughput_bound"] > 0 and r["max_batched_tokens"] == 1024
     assert r["ttft_ratio_c1"] > 0 and r["ttft_ratio_c1_as_served"] < r["ttft_ratio_c1"] * 1.0001
     assert set(r["goals_met"]) >= {"speedup_edit", "speedup_t2i", "ttft_ratio_c1", "throughput_ratio_c2"}
     assert r["model"]["random_weights"] is True and "RANDOM weights" in run.stdout
