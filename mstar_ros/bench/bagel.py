@@ -227,7 +227,7 @@ def _model_section(bagel, opts: BagelBenchOptions, side: int) -> dict:
             "intermediate": c.intermediate_size,
             "vocab": c.vocab_size,
         },
-        "vit": {"hidden": vit.hidden_size, "layers": vit.num_hidden_layers - 1, "heads": vit.num_attention_heads},
+        "vit": {"hidden": vit.hidden_size, "layers": vit.num_hidden_layers, "heads": vit.num_attention_heads},
         "image_side": side,
         "latent_tokens": int(job.noise.shape[0]),
         "vit_rows": bagel.requests.vit_rows(bagel.requests.prepare_image(_first_picture(side))),

@@ -60,6 +60,7 @@ def measure_bound(reference, edit: ImageJob, t2i: ImageJob, repeats: int) -> dic
             else:
                 contexts = reference.t2i_contexts(job.turn)
             order = [contexts[name] for name in BRANCHES]
+            rows = {name: c.length for name, c in zip(BRANCHES, order)}  # before the flow rows are added
             try:
                 timed(order[:ours], job)  # warm: this batch's shapes may be new
                 alone: dict[str, list[float]] = {name: [] for name in BRANCHES}
@@ -79,7 +80,7 @@ def measure_bound(reference, edit: ImageJob, t2i: ImageJob, repeats: int) -> dic
                 "three_separate_ms": separate * 1000,
                 "together_ms": tog * 1000,
                 "branches_together": ours,
-                "context_rows": {name: c.length for name, c in zip(BRANCHES, order)},
+                "context_rows": rows,
                 "guided_steps": guided,
                 "unguided_steps": unguided,
                 "bound": bound(guided, unguided, each["gen"], separate, tog),

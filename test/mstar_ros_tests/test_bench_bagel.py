@@ -58,6 +58,9 @@ def test_bench_bagel_quick(tmp_path):
         assert r[f"speedup_{task}"] == row["speedup"]
     assert r["edit"]["reference_flow_forwards"] == 2 * 3  # two evaluations, three contexts one by one
     assert r["bound"]["edit"]["branches_together"] == 3 and r["bound"]["t2i"]["branches_together"] == 2
+    rows = r["bound"]["edit"]["context_rows"]  # full = [VAE span, ViT span, turn]; no text = the spans
+    assert rows["gen"] == r["model"]["edit_context_rows"] and rows["gen"] - rows["cfg_text"] == rows["cfg_img"]
+    assert r["bound"]["t2i"]["context_rows"]["cfg_text"] == 0 and r["model"]["vit"]["layers"] == 2
     assert [g["rows"] for g in r["bound"]["gemm"]] == [1, 8, 18, 54]  # 16 latent tokens + 2 markers
     chat = r["chat"]
     answered, total = chat["first_answer_tokens_equal"].split("/")
