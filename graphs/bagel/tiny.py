@@ -3,8 +3,8 @@
 ``write_tiny_bagel(dir)`` writes what ``ByteDance-Seed/BAGEL-7B-MoT`` holds:
 
 - ``llm_config.json``: Qwen2 fields (model_type ``qwen2``, untied head), plus ``"mstar_bagel"`` (the
-  BAGEL-level sizes app.py hardcodes, shrunk: 4 x 4 ViT and latent grids, 56 px ViT / 64 px VAE
-  transforms) and ``"mstar_random_weights": true``;
+  BAGEL-level sizes app.py hardcodes, shrunk: in ``tiny`` 4 x 4 ViT and latent grids, 56 px ViT / 64 px
+  VAE transforms) and ``"mstar_random_weights": true``;
 - ``ema.safetensors``: the LLM (``language_model.model.*``, ``language_model.lm_head.weight``),
   ``llm2vae.*``, and the vision side's tensors;
 - ``vit_config.json``, ``ae.safetensors``: the vision side's (see :func:`_vision_parts`);
@@ -16,6 +16,9 @@ Tensor names are written out here from the released layout, independently of our
 loader that maps a name wrongly fails. Initialisation: embeddings ~ N(0, 1), projections
 ~ N(0, 1/fan_in), norm weights ~ 1 + N(0, 0.1^2), biases ~ N(0, 0.1^2): a missing or misplaced
 tensor changes the outputs. Same seed, same torch version -> same bytes.
+
+Presets: ``tiny`` (tests: widths of 32-64, 2 layers, 64 px images) and ``bench`` (benchmarks: the
+release's proportions at a quarter of its width, see ``PRESETS``).
 """
 
 from __future__ import annotations
@@ -54,6 +57,32 @@ PRESETS: dict[str, dict[str, Any]] = {
             vae_transform=[64, 32, 16],
         ),
         "first_special_id": 496,  # the BPE vocabulary (and filler) below it; 501..511: padding rows
+    },
+    # The released model's proportions at a quarter of its width, for benchmarks (mstar_ros.bench.bagel):
+    # head_dim 128 and 7 query heads per KV head as in BAGEL-7B (28 / 4), the MLP 37/7 of the width
+    # (18944 / 3584), 4 of its 28 layers, a 4096-token vocabulary; images at half the side (512 px out:
+    # 32 x 32 = 1024 latent tokens; a 512 px input gives 35 x 35 = 1225 ViT rows), so image rows
+    # outnumber text rows as in the release (4096 latent / 4900 ViT rows at 1024 px).
+    "bench": {
+        "llm": dict(
+            vocab_size=4096,
+            hidden_size=896,
+            intermediate_size=4736,
+            num_hidden_layers=4,
+            num_attention_heads=7,
+            num_key_value_heads=1,
+            max_position_embeddings=8192,
+        ),
+        "mstar_bagel": dict(
+            vit_max_num_patch_per_side=35,
+            max_latent_size=32,
+            latent_patch_size=2,
+            latent_channels=16,
+            connector_act="gelu_pytorch_tanh",
+            vit_transform=[490, 112, 14],
+            vae_transform=[512, 256, 16],
+        ),
+        "first_special_id": 4080,
     },
 }
 

@@ -37,6 +37,12 @@ PRESETS: dict[str, dict[str, Any]] = {
         "vit": dict(hidden_size=32, layers=2, num_attention_heads=2, patch_size=14, intermediate_size=64),
         "vae": dict(ch=32, ch_mult=(1, 1, 1, 1), num_res_blocks=1),
     },
+    # the release's SigLIP (1152 wide, 16 heads of 72, MLP 4304, 26 layers) and FLUX VAE (128 channels,
+    # mults 1, 2, 4, 4, 2 res blocks) at a quarter of their width, with the bench LLM's 4 layers
+    "bench": {
+        "vit": dict(hidden_size=288, layers=4, num_attention_heads=4, patch_size=14, intermediate_size=1076),
+        "vae": dict(ch=32, ch_mult=(1, 2, 4, 4), num_res_blocks=2),
+    },
 }
 
 

@@ -21,6 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
         bag,
         bagel,
         bench,
+        bench_bagel,
         bench_pi05,
         bench_qwen3_omni,
         bench_rollout,
@@ -49,6 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench_rollout.add_parser(sub)  # `bench rollout`, under bench
     bench_webrtc.add_parser(sub)  # `bench webrtc`, under bench
     bench_qwen3_omni.add_parser(sub)  # `bench qwen3-omni`, under bench
+    bench_bagel.add_parser(sub)  # `bench bagel`, under bench
     bag.add_parser(sub)
     checkpoint.add_parser(sub)
     launch.add_parser(sub)  # the pi0.5 and Orpheus node sets: `launch pi05`, `launch orpheus`
