@@ -17,7 +17,12 @@ three contexts), and one engine step evaluates every view's rows of every reques
 
 - ``prefill_text``: the full context of a text-only request (a text-to-image prompt, a text question);
 - ``prefill_vit``: an image question: the ViT rows, then the context with the image span;
-- ``prefill_vae``: an edit: VAE and ViT rows of the image, then all three views' contexts;
+- ``prefill_vae_shared``: an edit: VAE and ViT rows of the image, then the no-text and no-image
+  contexts, then the full context as a copy-on-write fork of the no-text one (its prefix: the
+  reference deep-copies the context before the instruction) plus the instruction: request meta
+  ``"llm.kv_from": "llm_cfg_text"`` forks it, and the full view's inputs are the instruction's rows only;
+- ``prefill_vae``: the same contexts each prefilled whole and at once, for a placement that puts the
+  views on different Workers (cfg-parallel), where no view can fork another's KV;
 - ``decode``: the answer, token by token, until ``<|im_end|>``;
 - ``image_gen``: the flow Loop without guidance (scales 1), then the VAE decoder;
 - ``image_gen_cfg``: the flow Loop with text / image guidance, then the VAE decoder;
@@ -72,6 +77,8 @@ VELOCITY_NODES = {"llm": "velocity", "llm_cfg_text": "velocity_cfg_text", "llm_c
 VELOCITY_PORTS = {"velocity": "v_cond", "velocity_cfg_text": "v_no_text", "velocity_cfg_img": "v_no_image"}
 TASKS = ("understand", "chat", "t2i", "edit", "think")
 THINK_INPUT = "think_ids"  # the think view's first query: ``<|im_start|>`` (through the context node)
+# request meta: the full context continues the no-text one's KV (mstar.conductor's "<node>.kv_from")
+SHARED_PREFIX_KEY, SHARED_PREFIX_VIEW = "llm.kv_from", "llm_cfg_text"
 
 
 def view_input_name(view: str, port: str) -> str:
@@ -87,7 +94,7 @@ def make_next_walk(im_end: int):
             if task == "understand":
                 return "prefill_vit"
             if (task == "edit" and not meta.get("continued")) or (task == "think" and meta.get("source") == "edit"):
-                return "prefill_vae"
+                return "prefill_vae_shared" if meta.get(SHARED_PREFIX_KEY) else "prefill_vae"
             if task == "think" and meta.get("guided"):
                 return "prefill_views"
             return "prefill_text"
@@ -101,7 +108,7 @@ def make_next_walk(im_end: int):
             if _stops(state, "llm.token", im_end):
                 return None
             return "decode"
-        if last in ("prefill_text", "prefill_vae"):
+        if last in ("prefill_text", "prefill_vae", "prefill_vae_shared"):
             if not meta.get("guided", True):
                 return "image_gen"
             return "image_gen_cfg_parallel" if meta.get("cfg_parallel") else "image_gen_cfg"
@@ -186,6 +193,7 @@ def bagel_graph(im_end: int) -> ModelGraph:
         for port in (VIEW_PORTS if view != "llm_cfg_img" else VIEW_PORTS[:1] + VIEW_PORTS[2:3])
     ]
     context_ports = ["vae_embeds", "vit_embeds", *view_ports, THINK_INPUT]
+    embeds_of = {"llm": "embeds", "llm_cfg_text": "cfg_text_embeds"}  # each view's image rows, when it has any
     view_edges = [
         edge
         for view in VIEWS
@@ -216,7 +224,7 @@ def bagel_graph(im_end: int) -> ModelGraph:
         GraphNode(
             "context",
             inputs=context_ports,
-            outputs=["embeds", *view_ports, THINK_INPUT],
+            outputs=[*embeds_of.values(), *view_ports, THINK_INPUT],
             optional_inputs=context_ports,
         ),
         _llm_view("llm", token=True),
@@ -250,8 +258,7 @@ def bagel_graph(im_end: int) -> ModelGraph:
             GraphEdge("input.vae_image", "vae_encoder.image"),
             GraphEdge("vit_encoder.embeds", "context.vit_embeds"),
             GraphEdge("vae_encoder.embeds", "context.vae_embeds"),
-            GraphEdge("context.embeds", "llm.embeds"),
-            GraphEdge("context.embeds", "llm_cfg_text.embeds"),
+            *(GraphEdge(f"context.{port}", f"{view}.embeds") for view, port in embeds_of.items()),
             *view_edges,
             GraphEdge("llm.token", "llm.input_ids"),
             GraphEdge("llm.token", "output.text_ids"),
@@ -273,6 +280,11 @@ def bagel_graph(im_end: int) -> ModelGraph:
                 Parallel(Call("vae_encoder"), Call("vit_encoder")),
                 Call("context"),
                 Parallel(*(Call(v) for v in VIEWS)),
+            ),
+            "prefill_vae_shared": Sequential(
+                Parallel(Call("vae_encoder"), Call("vit_encoder")),
+                Call("context"),
+                Parallel(Sequential(Call("llm_cfg_text"), Call("llm")), Call("llm_cfg_img")),
             ),
             "decode": DynamicLoop(
                 Call("llm"),

@@ -176,7 +176,7 @@ def prompt_budget(bagel, side: int) -> int:
 def _kv_rows(bagel, side: int) -> int:
     """KV slots the baseline needs at most at once (an edit's three contexts and their flow rows)."""
     job = edit_job(bagel, side, 2, 0, "size")
-    views = sum(int(v.numel()) for k, v in job.request.inputs.items() if k in ("ids", "cfg_text_ids", "cfg_img_ids"))
+    views = job.full_context_rows + sum(int(job.request.inputs[k].numel()) for k in ("cfg_text_ids", "cfg_img_ids"))
     return 2 * (views + 3 * (int(job.noise.shape[0]) + 2)) + 4096  # the bound holds an edit's and a t2i's at once
 
 
@@ -235,7 +235,7 @@ def _model_section(bagel, opts: BagelBenchOptions, side: int) -> dict:
         "image_side": side,
         "latent_tokens": int(job.noise.shape[0]),
         "vit_rows": bagel.requests.vit_rows(bagel.requests.prepare_image(_first_picture(side))),
-        "edit_context_rows": int(job.request.inputs["ids"].numel()),
+        "edit_context_rows": job.full_context_rows,
         "edit_prompt_rows": len(job.turn),
     }
 
