@@ -86,7 +86,7 @@ def view_input_name(view: str, port: str) -> str:
     return VIEW_INPUT_PREFIX[view] + ("ids" if port == "input_ids" else port)
 
 
-def make_next_walk(im_end: int):
+def make_next_walk(im_end: int | None):
     def next_walk(state) -> str | None:
         meta, last = state.request.meta, state.last_walk
         task = meta.get("task")
@@ -117,10 +117,11 @@ def make_next_walk(im_end: int):
     return next_walk
 
 
-def _stops(state, port: str, im_end: int) -> bool:
+def _stops(state, port: str, im_end: int | None) -> bool:
     """After a decode's first token: whether it ends there (``<|im_end|>``, or a one-token budget)."""
     first = state.value(port)
-    return first is None or int(first) == im_end or state.request.meta.get("max_tokens", 512) <= 1
+    ended = im_end is not None and first is not None and int(first) == im_end
+    return first is None or ended or state.request.meta.get("max_tokens", 512) <= 1
 
 
 def _llm_view(name: str, token: bool, images: bool = True) -> GraphNode:
@@ -186,7 +187,9 @@ def _cfg_parallel_walk() -> Sequential:
     return Sequential(DynamicLoop(Sequential(branches, Call(STEP_NODE)), trip_count=evaluations), Call("vae_decoder"))
 
 
-def bagel_graph(im_end: int) -> ModelGraph:
+def bagel_graph(im_end: int | None) -> ModelGraph:
+    """The graph; ``im_end``: the token that ends an answer or a thought (None: none does, answers run to
+    their ``max_tokens``: a benchmark's random weights would otherwise stop at a random length)."""
     view_ports = [
         view_input_name(view, port)
         for view in VIEWS
@@ -289,14 +292,14 @@ def bagel_graph(im_end: int) -> ModelGraph:
             "decode": DynamicLoop(
                 Call("llm"),
                 trip_count=lambda s: max(0, s.request.meta.get("max_tokens", 512) - 1),
-                stop=StopOnValues("llm.token", (im_end,)),
+                stop=None if im_end is None else StopOnValues("llm.token", (im_end,)),
             ),
             "prefill_views": Sequential(Call("context"), Parallel(*(Call(v) for v in VIEWS))),
             "think": Sequential(Call("think")),
             "think_decode": DynamicLoop(
                 Call("think"),
                 trip_count=lambda s: max(0, s.request.meta.get("max_tokens", 512) - 1),
-                stop=StopOnValues("think.token", (im_end,)),
+                stop=None if im_end is None else StopOnValues("think.token", (im_end,)),
             ),
             "image_gen": Sequential(Loop(Call("image"), max_iters=1), Call("vae_decoder")),
             "image_gen_cfg": Sequential(Loop(Call("image_cfg"), max_iters=1), Call("vae_decoder")),

@@ -244,3 +244,25 @@ def test_an_edit_prefills_its_image_once_the_full_context_forking_the_no_text_on
     )
     assert "llm.kv_from" not in apart.meta and int(apart.inputs["ids"].numel()) == no_text + len(instruction)
 
+
+def test_without_a_stop_token_answers_run_to_their_length(bagel):
+    """``graph(stop_at_im_end=False)`` (the bench on random weights): an answer is as long as asked even
+    where the served graph would end it - here with the answer's second token taken as the end token."""
+    from mstar_graphs.bagel.graph import bagel_graph
+
+    request = bagel.requests.understand(_picture(), "What is in the picture?", max_tokens=6)
+
+    def answer(graph) -> list[int]:
+        async def run():
+            conductor = await Conductor(graph, bagel.modules(), config=FP32).start()
+            try:
+                request.request_id = f"ask-{id(graph)}"
+                return [int(t) for t in (await _outputs(conductor, request))["text_ids"]]
+            finally:
+                await conductor.stop()
+
+        return asyncio.run(run())
+
+    full = answer(bagel.graph(stop_at_im_end=False))
+    assert len(full) == 6
+    assert answer(bagel_graph(full[1])) == full[:1]  # that graph ends the answer at its "end token"
