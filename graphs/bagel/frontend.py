@@ -87,10 +87,12 @@ class BagelModel:
     def random_weights(self) -> bool:
         return is_random_weights(self.path)
 
-    def graph(self):
+    def graph(self, stop_at_im_end: bool = True):
+        """The Walk Graph; ``stop_at_im_end=False``: answers run to their ``max_tokens`` (benchmarks on
+        random weights, whose answers would end at a random ``<|im_end|>``)."""
         from mstar_graphs.bagel.graph import bagel_graph
 
-        return bagel_graph(self.tokenizer.special.im_end)
+        return bagel_graph(self.tokenizer.special.im_end if stop_at_im_end else None)
 
     def modules(self, progress: bool = False):
         if self._modules is None:

@@ -17,7 +17,12 @@ three contexts), and one engine step evaluates every view's rows of every reques
 
 - ``prefill_text``: the full context of a text-only request (a text-to-image prompt, a text question);
 - ``prefill_vit``: an image question: the ViT rows, then the context with the image span;
-- ``prefill_vae``: an edit: VAE and ViT rows of the image, then all three views' contexts;
+- ``prefill_vae_shared``: an edit: VAE and ViT rows of the image, then the no-text and no-image
+  contexts, then the full context as a copy-on-write fork of the no-text one (its prefix: the
+  reference deep-copies the context before the instruction) plus the instruction: request meta
+  ``"llm.kv_from": "llm_cfg_text"`` forks it, and the full view's inputs are the instruction's rows only;
+- ``prefill_vae``: the same contexts each prefilled whole and at once, for a placement that puts the
+  views on different Workers (cfg-parallel), where no view can fork another's KV;
 - ``decode``: the answer, token by token, until ``<|im_end|>``;
 - ``image_gen``: the flow Loop without guidance (scales 1), then the VAE decoder;
 - ``image_gen_cfg``: the flow Loop with text / image guidance, then the VAE decoder;
@@ -72,6 +77,8 @@ VELOCITY_NODES = {"llm": "velocity", "llm_cfg_text": "velocity_cfg_text", "llm_c
 VELOCITY_PORTS = {"velocity": "v_cond", "velocity_cfg_text": "v_no_text", "velocity_cfg_img": "v_no_image"}
 TASKS = ("understand", "chat", "t2i", "edit", "think")
 THINK_INPUT = "think_ids"  # the think view's first query: ``<|im_start|>`` (through the context node)
+# request meta: the full context continues the no-text one's KV (mstar.conductor's "<node>.kv_from")
+SHARED_PREFIX_KEY, SHARED_PREFIX_VIEW = "llm.kv_from", "llm_cfg_text"
 
 
 def view_input_name(view: str, port: str) -> str:
@@ -79,7 +86,7 @@ def view_input_name(view: str, port: str) -> str:
     return VIEW_INPUT_PREFIX[view] + ("ids" if port == "input_ids" else port)
 
 
-def make_next_walk(im_end: int):
+def make_next_walk(im_end: int | None):
     def next_walk(state) -> str | None:
         meta, last = state.request.meta, state.last_walk
         task = meta.get("task")
@@ -87,7 +94,7 @@ def make_next_walk(im_end: int):
             if task == "understand":
                 return "prefill_vit"
             if (task == "edit" and not meta.get("continued")) or (task == "think" and meta.get("source") == "edit"):
-                return "prefill_vae"
+                return "prefill_vae_shared" if meta.get(SHARED_PREFIX_KEY) else "prefill_vae"
             if task == "think" and meta.get("guided"):
                 return "prefill_views"
             return "prefill_text"
@@ -101,7 +108,7 @@ def make_next_walk(im_end: int):
             if _stops(state, "llm.token", im_end):
                 return None
             return "decode"
-        if last in ("prefill_text", "prefill_vae"):
+        if last in ("prefill_text", "prefill_vae", "prefill_vae_shared"):
             if not meta.get("guided", True):
                 return "image_gen"
             return "image_gen_cfg_parallel" if meta.get("cfg_parallel") else "image_gen_cfg"
@@ -110,10 +117,11 @@ def make_next_walk(im_end: int):
     return next_walk
 
 
-def _stops(state, port: str, im_end: int) -> bool:
+def _stops(state, port: str, im_end: int | None) -> bool:
     """After a decode's first token: whether it ends there (``<|im_end|>``, or a one-token budget)."""
     first = state.value(port)
-    return first is None or int(first) == im_end or state.request.meta.get("max_tokens", 512) <= 1
+    ended = im_end is not None and first is not None and int(first) == im_end
+    return first is None or ended or state.request.meta.get("max_tokens", 512) <= 1
 
 
 def _llm_view(name: str, token: bool, images: bool = True) -> GraphNode:
@@ -179,13 +187,16 @@ def _cfg_parallel_walk() -> Sequential:
     return Sequential(DynamicLoop(Sequential(branches, Call(STEP_NODE)), trip_count=evaluations), Call("vae_decoder"))
 
 
-def bagel_graph(im_end: int) -> ModelGraph:
+def bagel_graph(im_end: int | None) -> ModelGraph:
+    """The graph; ``im_end``: the token that ends an answer or a thought (None: none does, answers run to
+    their ``max_tokens``: a benchmark's random weights would otherwise stop at a random length)."""
     view_ports = [
         view_input_name(view, port)
         for view in VIEWS
         for port in (VIEW_PORTS if view != "llm_cfg_img" else VIEW_PORTS[:1] + VIEW_PORTS[2:3])
     ]
     context_ports = ["vae_embeds", "vit_embeds", *view_ports, THINK_INPUT]
+    embeds_of = {"llm": "embeds", "llm_cfg_text": "cfg_text_embeds"}  # each view's image rows, when it has any
     view_edges = [
         edge
         for view in VIEWS
@@ -216,7 +227,7 @@ def bagel_graph(im_end: int) -> ModelGraph:
         GraphNode(
             "context",
             inputs=context_ports,
-            outputs=["embeds", *view_ports, THINK_INPUT],
+            outputs=[*embeds_of.values(), *view_ports, THINK_INPUT],
             optional_inputs=context_ports,
         ),
         _llm_view("llm", token=True),
@@ -250,8 +261,7 @@ def bagel_graph(im_end: int) -> ModelGraph:
             GraphEdge("input.vae_image", "vae_encoder.image"),
             GraphEdge("vit_encoder.embeds", "context.vit_embeds"),
             GraphEdge("vae_encoder.embeds", "context.vae_embeds"),
-            GraphEdge("context.embeds", "llm.embeds"),
-            GraphEdge("context.embeds", "llm_cfg_text.embeds"),
+            *(GraphEdge(f"context.{port}", f"{view}.embeds") for view, port in embeds_of.items()),
             *view_edges,
             GraphEdge("llm.token", "llm.input_ids"),
             GraphEdge("llm.token", "output.text_ids"),
@@ -274,17 +284,22 @@ def bagel_graph(im_end: int) -> ModelGraph:
                 Call("context"),
                 Parallel(*(Call(v) for v in VIEWS)),
             ),
+            "prefill_vae_shared": Sequential(
+                Parallel(Call("vae_encoder"), Call("vit_encoder")),
+                Call("context"),
+                Parallel(Sequential(Call("llm_cfg_text"), Call("llm")), Call("llm_cfg_img")),
+            ),
             "decode": DynamicLoop(
                 Call("llm"),
                 trip_count=lambda s: max(0, s.request.meta.get("max_tokens", 512) - 1),
-                stop=StopOnValues("llm.token", (im_end,)),
+                stop=None if im_end is None else StopOnValues("llm.token", (im_end,)),
             ),
             "prefill_views": Sequential(Call("context"), Parallel(*(Call(v) for v in VIEWS))),
             "think": Sequential(Call("think")),
             "think_decode": DynamicLoop(
                 Call("think"),
                 trip_count=lambda s: max(0, s.request.meta.get("max_tokens", 512) - 1),
-                stop=StopOnValues("think.token", (im_end,)),
+                stop=None if im_end is None else StopOnValues("think.token", (im_end,)),
             ),
             "image_gen": Sequential(Loop(Call("image"), max_iters=1), Call("vae_decoder")),
             "image_gen_cfg": Sequential(Loop(Call("image_cfg"), max_iters=1), Call("vae_decoder")),

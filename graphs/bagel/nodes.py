@@ -61,8 +61,10 @@ class VaeEncoderNode(NodeSubmodule):
 class ContextNode(NodeSubmodule):
     """The three views' prefill inputs of one request: its laid-out ids, positions, spans and row kinds
     (request inputs, passed on) and the image rows in the order its spans come - the VAE rows, then the
-    ViT rows (as the reference appends an image: VAE span first). A node, not plain request inputs, so
-    a view's decode Loop does not read the prefill's layout again (a node's output is used once)."""
+    ViT rows (as the reference appends an image: VAE span first) - as ``embeds`` for the full view and
+    ``cfg_text_embeds`` for the no-text view, each only where that view's rows hold the image (an edit's
+    full view that forks the no-text one brings only the instruction). A node, not plain request inputs,
+    so a view's decode Loop does not read the prefill's layout again (a node's output is used once)."""
 
     def prepare_inputs(self, calls: Sequence[NodeCall]) -> dict:
         return {"calls": list(calls)}
@@ -72,8 +74,9 @@ class ContextNode(NodeSubmodule):
         for call in calls:
             values = {k: v for k, v in call.inputs.items() if k not in ("vae_embeds", "vit_embeds")}
             rows = [call.inputs[k] for k in ("vae_embeds", "vit_embeds") if k in call.inputs]
-            if rows:
-                values["embeds"] = torch.cat(rows)
+            for mask, port in (("embed_mask", "embeds"), ("cfg_text_embed_mask", "cfg_text_embeds")):
+                if rows and mask in call.inputs:
+                    values[port] = torch.cat(rows)
             out.append(values)
         return {"per_call": out}
 

@@ -5,7 +5,10 @@ builds its three contexts (full; without the last text; without the images), lai
 - text-to-image: full context ``[prompt turn]``; the no-text context is empty; the no-image context
   equals the full one, so its velocity is the conditional one (``image_branch="main"``);
 - editing: full ``[VAE span, ViT span, instruction turn]``, no-text ``[VAE span, ViT span]``,
-  no-image ``[instruction turn]``; the output has the input's (VAE-resized) size;
+  no-image ``[instruction turn]``; the output has the input's (VAE-resized) size. The no-text context
+  is the full one's prefix: the full view forks its KV (request meta ``"llm.kv_from"``) and brings only
+  the instruction's rows, their positions continuing the no-text counter - except with ``cfg_parallel``,
+  whose placement keeps the views apart (each context is then prefilled whole);
 - think mode: the think prompt turn first in every context (mstar_graphs.bagel.think_requests).
 
 Every input image is first resized by the VAE rule, then by the ViT rule (the reference does so
@@ -26,7 +29,13 @@ from mstar.sampling_params import SamplingParams
 from mstar_graphs.bagel.config import BagelDims
 from mstar_graphs.bagel.context_layout import ImagePart, Markers, Part, TextPart, view_inputs
 from mstar_graphs.bagel.generation_params import GenerationParams
-from mstar_graphs.bagel.graph import THINK_INPUT, VIEW_PORTS, view_input_name
+from mstar_graphs.bagel.graph import (
+    SHARED_PREFIX_KEY,
+    SHARED_PREFIX_VIEW,
+    THINK_INPUT,
+    VIEW_PORTS,
+    view_input_name,
+)
 from mstar_graphs.bagel.guidance import GuidanceParams
 from mstar_graphs.bagel.image_transform import ImageTransform, rgb_on_white
 from mstar_graphs.bagel.think_prompts import GENERATE_THINK_PROMPT, UNDERSTAND_THINK_PROMPT
@@ -93,12 +102,14 @@ class BagelRequests:
             raise ValueError(f"{field} must be a non-empty string")
         return TextPart(tuple(self.tokenizer.text_turn(text)))
 
-    def _views(self, contexts: dict[str, list[Part]]) -> dict[str, torch.Tensor]:
+    def _views(self, contexts: dict[str, list[Part]], starts: dict[str, int] | None = None) -> dict[str, torch.Tensor]:
+        """Each view's prefill inputs; ``starts``: a view whose parts continue a context it forks (the
+        position counter it starts at)."""
         inputs: dict[str, torch.Tensor] = {}
         for view, parts in contexts.items():
             if not parts:
                 continue  # an empty context: no prefill, its branch sees only its own rows
-            laid = view_inputs(parts, self.markers).tensors()
+            laid = view_inputs(parts, self.markers, (starts or {}).get(view, 0)).tensors()
             for port in VIEW_PORTS:
                 if port in laid:
                     inputs[view_input_name(view, port)] = laid[port]
@@ -217,8 +228,10 @@ class BagelRequests:
             previews,
         )
         inputs = {"vae_image": prepared.vae, "vit_image": prepared.vit}
-        inputs |= self._views({"llm": [*spans, turn], "llm_cfg_text": spans, "llm_cfg_img": [turn]})
-        return self._image_request(inputs, params, text_on, seed, noise, request_id, "edit")
+        views, starts = self._edit_views(spans, [turn], [turn])
+        inputs |= self._views(views, starts)
+        request = self._image_request(inputs, params, text_on, seed, noise, request_id, "edit")
+        return self._mark_shared(request, starts)
 
     # ------------------------------------------------------------- think mode
 
@@ -262,9 +275,12 @@ class BagelRequests:
         )
         full = [system, *spans, turn]
         contexts: dict[str, list[Part]] = {"llm": full}
-        if text_on or image is not None:  # an edit's prefill fills every view
-            contexts |= {"llm_cfg_text": [system, *spans], "llm_cfg_img": [system, turn]}
-        inputs |= self._views(contexts)
+        starts: dict[str, int] = {}
+        if image is not None:  # an edit's prefill fills every view
+            contexts, starts = self._edit_views([system, *spans], [turn], [system, turn])
+        elif text_on:
+            contexts |= {"llm_cfg_text": [system], "llm_cfg_img": [system, turn]}
+        inputs |= self._views(contexts, starts)
         inputs[THINK_INPUT] = torch.tensor([self.tokenizer.special.im_start])
         task = "t2i" if image is None else "edit"
         meta = {"task": "think", "source": task, "guided": text_on, "max_tokens": max_think_tokens}
@@ -273,6 +289,7 @@ class BagelRequests:
         request = _request(inputs, SamplingParams(temperature=0.0, max_tokens=max_think_tokens), meta, rid)
         request.session_id = sid
         request.outputs = frozenset({"thought_ids"})
+        self._mark_shared(request, starts)
         next_position = view_inputs(full, self.markers).next_position
         return ThinkPlan(request, sid, task, params, text_on, next_position)
 
@@ -307,6 +324,24 @@ class BagelRequests:
         return request
 
     # --------------------------------------------------------------- shared
+
+    def _edit_views(
+        self, no_text: list[Part], text: list[Part], no_image: list[Part]
+    ) -> tuple[dict[str, list[Part]], dict[str, int]]:
+        """An edit's three contexts: full = ``no_text + text``. The full view forks the no-text view's KV
+        and takes only ``text`` (positions from the no-text counter on), unless the views sit apart
+        (``cfg_parallel``): then it is laid out whole. Returns the contexts and the forked views' starts."""
+        if self.cfg_parallel:
+            return {"llm": [*no_text, *text], "llm_cfg_text": no_text, "llm_cfg_img": no_image}, {}
+        start = view_inputs(no_text, self.markers).next_position
+        return {"llm": text, "llm_cfg_text": no_text, "llm_cfg_img": no_image}, {"llm": start}
+
+    @staticmethod
+    def _mark_shared(request: Request, starts: dict[str, int]) -> Request:
+        """Request meta that makes the full view fork the no-text view (the walk ``prefill_vae_shared``)."""
+        if "llm" in starts:
+            request.meta[SHARED_PREFIX_KEY] = SHARED_PREFIX_VIEW
+        return request
 
     def _check_steps(self, g: GuidanceParams) -> None:
         if g.steps > MAX_STEPS:

@@ -27,9 +27,11 @@ Bench preset (mstar_graphs.bagel.tiny, ``bench``): the release's proportions at 
 and half its image side (512 px: 1024 latent tokens, 1225 ViT rows), so one run of the whole bench
 stays within a few minutes on a 2-core CPU while image rows dominate as in the release. Random weights.
 Defaults: 8 flow points (7 evaluations, one of text to image's unguided, as 8 of the release's 49),
-two interleaved runs per image task, 128-token answers (measured: 2 min 23 s for the whole run).
-Ours' ``max_batched_tokens`` is sized so an image question's prefill fits beside running decodes
-(:func:`prompt_budget`): at the engine's default a ViT span over the budget waits for a step of its own.
+two interleaved runs per image task, 512-token answers (the reference app's ``max_new_tokens`` for
+understanding). On random weights neither system stops at ``<|im_end|>`` (ours serves the graph without
+a stop token, the reference's loop gets none): every answer runs to its length in both, so tokens per
+second compare like for like. Ours' ``max_batched_tokens`` is sized so an image question's prefill fits
+beside running decodes (:func:`prompt_budget`), as the figures so far were measured.
 """
 
 from __future__ import annotations
@@ -64,7 +66,7 @@ class BagelBenchOptions:
     steps: int = 8  # schedule points (steps - 1 flow evaluations; the release's default is 50)
     repeats: int = 2  # interleaved runs of each system per image task
     bound_repeats: int = 2
-    answer_tokens: int = 128
+    answer_tokens: int = 512  # the reference app's max_new_tokens for understanding
     concurrency: list[int] = field(default_factory=lambda: [1, 8])
     chat_rounds: int = 2  # sequential requests timed at concurrency 1
     baseline_chats: int = 3  # the reference's chat requests, timed around ours
@@ -176,7 +178,7 @@ def prompt_budget(bagel, side: int) -> int:
 def _kv_rows(bagel, side: int) -> int:
     """KV slots the baseline needs at most at once (an edit's three contexts and their flow rows)."""
     job = edit_job(bagel, side, 2, 0, "size")
-    views = sum(int(v.numel()) for k, v in job.request.inputs.items() if k in ("ids", "cfg_text_ids", "cfg_img_ids"))
+    views = job.full_context_rows + sum(int(job.request.inputs[k].numel()) for k in ("cfg_text_ids", "cfg_img_ids"))
     return 2 * (views + 3 * (int(job.noise.shape[0]) + 2)) + 4096  # the bound holds an edit's and a t2i's at once
 
 
@@ -188,10 +190,15 @@ async def _measure(bagel, opts: BagelBenchOptions, side: int, bar) -> dict:
 
     special = bagel.tokenizer.special
     config = EngineConfig(dtype=opts.dtype, max_batched_tokens=opts.max_batched_tokens or prompt_budget(bagel, side))
-    async with Conductor(bagel.graph(), bagel.modules(), config=config) as conductor:
+    stops = not bagel.random_weights  # random weights: answers run to their length in both systems
+    async with Conductor(bagel.graph(stop_at_im_end=stops), bagel.modules(), config=config) as conductor:
         # after the engines cast and packed the modules: the baseline calls the very same objects
         reference = ReferenceBagel(
-            bagel.modules(), bagel.requests.markers, special.im_start, special.im_end, _kv_rows(bagel, side)
+            bagel.modules(),
+            bagel.requests.markers,
+            special.im_start,
+            special.im_end if stops else None,
+            _kv_rows(bagel, side),
         )
         run = BenchRun(bagel, conductor, reference, opts, side, bar)
         await _warm(run)
@@ -235,7 +242,7 @@ def _model_section(bagel, opts: BagelBenchOptions, side: int) -> dict:
         "image_side": side,
         "latent_tokens": int(job.noise.shape[0]),
         "vit_rows": bagel.requests.vit_rows(bagel.requests.prepare_image(_first_picture(side))),
-        "edit_context_rows": int(job.request.inputs["ids"].numel()),
+        "edit_context_rows": job.full_context_rows,
         "edit_prompt_rows": len(job.turn),
     }
 

@@ -52,7 +52,8 @@ class ChatResult:
 class ReferenceBagel:
     """The reference's recipes over ``modules`` (``bagel``, ``vit_encoder``, ``vae_encoder``, ``vae_decoder``)."""
 
-    def __init__(self, modules, markers: Markers, im_start: int, im_end: int, kv_rows: int) -> None:
+    def __init__(self, modules, markers: Markers, im_start: int, im_end: int | None, kv_rows: int) -> None:
+        """``im_end`` None: chat answers run to their ``max_tokens`` (the bench's random weights)."""
         self.llm = modules["bagel"]
         self.vit = modules["vit_encoder"]
         self.vae_encoder = modules["vae_encoder"]

@@ -48,6 +48,16 @@ class ImageJob:
     def gen_params(self) -> torch.Tensor:
         return self.request.inputs["gen_params"]
 
+    @property
+    def full_context_rows(self) -> int:
+        """Rows of the full context: an edit whose full view forks the no-text one (request meta
+        ``llm.kv_from``) brings only its instruction's rows, the rest is the no-text context's."""
+        inputs = self.request.inputs
+        rows = int(inputs["ids"].numel())
+        if self.request.meta.get("llm.kv_from") == "llm_cfg_text":
+            rows += int(inputs["cfg_text_ids"].numel())
+        return rows
+
 
 @dataclass
 class ChatJob:

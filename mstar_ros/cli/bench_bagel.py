@@ -41,7 +41,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--answer-tokens",
         type=int,
         default=d.answer_tokens,
-        help=f"tokens per image-to-text answer ({d.answer_tokens})",
+        help=f"tokens per image-to-text answer ({d.answer_tokens}, the reference app's max_new_tokens; random "
+        "weights run every answer to it in both systems)",
     )
     p.add_argument(
         "--concurrency", type=positive_ints, default=d.concurrency, help="image-to-text levels (default 1,8)"

@@ -26,7 +26,7 @@ from mstar.transport.handle import TensorHandle, TensorRef
 Dispatch = Callable[[ExecuteNode, Callable[[NodeOutput], None], Callable[[Any], None] | None], Awaitable[None]]
 
 
-_CALL_FIELDS = frozenset({"mask", "mask_arg", "kv_window"})  # request meta read into ExecuteNode fields
+_CALL_FIELDS = frozenset({"mask", "mask_arg", "kv_window", "kv_from"})  # request meta read into ExecuteNode fields
 
 
 class _StopWatch:
@@ -137,11 +137,30 @@ class WalkExecutor:
             mask=int(req.meta.get(f"{node}.mask", 0)),
             mask_arg=int(req.meta.get(f"{node}.mask_arg", 0)),
             kv_window=req.meta.get(f"{node}.kv_window"),
-            kv_from=gnode.kv_from,
+            kv_from=self._kv_from(node, rs),
             guidance=gnode.guidance,
             loop_mode=gnode.loop_mode,
             step_rows=any(self._step_streams(node, walk_nodes)),
         )
+
+    def _kv_from(self, node: str, rs: RequestState) -> str | None:
+        """The view ``node``'s new sequence forks: request meta ``"<node>.kv_from"`` (a request whose
+        context for ``node`` continues another view's, e.g. a prompt after a shared image prefix, sends
+        only its own rows), else the node's ``kv_from``. The fork happens only when the call starts the
+        node's sequence; the view must be an AR view of the same module, on the same Worker."""
+        gnode = self.graph.node(node)
+        key = f"{node}.kv_from"
+        view = rs.request.meta.get(key)
+        if view is None:
+            return gnode.kv_from
+        source = self.graph.node_by_name.get(view) if isinstance(view, str) else None
+        if source is None or source is gnode or source.engine != "ar" or source.module_name != gnode.module_name:
+            raise RequestError(
+                rs.request_id,
+                f"request meta {key!r} = {view!r} must name another AR view of node {node!r}'s module "
+                f"{gnode.module_name!r}",
+            )
+        return view
 
     def _walk_nodes(self, walk: str | None) -> frozenset[str]:
         """The nodes a walk calls (cached: every call of a node asks)."""

@@ -2,8 +2,12 @@
 
 Oldest first. Every sequence with pending tokens (a decode token or a prefill chunk)
 competes for one token budget, so prefill and decode of different requests share a
-step; a bidirectional prefix or span is never split over steps. When KV blocks run out,
-the youngest sequences are preempted (their blocks freed, their tokens recomputed when
+step; a bidirectional prefix or span is never split over steps. A span that overruns the
+budget (longer than it, or longer than what the running decodes leave) runs at once beside
+single decode tokens, or, when an older prefill chunk has the step, in the next step, which
+is its own (decodes only beside it): it starts once the over-budget spans and prefill steps
+of older requests ahead of it are done, not once every older request has finished decoding.
+When KV blocks run out, the youngest sequences are preempted (their blocks freed, their tokens recomputed when
 they are scheduled again), so the oldest always progresses and nothing crashes or
 answers wrongly.
 
@@ -63,6 +67,7 @@ class Scheduler:
         self.seqs: dict[tuple[str, str], Sequence] = {}
         self.num_preemptions = 0
         self._stuck: list[Sequence] = []
+        self._over_budget_due: set[tuple[str, str]] = set()  # keys whose over-budget chunk runs next
 
     def has_work(self) -> bool:
         return any(self._computable(s) > 0 for s in self.seqs.values())
@@ -84,37 +89,71 @@ class Scheduler:
                     continue
             ready.append(s)
         ready.sort(key=lambda s: s.arrival)
+        # A chunk that cannot be split and overruns the budget (an image span longer than it, or one
+        # that does not fit beside the running decodes) runs beside single decode tokens only; when an
+        # older prefill chunk took the step, it is due and the next step is its own.
+        due = next((s for s in ready if s.key in self._over_budget_due), None)
+        over_budget = due is not None  # this step holds (or keeps room for) an over-budget chunk
         budget = self.config.max_batched_tokens
         batch: list[ScheduledSeq] = []
         phase = self._running_phase(ready)
         for seq in ready:
-            if budget <= 0 or len(batch) >= self.config.max_num_seqs:
+            if len(batch) >= self.config.max_num_seqs:
                 break
-            if phase is not None and self._hold_for_phase(seq, phase, budget):
+            if over_budget and seq is not due:
+                # beside an over-budget chunk only single decode tokens run, within the budget; a seat
+                # stays free for the due chunk
+                due_waits = due is not None and not any(item.seq is due for item in batch)
+                if self._computable(seq) != 1 or budget < 1 or len(batch) + due_waits >= self.config.max_num_seqs:
+                    continue
+                admitted = self._admit(seq, 1, batch)
+                if admitted is None:
+                    break
+                budget -= admitted
+                continue
+            if budget <= 0 and seq is not due:
+                break
+            if phase is not None and seq is not due and self._hold_for_phase(seq, phase, budget):
                 continue
             computable = self._computable(seq)
-            n = min(computable, budget)
+            # the due chunk is sized as if it had the step to itself (decodes may have spent the budget)
+            n = min(computable, self.config.max_batched_tokens if seq is due else budget)
             # a bidirectional prefix or span cannot be split over steps (its tokens see each other): the chunk
             # stops before a span it would cut, or, when the span starts it, takes all of it
             whole = self._bidirectional_rest(seq)
             need = unsplit_chunk(seq, seq.num_computed, max(n, whole), floor=whole)
-            if need > n:  # alone in this step, over the token budget
-                if batch:
-                    break
+            if need > n:  # over the token budget
                 if need > computable:  # the span ends with a sampling token that must wait
+                    self._over_budget_due.discard(seq.key)
                     continue
-            n = need
-            if not self.make_room(seq, n, batch):
-                if not batch and not any(s.table.blocks for s in self.seqs.values() if s is not seq):
-                    self._stuck.append(seq)  # alone with the whole pool and still no room
-                    continue
-                break  # younger sequences wait too: keeps admission first-come first-served
-            self.cache.copy_blocks(self.blocks.append(seq.table, n))
-            seq.status = SeqStatus.RUNNING
-            seq.phase_waits = 0
-            batch.append(ScheduledSeq(seq, seq.num_computed, n))
-            budget -= n
+                if any(item.num_tokens > 1 for item in batch):  # an older prefill chunk has this step
+                    self._over_budget_due.add(seq.key)
+                    break
+            admitted = self._admit(seq, need, batch)
+            if admitted is None:
+                break
+            if seq is due or need > n:  # not charged: the rest of the budget is the decodes' beside it
+                due = None
+                over_budget = admitted > 0  # from here on only decode tokens join it
+            else:
+                budget -= admitted
         return batch
+
+    def _admit(self, seq: Sequence, n: int, batch: list[ScheduledSeq]) -> int | None:
+        """Gives ``seq`` KV room for ``n`` tokens and adds it to ``batch``: the tokens scheduled, 0 for
+        a sequence that can never get room (left to :meth:`take_stuck`), None when no room was made now
+        (younger sequences then wait too: keeps admission first-come first-served)."""
+        if not self.make_room(seq, n, batch):
+            if not batch and not any(s.table.blocks for s in self.seqs.values() if s is not seq):
+                self._stuck.append(seq)  # alone with the whole pool and still no room
+                return 0
+            return None
+        self.cache.copy_blocks(self.blocks.append(seq.table, n))
+        seq.status = SeqStatus.RUNNING
+        seq.phase_waits = 0
+        batch.append(ScheduledSeq(seq, seq.num_computed, n))
+        self._over_budget_due.discard(seq.key)
+        return n
 
     def _running_phase(self, ready: list[Sequence]) -> int | None:
         """The phase (num_generated mod period) most decoding sequences sample in this step."""
@@ -204,3 +243,4 @@ class Scheduler:
     def drop(self, seq: Sequence) -> None:
         self.blocks.free(seq.table)
         self.seqs.pop(seq.key, None)
+        self._over_budget_due.discard(seq.key)

@@ -32,6 +32,10 @@ def test_throughput_bound_counts_prefills_once_per_request():
     assert throughput_bound(1, 1.0, 0.1, 0.1, 10) == 1.0
 
 
+def test_answers_default_to_the_reference_apps_length():
+    assert BagelBenchOptions().answer_tokens == 512  # app.py's max_new_tokens for understanding
+
+
 def test_options_that_cannot_run_are_named():
     with pytest.raises(ValueError, match="--steps must be >= 3"):
         check_options(BagelBenchOptions(steps=2))
@@ -64,7 +68,8 @@ def test_bench_bagel_quick(tmp_path):
     assert [g["rows"] for g in r["bound"]["gemm"]] == [1, 8, 18, 54]  # 16 latent tokens + 2 markers
     chat = r["chat"]
     answered, total = chat["first_answer_tokens_equal"].split("/")
-    assert answered == total and int(total) >= 1  # greedy answers agree token for token
+    assert answered == total  # greedy answers agree token for token
+    assert int(total) == chat["answer_tokens"] == 4  # random weights: neither system stops early
     assert sorted(chat["levels"], key=int) == ["1", "2"]
     level = chat["levels"]["2"]
     assert r["throughput_ratio_c2"] == pytest.approx(level["tokens_per_s"] / level["reference"]["tokens_per_s"])

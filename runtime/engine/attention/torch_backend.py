@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from mstar.engine.attention.backend import AttentionBackend
+from mstar.engine.attention.length_groups import similar_length_groups
 from mstar.engine.attention.metadata import AttentionMetadata, MaskKind, SeqAttention
 from mstar.engine.kv_cache import PagedKVCache
 
@@ -59,7 +60,7 @@ def validate_seq(seq: SeqAttention, block_size: int) -> None:
 
 @dataclass
 class _DecodePlan:
-    """All query_len == 1 sequences, batched into one padded SDPA call."""
+    """query_len == 1 sequences of similar context length, batched into one padded SDPA call."""
 
     rows: torch.Tensor | None  # [B] packed rows of the queries; None when they are rows [r0, r0 + B)
     row0: int
@@ -82,8 +83,8 @@ class _PrefillPlan:
 
 @dataclass
 class _GroupPlan:
-    """Several sequences with the same query_len > 1 (e.g. the flow suffixes of many robots),
-    batched into one padded SDPA call with a per-sequence mask."""
+    """Several sequences with the same query_len > 1 and similar context lengths (e.g. the flow
+    suffixes of many robots), batched into one padded SDPA call with a per-sequence mask."""
 
     starts: torch.Tensor  # [B] first packed row of each sequence
     length: int  # query_len of each
@@ -105,6 +106,19 @@ def _group(plans: list[_PrefillPlan], seqs: list[SeqAttention], bs: int, dev: to
     if rows_alike:
         mask = None if bool(mask.all()) else mask[:, :, :1]
     return _GroupPlan(starts, seqs[0].query_len, max_len, slots, None if mask is None else mask.to(dev), rows_alike)
+
+
+def _decode_plan(decode: list[SeqAttention], bs: int, dev: torch.device) -> _DecodePlan:
+    lens = [s.context_len for s in decode]
+    max_len = max(lens)
+    slots = torch.cat([key_slots(s, bs, max_len) for s in decode]).to(dev)
+    key_mask = None
+    if min(lens) != max_len:
+        key_mask = (torch.arange(max_len)[None, :] < torch.tensor(lens)[:, None]).view(len(decode), 1, 1, max_len).to(dev)
+    starts = [s.query_start for s in decode]
+    in_order = starts == list(range(starts[0], starts[0] + len(starts)))
+    rows = None if in_order else torch.tensor(starts, dtype=torch.int64, device=dev)
+    return _DecodePlan(rows, starts[0], len(decode), max_len, slots, key_mask)
 
 
 def heads_as_rows(q: torch.Tensor, kv_heads: int) -> torch.Tensor:
@@ -135,7 +149,7 @@ class TorchAttentionBackend(AttentionBackend):
         # bf16 SDPA is ~9x slower than fp32 on CPU; on CUDA the cache dtype is fast.
         self.compute_dtype = torch.float32 if cache.device.type == "cpu" else None
         self._meta: AttentionMetadata | None = None
-        self._decode: _DecodePlan | None = None
+        self._decodes: list[_DecodePlan] = []
         self._prefills: list[_PrefillPlan] = []
         self._groups: list[_GroupPlan] = []
         self._all_decode_in_order = False
@@ -168,35 +182,29 @@ class TorchAttentionBackend(AttentionBackend):
         if total != meta.num_tokens:
             raise ValueError(f"sequences cover {total} query tokens but slot_mapping has {meta.num_tokens}")
 
-        self._decode = None
-        if decode:
-            lens = [s.context_len for s in decode]
-            max_len = max(lens)
-            slots = torch.cat([key_slots(s, bs, max_len) for s in decode]).to(dev)
-            key_mask = None
-            if min(lens) != max_len:
-                key_mask = (
-                    (torch.arange(max_len)[None, :] < torch.tensor(lens)[:, None])
-                    .view(len(decode), 1, 1, max_len)
-                    .to(dev)
-                )
-            starts = [s.query_start for s in decode]
-            in_order = starts == list(range(starts[0], starts[0] + len(starts)))
-            rows = None if in_order else torch.tensor(starts, dtype=torch.int64, device=dev)
-            self._decode = _DecodePlan(rows, starts[0], len(decode), max_len, slots, key_mask)
+        # Only sequences of similar context length share a padded call (see length_groups).
+        self._decodes = [
+            _decode_plan([decode[i] for i in g], bs, dev)
+            for g in similar_length_groups([s.context_len for s in decode], query_len=1)
+        ]
         self._groups = []
         for members in by_len.values():
-            if len(members) > 1:  # one call for all of them instead of one per sequence
-                self._groups.append(_group([m[0] for m in members], [m[1] for m in members], bs, dev))
-                grouped = {id(m[0]) for m in members}
-                prefills = [p for p in prefills if id(p) not in grouped]
+            if len(members) == 1:
+                continue
+            for g in similar_length_groups([m[1].context_len for m in members], members[0][1].query_len):
+                if len(g) > 1:  # one call for all of them instead of one per sequence
+                    self._groups.append(_group([members[i][0] for i in g], [members[i][1] for i in g], bs, dev))
+                    grouped = {id(members[i][0]) for i in g}
+                    prefills = [p for p in prefills if id(p) not in grouped]
         self._prefills = prefills
+        only = self._decodes[0] if len(self._decodes) == 1 else None
         self._all_decode_in_order = (
             not prefills
-            and self._decode is not None
-            and self._decode.rows is None
-            and self._decode.row0 == 0
-            and self._decode.batch == meta.num_tokens
+            and not self._groups
+            and only is not None
+            and only.rows is None
+            and only.row0 == 0
+            and only.batch == meta.num_tokens
         )
         self._meta = meta
 
@@ -215,12 +223,10 @@ class TorchAttentionBackend(AttentionBackend):
         vc = self.cache.v[layer].view(-1, Hkv, D)
         cdt = self.compute_dtype or q.dtype
 
-        dec = self._decode
         if self._all_decode_in_order:
-            assert dec is not None
-            return self._decode_attn(dec, q, kc, vc, scale, cdt)
+            return self._decode_attn(self._decodes[0], q, kc, vc, scale, cdt)
         out = torch.empty_like(q)
-        if dec is not None:
+        for dec in self._decodes:
             qd = q[dec.row0 : dec.row0 + dec.batch] if dec.rows is None else q.index_select(0, dec.rows)
             od = self._decode_attn(dec, qd, kc, vc, scale, cdt)
             if dec.rows is None:

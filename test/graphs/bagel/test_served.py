@@ -205,3 +205,64 @@ def test_the_latent_after_every_step_and_the_previews_equal_the_reference(bagel,
             assert not torch.equal(preview, got["image"][0])  # a preview, not the final image
     assert "latent_step" not in got_plain and "preview" not in got_plain  # only when asked
     assert torch.equal(got_plain["latent"][0], got_t2i["latent"][0])  # and the final latent is the same
+
+
+def test_an_edit_prefills_its_image_once_the_full_context_forking_the_no_text_one(bagel, ref):
+    """The no-text context [VAE span, ViT span] is the full one's prefix: the full view forks its KV and
+    computes only the instruction (the engine's prefill rows say so); the latents stay the reference's.
+    With ``cfg_parallel`` (views apart) the request lays out the full context whole."""
+    image = _picture(48, 32)
+    edit = bagel.requests.edit(image, "make the sky green", guidance=EDIT, seed=4)
+    instruction = bagel.tokenizer.text_turn("make the sky green")
+    assert edit.meta["llm.kv_from"] == "llm_cfg_text" and edit.inputs["ids"].tolist() == instruction
+    no_text = int(edit.inputs["cfg_text_ids"].numel())
+    assert edit.inputs["rope_positions"].tolist() == [list(range(2, 2 + len(instruction)))]  # after 2 spans
+
+    async def run():
+        conductor = await Conductor(bagel.graph(), bagel.modules(), config=FP32).start()
+        try:
+            out = await _outputs(conductor, edit)
+            await conductor.wait_idle(timeout=10)
+            return out, conductor.workers[0].stats()["ar:bagel"]
+        finally:
+            await conductor.stop()
+
+    out, stats = asyncio.run(run())
+    vae, vit, instr = (
+        ("gen_rows", ref.vae_rows(image)),
+        ("und_rows", ref.vit_rows(image)),
+        ref.turn("make the sky green"),
+    )
+    want = ref.latents(
+        {"gen": [vae, vit, instr], "cfg_text": [vae, vit], "cfg_img": [instr]}, edit.inputs["noise"], EDIT, 32, 48
+    )[-1]
+    assert _rel(out["latent"][0], want) < 1e-4
+    assert stats["tokens_computed"] == no_text + 2 * len(instruction)  # no-text, no-image, the instruction
+    assert stats["kv_blocks_used"] == 0 and stats["sequences"] == 0  # every fork let go of its blocks
+    apart = BagelModel.load(bagel.path, progress=False, requests_only=True, cfg_parallel=True).requests.edit(
+        image, "make the sky green", guidance=EDIT, seed=4
+    )
+    assert "llm.kv_from" not in apart.meta and int(apart.inputs["ids"].numel()) == no_text + len(instruction)
+
+
+def test_without_a_stop_token_answers_run_to_their_length(bagel):
+    """``graph(stop_at_im_end=False)`` (the bench on random weights): an answer is as long as asked even
+    where the served graph would end it - here with the answer's second token taken as the end token."""
+    from mstar_graphs.bagel.graph import bagel_graph
+
+    request = bagel.requests.understand(_picture(), "What is in the picture?", max_tokens=6)
+
+    def answer(graph) -> list[int]:
+        async def run():
+            conductor = await Conductor(graph, bagel.modules(), config=FP32).start()
+            try:
+                request.request_id = f"ask-{id(graph)}"
+                return [int(t) for t in (await _outputs(conductor, request))["text_ids"]]
+            finally:
+                await conductor.stop()
+
+        return asyncio.run(run())
+
+    full = answer(bagel.graph(stop_at_im_end=False))
+    assert len(full) == 6
+    assert answer(bagel_graph(full[1])) == full[:1]  # that graph ends the answer at its "end token"

@@ -12,7 +12,8 @@ from mstar.engine.attention.metadata import AttentionMetadata, MaskKind, SeqAtte
 from mstar.engine.attention.torch_backend import build_mask
 from mstar.engine.kv_cache import KVSpec, PagedKVCache
 from mstar.engine.kv_handoff import export_sequence
-from mstar.engine.messages import ExportKV
+from mstar.engine.messages import ExportKV, LoopSpec
+from mstar.sampling_params import SamplingParams
 from support.attention_cases import positions_mask, run_case
 from support.engine_stepper import EngineStepper
 from support.toy_row_models import RowKindsLM
@@ -139,3 +140,26 @@ def test_bad_spans_fail_naming_spans_and_the_engine_keeps_serving(spans, message
     good = prefill(st, "good", IDS, SPANS)
     st.drain()
     check(st.output(good, "hidden")[: len(IDS)], LM.reference_hidden(IDS, SPANS))
+
+
+def test_a_span_longer_than_the_budget_starts_beside_running_decodes():
+    """A 10-row span with a token budget of 4, arriving while two older requests decode, runs within
+    two steps (not once they have finished) and is exact; the decodes never stop."""
+    st = EngineStepper(LM, ["llm"], max_batched_tokens=4)
+    decoders = [
+        prefill(st, f"d{i}", IDS[i : i + 3], loop=LoopSpec(max_iters=40), sampling=SamplingParams()) for i in range(2)
+    ]
+    for _ in range(4):
+        st.engine.step()
+    replies = prefill(st, "image", IDS, [[2, 12]])
+    image = st.seq("image", "llm")
+    steps = 0
+    while image.num_computed < 12:
+        generated = [st.seq(f"d{i}", "llm").num_generated for i in range(2)]
+        st.engine.step()
+        steps += 1
+        assert [st.seq(f"d{i}", "llm").num_generated for i in range(2)] == [g + 1 for g in generated]
+    assert steps <= 2
+    st.drain()
+    check(st.output(replies, "hidden")[: len(IDS)], LM.reference_hidden(IDS, [[2, 12]]))
+    assert all(r[-1].final and r[-1].error is None for r in decoders)

@@ -237,3 +237,37 @@ def test_phase_waits_are_bounded_and_off_without_a_period():
         add_seq(s, "b", 4)
         add_seq(s, "c", 4).num_generated = 3  # resumed after preemption, already in a's phase
         assert [name for name, _, _ in run_step(s)] == (["a", "b", "c"] if period == 1 else ["a", "c"])
+
+
+def test_an_over_budget_span_waits_one_step_for_an_older_prefill_chunk():
+    """A 12-token span (budget 8) behind an older session's prefill chunk: it is due, and the next
+    step is its own: decodes run beside it, the older session's next prompt waits one step."""
+    s = make_scheduler(num_blocks=32, max_batched_tokens=8)
+    decoding = add_seq(s, "decoding", 4)
+    run_step(s)
+    decoding.token_ids.append(50)
+    session = add_seq(s, "session", 6)
+    image = add_seq(s, "image", 12)
+    image.spans = [(0, 12)]
+    assert run_step(s) == [("decoding", 4, 1), ("session", 0, 6)]
+    decoding.token_ids.append(51)
+    session.token_ids.extend([60, 61, 62])  # its next turn
+    assert run_step(s) == [("decoding", 5, 1), ("image", 0, 12)]
+    decoding.token_ids.append(52)
+    image.token_ids.append(70)
+    assert run_step(s) == [("decoding", 6, 1), ("session", 6, 3), ("image", 12, 1)]
+
+
+def test_an_over_budget_span_runs_at_once_beside_decodes_only():
+    """Older and younger decodes run beside the span (10 tokens, budget 4); a younger prompt waits."""
+    s = make_scheduler(num_blocks=32, max_batched_tokens=4)
+    older, younger = add_seq(s, "older", 2), add_seq(s, "younger", 2)
+    run_step(s)
+    image = add_seq(s, "image", 10)
+    image.spans = [(0, 10)]
+    younger.arrival = image.arrival + 0.5
+    add_seq(s, "late", 3)
+    older.token_ids.append(7)
+    younger.token_ids.append(8)
+    assert run_step(s) == [("older", 2, 1), ("image", 0, 10), ("younger", 2, 1)]
+    assert run_step(s) == [("late", 0, 3)]

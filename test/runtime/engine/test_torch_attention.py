@@ -134,3 +134,40 @@ def test_heads_as_rows_round_trip_and_plan():
     (group,) = backend._groups
     assert group.rows_alike and group.mask.shape == (2, 1, 1, 7)
     assert group.mask[1, 0, 0].tolist() == [True] * 5 + [False] * 2
+
+
+def _planned(seqs):
+    cache = PagedKVCache(KVSpec(num_layers=1, num_kv_heads=2, head_dim=4), 128, BS)
+    backend = TorchAttentionBackend(cache)
+    backend.plan(AttentionMetadata(seqs, torch.arange(sum(s.query_len for s in seqs))))
+    return backend
+
+
+def test_short_contexts_are_not_padded_to_a_long_one():
+    """Guidance branches over contexts of 200, 190 and 9 keys (a no-image branch beside full ones) and
+    decodes over 300 and ~10 keys: only similar lengths share a padded call."""
+    table = list(range(80))
+    spans = lambda ctx: ((ctx - 5, ctx),)  # noqa: E731  (the flow rows see each other)
+    branches = [SeqAttention(5 * i, 5, c, table, spans=spans(c)) for i, c in enumerate((200, 190, 9))]
+    backend = _planned(branches)
+    assert [g.starts.tolist() for g in backend._groups] == [[0, 5]]
+    assert backend._groups[0].max_len == 200
+    assert [(p.start, p.slots.numel()) for p in backend._prefills] == [(10, 9)]
+    decodes = [SeqAttention(i, 1, c, table) for i, c in enumerate((10, 300, 12, 11))]
+    backend = _planned(decodes)
+    assert sorted((d.batch, d.max_len) for d in backend._decodes) == [(1, 300), (3, 12)]
+
+
+@pytest.mark.parametrize("row_order", [None, [3, 1, 0, 4, 2, 5, 6]])
+def test_mixed_context_lengths_split_into_calls_stay_exact(row_order):
+    specs = [
+        {"ctx": 120, "ql": 5, "spans": ((115, 120),)},
+        {"ctx": 9, "ql": 5, "spans": ((4, 9),)},
+        {"ctx": 112, "ql": 5, "mask": MaskKind.PREFIX_BIDIRECTIONAL, "arg": 110},
+        {"ctx": 150, "ql": 1},
+        {"ctx": 3, "ql": 1, "mask": MaskKind.BLOCK_CAUSAL, "arg": 2},
+        {"ctx": 4, "ql": 1},
+        {"ctx": 33, "ql": 33, "spans": ((10, 20),)},
+    ]
+    out, ref = run_case(specs, hq=8, hkv=2, num_blocks=160, row_order=row_order)
+    check(out, ref)

@@ -410,3 +410,19 @@ def test_kv_from_view_continues_another_views_prompt():
     assert tokens(out["c"]) == lm.reference_greedy(PA + cont, n_c)
     assert tokens(out["a"]) == lm.reference_greedy(PA, 1 + n_a)
     assert lm.reference_greedy(PA + cont, n_c) != lm.reference_greedy(cont, n_c)  # the fork mattered
+
+
+def test_request_meta_kv_from_forks_a_view_per_request():
+    """Meta ``"c.kv_from": "a"`` makes c (no kv_from in the graph) continue a's prompt for that request
+    only; a request without it starts c from its own prompt; a bad view name fails the request."""
+    lm, n = ToyLM(), 4
+    cont = [70, 71, 72]
+    nodes = [ar_view("a"), ar_view("c")]
+    edges = view_edges("a", "prompt") + view_edges("c", "cont")
+    walk = Sequential("a", "c", Loop("c", max_iters=n - 1), Loop("a", max_iters=1))
+    g = one_walk("meta_kv_from", nodes, edges, walk)
+    forked, alone = run(g, {"lm": lm}, req(prompt=PA, cont=cont, meta={"c.kv_from": "a"}), req(prompt=PA, cont=cont))
+    assert tokens(forked["c"]) == lm.reference_greedy(PA + cont, n)
+    assert tokens(alone["c"]) == lm.reference_greedy(cont, n)
+    with pytest.raises(RequestError, match="'c.kv_from' = 'nope' must name another AR view"):
+        run(g, {"lm": lm}, req(prompt=PA, cont=cont, meta={"c.kv_from": "nope"}))
