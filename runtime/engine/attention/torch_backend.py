@@ -114,7 +114,9 @@ def _decode_plan(decode: list[SeqAttention], bs: int, dev: torch.device) -> _Dec
     slots = torch.cat([key_slots(s, bs, max_len) for s in decode]).to(dev)
     key_mask = None
     if min(lens) != max_len:
-        key_mask = (torch.arange(max_len)[None, :] < torch.tensor(lens)[:, None]).view(len(decode), 1, 1, max_len).to(dev)
+        key_mask = (
+            (torch.arange(max_len)[None, :] < torch.tensor(lens)[:, None]).view(len(decode), 1, 1, max_len).to(dev)
+        )
     starts = [s.query_start for s in decode]
     in_order = starts == list(range(starts[0], starts[0] + len(starts)))
     rows = None if in_order else torch.tensor(starts, dtype=torch.int64, device=dev)
