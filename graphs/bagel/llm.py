@@ -52,6 +52,7 @@ class BagelLLM(ARModule):
     accepts_rope_positions = True
     accepts_row_kinds = True
     accepts_need_hidden = True  # a prefill nothing is sampled from computes only its KV
+    accepts_hidden_rows = True  # a prefill's last layer finishes only the rows that are sampled
 
     def __init__(
         self,
@@ -155,10 +156,13 @@ class BagelLLM(ARModule):
         rope_positions: torch.Tensor | None = None,
         row_kinds: torch.Tensor | None = None,
         need_hidden: bool = True,
+        hidden_rows: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """input_ids, positions [T] int64; embeds [T, W >= hidden] + embed_mask [T] bool; rope_positions
         [1, T] int64; row_kinds [T] int64 (1: generation row) -> final-normed hidden [T, hidden]. With
-        ``need_hidden=False`` only the KV is computed and the result is unused."""
+        ``need_hidden=False`` only the KV is computed and the result is unused; with ``hidden_rows`` [K]
+        int64 only those rows' hidden states are returned ([K, hidden]): the last layer's o_proj and MLP
+        (a quarter of a 4-layer prefill's MLP work) run on them alone."""
         if input_ids.dim() != 1 or positions.shape != input_ids.shape:
             raise ValueError(
                 f"input_ids and positions must both be [T]; got {tuple(input_ids.shape)} and {tuple(positions.shape)}"
@@ -169,10 +173,16 @@ class BagelLLM(ARModule):
         cos, sin = self._rope(positions, rope_positions)
         h = self.embed(input_ids, embeds, embed_mask)
         last = len(self.model.layers) - 1
-        for i, layer in enumerate(self.model.layers):
-            h = layer(h, cos, sin, attn, rows, kv_only=not need_hidden and i == last)
+        for layer in self.model.layers[:last]:
+            h = layer(h, cos, sin, attn, rows)
         if not need_hidden:
-            return h
+            return self.model.layers[last](h, cos, sin, attn, rows, kv_only=True)
+        if hidden_rows is not None:
+            kept = None if rows is None else RowSplit.from_mask((row_kinds == GEN_ROW).index_select(0, hidden_rows))
+            h = self.model.layers[last](h, cos, sin, attn, rows, keep=(hidden_rows, kept))
+            rows = kept
+        else:
+            h = self.model.layers[last](h, cos, sin, attn, rows)
         if rows is None:
             return self.model.norm(h)
         und, gen = rows.split(h)

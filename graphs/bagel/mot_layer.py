@@ -110,22 +110,27 @@ class MoTDecoderLayer(nn.Module):
         attn: AttnFn,
         rows: RowSplit | None = None,
         kv_only: bool = False,
+        keep: tuple[torch.Tensor, RowSplit | None] | None = None,
     ) -> torch.Tensor:
         """x [T, hidden] in step order; cos, sin [T, D/2]; ``rows`` None: every row is an understanding
-        row. ``kv_only``: stop after the attention call (its K/V are written; the result is unused)."""
+        row. ``kv_only``: stop after the attention call (its K/V are written; the result is unused).
+        ``keep`` (row indexes [K], their split): every row's K/V is written, but only those rows go on
+        through o_proj and the MLP -> [K, hidden] (a row's result does not depend on the others')."""
         if rows is None:
             q, k, v = self.self_attn.project(self.input_layernorm(x), "")
-            out = self.self_attn.attend(q, k, v, cos, sin, attn)
-            if kv_only:
-                return x
-            return self._finish(x, out, "")
-        parts = rows.split(x)
-        und, gen = (self.self_attn.project(getattr(self, f"input_layernorm{s}")(p), s) for s, p in zip(SETS, parts))
-        q, k, v = (rows.merge(a, b) for a, b in zip(und, gen))
+        else:
+            parts = rows.split(x)
+            und, gen = (self.self_attn.project(getattr(self, f"input_layernorm{s}")(p), s) for s, p in zip(SETS, parts))
+            q, k, v = (rows.merge(a, b) for a, b in zip(und, gen))
         out = self.self_attn.attend(q, k, v, cos, sin, attn)
         if kv_only:
             return x
-        out_parts = rows.split(out)
+        if keep is not None:
+            index, rows = keep
+            x, out = x.index_select(0, index), out.index_select(0, index)
+        if rows is None:
+            return self._finish(x, out, "")
+        parts, out_parts = rows.split(x), rows.split(out)
         return rows.merge(*(self._finish(p, o, s) for s, p, o in zip(SETS, parts, out_parts)))
 
     def _finish(self, x: torch.Tensor, attn_out: torch.Tensor, s: str) -> torch.Tensor:

@@ -32,7 +32,9 @@ class ARModule(NodeSubmodule):
     in each attention layer; it returns hidden states, one row per token. Keyword extras, when
     they apply: ``embeds`` [T, W] + ``embed_mask`` [T] (rows given as embeddings),
     ``rope_positions`` [axes, T] (``accepts_rope_positions``), ``row_kinds`` [T] int64
-    (``accepts_row_kinds``: mstar.engine.row_kinds), ``need_hidden`` (``accepts_need_hidden``).
+    (``accepts_row_kinds``: mstar.engine.row_kinds), ``need_hidden`` (``accepts_need_hidden``),
+    ``hidden_rows`` [K] int64 (``accepts_hidden_rows``: the engine reads only these rows; return [K, H],
+    their hidden states in that order).
     A call's input ``spans`` (mstar.engine.row_spans) changes only the attention mask.
 
     A flow view (``LoopMode.FLOW``) runs the module's ``flow_velocity``: with the fixed contract

@@ -50,10 +50,14 @@ class ModelRunner:
         self._attn = AttentionContext(backend)
         self.forward_seconds = 0.0  # inside the module's forward only (the rest is runtime overhead)
 
-    def run(self, batch: list[ScheduledSeq], need_hidden: bool = True) -> tuple[torch.Tensor, list[int]]:
+    def run(
+        self, batch: list[ScheduledSeq], need_hidden: bool = True, last_rows_only: bool = False
+    ) -> tuple[torch.Tensor, list[int]]:
         """Returns hidden states [T, H] of every packed token and, per scheduled
         sequence, the row of its last token. ``need_hidden=False``: nothing will be sampled
-        from this step, and a module that says ``accepts_need_hidden`` may compute only its KV."""
+        from this step, and a module that says ``accepts_need_hidden`` may compute only its KV.
+        ``last_rows_only``: the caller reads only the sequences' last rows; a module that says
+        ``accepts_hidden_rows`` then returns just those ([len(batch), H], the returned rows index it)."""
         ids: list[int] = []
         positions: list[int] = []
         slots: list[torch.Tensor] = []
@@ -96,7 +100,20 @@ class ModelRunner:
             extra["row_kinds"] = kinds.to(self.device)
         if not need_hidden and getattr(self.module, "accepts_need_hidden", False):
             extra["need_hidden"] = False
+        # a prefill's last layer then runs its o_proj and MLP on the sampled rows only (tensor
+        # parallel followers run the full step: their row-parallel reductions must match the leader's)
+        narrow = (
+            need_hidden
+            and last_rows_only
+            and self.plan_hook is None
+            and len(last_rows) < len(ids)
+            and getattr(self.module, "accepts_hidden_rows", False)
+        )
+        if narrow:
+            extra["hidden_rows"] = torch.tensor(last_rows, dtype=torch.long, device=self.device)
         hidden = self.module(input_ids, pos, self._attn, **extra)
+        if narrow:
+            last_rows = list(range(len(last_rows)))
         self.forward_seconds += time.perf_counter() - started
         return hidden, last_rows
 

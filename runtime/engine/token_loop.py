@@ -58,7 +58,7 @@ class TokenLoop(EngineLoop):
                 item.seq.call is not None and item.seq.call.wants_token and item.end == len(item.seq.token_ids)
                 for item in batch
             )
-            hidden, last_rows = core.runner.run(batch, need_hidden=samples)
+            hidden, last_rows = core.runner.run(batch, need_hidden=samples, last_rows_only=True)
             keep_rows(core.module, batch)
             core.scheduler.complete(batch)
             finish_step(core, batch, hidden, last_rows)

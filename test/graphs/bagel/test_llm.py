@@ -74,6 +74,30 @@ def test_prefill_without_hidden_leaves_the_same_kv(model, tok, markers):
         assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("kinds", [False, True])
+def test_hidden_rows_return_just_those_rows(model, tok, markers, kinds):
+    # one span call of understanding rows then latent rows (with kinds: both weight sets in the last layer)
+    parts = [("und_rows", _rows(7, 3)), ("gen_rows", _rows(8, 4))]
+    layout = reference.ref_layout(parts, markers, model.hidden_size)
+    n = layout.ids.shape[0]
+    full, narrow = DenseKVAttention(2), DenseKVAttention(2)
+    full.causal = narrow.causal = False
+    args = dict(
+        embeds=layout.embeds,
+        embed_mask=layout.embed_mask,
+        rope_positions=layout.rope[None],
+        row_kinds=layout.gen.long() if kinds else None,
+    )
+    with torch.no_grad():
+        every = model(layout.ids, torch.arange(n), full, **args)
+        picked = torch.tensor([n - 1, 1, n - 3])
+        some = model(layout.ids, torch.arange(n), narrow, hidden_rows=picked, **args)
+    assert some.shape == (3, model.hidden_size)
+    assert _max_err(some, every[picked]) < TOL
+    for a, b in zip(full.k + full.v, narrow.k + narrow.v):  # every row's KV is still written
+        assert torch.equal(a, b)
+
+
 @torch.no_grad()
 def test_greedy_understanding_matches_reference(model, state, config, tok, markers):
     parts = [("text", tok.text_turn("Describe")), ("und_rows", _rows(6, 4)), ("text", tok.text_turn("What is it?"))]
