@@ -1,4 +1,5 @@
-"""tools/bagel_reference_run.py: its pure helpers (the exact varlen attention stub, sizes, AE params, cases).
+"""tools/bagel_reference_run.py and its stubs (bagel_reference_stubs.py): the pure helpers (the exact varlen
+attention stub, sizes, AE params, cases).
 
 What needs the BAGEL reference source (building and running it) is exercised by hand; nothing here
 imports it.
@@ -12,11 +13,16 @@ from pathlib import Path
 import pytest
 import torch
 
-spec = importlib.util.spec_from_file_location(
-    "bagel_reference_run", Path(__file__).parents[2] / "tools" / "bagel_reference_run.py"
-)
-tool = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(tool)
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).parents[2] / "tools" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+tool = _load("bagel_reference_run")
+stubs = _load("bagel_reference_stubs")
 
 
 def sdpa_one(q, k, v, causal_offset=None):
@@ -40,7 +46,7 @@ def test_varlen_attention_matches_sdpa_per_sequence_with_gqa(causal):
     k = torch.randn(sum(lk), 2, 8, generator=gen)
     v = torch.randn(sum(lk), 2, 8, generator=gen)
     cu_q, cu_k = torch.tensor([0, 3, 4, 9]), torch.tensor([0, 7, 11, 16])
-    out = tool.varlen_attention(q, k, v, cu_q, cu_k, causal=causal)
+    out = stubs.varlen_attention(q, k, v, cu_q, cu_k, causal=causal)
     for i in range(3):
         qs, ks, vs = q[cu_q[i] : cu_q[i + 1]], k[cu_k[i] : cu_k[i + 1]], v[cu_k[i] : cu_k[i + 1]]
         # bottom-right alignment: the last query sees every key
@@ -50,15 +56,15 @@ def test_varlen_attention_matches_sdpa_per_sequence_with_gqa(causal):
 
 def test_varlen_attention_causal_masks_future_keys_and_honours_scale():
     q, k, v = torch.randn(2, 1, 4), torch.randn(2, 1, 4), torch.tensor([[[1.0] * 4], [[5.0] * 4]])
-    out = tool.varlen_attention(q, k, v, torch.tensor([0, 2]), torch.tensor([0, 2]), causal=True)
+    out = stubs.varlen_attention(q, k, v, torch.tensor([0, 2]), torch.tensor([0, 2]), causal=True)
     assert torch.equal(out[0], v[0])  # the first row sees only the first key
-    flat = tool.varlen_attention(q, k, v, torch.tensor([0, 2]), torch.tensor([0, 2]), softmax_scale=0.0)
+    flat = stubs.varlen_attention(q, k, v, torch.tensor([0, 2]), torch.tensor([0, 2]), softmax_scale=0.0)
     torch.testing.assert_close(flat, torch.full((2, 1, 4), 3.0))  # scale 0 -> uniform weights
 
 
 def test_varlen_attention_rejects_heads_not_divisible():
     with pytest.raises(ValueError, match="multiple"):
-        tool.varlen_attention(
+        stubs.varlen_attention(
             torch.zeros(2, 3, 4), torch.zeros(2, 2, 4), torch.zeros(2, 2, 4), torch.tensor([0, 2]), torch.tensor([0, 2])
         )
 
@@ -66,7 +72,7 @@ def test_varlen_attention_rejects_heads_not_divisible():
 def test_flash_stub_refuses_features_it_does_not_model():
     q = torch.zeros(2, 1, 4)
     with pytest.raises(NotImplementedError):
-        tool._flash_attn_varlen_func(q, q, q, torch.tensor([0, 2]), torch.tensor([0, 2]), 2, 2, window_size=(1, 1))
+        stubs._flash_attn_varlen_func(q, q, q, torch.tensor([0, 2]), torch.tensor([0, 2]), 2, 2, window_size=(1, 1))
 
 
 def test_bagel_sizes_defaults_and_overrides():
@@ -133,7 +139,7 @@ def test_flow_params_case_over_defaults():
 def test_torchvision_stub_resizes_and_normalises_like_image_transform():
     from PIL import Image
 
-    stub = tool._torchvision_stub()
+    stub = stubs._torchvision_stub()
     functional, transforms = stub["torchvision.transforms.functional"], stub["torchvision.transforms"]
     img = Image.new("RGB", (6, 4), (255, 0, 51))
     resized = functional.resize(img, (2, 3), transforms.InterpolationMode.BICUBIC)
@@ -145,6 +151,6 @@ def test_torchvision_stub_resizes_and_normalises_like_image_transform():
 
 
 def test_float32_torch_proxy_turns_bf16_casts_into_fp32():
-    proxy = tool._Float32Torch("torch")
+    proxy = stubs._Float32Torch("torch")
     assert proxy.bfloat16 is torch.float32 and proxy.zeros is torch.zeros
     assert torch.ones(2).to(proxy.bfloat16).dtype == torch.float32
