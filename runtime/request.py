@@ -9,13 +9,15 @@ from typing import Any
 
 import torch
 
+from mstar.priority import Priority
 from mstar.sampling_params import SamplingParams
 
 
 @dataclass
 class Request:
     """``inputs`` feed the graph's ``input.<name>`` edges; ``meta`` is read by the model's ``next_walk``.
-    ``outputs`` names the graph outputs the caller wants streamed (None: all of them)."""
+    ``outputs`` names the graph outputs the caller wants streamed (None: all of them).
+    ``priority``: its class (mstar.priority); every node call of the request carries it."""
 
     inputs: dict[str, torch.Tensor]
     sampling: SamplingParams = field(default_factory=SamplingParams)
@@ -23,6 +25,7 @@ class Request:
     session_id: str | None = None
     meta: dict[str, Any] = field(default_factory=dict)
     outputs: frozenset[str] | None = None
+    priority: Priority = Priority.INTERACTIVE
 
 
 @dataclass

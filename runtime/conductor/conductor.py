@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from mstar.conductor.class_limits import ClassLimits
 from mstar.conductor.inprocess_workers import InProcessWorkers
 from mstar.conductor.process_workers import ProcessWorkers
 from mstar.conductor.replies import ReplyInbox
@@ -34,6 +35,7 @@ from mstar.graph.model_graph import ModelGraph
 from mstar.graph.node import NodeSubmodule
 from mstar.graph.request_state import RequestState
 from mstar.placement.resolve import ResolvedPlacement, load_placement
+from mstar.priority import UNCLASSED, Priority
 from mstar.request import Request, RequestCancelled, RequestError, RequestStream, UnknownRequest
 from mstar.worker.model_spec import build_model
 from mstar.worker.protocol import ModelSpec
@@ -43,6 +45,20 @@ log = logging.getLogger("mstar.conductor")
 
 class NodeError(RuntimeError):
     pass
+
+
+def check_priorities(graph: ModelGraph, priorities: Mapping[str, Priority | str | int]) -> dict[str, Priority]:
+    """Class overrides by node or walk name, checked against ``graph`` (ValueError names the bad entry)."""
+    known = set(graph.node_by_name) | set(graph.walks)
+    out: dict[str, Priority] = {}
+    for name, value in priorities.items():
+        if name not in known:
+            raise ValueError(
+                f"priorities: {name!r} is neither a node nor a walk of graph {graph.name!r} "
+                f"(nodes {sorted(graph.node_by_name)}, walks {sorted(graph.walks)})"
+            )
+        out[name] = Priority.parse(value, f"priorities.{name}")
+    return out
 
 
 def _worker_set(
@@ -62,7 +78,12 @@ def _worker_set(
 
 class Conductor:
     """Embedded (``Conductor(graph, modules)``: one in-process Worker) or distributed
-    (``Conductor.distributed(spec, placement)``: one Worker process per rank)."""
+    (``Conductor.distributed(spec, placement)``: one Worker process per rank).
+
+    Priority classes (mstar.priority, docs/scheduling.md): each node call carries its request's
+    class, unless ``priorities`` (node or walk name -> class; a placement's ``priorities:`` when
+    distributed) names its node (first) or its current walk. ``class_limits``: in-flight limit per
+    class (mstar.conductor.class_limits). With ``config.priority_classes`` False neither applies."""
 
     def __init__(
         self,
@@ -72,12 +93,23 @@ class Conductor:
         config: EngineConfig | None = None,
         device: str | torch.device = "cpu",
         pool: WorkerPool | None = None,
+        class_limits: Mapping[Priority | str | int, int] | None = None,
+        priorities: Mapping[str, Priority | str | int] | None = None,
     ) -> None:
         self.graph = graph
         self.worker_set = _worker_set(graph, modules, config, device, pool)
         self.store = self.worker_set.store
         self.router = Router(graph, self.worker_set.placement, hosts=self.worker_set)
-        self.executor = WalkExecutor(graph, self._dispatch, itertools.count().__next__)
+        self.priority_classes = (config or EngineConfig()).priority_classes
+        placed = self.worker_set.placement.priorities if self.worker_set.placement is not None else {}
+        overrides = {**placed, **(priorities or {})}
+        self.class_limits = ClassLimits(class_limits if self.priority_classes else None)
+        self.executor = WalkExecutor(
+            graph,
+            self._dispatch,
+            itertools.count().__next__,
+            priorities=check_priorities(graph, overrides) if self.priority_classes else None,
+        )
         self._call_ids = itertools.count(1 << 40)  # KV hand-over calls, apart from the executor's ids
         self._kv_home: dict[tuple[str, str], int] = {}  # (KV owner, node) -> rank that holds its KV
         self._tasks: dict[str, asyncio.Task] = {}
@@ -152,6 +184,7 @@ class Conductor:
                 f"request {request.request_id}: graph {self.graph.name!r} takes inputs {sorted(expected)}; "
                 f"missing {missing}, unknown {unknown}"
             )
+        request.priority = Priority.parse(request.priority, f"request {request.request_id}: priority")
         if request.outputs is not None and not set(request.outputs) <= set(self.graph.output_names):
             raise ValueError(
                 f"request {request.request_id}: graph {self.graph.name!r} has outputs "
@@ -216,6 +249,23 @@ class Conductor:
         return len(self._tasks)
 
     async def _run(self, rs: RequestState) -> None:
+        """Waits for its class's turn (class_limits), then runs the request's Walks."""
+        cls = rs.request.priority if self.priority_classes else UNCLASSED
+        try:
+            await self.class_limits.enter(cls)
+        except asyncio.CancelledError:  # cancelled (or its session closed) while it waited
+            self._cleanup(rs, notify=False)
+            failure = rs.failure
+            rs.stream.fail(
+                failure if isinstance(failure, RequestError) else RequestCancelled(rs.request_id, "cancelled")
+            )
+            return
+        try:
+            await self._run_walks(rs)
+        finally:
+            self.class_limits.leave(cls)
+
+    async def _run_walks(self, rs: RequestState) -> None:
         rid = rs.request_id
         outcome: RequestError | None = None
         rs.input_feeds = {
@@ -360,6 +410,7 @@ class Conductor:
         return {
             "in_flight": self.in_flight,
             "tensors_held": self._tensors_held(),
+            "classes": self.class_limits.stats(),
             "workers": [w.stats() for w in self.workers],
         }
 

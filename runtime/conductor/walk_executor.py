@@ -10,7 +10,7 @@ A streaming edge into a node's fed input passes its chunks to that node's runnin
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from mstar.engine.messages import ExecuteNode, FeedInput, LoopSpec, NodeOutput
@@ -19,6 +19,7 @@ from mstar.graph.edges import GRAPH_INPUT, GRAPH_OUTPUT, StreamingGraphEdge
 from mstar.graph.model_graph import ModelGraph
 from mstar.graph.request_state import RequestState, StreamState
 from mstar.graph.walks import AwaitInput, Call, Loop, Parallel, Sequential, StopOnValues, StopWhen, WalkStep
+from mstar.priority import UNCLASSED, Priority
 from mstar.request import RequestError, RequestOutput
 from mstar.transport.handle import TensorHandle, TensorRef
 
@@ -35,10 +36,19 @@ class _StopWatch:
 
 
 class WalkExecutor:
-    def __init__(self, graph: ModelGraph, dispatch: Dispatch, new_call_id: Callable[[], int]) -> None:
+    def __init__(
+        self,
+        graph: ModelGraph,
+        dispatch: Dispatch,
+        new_call_id: Callable[[], int],
+        priorities: Mapping[str, Priority] | None = None,
+    ) -> None:
+        """``priorities``: class overrides by node or walk name (a node's first); None: priority classes
+        are off, and every call goes out as ``UNCLASSED`` whatever its request's class."""
         self.graph = graph
         self.dispatch = dispatch
         self.new_call_id = new_call_id
+        self.priorities = priorities
         self._nodes_of_walk: dict[str, frozenset[str]] = {}
 
     async def run(self, step: WalkStep, rs: RequestState, watches: tuple[_StopWatch, ...] = ()) -> None:
@@ -94,6 +104,16 @@ class WalkExecutor:
                 break
 
     # -- one node call -----------------------------------------------------------------
+    def call_priority(self, node: str, rs: RequestState) -> Priority:
+        """The class ``node``'s call of ``rs`` runs in: an override for the node, then for the current
+        walk, else the request's own."""
+        if self.priorities is None:
+            return UNCLASSED
+        for name in (node, rs.current_walk):
+            if name is not None and name in self.priorities:
+                return self.priorities[name]
+        return Priority(rs.request.priority)
+
     def _inputs(self, node: str, rs: RequestState) -> dict[str, TensorRef]:
         inputs = {}
         for port in self.graph.node(node).inputs:
@@ -141,6 +161,7 @@ class WalkExecutor:
             guidance=gnode.guidance,
             loop_mode=gnode.loop_mode,
             step_rows=any(self._step_streams(node, walk_nodes)),
+            priority=self.call_priority(node, rs),
         )
 
     def _kv_from(self, node: str, rs: RequestState) -> str | None:

@@ -30,6 +30,7 @@ from mstar.engine.scheduler import Scheduler
 from mstar.engine.token_loop import TokenLoop
 from mstar.graph.loop_mode import LoopMode
 from mstar.parallel.group import TPGroup
+from mstar.priority import Priority
 from mstar.transport.inprocess import InProcessTensorStore
 
 log = logging.getLogger("mstar.engine.ar")
@@ -124,6 +125,12 @@ class AREngine(EngineInbox):
         return any(loop.has_work() for loop in self._distinct_loops().values())
 
     has_pending = has_work
+
+    def most_urgent(self, pending: bool = False) -> Priority | None:
+        """The most urgent class of the work due in any of its loops (None: nothing is due; all its
+        queued work is due work, so ``pending`` changes nothing)."""
+        classes = [loop.most_urgent() for loop in self._distinct_loops().values()]
+        return min((c for c in classes if c is not None), default=None)
 
     def step(self) -> None:
         done = sum(self._step_loop(mode, loop) for mode, loop in self._distinct_loops().items())

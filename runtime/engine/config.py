@@ -32,6 +32,7 @@ class EngineConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     attention_backend: str | None = None
     pack_linears: bool = True  # bf16 on CPU: weights reordered once for oneDNN (same results, faster)
     phase_align: bool = True  # start sequences in the running ones' decode_period phase (waits < period steps)
+    priority_classes: bool = True  # serve control > interactive > batch (mstar.priority); False: first come first
 
     def __post_init__(self) -> None:
         checks = [

@@ -11,6 +11,10 @@ goes through ``run_on_device`` to the same thread. Torch work on every other thr
 device thread claims the process's width when it starts, and the thread that started
 it is confined to one (``mstar.engine.intra_op``: a second team made the pi0.5 forward
 1.45-1.7x slower, for as long as the thread that built it lived).
+
+Engines take turns by priority class (mstar.engine.device_round): each round steps the
+engines whose due work is most urgent, and a round ends early when a more urgent call
+arrives, so a control call waits at most one step of a batch engine.
 """
 
 from __future__ import annotations
@@ -20,28 +24,17 @@ import logging
 import queue
 import threading
 from collections.abc import Callable, Sequence
-from typing import Protocol, TypeVar
+from typing import TypeVar
 
 from mstar.engine import intra_op
+from mstar.engine.device_round import Steppable, engine_class, engines_to_step, most_urgent_of, step_round
+from mstar.priority import Priority
 
 log = logging.getLogger("mstar.engine")
 T = TypeVar("T")
 
 
-class Steppable(Protocol):
-    wake: threading.Event
-
-    def poll(self) -> None:
-        """Take the messages that arrived (never blocks)."""
-
-    def has_work(self) -> bool:
-        """Work that is due now."""
-
-    def has_pending(self) -> bool:
-        """Any work queued (it may be waiting to be batched)."""
-
-    def step(self) -> None:
-        """One unit of work: an AR step, or one stateless batch."""
+__all__ = ["DeviceLoop", "DeviceThread", "Steppable", "device_thread", "run_on_device"]
 
 
 class DeviceThread:
@@ -86,14 +79,7 @@ class DeviceThread:
         while True:
             self.wake.clear()
             self._run_calls()
-            busy = False
-            for loop in self._loops:
-                try:
-                    busy |= loop.step_once()
-                except Exception:  # the device thread must never die: every caller would hang
-                    log.exception("%s: device loop failed", loop.name)
-                finally:
-                    self._flush_after_step()
+            busy = step_round(self._loops, self._flush_after_step)
             if not busy:
                 self.wake.wait(timeout=0.5)
 
@@ -163,13 +149,25 @@ class DeviceLoop:
     def stop(self) -> None:
         self._thread.detach(self)
 
-    def step_once(self) -> bool:
+    def poll(self) -> None:
         for engine in self.engines:
             engine.poll()
-        busy = [e for e in self.engines if e.has_work()]
-        if not busy:  # nothing is due: don't idle while something waits to be batched
-            busy = [e for e in self.engines if e.has_pending()][:1]
-        for engine in busy:
+
+    def most_urgent(self) -> Priority | None:
+        """The most urgent class of the work due in any of its engines (None: nothing is due)."""
+        return most_urgent_of([engine_class(e) for e in self.engines])
+
+    def step_once(self, limit: Priority | None = None) -> bool:
+        """Steps its engines with due work of class ``limit`` or more urgent (None: every one due);
+        when nothing is due, the first with queued work, so nothing idles while it waits to be batched."""
+        self.poll()
+        busy = engines_to_step(self.engines, limit)
+        for i, engine in enumerate(busy):
+            if i and limit is not None:
+                self.poll()
+                newer = self.most_urgent()
+                if newer is not None and newer < limit:
+                    break  # a more urgent call arrived: its step comes before this group's next
             try:
                 engine.step()
             except Exception:  # engines report their own failures; the loop must survive

@@ -37,6 +37,7 @@ from mstar.engine.loop_contract import CallRefused, EngineLoop
 from mstar.engine.messages import ExecuteNode, NodeOutput
 from mstar.engine.sequence import ActiveCall, SeqStatus, Sequence
 from mstar.graph.loop_mode import LoopMode
+from mstar.priority import Priority
 
 DEFAULT_STEPS = 10
 
@@ -59,13 +60,13 @@ class FlowLoop(EngineLoop):
 
     # -- the flows ------------------------------------------------------------------------------
     def _flows(self) -> list[FlowState]:
-        """Every flow with a call in flight, oldest first."""
+        """Every flow with a call in flight, most urgent class first, oldest first within one."""
         flows = [
             s.flow
             for s in self.core.scheduler.seqs.values()
             if s.flow is not None and s is s.flow.main and s.call is not None
         ]
-        return sorted(flows, key=lambda f: f.main.arrival)
+        return sorted(flows, key=lambda f: self.core.scheduler.order_key(f.main))
 
     @staticmethod
     def _computed(flow: FlowState) -> bool:
@@ -74,6 +75,10 @@ class FlowLoop(EngineLoop):
 
     def has_work(self) -> bool:
         return any(self._computed(f) for f in self._flows())
+
+    def most_urgent(self) -> Priority | None:
+        """The most urgent class among flows that may step now (None: none may)."""
+        return min((self.core.scheduler.class_of(f.main) for f in self._flows() if self._computed(f)), default=None)
 
     def stats(self) -> dict[str, int]:
         return {

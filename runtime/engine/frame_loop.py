@@ -42,6 +42,8 @@ from mstar.engine.frame_state import Frame, FrameContext, Rollout, finite_input,
 from mstar.engine.loop_contract import CallRefused, EngineLoop
 from mstar.engine.messages import ExecuteNode, NodeOutput
 from mstar.engine.sequence import ActiveCall
+from mstar.engine.serve_order import call_class, serve_key
+from mstar.priority import Priority
 
 
 class FrameLoop(EngineLoop):
@@ -63,6 +65,13 @@ class FrameLoop(EngineLoop):
 
     def has_work(self) -> bool:
         return any(c.call is not None for c in self.contexts.values()) or bool(self.rollouts)
+
+    def most_urgent(self) -> Priority | None:
+        """The most urgent class among contexts and rollouts with a call in flight (None: none)."""
+        calls = [c.call for c in self.contexts.values() if c.call is not None] + [
+            r.call for r in self.rollouts.values()
+        ]
+        return min((call_class(c.msg, self.core.config.priority_classes) for c in calls), default=None)
 
     def stats(self) -> dict[str, int]:
         if not isinstance(self.core.module, FrameModule):
@@ -311,7 +320,7 @@ class FrameLoop(EngineLoop):
         rows_left = core.config.max_batched_tokens  # a step's rows, as for token steps (the first item always fits)
         work = sorted(
             [c for c in self.contexts.values() if c.call is not None] + list(self.rollouts.values()),
-            key=lambda w: w.arrival,
+            key=lambda w: serve_key(w.call.msg, w.arrival, core.config.priority_classes),
         )
         for w in work:
             if isinstance(w, Rollout):

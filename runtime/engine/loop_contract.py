@@ -11,6 +11,7 @@ from abc import ABC, abstractmethod
 
 from mstar.engine.engine_inbox import Reply
 from mstar.engine.messages import ExecuteNode
+from mstar.priority import UNCLASSED, Priority
 
 
 class CallRefused(Exception):
@@ -34,6 +35,11 @@ class EngineLoop(ABC):
         """One batched step over the loop's calls; returns how many it advanced (0: nothing ran).
         Called on every engine step (a loop with nothing due returns 0 at once); it may raise,
         and the engine then calls ``fail_all``."""
+
+    def most_urgent(self) -> Priority | None:
+        """The most urgent class (mstar.priority) of the work ``step`` may compute now; None when
+        there is none. The device thread steps the engine with the most urgent work first."""
+        return UNCLASSED if self.has_work() else None
 
     @abstractmethod
     def fail_all(self, error: Exception) -> None:

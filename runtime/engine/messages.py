@@ -9,6 +9,7 @@ from __future__ import annotations
 import msgspec
 
 from mstar.graph.loop_mode import LoopMode
+from mstar.priority import Priority
 from mstar.sampling_params import SamplingParams
 from mstar.transport.handle import TensorHandle, TensorRef
 
@@ -68,6 +69,7 @@ class ExecuteNode(msgspec.Struct, tag=True):
     fed_inputs: tuple[str, ...] = ()  # ports that grow while the call runs: FeedInput messages follow
     step_rows: bool = False  # each iteration's output carries the rows it computed ("step_<row output>")
     guidance: tuple[str, ...] = ()  # a flow call's guidance views (GraphNode.guidance): a KV branch each
+    priority: Priority = Priority.INTERACTIVE  # its request's class (mstar.priority): engines serve urgent first
 
 
 class NodeOutput(msgspec.Struct, tag=True):

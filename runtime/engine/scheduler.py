@@ -1,22 +1,26 @@
 """Continuous batching for the AR engine: which sequences compute how many tokens this step.
 
-Oldest first. Every sequence with pending tokens (a decode token or a prefill chunk)
-competes for one token budget, so prefill and decode of different requests share a
+Most urgent class first (mstar.priority: control, interactive, batch), oldest first within
+a class (``EngineConfig.priority_classes = False``: oldest first, every call alike); "older"
+and "younger" below mean earlier and later in that order. Every sequence with pending
+tokens (a decode token or a prefill chunk) competes for one token budget, so prefill and decode of different requests share a
 step; a bidirectional prefix or span is never split over steps. A span that overruns the
 budget (longer than it, or longer than what the running decodes leave) runs at once beside
 single decode tokens, or, when an older prefill chunk has the step, in the next step, which
 is its own (decodes only beside it): it starts once the over-budget spans and prefill steps
 of older requests ahead of it are done, not once every older request has finished decoding.
-When KV blocks run out, the youngest sequences are preempted (their blocks freed, their tokens recomputed when
-they are scheduled again), so the oldest always progresses and nothing crashes or
-answers wrongly.
+When KV blocks run out, the youngest sequences of the least urgent class are preempted (their blocks
+freed, their tokens recomputed when they are scheduled again; a sequence of a more urgent class is
+never preempted for a less urgent one), so the first in that order always progresses and nothing
+crashes or answers wrongly.
 
 Phase alignment: when the module's constraint repeats every ``period`` tokens (Orpheus:
 7 tokens per audio frame), a sequence about to start is held back (fewer than
 ``period`` steps) until it samples in the same phase as most running sequences. In
 phase, the step's rows share one restricted LM head instead of one per phase, and
 their frames (codec windows) complete in the same step and batch together (Orpheus at
-C=8: LM-head time halved, +5% audio throughput over six paired runs).
+C=8: LM-head time halved, +5% audio throughput over six paired runs). A control-class
+sequence is never held back for phase (it would wait up to ``period - 1`` steps).
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ from mstar.engine.config import EngineConfig
 from mstar.engine.kv_cache import PagedKVCache
 from mstar.engine.row_spans import unsplit_chunk
 from mstar.engine.sequence import SeqStatus, Sequence
+from mstar.engine.serve_order import call_class, serve_key
+from mstar.priority import Priority
 
 
 @dataclass
@@ -72,6 +78,18 @@ class Scheduler:
     def has_work(self) -> bool:
         return any(self._computable(s) > 0 for s in self.seqs.values())
 
+    def most_urgent(self) -> Priority | None:
+        """The most urgent class among sequences with work due now (None: nothing is due)."""
+        due = [self.class_of(s) for s in self.seqs.values() if self._computable(s) > 0]
+        return min(due, default=None)
+
+    def class_of(self, seq: Sequence) -> Priority:
+        return call_class(seq.call.msg if seq.call is not None else None, self.config.priority_classes)
+
+    def order_key(self, seq: Sequence) -> tuple[int, float]:
+        """Serving order: more urgent class first, then older first."""
+        return serve_key(seq.call.msg if seq.call is not None else None, seq.arrival, self.config.priority_classes)
+
     def _computable(self, seq: Sequence) -> int:
         """Tokens of ``seq`` that may be computed now: a waiting sequence's sampling token is not."""
         if seq.call is None or seq.num_pending == 0:
@@ -88,7 +106,7 @@ class Scheduler:
                 if s.num_pending == 1:
                     continue
             ready.append(s)
-        ready.sort(key=lambda s: s.arrival)
+        ready.sort(key=self.order_key)
         # A chunk that cannot be split and overruns the budget (an image span longer than it, or one
         # that does not fit beside the running decodes) runs beside single decode tokens only; when an
         # older prefill chunk took the step, it is due and the next step is its own.
@@ -169,7 +187,9 @@ class Scheduler:
     def _hold_for_phase(self, seq: Sequence, phase: int, budget: int) -> bool:
         """Hold back a sequence that would start (and sample in this step) out of ``phase``."""
         starting = seq.num_computed == 0 and seq.call.wants_token and seq.num_pending <= budget
-        if not starting or seq.num_generated % self.period == phase or seq.phase_waits >= self.period - 1:
+        if not starting or self.class_of(seq) == Priority.CONTROL:
+            return False
+        if seq.num_generated % self.period == phase or seq.phase_waits >= self.period - 1:
             return False
         seq.phase_waits += 1
         self.phase_waits += 1
@@ -205,19 +225,21 @@ class Scheduler:
 
     def _victim(self, seq: Sequence, batch: list[ScheduledSeq]) -> Sequence | None:
         """Idle sequences first (any age: a session between messages must not starve others),
-        then the youngest running one; never a running sequence older than ``seq``."""
+        then the youngest running one of the least urgent class; never a running sequence ahead of
+        ``seq`` in serving order (a more urgent class, or older in its own)."""
         taken = {id(item.seq) for item in batch} | {id(seq)}
+        mine = self.order_key(seq)
         holders = [
             s
             for s in self.seqs.values()
             if s.table.blocks
             and id(s) not in taken
             and (s.flow is None or not s.flow.reserved)  # a stepping flow keeps its KV to the end
-            and (s.status == SeqStatus.IDLE or s.arrival >= seq.arrival)
+            and (s.status == SeqStatus.IDLE or self.order_key(s) >= mine)
         ]
         if not holders:
             return None
-        return max(holders, key=lambda s: (s.status == SeqStatus.IDLE, s.arrival))
+        return max(holders, key=lambda s: (s.status == SeqStatus.IDLE, self.order_key(s)))
 
     def take_stuck(self) -> list[Sequence]:
         stuck, self._stuck = self._stuck, []

@@ -1,8 +1,10 @@
 """The stateless engine: batches calls of the same node across requests (encoders, decoders, codecs).
 
-First chunks go first: a call that is a request's first (index 0) jumps ahead of
-later chunks of other requests, so time to first output stays low under load.
-Later chunks may wait up to ``max_wait_s`` to be batched with others.
+A more urgent priority class goes first (mstar.priority; ``priority_classes=False``: every
+call alike), and within a class first chunks go first: a call that is a request's first
+(index 0) jumps ahead of later chunks of other requests, so time to first output stays low
+under load. Later chunks may wait up to ``max_wait_s`` to be batched with others; a
+control-class call never waits to be batched.
 A batch that fails is retried call by call, so one bad input fails one request.
 A node with ``sequential_calls`` (state kept between a request's calls) gets a request's
 calls one at a time, in index order, whatever order they come in.
@@ -19,8 +21,10 @@ import torch
 
 from mstar.engine.engine_inbox import EngineInbox, InboxMessage, Reply
 from mstar.engine.messages import ExecuteNode, NodeOutput, ReleaseRequest
+from mstar.engine.serve_order import call_class
 from mstar.graph.node import NodeCall, NodeSubmodule
 from mstar.layers.linear_packing import pack_linears
+from mstar.priority import Priority
 from mstar.transport.inprocess import InProcessTensorStore
 
 log = logging.getLogger("mstar.engine.stateless")
@@ -33,9 +37,9 @@ class _Pending:
     call: NodeCall
     arrival: float = field(default_factory=time.monotonic)
 
-    @property
-    def priority(self) -> tuple[int, float]:
-        return (0 if self.call.index == 0 else 1, self.arrival)
+    def order(self, classes_on: bool) -> tuple[int, int, float]:
+        """Serving order: class, then first chunks, then arrival."""
+        return (int(call_class(self.msg, classes_on)), 0 if self.call.index == 0 else 1, self.arrival)
 
 
 class StatelessEngine(EngineInbox):
@@ -49,8 +53,10 @@ class StatelessEngine(EngineInbox):
         name: str = "stateless",
         max_wait_s: float = 0.0,
         pack: bool = True,
+        priority_classes: bool = True,
     ) -> None:
-        """``pack``: bf16 linears on CPU get prepacked weights (mstar.layers.linear_packing)."""
+        """``pack``: bf16 linears on CPU get prepacked weights (mstar.layers.linear_packing).
+        ``priority_classes``: serve calls by class first (EngineConfig.priority_classes)."""
         super().__init__()
         self.device = torch.device(device)
         self.nodes = {n: m.to(device=self.device, dtype=dtype).eval() for n, m in nodes.items()}
@@ -61,6 +67,7 @@ class StatelessEngine(EngineInbox):
         self.max_batch = max_batch
         self.max_wait_s = max_wait_s
         self.name = name
+        self.priority_classes = priority_classes
         self._pending: list[_Pending] = []
         # (node, request) -> the index of its next call, for nodes with sequential_calls
         self._next_index: dict[tuple[str, str], int] = {}
@@ -86,7 +93,14 @@ class StatelessEngine(EngineInbox):
             return False
         if len(ready) >= self.max_batch or any(p.call.index == 0 for p in ready):
             return True
+        if any(call_class(p.msg, self.priority_classes) == Priority.CONTROL for p in ready):
+            return True  # a control call does not wait for company
         return time.monotonic() - min(p.arrival for p in ready) >= self.max_wait_s
+
+    def most_urgent(self, pending: bool = False) -> Priority | None:
+        """The most urgent class of the calls due now (``pending``: of every queued call); None: none."""
+        calls = self._pending if pending else (self._ready() if self.has_work() else [])
+        return min((call_class(p.msg, self.priority_classes) for p in calls), default=None)
 
     def has_pending(self) -> bool:
         return bool(self._pending)
@@ -142,7 +156,11 @@ class StatelessEngine(EngineInbox):
         ready = self._ready()
         if not ready:
             return []
-        head = min(ready, key=lambda p: p.priority)
+
+        def order(p: _Pending) -> tuple[int, int, float]:
+            return p.order(self.priority_classes)
+
+        head = min(ready, key=order)
         key = self._key(head)
         if isinstance(key, Exception):
             self._pending.remove(head)
@@ -157,9 +175,9 @@ class StatelessEngine(EngineInbox):
                 ),
             )
             return []
-        same = sorted(
-            (p for p in ready if p.msg.node == head.msg.node and self._key(p) == key), key=lambda p: p.priority
-        )[: self.max_batch]
+        same = sorted((p for p in ready if p.msg.node == head.msg.node and self._key(p) == key), key=order)[
+            : self.max_batch
+        ]
         chosen = {id(p) for p in same}
         self._pending = [p for p in self._pending if id(p) not in chosen]
         return same

@@ -19,6 +19,7 @@ from mstar.engine.sequence import SeqStatus, Sequence
 from mstar.engine.step_feedback import keep_rows
 from mstar.engine.token_admission import admit_token_call
 from mstar.engine.token_outputs import finish_step
+from mstar.priority import Priority
 
 
 def _is_token(seq: Sequence) -> bool:
@@ -37,6 +38,9 @@ class TokenLoop(EngineLoop):
 
     def has_work(self) -> bool:
         return self.core.scheduler.has_work()
+
+    def most_urgent(self) -> Priority | None:
+        return self.core.scheduler.most_urgent()
 
     def step(self) -> int:
         core = self.core

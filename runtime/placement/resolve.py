@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from mstar.graph.model_graph import ModelGraph
 from mstar.placement.schema import NodeGroup, PlacementFile
+from mstar.priority import Priority
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,7 @@ class ResolvedPlacement:
         self._check_every_used_node_is_placed()
         self._check_transport_edges()
         self._check_kv_views_stay_together()
+        self.priorities = self._priorities()  # node or walk name -> class
 
     def _add(self, i: int, group: NodeGroup) -> None:
         for j, node in enumerate(group.nodes):
@@ -52,6 +54,18 @@ class ResolvedPlacement:
                         f"node {node!r} is already placed for {scope} by node_groups[{self._table[key].group}]",
                     )
                 self._table[key] = NodePlacement(tuple(group.ranks), group.tp_size, i)
+
+    def _priorities(self) -> dict[str, Priority]:
+        out = {}
+        for name, value in self.file.placement.priorities.items():
+            if name not in self.graph.node_by_name and name not in self.graph.walks:
+                raise self.file.error(
+                    ("priorities", name),
+                    f"{name!r} is neither a node nor a walk of graph {self.graph.name!r} "
+                    f"(nodes {sorted(self.graph.node_by_name)}, walks {sorted(self.graph.walks)})",
+                )
+            out[name] = Priority.parse(value)
+        return out
 
     def _skipped_walks(self) -> frozenset[str]:
         for j, walk in enumerate(self.file.placement.skip_walks):

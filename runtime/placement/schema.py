@@ -17,6 +17,8 @@
       edges: {llm.token: tcp}        # per producing endpoint
     skip_walks: [image_gen_cfg]      # optional: Walks this placement does not serve (their nodes need
                                      # no rank; a request that reaches one fails naming it)
+    priorities: {decode: batch}      # optional: priority class (control, interactive, batch) of the
+                                     # calls of a node or walk, over the request's own (mstar.priority)
 
 Parsed with a msgspec schema; every error names the field and the line of the file.
 """
@@ -29,6 +31,7 @@ from pathlib import Path
 import msgspec
 import yaml
 
+from mstar.priority import Priority
 from mstar.user_yaml import UserYamlError, parse_user_yaml, read_user_yaml_text
 
 DEVICE = re.compile(r"^(cpu|cuda:\d+)$")
@@ -57,6 +60,7 @@ class Placement(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     devices: dict[int, str] = {}
     transport: TransportChoice = TransportChoice()
     skip_walks: list[str] = []
+    priorities: dict[str, str] = {}  # node or walk name -> class name (mstar.priority)
 
     def device_of(self, rank: int) -> str:
         return self.devices.get(rank, "cpu")
@@ -187,3 +191,8 @@ class PlacementFile:
                 raise self.error(
                     ("transport", "edges", endpoint), f"unknown transport {kind!r} (one of {list(TRANSPORTS)})"
                 )
+        for name, value in p.priorities.items():
+            try:
+                Priority.parse(value, "class")
+            except ValueError as exc:
+                raise self.error(("priorities", name), str(exc)) from None

@@ -75,6 +75,7 @@ class Worker:
                 name=f"stateless:{rank}",
                 max_wait_s=self.config.stateless_max_wait_ms / 1000,
                 pack=self.config.pack_linears,
+                priority_classes=self.config.priority_classes,
             )
             for view in stateless:
                 self._engine_of[view] = self.stateless

@@ -1,0 +1,111 @@
+"""mstar.engine.device_round: the device thread steps the most urgent due work first, and a control
+call that arrives during a batch step runs before that batch engine's next step."""
+
+from __future__ import annotations
+
+import threading
+
+from mstar.engine.device_round import engines_to_step, most_urgent_of, step_round
+from mstar.priority import Priority
+
+C, IA, B = Priority.CONTROL, Priority.INTERACTIVE, Priority.BATCH
+
+
+class FakeEngine:
+    """Steppable: ``work`` holds the classes of its due steps; each step does one and logs it."""
+
+    def __init__(self, name: str, work: list[Priority], log: list[str], classes: bool = True) -> None:
+        self.name, self.work, self.log, self.classes = name, list(work), log, classes
+        self.wake = threading.Event()
+        self.pending_only: list[Priority] = []  # queued, not due (waiting to be batched)
+        self.on_step = None  # something that arrives while this step runs
+
+    def poll(self) -> None:
+        pass
+
+    def has_work(self) -> bool:
+        return bool(self.work)
+
+    def has_pending(self) -> bool:
+        return bool(self.work or self.pending_only)
+
+    def most_urgent(self, pending: bool = False) -> Priority | None:
+        queued = self.work + (self.pending_only if pending else [])
+        return (min(queued) if self.classes else IA) if queued else None
+
+    def step(self) -> None:
+        if self.work:
+            self.log.append(f"{self.name}:{self.work.pop(0).label}")
+        else:
+            self.log.append(f"{self.name}:batched")
+            self.pending_only.clear()
+        if self.on_step is not None:
+            self.on_step()
+
+
+class FakeGroup:
+    """RoundLoop over engines, as a Worker's DeviceLoop groups them (without the device thread)."""
+
+    def __init__(self, *engines: FakeEngine) -> None:
+        self.engines = list(engines)
+        self.name = "+".join(e.name for e in engines)
+
+    def poll(self) -> None:
+        pass
+
+    def most_urgent(self) -> Priority | None:
+        return most_urgent_of([e.most_urgent() for e in self.engines])
+
+    def step_once(self, limit: Priority | None = None) -> bool:
+        busy = engines_to_step(self.engines, limit)
+        for engine in busy:
+            engine.step()
+        return bool(busy)
+
+
+def rounds(loops, n: int) -> None:
+    for _ in range(n):
+        step_round(loops, lambda: None)
+
+
+def test_the_control_loop_steps_before_a_batch_loop_listed_first():
+    log: list[str] = []
+    image = FakeEngine("image", [B, B, B], log)
+    policy = FakeEngine("policy", [C, C], log)
+    rounds([FakeGroup(image), FakeGroup(policy)], 4)
+    assert log == ["policy:control", "policy:control", "image:batch", "image:batch"]
+
+
+def test_a_control_call_arriving_during_a_batch_step_runs_before_the_next_batch_step():
+    log: list[str] = []
+    image = FakeEngine("image", [B, B, B], log)
+    voice = FakeEngine("voice", [B], log)  # another batch loop after it in the same round
+    policy = FakeEngine("policy", [], log)
+    image.on_step = lambda: (policy.work.append(C), setattr(image, "on_step", None))
+    rounds([FakeGroup(image), FakeGroup(voice), FakeGroup(policy)], 2)
+    # the round that stepped the image ends there: the control step comes before any other batch step
+    assert log == ["image:batch", "policy:control"]
+
+
+def test_within_one_worker_engines_step_most_urgent_first_and_less_urgent_wait():
+    log: list[str] = []
+    image, voice, policy = FakeEngine("image", [B], log), FakeEngine("voice", [IA], log), FakeEngine("policy", [C], log)
+    assert engines_to_step([image, voice, policy], None) == [policy, voice, image]
+    assert engines_to_step([image, voice, policy], C) == [policy]
+
+
+def test_work_waiting_to_be_batched_does_not_delay_a_more_urgent_loop():
+    log: list[str] = []
+    codec = FakeEngine("codec", [], log)
+    codec.pending_only = [B]
+    policy = FakeEngine("policy", [C], log)
+    rounds([FakeGroup(codec), FakeGroup(policy)], 2)
+    assert log == ["policy:control", "codec:batched"]
+
+
+def test_without_classes_every_due_loop_steps_each_round_in_order():
+    log: list[str] = []
+    image = FakeEngine("image", [B, B], log, classes=False)
+    policy = FakeEngine("policy", [C, C], log, classes=False)
+    rounds([FakeGroup(image), FakeGroup(policy)], 2)
+    assert log == ["image:batch", "policy:control", "image:batch", "policy:control"]
