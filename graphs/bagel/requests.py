@@ -14,6 +14,10 @@ builds its three contexts (full; without the last text; without the images), lai
 Every input image is first resized by the VAE rule, then by the ViT rule (the reference does so
 even for understanding). The VAE encoding of a context image is its Gaussian's mean (the reference
 samples it; a served model answers the same request the same way).
+
+Priority classes (mstar.priority): text-to-image, edits and their think step are ``batch`` (an image
+takes seconds; it yields between steps to robots and voices); understanding is ``interactive``, the
+default. A front-end may set ``request.priority`` otherwise.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from dataclasses import dataclass
 import torch
 from PIL import Image
 
+from mstar.priority import Priority
 from mstar.request import Request
 from mstar.sampling_params import SamplingParams
 from mstar_graphs.bagel.config import BagelDims
@@ -287,6 +292,7 @@ class BagelRequests:
         rid = request_id if request_id is not None else f"bagel-think-{next(_counter)}"
         sid = session_id or rid
         request = _request(inputs, SamplingParams(temperature=0.0, max_tokens=max_think_tokens), meta, rid)
+        request.priority = Priority.BATCH  # the plan of an image: part of the image's job
         request.session_id = sid
         request.outputs = frozenset({"thought_ids"})
         self._mark_shared(request, starts)
@@ -359,7 +365,9 @@ class BagelRequests:
         meta = {"task": task, "guided": guided}
         if self.cfg_parallel:
             meta["cfg_parallel"] = True
-        return _request(inputs, SamplingParams(temperature=0.0, max_tokens=1, seed=seed), meta, request_id)
+        request = _request(inputs, SamplingParams(temperature=0.0, max_tokens=1, seed=seed), meta, request_id)
+        request.priority = Priority.BATCH  # an image takes seconds and no one hears it stream: it yields to others
+        return request
 
 
 def _branches_used(g: GuidanceParams) -> tuple[bool, bool]:

@@ -21,6 +21,7 @@ import torch
 from mstar.conductor import Request
 from mstar.engine.attention.metadata import MaskKind
 from mstar.engine.device_loop import run_on_device
+from mstar.priority import Priority
 from mstar.sampling_params import SamplingParams
 from mstar.weights import no_random_init
 from mstar_graphs.pi05.checkpoint_layout import CheckpointLayout, inspect_checkpoint
@@ -145,6 +146,7 @@ class Pi05Policy:
         guide_weights: torch.Tensor | None = None,
         request_id: str | None = None,
         session_id: str | None = None,
+        priority: Priority | str = Priority.CONTROL,
     ) -> Request:
         """One observation -> a Request whose output ``actions`` is an [H, model action dims] chunk,
         still normalised (take ``[:, :robot_action_dim]`` and unnormalise it).
@@ -185,5 +187,10 @@ class Pi05Policy:
         }
         rid = request_id if request_id is not None else f"pi05-{next(self._ids)}"
         return Request(
-            inputs, SamplingParams(max_tokens=1, seed=seed), request_id=rid, session_id=session_id, meta=meta
+            inputs,
+            SamplingParams(max_tokens=1, seed=seed),
+            request_id=rid,
+            session_id=session_id,
+            meta=meta,
+            priority=Priority.parse(priority),  # a robot's next chunk: control, unless the caller says
         )

@@ -10,7 +10,9 @@ pcm16, and pcm16 when streaming, as OpenAI), ``stream``, ``stream_options.includ
 ``function_call`` naming one, ``response_format`` other than text, ``prediction``, ``reasoning_effort``,
 ``verbosity``, ``web_search_options``, ``moderation``. Taken and without effect on the answer (OpenAI's
 bookkeeping): ``user``, ``metadata``, ``store``, ``service_tier``, ``safety_identifier``,
-``prompt_cache_*``, ``parallel_tool_calls``. Any other field: 400.
+``prompt_cache_*``, ``parallel_tool_calls``. An extension of ours: ``priority`` (``control``,
+``interactive``, ``batch``: the request's class in the runtime, docs/scheduling.md; default
+interactive). Any other field: 400.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any
 
 import msgspec
 
+from mstar.priority import Priority
 from mstar.sampling_params import SamplingParams
 from mstar_ros.webrtc.openai_errors import APIError, check_range
 
@@ -74,6 +77,8 @@ class ChatBody(msgspec.Struct, forbid_unknown_fields=True):
     prompt_cache_key: str | None = None
     prompt_cache_options: Any = None
     prompt_cache_retention: Any = None
+    # ours: the request's priority class (mstar.priority); None: the model's default (interactive)
+    priority: str | None = None
 
 
 def _unsupported(param: str, what: str) -> APIError:
@@ -91,6 +96,11 @@ def _unsupported_value(param: str, value: Any, what: str) -> APIError:
 
 def check_chat_params(body: ChatBody) -> None:
     """An APIError naming the first field this server cannot honour as asked."""
+    if body.priority is not None:
+        try:
+            Priority.parse(body.priority)
+        except ValueError as exc:
+            raise APIError(400, str(exc), param="priority", code="invalid_value") from None
     if body.n is not None:
         check_range("n", body.n, 1)
         if body.n > 1:

@@ -31,6 +31,7 @@ import numpy as np
 import torch
 from aiohttp import web
 
+from mstar.priority import Priority
 from mstar.request import Request, RequestError
 from mstar_ros.webrtc.audio_formats import encode_whole
 from mstar_ros.webrtc.audio_out import pcm_s16
@@ -190,6 +191,8 @@ class OpenAIChat:
         )
         # a model that answers samples its text with the request's own sampling (the voice's is `sampling`)
         request.sampling = text_sampling(body, request.sampling)
+        if body.priority is not None:  # checked by check_chat_params
+            request.priority = Priority.parse(body.priority)
         return request, speak
 
     def _finish_reason(self, request: Request, ids: list[int], frames: int) -> str:

@@ -151,6 +151,7 @@ class ControlTick:
                 guide=guide,
                 guide_weights=weights,
                 request_id=f"{self.get_namespace().strip('/') or 'robot'}-{self._n}",
+                priority=self.params.priority,
             )
         except ValueError as exc:
             self.chunker.pending, self._admitted_at = None, None

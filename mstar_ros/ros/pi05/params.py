@@ -78,6 +78,11 @@ PARAMETERS: dict[str, tuple[Any, str]] = {
         "is down (0: one chunk's duration, horizon / control_rate_hz)",
     ),
     "report_period_s": (5.0, "a repeated problem is reported once per this many seconds, with a count"),
+    "priority": (
+        "control",
+        "the priority class of this robot's chunks in the runtime: control (served first), "
+        "interactive or batch (docs/scheduling.md)",
+    ),
     "max_bad_rate_hz": (
         100.0,
         "a sensor topic sending bad messages faster (over a quarter second) is unsubscribed "
@@ -112,6 +117,7 @@ class PolicyParams(msgspec.Struct, frozen=True, kw_only=True):
     report_period_s: Annotated[float, msgspec.Meta(ge=0)]
     max_bad_rate_hz: Annotated[float, msgspec.Meta(ge=0)]
     chunk_timeout_s: Annotated[float, msgspec.Meta(ge=0)]
+    priority: Literal["control", "interactive", "batch"]
 
     @property
     def actions(self) -> list[str]:

@@ -3,7 +3,7 @@ Errors name the parameter at fault."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -54,6 +54,11 @@ PARAMETERS: dict[str, tuple[Any, str]] = {
     "plan_momentum_std": (0.15, "CEM momentum of the std (xyz)"),
     "frame_id": ("", "frame of the published plan poses ('': the pose topic's)"),
     "report_period_s": (5.0, "a repeated problem is reported once per this many seconds, with a count"),
+    "priority": (
+        "control",
+        "the priority class of this node's frames, goals and plans in the runtime: control (served "
+        "first), interactive or batch (docs/scheduling.md)",
+    ),
 }
 
 
@@ -82,6 +87,7 @@ class WorldModelParams(msgspec.Struct, frozen=True, kw_only=True):
     plan_momentum_std: Annotated[float, msgspec.Meta(ge=0, le=1)]
     frame_id: str
     report_period_s: Annotated[float, msgspec.Meta(ge=0)]
+    priority: Literal["control", "interactive", "batch"]
 
     @property
     def expect_hw(self) -> tuple[int, int] | None:

@@ -160,7 +160,12 @@ class WorldModelNode(WorldModelInputs, PlanPublishing, WorldModelStatus, Node):
     async def _add_frame(self, image, state: torch.Tensor) -> None:
         action = pose_delta(self.state, state).float() if self.state is not None else torch.zeros(7)
         req = observe_request(
-            torch.from_numpy(image)[None], state[None], action[None], session_id=self.session, kv_window=self.window
+            torch.from_numpy(image)[None],
+            state[None],
+            action[None],
+            session_id=self.session,
+            kv_window=self.window,
+            priority=self.params.priority,
         )
         try:
             await self.conductor.submit(req).collect()
@@ -180,7 +185,9 @@ class WorldModelNode(WorldModelInputs, PlanPublishing, WorldModelStatus, Node):
                 "any frame (the session has nothing to plan from)",
                 guard=False,
             )
-        out = await self.conductor.submit(encode_request(torch.from_numpy(image))).collect()
+        out = await self.conductor.submit(
+            encode_request(torch.from_numpy(image), priority=self.params.priority)
+        ).collect()
         self.goal = out["latents"][0]
         self.stats.goals += 1
         self.get_logger().info(f"goal set: planning {self.params.plan_horizon} actions after every frame")
@@ -192,7 +199,14 @@ class WorldModelNode(WorldModelInputs, PlanPublishing, WorldModelStatus, Node):
         self.stats.last_plan_seed = seed
         try:
             out = await self.conductor.submit(
-                plan_request(self.goal, self.params.plan_horizon, self.cem, session_id=self.session, seed=seed)
+                plan_request(
+                    self.goal,
+                    self.params.plan_horizon,
+                    self.cem,
+                    session_id=self.session,
+                    seed=seed,
+                    priority=self.params.priority,
+                )
             ).collect()
         except RequestError:
             self.stats.plans_failed += 1
