@@ -125,13 +125,16 @@ class Conductor:
         placement: str | Path | ResolvedPlacement,
         *,
         config: EngineConfig | None = None,
+        class_limits: Mapping[Priority | str | int, int] | None = None,
+        priorities: Mapping[str, Priority | str | int] | None = None,
         **pool_options,
     ) -> Conductor:
-        """Workers in their own processes per the placement file (started here unless ``launch=False``)."""
+        """Workers in their own processes per the placement file (started here unless ``launch=False``);
+        the placement's ``priorities:`` apply, ``priorities`` given here over them."""
         graph, _ = build_model(spec, set())
         resolved = placement if isinstance(placement, ResolvedPlacement) else load_placement(str(placement), graph)
         pool = WorkerPool(spec, resolved, config or EngineConfig(), **pool_options)
-        return cls(graph, config=config, pool=pool)
+        return cls(graph, config=config, pool=pool, class_limits=class_limits, priorities=priorities)
 
     @property
     def pool(self) -> WorkerPool | None:
