@@ -11,6 +11,7 @@
           max_inflight: 0
           prompt: ""
           engine_config: ""        # engine settings YAML (config/engine.yaml's fields)
+          priority: control        # its requests' class; voice: interactive, images: batch by default
         gateway:                   # the voice gateway (WebRTC + OpenAI HTTP), one aiohttp server
           host: 127.0.0.1
           port: 8080
@@ -33,6 +34,7 @@ from pathlib import Path
 import msgspec
 
 from mstar.user_yaml import UserYamlError, parse_user_yaml, read_user_yaml_text
+from mstar_ros.edge.classes import CLASSES, DEFAULT_CLASS
 from mstar_ros.edge.yaml_lines import YamlLines, field_name, msgspec_path
 from mstar_ros.launch_spec import parse_robots
 
@@ -51,12 +53,14 @@ class Pi05Front(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     max_inflight: int = 0
     prompt: str = ""
     engine_config: str = ""
+    priority: str = "control"  # the class of its requests (mstar.priority): control, interactive, batch
 
 
 class ServedModel(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     model: str
     weights: str = ""
     engine_config: str = ""
+    priority: str = ""  # its requests' class ("": interactive for voice, batch for images)
 
 
 class GatewayFront(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -75,11 +79,12 @@ class ProcessGroup(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     gateway: GatewayFront | None = None
 
     def front_ends(self) -> list[str]:
-        out = [f"pi0.5 for {' '.join(self.pi05.robots)}"] if self.pi05 else []
-        if self.gateway and self.gateway.voice:
-            out.append(f"voice ({self.gateway.voice.model})")
-        if self.gateway and self.gateway.images:
-            out.append(f"images ({self.gateway.images.model})")
+        """What the process serves, each with its request class: ['pi0.5 for /robot1 [control]', ...]."""
+        out = [f"pi0.5 for {' '.join(self.pi05.robots)} [{self.pi05.priority}]"] if self.pi05 else []
+        for role in ("voice", "images"):
+            served = getattr(self.gateway, role, None)
+            if served is not None:
+                out.append(f"{role} ({served.model}) [{served.priority or DEFAULT_CLASS[role]}]")
         return out
 
 
@@ -202,6 +207,7 @@ class EdgeFile:
             if front.max_inflight < 0:
                 raise self.error(at + ("max_inflight",), f"must be >= 0 (0: no limit), got {front.max_inflight}")
             self._check_paths(at, front, ("weights", "params_file", "engine_config"))
+            self._check_class(at, front.priority)
 
     def _check_gateways(self) -> None:
         from mstar_ros.webrtc.speech_models import speech_model_names
@@ -231,9 +237,15 @@ class EdgeFile:
                         at + (role, "model"), f"no model {served.model!r} (installed: {', '.join(installed)})"
                     )
                 self._check_paths(at + (role,), served, ("weights", "engine_config"))
+                if served.priority:
+                    self._check_class(at + (role,), served.priority)
             self._check_paths(at, gateway, ("token_file",))
             if gateway.voice and gateway.images and gateway.voice.model == gateway.images.model:
                 raise self.error(at + ("images", "model"), f"{gateway.images.model} is the voice model already")
+
+    def _check_class(self, at: tuple, name: str) -> None:
+        if name not in CLASSES:
+            raise self.error(at + ("priority",), f"{name!r} is not a class (one of {', '.join(CLASSES)})")
 
     def _check_paths(self, at: tuple, front: msgspec.Struct, fields: tuple[str, ...]) -> None:
         for name in fields:

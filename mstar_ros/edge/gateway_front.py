@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass, field
 
+from mstar_ros.edge.classes import DEFAULT_CLASS, classed_conductor
 from mstar_ros.edge.config import EdgeFile, GatewayFront, ServedModel
 from mstar_ros.edge.engine_settings import front_engine_config
 
@@ -22,12 +23,15 @@ class ServingGateway:
     conductors: dict[str, object] = field(default_factory=dict)  # "voice" / "images" -> Conductor
 
 
-async def _serve_model(stack: contextlib.AsyncExitStack, served: ServedModel, edge: EdgeFile, dtype: str | None):
-    from mstar_ros.webrtc.speech_models import load_speech_model, speech_conductor
+async def _serve_model(
+    stack: contextlib.AsyncExitStack, served: ServedModel, role: str, edge: EdgeFile, dtype: str | None
+):
+    from mstar_ros.webrtc.speech_models import load_speech_model
 
     model = load_speech_model(served.model, edge.path(served.weights) or None)
     config = front_engine_config(edge.path(served.engine_config), dtype)
-    conductor = await stack.enter_async_context(speech_conductor(model, config))
+    cls = served.priority or DEFAULT_CLASS[role]
+    conductor = await stack.enter_async_context(classed_conductor(model.graph(), model.modules(), config, cls))
     return model, conductor
 
 
@@ -46,7 +50,7 @@ async def start_gateway(
     conductors: dict[str, object] = {}
     first = front.voice or front.images  # the model the gateway is built around (config: one at least)
     role = "voice" if front.voice else "images"
-    model, conductors[role] = await _serve_model(stack, first, edge, dtype)
+    model, conductors[role] = await _serve_model(stack, first, role, edge, dtype)
     gateway = VoiceGateway(
         model,
         conductors[role],
@@ -59,7 +63,7 @@ async def start_gateway(
     routes = ["/offer", "/whip", "/v1/audio/speech"] if speaks(model) else []
     routes += [r.resource.canonical for r in app.router.routes() if r.resource.canonical.startswith("/v1/images")]
     if front.voice and front.images:
-        image_model, conductors["images"] = await _serve_model(stack, front.images, edge, dtype)
+        image_model, conductors["images"] = await _serve_model(stack, front.images, "images", edge, dtype)
         OpenAIImages(
             image_model, conductors["images"], front.images.model, gateway.decode_budget, gateway.generate_budget
         ).add_routes(app)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
+from mstar_ros.edge.classes import classed_conductor
 from mstar_ros.edge.config import EdgeFile, Pi05Front
 from mstar_ros.edge.engine_settings import front_engine_config
 
@@ -16,7 +17,6 @@ from mstar_ros.edge.engine_settings import front_engine_config
 async def start_pi05(stack: contextlib.AsyncExitStack, front: Pi05Front, edge: EdgeFile, dtype: str | None, ros):
     """Loads pi0.5, starts its Conductor (closed by ``stack``) and adds its nodes to ``ros`` (a RosProcess):
     (the policy, its Conductor, the policy nodes)."""
-    from mstar.conductor import Conductor
     from mstar_graphs.pi05.frontend import Pi05Policy
     from mstar_ros.launch_spec import parse_robots
     from mstar_ros.policy.admission import ChunkAdmission
@@ -25,7 +25,9 @@ async def start_pi05(stack: contextlib.AsyncExitStack, front: Pi05Front, edge: E
 
     policy = Pi05Policy.load(edge.path(front.weights) or None)
     config = front_engine_config(edge.path(front.engine_config), dtype)
-    conductor = await stack.enter_async_context(Conductor(policy.graph(), policy.modules(), config=config))
+    conductor = await stack.enter_async_context(
+        classed_conductor(policy.graph(), policy.modules(), config, front.priority)
+    )
     admission = ChunkAdmission(front.max_inflight)
     loop = asyncio.get_running_loop()
     nodes = [PolicyNode(policy, conductor, loop, ns, admission=admission) for ns in parse_robots(front.robots)]

@@ -34,7 +34,7 @@ def test_the_shipped_config_is_one_process_with_every_front_end():
 def test_a_good_config_gives_its_process_groups():
     edge = EdgeFile.parse(GOOD, "e.yaml", cores=2)
     assert edge.config.names() == ["control", "media"]
-    assert edge.config.process("media").front_ends() == ["voice (orpheus)", "images (bagel)"]
+    assert edge.config.process("media").front_ends() == ["voice (orpheus) [interactive]", "images (bagel) [batch]"]
     with pytest.raises(ValueError, match="no process 'x'.*control, media"):
         edge.config.process("x")
 
@@ -79,6 +79,10 @@ def test_a_good_config_gives_its_process_groups():
         ("processes:\n  - {name: a, threads: 1}\n", r"e.yaml:2: processes\[0\]: runs no front-end"),
         ("processes:\n  - {name: a, threads: 1, gateway: {port: 1}}\n", r"processes\[0\].gateway: serves nothing"),
         ("- a\n", r"e.yaml: expected a mapping with processes"),
+        (
+            GOOD.replace("rate: 10", "priority: urgent"),
+            r"e.yaml:4: processes\[0\].pi05.priority: 'urgent' is not a class",
+        ),
     ],
 )
 def test_a_bad_config_is_refused_naming_the_line_and_field(text, says):

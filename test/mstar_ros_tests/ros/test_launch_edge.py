@@ -130,8 +130,8 @@ def test_mstar_ros_launch_edge_serves_chunks_speech_and_images_from_one_process(
     feed.close()
     assert launcher.interrupt() == 0, launcher.output
     out = launcher.output
-    assert "edge process 'box' serving pi0.5 for /robot1, voice (orpheus), images (bagel) on one device thread" in out
-    assert "(2 intra-op threads)" in out  # the group's threads, over the test's OMP_NUM_THREADS=1
+    serving = "edge process 'box' serving pi0.5 for /robot1 [control], voice (orpheus) [interactive], images (bagel)"
+    assert f"{serving} [batch] on one device thread (2 intra-op threads;" in out  # not the test's OMP_NUM_THREADS=1
     assert "[launch] edge_box exited with status 0" in out
     chunk = ros_client.got("/robot1/action_chunk")[0].msg
     assert list(chunk.joint_names) == JOINTS and len(chunk.points) > 1
