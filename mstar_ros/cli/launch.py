@@ -53,7 +53,7 @@ ROS_AUTOMATIC_DISCOVERY_RANGE or FASTDDS_DEFAULT_PROFILES_FILE yourself."""
 def add_parser(sub: argparse._SubParsersAction) -> None:
     launch = sub.add_parser(
         "launch",
-        help="start a node set (pi05, orpheus, vjepa2, bagel, bagel-vjepa2) without the ROS 2 launch tools",
+        help="start a node set (pi05, orpheus, vjepa2, bagel, bagel-vjepa2, edge) without the ROS 2 launch tools",
         description="Start a node set described in mstar_ros.launch_spec.",
     )
     targets = launch.add_subparsers(dest="launch_target", required=True, metavar="NODE_SET")
@@ -85,6 +85,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     from mstar_ros.cli.launch_bagel import add_parsers as add_bagel_parsers
 
     add_bagel_parsers(targets, _add_run_options, ROS_ARGS_EVERY_NODE)
+    from mstar_ros.cli.launch_edge import add_parser as add_edge_parser
+
+    add_edge_parser(targets, _add_run_options, ROS_ARGS_EVERY_NODE)
 
 
 ORPHEUS_DESCRIPTION = """\

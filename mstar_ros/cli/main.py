@@ -22,6 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
         bagel,
         bench,
         bench_bagel,
+        bench_mixed,
         bench_pi05,
         bench_qwen3_omni,
         bench_rollout,
@@ -49,6 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench_threads.add_parser(sub)  # `bench threads`, under bench
     bench_rollout.add_parser(sub)  # `bench rollout`, under bench
     bench_webrtc.add_parser(sub)  # `bench webrtc`, under bench
+    bench_mixed.add_parser(sub)  # `bench mixed`, under bench
     bench_qwen3_omni.add_parser(sub)  # `bench qwen3-omni`, under bench
     bench_bagel.add_parser(sub)  # `bench bagel`, under bench
     bag.add_parser(sub)

@@ -198,7 +198,14 @@ def test_the_vjepa2_params_file_holds_every_world_model_parameter_with_its_defau
 
 @pytest.mark.parametrize(
     "launch_file",
-    ["pi05.launch.py", "orpheus.launch.py", "vjepa2.launch.py", "bagel.launch.py", "bagel_vjepa2.launch.py"],
+    [
+        "pi05.launch.py",
+        "orpheus.launch.py",
+        "vjepa2.launch.py",
+        "bagel.launch.py",
+        "bagel_vjepa2.launch.py",
+        "edge.launch.py",
+    ],
 )
 def test_a_node_process_that_exits_ends_the_launch_and_a_failure_ends_it_non_zero(monkeypatch, launch_file):
     """Every Node shuts the launch down when its process exits: status 0 -> a Shutdown action (ros2 launch

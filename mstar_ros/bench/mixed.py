@@ -1,0 +1,228 @@
+"""``mstar-ros bench mixed``: the robots' control latency on an edge box that also speaks and makes images.
+
+Every model runs as the edge host runs them (mstar_ros.edge): one Conductor per front-end, all in this
+process, so every engine steps on its one device thread; pi0.5's nodes are of class control, the voice
+model's interactive, the image model's batch (mstar_ros.edge.classes). In one run:
+
+1. alone: ``robots`` robots offer observations at ``hz`` each (open loop, the policy node's fresh-frame
+   rule; pi0.5's sensor-to-action latency from the synthetic bag, mstar_ros.bench.pi05_loads), nothing
+   else running; then the voice peers alone (their RTF unloaded);
+2. loaded: the same robots while ``peers`` voice peers speak one answer after another and a batch job
+   makes images back to back (mstar_ros.bench.mixed_loads);
+3. loaded, classes off: the same with ``EngineConfig(priority_classes=False)`` (first come, first
+   served), where the runtime has classes; recorded as unavailable where it has not.
+
+Figures: ``control_p95_ratio`` = loaded p95 / alone p95 (goal <= 1.25), the share of chunks later than
+the robot's refill point (``refill_at`` actions left at ``control_rate_hz``: the robot would run out
+of actions before the next chunk; goal < 1%), the voice RTF (goal < 1 where it was < 1 alone).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import time
+
+from mstar_ros.bench.mixed_loads import images_until, speak_until
+from mstar_ros.bench.pi05_loads import ours_open, request_for
+from mstar_ros.bench.workload import percentile
+
+
+def refill_deadline_s(policy) -> float:
+    """Seconds from a chunk's request to the robot running out of the actions it had left: ``refill_at``
+    (default half the horizon) at ``control_rate_hz`` (config/pi05.yaml's defaults)."""
+    from mstar_ros.ros.pi05.params import PARAMETERS
+
+    refill_at = PARAMETERS["refill_at"][0] or policy.action_horizon // 2
+    return refill_at / PARAMETERS["control_rate_hz"][0]
+
+
+def classes_switch():
+    """``EngineConfig(priority_classes=False)`` where the runtime has classes, else None (unavailable)."""
+    from mstar.engine.config import EngineConfig
+
+    return "priority_classes" if "priority_classes" in EngineConfig.__struct_fields__ else None
+
+
+@contextlib.asynccontextmanager
+async def conductors(models: dict, dtype: str, classes: bool):
+    """One classed Conductor per front-end (pi05 / voice / images), entered together."""
+    import msgspec
+
+    from mstar.engine.config import EngineConfig
+    from mstar_ros.edge.classes import DEFAULT_CLASS, classed_conductor
+
+    config = EngineConfig(dtype=dtype)
+    if classes_switch():
+        config = msgspec.structs.replace(config, priority_classes=classes)
+    async with contextlib.AsyncExitStack() as stack:
+        yield {
+            role: await stack.enter_async_context(
+                classed_conductor(model.graph(), model.modules(), config, DEFAULT_CLASS[role])
+            )
+            for role, model in models.items()
+        }
+
+
+async def _for(seconds: float, work) -> list:
+    """Runs ``work(stop)`` for ``seconds``, then stops it; what it returned."""
+    stop = asyncio.Event()
+    task = asyncio.ensure_future(work(stop))
+    await asyncio.sleep(seconds)
+    stop.set()
+    return await task
+
+
+async def _warm(models: dict, running: dict, observation, args) -> None:
+    """One of each first: first calls are slow (allocation, packing)."""
+    import msgspec
+
+    await running["pi05"].submit(request_for(models["pi05"], observation)).collect()
+    speech = models["voice"].request("Hello there.", request_id="warm-voice")
+    speech.sampling = msgspec.structs.replace(speech.sampling, max_tokens=args.max_tokens, seed=0)
+    await running["voice"].submit(speech).collect()
+    image = models["images"]
+    async for _event in image.generate_images(
+        running["images"],
+        prompt="warm",
+        images=[],
+        size=image.image_size(None, []),
+        n=1,
+        seed=0,
+        steps=args.image_steps,
+        request_id="warm-image",
+    ):
+        pass
+
+
+async def measure(models: dict, observations, args, bar, *, classes: bool, alone: bool) -> dict:
+    """One pass: (alone figures if ``alone``, then) the loaded figures, with classes on or off."""
+    policy = models["pi05"]
+    fresh = 1.0 / args.hz
+    out: dict = {}
+    async with conductors(models, args.dtype, classes) as running:
+        await _warm(models, running, observations[0][0], args)
+        if alone:
+            run = await ours_open(policy, running["pi05"], observations, args.seconds, bar, fresh)
+            out["alone"] = {"control": run.latencies}
+            out["alone"]["voice_rtf"] = await _for(
+                args.voice_seconds,
+                lambda stop: speak_until(models["voice"], running["voice"], args.peers, stop, args.max_tokens, bar),
+            )
+        stop = asyncio.Event()
+        voice = asyncio.ensure_future(
+            speak_until(models["voice"], running["voice"], args.peers, stop, args.max_tokens, bar)
+        )
+        images = asyncio.ensure_future(images_until(models["images"], running["images"], stop, args.image_steps, bar))
+        await asyncio.sleep(0.5)  # the voice and batch work under way before the robots start
+        run = await ours_open(policy, running["pi05"], observations, args.seconds, bar, fresh)
+        stop.set()
+        out["loaded"] = {"control": run.latencies, "voice_rtf": await voice, "image_s": await images}
+    return out
+
+
+def _control(latencies: list[float], deadline_s: float) -> dict:
+    late = sum(1 for x in latencies if x > deadline_s)
+    return {
+        "chunks": len(latencies),
+        "p50_ms": round(1000 * percentile(latencies, 50), 1) if latencies else None,
+        "p95_ms": round(1000 * percentile(latencies, 95), 1) if latencies else None,
+        "late_share": round(late / len(latencies), 4) if latencies else None,
+    }
+
+
+def _rtf(values: list[float]) -> dict:
+    if not values:
+        return {"answers": 0, "rtf_p50": None, "rtf_p95": None}
+    return {
+        "answers": len(values),
+        "rtf_p50": round(percentile(values, 50), 3),
+        "rtf_p95": round(percentile(values, 95), 3),
+    }
+
+
+def summarize(on: dict, off: dict | None, deadline_s: float) -> dict:
+    alone = _control(on["alone"]["control"], deadline_s)
+    loaded = _control(on["loaded"]["control"], deadline_s)
+    out = {
+        "refill_deadline_ms": round(1000 * deadline_s, 1),
+        "alone": {**alone, "voice": _rtf(on["alone"]["voice_rtf"])},
+        "loaded": {**loaded, "voice": _rtf(on["loaded"]["voice_rtf"]), "images": len(on["loaded"]["image_s"])},
+        "control_p95_ratio": _ratio(loaded["p95_ms"], alone["p95_ms"]),
+        "late_chunk_share": loaded["late_share"],
+        "voice_rtf_alone_p95": _rtf(on["alone"]["voice_rtf"])["rtf_p95"],
+        "voice_rtf_loaded_p95": _rtf(on["loaded"]["voice_rtf"])["rtf_p95"],
+    }
+    if off is None:
+        out["classes_off"] = {"available": False, "why": "this runtime has no EngineConfig.priority_classes"}
+    else:
+        control = _control(off["loaded"]["control"], deadline_s)
+        out["classes_off"] = {
+            "available": True,
+            **control,
+            "voice": _rtf(off["loaded"]["voice_rtf"]),
+            "images": len(off["loaded"]["image_s"]),
+            "control_p95_ratio": _ratio(control["p95_ms"], alone["p95_ms"]),
+        }
+    return out
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return round(a / b, 3) if a and b else None
+
+
+def load_models(args: argparse.Namespace) -> dict:
+    from mstar_graphs.pi05.frontend import Pi05Policy
+    from mstar_ros.webrtc.speech_models import load_speech_model
+
+    return {
+        "pi05": Pi05Policy.load(args.pi05_weights, preset=args.pi05_preset, progress=False),
+        "voice": load_speech_model("orpheus", args.orpheus_weights, preset=args.orpheus_preset, progress=False),
+        "images": load_speech_model("bagel", args.bagel_weights, preset=args.bagel_preset, progress=False),
+    }
+
+
+def run_mixed_bench(args: argparse.Namespace) -> int:
+    from mstar.engine.intra_op import model_threads
+    from mstar.progress import progress_bar
+    from mstar_graphs.pi05.tiny import JOINT_LOWER, JOINT_UPPER
+    from mstar_ros.bench.machine import machine_section
+    from mstar_ros.bench.mixed_plot import plot_mixed, report_lines
+    from mstar_ros.bench.pi05_workload import bag_observations
+    from mstar_ros.cli.bench import write_report
+
+    models = load_models(args)
+    policy = models["pi05"]
+    observations = bag_observations(
+        args.robots,
+        args.seconds + 2.0,
+        args.hz,
+        args.seed,
+        normalize=policy.normalization(JOINT_LOWER, JOINT_UPPER).state.normalize,
+    )
+    switch = classes_switch()
+    started = time.monotonic()
+    with progress_bar(desc="mixed: chunks, answers, images", unit="") as bar:
+        on = asyncio.run(measure(models, observations, args, bar, classes=True, alone=True))
+        off = asyncio.run(measure(models, observations, args, bar, classes=False, alone=False)) if switch else None
+    report = {
+        "bench": "mixed",
+        "machine": machine_section(),
+        "threads": model_threads(),
+        "workload": {
+            "robots": args.robots,
+            "hz": args.hz,
+            "seconds": args.seconds,
+            "voice_peers": args.peers,
+            "voice_max_tokens": args.max_tokens,
+            "batch": f"BAGEL text-to-image, {args.image_steps or 'default'} steps, back to back",
+            "presets": {"pi05": args.pi05_preset, "orpheus": args.orpheus_preset, "bagel": args.bagel_preset},
+            "random_weights": any(getattr(m, "random_weights", False) for m in models.values()),
+        },
+        "classes": "control (pi0.5) > interactive (voice) > batch (images)",
+        **summarize(on, off, refill_deadline_s(policy)),
+        "run_s": round(time.monotonic() - started, 1),
+    }
+    write_report(report, report_lines(report), args.json, plot_mixed, args.plot)
+    return 0
