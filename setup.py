@@ -148,6 +148,7 @@ setup(
             "mstar_orpheus_node = mstar_ros.ros.orpheus.node_set:main",
             "mstar_vjepa2_node_set = mstar_ros.ros.vjepa2.node_set:main",
             "mstar_bagel_node_set = mstar_ros.ros.bagel.node_set:main",
+            "mstar_edge_host = mstar_ros.edge.host:main",
         ],
         # what a Worker may build, by name (mstar.worker.registry): never code a peer names
         "mstar.models": [

@@ -35,6 +35,7 @@ SHARE_FILES = [
     "launch/vjepa2.launch.py",
     "launch/bagel.launch.py",
     "launch/bagel_vjepa2.launch.py",
+    "launch/edge.launch.py",
     "config/pi05.yaml",
     "config/bagel.yaml",
     "config/engine.yaml",
@@ -117,6 +118,7 @@ def test_every_console_script_is_on_path_and_in_lib_mstar_ros_and_runs_from_ther
         "mstar_orpheus_node",
         "mstar_vjepa2_node_set",
         "mstar_bagel_node_set",
+        "mstar_edge_host",
     } <= set(scripts)
     for name in scripts:
         for where in (prefix / "bin", prefix / "lib" / "mstar_ros"):
@@ -160,6 +162,7 @@ def test_ament_finds_the_package_and_launch_ros_the_launch_files_executables(pre
         "vjepa2.launch.py",
         "bagel.launch.py",
         "bagel_vjepa2.launch.py",
+        "edge.launch.py",
     ):  # the installed files, as ros2 launch loads them
         _declared, entities = describe(
             load_launch_file(prefix / "share" / "mstar_ros" / "launch" / launch_file, monkeypatch), {}
@@ -231,6 +234,7 @@ def test_colcon_install_puts_the_console_scripts_themselves_in_lib_mstar_ros(tmp
     assert sorted(p.name for p in lib.iterdir()) == [
         "mstar-ros",
         "mstar_bagel_node_set",
+        "mstar_edge_host",
         "mstar_orpheus_node",
         "mstar_pi05_node_set",
         "mstar_vjepa2_node_set",

@@ -24,7 +24,7 @@ def test_it_installs_the_wheels_data_files_executable_where_ros_looks(tmp_path):
     )
     assert out.returncode == 0, out.stderr
     assert (
-        "lib/mstar_ros/ (mstar-ros, mstar_bagel_node_set, mstar_orpheus_node, mstar_pi05_node_set, mstar_vjepa2_node_set)"
+        "lib/mstar_ros/ (mstar-ros, mstar_bagel_node_set, mstar_edge_host, mstar_orpheus_node, mstar_pi05_node_set, mstar_vjepa2_node_set)"
         in out.stdout
     )
     share = prefix / "share" / "mstar_ros"
