@@ -57,6 +57,8 @@ def summarize(nodes, elapsed: float) -> dict:
             "goals": s.goals,
             "failed": s.failed,
             "dropped": s.dropped,
+            "refused_busy": s.busy,
+            "topics_shut": s.topics_shut,
             "dropped_by_topic": dict(s.dropped_by_topic),
             "answer_p50_ms": _p50_ms(s.answer_latencies_s),
             "edit_p50_ms": _p50_ms(s.edit_latencies_s),
