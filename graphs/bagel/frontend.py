@@ -29,7 +29,7 @@ from mstar_graphs.bagel.generation_params import MAX_PREVIEWS, GenerationParams
 from mstar_graphs.bagel.guidance import GuidanceParams
 from mstar_graphs.bagel.image_options import OPTIONS, OptionError, parse_image_options
 from mstar_graphs.bagel.requests import MAX_STEPS, BagelRequests
-from mstar_graphs.bagel.think_requests import ThinkPlan
+from mstar_graphs.bagel.think_requests import MAX_THINK_TOKENS, ThinkPlan
 from mstar_graphs.bagel.tokenizer import BagelTokenizer
 from mstar_graphs.bagel.vit_config import VitConfig
 from mstar_graphs.common.image_events import ImageEvent
@@ -44,6 +44,10 @@ class BagelModel:
     text_output = "text_ids"
     image_output = "image"
     default_sampling = SamplingParams(temperature=0.0, max_tokens=512)  # the reference answers greedily
+    # chat's ``think``: the understanding think prompt first (``request(think=True)``), greedy, and the
+    # reference's budget for the thought and the answer together (interleave_inference's max_think_token_n)
+    chat_think = True
+    think_sampling = SamplingParams(temperature=0.0, max_tokens=MAX_THINK_TOKENS)
     image_generation = True
     image_edit = True
     image_mask = False
