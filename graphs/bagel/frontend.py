@@ -80,12 +80,28 @@ class BagelModel:
         dtype: str = "float32",
         progress: bool = True,
         requests_only: bool = False,
-        cfg_parallel: bool = False,
+        cfg_parallel: bool | None = None,
+        placement: str | Path | None = None,
     ) -> BagelModel:
-        model = cls(resolve_path(weights, preset), dtype=dtype, requests_only=requests_only, cfg_parallel=cfg_parallel)
+        """``placement`` (the YAML the Conductor will serve by): with ``cfg_parallel`` None (the default), guided
+        images take the Walk-driven flow exactly when the placement puts the guidance views on different
+        ranks (``use_placement``); ``cfg_parallel`` True / False forces the choice."""
+        path = resolve_path(weights, preset)
+        model = cls(path, dtype=dtype, requests_only=requests_only, cfg_parallel=bool(cfg_parallel))
+        if placement is not None and cfg_parallel is None:
+            model.use_placement(placement)
         if not requests_only:
             model.modules(progress=progress)
         return model
+
+    def use_placement(self, placement) -> bool:
+        """Lays guided images out for ``placement`` (a YAML path or a resolved placement of this graph): the
+        Walk-driven flow (CFG-parallel) when it puts the guidance views on different ranks, else the
+        engine-resident one. Returns whether CFG-parallel is on. Servers call it before serving by a placement."""
+        from mstar_graphs.bagel.view_placement import placement_splits_views
+
+        self.requests.cfg_parallel = placement_splits_views(placement, self.graph())
+        return self.requests.cfg_parallel
 
     @property
     def random_weights(self) -> bool:
