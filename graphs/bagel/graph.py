@@ -1,6 +1,6 @@
 """The BAGEL Walk Graph: ViT and VAE encoders, one MoT LLM seen as three views, a flow Loop, the VAE decoder.
 
-    input.vit_image -> vit_encoder --embeds--> context <--embeds-- vae_encoder <- input.vae_image
+    input.vit_image[, vit_sizes] -> vit_encoder --embeds--> context <--embeds-- vae_encoder <- input.vae_image[, vae_sizes]
     input.<views' ids, positions, spans, row kinds> -> context
                                                   |
                                  +-- embeds ------+------ embeds --+
@@ -222,8 +222,9 @@ def bagel_graph(im_end: int | None) -> ModelGraph:
         )
     ]
     nodes = [
-        GraphNode("vit_encoder", inputs=["image"], outputs=["embeds"]),
-        GraphNode("vae_encoder", inputs=["image"], outputs=["embeds"]),
+        # one image [3, H, W], or several packed with their sizes (mstar_graphs.bagel.image_pack)
+        GraphNode("vit_encoder", inputs=["image", "sizes"], outputs=["embeds"], optional_inputs=["sizes"]),
+        GraphNode("vae_encoder", inputs=["image", "sizes"], outputs=["embeds"], optional_inputs=["sizes"]),
         GraphNode(
             "context",
             inputs=context_ports,
@@ -259,6 +260,8 @@ def bagel_graph(im_end: int | None) -> ModelGraph:
         edges=[
             GraphEdge("input.vit_image", "vit_encoder.image"),
             GraphEdge("input.vae_image", "vae_encoder.image"),
+            GraphEdge("input.vit_sizes", "vit_encoder.sizes"),
+            GraphEdge("input.vae_sizes", "vae_encoder.sizes"),
             GraphEdge("vit_encoder.embeds", "context.vit_embeds"),
             GraphEdge("vae_encoder.embeds", "context.vae_embeds"),
             *(GraphEdge(f"context.{port}", f"{view}.embeds") for view, port in embeds_of.items()),
