@@ -28,7 +28,7 @@ from mstar_graphs.bagel.config import BagelConfig
 from mstar_graphs.bagel.generation_params import MAX_PREVIEWS, GenerationParams
 from mstar_graphs.bagel.guidance import GuidanceParams
 from mstar_graphs.bagel.image_options import OPTIONS, OptionError, parse_image_options
-from mstar_graphs.bagel.requests import MAX_STEPS, BagelRequests
+from mstar_graphs.bagel.requests import MAX_INPUT_IMAGES, MAX_STEPS, BagelRequests
 from mstar_graphs.bagel.think_requests import MAX_THINK_TOKENS, ThinkPlan
 from mstar_graphs.bagel.tokenizer import BagelTokenizer
 from mstar_graphs.bagel.vit_config import VitConfig
@@ -52,7 +52,7 @@ class BagelModel:
     image_edit = True
     image_mask = False
     max_images_per_request = 4
-    max_input_images = 1
+    max_input_images = MAX_INPUT_IMAGES  # an edit's images, shown in order before its prompt
     default_image_steps = DEFAULT_STEPS
     image_options = OPTIONS  # the images API's extension fields BAGEL takes (mstar_graphs.bagel.image_options)
 
@@ -178,10 +178,11 @@ class BagelModel:
     # ---------------------------------------------------------------- images
 
     def image_size(self, size: tuple[int, int] | None, inputs: list[tuple[int, int]]) -> tuple[int, int]:
-        """(width, height) of the outputs: an edit's is its input's size after the VAE resize rule; a
-        generation's is ``size`` (multiples of 16 up to the model's largest side) or that largest square."""
+        """(width, height) of the outputs: an edit's is its last input's size after the VAE resize rule (the
+        reference's); a generation's is ``size`` (multiples of 16 up to the model's largest side) or that
+        largest square."""
         if inputs:
-            w, h = inputs[0]
+            w, h = inputs[-1]
             width, height = self.requests.vae_transform.size_for(w, h)
             if size is not None and tuple(size) != (width, height):
                 raise ValueError(
@@ -229,12 +230,14 @@ class BagelModel:
         built: list = []  # per image: a Request, or (think) a ThinkPlan whose image request follows its thought
         for i in range(n):
             rid = f"{request_id}-{i}"
-            source = _pil(images[0]) if images else None
+            sources = [_pil(image) for image in images]  # an edit's images, in order before the prompt
             if think:
-                built.append(self.requests.think(prompt, source, size=(height, width), guidance=g, request_id=rid))
-            elif source is not None:
                 built.append(
-                    self.requests.edit(source, prompt, guidance=g, seed=seed_base + i, request_id=rid, **progress)
+                    self.requests.think(prompt, sources or None, size=(height, width), guidance=g, request_id=rid)
+                )
+            elif sources:
+                built.append(
+                    self.requests.edit(sources, prompt, guidance=g, seed=seed_base + i, request_id=rid, **progress)
                 )
             else:
                 built.append(
