@@ -127,3 +127,17 @@ def test_an_edit_of_two_images_follows_the_reference_every_step(bagel, state):
     assert _rel(outs[2]["latent"][-1], outs[0]["latent"][-1]) < 1e-4
     one = _edit_reference(bagel, state, cases[0][0][1:], edit.inputs["noise"], h, w)[-1]
     assert _rel(one, outs[0]["latent"][-1]) > 1e-3  # the first image really is in the context
+
+
+def test_an_edit_is_refused_naming_the_field_over_the_limit_or_without_a_prompt_last(bagel):
+    from mstar_graphs.bagel.requests import MAX_INPUT_IMAGES
+
+    assert bagel.max_input_images == MAX_INPUT_IMAGES > 1
+    with pytest.raises(ValueError, match=rf"^image: {MAX_INPUT_IMAGES + 1} input images"):
+        bagel.requests.edit([FIRST] * (MAX_INPUT_IMAGES + 1), "too many")
+    with pytest.raises(ValueError, match="must end with its prompt"):
+        bagel.requests.edit_interleaved([FIRST, "a text", SECOND])
+    with pytest.raises(ValueError, match="^image: an edit needs"):
+        bagel.requests.edit_interleaved(["only text"])
+    with pytest.raises(ValueError, match="^text 1 must be a non-empty string"):
+        bagel.requests.edit_interleaved([FIRST, " ", SECOND, "the prompt"])
