@@ -16,8 +16,9 @@ The three LLM nodes are views of the one ``bagel`` module: each keeps its own KV
 three contexts), and one engine step evaluates every view's rows of every request together. Walks:
 
 - ``prefill_text``: the full context of a text-only request (a text-to-image prompt, a text question);
-- ``prefill_vit``: an image question: the ViT rows, then the context with the image span;
-- ``prefill_vae_shared``: an edit: VAE and ViT rows of the image, then the no-text and no-image
+- ``prefill_vit``: an image question: the ViT rows (every image of the conversation), then the context
+  with its image spans;
+- ``prefill_vae_shared``: an edit: VAE and ViT rows of its images, then the no-text and no-image
   contexts, then the full context as a copy-on-write fork of the no-text one (its prefix: the
   reference deep-copies the context before the instruction) plus the instruction: request meta
   ``"llm.kv_from": "llm_cfg_text"`` forks it, and the full view's inputs are the instruction's rows only;
