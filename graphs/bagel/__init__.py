@@ -9,7 +9,8 @@ The model as served:
 - ``components.py``: what a Worker loads for the nodes it hosts (the ``mstar.models`` entry point);
 - ``frontend.py``: ``BagelModel``, what the gateway, the CLI and ROS serve (answers and images);
   ``requests.py``: its Requests, built as the reference's inferencer builds its three contexts;
-  ``context_layout.py``: one context as the engine takes it; ``generation_params.py``: a generation's
+  ``context_layout.py``: one context as the engine takes it; ``interleaved_contexts.py``: the three contexts of
+  interleaved texts and images (several input images); ``image_pack.py``: several images as request inputs; ``generation_params.py``: a generation's
   settings as the tensor the graph carries; ``image_options.py``: the images API's / CLI's BAGEL options
   (guidance, think) judged; ``think_requests.py`` / ``think_prompts.py``: think mode (its two requests,
   the thought's text; the reference's system prompts, verbatim);

@@ -102,3 +102,26 @@ def view_inputs(parts: list[Part], markers: Markers, start_position: int = 0) ->
         next_position=pos,
         images=images,
     )
+
+
+def span_rows(spans: torch.Tensor, row_kinds: torch.Tensor, sources: dict[int, torch.Tensor]) -> torch.Tensor:
+    """A view's image rows in the order its spans come: each span takes the next rows of its kind's source
+    (``sources[GEN]``: the VAE rows of the request's images in order, ``sources[UND]``: their ViT rows), so
+    a context interleaving several images (VAE 1, ViT 1, VAE 2, ViT 2 ...) gets each image's rows where
+    its spans are. A view holding a prefix of the images takes the first ones."""
+    taken = {UND: 0, GEN: 0}
+    pieces = []
+    for start, end in spans.reshape(-1, 2).tolist():
+        n = end - start - 2
+        kind = int(row_kinds[start + 1])
+        source = sources.get(kind)
+        at = taken.get(kind, 0)
+        if source is None or at + n > source.shape[0]:
+            have = 0 if source is None else source.shape[0]
+            name = "VAE" if kind == GEN else "ViT"
+            raise ValueError(f"a {name} span of {n} rows after {at}: the request's {name} rows are {have}")
+        pieces.append(source[at : at + n])
+        taken[kind] = at + n
+    if not pieces:
+        raise ValueError("a view with image rows has no span")
+    return torch.cat(pieces)

@@ -28,8 +28,8 @@ from mstar_graphs.bagel.config import BagelConfig
 from mstar_graphs.bagel.generation_params import MAX_PREVIEWS, GenerationParams
 from mstar_graphs.bagel.guidance import GuidanceParams
 from mstar_graphs.bagel.image_options import OPTIONS, OptionError, parse_image_options
-from mstar_graphs.bagel.requests import MAX_STEPS, BagelRequests
-from mstar_graphs.bagel.think_requests import ThinkPlan
+from mstar_graphs.bagel.requests import MAX_INPUT_IMAGES, MAX_STEPS, BagelRequests
+from mstar_graphs.bagel.think_requests import MAX_THINK_TOKENS, ThinkPlan
 from mstar_graphs.bagel.tokenizer import BagelTokenizer
 from mstar_graphs.bagel.vit_config import VitConfig
 from mstar_graphs.common.image_events import ImageEvent
@@ -44,11 +44,15 @@ class BagelModel:
     text_output = "text_ids"
     image_output = "image"
     default_sampling = SamplingParams(temperature=0.0, max_tokens=512)  # the reference answers greedily
+    # chat's ``think``: the understanding think prompt first (``request(think=True)``), greedy, and the
+    # reference's budget for the thought and the answer together (interleave_inference's max_think_token_n)
+    chat_think = True
+    think_sampling = SamplingParams(temperature=0.0, max_tokens=MAX_THINK_TOKENS)
     image_generation = True
     image_edit = True
     image_mask = False
     max_images_per_request = 4
-    max_input_images = 1
+    max_input_images = MAX_INPUT_IMAGES  # an edit's images, shown in order before its prompt
     default_image_steps = DEFAULT_STEPS
     image_options = OPTIONS  # the images API's extension fields BAGEL takes (mstar_graphs.bagel.image_options)
 
@@ -76,12 +80,28 @@ class BagelModel:
         dtype: str = "float32",
         progress: bool = True,
         requests_only: bool = False,
-        cfg_parallel: bool = False,
+        cfg_parallel: bool | None = None,
+        placement: str | Path | None = None,
     ) -> BagelModel:
-        model = cls(resolve_path(weights, preset), dtype=dtype, requests_only=requests_only, cfg_parallel=cfg_parallel)
+        """``placement`` (the YAML the Conductor will serve by): with ``cfg_parallel`` None (the default), guided
+        images take the Walk-driven flow exactly when the placement puts the guidance views on different
+        ranks (``use_placement``); ``cfg_parallel`` True / False forces the choice."""
+        path = resolve_path(weights, preset)
+        model = cls(path, dtype=dtype, requests_only=requests_only, cfg_parallel=bool(cfg_parallel))
+        if placement is not None and cfg_parallel is None:
+            model.use_placement(placement)
         if not requests_only:
             model.modules(progress=progress)
         return model
+
+    def use_placement(self, placement) -> bool:
+        """Lays guided images out for ``placement`` (a YAML path or a resolved placement of this graph): the
+        Walk-driven flow (CFG-parallel) when it puts the guidance views on different ranks, else the
+        engine-resident one. Returns whether CFG-parallel is on. Servers call it before serving by a placement."""
+        from mstar_graphs.bagel.view_placement import placement_splits_views
+
+        self.requests.cfg_parallel = placement_splits_views(placement, self.graph())
+        return self.requests.cfg_parallel
 
     @property
     def random_weights(self) -> bool:
@@ -158,10 +178,11 @@ class BagelModel:
     # ---------------------------------------------------------------- images
 
     def image_size(self, size: tuple[int, int] | None, inputs: list[tuple[int, int]]) -> tuple[int, int]:
-        """(width, height) of the outputs: an edit's is its input's size after the VAE resize rule; a
-        generation's is ``size`` (multiples of 16 up to the model's largest side) or that largest square."""
+        """(width, height) of the outputs: an edit's is its last input's size after the VAE resize rule (the
+        reference's); a generation's is ``size`` (multiples of 16 up to the model's largest side) or that
+        largest square."""
         if inputs:
-            w, h = inputs[0]
+            w, h = inputs[-1]
             width, height = self.requests.vae_transform.size_for(w, h)
             if size is not None and tuple(size) != (width, height):
                 raise ValueError(
@@ -209,12 +230,14 @@ class BagelModel:
         built: list = []  # per image: a Request, or (think) a ThinkPlan whose image request follows its thought
         for i in range(n):
             rid = f"{request_id}-{i}"
-            source = _pil(images[0]) if images else None
+            sources = [_pil(image) for image in images]  # an edit's images, in order before the prompt
             if think:
-                built.append(self.requests.think(prompt, source, size=(height, width), guidance=g, request_id=rid))
-            elif source is not None:
                 built.append(
-                    self.requests.edit(source, prompt, guidance=g, seed=seed_base + i, request_id=rid, **progress)
+                    self.requests.think(prompt, sources or None, size=(height, width), guidance=g, request_id=rid)
+                )
+            elif sources:
+                built.append(
+                    self.requests.edit(sources, prompt, guidance=g, seed=seed_base + i, request_id=rid, **progress)
                 )
             else:
                 built.append(

@@ -1,6 +1,6 @@
 """The BAGEL Walk Graph: ViT and VAE encoders, one MoT LLM seen as three views, a flow Loop, the VAE decoder.
 
-    input.vit_image -> vit_encoder --embeds--> context <--embeds-- vae_encoder <- input.vae_image
+    input.vit_image[, vit_sizes] -> vit_encoder --embeds--> context <--embeds-- vae_encoder <- input.vae_image[, vae_sizes]
     input.<views' ids, positions, spans, row kinds> -> context
                                                   |
                                  +-- embeds ------+------ embeds --+
@@ -16,8 +16,9 @@ The three LLM nodes are views of the one ``bagel`` module: each keeps its own KV
 three contexts), and one engine step evaluates every view's rows of every request together. Walks:
 
 - ``prefill_text``: the full context of a text-only request (a text-to-image prompt, a text question);
-- ``prefill_vit``: an image question: the ViT rows, then the context with the image span;
-- ``prefill_vae_shared``: an edit: VAE and ViT rows of the image, then the no-text and no-image
+- ``prefill_vit``: an image question: the ViT rows (every image of the conversation), then the context
+  with its image spans;
+- ``prefill_vae_shared``: an edit: VAE and ViT rows of its images, then the no-text and no-image
   contexts, then the full context as a copy-on-write fork of the no-text one (its prefix: the
   reference deep-copies the context before the instruction) plus the instruction: request meta
   ``"llm.kv_from": "llm_cfg_text"`` forks it, and the full view's inputs are the instruction's rows only;
@@ -222,8 +223,9 @@ def bagel_graph(im_end: int | None) -> ModelGraph:
         )
     ]
     nodes = [
-        GraphNode("vit_encoder", inputs=["image"], outputs=["embeds"]),
-        GraphNode("vae_encoder", inputs=["image"], outputs=["embeds"]),
+        # one image [3, H, W], or several packed with their sizes (mstar_graphs.bagel.image_pack)
+        GraphNode("vit_encoder", inputs=["image", "sizes"], outputs=["embeds"], optional_inputs=["sizes"]),
+        GraphNode("vae_encoder", inputs=["image", "sizes"], outputs=["embeds"], optional_inputs=["sizes"]),
         GraphNode(
             "context",
             inputs=context_ports,
@@ -259,6 +261,8 @@ def bagel_graph(im_end: int | None) -> ModelGraph:
         edges=[
             GraphEdge("input.vit_image", "vit_encoder.image"),
             GraphEdge("input.vae_image", "vae_encoder.image"),
+            GraphEdge("input.vit_sizes", "vit_encoder.sizes"),
+            GraphEdge("input.vae_sizes", "vae_encoder.sizes"),
             GraphEdge("vit_encoder.embeds", "context.vit_embeds"),
             GraphEdge("vae_encoder.embeds", "context.vae_embeds"),
             *(GraphEdge(f"context.{port}", f"{view}.embeds") for view, port in embeds_of.items()),

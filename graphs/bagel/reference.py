@@ -324,3 +324,33 @@ def ref_think_contexts(
     thought = ref_understand(sd, cfg, tok, gen, max_think_tokens)
     gen.append(("text", tok.text_turn(thought.text)))
     return thought, {"gen": gen, "cfg_text": no_text, "cfg_img": no_image}
+
+
+# ------------------------------------------------------------------ interleaved inputs
+
+
+def ref_interleave_contexts(
+    tok: Any, inputs: Sequence[tuple[str, Any]], *, understanding: bool = False
+) -> dict[str, list[Part]]:
+    """The contexts ``InterleaveInferencer.interleave_inference(input_lists)`` (no think) has built when it
+    starts to answer or to generate, input by input. ``inputs``: ``("text", str)`` or ``("image", (vae rows,
+    vit rows))`` in order (``vae rows`` may be None for understanding). A text first copies the full context
+    to the no-text one, then goes to the full and the no-image contexts; an image goes to the full context
+    only (its VAE span unless ``understanding``, then its ViT span), then the no-text one copies the full."""
+    gen: list[Part] = []
+    no_text: list[Part] = []
+    no_image: list[Part] = []
+    for kind, value in inputs:
+        if kind == "text":
+            no_text = list(gen)
+            gen.append(("text", tok.text_turn(value)))
+            no_image.append(("text", tok.text_turn(value)))
+        elif kind == "image":
+            vae_rows, vit_rows = value
+            if not understanding:
+                gen.append(("gen_rows", vae_rows))
+            gen.append(("und_rows", vit_rows))
+            no_text = list(gen)
+        else:
+            raise ValueError(f"unknown input {kind!r} (text, image)")
+    return {"gen": gen, "cfg_text": no_text, "cfg_img": no_image}

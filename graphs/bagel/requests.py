@@ -1,18 +1,20 @@
 """BAGEL requests: an image question, a text-to-image prompt, an edit - as the reference's inferencer
 builds its three contexts (full; without the last text; without the images), laid out for the engine.
 
-- understanding: ``[ViT span, question turn, <|im_start|>]`` on the full context, then decoding;
+- understanding: ``[ViT spans of each turn's images, the turn's text ..., <|im_start|>]`` on the full
+  context, then decoding;
 - text-to-image: full context ``[prompt turn]``; the no-text context is empty; the no-image context
   equals the full one, so its velocity is the conditional one (``image_branch="main"``);
-- editing: full ``[VAE span, ViT span, instruction turn]``, no-text ``[VAE span, ViT span]``,
-  no-image ``[instruction turn]``; the output has the input's (VAE-resized) size. The no-text context
-  is the full one's prefix: the full view forks its KV (request meta ``"llm.kv_from"``) and brings only
-  the instruction's rows, their positions continuing the no-text counter - except with ``cfg_parallel``,
-  whose placement keeps the views apart (each context is then prefilled whole);
+- editing (one image or several, texts between them allowed): full ``[VAE span 1, ViT span 1, VAE span 2,
+  ViT span 2, ..., instruction turn]``, no-text: the full one before its last text, no-image: the texts
+  (mstar_graphs.bagel.interleaved_contexts); the output has the last image's (VAE-resized) size. The
+  no-text context is the full one's prefix: the full view forks its KV (request meta ``"llm.kv_from"``)
+  and brings only the instruction's rows, their positions continuing the no-text counter - except with
+  ``cfg_parallel``, whose placement keeps the views apart (each context is then prefilled whole);
 - think mode: the think prompt turn first in every context (mstar_graphs.bagel.think_requests).
 
 Every input image is first resized by the VAE rule, then by the ViT rule (the reference does so
-even for understanding). The VAE encoding of a context image is its Gaussian's mean (the reference
+even for understanding). Several images travel packed (mstar_graphs.bagel.image_pack). The VAE encoding of a context image is its Gaussian's mean (the reference
 samples it; a served model answers the same request the same way).
 
 Priority classes (mstar.priority): text-to-image, edits and their think step are ``batch`` (an image
@@ -23,6 +25,7 @@ default. A front-end may set ``request.priority`` otherwise.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -42,12 +45,15 @@ from mstar_graphs.bagel.graph import (
     view_input_name,
 )
 from mstar_graphs.bagel.guidance import GuidanceParams
+from mstar_graphs.bagel.image_pack import pack_images
 from mstar_graphs.bagel.image_transform import ImageTransform, rgb_on_white
+from mstar_graphs.bagel.interleaved_contexts import GenerationContexts, Input, generation_contexts
 from mstar_graphs.bagel.think_prompts import GENERATE_THINK_PROMPT, UNDERSTAND_THINK_PROMPT
 from mstar_graphs.bagel.think_requests import MAX_THINK_TOKENS, ThinkPlan, thought_text
 from mstar_graphs.bagel.tokenizer import BagelTokenizer
 
 MAX_STEPS = 250  # flow evaluations a request may ask for (the released default is 50)
+MAX_INPUT_IMAGES = 4  # an edit's input images (each up to 1024 x 1024: ~9k context rows with the real model)
 
 
 @dataclass(frozen=True)
@@ -149,10 +155,8 @@ class BagelRequests:
                 parts.append(self._turn(text, "question" if last else "an earlier turn"))
         parts.append(TextPart((self.tokenizer.special.im_start,)))
         inputs = self._views({"llm": parts})
-        if len(shown) > 1:  # several images: one ViT call per image, rows in order (the context node concatenates)
-            raise ValueError("BAGEL answers about one image per conversation here")
-        if shown:
-            inputs["vit_image"] = shown[0]
+        if shown:  # every image's ViT rows in one encoder call; the context node puts each in its span
+            inputs |= _packed("vit", shown)
         params = sampling or SamplingParams(temperature=0.0, max_tokens=max_tokens)
         # "thinker_max_tokens": the key the gateway reads to tell a reply cut at the cap (finish_reason length)
         meta = {"task": "understand" if shown else "chat", "max_tokens": max_tokens, "thinker_max_tokens": max_tokens}
@@ -205,7 +209,7 @@ class BagelRequests:
 
     def edit(
         self,
-        image: Image.Image,
+        image: Image.Image | Sequence[Image.Image],
         prompt: str,
         *,
         guidance: GuidanceParams | None = None,
@@ -215,15 +219,39 @@ class BagelRequests:
         report_every: int = 0,
         previews: int = 0,
     ) -> Request:
-        """An edited image of ``image`` (its VAE-resized size). Default guidance: the reference app's edit
+        """An edited image of ``image`` (or of several images, in order, then the prompt): the output has the
+        last image's (VAE-resized) size, as the reference's. Default guidance: the reference app's edit
         settings (image scale 2.0, interval (0, 1], text_channel renorm). ``report_every`` / ``previews``:
         as for ``generate``."""
+        images = [image] if isinstance(image, Image.Image) else list(image)
+        return self.edit_interleaved(
+            [*images, prompt],
+            guidance=guidance,
+            seed=seed,
+            noise=noise,
+            request_id=request_id,
+            report_every=report_every,
+            previews=previews,
+        )
+
+    def edit_interleaved(
+        self,
+        inputs: Sequence[str | Image.Image],
+        *,
+        guidance: GuidanceParams | None = None,
+        seed: int | None = None,
+        noise: torch.Tensor | None = None,
+        request_id: str | None = None,
+        report_every: int = 0,
+        previews: int = 0,
+    ) -> Request:
+        """An image from texts and images in order (the reference's ``interleave_inference`` input list), at
+        least one image, ending in a text; the three contexts as it builds them
+        (mstar_graphs.bagel.interleaved_contexts). Other arguments: as ``edit``'s."""
         g = guidance or GuidanceParams(image_scale=2.0, interval=(0.0, 1.0), renorm="text_channel")
-        turn = self._turn(prompt, "prompt")
-        prepared = self.prepare_image(image)
-        spans = [ImagePart("vae", self.vae_rows(prepared)), ImagePart("vit", self.vit_rows(prepared))]
-        height, width = self.check_size(*prepared.size, field="image")
+        built = self._interleaved(inputs, None)
         text_on, image_on = _branches_used(g)
+        height, width = built.size
         params = GenerationParams(
             g,
             height // self.downsample,
@@ -232,11 +260,36 @@ class BagelRequests:
             report_every,
             previews,
         )
-        inputs = {"vae_image": prepared.vae, "vit_image": prepared.vit}
-        views, starts = self._edit_views(spans, [turn], [turn])
-        inputs |= self._views(views, starts)
-        request = self._image_request(inputs, params, text_on, seed, noise, request_id, "edit")
+        views, starts = self._edit_views(built.contexts)
+        request_inputs = built.inputs | self._views(views, starts)
+        request = self._image_request(request_inputs, params, text_on, seed, noise, request_id, "edit")
         return self._mark_shared(request, starts)
+
+    def _interleaved(self, inputs: Sequence[str | Image.Image], system: TextPart | None) -> _Interleaved:
+        """Texts and images in order -> their contexts, the images' encoder inputs, the last image's size."""
+        if not inputs or not isinstance(inputs[-1], str):
+            raise ValueError("an edit's inputs must end with its prompt (a text)")
+        images = [item for item in inputs if isinstance(item, Image.Image)]
+        if not images:
+            raise ValueError("image: an edit needs an input image")
+        if len(images) > MAX_INPUT_IMAGES:
+            raise ValueError(f"image: {len(images)} input images, at most {MAX_INPUT_IMAGES}")
+        items: list[Input] = []
+        prepared: list[PreparedImage] = []
+        for n, item in enumerate(inputs):
+            if isinstance(item, str):
+                items.append(self._turn(item, "prompt" if n == len(inputs) - 1 else f"text {n}"))
+            elif isinstance(item, Image.Image):
+                image = self.prepare_image(item)
+                prepared.append(image)
+                items.append((ImagePart("vae", self.vae_rows(image)), ImagePart("vit", self.vit_rows(image))))
+            else:
+                raise ValueError(f"input {n}: a text or a PIL image, got {type(item).__name__}")
+        for i, image in enumerate(prepared):  # every image must fit the model's latent grid
+            self.check_size(*image.size, field="image" if len(prepared) == 1 else f"image[{i}]")
+        size = prepared[-1].size  # the output's: the last image's, as the reference's image_shapes
+        encoder_inputs = _packed("vae", [p.vae for p in prepared]) | _packed("vit", [p.vit for p in prepared])
+        return _Interleaved(generation_contexts(items, system), encoder_inputs, size)
 
     # ------------------------------------------------------------- think mode
 
@@ -246,7 +299,7 @@ class BagelRequests:
     def think(
         self,
         prompt: str,
-        image: Image.Image | None = None,
+        image: Image.Image | Sequence[Image.Image] | None = None,
         *,
         size: tuple[int, int] | None = None,
         guidance: GuidanceParams | None = None,
@@ -254,40 +307,38 @@ class BagelRequests:
         request_id: str | None = None,
         session_id: str | None = None,
     ) -> ThinkPlan:
-        """The first request of a thinking generation (or edit, with ``image``): the three contexts with the
-        generation think prompt first, then the thought decoded greedily (output ``thought_ids``) on a
-        copy of the full context. Submit ``plan.request``, then ``after_thought(plan, thought_ids)``."""
+        """The first request of a thinking generation (or edit, with ``image``: one or several, shown before
+        the prompt): the three contexts with the generation think prompt first, then the thought decoded
+        greedily (output ``thought_ids``) on a copy of the full context. Submit ``plan.request``, then
+        ``after_thought(plan, thought_ids)``."""
         if isinstance(max_think_tokens, bool) or not isinstance(max_think_tokens, int) or max_think_tokens < 1:
             raise ValueError(f"max_think_tokens must be an integer >= 1, got {max_think_tokens!r}")
         system, turn = self._system(GENERATE_THINK_PROMPT), self._turn(prompt, "prompt")
-        if image is None:
+        images = [] if image is None else [image] if isinstance(image, Image.Image) else list(image)
+        starts: dict[str, int] = {}
+        if not images:
             g = guidance or GuidanceParams()
             side = self.dims.max_latent_size * self.downsample
             height, width = self.check_size(*(size or (side, side)))
-            spans: list[Part] = []
+            full: list[Part] = [system, turn]
+            contexts: dict[str, list[Part]] = {"llm": full}
             inputs: dict[str, torch.Tensor] = {}
         else:
             g = guidance or GuidanceParams(image_scale=2.0, interval=(0.0, 1.0), renorm="text_channel")
-            prepared = self.prepare_image(image)
-            height, width = self.check_size(*prepared.size, field="image")
-            spans = [ImagePart("vae", self.vae_rows(prepared)), ImagePart("vit", self.vit_rows(prepared))]
-            inputs = {"vae_image": prepared.vae, "vit_image": prepared.vit}
+            built = self._interleaved([*images, prompt], system)
+            (height, width), inputs, full = built.size, dict(built.inputs), built.contexts.full
+            contexts, starts = self._edit_views(built.contexts)  # an edit's prefill fills every view
         self._check_steps(g)
         text_on, image_on = _branches_used(g)
         # the no-image context differs from the full one here (the thought goes to the full one only)
         params = GenerationParams(
             g, height // self.downsample, width // self.downsample, "view" if image_on else "none"
         )
-        full = [system, *spans, turn]
-        contexts: dict[str, list[Part]] = {"llm": full}
-        starts: dict[str, int] = {}
-        if image is not None:  # an edit's prefill fills every view
-            contexts, starts = self._edit_views([system, *spans], [turn], [system, turn])
-        elif text_on:
+        if not images and text_on:
             contexts |= {"llm_cfg_text": [system], "llm_cfg_img": [system, turn]}
         inputs |= self._views(contexts, starts)
         inputs[THINK_INPUT] = torch.tensor([self.tokenizer.special.im_start])
-        task = "t2i" if image is None else "edit"
+        task = "t2i" if not images else "edit"
         meta = {"task": "think", "source": task, "guided": text_on, "max_tokens": max_think_tokens}
         rid = request_id if request_id is not None else f"bagel-think-{next(_counter)}"
         sid = session_id or rid
@@ -331,16 +382,16 @@ class BagelRequests:
 
     # --------------------------------------------------------------- shared
 
-    def _edit_views(
-        self, no_text: list[Part], text: list[Part], no_image: list[Part]
-    ) -> tuple[dict[str, list[Part]], dict[str, int]]:
-        """An edit's three contexts: full = ``no_text + text``. The full view forks the no-text view's KV
-        and takes only ``text`` (positions from the no-text counter on), unless the views sit apart
-        (``cfg_parallel``): then it is laid out whole. Returns the contexts and the forked views' starts."""
-        if self.cfg_parallel:
-            return {"llm": [*no_text, *text], "llm_cfg_text": no_text, "llm_cfg_img": no_image}, {}
-        start = view_inputs(no_text, self.markers).next_position
-        return {"llm": text, "llm_cfg_text": no_text, "llm_cfg_img": no_image}, {"llm": start}
+    def _edit_views(self, contexts: GenerationContexts) -> tuple[dict[str, list[Part]], dict[str, int]]:
+        """An edit's three views. The full view forks the no-text view's KV (its prefix) and takes only the
+        rest (positions from the no-text counter on), unless the views sit apart (``cfg_parallel``): then it
+        is laid out whole. Returns the views' parts and the forked views' starts."""
+        views = {"llm": contexts.full, "llm_cfg_text": contexts.no_text, "llm_cfg_img": contexts.no_image}
+        rest = contexts.after_no_text()
+        if self.cfg_parallel or not rest:
+            return views, {}
+        start = view_inputs(contexts.no_text, self.markers).next_position
+        return views | {"llm": rest}, {"llm": start}
 
     @staticmethod
     def _mark_shared(request: Request, starts: dict[str, int]) -> Request:
@@ -368,6 +419,19 @@ class BagelRequests:
         request = _request(inputs, SamplingParams(temperature=0.0, max_tokens=1, seed=seed), meta, request_id)
         request.priority = Priority.BATCH  # an image takes seconds and no one hears it stream: it yields to others
         return request
+
+
+@dataclass(frozen=True)
+class _Interleaved:
+    contexts: GenerationContexts
+    inputs: dict[str, torch.Tensor]  # the encoders' request inputs
+    size: tuple[int, int]  # (height, width) of the output: the last image's
+
+
+def _packed(encoder: str, images: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+    """An encoder's request inputs for ``images`` (``vit_image`` [+ ``vit_sizes``], ``vae_image`` ...)."""
+    image, sizes = pack_images(images)
+    return {f"{encoder}_image": image} | ({} if sizes is None else {f"{encoder}_sizes": sizes})
 
 
 def _branches_used(g: GuidanceParams) -> tuple[bool, bool]:

@@ -10,9 +10,11 @@ pcm16, and pcm16 when streaming, as OpenAI), ``stream``, ``stream_options.includ
 ``function_call`` naming one, ``response_format`` other than text, ``prediction``, ``reasoning_effort``,
 ``verbosity``, ``web_search_options``, ``moderation``. Taken and without effect on the answer (OpenAI's
 bookkeeping): ``user``, ``metadata``, ``store``, ``service_tier``, ``safety_identifier``,
-``prompt_cache_*``, ``parallel_tool_calls``. An extension of ours: ``priority`` (``control``,
+``prompt_cache_*``, ``parallel_tool_calls``. Extensions of ours: ``priority`` (``control``,
 ``interactive``, ``batch``: the request's class in the runtime, docs/scheduling.md; default
-interactive). Any other field: 400.
+interactive); a model's own ``think`` (bool; BAGEL, a model with ``chat_think``): the model reasons
+before it answers, and the reply carries the reasoning apart (``reasoning_content``,
+mstar_ros.webrtc.reasoning_split); refused (400) by a model that cannot. Any other field: 400.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ class ChatBody(msgspec.Struct, forbid_unknown_fields=True):
     n: int | None = None
     temperature: float | None = None
     top_p: float | None = None
+    think: bool | None = None  # a model's extension (``chat_think``): reason first, as BAGEL's think mode
     # refused unless off
     frequency_penalty: float | None = None
     presence_penalty: float | None = None
@@ -94,13 +97,15 @@ def _unsupported_value(param: str, value: Any, what: str) -> APIError:
     )
 
 
-def check_chat_params(body: ChatBody) -> None:
-    """An APIError naming the first field this server cannot honour as asked."""
+def check_chat_params(body: ChatBody, model=None) -> None:
+    """An APIError naming the first field this server (serving ``model``) cannot honour as asked."""
     if body.priority is not None:
         try:
             Priority.parse(body.priority)
         except ValueError as exc:
             raise APIError(400, str(exc), param="priority", code="invalid_value") from None
+    if body.think and not getattr(model, "chat_think", False):
+        raise _unsupported("think", "is not supported: this model has no think mode")
     if body.n is not None:
         check_range("n", body.n, 1)
         if body.n > 1:

@@ -13,7 +13,10 @@ then ``finish_reason`` (``length`` when ``max_tokens`` cut the text or the audio
 ``usage`` if ``stream_options.include_usage``, and ``[DONE]``; a streaming client that leaves cancels
 the request. Without streaming the whole message comes at the end (``message.audio.data`` a whole file
 in ``audio.format``) with ``usage`` (mstar_ros.webrtc.openai_usage). Errors are OpenAI's JSON.
-An assistant message may carry ``content: null`` with its ``audio.transcript`` (as OpenAI clients
+With ``think`` (a model's extension, mstar_ros.webrtc.chat_params) the model reasons first and the reply's
+reasoning comes apart from its answer, as vLLM's and SGLang's reasoning parsers return it:
+``message.reasoning_content`` beside ``message.content`` (streamed: ``delta.reasoning_content``, then
+``delta.content``; mstar_ros.webrtc.reasoning_split). An assistant message may carry ``content: null`` with its ``audio.transcript`` (as OpenAI clients
 send an earlier audio answer back); messages without text or audio are left out of the prompt.
 """
 
@@ -53,6 +56,7 @@ from mstar_ros.webrtc.media_parts import (
 from mstar_ros.webrtc.openai_errors import APIError, error_response
 from mstar_ros.webrtc.openai_http import decode_body, model_mismatch, voice_name
 from mstar_ros.webrtc.openai_usage import chat_usage
+from mstar_ros.webrtc.reasoning_split import ReasoningStream, split_reasoning
 
 MAX_IMAGES = 8  # per request, all messages together
 
@@ -111,7 +115,7 @@ class OpenAIChat:
         """The request's fields and turns, checked (APIError naming the field), their audio decoded and their
         images opened (headers only) and judged against the model's room for them: no pixel decoded here."""
         model_mismatch(body.model, self.name)
-        check_chat_params(body)
+        check_chat_params(body, self.model)
         if "audio" in (body.modalities or ()) and not speaks(self.model):
             raise APIError(
                 400,
@@ -166,6 +170,8 @@ class OpenAIChat:
         speak = "audio" in (body.modalities or ())
         limit = body.max_completion_tokens or body.max_tokens
         sampling = self.model.default_sampling
+        if body.think:  # a thought before the answer: the model's own budget for both (BAGEL: the reference's 1000)
+            sampling = getattr(self.model, "think_sampling", sampling)
         if body.seed is not None:
             sampling = msgspec.structs.replace(sampling, seed=body.seed)
         if limit is not None:  # the model caps the reply's text tokens and its audio frames by it
@@ -179,6 +185,8 @@ class OpenAIChat:
             if t.strip() or a is not None or i
         ]
         extra = {"images": images} if images else {}
+        if body.think:
+            extra["think"] = True
         request = self.model.request(
             text,
             audio=audio,
@@ -227,7 +235,7 @@ class OpenAIChat:
         fmt = body.audio.format if body.audio else "pcm16"
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            return await self._stream(http, request, speak, cid, created, include_usage)
+            return await self._stream(http, request, speak, cid, created, include_usage, bool(body.think))
         ids, pcm, frames = [], [], 0
         counted = getattr(self.model, "audio_token_output", None)
         try:
@@ -242,6 +250,8 @@ class OpenAIChat:
             return error_response(500, str(exc))
         text = self.model.decode_text(ids)
         message: dict[str, Any] = {"role": "assistant", "content": None if speak else text, "refusal": None}
+        if body.think:
+            message["reasoning_content"], message["content"] = split_reasoning(text)
         if speak:
             samples = np.concatenate(pcm) if pcm else np.zeros(0, np.int16)
             data = encode_whole(samples, "pcm" if fmt == "pcm16" else fmt, self.model.sample_rate)
@@ -270,7 +280,14 @@ class OpenAIChat:
         )
 
     async def _stream(
-        self, http: web.Request, request: Request, speak: bool, cid: str, created: int, include_usage: bool
+        self,
+        http: web.Request,
+        request: Request,
+        speak: bool,
+        cid: str,
+        created: int,
+        include_usage: bool,
+        think: bool = False,
     ) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         response.enable_chunked_encoding()
@@ -293,6 +310,7 @@ class OpenAIChat:
 
         ids: list[int] = []
         said, frames = "", 0
+        reasoning = ReasoningStream() if think else None
         counted = getattr(self.model, "audio_token_output", None)
         try:
             await chunk({"role": "assistant"})
@@ -302,12 +320,19 @@ class OpenAIChat:
                 if out.name == self.model.text_output:
                     ids.append(int(out.data))
                     now = self.model.decode_text(ids)
-                    if now.startswith(said) and len(now) > len(said) and not now.endswith("\ufffd"):
+                    if reasoning is not None:
+                        if not now.endswith("\ufffd"):
+                            for field, piece in reasoning.feed(now):
+                                await chunk({field: piece})
+                    elif now.startswith(said) and len(now) > len(said) and not now.endswith("\ufffd"):
                         piece, said = now[len(said) :], now
                         await chunk({"audio": {"transcript": piece}} if speak else {"content": piece})
                 elif out.name == self.model.audio_output:
                     data = base64.b64encode(pcm_s16(out.data).tobytes()).decode()
                     await chunk({"audio": {"id": f"audio_{cid}", "data": data}})
+            if reasoning is not None:  # the answer ended: what was held back as a possible tag is text
+                for field, piece in reasoning.feed(self.model.decode_text(ids), final=True):
+                    await chunk({field: piece})
             await chunk({}, finish=self._finish_reason(request, ids, frames))
             if include_usage:  # OpenAI's last chunk: no choices, the whole request's usage
                 await send([], usage=chat_usage(self.model, request, len(ids), frames))

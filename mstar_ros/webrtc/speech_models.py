@@ -54,6 +54,9 @@ def speech_conductor(model, config, placement=None):
         return Conductor(model.graph(), model.modules(), config=config)
     if not hasattr(model, "worker_spec"):
         raise ValueError(f"speech model {type(model).__name__} cannot run in Worker processes (no worker_spec)")
+    use_placement = getattr(model, "use_placement", None)  # a model whose requests follow where its nodes sit
+    if use_placement is not None:
+        use_placement(placement)
     return Conductor.distributed(model.worker_spec(), placement, config=config)
 
 

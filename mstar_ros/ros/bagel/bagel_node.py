@@ -3,7 +3,8 @@ an instruction into a goal image.
 
 Subscribes in its namespace to
 
-- ``camera_topic`` (sensor_msgs/Image, sensor-data QoS; rgb8, bgr8 or mono8): the newest good frame is kept;
+- ``camera_topic`` (sensor_msgs/Image, sensor-data QoS; rgb8, bgr8 or mono8): the newest good frame is kept
+  (it replaces the one held; a camera flooding bad frames is unsubscribed for a while);
 - ``question_topic`` (std_msgs/String): a question about that frame, answered on ``answer_topic``
   (std_msgs/String);
 - ``edit_topic`` (std_msgs/String): an instruction (``the cup in the drawer``) that edits that frame; the
@@ -16,7 +17,7 @@ every other BAGEL node of the node set, so requests of all namespaces batch toge
 tasks on the asyncio loop: the ROS executor only checks and hands over, and never waits for the model.
 Bad input -- an unsupported encoding, a step or data length that does not fit, a side over
 ``max_image_side``, an empty or too long text, no frame yet, a frame older than ``max_frame_age_s``,
-more than ``max_pending`` requests at once -- is logged as an error naming the topic and the field,
+more than ``max_pending`` questions (or edits) not done yet -- is logged as an error naming the topic and the field,
 counted, and dropped; the node keeps serving. A failed request is logged and counted. Health on
 /diagnostics once a second (``mstar: NS/bagel``).
 
@@ -59,7 +60,6 @@ class BagelNode(BagelInputs, BagelOutputs, BagelStatus, Node):
             t: self.resolve_topic_name(t)
             for t in (p.camera_topic, p.question_topic, p.answer_topic, p.edit_topic, p.goal_topic)
         }
-        self._frame = None  # (sensor_msgs/Image, time.monotonic() of its arrival): the newest good frame
         self.pending = 0  # requests in the runtime (changed on the asyncio loop only)
         self._tasks: set[asyncio.Task] = set()
         self._sequence = 0
@@ -70,23 +70,17 @@ class BagelNode(BagelInputs, BagelOutputs, BagelStatus, Node):
 
     # -- the runtime side (the asyncio loop) ------------------------------------------------
     def _start(self, kind: str, text: str, frame: HeldFrame) -> None:
-        topic = self.params.question_topic if kind == "ask" else self.params.edit_topic
+        """Starts a request whose slot was taken on arrival (bagel_inputs); the slot is given back when it ends."""
         if self.closing:
-            return
-        if self.pending >= self.params.max_pending:
-            return self._bad(
-                topic,
-                f"{self._resolved[topic]}: busy, {self.pending} requests in the runtime (max_pending "
-                f"{self.params.max_pending})",
-            )
+            return self.slots.give_back(kind)
         self.pending += 1
         self._sequence += 1
         work = self._answer(text, frame, self._sequence) if kind == "ask" else self._edit(text, frame, self._sequence)
-        task = self.loop.create_task(self._guarded(work))
+        task = self.loop.create_task(self._guarded(work, kind))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _guarded(self, work) -> None:
+    async def _guarded(self, work, kind: str) -> None:
         """Runs one request; a failure is logged and counted, and the node keeps serving."""
         try:
             await work
@@ -101,6 +95,7 @@ class BagelNode(BagelInputs, BagelOutputs, BagelStatus, Node):
             self.get_logger().error(f"request failed: {text}")
         finally:
             self.pending -= 1
+            self.slots.give_back(kind)
 
     def _request_id(self, kind: str, n: int) -> str:
         return f"bagel:{self.get_namespace()}:{kind}-{n}"

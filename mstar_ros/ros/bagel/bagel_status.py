@@ -18,6 +18,8 @@ class BagelStats:
     goals: int = 0  # edited images published on the goal topic
     failed: int = 0  # requests the runtime failed
     dropped: int = 0  # bad messages and refused requests
+    busy: int = 0  # of them, questions and instructions refused because their kind's slots were all taken
+    topics_shut: int = 0  # times the camera was unsubscribed for a while: it flooded bad frames
     dropped_by_topic: Counter = field(default_factory=Counter)  # the same, by resolved topic name
     answer_latencies_s: deque = field(default_factory=lambda: deque(maxlen=10000))
     edit_latencies_s: deque = field(default_factory=lambda: deque(maxlen=10000))
@@ -56,6 +58,9 @@ class BagelStatus:
                 "failed": s.failed,
                 "in_flight": self.pending,
                 "messages_dropped": s.dropped,
+                "refused_busy": s.busy,
+                "topics_shut": s.topics_shut,
+                "frames_converted": self.frame.conversions,
                 **{f"dropped {topic}": n for topic, n in sorted(s.dropped_by_topic.items())},
             },
             level,

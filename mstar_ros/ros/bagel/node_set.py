@@ -57,6 +57,8 @@ def summarize(nodes, elapsed: float) -> dict:
             "goals": s.goals,
             "failed": s.failed,
             "dropped": s.dropped,
+            "refused_busy": s.busy,
+            "topics_shut": s.topics_shut,
             "dropped_by_topic": dict(s.dropped_by_topic),
             "answer_p50_ms": _p50_ms(s.answer_latencies_s),
             "edit_p50_ms": _p50_ms(s.edit_latencies_s),
@@ -84,8 +86,11 @@ async def serve(args: argparse.Namespace, ros_args: list[str]) -> dict:
     from mstar_ros.ros.common.conductor_node import ConductorNode
     from mstar_ros.ros.common.ros_process import RosProcess
 
-    # requests are built here (tokenizer, image transforms); with a placement the weights live in the Workers
-    model = BagelModel.load(args.weights, preset=args.preset, requests_only=bool(args.placement))
+    # requests are built here (tokenizer, image transforms); with a placement the weights live in the Workers,
+    # and guidance views it puts on different ranks switch guided images to the CFG-parallel flow
+    model = BagelModel.load(
+        args.weights, preset=args.preset, requests_only=bool(args.placement), placement=args.placement or None
+    )
     conductor = _conductor(model, args)
     async with RosProcess("mstar_bagel_node_set", ros_args) as ros:
         async with conductor:

@@ -37,7 +37,16 @@ PARAMETERS: dict[str, tuple[Any, str]] = {
     "max_frame_age_s": (2.0, "a request about a frame that arrived longer ago than this is refused (0: any age)"),
     "max_image_side": (4096, "a camera frame wider or higher than this is refused"),
     "max_text_chars": (2000, "a question or instruction longer than this is refused"),
-    "max_pending": (4, "requests of this node in the runtime at once; more are refused (the node is busy)"),
+    "max_pending": (
+        4,
+        "questions, and apart from them edits, this node holds at once (taken, not yet done); more are refused on "
+        "arrival (the node is busy): a flood of either holds no more, and never takes the other's slots",
+    ),
+    "max_bad_rate_hz": (
+        100.0,
+        "a camera sending bad frames faster (over a quarter second) is unsubscribed for a while (5 s, doubling "
+        "while it goes on; 0: never): a flood costs the node's other work nothing",
+    ),
     "report_period_s": (5.0, "a repeated problem is reported once per this many seconds, with a count"),
 }
 
@@ -57,6 +66,7 @@ class BagelParams(msgspec.Struct, frozen=True, kw_only=True):
     max_image_side: Annotated[int, msgspec.Meta(ge=1)]
     max_text_chars: Annotated[int, msgspec.Meta(ge=1)]
     max_pending: Annotated[int, msgspec.Meta(ge=1)]
+    max_bad_rate_hz: Annotated[float, msgspec.Meta(ge=0)]
     report_period_s: Annotated[float, msgspec.Meta(ge=0)]
 
 
@@ -69,6 +79,11 @@ def validate(values: dict[str, Any], where: str, max_steps: int | None = None) -
         raise ValueError(f"{where}: parameter {path.rstrip('`') or '?'}: {msg}") from None
     if max_steps is not None and p.edit_steps > max_steps:
         raise ValueError(f"{where}: parameter edit_steps: {p.edit_steps} is over the model's {max_steps}")
+    if 0 < p.max_bad_rate_hz < 4:
+        raise ValueError(
+            f"{where}: parameter max_bad_rate_hz: {p.max_bad_rate_hz:g} would cut the camera at its first bad "
+            "frame (it is counted over a quarter second): give 0 (never) or at least 4"
+        )
     topics = {
         "camera_topic": p.camera_topic,
         "question_topic": p.question_topic,

@@ -108,3 +108,30 @@ def test_the_shipped_placement_puts_each_view_and_its_velocity_on_its_own_worker
         (2,),
     ]
     assert placement.placements_of("image_cfg") == [] and placement.skipped_walks == {"image_gen_cfg"}
+
+
+def _together(tmp_path: Path) -> Path:
+    """Every node on rank 0 of two (rank 1 idle): the views together."""
+    path = tmp_path / "together.yaml"
+    nodes = [n.name for n in bagel_graph(0).nodes]
+    path.write_text(f"world_size: 2\ndevices: {{0: cpu, 1: cpu}}\nnode_groups:\n  - nodes: {nodes}\n    ranks: [0]\n")
+    return path
+
+
+def test_the_placement_switches_cfg_parallel_on_exactly_when_it_puts_the_views_apart(ckpt, tmp_path):
+    from mstar_graphs.bagel.frontend import BagelModel
+    from mstar_graphs.bagel.view_placement import views_apart
+
+    graph = bagel_graph(0)
+    assert views_apart(load_placement(str(PLACEMENT), graph))
+    assert not views_apart(load_placement(str(_together(tmp_path)), graph))
+    apart = BagelModel.load(ckpt, requests_only=True, placement=PLACEMENT)
+    together = BagelModel.load(ckpt, requests_only=True, placement=_together(tmp_path))
+    alone = BagelModel.load(ckpt, requests_only=True)
+    guided = {"prompt": "a cube", "size": (32, 32), "guidance": GuidanceParams(steps=4), "seed": 1}
+    assert apart.requests.generate(**guided).meta.get("cfg_parallel") is True
+    for model in (together, alone):
+        assert "cfg_parallel" not in model.requests.generate(**guided).meta
+    forced = BagelModel.load(ckpt, requests_only=True, placement=_together(tmp_path), cfg_parallel=True)
+    assert forced.requests.cfg_parallel  # an explicit choice wins over the file
+    assert together.use_placement(PLACEMENT) and together.requests.cfg_parallel  # servers call it

@@ -89,7 +89,7 @@ def test_views_on_three_workers_give_the_latents_of_the_batched_flow_and_the_ref
     batched, _ = _serve(
         Conductor(batched_model.graph(), batched_model.modules(), config=FP32), _requests(batched_model)
     )
-    split_model = BagelModel.load(ckpt, progress=False, requests_only=True, cfg_parallel=True)
+    split_model = BagelModel.load(ckpt, progress=False, requests_only=True, placement=PLACEMENT)  # views apart: on
     split_requests = _requests(split_model)
     assert all(r.meta["cfg_parallel"] for r in split_requests)
     conductor = Conductor.distributed(bagel_spec(ckpt, dtype="float32"), PLACEMENT, config=FP32)

@@ -96,6 +96,26 @@ def test_thinking_edit_equals_the_reference(bagel, state):
     assert _rel(out["latent"][0], want) < 1e-4
 
 
+@torch.no_grad()
+def test_thinking_edit_of_two_images_equals_the_reference(bagel, state):
+    images = [_picture(40, 32), _picture(32, 48)]
+    plan = bagel.requests.think("blend them", images, guidance=EDIT, max_think_tokens=THINK_TOKENS)
+    ids, out, _ = _served(bagel, plan)
+    noise = bagel.requests.after_thought(plan, ids, seed=2).inputs["noise"]
+    modules = bagel.modules()
+    inputs = []
+    for image in images:
+        prepared = bagel.requests.prepare_image(image)
+        vae = modules["vae_encoder"](prepared.vae[None])["embeds"][0]
+        inputs.append(
+            ("image", [("gen_rows", vae), ("und_rows", modules["vit_encoder"](prepared.vit[None])["embeds"][0])])
+        )
+    h, w = prepared.size  # the last image's
+    thought, want = _reference_latent(bagel, state, [*inputs, ("text", "blend them")], noise, EDIT, h, w)
+    assert [t for t in ids if t != bagel.tokenizer.special.im_end] == thought.tokens[1:]
+    assert _rel(out["latent"][0], want) < 1e-4 and tuple(out["image"][0].shape) == (h, w, 3)
+
+
 def test_thinking_understanding_puts_the_think_prompt_first(bagel):
     plain = bagel.requests.understand(None, "Why?", max_tokens=3)
     thinking = bagel.requests.understand(None, "Why?", max_tokens=3, think=True)
