@@ -85,6 +85,13 @@ def _versions() -> dict:
     except importlib.metadata.PackageNotFoundError:
         out["gguf"] = None
     out["llama_cpp_system_info"] = llama_cpp.llama_print_system_info().decode().strip()
+    defaults = llama_cpp.llama_context_default_params()
+    out["llama_cpp_settings"] = {
+        "api": "low-level: a context with n_seq_max = C, one llama_batch of C sequence ids per step",
+        "flash_attn_type": int(defaults.flash_attn_type),  # llama.cpp's default (-1: auto), left as is
+        "type_k": int(defaults.type_k),
+        "type_v": int(defaults.type_v),
+    }
     return out
 
 
@@ -202,7 +209,8 @@ def run_decode_bench(opts: DecodeBenchOptions, quick: bool = False) -> dict:
 
 def _level(runs: dict[str, list[float]], streams: dict[str, list[list[int]]]) -> dict:
     level: dict = {
-        key: {"tokens_per_s": statistics.median(values), "runs_tokens_per_s": values} for key, values in runs.items()
+        key: {"tokens_per_s": round(statistics.median(values), 2), "runs_tokens_per_s": values}
+        for key, values in runs.items()
     }
     if "ours_bf16" in streams and "llama_f16" in streams:  # same model: greedy streams should agree for a while
         level["agreement_ours_bf16_vs_llama_f16"] = _agreement(streams["ours_bf16"][0], streams["llama_f16"][0])
