@@ -9,6 +9,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from mstar_graphs.orpheus.tiny_llm import config_dict
 from mstar_ros.bench.decode import head_share, prompts
 from mstar_ros.bench.ours_decode import quantization_supported
@@ -36,6 +38,7 @@ def test_prompts_are_deterministic_and_start_with_bos():
     assert a == b and len(a) == 3 and all(len(p) == 8 and p[0] == 128000 for p in a) and a[0] != a[1]
 
 
+@pytest.mark.slow
 def test_bench_decode_quick(tmp_path):
     out, png = tmp_path / "d.json", tmp_path / "d.png"
     run = subprocess.run(
