@@ -18,6 +18,9 @@ PRESETS: dict[str, tuple[str, str, dict[str, int] | None]] = {
     "tiny": ("tiny", "tiny", None),
     "bench": ("bench", "bench", {"decoder_dim": 256}),
     "bench-full-snac": ("bench", "bench", None),
+    # `bench decode` runs only the LLM (its head ~15% of the weights, as in the 3B); the SNAC part
+    # is the bench one so the checkpoint still serves speech end to end.
+    "decode": ("decode", "bench", {"decoder_dim": 256}),
 }
 
 

@@ -74,6 +74,31 @@ PRESETS: dict[str, dict[str, Any]] = {
         },
         torch_dtype="bfloat16",
     ),
+    # For `bench decode`: the real 3B's balance. Orpheus 3B (Llama 3.2 3B: hidden 3072, 28 layers,
+    # MLP 8192, GQA 24/8 heads of 128, tied 156940-row head) spends 482M of its 3.30B weights
+    # (14.6%) on the head; with the real vocabulary the share depends only on layers x hidden, so
+    # 108 x 768 keeps it (15.1%: 120.5M of 800M) with the 3B's exact ratios (MLP 8/3, GQA 3:1,
+    # head_dim 128). 768 and 2048 are multiples of 256, so llama.cpp's Q4_K quantizes every
+    # matrix (its rows must be): hidden 1152 or 1280 would make it fall back to other types.
+    "decode": dict(
+        hidden_size=768,
+        intermediate_size=2048,
+        num_hidden_layers=108,
+        num_attention_heads=6,
+        num_key_value_heads=2,
+        head_dim=128,
+        max_position_embeddings=16384,
+        tie_word_embeddings=True,
+        rope_theta=500000.0,
+        rope_scaling={
+            "rope_type": "llama3",
+            "factor": 32.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+        },
+        torch_dtype="bfloat16",
+    ),
 }
 
 _CORPUS = """\

@@ -22,6 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
         bagel,
         bench,
         bench_bagel,
+        bench_decode,
         bench_mixed,
         bench_pi05,
         bench_qwen3_omni,
@@ -53,6 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench_mixed.add_parser(sub)  # `bench mixed`, under bench
     bench_qwen3_omni.add_parser(sub)  # `bench qwen3-omni`, under bench
     bench_bagel.add_parser(sub)  # `bench bagel`, under bench
+    bench_decode.add_parser(sub)  # `bench decode`, under bench
     bag.add_parser(sub)
     checkpoint.add_parser(sub)
     launch.add_parser(sub)  # the pi0.5 and Orpheus node sets: `launch pi05`, `launch orpheus`

@@ -1,0 +1,265 @@
+"""``mstar-ros bench decode``: Orpheus LLM decode tokens/s, ours (bf16 / int8 / int4) vs llama.cpp (F16 / Q8_0 / Q4_K_M).
+
+Workload: C independent greedy streams (C = 1 and 8) of ``new_tokens`` tokens after a short
+prompt of token ids; the decode steps after each stream's first token are timed (the prefill is
+not), and tokens/s counts every stream's tokens. Both systems run the same checkpoint (the GGUF
+files are exported from it: mstar_ros.bench.gguf_export), the same intra-op threads, in
+interleaved rounds (ours, llama.cpp, ours, ...) so a slow spell of the machine hits both; each
+system's figure is its median round. The default preset ``decode`` keeps the real 3B's share of
+the weights in the LM head (~15%), which decides what quantizing the body buys.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from mstar.engine.dtype_choice import resolve_dtype
+from mstar.progress import progress_bar
+from mstar_ros.bench.machine import dtypes_section, header_line, machine_section
+
+# system key -> (label, our quantization or the llama.cpp GGUF kind)
+OURS = {"ours_bf16": "none", "ours_int8": "int8", "ours_int4": "int4"}
+LLAMA = {"llama_f16": "F16", "llama_q8_0": "Q8_0", "llama_q4_k_m": "Q4_K_M"}
+PAIRS = list(zip(OURS, LLAMA))  # run in this order, each pair back to back
+
+
+@dataclass
+class DecodeBenchOptions:
+    preset: str = "decode"
+    weights: Path | None = None
+    levels: list[int] = field(default_factory=lambda: [1, 8])
+    new_tokens: int = 128
+    prompt_tokens: int = 8
+    rounds: int = 3
+    threads: int = 2
+    dtype: str = "auto"  # ours without quantization; quantized variants keep it for what is not quantized
+    seed: int = 0
+    step_overhead: bool = True
+
+
+def prompts(count: int, length: int, seed: int) -> list[list[int]]:
+    """``count`` prompts of ``length`` ids: BOS, then ids from the text range (deterministic)."""
+    g = torch.Generator().manual_seed(seed)
+    return [[128000, *torch.randint(1000, 120000, (length - 1,), generator=g).tolist()] for _ in range(count)]
+
+
+def head_share(config: dict) -> dict:
+    """Parameter count and the LM head's share of it (a tied head counts once, as the embedding)."""
+    h, i, v = config["hidden_size"], config["intermediate_size"], config["vocab_size"]
+    heads = config["num_attention_heads"]
+    d = config.get("head_dim") or h // heads
+    kv = config.get("num_key_value_heads", heads) * d
+    layer = h * heads * d * 2 + h * kv * 2 + 3 * h * i + 2 * h
+    head = v * h
+    total = config["num_hidden_layers"] * layer + h + head * (1 if config.get("tie_word_embeddings") else 2)
+    return {
+        "params_m": round(total / 1e6, 1),
+        "lm_head_params_m": round(head / 1e6, 1),
+        "lm_head_share": round(head / total, 4),
+    }
+
+
+def _step_overhead(llm_dir: Path, dtype: str, quick: bool) -> dict:
+    try:
+        from mstar_ros.bench.step_overhead import measure_step_overhead
+    except ImportError as exc:
+        return {"step_overhead_b1": None, "why": f"mstar_ros.bench.step_overhead not importable: {exc}"}
+    try:
+        return measure_step_overhead(llm_dir, dtype=dtype, steps=8 if quick else 64, context=32 if quick else 128)
+    except Exception as exc:  # another helper's code: the bench's own figures still stand
+        return {"step_overhead_b1": None, "why": f"measure_step_overhead failed: {type(exc).__name__}: {exc}"}
+
+
+def _versions() -> dict:
+    import llama_cpp
+
+    out = {"torch": torch.__version__, "llama_cpp_python": llama_cpp.__version__}
+    try:
+        out["gguf"] = importlib.metadata.version("gguf")
+    except importlib.metadata.PackageNotFoundError:
+        out["gguf"] = None
+    out["llama_cpp_system_info"] = llama_cpp.llama_print_system_info().decode().strip()
+    defaults = llama_cpp.llama_context_default_params()
+    out["llama_cpp_settings"] = {
+        "api": "low-level: a context with n_seq_max = C, one llama_batch of C sequence ids per step",
+        "flash_attn_type": int(defaults.flash_attn_type),  # llama.cpp's default (-1: auto), left as is
+        "type_k": int(defaults.type_k),
+        "type_v": int(defaults.type_v),
+    }
+    return out
+
+
+def _agreement(a: list[int], b: list[int]) -> dict:
+    """How long two greedy streams agree (random weights: a close race can flip a token and the rest)."""
+    first = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    return {"first_divergence": first, "of": min(len(a), len(b))}
+
+
+class _Systems:
+    """Ours (one engine per variant, loaded once) and llama.cpp (a context per run: its files are mmapped)."""
+
+    def __init__(self, llm_dir: Path, ggufs: dict[str, Path], opts: DecodeBenchOptions, per_stream: int) -> None:
+        from mstar_ros.bench.ours_decode import OursDecoder, engine_config
+
+        self.opts, self.ggufs, self.per_stream = opts, ggufs, per_stream
+        self.ours: dict[str, OursDecoder] = {}
+        self.unavailable: dict[str, str] = {}
+        streams = max(opts.levels)
+        for key, quant in OURS.items():
+            try:
+                config = engine_config(opts.dtype, quant, streams, per_stream)
+            except ValueError as exc:
+                self.unavailable[key] = str(exc)
+                continue
+            self.ours[key] = OursDecoder(llm_dir, config)
+
+    def run(self, key: str, batch: list[list[int]], new_tokens: int) -> tuple[list[list[int]], float]:
+        if key in self.ours:
+            return self.ours[key].greedy(batch, new_tokens)
+        from mstar_ros.bench.llama_cpp_runner import LlamaCppDecoder
+
+        with LlamaCppDecoder(
+            self.ggufs[LLAMA[key]], threads=self.opts.threads, streams=len(batch), per_stream_tokens=self.per_stream
+        ) as llama:
+            return llama.greedy(batch, new_tokens)
+
+    def close(self) -> None:
+        for decoder in self.ours.values():
+            decoder.close()
+
+
+def run_decode_bench(opts: DecodeBenchOptions, quick: bool = False) -> dict:
+    """Every figure of the bench as one JSON-able dict (see docs/benchmarks/decode.md)."""
+    import json
+
+    from mstar_graphs.orpheus.checkpoints import resolve_paths
+    from mstar_ros.bench.gguf_files import ensure_gguf_files
+
+    torch.set_num_threads(opts.threads)  # before the device thread starts: its OpenMP team takes this width
+    paths = resolve_paths(opts.weights, None, opts.preset) if opts.weights is None else None
+    llm_dir = paths.llm if paths is not None else Path(opts.weights)
+    config = json.loads((llm_dir / "config.json").read_text())
+    print(f"GGUF files of {llm_dir} (made once, cached) ...")
+    ggufs = ensure_gguf_files(llm_dir, opts.threads)
+    per_stream = opts.prompt_tokens + opts.new_tokens + 8
+    choice = resolve_dtype(opts.dtype, "cpu")
+    report: dict = {
+        "model": {
+            "preset": opts.preset if opts.weights is None else None,
+            "weights": str(llm_dir),
+            "random_weights": bool(config.get("mstar_random_weights", False)),
+            **head_share(config),
+            "hidden": config["hidden_size"],
+            "layers": config["num_hidden_layers"],
+            "vocab": config["vocab_size"],
+            "gguf_mb": {k: round(p.stat().st_size / 1e6, 1) for k, p in ggufs.items()},
+        },
+        "workload": {
+            "levels": opts.levels,
+            "new_tokens": opts.new_tokens,
+            "prompt_tokens": opts.prompt_tokens,
+            "timed": "decode steps after each stream's first token: (new_tokens - 1) x C tokens",
+            "sampling": "greedy over the full vocabulary",
+            "rounds": opts.rounds,
+            "order": "interleaved per round: " + ", ".join(k for pair in PAIRS for k in pair),
+        },
+        "threads": opts.threads,
+        "machine": machine_section("cpu"),
+        "versions": _versions(),
+        "dtypes": dtypes_section(choice, "float16 (GGUF F16) / Q8_0 / Q4_K_M", "llama.cpp's own formats"),
+        "levels": {},
+    }
+    print(header_line(report))
+    systems = _Systems(llm_dir, ggufs, opts, per_stream)
+    report["ours_unavailable"] = systems.unavailable
+    keys = [k for pair in PAIRS for k in pair if k not in systems.unavailable]
+    try:
+        for c in opts.levels:
+            batch = prompts(c, opts.prompt_tokens, opts.seed + c)
+            for key in keys:  # warm up: first calls are slow for everyone
+                systems.run(key, batch, min(8, opts.new_tokens))
+            runs: dict[str, list[float]] = {k: [] for k in keys}
+            streams: dict[str, list[list[int]]] = {}
+            bar = progress_bar(total=opts.rounds * len(keys), desc=f"decode C={c}", unit="run", leave=False)
+            for _ in range(opts.rounds):
+                for key in keys:
+                    tokens, seconds = systems.run(key, batch, opts.new_tokens)
+                    runs[key].append(round((opts.new_tokens - 1) * c / seconds, 2))
+                    streams[key] = tokens
+                    time.sleep(0.05)  # let the other system's spinning threads go to sleep
+                    bar.update()
+            bar.close()
+            report["levels"][str(c)] = _level(runs, streams)
+    finally:
+        systems.close()
+    report.update(_ratios(report))
+    if opts.step_overhead:
+        report["step_overhead"] = _step_overhead(llm_dir, opts.dtype, quick)
+    else:
+        report["step_overhead"] = {"step_overhead_b1": None, "why": "skipped (--no-step-overhead)"}
+    report["step_overhead_b1"] = report["step_overhead"].get("step_overhead_b1")
+    return report
+
+
+def _level(runs: dict[str, list[float]], streams: dict[str, list[list[int]]]) -> dict:
+    level: dict = {
+        key: {"tokens_per_s": round(statistics.median(values), 2), "runs_tokens_per_s": values}
+        for key, values in runs.items()
+    }
+    if "ours_bf16" in streams and "llama_f16" in streams:  # same model: greedy streams should agree for a while
+        level["agreement_ours_bf16_vs_llama_f16"] = _agreement(streams["ours_bf16"][0], streams["llama_f16"][0])
+    return level
+
+
+def _ratio(level: dict | None, ours: list[str], theirs: str) -> float | None:
+    if level is None or theirs not in level:
+        return None
+    mine = [level[k]["tokens_per_s"] for k in ours if k in level]
+    return round(max(mine) / level[theirs]["tokens_per_s"], 3) if mine else None
+
+
+def _ratios(report: dict) -> dict:
+    """The headline ratios (None where a system or level did not run); goals: >= 1, >= 1, >= 2."""
+    one, eight = report["levels"].get("1"), report["levels"].get("8")
+    out = {
+        "int8_vs_q8_c1": _ratio(one, ["ours_int8"], "llama_q8_0"),
+        "best_vs_q4km_c1": _ratio(one, list(OURS), "llama_q4_k_m"),
+        "best_vs_q4km_c8": _ratio(eight, list(OURS), "llama_q4_k_m"),
+        "bf16_vs_f16_c1": _ratio(one, ["ours_bf16"], "llama_f16"),
+        "bf16_vs_f16_c8": _ratio(eight, ["ours_bf16"], "llama_f16"),
+    }
+    for level in (one, eight):
+        if level is not None:
+            best = max((k for k in OURS if k in level), key=lambda k: level[k]["tokens_per_s"], default=None)
+            level["best_ours"] = best
+    return out
+
+
+def summary_lines(report: dict) -> list[str]:
+    lines = [header_line(report)]
+    m = report["model"]
+    lines.append(
+        f"model: {m['params_m']}M params, LM head {m['lm_head_params_m']}M ({m['lm_head_share']:.1%}), "
+        f"hidden {m['hidden']} x {m['layers']} layers, vocab {m['vocab']}"
+        + (" -- RANDOM weights" if m["random_weights"] else "")
+    )
+    for c, level in report["levels"].items():
+        lines.append(f"\nC={c}: tokens/s (median of {report['workload']['rounds']} interleaved rounds)")
+        for ours, theirs in PAIRS:
+            left = f"{level[ours]['tokens_per_s']:>9.1f}" if ours in level else "  (n/a)  "
+            right = f"{level[theirs]['tokens_per_s']:>9.1f}" if theirs in level else "  (n/a)  "
+            lines.append(f"  {ours:<12}{left}    {theirs:<14}{right}")
+    for name in ("int8_vs_q8_c1", "best_vs_q4km_c1", "best_vs_q4km_c8", "step_overhead_b1"):
+        value = report.get(name)
+        lines.append(f"{name}: {'n/a' if value is None else value}")
+    for key, why in report.get("ours_unavailable", {}).items():
+        lines.append(f"{key} not run: {why}")
+    if report["step_overhead_b1"] is None:
+        lines.append(f"step_overhead_b1 not measured: {report['step_overhead'].get('why')}")
+    return lines

@@ -1,0 +1,71 @@
+"""``mstar-ros bench decode --quick``: both systems decode the tiny preset, the figures and plot are written.
+
+Timings on a shared 2-core machine are reported, not bounded here; what is asserted could be wrong in
+any case: every system ran (or says why not), the streams agree, the ratios are the figures' ratios."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from mstar_graphs.orpheus.tiny_llm import config_dict
+from mstar_ros.bench.decode import head_share, prompts
+from mstar_ros.bench.ours_decode import quantization_supported
+
+
+def test_decode_preset_keeps_the_3b_head_share():
+    real_3b = {
+        "hidden_size": 3072,
+        "intermediate_size": 8192,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 24,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "vocab_size": 156940,
+        "tie_word_embeddings": True,
+    }
+    assert 3200 < head_share(real_3b)["params_m"] < 3400 and 0.14 < head_share(real_3b)["lm_head_share"] < 0.15
+    share = head_share(config_dict("decode"))
+    assert 0.14 < share["lm_head_share"] < 0.16 and 700 < share["params_m"] < 900
+    assert head_share(config_dict("bench"))["lm_head_share"] > 0.7  # why the bench preset would not do
+
+
+def test_prompts_are_deterministic_and_start_with_bos():
+    a, b = prompts(3, 8, 5), prompts(3, 8, 5)
+    assert a == b and len(a) == 3 and all(len(p) == 8 and p[0] == 128000 for p in a) and a[0] != a[1]
+
+
+@pytest.mark.slow
+def test_bench_decode_quick(tmp_path):
+    out, png = tmp_path / "d.json", tmp_path / "d.png"
+    run = subprocess.run(
+        [sys.executable, "-m", "mstar_ros.cli", "-q", "bench", "decode", "--quick", "--levels", "1,3"]
+        + ["--no-step-overhead", "--json", str(out), "--plot", str(png)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    report = json.loads(out.read_text())
+    assert list(report["levels"]) == ["1", "3"] and report["model"]["random_weights"] is True
+    quantized = ["ours_int8", "ours_int4"]
+    if quantization_supported()[0]:
+        assert report["ours_unavailable"] == {}
+    else:
+        assert sorted(report["ours_unavailable"]) == sorted(quantized) and report["int8_vs_q8_c1"] is None
+    for level in report["levels"].values():
+        ran = [k for k in ("ours_bf16", *quantized, "llama_f16", "llama_q8_0", "llama_q4_k_m") if k in level]
+        assert len(ran) == 6 - len(report["ours_unavailable"])
+        assert all(level[k]["tokens_per_s"] > 0 and len(level[k]["runs_tokens_per_s"]) == 1 for k in ran)
+        assert level["agreement_ours_bf16_vs_llama_f16"]["of"] == 16
+        assert level["agreement_ours_bf16_vs_llama_f16"]["first_divergence"] >= 8  # the same model decodes
+    one = report["levels"]["1"]
+    best = max(one[k]["tokens_per_s"] for k in ("ours_bf16", *quantized) if k in one)
+    assert report["best_vs_q4km_c1"] == round(best / one["llama_q4_k_m"]["tokens_per_s"], 3)
+    assert report["best_vs_q4km_c8"] is None  # no C=8 level in this run
+    assert report["step_overhead_b1"] is None and "skipped" in report["step_overhead"]["why"]
+    assert report["threads"] == 2 and report["versions"]["llama_cpp_python"]
+    assert png.stat().st_size > 10_000 and "best_vs_q4km_c1" in run.stdout
