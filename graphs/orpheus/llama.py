@@ -87,6 +87,7 @@ class LlamaForCausalLM(ARModule):
     """
 
     plain_linears = ("lm_head",)  # compute_logits reads row ranges of its weight
+    quantizable_heads = ("lm_head",)  # ... through restricted_logits, which reads a quantized head too
 
     def __init__(
         self,
@@ -210,4 +211,4 @@ class LlamaForCausalLM(ARModule):
         """
         if isinstance(self.lm_head, ParallelLMHead):
             return self.lm_head(hidden, token_ids)
-        return restricted_logits(hidden, self.lm_head.weight, token_ids)
+        return restricted_logits(hidden, self.lm_head, token_ids)

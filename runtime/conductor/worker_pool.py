@@ -218,6 +218,7 @@ class WorkerPool:
             host=self.host,
             tp=self._tp.get(rank),
             plugins=list(self.plugins),
+            quantization=self.placement.quantization_on(rank),
         )
 
     async def _handshake(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):

@@ -9,6 +9,7 @@ import torch
 
 from mstar.engine.dtype_choice import DtypeChoice, resolve_dtype
 from mstar.engine.dtype_names import DTYPE_NAMES
+from mstar.layers.weight_only import QUANTIZATIONS
 from mstar.user_yaml import load_user_yaml_file
 
 
@@ -33,6 +34,7 @@ class EngineConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     pack_linears: bool = True  # bf16 on CPU: weights reordered once for oneDNN (same results, faster)
     phase_align: bool = True  # start sequences in the running ones' decode_period phase (waits < period steps)
     priority_classes: bool = True  # serve control > interactive > batch (mstar.priority); False: first come first
+    quantization: str = "none"  # "int8" / "int4": weight-only linears on CPU (mstar.layers.weight_only)
 
     def __post_init__(self) -> None:
         checks = [
@@ -45,12 +47,14 @@ class EngineConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
             ("stateless_max_wait_ms", self.stateless_max_wait_ms >= 0),
             ("dtype", self.dtype in DTYPE_NAMES),
             ("kv_dtype", self.kv_dtype in (None, "float32", "bfloat16", "float16")),
+            ("quantization", self.quantization in QUANTIZATIONS),
         ]
         for name, ok in checks:
             if not ok:
                 raise ValueError(
                     f"engine config: {name} = {getattr(self, name)!r} is invalid"
                     + (f" (expected one of {', '.join(DTYPE_NAMES)})" if name == "dtype" else "")
+                    + (f" (expected one of {', '.join(QUANTIZATIONS)})" if name == "quantization" else "")
                 )
 
     def for_device(self, device: str | torch.device) -> tuple[EngineConfig, DtypeChoice]:

@@ -19,6 +19,7 @@ from mstar.engine.sampler import Sampler
 from mstar.engine.scheduler import Scheduler
 from mstar.engine.tp_plan import Hello, TPLeader
 from mstar.layers.linear_packing import pack_linears, packed_count
+from mstar.layers.weight_only import quantize_module, quantized_count
 from mstar.parallel.group import TPGroup
 from mstar.transport.inprocess import InProcessTensorStore
 
@@ -54,6 +55,9 @@ def build_core(
     dtype = _dtype(config.dtype)
     kv_dtype = _dtype(config.kv_dtype or config.dtype)
     module = module.to(device=device, dtype=dtype).eval()
+    if config.quantization != "none" and tp is not None and tp.size > 1:
+        raise ValueError(f"{name}: quantization {config.quantization!r} is not supported with tensor parallelism yet")
+    quantize_module(module, config.quantization)  # before packing: what it quantizes is not packed
     if config.pack_linears:
         pack_linears(module, module.plain_linears)
     num_blocks = _kv_blocks(module, config, kv_dtype)
@@ -82,13 +86,15 @@ def build_core(
             )
         )
     log.info(
-        "%s engine: %d KV blocks x %d tokens (%s), attention backend %s, %d linears packed",
+        "%s engine: %d KV blocks x %d tokens (%s), attention backend %s, %d linears packed, %d %s",
         name,
         num_blocks,
         block_size,
         kv_dtype,
         backend.name,
         packed_count(module),
+        quantized_count(module),
+        f"{config.quantization} weight-only",
     )
     return EngineCore(
         name, module, config, device, store, cache, blocks, backend, scheduler, runner, Sampler(), tp_leader=leader

@@ -24,6 +24,7 @@ from mstar.engine.messages import ExecuteNode, NodeOutput, ReleaseRequest
 from mstar.engine.serve_order import call_class
 from mstar.graph.node import NodeCall, NodeSubmodule
 from mstar.layers.linear_packing import pack_linears
+from mstar.layers.weight_only import quantize_module
 from mstar.priority import Priority
 from mstar.transport.inprocess import InProcessTensorStore
 
@@ -54,12 +55,20 @@ class StatelessEngine(EngineInbox):
         max_wait_s: float = 0.0,
         pack: bool = True,
         priority_classes: bool = True,
+        quantization: str | Mapping[str, str] = "none",
     ) -> None:
         """``pack``: bf16 linears on CPU get prepacked weights (mstar.layers.linear_packing).
-        ``priority_classes``: serve calls by class first (EngineConfig.priority_classes)."""
+        ``priority_classes``: serve calls by class first (EngineConfig.priority_classes).
+        ``quantization``: weight-only int8/int4 linears (mstar.layers.weight_only), for all nodes or per node."""
         super().__init__()
         self.device = torch.device(device)
         self.nodes = {n: m.to(device=self.device, dtype=dtype).eval() for n, m in nodes.items()}
+        done: set[int] = set()  # views share a module: quantize it once
+        for node, module in self.nodes.items():
+            mode = quantization if isinstance(quantization, str) else quantization.get(node, "none")
+            if id(module) not in done:
+                done.add(id(module))
+                quantize_module(module, mode)
         if pack:
             for module in self.nodes.values():
                 pack_linears(module, module.plain_linears)

@@ -41,6 +41,9 @@ class NodeSubmodule(torch.nn.Module):
     # Linear submodules whose ``.weight`` the module reads itself: the engine keeps them
     # plain when it packs the others (see mstar.layers.linear_packing).
     plain_linears: ClassVar[tuple[str, ...]] = ()
+    # Of those, heads read only through mstar.layers.tensor_parallel.restricted_logits(hidden, head_module,
+    # ...): weight-only quantization (mstar.layers.weight_only) may replace them.
+    quantizable_heads: ClassVar[tuple[str, ...]] = ()
     # Calls of one request that build on each other (a streaming decoder that keeps its caches between
     # chunks): the engine runs them one at a time per request, in ``NodeCall.index`` order, and calls
     # ``release`` when the request ends, finished, failed or cancelled.

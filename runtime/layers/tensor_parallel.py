@@ -21,6 +21,7 @@ from torch import nn
 
 from mstar.layers.linear_packing import linear_rows
 from mstar.layers.vocab_constraint import contiguous_runs
+from mstar.layers.weight_only import WeightOnlyLinear
 from mstar.parallel.group import TPGroup
 
 
@@ -91,9 +92,16 @@ class VocabParallelEmbedding(nn.Module):
         return self.tp.all_reduce_(rows)
 
 
-def restricted_logits(hidden: torch.Tensor, weight: torch.Tensor, token_ids: torch.Tensor | None) -> torch.Tensor:
+def restricted_logits(
+    hidden: torch.Tensor, weight: torch.Tensor | nn.Linear | WeightOnlyLinear, token_ids: torch.Tensor | None
+) -> torch.Tensor:
     """hidden [B, H] @ weight[token_ids].T: [B, K] (all rows when ``token_ids`` is None).
-    Sorted ids with few runs read the rows as views (no gather copy)."""
+    Sorted ids with few runs read the rows as views (no gather copy). ``weight`` may be the head
+    module itself: a weight-only quantized head is read without dequantizing it."""
+    if isinstance(weight, WeightOnlyLinear):
+        return _quantized_logits(hidden, weight, token_ids)
+    if isinstance(weight, nn.Linear):
+        weight = weight.weight
     hidden = hidden.to(weight.dtype)
     if token_ids is None:
         return F.linear(hidden, weight)
@@ -103,6 +111,17 @@ def restricted_logits(hidden: torch.Tensor, weight: torch.Tensor, token_ids: tor
     if not runs:
         return hidden.new_zeros(hidden.shape[0], 0)
     return torch.cat([linear_rows(hidden, weight, lo, hi) for lo, hi in runs], dim=-1)
+
+
+def _quantized_logits(hidden: torch.Tensor, head: WeightOnlyLinear, token_ids: torch.Tensor | None) -> torch.Tensor:
+    if token_ids is None:
+        return head(hidden)
+    runs = contiguous_runs(token_ids)
+    if runs is None:
+        return head.gather(hidden, token_ids)
+    if not runs:
+        return hidden.new_zeros(hidden.shape[0], 0)
+    return torch.cat([head.rows(hidden, lo, hi) for lo, hi in runs], dim=-1)
 
 
 class ParallelLMHead(nn.Module):

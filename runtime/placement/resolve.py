@@ -14,6 +14,7 @@ class NodePlacement:
     ranks: tuple[int, ...]
     tp_size: int
     group: int  # index of the node group that placed it
+    quantization: str | None = None  # the group's override of EngineConfig.quantization
 
 
 class ResolvedPlacement:
@@ -30,6 +31,7 @@ class ResolvedPlacement:
         self._check_transport_edges()
         self._check_kv_views_stay_together()
         self.priorities = self._priorities()  # node or walk name -> class
+        self._check_module_quantization()
 
     def _add(self, i: int, group: NodeGroup) -> None:
         for j, node in enumerate(group.nodes):
@@ -53,7 +55,7 @@ class ResolvedPlacement:
                         ("node_groups", i, "nodes"),
                         f"node {node!r} is already placed for {scope} by node_groups[{self._table[key].group}]",
                     )
-                self._table[key] = NodePlacement(tuple(group.ranks), group.tp_size, i)
+                self._table[key] = NodePlacement(tuple(group.ranks), group.tp_size, i, group.quantization)
 
     def _priorities(self) -> dict[str, Priority]:
         out = {}
@@ -110,6 +112,24 @@ class ResolvedPlacement:
                         f"node {node.name!r} {verb} {view!r}: place both on the "
                         f"same ranks (got {sorted(mine)} and {sorted(source)})",
                     )
+
+    def _check_module_quantization(self) -> None:
+        """The views of one module share its weights: they are quantized alike on every rank."""
+        for module, views in self.graph.modules().items():
+            seen: dict[str | None, int] = {}
+            for view in views:
+                for p in self.placements_of(view):
+                    seen.setdefault(p.quantization, p.group)
+            if len(seen) > 1:
+                raise self.file.error(
+                    ("node_groups", max(seen.values()), "quantization"),
+                    f"module {module!r} (nodes {views}) shares its weights between node groups: "
+                    f"give them one quantization (got {sorted(str(q) for q in seen)})",
+                )
+
+    def quantization_on(self, rank: int) -> dict[str, str]:
+        """node -> the quantization its node group sets, for the nodes ``rank`` hosts (groups that set none left out)."""
+        return {n: p.quantization for (n, _), p in self._table.items() if rank in p.ranks and p.quantization}
 
     def _check_transport_edges(self) -> None:
         for endpoint in self.file.placement.transport.edges:

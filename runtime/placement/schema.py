@@ -12,6 +12,7 @@
       - nodes: [snac]
         ranks: [1]
         tp_size: 1                   # optional; ranks must number tp_size
+        quantization: int8           # optional: none | int8 | int4 weight-only linears (default: the engine config's)
     transport:                       # optional; how tensors cross between Workers
       default: auto                  # auto: shm on one host, tcp across hosts
       edges: {llm.token: tcp}        # per producing endpoint
@@ -31,6 +32,7 @@ from pathlib import Path
 import msgspec
 import yaml
 
+from mstar.layers.weight_only import QUANTIZATIONS
 from mstar.priority import Priority
 from mstar.user_yaml import UserYamlError, parse_user_yaml, read_user_yaml_text
 
@@ -47,6 +49,7 @@ class NodeGroup(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     ranks: list[int]
     walks: list[str] | None = None
     tp_size: int = 1
+    quantization: str | None = None  # overrides EngineConfig.quantization for these nodes
 
 
 class TransportChoice(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -181,6 +184,11 @@ class PlacementFile:
                 raise self.error(
                     ("node_groups", i, "tp_size"),
                     f"tp_size {group.tp_size} needs exactly that many ranks, got {group.ranks}",
+                )
+            if group.quantization is not None and group.quantization not in QUANTIZATIONS:
+                raise self.error(
+                    ("node_groups", i, "quantization"),
+                    f"unknown quantization {group.quantization!r} (one of {list(QUANTIZATIONS)})",
                 )
         if p.transport.default not in TRANSPORTS:
             raise self.error(

@@ -62,6 +62,7 @@ class WorkerHost:
             nodes=nodes,
             rank=rank,
             tp=self.tp if self.tp is not None and self.tp.is_leader else None,
+            quantization=setup.quantization,
         )
         for engine in self.worker.ar_engines.values():
             engine.on_fatal = self._fatal

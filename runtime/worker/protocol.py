@@ -83,6 +83,7 @@ class Setup(msgspec.Struct, tag=True):
     # names of Worker plugins registered on the Worker's side (mstar.worker.registry), each called
     # with the WorkerHost once it serves (e.g. a ROS status node); the runtime knows nothing of them
     plugins: list[str] = []
+    quantization: dict[str, str] = {}  # node -> weight-only quantization its placement group sets
 
 
 class Ready(msgspec.Struct, tag=True):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 
+import msgspec
 import torch
 
 from mstar.engine.ar_engine import AREngine
@@ -36,8 +37,10 @@ class Worker:
         nodes: list[str] | None = None,
         rank: int = 0,
         tp=None,
+        quantization: Mapping[str, str] | None = None,
     ) -> None:
-        """``tp``: a TPGroup whose rank 0 this Worker is; its AR engines shard over it."""
+        """``tp``: a TPGroup whose rank 0 this Worker is; its AR engines shard over it.
+        ``quantization``: node -> weight-only quantization overriding the config's (a placement's groups)."""
         self.rank = rank
         self.store = store
         # dtype auto is decided here, for this Worker's device (each Worker process for its own)
@@ -56,7 +59,10 @@ class Worker:
             if graph.node(views[0]).engine == "ar":
                 if not isinstance(module, ARModule):
                     raise TypeError(f"module {module_name!r} backs AR nodes {views} but is not an ARModule")
-                engine = AREngine(module, views, store, self.config, device, name=f"ar:{module_name}", tp=tp)
+                config = self.config
+                if quantization and views[0] in quantization:
+                    config = msgspec.structs.replace(config, quantization=quantization[views[0]])
+                engine = AREngine(module, views, store, config, device, name=f"ar:{module_name}", tp=tp)
                 self.ar_engines[module_name] = engine
                 for view in views:
                     self._engine_of[view] = engine
@@ -76,6 +82,7 @@ class Worker:
                 max_wait_s=self.config.stateless_max_wait_ms / 1000,
                 pack=self.config.pack_linears,
                 priority_classes=self.config.priority_classes,
+                quantization={v: (quantization or {}).get(v, self.config.quantization) for v in stateless},
             )
             for view in stateless:
                 self._engine_of[view] = self.stateless
