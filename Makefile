@@ -42,6 +42,10 @@ $(VENV)/.installed-test: $(VENV)/.installed
 			&& command -v espeak-ng; } >/dev/null; then \
 		apt-get install -y -q chromium firefox-esr pulseaudio espeak-ng || { apt-get update -q \
 			&& apt-get install -y -q chromium firefox-esr pulseaudio espeak-ng; }; fi
+	# llama-cpp-python (the bench extra: `bench decode`'s baseline) has no wheel on PyPI: its sdist compiles
+	# llama.cpp, which needs a C++ compiler and cmake
+	@if [ "$$(id -u)" = 0 ] && ! { command -v g++ && command -v cmake; } >/dev/null; then \
+		apt-get install -y -q g++ cmake || { apt-get update -q && apt-get install -y -q g++ cmake; }; fi
 	# the ros extra too: the ROS 2 tests (real rclpy over DDS, bag playback) run, never skip
 	PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 $(PIP) install -q -e ".[audio,bench,test,mooncake,ros,webrtc]"
 	touch $@

@@ -119,7 +119,15 @@ setup(
         "gpu": ["flashinfer-python==0.6.13", "flashinfer-cubin==0.6.13"],
         # optional cross-host tensor transport (CPU build; needs Debian libibverbs1)
         "mooncake": ["mooncake-transfer-engine-non-cuda==0.3.13.post1"],
-        "bench": ["matplotlib>=3.7", "transformers>=5.0,<6", "snac==1.2.1"],
+        # llama-cpp-python (built from its sdist: llama.cpp compiled for this CPU) and gguf: `bench decode`'s
+        # llama.cpp baseline and the GGUF export of our checkpoint
+        "bench": [
+            "matplotlib>=3.7",
+            "transformers>=5.0,<6",
+            "snac==1.2.1",
+            "llama-cpp-python==0.3.36",
+            "gguf==0.19.0",
+        ],
         # setuptools: the install-layout test builds this package with --no-build-isolation (bdist_wheel
         # is part of setuptools since 70.1)
         # playwright drives Debian's chromium (make test installs it; never a downloaded browser)
