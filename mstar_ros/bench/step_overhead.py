@@ -1,0 +1,272 @@
+"""``step_overhead_b1``: one engine decode step (B=1) against the bare forward of the same model.
+
+The engine side is the real AR engine (scheduler, paged KV, attention planning, constrained
+sampling, replies) driven step by step on the device thread, decoding one Orpheus request. The
+bare side is the same module object (same dtype, packing and quantization the engine gave it) run
+on one token against a static, preallocated, contiguous KV cache of the same context length,
+followed by the LM head over the same restricted vocabulary: the model's own work and nothing
+else. Both run in the same process, on the same thread, in interleaved rounds; each side's figure
+is the median over rounds of its mean ms per token, and the ratio is taken between those medians.
+
+What the ratio does not include: waking the device thread between steps and the Conductor's
+round trip (an engine-resident Loop has none per token).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import msgspec
+import torch
+import torch.nn.functional as F
+
+from mstar.engine.ar_engine import AREngine
+from mstar.engine.config import EngineConfig
+from mstar.engine.device_loop import run_on_device
+from mstar.engine.messages import ExecuteNode, LoopSpec, NodeOutput, ReleaseRequest
+from mstar.layers.vocab_constraint import union_vocab
+from mstar.sampling_params import SamplingParams
+from mstar.transport.inprocess import InProcessTensorStore
+
+WARMUP_STEPS = 4
+PROMPT_SEED = 1234
+
+
+class StaticKVAttention:
+    """The attention a bare forward calls: one sequence's K/V in contiguous preallocated buffers.
+
+    ``length`` is the number of cached tokens after the step's token is written (set before each
+    forward). Scores run in ``compute_dtype`` like the engine's CPU backend (bf16 SDPA is slow on CPU).
+    """
+
+    def __init__(
+        self,
+        layers: int,
+        kv_heads: int,
+        head_dim: int,
+        max_len: int,
+        dtype: torch.dtype,
+        compute_dtype: torch.dtype | None,
+        device: torch.device,
+    ) -> None:
+        shape = (layers, kv_heads, max_len, head_dim)
+        gen = torch.Generator().manual_seed(0)  # finite, nonzero keys: the same work as real ones
+        self.k = (0.1 * torch.randn(shape, generator=gen)).to(dtype=dtype, device=device)
+        self.v = (0.1 * torch.randn(shape, generator=gen)).to(dtype=dtype, device=device)
+        self.compute_dtype = compute_dtype
+        self.length = 1
+
+    def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+        n = self.length
+        self.k[layer, :, n - 1] = k[0]
+        self.v[layer, :, n - 1] = v[0]
+        hkv, hq, d = self.k.shape[1], q.shape[1], q.shape[2]
+        cdt = self.compute_dtype or q.dtype
+        keys = self.k[layer, :, :n].to(cdt)[None]  # [1, Hkv, n, D]
+        values = self.v[layer, :, :n].to(cdt)[None]
+        # one query: its G heads per KV head run as G rows of that head (no K/V repeat)
+        out = F.scaled_dot_product_attention(q.to(cdt).view(1, hkv, hq // hkv, d), keys, values, scale=scale)
+        return out.reshape(1, hq, d).to(q.dtype)
+
+
+class EngineDriver:
+    """The AR engine stepped on the calling thread, one request at a time."""
+
+    def __init__(self, module: torch.nn.Module, config: EngineConfig) -> None:
+        self.store = InProcessTensorStore()
+        self.engine = AREngine(module, ["llm"], self.store, config)
+        self.replies: list[NodeOutput] = []
+        self.calls = 0
+
+    def decode(
+        self,
+        prompt: list[int],
+        warmup: int,
+        steps: int,
+        sampling: SamplingParams,
+        before_timed: Callable[[], None] | None = None,
+    ) -> list[float]:
+        """Prefills ``prompt`` (untimed), then returns the wall seconds of each of ``steps`` decode steps.
+        ``before_timed``: called once the prefill and warm-up steps are done (a profiler's reset)."""
+        self.calls += 1
+        request_id = f"r{self.calls}"
+        msg = ExecuteNode(
+            call_id=self.calls,
+            request_id=request_id,
+            node="llm",
+            inputs={"input_ids": self.store.put(torch.tensor(prompt, dtype=torch.long), owner=request_id)},
+            seed=self.calls,
+            sampling=sampling,
+            loop=LoopSpec(max_iters=1 + warmup + steps),
+        )
+        self.engine.submit(msg, self.replies.append)
+        self.engine.poll()
+        engine = self.engine
+        for _ in range(1 + warmup):  # the prefill, then steps that settle caches
+            engine.step()
+        if before_timed is not None:
+            before_timed()
+        times = []
+        for _ in range(steps):
+            started = time.perf_counter()
+            engine.step()
+            times.append(time.perf_counter() - started)
+        final = self.replies[-1]
+        if not final.final or final.error:
+            raise RuntimeError(f"the engine's decode did not finish cleanly: {final}")
+        self.engine._post(ReleaseRequest(request_id))
+        self.engine.poll()
+        self.replies.clear()
+        return times
+
+
+def _bare_decode(module, attn: StaticKVAttention, vocab, first: int, warmup: int, steps: int) -> list[float]:
+    """One token per forward at positions first, first + 1, ...; the wall seconds of the last ``steps``."""
+    device = attn.k.device
+    ids = torch.zeros(1, dtype=torch.long, device=device)
+    pos = torch.zeros(1, dtype=torch.long, device=device)
+    times = []
+    token = 128256  # an audio token: any id does the same work
+    for i in range(warmup + steps):
+        started = time.perf_counter()
+        ids.fill_(token)
+        pos.fill_(first + i)
+        attn.length = first + i + 1
+        hidden = module(ids, pos, attn)
+        logits = module.compute_logits(hidden, vocab)
+        token = 128256 + int(logits.argmax())  # the LM head's result is read, as sampling does
+        if i >= warmup:
+            times.append(time.perf_counter() - started)
+    return times
+
+
+def engine_config(dtype: str, quantization: str, blocks: int) -> EngineConfig:
+    fields = {f.name for f in msgspec.structs.fields(EngineConfig)}
+    extra = {}
+    if quantization != "none":
+        if "quantization" not in fields:
+            raise ValueError(f"quantization = {quantization!r}: this EngineConfig has no 'quantization' field yet")
+        extra["quantization"] = quantization
+    return EngineConfig(dtype=dtype, num_kv_blocks=blocks, **extra)
+
+
+def load_llm(model_dir: Path | None, preset: str):
+    from mstar_graphs.orpheus.checkpoints import ensure_tiny_orpheus
+    from mstar_graphs.orpheus.frontend import OrpheusLLM
+
+    path = Path(model_dir) if model_dir is not None else ensure_tiny_orpheus(preset).llm
+    llm = OrpheusLLM.from_pretrained_dir(path, progress=False).fuse_projections()
+    llm.constrain = True
+    return llm, path
+
+
+def _measure(
+    model_dir: Path | None,
+    dtype: str,
+    quantization: str,
+    steps: int,
+    context: int,
+    rounds: int,
+    preset: str,
+    greedy: bool,
+) -> dict:
+    from mstar_graphs.orpheus.frontend import DEFAULT_SAMPLING
+
+    llm, path = load_llm(model_dir, preset)
+    max_len = context + 1 + WARMUP_STEPS + steps + 1
+    config = engine_config(dtype, quantization, blocks=2 * (max_len // 16 + 2))
+    driver = EngineDriver(llm, config)
+    core = driver.engine.core
+    module = core.module  # as the engine made it: dtype, packed linears, quantization
+    spec = module.kv_spec()
+    attn = StaticKVAttention(
+        spec.num_layers,
+        spec.num_kv_heads,
+        spec.head_dim,
+        max_len,
+        core.cache.dtype,
+        getattr(core.backend, "compute_dtype", None),
+        core.device,
+    )
+    sampling = SamplingParams(max_tokens=steps + WARMUP_STEPS + 2) if greedy else DEFAULT_SAMPLING
+    gen = torch.Generator().manual_seed(PROMPT_SEED)
+    prompt = torch.randint(0, 512, (context,), generator=gen).tolist()  # text-token ids of the toy vocabulary
+    vocab = union_vocab([module.allowed_token_ranges(1)], core.device)  # one audio slot, as most steps have
+    engine_ms, bare_ms = [], []
+    with torch.inference_mode():
+        for _ in range(rounds):
+            engine_ms.append(1000 * statistics.fmean(driver.decode(prompt, WARMUP_STEPS, steps, sampling)))
+            bare_ms.append(1000 * statistics.fmean(_bare_decode(module, attn, vocab, context + 1, WARMUP_STEPS, steps)))
+    engine, bare = statistics.median(engine_ms), statistics.median(bare_ms)
+    return {
+        "engine_step_ms": round(engine, 3),
+        "bare_forward_ms": round(bare, 3),
+        "step_overhead_b1": round(engine / bare, 3),
+        "rounds_engine_ms": [round(x, 3) for x in engine_ms],
+        "rounds_bare_ms": [round(x, 3) for x in bare_ms],
+        "dtype": str(core.cache.dtype).removeprefix("torch."),
+        "quantization": quantization,
+        "context": context,
+        "steps": steps,
+        "sampling": "greedy" if greedy else "orpheus default (temperature 0.6, top_p 0.8, repetition 1.3)",
+        "threads": torch.get_num_threads(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "model_dir": str(path),
+    }
+
+
+def measure_step_overhead(
+    model_dir: Path | None,
+    *,
+    dtype: str = "auto",
+    quantization: str = "none",
+    steps: int = 64,
+    context: int = 128,
+    rounds: int = 5,
+    preset: str = "bench",
+    greedy: bool = False,
+) -> dict:
+    """Engine decode step vs bare forward of the Orpheus LLM at B=1, interleaved, on the device thread.
+
+    ``model_dir``: an Orpheus LLM directory (HF layout); None: the generated checkpoint of ``preset``.
+    Returns {"engine_step_ms", "bare_forward_ms", "step_overhead_b1", ...} (medians over ``rounds``
+    of each side's mean ms per token over ``steps`` decode steps after a warm-up, at ``context``
+    tokens of prompt). ``greedy``: greedy sampling instead of Orpheus's default nucleus sampling.
+    """
+    if steps < 1 or context < 1 or rounds < 1:
+        raise ValueError(f"steps, context and rounds must be >= 1, got {steps}, {context}, {rounds}")
+    return run_on_device(_measure, model_dir, dtype, quantization, steps, context, rounds, preset, greedy)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--weights", type=Path, default=None, help="Orpheus LLM directory (default: generated)")
+    parser.add_argument("--preset", default="bench")
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--quantization", default="none")
+    parser.add_argument("--steps", type=int, default=64)
+    parser.add_argument("--context", type=int, default=128)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--greedy", action="store_true")
+    args = parser.parse_args(argv)
+    result = measure_step_overhead(
+        args.weights,
+        dtype=args.dtype,
+        quantization=args.quantization,
+        steps=args.steps,
+        context=args.context,
+        rounds=args.rounds,
+        preset=args.preset,
+        greedy=args.greedy,
+    )
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
