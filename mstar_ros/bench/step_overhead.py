@@ -34,6 +34,7 @@ from mstar.sampling_params import SamplingParams
 from mstar.transport.inprocess import InProcessTensorStore
 
 WARMUP_STEPS = 4
+AUDIO_TOKEN = 128266  # the first SNAC code: a bare forward's input (any id does the same work)
 PROMPT_SEED = 1234
 
 
@@ -83,6 +84,39 @@ class EngineDriver:
         self.replies: list[NodeOutput] = []
         self.calls = 0
 
+    def begin(self, prompt: list[int], iterations: int, sampling: SamplingParams) -> None:
+        """Submits a request decoding ``iterations`` tokens after ``prompt`` and runs its prefill."""
+        self.calls += 1
+        request_id = f"r{self.calls}"
+        msg = ExecuteNode(
+            call_id=self.calls,
+            request_id=request_id,
+            node="llm",
+            inputs={"input_ids": self.store.put(torch.tensor(prompt, dtype=torch.long), owner=request_id)},
+            seed=self.calls,
+            sampling=sampling,
+            loop=LoopSpec(max_iters=iterations),
+        )
+        self.engine.submit(msg, self.replies.append)
+        self.engine.poll()
+        self.engine.step()
+
+    def step(self) -> tuple[float, float]:
+        """One engine step: (wall, this thread's CPU) seconds."""
+        wall, cpu = time.perf_counter(), time.thread_time()
+        self.engine.step()
+        _sync(self.engine.core.device)
+        return time.perf_counter() - wall, time.thread_time() - cpu
+
+    def end(self) -> None:
+        """Checks the request finished cleanly and lets it go."""
+        final = self.replies[-1]
+        if not final.final or final.error:
+            raise RuntimeError(f"the engine's decode did not finish cleanly: {final}")
+        self.engine._post(ReleaseRequest(f"r{self.calls}"))
+        self.engine.poll()
+        self.replies.clear()
+
     def decode(
         self,
         prompt: list[int],
@@ -93,56 +127,40 @@ class EngineDriver:
     ) -> list[float]:
         """Prefills ``prompt`` (untimed), then returns the wall seconds of each of ``steps`` decode steps.
         ``before_timed``: called once the prefill and warm-up steps are done (a profiler's reset)."""
-        self.calls += 1
-        request_id = f"r{self.calls}"
-        msg = ExecuteNode(
-            call_id=self.calls,
-            request_id=request_id,
-            node="llm",
-            inputs={"input_ids": self.store.put(torch.tensor(prompt, dtype=torch.long), owner=request_id)},
-            seed=self.calls,
-            sampling=sampling,
-            loop=LoopSpec(max_iters=1 + warmup + steps),
-        )
-        self.engine.submit(msg, self.replies.append)
-        self.engine.poll()
-        engine = self.engine
-        for _ in range(1 + warmup):  # the prefill, then steps that settle caches
-            engine.step()
+        self.begin(prompt, 1 + warmup + steps, sampling)
+        for _ in range(warmup):
+            self.step()
         if before_timed is not None:
             before_timed()
-        times = []
-        for _ in range(steps):
-            started = time.perf_counter()
-            engine.step()
-            times.append(time.perf_counter() - started)
-        final = self.replies[-1]
-        if not final.final or final.error:
-            raise RuntimeError(f"the engine's decode did not finish cleanly: {final}")
-        self.engine._post(ReleaseRequest(request_id))
-        self.engine.poll()
-        self.replies.clear()
+        times = [self.step()[0] for _ in range(steps)]
+        self.end()
         return times
 
 
-def _bare_decode(module, attn: StaticKVAttention, vocab, first: int, warmup: int, steps: int) -> list[float]:
-    """One token per forward at positions first, first + 1, ...; the wall seconds of the last ``steps``."""
-    device = attn.k.device
-    ids = torch.zeros(1, dtype=torch.long, device=device)
-    pos = torch.zeros(1, dtype=torch.long, device=device)
-    times = []
-    token = 128256  # an audio token: any id does the same work
-    for i in range(warmup + steps):
-        started = time.perf_counter()
-        ids.fill_(token)
-        pos.fill_(first + i)
-        attn.length = first + i + 1
-        hidden = module(ids, pos, attn)
-        logits = module.compute_logits(hidden, vocab)
-        token = 128256 + int(logits.argmax())  # the LM head's result is read, as sampling does
-        if i >= warmup:
-            times.append(time.perf_counter() - started)
-    return times
+class BareForward:
+    """The module's forward on one token at a time against a :class:`StaticKVAttention`, then its LM head."""
+
+    def __init__(self, module, attn: StaticKVAttention, vocab: torch.Tensor | None) -> None:
+        self.module, self.attn, self.vocab = module, attn, vocab
+        device = attn.k.device
+        self.ids = torch.full((1,), AUDIO_TOKEN, dtype=torch.long, device=device)
+        self.pos = torch.zeros(1, dtype=torch.long, device=device)
+
+    def step(self, position: int) -> tuple[float, float]:
+        """The token at ``position`` (``position`` tokens cached before it): (wall, this thread's CPU) seconds."""
+        wall, cpu = time.perf_counter(), time.thread_time()
+        self.pos.fill_(position)
+        self.attn.length = position + 1
+        hidden = self.module(self.ids, self.pos, self.attn)
+        logits = self.module.compute_logits(hidden, self.vocab)
+        self.ids.fill_(AUDIO_TOKEN + int(logits.argmax()))  # the LM head's result is read, as sampling does
+        _sync(self.attn.k.device)
+        return time.perf_counter() - wall, time.thread_time() - cpu
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def engine_config(dtype: str, quantization: str, blocks: int) -> EngineConfig:
@@ -197,18 +215,36 @@ def _measure(
     gen = torch.Generator().manual_seed(PROMPT_SEED)
     prompt = torch.randint(0, 512, (context,), generator=gen).tolist()  # text-token ids of the toy vocabulary
     vocab = union_vocab([module.allowed_token_ranges(1)], core.device)  # one audio slot, as most steps have
-    engine_ms, bare_ms = [], []
+    bare = BareForward(module, attn, vocab)
+    walls: dict[str, list[float]] = {"engine": [], "bare": []}
+    cpus: dict[str, list[float]] = {"engine": [], "bare": []}
     with torch.inference_mode():
         for _ in range(rounds):
-            engine_ms.append(1000 * statistics.fmean(driver.decode(prompt, WARMUP_STEPS, steps, sampling)))
-            bare_ms.append(1000 * statistics.fmean(_bare_decode(module, attn, vocab, context + 1, WARMUP_STEPS, steps)))
-    engine, bare = statistics.median(engine_ms), statistics.median(bare_ms)
+            # interleaved step by step: a load that comes and goes on the shared cores hits both alike
+            driver.begin(prompt, 1 + WARMUP_STEPS + steps, sampling)
+            spent = {"engine": [], "bare": []}
+            for i in range(WARMUP_STEPS + steps):
+                position = context + i  # the prefill sampled the token that enters at position ``context``
+                pair = {"engine": driver.step(), "bare": bare.step(position)}
+                if i >= WARMUP_STEPS:
+                    for side, times in pair.items():
+                        spent[side].append(times)
+            driver.end()
+            for side, times in spent.items():
+                walls[side].append(1000 * statistics.fmean(t[0] for t in times))
+                cpus[side].append(1000 * statistics.fmean(t[1] for t in times))
+    engine, bare_ms = statistics.median(walls["engine"]), statistics.median(walls["bare"])
+    engine_cpu, bare_cpu = statistics.median(cpus["engine"]), statistics.median(cpus["bare"])
     return {
         "engine_step_ms": round(engine, 3),
-        "bare_forward_ms": round(bare, 3),
-        "step_overhead_b1": round(engine / bare, 3),
-        "rounds_engine_ms": [round(x, 3) for x in engine_ms],
-        "rounds_bare_ms": [round(x, 3) for x in bare_ms],
+        "bare_forward_ms": round(bare_ms, 3),
+        "step_overhead_b1": round(engine / bare_ms, 3),
+        # this thread's CPU time: robust to other processes' load, complete only with one intra-op thread
+        "engine_step_cpu_ms": round(engine_cpu, 3),
+        "bare_forward_cpu_ms": round(bare_cpu, 3),
+        "step_overhead_b1_cpu": round(engine_cpu / bare_cpu, 3),
+        "rounds_engine_ms": [round(x, 3) for x in walls["engine"]],
+        "rounds_bare_ms": [round(x, 3) for x in walls["bare"]],
         "dtype": str(core.cache.dtype).removeprefix("torch."),
         "quantization": quantization,
         "context": context,
