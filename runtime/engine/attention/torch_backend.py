@@ -66,8 +66,9 @@ class _DecodePlan:
     row0: int
     batch: int
     max_len: int
-    slots: torch.Tensor  # [B * max_len] flat key slots (padding repeats a real slot)
+    slots: torch.Tensor | None  # [B * max_len] flat key slots (padding repeats a real slot); None: key_start
     key_mask: torch.Tensor | None  # [B, 1, 1, max_len] bool, None when every sequence has max_len keys
+    key_start: int | None = None  # one sequence whose keys are the slots [key_start, key_start + max_len)
 
 
 @dataclass
@@ -108,9 +109,22 @@ def _group(plans: list[_PrefillPlan], seqs: list[SeqAttention], bs: int, dev: to
     return _GroupPlan(starts, seqs[0].query_len, max_len, slots, None if mask is None else mask.to(dev), rows_alike)
 
 
+def contiguous_key_start(seq: SeqAttention, block_size: int) -> int | None:
+    """The first key slot when the sequence's keys fill consecutive slots (its blocks follow each other,
+    as a lone request's blocks usually do), else None."""
+    pages = -(-seq.context_len // block_size)
+    blocks = seq.block_table[:pages]
+    first = blocks[0]
+    return first * block_size if blocks == list(range(first, first + pages)) else None
+
+
 def _decode_plan(decode: list[SeqAttention], bs: int, dev: torch.device) -> _DecodePlan:
     lens = [s.context_len for s in decode]
     max_len = max(lens)
+    if len(decode) == 1:  # keys in consecutive slots are read as a slice of the cache, not gathered per layer
+        start = contiguous_key_start(decode[0], bs)
+        if start is not None:
+            return _DecodePlan(None, decode[0].query_start, 1, max_len, None, None, key_start=start)
     slots = torch.cat([key_slots(s, bs, max_len) for s in decode]).to(dev)
     key_mask = None
     if min(lens) != max_len:
@@ -273,7 +287,12 @@ class TorchAttentionBackend(AttentionBackend):
         Hkv = kc.shape[1]
         # GQA without repeating K/V: a single query sees every key, so its heads run as rows.
         qd = heads_as_rows(q.to(cdt)[:, None], Hkv)  # [B, Hkv, G, D]
-        ks = kc.index_select(0, dec.slots).to(cdt).view(B, dec.max_len, Hkv, D).transpose(1, 2)
-        vs = vc.index_select(0, dec.slots).to(cdt).view(B, dec.max_len, Hkv, D).transpose(1, 2)
+        if dec.slots is None:  # the same keys as gathering their slots, read in place
+            ks = kc[dec.key_start : dec.key_start + dec.max_len]
+            vs = vc[dec.key_start : dec.key_start + dec.max_len]
+        else:
+            ks, vs = kc.index_select(0, dec.slots), vc.index_select(0, dec.slots)
+        ks = ks.to(cdt).view(B, dec.max_len, Hkv, D).transpose(1, 2)
+        vs = vs.to(cdt).view(B, dec.max_len, Hkv, D).transpose(1, 2)
         o = F.scaled_dot_product_attention(qd, ks, vs, attn_mask=dec.key_mask, scale=scale)
         return rows_as_heads(o, 1)[:, 0].to(q.dtype)
