@@ -3,7 +3,7 @@
     python tools/step_profile.py [--steps 64] [--rounds 3] [--greedy] [--context 128] [--cprofile]
 
 Drives the real AR engine over one Orpheus request (bench preset, generated checkpoint) on the
-device thread, as ``mstar_ros.bench.step_overhead`` does, with ``time.perf_counter`` around each
+device thread, as ``mstar_ros.bench.step_overhead`` does, with ``time.thread_time`` around each
 part of a step (wrapped from outside: nothing in the engine changes):
 
 - schedule: the scheduler's batch (KV blocks appended);
@@ -14,7 +14,8 @@ part of a step (wrapped from outside: nothing in the engine changes):
 - sample: the sampler (penalty, temperature, top-p, the draw);
 - rest: replies, tokens fed back, bookkeeping (the step minus all of the above).
 
-Prints the median per step of each, over ``rounds`` of ``steps`` steps. ``--cprofile`` also prints
+Thread CPU time, not wall: robust to other processes on the shared cores (complete with one intra-op
+thread, OMP_NUM_THREADS=1). Prints the median per step of each, over ``rounds`` of ``steps`` steps. ``--cprofile`` also prints
 cProfile's top functions for one round (its overhead inflates the Python parts).
 """
 
@@ -39,11 +40,11 @@ SECTIONS = ("schedule", "pack + plan", "forward", "lm head", "sample", "rest")
 
 def _timed(spent: dict[str, float], name: str, fn: Callable) -> Callable:
     def wrapper(*args, **kwargs):
-        started = time.perf_counter()
+        started = time.thread_time()
         try:
             return fn(*args, **kwargs)
         finally:
-            spent[name] += time.perf_counter() - started
+            spent[name] += time.thread_time() - started
 
     return wrapper
 
@@ -70,7 +71,9 @@ def profile(steps: int, rounds: int, context: int, greedy: bool, use_cprofile: b
             profiler = cProfile.Profile() if use_cprofile and r == rounds - 1 else None
             if profiler is not None:
                 profiler.enable()
-            total = sum(driver.decode(prompt, WARMUP_STEPS, steps, sampling, before_timed=spent.clear))
+            total = sum(
+                cpu for _, cpu in driver.decode(prompt, WARMUP_STEPS, steps, sampling, before_timed=spent.clear)
+            )
             if profiler is not None:
                 profiler.disable()
                 pstats.Stats(profiler).sort_stats("tottime").print_stats(30)

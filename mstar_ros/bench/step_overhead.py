@@ -124,15 +124,15 @@ class EngineDriver:
         steps: int,
         sampling: SamplingParams,
         before_timed: Callable[[], None] | None = None,
-    ) -> list[float]:
-        """Prefills ``prompt`` (untimed), then returns the wall seconds of each of ``steps`` decode steps.
+    ) -> list[tuple[float, float]]:
+        """Prefills ``prompt`` (untimed), then returns (wall, CPU) seconds of each of ``steps`` decode steps.
         ``before_timed``: called once the prefill and warm-up steps are done (a profiler's reset)."""
         self.begin(prompt, 1 + warmup + steps, sampling)
         for _ in range(warmup):
             self.step()
         if before_timed is not None:
             before_timed()
-        times = [self.step()[0] for _ in range(steps)]
+        times = [self.step() for _ in range(steps)]
         self.end()
         return times
 
