@@ -12,7 +12,10 @@ part of a step (wrapped from outside: nothing in the engine changes):
 - forward: the module's forward;
 - lm head: ``compute_logits`` over the restricted vocabulary (the model's work);
 - sample: the sampler (penalty, temperature, top-p, the draw);
-- rest: replies, tokens fed back, bookkeeping (the step minus all of the above).
+- rest: replies, tokens fed back, bookkeeping (the step minus all of the above);
+
+and, after each round, the bare forward of ``mstar_ros.bench.step_overhead`` (static KV, one token,
+then the LM head) for comparison.
 
 Thread CPU time, not wall: robust to other processes on the shared cores (complete with one intra-op
 thread, OMP_NUM_THREADS=1). Prints the median per step of each, over ``rounds`` of ``steps`` steps. ``--cprofile`` also prints
@@ -32,8 +35,16 @@ from collections.abc import Callable
 import torch
 
 from mstar.engine.device_loop import run_on_device
+from mstar.layers.vocab_constraint import union_vocab
 from mstar.sampling_params import SamplingParams
-from mstar_ros.bench.step_overhead import WARMUP_STEPS, EngineDriver, engine_config, load_llm
+from mstar_ros.bench.step_overhead import (
+    WARMUP_STEPS,
+    BareForward,
+    EngineDriver,
+    StaticKVAttention,
+    engine_config,
+    load_llm,
+)
 
 SECTIONS = ("schedule", "pack + plan", "forward", "lm head", "sample", "rest")
 
@@ -64,6 +75,17 @@ def profile(steps: int, rounds: int, context: int, greedy: bool, use_cprofile: b
     core.sampler.sample = _timed(spent, "sample", core.sampler.sample)
     sampling = SamplingParams(max_tokens=steps + WARMUP_STEPS + 2) if greedy else DEFAULT_SAMPLING
     prompt = [(7 * i) % 512 for i in range(context)]
+    spec = module.kv_spec()
+    attn = StaticKVAttention(
+        spec.num_layers,
+        spec.num_kv_heads,
+        spec.head_dim,
+        context + steps + 1,
+        core.cache.dtype,
+        getattr(core.backend, "compute_dtype", None),
+        core.device,
+    )
+    bare = BareForward(module, attn, union_vocab([module.allowed_token_ranges(1)], core.device))
     per_round: list[dict[str, float]] = []
     with torch.inference_mode():
         driver.decode(prompt, WARMUP_STEPS, steps, sampling)  # warm-up round
@@ -78,7 +100,12 @@ def profile(steps: int, rounds: int, context: int, greedy: bool, use_cprofile: b
                 profiler.disable()
                 pstats.Stats(profiler).sort_stats("tottime").print_stats(30)
             per_round.append(_sections(spent, total, steps))
-    return {name: statistics.median(r[name] for r in per_round) for name in (*SECTIONS, "step")}
+            # the bare forward after each round (its calls pass the wrappers too: counted, then cleared)
+            per_round[-1]["bare forward + lm head"] = statistics.median(
+                1000 * bare.step(context + i)[1] for i in range(steps)
+            )
+    names = (*SECTIONS, "step", "bare forward + lm head")
+    return {name: statistics.median(r[name] for r in per_round) for name in names}
 
 
 def _sections(spent: dict[str, float], total: float, steps: int) -> dict[str, float]:

@@ -78,9 +78,9 @@ class StaticKVAttention:
 class EngineDriver:
     """The AR engine stepped on the calling thread, one request at a time."""
 
-    def __init__(self, module: torch.nn.Module, config: EngineConfig) -> None:
+    def __init__(self, module: torch.nn.Module, config: EngineConfig, device: str = "cpu") -> None:
         self.store = InProcessTensorStore()
-        self.engine = AREngine(module, ["llm"], self.store, config)
+        self.engine = AREngine(module, ["llm"], self.store, config, device=device)
         self.replies: list[NodeOutput] = []
         self.calls = 0
 
@@ -192,13 +192,14 @@ def _measure(
     rounds: int,
     preset: str,
     greedy: bool,
+    device: str,
 ) -> dict:
     from mstar_graphs.orpheus.frontend import DEFAULT_SAMPLING
 
     llm, path = load_llm(model_dir, preset)
     max_len = context + 1 + WARMUP_STEPS + steps + 1
     config = engine_config(dtype, quantization, blocks=2 * (max_len // 16 + 2))
-    driver = EngineDriver(llm, config)
+    driver = EngineDriver(llm, config, device)
     core = driver.engine.core
     module = core.module  # as the engine made it: dtype, packed linears, quantization
     spec = module.kv_spec()
@@ -253,6 +254,7 @@ def _measure(
         "threads": torch.get_num_threads(),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "model_dir": str(path),
+        "device": str(core.device),
     }
 
 
@@ -266,6 +268,7 @@ def measure_step_overhead(
     rounds: int = 5,
     preset: str = "bench",
     greedy: bool = False,
+    device: str = "cpu",
 ) -> dict:
     """Engine decode step vs bare forward of the Orpheus LLM at B=1, interleaved, on the device thread.
 
@@ -273,10 +276,11 @@ def measure_step_overhead(
     Returns {"engine_step_ms", "bare_forward_ms", "step_overhead_b1", ...} (medians over ``rounds``
     of each side's mean ms per token over ``steps`` decode steps after a warm-up, at ``context``
     tokens of prompt). ``greedy``: greedy sampling instead of Orpheus's default nucleus sampling.
+    ``device``: where the engine (and so the bare forward) runs; timings synchronize a CUDA device.
     """
     if steps < 1 or context < 1 or rounds < 1:
         raise ValueError(f"steps, context and rounds must be >= 1, got {steps}, {context}, {rounds}")
-    return run_on_device(_measure, model_dir, dtype, quantization, steps, context, rounds, preset, greedy)
+    return run_on_device(_measure, model_dir, dtype, quantization, steps, context, rounds, preset, greedy, device)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -289,6 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--context", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--greedy", action="store_true")
+    parser.add_argument("--device", default="cpu")
     args = parser.parse_args(argv)
     result = measure_step_overhead(
         args.weights,
@@ -299,6 +304,7 @@ def main(argv: list[str] | None = None) -> int:
         rounds=args.rounds,
         preset=args.preset,
         greedy=args.greedy,
+        device=args.device,
     )
     print(json.dumps(result, indent=2))
     return 0
