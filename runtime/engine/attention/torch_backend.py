@@ -285,8 +285,9 @@ class TorchAttentionBackend(AttentionBackend):
     ) -> torch.Tensor:
         B, Hq, D = q.shape
         Hkv = kc.shape[1]
-        # GQA without repeating K/V: a single query sees every key, so its heads run as rows.
-        qd = heads_as_rows(q.to(cdt)[:, None], Hkv)  # [B, Hkv, G, D]
+        # GQA without repeating K/V: a single query sees every key, so its heads run as rows
+        # (heads_as_rows of one query row is a plain view: [B, Hq, D] -> [B, Hkv, G, D])
+        qd = q.to(cdt).reshape(B, Hkv, Hq // Hkv, D)
         if dec.slots is None:  # the same keys as gathering their slots, read in place
             ks = kc[dec.key_start : dec.key_start + dec.max_len]
             vs = vc[dec.key_start : dec.key_start + dec.max_len]
@@ -295,4 +296,4 @@ class TorchAttentionBackend(AttentionBackend):
         ks = ks.to(cdt).view(B, dec.max_len, Hkv, D).transpose(1, 2)
         vs = vs.to(cdt).view(B, dec.max_len, Hkv, D).transpose(1, 2)
         o = F.scaled_dot_product_attention(qd, ks, vs, attn_mask=dec.key_mask, scale=scale)
-        return rows_as_heads(o, 1)[:, 0].to(q.dtype)
+        return o.reshape(B, Hq, D).to(q.dtype)  # rows_as_heads of one query row
