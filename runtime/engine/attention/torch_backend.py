@@ -25,6 +25,17 @@ def key_slots(seq: SeqAttention, block_size: int, length: int | None = None) -> 
     return blocks[j // block_size] * block_size + j % block_size
 
 
+def batch_key_slots(seqs: list[SeqAttention], block_size: int, length: int) -> torch.Tensor:
+    """``key_slots(s, block_size, length)`` of every sequence, concatenated ([len(seqs) * length]), with a
+    few tensor ops for the whole batch instead of several per sequence."""
+    pages = -(-length // block_size)
+    tables = [s.block_table[:pages] for s in seqs]
+    table = torch.tensor([t + [0] * (pages - len(t)) for t in tables], dtype=torch.int64)  # padding never read
+    last = torch.tensor([s.context_len - 1 for s in seqs], dtype=torch.int64)
+    j = torch.arange(length, dtype=torch.int64).expand(len(seqs), -1).minimum(last[:, None])
+    return (table.gather(1, j // block_size) * block_size + j % block_size).reshape(-1)
+
+
 def build_mask(seq: SeqAttention) -> torch.Tensor:
     """[query_len, context_len] bool, True where the query may attend (absolute positions)."""
     first = seq.first_position
@@ -125,7 +136,7 @@ def _decode_plan(decode: list[SeqAttention], bs: int, dev: torch.device) -> _Dec
         start = contiguous_key_start(decode[0], bs)
         if start is not None:
             return _DecodePlan(None, decode[0].query_start, 1, max_len, None, None, key_start=start)
-    slots = torch.cat([key_slots(s, bs, max_len) for s in decode]).to(dev)
+    slots = batch_key_slots(decode, bs, max_len).to(dev)
     key_mask = None
     if min(lens) != max_len:
         key_mask = (

@@ -4,7 +4,12 @@ import pytest
 import torch
 
 from mstar.engine.attention.metadata import AttentionMetadata, MaskKind, SeqAttention
-from mstar.engine.attention.torch_backend import TorchAttentionBackend, contiguous_key_start
+from mstar.engine.attention.torch_backend import (
+    TorchAttentionBackend,
+    batch_key_slots,
+    contiguous_key_start,
+    key_slots,
+)
 from mstar.engine.kv_cache import KVSpec, PagedKVCache
 from support.attention_cases import BS, run_case
 
@@ -195,3 +200,13 @@ def test_lone_decode_reads_consecutive_blocks_in_place_with_the_same_result():
     assert contiguous_key_start(SeqAttention(0, 1, 21, consecutive), BS) == 5 * BS
     assert contiguous_key_start(SeqAttention(0, 1, 21, scattered), BS) is None
     assert torch.equal(_lone_decode(consecutive), _lone_decode(scattered))  # bitwise: the same keys and math
+
+
+def test_batch_key_slots_are_each_sequences_key_slots():
+    seqs = [
+        SeqAttention(0, 1, 21, [11, 2, 7, 14, 9, 4, 3]),  # more blocks than its keys need
+        SeqAttention(1, 1, 5, [8, 1]),
+        SeqAttention(2, 1, 1, [6]),
+    ]
+    expected = torch.cat([key_slots(s, BS, 21) for s in seqs])
+    assert torch.equal(batch_key_slots(seqs, BS, 21), expected)
