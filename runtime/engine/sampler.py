@@ -7,6 +7,8 @@ temperature, top-k, top-p).
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import torch
 
 from mstar.sampling_params import SamplingParams
@@ -102,14 +104,28 @@ class Sampler:
         return [int(torch.multinomial(probs[j], 1, generator=generators[i])[0]) for j, i in enumerate(members)]
 
 
+@dataclass
+class _SeenColumns:
+    """The columns of one vocabulary that one history's first ``consumed`` tokens fall in."""
+
+    history: list[int]
+    vocab: torch.Tensor
+    consumed: int = 0
+    columns: set[int] = field(default_factory=set)
+
+
 class VocabColumns:
     """Column <-> token id of restricted vocabularies, kept per vocabulary tensor (the engine reuses a
     few: mstar.layers.vocab_constraint caches them), so a step converts ids in Python, not with
-    tensor ops."""
+    tensor ops; and the columns a history has seen, kept per (history, vocabulary) and brought up to
+    date with the tokens appended since (a sequence's history only grows: the engine appends to it,
+    a fork or a handoff copies it), so a step reads only its new tokens."""
 
-    def __init__(self, max_kept: int = 64) -> None:
+    def __init__(self, max_kept: int = 64, max_histories: int = 1024) -> None:
         self._kept: dict[int, tuple[torch.Tensor, list[int], dict[int, int]]] = {}
         self._max_kept = max_kept
+        self._seen: dict[tuple[int, int], _SeenColumns] = {}
+        self._max_histories = max_histories
 
     def _entry(self, vocab: torch.Tensor) -> tuple[torch.Tensor, list[int], dict[int, int]]:
         entry = self._kept.get(id(vocab))
@@ -128,6 +144,17 @@ class VocabColumns:
         """Columns of the logits that hold tokens already seen (as :func:`history_columns`)."""
         if vocab is None:
             return history_columns(history, None, device)
+        key = (id(history), id(vocab))
+        seen = self._seen.get(key)
+        # entries hold their list and tensor (ids not reused); a shorter history is another one
+        if seen is None or seen.history is not history or seen.vocab is not vocab or seen.consumed > len(history):
+            if len(self._seen) >= self._max_histories:
+                self._seen.clear()
+            seen = self._seen[key] = _SeenColumns(history, vocab)
         col_of = self._entry(vocab)[2]
-        seen = sorted(col_of[t] for t in set(history) if t in col_of)
-        return torch.tensor(seen, dtype=torch.long, device=device)
+        for token in history[seen.consumed :]:
+            col = col_of.get(token)
+            if col is not None:
+                seen.columns.add(col)
+        seen.consumed = len(history)
+        return torch.tensor(sorted(seen.columns), dtype=torch.long, device=device)

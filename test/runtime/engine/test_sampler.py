@@ -259,6 +259,10 @@ def test_vocab_columns_match_history_columns():
             == history_columns(history, vocab, torch.device("cpu")).tolist()
         )
     assert columns.ids(vocab, [0, 5, 3]) == [3, 13, 9]
+    history.extend([5, 12, 1000])  # a history grows: only its new tokens are read, the columns stay right
+    assert columns.columns(history, vocab, torch.device("cpu")).tolist() == [0, 1, 2, 4, 5]
+    shorter = history[:2]  # another list (a fork's copy): its own columns
+    assert columns.columns(shorter, vocab, torch.device("cpu")).tolist() == [1, 5]
     for n in range(4):  # past max_kept: still right
         other = torch.arange(n, n + 3)
         assert columns.ids(other, [2]) == [n + 2]
