@@ -5,8 +5,10 @@ sampling, replies) driven step by step on the device thread, decoding one Orpheu
 bare side is the same module object (same dtype, packing and quantization the engine gave it) run
 on one token against a static, preallocated, contiguous KV cache of the same context length,
 followed by the LM head over the same restricted vocabulary: the model's own work and nothing
-else. Both run in the same process, on the same thread, in interleaved rounds; each side's figure
-is the median over rounds of its mean ms per token, and the ratio is taken between those medians.
+else. Both run in the same process, on the same thread, interleaved step by step; each side's
+figure is the median over rounds of its mean ms per token, and the ratio is taken between those
+medians. Wall and this thread's CPU time are both reported: the CPU time is robust to other
+processes on shared cores, and complete with one intra-op thread.
 
 What the ratio does not include: waking the device thread between steps and the Conductor's
 round trip (an engine-resident Loop has none per token).
