@@ -37,14 +37,9 @@ import torch
 from mstar.engine.device_loop import run_on_device
 from mstar.layers.vocab_constraint import union_vocab
 from mstar.sampling_params import SamplingParams
-from mstar_ros.bench.step_overhead import (
-    WARMUP_STEPS,
-    BareForward,
-    EngineDriver,
-    StaticKVAttention,
-    engine_config,
-    load_llm,
-)
+from mstar_ros.bench.bare_forward import BareForward, StaticKVAttention
+from mstar_ros.bench.engine_driver import EngineDriver
+from mstar_ros.bench.step_overhead import WARMUP_STEPS, engine_config, load_llm
 
 SECTIONS = ("schedule", "pack + plan", "forward", "lm head", "sample", "rest")
 

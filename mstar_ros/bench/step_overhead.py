@@ -10,6 +10,7 @@ figure is the median over rounds of its mean ms per token, and the ratio is take
 medians. Wall and this thread's CPU time are both reported: the CPU time is robust to other
 processes on shared cores, and complete with one intra-op thread.
 
+The two sides: ``mstar_ros.bench.engine_driver`` and ``mstar_ros.bench.bare_forward``.
 What the ratio does not include: waking the device thread between steps and the Conductor's
 round trip (an engine-resident Loop has none per token).
 """
@@ -19,150 +20,20 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import msgspec
 import torch
-import torch.nn.functional as F
 
-from mstar.engine.ar_engine import AREngine
 from mstar.engine.config import EngineConfig
 from mstar.engine.device_loop import run_on_device
-from mstar.engine.messages import ExecuteNode, LoopSpec, NodeOutput, ReleaseRequest
 from mstar.layers.vocab_constraint import union_vocab
 from mstar.sampling_params import SamplingParams
-from mstar.transport.inprocess import InProcessTensorStore
+from mstar_ros.bench.bare_forward import BareForward, StaticKVAttention
+from mstar_ros.bench.engine_driver import EngineDriver
 
 WARMUP_STEPS = 4
-AUDIO_TOKEN = 128266  # the first SNAC code: a bare forward's input (any id does the same work)
 PROMPT_SEED = 1234
-
-
-class StaticKVAttention:
-    """The attention a bare forward calls: one sequence's K/V in contiguous preallocated buffers.
-
-    ``length`` is the number of cached tokens after the step's token is written (set before each
-    forward). Scores run in ``compute_dtype`` like the engine's CPU backend (bf16 SDPA is slow on CPU).
-    """
-
-    def __init__(
-        self,
-        layers: int,
-        kv_heads: int,
-        head_dim: int,
-        max_len: int,
-        dtype: torch.dtype,
-        compute_dtype: torch.dtype | None,
-        device: torch.device,
-    ) -> None:
-        shape = (layers, kv_heads, max_len, head_dim)
-        gen = torch.Generator().manual_seed(0)  # finite, nonzero keys: the same work as real ones
-        self.k = (0.1 * torch.randn(shape, generator=gen)).to(dtype=dtype, device=device)
-        self.v = (0.1 * torch.randn(shape, generator=gen)).to(dtype=dtype, device=device)
-        self.compute_dtype = compute_dtype
-        self.length = 1
-
-    def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
-        n = self.length
-        self.k[layer, :, n - 1] = k[0]
-        self.v[layer, :, n - 1] = v[0]
-        hkv, hq, d = self.k.shape[1], q.shape[1], q.shape[2]
-        cdt = self.compute_dtype or q.dtype
-        keys = self.k[layer, :, :n].to(cdt)[None]  # [1, Hkv, n, D]
-        values = self.v[layer, :, :n].to(cdt)[None]
-        # one query: its G heads per KV head run as G rows of that head (no K/V repeat)
-        out = F.scaled_dot_product_attention(q.to(cdt).view(1, hkv, hq // hkv, d), keys, values, scale=scale)
-        return out.reshape(1, hq, d).to(q.dtype)
-
-
-class EngineDriver:
-    """The AR engine stepped on the calling thread, one request at a time."""
-
-    def __init__(self, module: torch.nn.Module, config: EngineConfig, device: str = "cpu") -> None:
-        self.store = InProcessTensorStore()
-        self.engine = AREngine(module, ["llm"], self.store, config, device=device)
-        self.replies: list[NodeOutput] = []
-        self.calls = 0
-
-    def begin(self, prompt: list[int], iterations: int, sampling: SamplingParams) -> None:
-        """Submits a request decoding ``iterations`` tokens after ``prompt`` and runs its prefill."""
-        self.calls += 1
-        request_id = f"r{self.calls}"
-        msg = ExecuteNode(
-            call_id=self.calls,
-            request_id=request_id,
-            node="llm",
-            inputs={"input_ids": self.store.put(torch.tensor(prompt, dtype=torch.long), owner=request_id)},
-            seed=self.calls,
-            sampling=sampling,
-            loop=LoopSpec(max_iters=iterations),
-        )
-        self.engine.submit(msg, self.replies.append)
-        self.engine.poll()
-        self.engine.step()
-
-    def step(self) -> tuple[float, float]:
-        """One engine step: (wall, this thread's CPU) seconds."""
-        wall, cpu = time.perf_counter(), time.thread_time()
-        self.engine.step()
-        _sync(self.engine.core.device)
-        return time.perf_counter() - wall, time.thread_time() - cpu
-
-    def end(self) -> None:
-        """Checks the request finished cleanly and lets it go."""
-        final = self.replies[-1]
-        if not final.final or final.error:
-            raise RuntimeError(f"the engine's decode did not finish cleanly: {final}")
-        self.engine._post(ReleaseRequest(f"r{self.calls}"))
-        self.engine.poll()
-        self.replies.clear()
-
-    def decode(
-        self,
-        prompt: list[int],
-        warmup: int,
-        steps: int,
-        sampling: SamplingParams,
-        before_timed: Callable[[], None] | None = None,
-    ) -> list[tuple[float, float]]:
-        """Prefills ``prompt`` (untimed), then returns (wall, CPU) seconds of each of ``steps`` decode steps.
-        ``before_timed``: called once the prefill and warm-up steps are done (a profiler's reset)."""
-        self.begin(prompt, 1 + warmup + steps, sampling)
-        for _ in range(warmup):
-            self.step()
-        if before_timed is not None:
-            before_timed()
-        times = [self.step() for _ in range(steps)]
-        self.end()
-        return times
-
-
-class BareForward:
-    """The module's forward on one token at a time against a :class:`StaticKVAttention`, then its LM head."""
-
-    def __init__(self, module, attn: StaticKVAttention, vocab: torch.Tensor | None) -> None:
-        self.module, self.attn, self.vocab = module, attn, vocab
-        device = attn.k.device
-        self.ids = torch.full((1,), AUDIO_TOKEN, dtype=torch.long, device=device)
-        self.pos = torch.zeros(1, dtype=torch.long, device=device)
-
-    def step(self, position: int) -> tuple[float, float]:
-        """The token at ``position`` (``position`` tokens cached before it): (wall, this thread's CPU) seconds."""
-        wall, cpu = time.perf_counter(), time.thread_time()
-        self.pos.fill_(position)
-        self.attn.length = position + 1
-        hidden = self.module(self.ids, self.pos, self.attn)
-        logits = self.module.compute_logits(hidden, self.vocab)
-        self.ids.fill_(AUDIO_TOKEN + int(logits.argmax()))  # the LM head's result is read, as sampling does
-        _sync(self.attn.k.device)
-        return time.perf_counter() - wall, time.thread_time() - cpu
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def engine_config(dtype: str, quantization: str, blocks: int) -> EngineConfig:

@@ -5,7 +5,8 @@ The ratio is reported, not bounded (timings on the shared 2-core machines swing 
 import torch
 import torch.nn.functional as F
 
-from mstar_ros.bench.step_overhead import StaticKVAttention, measure_step_overhead
+from mstar_ros.bench.bare_forward import StaticKVAttention
+from mstar_ros.bench.step_overhead import measure_step_overhead
 
 
 def test_static_kv_attention_is_dense_attention_over_the_cached_keys():
