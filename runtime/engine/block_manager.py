@@ -108,10 +108,17 @@ class BlockManager:
             raise IndexError(f"slot range [{start}, {end}) outside the table's {table.num_tokens} tokens")
         bs = self.block_size
         if end - start <= 8:  # decode: plain Python beats building tensors
-            return torch.tensor([table.blocks[i // bs] * bs + i % bs for i in range(start, end)], dtype=torch.int64)
+            return torch.tensor(self.slots(table, start, end), dtype=torch.int64)
         idx = torch.arange(start, end, dtype=torch.int64)
         blocks = torch.tensor(table.blocks, dtype=torch.int64)
         return blocks[idx // bs] * bs + idx % bs
+
+    def slots(self, table: BlockTable, start: int, end: int) -> list[int]:
+        """:meth:`slot_mapping` as a list (a few decode tokens: no tensor per sequence)."""
+        if not 0 <= start <= end <= table.num_tokens:
+            raise IndexError(f"slot range [{start}, {end}) outside the table's {table.num_tokens} tokens")
+        bs, blocks = self.block_size, table.blocks
+        return [blocks[i // bs] * bs + i % bs for i in range(start, end)]
 
     # ---- sharing and release ------------------------------------------------------
 

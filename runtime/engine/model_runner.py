@@ -16,6 +16,8 @@ from mstar.engine.row_kinds import accepts_row_kinds, packed_row_kinds
 from mstar.engine.row_spans import spans_in
 from mstar.engine.scheduler import ScheduledSeq
 
+SHORT_CHUNK = 8  # tokens per sequence up to which a step's slots are packed as Python ints
+
 # a step before its forward: ids, positions, per-sequence attention, slot mapping (CPU),
 # embeds [T, W] | None, embed_mask [T] | None, rope_positions [axes, T] | None, row_kinds [T] | None
 PlanHook = Callable[
@@ -61,8 +63,12 @@ class ModelRunner:
         ids: list[int] = []
         positions: list[int] = []
         slots: list[torch.Tensor] = []
+        slot_list: list[int] = []
         seqs: list[SeqAttention] = []
         last_rows: list[int] = []
+        # decode steps (a few tokens per sequence): slots as Python ints, and ids, positions and slots
+        # leave as one tensor (one host-to-device copy)
+        short = all(item.num_tokens <= SHORT_CHUNK for item in batch)
         for item in batch:
             seq = item.seq
             first = seq.table.first_position
@@ -80,18 +86,27 @@ class ModelRunner:
             )
             ids.extend(seq.token_ids[item.start : item.end])
             positions.extend(range(first + item.start, first + item.end))
-            slots.append(self.blocks.slot_mapping(seq.table, item.start, item.end))
+            if short:
+                slot_list.extend(self.blocks.slots(seq.table, item.start, item.end))
+            else:
+                slots.append(self.blocks.slot_mapping(seq.table, item.start, item.end))
             last_rows.append(len(ids) - 1)
         embeds, embed_mask = self._embeds(batch)
         rope = packed_rope_positions(batch)
-        slot_mapping = torch.cat(slots)
         kinds = packed_row_kinds(batch) if accepts_row_kinds(self.module) else None
+        if short:
+            packed = torch.tensor([ids, positions, slot_list], dtype=torch.long)
+            slot_mapping = packed[2]
+            input_ids, pos, device_slots = packed.to(self.device).unbind(0)
+        else:
+            slot_mapping = torch.cat(slots)
+            input_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
+            pos = torch.tensor(positions, dtype=torch.long, device=self.device)
+            device_slots = slot_mapping.to(self.device)
         if self.plan_hook is not None:
             self.plan_hook(ids, positions, seqs, slot_mapping, embeds, embed_mask, rope, kinds)
-        meta = AttentionMetadata(seqs=seqs, slot_mapping=slot_mapping.to(self.device))
+        meta = AttentionMetadata(seqs=seqs, slot_mapping=device_slots)
         self.backend.plan(meta)
-        input_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
-        pos = torch.tensor(positions, dtype=torch.long, device=self.device)
         started = time.perf_counter()
         extra: dict = {} if embeds is None else {"embeds": embeds, "embed_mask": embed_mask}
         if rope is not None:

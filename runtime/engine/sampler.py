@@ -7,6 +7,8 @@ temperature, top-k, top-p).
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import torch
 
 from mstar.sampling_params import SamplingParams
@@ -20,15 +22,17 @@ def apply_repetition_penalty(row: torch.Tensor, columns: torch.Tensor, penalty: 
 
 
 def filter_top_k_top_p(row: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
-    if 0 < top_k < row.numel():
-        kth = torch.topk(row, top_k).values[-1]
+    """Top-k, then top-p, over the last axis: one row [K] or a batch of rows [B, K] (each row the
+    same ops as alone: sort, softmax and cumsum act on each row independently)."""
+    if 0 < top_k < row.shape[-1]:
+        kth = torch.topk(row, top_k).values[..., -1:]
         row = row.masked_fill(row < kth, float("-inf"))
     if top_p < 1.0:
         sorted_logits, order = torch.sort(row)
         cumulative = torch.softmax(sorted_logits, dim=-1).cumsum(-1)
         remove = cumulative <= (1.0 - top_p)
-        remove[-1] = False  # always keep the most likely token
-        row = row.masked_fill(remove.scatter(0, order, remove), float("-inf"))
+        remove[..., -1] = False  # always keep the most likely token
+        row = row.masked_fill(remove.scatter(-1, order, remove), float("-inf"))
     return row
 
 
@@ -42,6 +46,13 @@ def history_columns(history: list[int], vocab: torch.Tensor | None, device: torc
 
 
 class Sampler:
+    """One call samples a step's rows: argmax for an all-greedy batch; otherwise rows sharing their
+    sampling settings go through temperature, top-k and top-p together, and only the repetition
+    penalty (each row's own history) and the draw (each row's own generator) are per row."""
+
+    def __init__(self) -> None:
+        self._vocabs = VocabColumns()
+
     def sample(
         self,
         logits: torch.Tensor,
@@ -51,21 +62,99 @@ class Sampler:
         generators: list[torch.Generator | None],
     ) -> list[int]:
         """logits [B, K] float32 (already masked) -> one token id per row."""
-        plain = all(p.greedy and p.repetition_penalty == 1.0 for p in params)
-        if plain:
-            cols = logits.argmax(dim=-1)
+        if all(p.greedy and p.repetition_penalty == 1.0 for p in params):
+            cols = logits.argmax(dim=-1).tolist()
         else:
-            cols = torch.empty(len(params), dtype=torch.long, device=logits.device)
+            cols = [0] * len(params)
+            groups: dict[tuple[float, int, float, float], list[int]] = {}
             for i, p in enumerate(params):
-                row = logits[i].clone()
-                apply_repetition_penalty(row, history_columns(histories[i], vocab, row.device), p.repetition_penalty)
-                if p.greedy:
-                    cols[i] = row.argmax()
-                    continue
-                row = filter_top_k_top_p(row / p.temperature, p.top_k, p.top_p)
-                # drawn on the CPU: the per-request generator lives there (and a seed gives the same
-                # tokens whatever device computed the logits)
-                probs = torch.softmax(row, dim=-1).cpu()
-                cols[i] = torch.multinomial(probs, 1, generator=generators[i])[0]
-        tokens = cols if vocab is None else vocab[cols]
-        return tokens.tolist()
+                groups.setdefault((p.temperature, p.top_k, p.top_p, p.repetition_penalty), []).append(i)
+            for (temperature, top_k, top_p, penalty), members in groups.items():
+                picked = self._sample_group(
+                    logits, vocab, members, temperature, top_k, top_p, penalty, histories, generators
+                )
+                for i, col in zip(members, picked):
+                    cols[i] = col
+        return cols if vocab is None else self._vocabs.ids(vocab, cols)
+
+    def _sample_group(
+        self,
+        logits: torch.Tensor,
+        vocab: torch.Tensor | None,
+        members: list[int],
+        temperature: float,
+        top_k: int,
+        top_p: float,
+        penalty: float,
+        histories: list[list[int]],
+        generators: list[torch.Generator | None],
+    ) -> list[int]:
+        # a copy of the group's rows: the caller's logits stay as they were
+        rows = logits.clone() if len(members) == logits.shape[0] else logits[members]
+        if penalty != 1.0:
+            for j, i in enumerate(members):
+                columns = self._vocabs.columns(histories[i], vocab, rows.device)
+                apply_repetition_penalty(rows[j], columns, penalty)
+        if temperature == 0.0:
+            return rows.argmax(dim=-1).tolist()
+        rows = filter_top_k_top_p(rows / temperature, top_k, top_p)
+        # drawn on the CPU, one row at a time: each request's generator lives there (and a seed gives
+        # the same tokens whatever device computed the logits, whoever shares the batch)
+        probs = torch.softmax(rows, dim=-1).cpu()
+        return [int(torch.multinomial(probs[j], 1, generator=generators[i])[0]) for j, i in enumerate(members)]
+
+
+@dataclass
+class _SeenColumns:
+    """The columns of one vocabulary that one history's first ``consumed`` tokens fall in."""
+
+    history: list[int]
+    vocab: torch.Tensor
+    consumed: int = 0
+    columns: set[int] = field(default_factory=set)
+
+
+class VocabColumns:
+    """Column <-> token id of restricted vocabularies, kept per vocabulary tensor (the engine reuses a
+    few: mstar.layers.vocab_constraint caches them), so a step converts ids in Python, not with
+    tensor ops; and the columns a history has seen, kept per (history, vocabulary) and brought up to
+    date with the tokens appended since (a sequence's history only grows: the engine appends to it,
+    a fork or a handoff copies it), so a step reads only its new tokens."""
+
+    def __init__(self, max_kept: int = 64, max_histories: int = 1024) -> None:
+        self._kept: dict[int, tuple[torch.Tensor, list[int], dict[int, int]]] = {}
+        self._max_kept = max_kept
+        self._seen: dict[tuple[int, int], _SeenColumns] = {}
+        self._max_histories = max_histories
+
+    def _entry(self, vocab: torch.Tensor) -> tuple[torch.Tensor, list[int], dict[int, int]]:
+        entry = self._kept.get(id(vocab))
+        if entry is None or entry[0] is not vocab:  # the entry holds its tensor: its id is not reused
+            if len(self._kept) >= self._max_kept:
+                self._kept.clear()
+            ids = vocab.tolist()
+            entry = self._kept[id(vocab)] = (vocab, ids, {token: col for col, token in enumerate(ids)})
+        return entry
+
+    def ids(self, vocab: torch.Tensor, cols: list[int]) -> list[int]:
+        ids = self._entry(vocab)[1]
+        return [ids[c] for c in cols]
+
+    def columns(self, history: list[int], vocab: torch.Tensor | None, device: torch.device) -> torch.Tensor:
+        """Columns of the logits that hold tokens already seen (as :func:`history_columns`)."""
+        if vocab is None:
+            return history_columns(history, None, device)
+        key = (id(history), id(vocab))
+        seen = self._seen.get(key)
+        # entries hold their list and tensor (ids not reused); a shorter history is another one
+        if seen is None or seen.history is not history or seen.vocab is not vocab or seen.consumed > len(history):
+            if len(self._seen) >= self._max_histories:
+                self._seen.clear()
+            seen = self._seen[key] = _SeenColumns(history, vocab)
+        col_of = self._entry(vocab)[2]
+        for token in history[seen.consumed :]:
+            col = col_of.get(token)
+            if col is not None:
+                seen.columns.add(col)
+        seen.consumed = len(history)
+        return torch.tensor(sorted(seen.columns), dtype=torch.long, device=device)

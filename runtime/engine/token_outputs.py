@@ -59,7 +59,10 @@ def _sample(core: EngineCore, seqs: list[Sequence], hidden: torch.Tensor, rows: 
         if core.tp_leader is not None:  # followers take part in the sharded LM head
             core.tp_leader.logits_plan(group_rows, vocab)
         # every row of the group allows exactly ``vocab``: nothing to mask
-        logits = module.compute_logits(hidden[group_rows], vocab).float()
+        # every row of the step, in order: the rows themselves (the gather would copy them unchanged)
+        every_row = hidden.is_contiguous() and group_rows == list(range(hidden.shape[0]))
+        rows_in = hidden if every_row else hidden[group_rows]
+        logits = module.compute_logits(rows_in, vocab).float()
         picked = core.sampler.sample(
             logits,
             vocab,

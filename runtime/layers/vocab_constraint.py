@@ -13,6 +13,11 @@ from functools import lru_cache
 import torch
 
 TokenRanges = list[tuple[int, int]]
+MAX_RUNS = 8
+# runs of union_vocab's tensors (never changed once made), by id; the entry holds its tensor, so the id
+# is not reused: the engine passes one of a few such tensors each step, and finding runs takes tensor ops
+_KNOWN_RUNS: dict[int, tuple[torch.Tensor, list[tuple[int, int]] | None]] = {}
+_KNOWN_RUNS_KEPT = 256
 
 
 def union_vocab(per_row: list[TokenRanges | None], device: torch.device) -> torch.Tensor | None:
@@ -26,15 +31,25 @@ def union_vocab(per_row: list[TokenRanges | None], device: torch.device) -> torc
 @lru_cache(maxsize=128)
 def _union(spans: tuple[tuple[int, int], ...], device: str) -> torch.Tensor:
     # cached: a constrained model cycles through a few span sets (Orpheus: 7 slots)
-    ids = torch.cat([torch.arange(lo, hi) for lo, hi in spans])
-    return torch.unique(ids).to(device)
+    ids = torch.unique(torch.cat([torch.arange(lo, hi) for lo, hi in spans])).to(device)
+    if len(_KNOWN_RUNS) >= _KNOWN_RUNS_KEPT:  # union tensors evicted from the lru cache: start afresh
+        _KNOWN_RUNS.clear()
+    _KNOWN_RUNS[id(ids)] = (ids, _find_runs(ids, MAX_RUNS))
+    return ids
 
 
-def contiguous_runs(ids: torch.Tensor, max_runs: int = 8) -> list[tuple[int, int]] | None:
+def contiguous_runs(ids: torch.Tensor, max_runs: int = MAX_RUNS) -> list[tuple[int, int]] | None:
     """Sorted ids as [start, end) runs, or None if there are more than ``max_runs`` of them.
 
     Lets an LM head read its restricted rows as views (no gather copy per step).
     """
+    known = _KNOWN_RUNS.get(id(ids)) if max_runs == MAX_RUNS else None
+    if known is not None and known[0] is ids:
+        return known[1]
+    return _find_runs(ids, max_runs)
+
+
+def _find_runs(ids: torch.Tensor, max_runs: int) -> list[tuple[int, int]] | None:
     if ids.numel() == 0:
         return []
     breaks = torch.nonzero(ids[1:] != ids[:-1] + 1).flatten()

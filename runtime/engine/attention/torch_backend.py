@@ -25,6 +25,17 @@ def key_slots(seq: SeqAttention, block_size: int, length: int | None = None) -> 
     return blocks[j // block_size] * block_size + j % block_size
 
 
+def batch_key_slots(seqs: list[SeqAttention], block_size: int, length: int) -> torch.Tensor:
+    """``key_slots(s, block_size, length)`` of every sequence, concatenated ([len(seqs) * length]), with a
+    few tensor ops for the whole batch instead of several per sequence."""
+    pages = -(-length // block_size)
+    tables = [s.block_table[:pages] for s in seqs]
+    table = torch.tensor([t + [0] * (pages - len(t)) for t in tables], dtype=torch.int64)  # padding never read
+    last = torch.tensor([s.context_len - 1 for s in seqs], dtype=torch.int64)
+    j = torch.arange(length, dtype=torch.int64).expand(len(seqs), -1).minimum(last[:, None])
+    return (table.gather(1, j // block_size) * block_size + j % block_size).reshape(-1)
+
+
 def build_mask(seq: SeqAttention) -> torch.Tensor:
     """[query_len, context_len] bool, True where the query may attend (absolute positions)."""
     first = seq.first_position
@@ -66,8 +77,9 @@ class _DecodePlan:
     row0: int
     batch: int
     max_len: int
-    slots: torch.Tensor  # [B * max_len] flat key slots (padding repeats a real slot)
+    slots: torch.Tensor | None  # [B * max_len] flat key slots (padding repeats a real slot); None: key_start
     key_mask: torch.Tensor | None  # [B, 1, 1, max_len] bool, None when every sequence has max_len keys
+    key_start: int | None = None  # one sequence whose keys are the slots [key_start, key_start + max_len)
 
 
 @dataclass
@@ -108,10 +120,23 @@ def _group(plans: list[_PrefillPlan], seqs: list[SeqAttention], bs: int, dev: to
     return _GroupPlan(starts, seqs[0].query_len, max_len, slots, None if mask is None else mask.to(dev), rows_alike)
 
 
+def contiguous_key_start(seq: SeqAttention, block_size: int) -> int | None:
+    """The first key slot when the sequence's keys fill consecutive slots (its blocks follow each other,
+    as a lone request's blocks usually do), else None."""
+    pages = -(-seq.context_len // block_size)
+    blocks = seq.block_table[:pages]
+    first = blocks[0]
+    return first * block_size if blocks == list(range(first, first + pages)) else None
+
+
 def _decode_plan(decode: list[SeqAttention], bs: int, dev: torch.device) -> _DecodePlan:
     lens = [s.context_len for s in decode]
     max_len = max(lens)
-    slots = torch.cat([key_slots(s, bs, max_len) for s in decode]).to(dev)
+    if len(decode) == 1:  # keys in consecutive slots are read as a slice of the cache, not gathered per layer
+        start = contiguous_key_start(decode[0], bs)
+        if start is not None:
+            return _DecodePlan(None, decode[0].query_start, 1, max_len, None, None, key_start=start)
+    slots = batch_key_slots(decode, bs, max_len).to(dev)
     key_mask = None
     if min(lens) != max_len:
         key_mask = (
@@ -271,9 +296,15 @@ class TorchAttentionBackend(AttentionBackend):
     ) -> torch.Tensor:
         B, Hq, D = q.shape
         Hkv = kc.shape[1]
-        # GQA without repeating K/V: a single query sees every key, so its heads run as rows.
-        qd = heads_as_rows(q.to(cdt)[:, None], Hkv)  # [B, Hkv, G, D]
-        ks = kc.index_select(0, dec.slots).to(cdt).view(B, dec.max_len, Hkv, D).transpose(1, 2)
-        vs = vc.index_select(0, dec.slots).to(cdt).view(B, dec.max_len, Hkv, D).transpose(1, 2)
+        # GQA without repeating K/V: a single query sees every key, so its heads run as rows
+        # (heads_as_rows of one query row is a plain view: [B, Hq, D] -> [B, Hkv, G, D])
+        qd = q.to(cdt).reshape(B, Hkv, Hq // Hkv, D)
+        if dec.slots is None:  # the same keys as gathering their slots, read in place
+            ks = kc[dec.key_start : dec.key_start + dec.max_len]
+            vs = vc[dec.key_start : dec.key_start + dec.max_len]
+        else:
+            ks, vs = kc.index_select(0, dec.slots), vc.index_select(0, dec.slots)
+        ks = ks.to(cdt).view(B, dec.max_len, Hkv, D).transpose(1, 2)
+        vs = vs.to(cdt).view(B, dec.max_len, Hkv, D).transpose(1, 2)
         o = F.scaled_dot_product_attention(qd, ks, vs, attn_mask=dec.key_mask, scale=scale)
-        return rows_as_heads(o, 1)[:, 0].to(q.dtype)
+        return o.reshape(B, Hq, D).to(q.dtype)  # rows_as_heads of one query row

@@ -148,3 +148,15 @@ def test_evict_front_shared_block_stays_with_other_owner():
     bm.free(a)
     bm.free(b)
     bm.assert_all_free()
+
+
+def test_slots_list_matches_slot_mapping():
+    bm = BlockManager(8, 4)
+    table = BlockTable()
+    bm.append(table, 3)
+    bm.fork(table)  # the next append copies the shared last block
+    bm.append(table, 9)
+    for start, end in [(0, 12), (5, 6), (11, 12), (3, 3)]:
+        assert bm.slots(table, start, end) == bm.slot_mapping(table, start, end).tolist()
+    with pytest.raises(IndexError):
+        bm.slots(table, 0, 13)

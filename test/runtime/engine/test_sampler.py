@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mstar.engine.sampler import Sampler, apply_repetition_penalty, filter_top_k_top_p, history_columns
-from mstar.layers.vocab_constraint import union_vocab
+from mstar.engine.sampler import Sampler, VocabColumns, apply_repetition_penalty, filter_top_k_top_p, history_columns
+from mstar.layers.vocab_constraint import _find_runs, contiguous_runs, union_vocab
 from mstar.sampling_params import SamplingParams
 
 
@@ -223,7 +223,59 @@ def test_sampling_params_from_dict_rejects_unknown_fields():
         SamplingParams.from_dict({"temprature": 0.5})
 
 
+def test_batched_rows_sample_as_each_row_alone():
+    """One call for the batch gives each row the token it gets alone with the same generator (ties
+    included: bf16-rounded logits have many)."""
+    vocab = union_vocab([[(1000, 1300)]], torch.device("cpu"))
+    logits = (torch.randn(6, 300, generator=torch.Generator().manual_seed(9)) * 3).bfloat16().float()
+    nucleus = SamplingParams(temperature=0.6, top_p=0.8, repetition_penalty=1.3)
+    params = [
+        nucleus,
+        SamplingParams(),
+        nucleus,
+        SamplingParams(temperature=0.9, top_k=20, top_p=0.5),
+        nucleus,
+        nucleus,
+    ]
+    histories = [[1000 + (7 * i * j) % 300 for j in range(40)] for i in range(6)]
+    for trial in range(5):
+        together = Sampler().sample(logits, vocab, params, histories, gens(6, seed=10 * trial))
+        alone = [
+            Sampler().sample(
+                logits[i : i + 1], vocab, [params[i]], [histories[i]], gens(6, seed=10 * trial)[i : i + 1]
+            )[0]
+            for i in range(6)
+        ]
+        assert together == alone
+
+
+def test_vocab_columns_match_history_columns():
+    vocab = torch.tensor([3, 4, 5, 9, 12, 13])
+    columns = VocabColumns(max_kept=2)
+    history = [13, 4, 4, 7, 100, 3]
+    for _ in range(2):  # the second time from the kept entry
+        assert (
+            columns.columns(history, vocab, torch.device("cpu")).tolist()
+            == history_columns(history, vocab, torch.device("cpu")).tolist()
+        )
+    assert columns.ids(vocab, [0, 5, 3]) == [3, 13, 9]
+    history.extend([5, 12, 1000])  # a history grows: only its new tokens are read, the columns stay right
+    assert columns.columns(history, vocab, torch.device("cpu")).tolist() == [0, 1, 2, 4, 5]
+    shorter = history[:2]  # another list (a fork's copy): its own columns
+    assert columns.columns(shorter, vocab, torch.device("cpu")).tolist() == [1, 5]
+    for n in range(4):  # past max_kept: still right
+        other = torch.arange(n, n + 3)
+        assert columns.ids(other, [2]) == [n + 2]
+
+
 # ---- vocabulary constraints ---------------------------------------------------------
+
+
+def test_contiguous_runs_of_union_vocab_are_kept_and_right():
+    ids = union_vocab([[(10, 14), (20, 22)]], torch.device("cpu"))
+    assert contiguous_runs(ids) == _find_runs(ids, 8) == [(10, 14), (20, 22)]
+    assert contiguous_runs(ids, max_runs=1) is None  # another limit is not taken from the kept runs
+    assert contiguous_runs(torch.tensor([1, 2, 5])) == [(1, 3), (5, 6)]  # any other tensor: found anew
 
 
 def test_union_vocab():

@@ -4,7 +4,12 @@ import pytest
 import torch
 
 from mstar.engine.attention.metadata import AttentionMetadata, MaskKind, SeqAttention
-from mstar.engine.attention.torch_backend import TorchAttentionBackend
+from mstar.engine.attention.torch_backend import (
+    TorchAttentionBackend,
+    batch_key_slots,
+    contiguous_key_start,
+    key_slots,
+)
 from mstar.engine.kv_cache import KVSpec, PagedKVCache
 from support.attention_cases import BS, run_case
 
@@ -171,3 +176,37 @@ def test_mixed_context_lengths_split_into_calls_stay_exact(row_order):
     ]
     out, ref = run_case(specs, hq=8, hkv=2, num_blocks=160, row_order=row_order)
     check(out, ref)
+
+
+def _lone_decode(blocks: list[int], ctx: int = 21, hq: int = 4, hkv: int = 2, d: int = 8) -> torch.Tensor:
+    """One decode query over ``ctx`` keys stored in ``blocks`` (same keys whatever the blocks)."""
+    g = torch.Generator().manual_seed(3)
+    k, v, q = (
+        torch.randn(ctx, hkv, d, generator=g),
+        torch.randn(ctx, hkv, d, generator=g),
+        torch.randn(1, hq, d, generator=g),
+    )
+    cache = PagedKVCache(KVSpec(num_layers=1, num_kv_heads=hkv, head_dim=d), 16, BS, dtype=torch.bfloat16)
+    slots = torch.tensor([blocks[j // BS] * BS + j % BS for j in range(ctx)])
+    cache.write(0, slots[:-1], k[:-1], v[:-1])
+    backend = TorchAttentionBackend(cache)
+    backend.plan(AttentionMetadata([SeqAttention(0, 1, ctx, blocks)], slots[-1:]))
+    return backend.forward(0, q, k[-1:], v[-1:], 0.35)
+
+
+def test_lone_decode_reads_consecutive_blocks_in_place_with_the_same_result():
+    pages = -(-21 // BS)
+    consecutive, scattered = list(range(5, 5 + pages)), [11, 2, 7, 14, 9, 4][:pages]
+    assert contiguous_key_start(SeqAttention(0, 1, 21, consecutive), BS) == 5 * BS
+    assert contiguous_key_start(SeqAttention(0, 1, 21, scattered), BS) is None
+    assert torch.equal(_lone_decode(consecutive), _lone_decode(scattered))  # bitwise: the same keys and math
+
+
+def test_batch_key_slots_are_each_sequences_key_slots():
+    seqs = [
+        SeqAttention(0, 1, 21, [11, 2, 7, 14, 9, 4, 3]),  # more blocks than its keys need
+        SeqAttention(1, 1, 5, [8, 1]),
+        SeqAttention(2, 1, 1, [6]),
+    ]
+    expected = torch.cat([key_slots(s, BS, 21) for s in seqs])
+    assert torch.equal(batch_key_slots(seqs, BS, 21), expected)
