@@ -9,6 +9,7 @@ import torch
 
 from mstar.engine.dtype_choice import DtypeChoice, resolve_dtype
 from mstar.engine.dtype_names import DTYPE_NAMES
+from mstar.engine.starvation import DEFAULT_SHARE, DEFAULT_WAIT_MS, StarvationLimit
 from mstar.user_yaml import load_user_yaml_file
 
 
@@ -33,6 +34,10 @@ class EngineConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     pack_linears: bool = True  # bf16 on CPU: weights reordered once for oneDNN (same results, faster)
     phase_align: bool = True  # start sequences in the running ones' decode_period phase (waits < period steps)
     priority_classes: bool = True  # serve control > interactive > batch (mstar.priority); False: first come first
+    # due work that more urgent work keeps skipping takes one step after this wait (0 / null: strict
+    # priority), and never more than starved_share of the device (mstar.engine.starvation)
+    starvation_wait_ms: float | None = DEFAULT_WAIT_MS
+    starved_share: float = DEFAULT_SHARE
 
     def __post_init__(self) -> None:
         checks = [
@@ -45,6 +50,8 @@ class EngineConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
             ("stateless_max_wait_ms", self.stateless_max_wait_ms >= 0),
             ("dtype", self.dtype in DTYPE_NAMES),
             ("kv_dtype", self.kv_dtype in (None, "float32", "bfloat16", "float16")),
+            ("starvation_wait_ms", self.starvation_wait_ms is None or self.starvation_wait_ms >= 0),
+            ("starved_share", 0 <= self.starved_share <= 1),
         ]
         for name, ok in checks:
             if not ok:
@@ -52,6 +59,10 @@ class EngineConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
                     f"engine config: {name} = {getattr(self, name)!r} is invalid"
                     + (f" (expected one of {', '.join(DTYPE_NAMES)})" if name == "dtype" else "")
                 )
+
+    def starvation(self) -> StarvationLimit | None:
+        """The bounded share of this config's engines when skipped (None: strict priority)."""
+        return StarvationLimit.of(self.starvation_wait_ms, self.starved_share)
 
     def for_device(self, device: str | torch.device) -> tuple[EngineConfig, DtypeChoice]:
         """This config with ``dtype`` made concrete for ``device`` (``auto`` decided), and the choice."""
