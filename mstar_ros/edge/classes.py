@@ -31,8 +31,10 @@ def class_overrides(graph, cls: str) -> dict:
     return {"priorities": {node.name: cls for node in graph.nodes}}
 
 
-def classed_conductor(graph, modules, config, cls: str):
-    """An embedded Conductor for ``graph`` whose every node call is of class ``cls``."""
+def classed_conductor(graph, modules, config, cls: str, class_limits: dict[str, int] | None = None):
+    """An embedded Conductor for ``graph`` whose every node call is of class ``cls``, with the in-flight
+    ``class_limits`` (class name -> requests at once)."""
     from mstar.conductor import Conductor
 
-    return Conductor(graph, modules, config=config, **class_overrides(graph, cls))
+    limits = {"class_limits": class_limits} if class_limits else {}
+    return Conductor(graph, modules, config=config, **class_overrides(graph, cls), **limits)

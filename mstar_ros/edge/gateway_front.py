@@ -31,7 +31,9 @@ async def _serve_model(
     model = load_speech_model(served.model, edge.path(served.weights) or None)
     config = front_engine_config(edge.path(served.engine_config), dtype)
     cls = served.priority or DEFAULT_CLASS[role]
-    conductor = await stack.enter_async_context(classed_conductor(model.graph(), model.modules(), config, cls))
+    conductor = await stack.enter_async_context(
+        classed_conductor(model.graph(), model.modules(), config, cls, served.class_limits)
+    )
     return model, conductor
 
 
