@@ -102,6 +102,14 @@ def test_a_bad_config_is_refused_naming_the_line_and_field(text, says):
         EdgeFile.parse(text, "e.yaml", cores=2)
 
 
+def test_a_front_ends_class_is_its_requests_own_unless_set():
+    edge = EdgeFile.parse(GOOD, "e.yaml", cores=2)
+    assert edge.config.process("control").pi05.priority == ""
+    assert edge.config.process("control").front_ends() == ["pi0.5 for /robot1 /robot2 [control]"]
+    edge = EdgeFile.parse(GOOD.replace("rate: 10", "priority: interactive"), "e.yaml", cores=2)
+    assert edge.config.process("control").front_ends() == ["pi0.5 for /robot1 /robot2 [interactive]"]
+
+
 def test_each_front_end_may_limit_its_classes_in_flight():
     text = GOOD.replace("{model: bagel}", "{model: bagel, class_limits: {batch: 1}}")
     media = EdgeFile.parse(text, "e.yaml", cores=2).config.process("media")
