@@ -1,7 +1,8 @@
 """A bounded share for skipped classes: due work that more urgent work keeps waiting still gets steps.
 
 The device thread serves the most urgent class first (mstar.engine.device_round). Alone, that
-starves: four voice peers that keep the device busy left a BAGEL image job at 0 images. So a
+starves: four voice peers that kept the device busy left a BAGEL image job at 0 images
+(``bench mixed --quick``, 1.5 s). So a
 Worker's due work of a less urgent class than the one being served ("skipped") takes one step
 anyway once it has waited ``wait_s`` (``EngineConfig.starvation_wait_ms``) since it was first
 skipped or since its last such step, and never more than ``share`` of the device
