@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from mstar.priority import Priority
 from mstar.request import Request
 from mstar.sampling_params import SamplingParams
 from mstar_graphs.bagel.checkpoints import is_random_weights, resolve_path
@@ -209,13 +210,15 @@ class BagelModel:
         request_id: str,
         options: Mapping[str, Any] | None = None,
         guidance: GuidanceParams | None = None,
+        priority: Priority | str | None = None,
     ) -> AsyncIterator[ImageEvent]:
         """The image capability's events (mstar_ros.webrtc.image_models): ``progress`` after every flow step,
         ``partial_images`` previews (the VAE decode of the clean latent predicted at steps spread over the
         flow, before its last), then the ``final`` image, per image. ``options``: BAGEL's own
         (mstar_graphs.bagel.image_options: ``guidance``, ``think``); ``guidance`` (Python callers): settings
         given whole, ``steps`` aside. With ``think`` each image's final event carries the thought as
-        ``revised_prompt``."""
+        ``revised_prompt``. ``priority``: the class of every request it submits (None: batch,
+        mstar_graphs.bagel.requests)."""
         steps = self.default_image_steps if steps is None else steps
         if isinstance(steps, bool) or not isinstance(steps, int) or not 2 <= steps <= MAX_STEPS:
             raise OptionError("steps", f"must be an integer in 2..{MAX_STEPS}, got {steps!r}")
@@ -224,6 +227,7 @@ class BagelModel:
             g = dataclasses.replace(guidance, steps=steps)
         if not 0 <= partial_images <= MAX_PREVIEWS:
             raise ValueError(f"partial_images must be in 0..{MAX_PREVIEWS}, got {partial_images}")
+        cls = None if priority is None else Priority.parse(priority)
         seed_base = seed if seed is not None else int(torch.randint(0, 2**31 - 1, ()).item())
         width, height = size
         progress = {"report_every": 1, "previews": partial_images}
@@ -250,8 +254,14 @@ class BagelModel:
         submitted: list[str] = []
         queue: asyncio.Queue = asyncio.Queue()
 
+        def classed(req: Request) -> Request:
+            if cls is not None:
+                req.priority = cls
+            return req
+
         async def events_of(i: int, req: Request, thought: str | None) -> None:
             req.outputs = frozenset({self.image_output, PREVIEW, FLOW_STEP})  # no latents to ship
+            classed(req)
             submitted.append(req.request_id)
             tokens = prompt_tokens if i == 0 else 0
             async for event in self._image_events(conductor, req, i, evaluations, tokens, thought):
@@ -262,7 +272,7 @@ class BagelModel:
                 if isinstance(item, ThinkPlan):
                     try:
                         submitted.append(item.request.request_id)
-                        ids = [int(out.data) async for out in conductor.submit(item.request)]
+                        ids = [int(out.data) async for out in conductor.submit(classed(item.request))]
                         image_req = self.requests.after_thought(item, ids, seed=seed_base + i, **progress)
                         await events_of(i, image_req, self.requests.thought(ids))
                     finally:

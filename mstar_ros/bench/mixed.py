@@ -47,20 +47,19 @@ def classes_switch():
 
 @contextlib.asynccontextmanager
 async def conductors(models: dict, dtype: str, classes: bool):
-    """One classed Conductor per front-end (pi05 / voice / images), entered together."""
+    """One Conductor per front-end (pi05 / voice / images), entered together; each request carries its
+    front-end's class (pi0.5 chunks control, voice interactive, images batch), as on the edge box."""
     import msgspec
 
     from mstar.engine.config import EngineConfig
-    from mstar_ros.edge.classes import DEFAULT_CLASS, classed_conductor
+    from mstar_ros.edge.classes import classed_conductor
 
     config = EngineConfig(dtype=dtype)
     if classes_switch():
         config = msgspec.structs.replace(config, priority_classes=classes)
     async with contextlib.AsyncExitStack() as stack:
         yield {
-            role: await stack.enter_async_context(
-                classed_conductor(model.graph(), model.modules(), config, DEFAULT_CLASS[role])
-            )
+            role: await stack.enter_async_context(classed_conductor(model.graph(), model.modules(), config))
             for role, model in models.items()
         }
 

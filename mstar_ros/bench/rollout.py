@@ -9,6 +9,8 @@ whole context. Same weights, actions and outputs (their difference is reported).
 The token-count bound of the speedup, computed in the same run: with C context frames before
 the start frame, native step h runs C + h frames and ours one, so ``sum_h (C + h) / H``.
 Attention grows with the context as well, so a measured speedup can pass this bound.
+
+Every request here is of class ``batch`` (mstar.priority): an offline rollout, no robot waits for it.
 """
 
 from __future__ import annotations
@@ -21,7 +23,10 @@ from pathlib import Path
 
 import torch
 
+from mstar.priority import Priority
 from mstar.progress import progress_bar
+
+OFFLINE = Priority.BATCH  # the class of every request of this benchmark
 
 GOALS = {4: 2.5, 15: 5.0, 30: 15.0}  # speedup goals at those horizons (issue 13)
 GOAL_FRACTION_OF_BOUND = 0.8
@@ -63,19 +68,44 @@ def episode_window(episode, start: int, needed: int):
     return episode.frames[idx], states, pose_delta(states[:-1], states[1:]).float()
 
 
-async def _open_session(c, latents: torch.Tensor, states: torch.Tensor, actions: torch.Tensor, session: str) -> None:
+def extend_request(latents: torch.Tensor, states: torch.Tensor, actions: torch.Tensor, session: str):
     """A session's context from frames already encoded: ``latents`` [C + 1] and ``states`` [C + 1],
     ``actions`` [C] taken at the first C frames; the last frame stays pending (its action is the
     rollout's first). One extend call: ``actions[0]`` of the call is a pending frame's, none yet."""
     from mstar.request import Request
 
-    await c.submit(
-        Request(
-            {"latents": latents, "states": states, "actions": torch.cat([torch.zeros(1, 7), actions])},
-            session_id=session,
-            meta={"walk": "extend"},
-        )
-    ).collect()
+    return Request(
+        {"latents": latents, "states": states, "actions": torch.cat([torch.zeros(1, 7), actions])},
+        session_id=session,
+        meta={"walk": "extend"},
+        priority=OFFLINE,
+    )
+
+
+def rollout_request(actions: torch.Tensor, session: str):
+    """The frames ``actions`` [1, H, 7] lead to from the session's context."""
+    from mstar.request import Request
+
+    return Request({"actions": actions}, session_id=session, priority=OFFLINE)
+
+
+def plan_request(goal: torch.Tensor, mean: torch.Tensor, std: torch.Tensor, params, session: str, seed: int):
+    """One robot's CEM plan toward ``goal`` (its ``plan`` output only)."""
+    from mstar.request import Request
+    from mstar.sampling_params import SamplingParams
+
+    return Request(
+        {"goal": goal, "mean": mean, "std": std, "params": params.tensor()},
+        session_id=session,
+        sampling=SamplingParams(seed=seed),
+        meta={"iterations": params.iterations},
+        outputs=frozenset({"plan"}),
+        priority=OFFLINE,
+    )
+
+
+async def _open_session(c, latents: torch.Tensor, states: torch.Tensor, actions: torch.Tensor, session: str) -> None:
+    await c.submit(extend_request(latents, states, actions, session)).collect()
 
 
 class _Systems:
@@ -119,7 +149,6 @@ class _Systems:
 async def _rollouts(sys: _Systems, episodes, opts: RolloutBenchOptions, bar) -> list[dict]:
     from mstar.conductor import Conductor
     from mstar.engine.device_loop import run_on_device
-    from mstar.request import Request
     from mstar_graphs.vjepa2.reference import native_rollout
 
     ep = episodes[0]
@@ -136,7 +165,7 @@ async def _rollouts(sys: _Systems, episodes, opts: RolloutBenchOptions, bar) -> 
             got = want = None
             for _ in range(opts.repeats):  # interleaved: both systems see the same machine load
                 t0 = time.perf_counter()
-                got = (await c.submit(Request({"actions": roll}, session_id=session)).collect())["frame"][0]
+                got = (await c.submit(rollout_request(roll, session)).collect())["frame"][0]
                 ours.append(time.perf_counter() - t0)
                 t0 = time.perf_counter()
                 # on the device thread, as our engines run: the same OpenMP team (other threads get one)
@@ -165,8 +194,6 @@ async def _rollouts(sys: _Systems, episodes, opts: RolloutBenchOptions, bar) -> 
 async def _plans(sys: _Systems, episodes, opts: RolloutBenchOptions, bar) -> list[dict]:
     from mstar.conductor import Conductor
     from mstar.engine.device_loop import run_on_device
-    from mstar.request import Request
-    from mstar.sampling_params import SamplingParams
     from mstar_graphs.vjepa2.planner import CemParams, initial_belief
     from mstar_graphs.vjepa2.reference import native_plan
 
@@ -189,15 +216,7 @@ async def _plans(sys: _Systems, episodes, opts: RolloutBenchOptions, bar) -> lis
                 t0 = time.perf_counter()
                 outs = await asyncio.gather(
                     *(
-                        c.submit(
-                            Request(
-                                {"goal": goal, "mean": mean, "std": std, "params": params.tensor()},
-                                session_id=f"r{r}",
-                                sampling=SamplingParams(seed=opts.seed + r),
-                                meta={"iterations": params.iterations},
-                                outputs=frozenset({"plan"}),
-                            )
-                        ).collect()
+                        c.submit(plan_request(goal, mean, std, params, f"r{r}", opts.seed + r)).collect()
                         for r, (_l, _s, _a, goal) in enumerate(robots)
                     )
                 )

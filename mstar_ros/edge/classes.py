@@ -1,38 +1,31 @@
-"""Each front-end's request class on the edge box: pi0.5 chunks are control, voice interactive, images batch.
+"""Request classes on the edge box: each front-end's requests carry their own, the edge config may override.
 
-The class is given to the front-end's Conductor as an override for every node of its graph
-(``Conductor(priorities={node: class})``, mstar.priority), so whatever requests the front-end builds
-(a policy node's, a WebRTC peer's, an image route's), its node calls carry that class, and the device
-thread that steps every Conductor of the process serves control first. Where the runtime has no priority
-classes yet (no ``priorities`` argument), the Conductor is built without them and the class is reported
-as unavailable.
+The front-ends choose per request (mstar.priority, docs/scheduling.md): pi0.5's chunks are control
+(``Pi05Policy.request``, the policy node's ``priority`` parameter), voice turns, TTS and chat are
+interactive (``Request``'s default), BAGEL's generation and edits are batch and its understanding and
+chat interactive (``mstar_graphs.bagel.requests``). So by default a front-end's Conductor overrides
+nothing: one BAGEL Conductor serves both a batch image and an interactive question, each in its class.
+A front-end's ``priority:`` in the edge config, when set, puts every call of its Conductor in that class
+(``Conductor(priorities={node: class})`` for every node of its graph).
 """
 
 from __future__ import annotations
 
-import inspect
-
 CLASSES = ("control", "interactive", "batch")
+# what each front-end's requests carry when the edge config sets no class (shown in the host's banner)
 DEFAULT_CLASS = {"pi05": "control", "voice": "interactive", "images": "batch"}
 
 
-def classes_available() -> bool:
-    """The runtime takes per-node classes (mstar.priority and ``Conductor(priorities=...)``)."""
+def class_overrides(graph, cls: str) -> dict[str, str]:
+    """Node name -> ``cls`` for every node of ``graph`` ("" : none, each request keeps its own class)."""
+    return {node.name: cls for node in graph.nodes} if cls else {}
+
+
+def classed_conductor(graph, modules, config, cls: str = "", class_limits: dict[str, int] | None = None):
+    """An embedded Conductor for ``graph``: every node call of class ``cls`` when given (else each
+    request's own), with the in-flight ``class_limits`` (class name -> requests at once)."""
     from mstar.conductor import Conductor
 
-    return "priorities" in inspect.signature(Conductor).parameters
-
-
-def class_overrides(graph, cls: str) -> dict:
-    """``Conductor`` keyword arguments giving every node of ``graph`` the class ``cls`` (none where the
-    runtime has no classes)."""
-    if not classes_available():
-        return {}
-    return {"priorities": {node.name: cls for node in graph.nodes}}
-
-
-def classed_conductor(graph, modules, config, cls: str):
-    """An embedded Conductor for ``graph`` whose every node call is of class ``cls``."""
-    from mstar.conductor import Conductor
-
-    return Conductor(graph, modules, config=config, **class_overrides(graph, cls))
+    return Conductor(
+        graph, modules, config=config, priorities=class_overrides(graph, cls), class_limits=class_limits or None
+    )

@@ -11,7 +11,9 @@
           max_inflight: 0
           prompt: ""
           engine_config: ""        # engine settings YAML (config/engine.yaml's fields)
-          priority: control        # its requests' class; voice: interactive, images: batch by default
+          priority: ""             # "": each request's own class (pi0.5 chunks control, voice interactive,
+                                   # image generation batch); a class: every call of this front-end in it
+          class_limits: {}         # requests of a class in flight at once on its Conductor ({batch: 1})
         gateway:                   # the voice gateway (WebRTC + OpenAI HTTP), one aiohttp server
           host: 127.0.0.1
           port: 8080
@@ -30,6 +32,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
@@ -53,14 +56,16 @@ class Pi05Front(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     max_inflight: int = 0
     prompt: str = ""
     engine_config: str = ""
-    priority: str = "control"  # the class of its requests (mstar.priority): control, interactive, batch
+    priority: str = ""  # "": its requests' own class (control); a class (mstar.priority): all its calls in it
+    class_limits: dict[str, Any] = {}  # class -> its requests in flight at once (checked with its line)
 
 
 class ServedModel(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     model: str
     weights: str = ""
     engine_config: str = ""
-    priority: str = ""  # its requests' class ("": interactive for voice, batch for images)
+    priority: str = ""  # "": each request's own class (voice interactive, images batch); a class: all in it
+    class_limits: dict[str, Any] = {}  # class -> its requests in flight at once on this model's Conductor
 
 
 class GatewayFront(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -80,7 +85,8 @@ class ProcessGroup(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
 
     def front_ends(self) -> list[str]:
         """What the process serves, each with its request class: ['pi0.5 for /robot1 [control]', ...]."""
-        out = [f"pi0.5 for {' '.join(self.pi05.robots)} [{self.pi05.priority}]"] if self.pi05 else []
+        pi05 = self.pi05
+        out = [f"pi0.5 for {' '.join(pi05.robots)} [{pi05.priority or DEFAULT_CLASS['pi05']}]"] if pi05 else []
         for role in ("voice", "images"):
             served = getattr(self.gateway, role, None)
             if served is not None:
@@ -207,7 +213,9 @@ class EdgeFile:
             if front.max_inflight < 0:
                 raise self.error(at + ("max_inflight",), f"must be >= 0 (0: no limit), got {front.max_inflight}")
             self._check_paths(at, front, ("weights", "params_file", "engine_config"))
-            self._check_class(at, front.priority)
+            if front.priority:
+                self._check_class(at, front.priority)
+            self._check_limits(at, front.class_limits)
 
     def _check_gateways(self) -> None:
         from mstar_ros.webrtc.speech_models import speech_model_names
@@ -239,6 +247,7 @@ class EdgeFile:
                 self._check_paths(at + (role,), served, ("weights", "engine_config"))
                 if served.priority:
                     self._check_class(at + (role,), served.priority)
+                self._check_limits(at + (role,), served.class_limits)
             self._check_paths(at, gateway, ("token_file",))
             if gateway.voice and gateway.images and gateway.voice.model == gateway.images.model:
                 raise self.error(at + ("images", "model"), f"{gateway.images.model} is the voice model already")
@@ -246,6 +255,13 @@ class EdgeFile:
     def _check_class(self, at: tuple, name: str) -> None:
         if name not in CLASSES:
             raise self.error(at + ("priority",), f"{name!r} is not a class (one of {', '.join(CLASSES)})")
+
+    def _check_limits(self, at: tuple, limits: dict[str, Any]) -> None:
+        for name, limit in limits.items():
+            if name not in CLASSES:
+                raise self.error(at + ("class_limits", name), f"{name!r} is not a class (one of {', '.join(CLASSES)})")
+            if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+                raise self.error(at + ("class_limits", name), f"{limit!r} is not an in-flight limit (an integer >= 1)")
 
     def _check_paths(self, at: tuple, front: msgspec.Struct, fields: tuple[str, ...]) -> None:
         for name in fields:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass, field
 
-from mstar_ros.edge.classes import DEFAULT_CLASS, classed_conductor
+from mstar_ros.edge.classes import classed_conductor
 from mstar_ros.edge.config import EdgeFile, GatewayFront, ServedModel
 from mstar_ros.edge.engine_settings import front_engine_config
 
@@ -30,8 +30,9 @@ async def _serve_model(
 
     model = load_speech_model(served.model, edge.path(served.weights) or None)
     config = front_engine_config(edge.path(served.engine_config), dtype)
-    cls = served.priority or DEFAULT_CLASS[role]
-    conductor = await stack.enter_async_context(classed_conductor(model.graph(), model.modules(), config, cls))
+    conductor = await stack.enter_async_context(
+        classed_conductor(model.graph(), model.modules(), config, served.priority, served.class_limits)
+    )
     return model, conductor
 
 

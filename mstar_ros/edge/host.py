@@ -83,12 +83,10 @@ async def serve(args: argparse.Namespace, ros_args: list[str], edge: EdgeFile) -
             for role, conductor in served.conductors.items():
                 lines.append(f"    {role}: dtype {conductor.dtype_summary()}")
         from mstar.engine.intra_op import model_threads
-        from mstar_ros.edge.classes import classes_available
 
-        classes = "classes control > interactive > batch" if classes_available() else "no priority classes yet"
         print(
             f"edge process {group.name!r} serving {', '.join(group.front_ends())} on one device thread "
-            f"({model_threads()} intra-op threads; {classes})\n" + "\n".join(lines),
+            f"({model_threads()} intra-op threads; classes control > interactive > batch)\n" + "\n".join(lines),
             flush=True,
         )
         started = time.monotonic()

@@ -26,7 +26,7 @@ async def start_pi05(stack: contextlib.AsyncExitStack, front: Pi05Front, edge: E
     policy = Pi05Policy.load(edge.path(front.weights) or None)
     config = front_engine_config(edge.path(front.engine_config), dtype)
     conductor = await stack.enter_async_context(
-        classed_conductor(policy.graph(), policy.modules(), config, front.priority)
+        classed_conductor(policy.graph(), policy.modules(), config, front.priority, front.class_limits)
     )
     admission = ChunkAdmission(front.max_inflight)
     loop = asyncio.get_running_loop()

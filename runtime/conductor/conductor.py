@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from mstar.conductor.class_limits import ClassLimits
+from mstar.conductor.class_limits import ClassLimits, parse_class_limits
 from mstar.conductor.inprocess_workers import InProcessWorkers
 from mstar.conductor.process_workers import ProcessWorkers
 from mstar.conductor.replies import ReplyInbox
@@ -83,7 +83,8 @@ class Conductor:
     Priority classes (mstar.priority, docs/scheduling.md): each node call carries its request's
     class, unless ``priorities`` (node or walk name -> class; a placement's ``priorities:`` when
     distributed) names its node (first) or its current walk. ``class_limits``: in-flight limit per
-    class (mstar.conductor.class_limits). With ``config.priority_classes`` False neither applies."""
+    class (mstar.conductor.class_limits; a placement's ``class_limits:`` under them when distributed).
+    With ``config.priority_classes`` False neither applies."""
 
     def __init__(
         self,
@@ -101,9 +102,10 @@ class Conductor:
         self.store = self.worker_set.store
         self.router = Router(graph, self.worker_set.placement, hosts=self.worker_set)
         self.priority_classes = (config or EngineConfig()).priority_classes
-        placed = self.worker_set.placement.priorities if self.worker_set.placement is not None else {}
-        overrides = {**placed, **(priorities or {})}
-        self.class_limits = ClassLimits(class_limits if self.priority_classes else None)
+        placement = self.worker_set.placement
+        overrides = {**(placement.priorities if placement is not None else {}), **(priorities or {})}
+        limits = {**(placement.class_limits if placement is not None else {}), **parse_class_limits(class_limits)}
+        self.class_limits = ClassLimits(limits if self.priority_classes else None)
         self.executor = WalkExecutor(
             graph,
             self._dispatch,
@@ -130,7 +132,7 @@ class Conductor:
         **pool_options,
     ) -> Conductor:
         """Workers in their own processes per the placement file (started here unless ``launch=False``);
-        the placement's ``priorities:`` apply, ``priorities`` given here over them."""
+        the placement's ``priorities:`` and ``class_limits:`` apply, those given here over them."""
         graph, _ = build_model(spec, set())
         resolved = placement if isinstance(placement, ResolvedPlacement) else load_placement(str(placement), graph)
         pool = WorkerPool(spec, resolved, config or EngineConfig(), **pool_options)

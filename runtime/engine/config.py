@@ -9,6 +9,7 @@ import torch
 
 from mstar.engine.dtype_choice import DtypeChoice, resolve_dtype
 from mstar.engine.dtype_names import DTYPE_NAMES
+from mstar.engine.starvation import DEFAULT_SHARE, DEFAULT_WAIT_MS, StarvationLimit
 from mstar.layers.weight_only import QUANTIZATIONS
 from mstar.user_yaml import load_user_yaml_file
 
@@ -35,6 +36,10 @@ class EngineConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     phase_align: bool = True  # start sequences in the running ones' decode_period phase (waits < period steps)
     priority_classes: bool = True  # serve control > interactive > batch (mstar.priority); False: first come first
     quantization: str = "none"  # "int8" / "int4": weight-only linears on CPU (mstar.layers.weight_only)
+    # due work that more urgent work keeps skipping takes one step after this wait (0 / null: strict
+    # priority), and never more than starved_share of the device (mstar.engine.starvation)
+    starvation_wait_ms: float | None = DEFAULT_WAIT_MS
+    starved_share: float = DEFAULT_SHARE
 
     def __post_init__(self) -> None:
         checks = [
@@ -48,6 +53,8 @@ class EngineConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
             ("dtype", self.dtype in DTYPE_NAMES),
             ("kv_dtype", self.kv_dtype in (None, "float32", "bfloat16", "float16")),
             ("quantization", self.quantization in QUANTIZATIONS),
+            ("starvation_wait_ms", self.starvation_wait_ms is None or self.starvation_wait_ms >= 0),
+            ("starved_share", 0 <= self.starved_share <= 1),
         ]
         for name, ok in checks:
             if not ok:
@@ -56,6 +63,10 @@ class EngineConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
                     + (f" (expected one of {', '.join(DTYPE_NAMES)})" if name == "dtype" else "")
                     + (f" (expected one of {', '.join(QUANTIZATIONS)})" if name == "quantization" else "")
                 )
+
+    def starvation(self) -> StarvationLimit | None:
+        """The bounded share of this config's engines when skipped (None: strict priority)."""
+        return StarvationLimit.of(self.starvation_wait_ms, self.starved_share)
 
     def for_device(self, device: str | torch.device) -> tuple[EngineConfig, DtypeChoice]:
         """This config with ``dtype`` made concrete for ``device`` (``auto`` decided), and the choice."""

@@ -14,7 +14,9 @@ it is confined to one (``mstar.engine.intra_op``: a second team made the pi0.5 f
 
 Engines take turns by priority class (mstar.engine.device_round): each round steps the
 engines whose due work is most urgent, and a round ends early when a more urgent call
-arrives, so a control call waits at most one step of a batch engine.
+arrives, so a control call waits at most one step of a batch engine. Due work that more urgent
+work keeps skipping still gets a bounded share of the device (mstar.engine.starvation; each Worker's
+``EngineConfig.starvation_wait_ms`` and ``starved_share``).
 """
 
 from __future__ import annotations
@@ -27,7 +29,15 @@ from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 from mstar.engine import intra_op
-from mstar.engine.device_round import Steppable, engine_class, engines_to_step, most_urgent_of, step_round
+from mstar.engine.device_round import (
+    Steppable,
+    engine_class,
+    engines_to_step,
+    most_urgent_of,
+    next_of_class,
+    step_round,
+)
+from mstar.engine.starvation import DEFAULT_LIMIT, StarvationGuard, StarvationLimit
 from mstar.priority import Priority
 
 log = logging.getLogger("mstar.engine")
@@ -42,6 +52,7 @@ class DeviceThread:
         self.wake = threading.Event()
         self._calls: queue.SimpleQueue = queue.SimpleQueue()
         self._loops: list[DeviceLoop] = []
+        self._guard = StarvationGuard()  # device thread only
         self._lock = threading.Lock()
         self._deferred: list[Callable[[], None]] = []
         self._in_call = False  # inside run_on_device work: nothing to coalesce
@@ -79,7 +90,7 @@ class DeviceThread:
         while True:
             self.wake.clear()
             self._run_calls()
-            busy = step_round(self._loops, self._flush_after_step)
+            busy = step_round(self._loops, self._flush_after_step, self._guard)
             if not busy:
                 self.wake.wait(timeout=0.5)
 
@@ -134,11 +145,18 @@ def run_on_device(fn: Callable[..., T], *args, **kwargs) -> T:
 
 
 class DeviceLoop:
-    """A Worker's engines, stepped in turn on the device thread."""
+    """A Worker's engines, stepped in turn on the device thread.
 
-    def __init__(self, engines: Sequence[Steppable], name: str) -> None:
+    ``starvation``: how long its due work waits while more urgent work of other loops keeps the
+    device busy before it takes one step anyway, and its largest share then (None: strict priority)."""
+
+    def __init__(
+        self, engines: Sequence[Steppable], name: str, starvation: StarvationLimit | None = DEFAULT_LIMIT
+    ) -> None:
         self.engines = list(engines)
         self.name = name
+        self.starvation = starvation
+        self._next_skipped = 0  # engines of one class take skipped steps in turn
         self._thread = device_thread()
         for engine in self.engines:
             engine.wake = self._thread.wake  # any submit wakes the device thread
@@ -156,6 +174,23 @@ class DeviceLoop:
     def most_urgent(self) -> Priority | None:
         """The most urgent class of the work due in any of its engines (None: nothing is due)."""
         return most_urgent_of([engine_class(e) for e in self.engines])
+
+    def due_classes(self) -> set[Priority]:
+        """The class of each engine's due work (its most urgent)."""
+        return {c for e in self.engines if (c := engine_class(e)) is not None}
+
+    def step_class(self, cls: Priority) -> bool:
+        """One step of one engine whose due work is of class ``cls`` (in turn among such engines)."""
+        self.poll()
+        i = next_of_class(self.engines, cls, self._next_skipped)
+        if i is None:
+            return False
+        self._next_skipped = i + 1
+        try:
+            self.engines[i].step()
+        except Exception:  # engines report their own failures; the loop must survive
+            log.exception("%s: engine step raised", self.name)
+        return True
 
     def step_once(self, limit: Priority | None = None) -> bool:
         """Steps its engines with due work of class ``limit`` or more urgent (None: every one due);

@@ -8,11 +8,11 @@ more urgent call has arrived meanwhile the round ends there, so a control call w
 at most the one step already running (an AR step, a flow step, a frame forward, one
 stateless batch), never for a whole flow loop or decode.
 
-Strict priority: while more urgent work is due, less urgent engines do not step at all.
-Control work on a robot comes in bursts (a chunk every few hundred ms), so voice and
-batch run in the gaps; an interactive load that keeps the device busy all the time
-would starve a batch job for as long as it lasts (by design: nothing ages a class up).
-An engine that reports no class (``most_urgent`` missing) counts as ``UNCLASSED``, and
+While more urgent work is due, less urgent engines wait; control work on a robot comes in
+bursts, so voice and batch run in the gaps. A load that keeps the device busy all the time
+would starve the rest, so skipped due work gets a bounded share (mstar.engine.starvation):
+once it has waited long enough it takes one step, at most one such step per round, and a
+control call still waits at most one step of lower-class work. An engine that reports no class (``most_urgent`` missing) counts as ``UNCLASSED``, and
 with ``EngineConfig.priority_classes = False`` every engine reports ``UNCLASSED``: every
 engine with due work steps each round, as before.
 """
@@ -24,6 +24,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
+from mstar.engine.starvation import StarvationGuard
 from mstar.priority import UNCLASSED, Priority
 
 log = logging.getLogger("mstar.engine")
@@ -59,6 +60,10 @@ class RoundLoop(Protocol):
 
     def step_once(self, limit: Priority | None = None) -> bool: ...
 
+    # optional, for a bounded share (mstar.engine.starvation): ``starvation`` (a StarvationLimit or
+    # None), ``due_classes() -> set[Priority]`` and ``step_class(cls) -> bool`` (one step of one engine
+    # whose due work is of class ``cls``)
+
 
 def engine_class(engine: Steppable, pending: bool = False) -> Priority | None:
     """``engine``'s most urgent class of due (``pending``: queued) work; None when it has none."""
@@ -88,6 +93,16 @@ def engines_to_step(engines: Sequence[Steppable], limit: Priority | None) -> lis
     return []
 
 
+def next_of_class(engines: Sequence[Steppable], cls: Priority, start: int) -> int | None:
+    """The index of the first engine from ``start`` on (wrapping round) whose due work is of class
+    ``cls``; None when none has. Engines of one class so take skipped steps in turn."""
+    for offset in range(len(engines)):
+        i = (start + offset) % len(engines)
+        if engine_class(engines[i]) == cls:
+            return i
+    return None
+
+
 def poll_all(loops: Sequence[RoundLoop]) -> Priority | None:
     """Every loop takes its messages; returns the most urgent class due anywhere."""
     for loop in loops:
@@ -106,10 +121,18 @@ def _safe_class(loop: RoundLoop) -> Priority | None:
         return UNCLASSED
 
 
-def step_round(loops: Sequence[RoundLoop], after_step: Callable[[], None]) -> bool:
-    """One round over ``loops``; ``after_step`` runs after each loop's step. Returns whether any stepped."""
+def step_round(
+    loops: Sequence[RoundLoop], after_step: Callable[[], None], guard: StarvationGuard | None = None
+) -> bool:
+    """One round over ``loops``; ``after_step`` runs after each loop's step. Returns whether any stepped.
+    With a ``guard``, skipped due work that has waited past its loop's limit first takes one step."""
     limit = poll_all(loops)
-    busy = False
+    busy, served = False, None
+    if guard is not None and limit is not None:
+        aged = guard.pick(loops, limit)
+        if aged is not None and _step_skipped(*aged, after_step, guard):
+            busy, served = True, aged[1]
+            limit = poll_all(loops)  # what arrived during that step decides the rest of the round
     for loop in loops:
         try:
             stepped = loop.step_once(limit)
@@ -119,8 +142,28 @@ def step_round(loops: Sequence[RoundLoop], after_step: Callable[[], None]) -> bo
         finally:
             after_step()
         busy |= stepped
+        if stepped:  # queued work stepped with nothing due: of any class, so count it as the least urgent
+            ran = limit if limit is not None else max(Priority)
+            served = ran if served is None else max(served, ran)
         if stepped and limit is not None:
             newer = poll_all(loops)
             if newer is not None and newer < limit:
                 break  # a more urgent call arrived during that step: the next round serves it
+    if guard is not None:
+        guard.round_ended(served)
     return busy
+
+
+def _step_skipped(loop: RoundLoop, cls: Priority, after_step: Callable[[], None], guard: StarvationGuard) -> bool:
+    """One step of ``loop``'s skipped due work of class ``cls``; tells the guard what it cost."""
+    started = guard.clock()
+    try:
+        stepped = bool(loop.step_class(cls))  # type: ignore[attr-defined]
+    except Exception:  # the device thread must never die
+        log.exception("%s: device loop failed", loop.name)
+        stepped = False
+    finally:
+        after_step()
+    if stepped:
+        guard.stepped(loop, cls, guard.clock() - started)
+    return stepped

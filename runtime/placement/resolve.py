@@ -32,6 +32,8 @@ class ResolvedPlacement:
         self._check_kv_views_stay_together()
         self.priorities = self._priorities()  # node or walk name -> class
         self._check_module_quantization()
+        # class -> requests in flight at once (checked by the file)
+        self.class_limits = {Priority.parse(name): n for name, n in file.placement.class_limits.items()}
 
     def _add(self, i: int, group: NodeGroup) -> None:
         for j, node in enumerate(group.nodes):

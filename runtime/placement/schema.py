@@ -20,6 +20,7 @@
                                      # no rank; a request that reaches one fails naming it)
     priorities: {decode: batch}      # optional: priority class (control, interactive, batch) of the
                                      # calls of a node or walk, over the request's own (mstar.priority)
+    class_limits: {batch: 1}         # optional: requests of a class in flight at once (more wait)
 
 Parsed with a msgspec schema; every error names the field and the line of the file.
 """
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import yaml
@@ -64,6 +66,8 @@ class Placement(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     transport: TransportChoice = TransportChoice()
     skip_walks: list[str] = []
     priorities: dict[str, str] = {}  # node or walk name -> class name (mstar.priority)
+    # class name -> requests of that class in flight at once (any value here, checked with its line below)
+    class_limits: dict[str, Any] = {}
 
     def device_of(self, rank: int) -> str:
         return self.devices.get(rank, "cpu")
@@ -204,3 +208,10 @@ class PlacementFile:
                 Priority.parse(value, "class")
             except ValueError as exc:
                 raise self.error(("priorities", name), str(exc)) from None
+        for name, limit in p.class_limits.items():
+            try:
+                Priority.parse(name, "class")
+            except ValueError as exc:
+                raise self.error(("class_limits", name), str(exc)) from None
+            if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+                raise self.error(("class_limits", name), f"{limit!r} is not an in-flight limit (an integer >= 1)")

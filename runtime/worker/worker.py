@@ -95,7 +95,7 @@ class Worker:
         return list(self.ar_engines.values()) + ([self.stateless] if self.stateless else [])
 
     def start(self) -> None:
-        self._loop = DeviceLoop(self._engines(), name=f"worker{self.rank}")
+        self._loop = DeviceLoop(self._engines(), name=f"worker{self.rank}", starvation=self.config.starvation())
         self._loop.start()
 
     def stop(self) -> None:

@@ -8,7 +8,24 @@ import subprocess
 import sys
 
 from mstar_ros.bag.end_effector import EndEffectorBagSpec, write_end_effector_bag
-from mstar_ros.bench.rollout import token_bound
+from mstar_ros.bench.rollout import extend_request, plan_request, rollout_request, token_bound
+
+
+def test_every_request_of_the_benchmark_is_batch():
+    import torch
+
+    from mstar.priority import Priority
+    from mstar_graphs.vjepa2.planner import CemParams, initial_belief
+
+    params = CemParams(samples=4, topk=2, iterations=1)
+    mean, std = initial_belief(2, params)
+    requests = [
+        extend_request(torch.zeros(2, 3, 4), torch.zeros(2, 7), torch.zeros(1, 7), "s"),
+        rollout_request(torch.zeros(1, 2, 7), "s"),
+        plan_request(torch.zeros(3, 4), mean, std, params, "s", seed=1),
+    ]
+    assert [r.priority for r in requests] == [Priority.BATCH] * 3
+    assert requests[0].meta == {"walk": "extend"} and requests[2].outputs == frozenset({"plan"})
 
 
 def test_token_bound():

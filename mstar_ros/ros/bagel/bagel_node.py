@@ -34,6 +34,7 @@ import time
 import msgspec
 from rclpy.node import Node
 
+from mstar.priority import Priority
 from mstar.report_throttle import ReportThrottle
 from mstar.request import RequestCancelled
 from mstar_ros.ros.bagel.bagel_inputs import BagelInputs, HeldFrame
@@ -114,6 +115,8 @@ class BagelNode(BagelInputs, BagelOutputs, BagelStatus, Node):
             outputs=frozenset({model.text_output}),
             request_id=self._request_id("ask", n),
         )
+        if p.priority:
+            request.priority = Priority.parse(p.priority)  # else a question's own: interactive
         ids = [int(item.data) async for item in self.conductor.submit(request) if item.name == model.text_output]
         answer = model.decode_text(ids)
         self._publish_answer(answer)
@@ -137,6 +140,7 @@ class BagelNode(BagelInputs, BagelOutputs, BagelStatus, Node):
             seed=seed,
             steps=p.edit_steps,
             request_id=self._request_id("edit", n),
+            priority=p.priority or None,  # None: an edit's own class, batch
         )
         try:
             async for event in events:

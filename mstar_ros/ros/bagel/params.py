@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -48,6 +48,11 @@ PARAMETERS: dict[str, tuple[Any, str]] = {
         "while it goes on; 0: never): a flood costs the node's other work nothing",
     ),
     "report_period_s": (5.0, "a repeated problem is reported once per this many seconds, with a count"),
+    "priority": (
+        "",
+        "the priority class of this node's requests in the runtime (docs/scheduling.md): '' for each its own "
+        "(questions interactive, edits batch), or control, interactive or batch for all of them",
+    ),
 }
 
 
@@ -68,6 +73,7 @@ class BagelParams(msgspec.Struct, frozen=True, kw_only=True):
     max_pending: Annotated[int, msgspec.Meta(ge=1)]
     max_bad_rate_hz: Annotated[float, msgspec.Meta(ge=0)]
     report_period_s: Annotated[float, msgspec.Meta(ge=0)]
+    priority: Literal["", "control", "interactive", "batch"]
 
 
 def validate(values: dict[str, Any], where: str, max_steps: int | None = None) -> BagelParams:

@@ -2,7 +2,8 @@
 
 A text request (mstar_ros.ros.partition.text_requests) may override the defaults per request
 with the JSON fields SAMPLING_FIELDS names; the defaults themselves are the talker node's ROS
-parameters, checked when set.
+parameters, checked when set. The ``priority`` parameter is the class of its requests in the
+runtime (mstar.priority; interactive unless set).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 
 import msgspec
 
+from mstar.priority import Priority
 from mstar.sampling_params import SamplingParams
 
 #: JSON request fields that override the node's sampling defaults
@@ -24,11 +26,13 @@ class SpeechDefaults:
 
     voice: str | None
     sampling: SamplingParams
+    priority: Priority = Priority.INTERACTIVE  # a person waits for the speech
 
 
 def bind_parameters(node, defaults: SpeechDefaults) -> None:
     """The defaults as ROS parameters of ``node``: ``--ros-args -p temperature:=0.3`` at start,
-    ``ros2 param set /tts/orpheus_talker temperature 0.3`` while it runs (checked, or refused with why)."""
+    ``ros2 param set /tts/orpheus_talker temperature 0.3`` while it runs (checked, or refused with why).
+    ``priority`` (control, interactive, batch) is the class of the requests it makes from then on."""
     from rcl_interfaces.msg import SetParametersResult
 
     s = defaults.sampling
@@ -38,12 +42,15 @@ def bind_parameters(node, defaults: SpeechDefaults) -> None:
         "top_p": s.top_p,
         "repetition_penalty": s.repetition_penalty,
         "max_tokens": s.max_tokens,
+        "priority": defaults.priority.label,
     }
 
     def apply(values: Mapping[str, object]) -> None:
-        sampling = {k: v for k, v in values.items() if k != "voice"}
+        sampling = {k: v for k, v in values.items() if k not in ("voice", "priority")}
         updated = SamplingParams(**{**msgspec.structs.asdict(defaults.sampling), **sampling})  # validates
-        defaults.sampling = updated
+        named = values.get("priority")
+        priority = defaults.priority if named is None else Priority.parse(str(named))  # ValueError: refused
+        defaults.sampling, defaults.priority = updated, priority  # both or neither: a refused set changes nothing
         if "voice" in values:
             defaults.voice = str(values["voice"]) or None
 
@@ -84,6 +91,8 @@ def request_factory(tokenizer, max_positions: int, defaults: SpeechDefaults):
             sampling = SamplingParams(**{**msgspec.structs.asdict(base), **overrides, "seed": seed})
         except (ValueError, TypeError) as exc:
             raise ValueError(f"sampling: {exc}") from None
-        return speech_request(tokenizer, max_positions, text, voice=voice, sampling=sampling, request_id=request_id)
+        request = speech_request(tokenizer, max_positions, text, voice=voice, sampling=sampling, request_id=request_id)
+        request.priority = defaults.priority
+        return request
 
     return build

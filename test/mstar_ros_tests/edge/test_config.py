@@ -83,11 +83,37 @@ def test_a_good_config_gives_its_process_groups():
             GOOD.replace("rate: 10", "priority: urgent"),
             r"e.yaml:4: processes\[0\].pi05.priority: 'urgent' is not a class",
         ),
+        (
+            GOOD.replace("{model: bagel}", "{model: bagel, class_limits: {later: 1}}"),
+            r"e.yaml:10: processes\[1\].gateway.images.class_limits.later: 'later' is not a class",
+        ),
+        (
+            GOOD.replace("{model: bagel}", "{model: bagel,\n        class_limits: {batch: 0}}"),
+            r"e.yaml:11: processes\[1\].gateway.images.class_limits.batch: 0 is not an in-flight limit",
+        ),
+        (
+            GOOD.replace("rate: 10", "class_limits: {control: two}"),
+            r"e.yaml:4: processes\[0\].pi05.class_limits.control: 'two' is not an in-flight limit",
+        ),
     ],
 )
 def test_a_bad_config_is_refused_naming_the_line_and_field(text, says):
     with pytest.raises(EdgeConfigError, match=says):
         EdgeFile.parse(text, "e.yaml", cores=2)
+
+
+def test_a_front_ends_class_is_its_requests_own_unless_set():
+    edge = EdgeFile.parse(GOOD, "e.yaml", cores=2)
+    assert edge.config.process("control").pi05.priority == ""
+    assert edge.config.process("control").front_ends() == ["pi0.5 for /robot1 /robot2 [control]"]
+    edge = EdgeFile.parse(GOOD.replace("rate: 10", "priority: interactive"), "e.yaml", cores=2)
+    assert edge.config.process("control").front_ends() == ["pi0.5 for /robot1 /robot2 [interactive]"]
+
+
+def test_each_front_end_may_limit_its_classes_in_flight():
+    text = GOOD.replace("{model: bagel}", "{model: bagel, class_limits: {batch: 1}}")
+    media = EdgeFile.parse(text, "e.yaml", cores=2).config.process("media")
+    assert media.gateway.images.class_limits == {"batch": 1} and media.gateway.voice.class_limits == {}
 
 
 def test_robots_and_ports_are_not_shared_between_processes():

@@ -10,6 +10,7 @@ def test_shipped_engine_yaml_loads():
 
     cfg = load_engine_config(Path(__file__).parents[3] / "config" / "engine.yaml")
     assert cfg.block_size == 16 and cfg.dtype == "auto"
+    assert cfg.starvation_wait_ms == 200 and cfg.starved_share == 0.05  # the defaults, written out
 
 
 @pytest.mark.parametrize(
@@ -19,6 +20,8 @@ def test_shipped_engine_yaml_loads():
         ("blok_size: 3\n", "blok_size"),
         ("block_size: -3\n", "block_size"),
         ("dtype: float8\n", "dtype"),
+        ("starvation_wait_ms: -5\n", "starvation_wait_ms"),
+        ("starved_share: 1.5\n", "starved_share"),
         ("- 1\n- 2\n", "mapping"),
         (
             "block_size: [1,\n",

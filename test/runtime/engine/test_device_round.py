@@ -3,64 +3,11 @@ call that arrives during a batch step runs before that batch engine's next step.
 
 from __future__ import annotations
 
-import threading
-
-from mstar.engine.device_round import engines_to_step, most_urgent_of, step_round
+from mstar.engine.device_round import engines_to_step, step_round
 from mstar.priority import Priority
+from support.fake_steppables import FakeEngine, FakeGroup
 
 C, IA, B = Priority.CONTROL, Priority.INTERACTIVE, Priority.BATCH
-
-
-class FakeEngine:
-    """Steppable: ``work`` holds the classes of its due steps; each step does one and logs it."""
-
-    def __init__(self, name: str, work: list[Priority], log: list[str], classes: bool = True) -> None:
-        self.name, self.work, self.log, self.classes = name, list(work), log, classes
-        self.wake = threading.Event()
-        self.pending_only: list[Priority] = []  # queued, not due (waiting to be batched)
-        self.on_step = None  # something that arrives while this step runs
-
-    def poll(self) -> None:
-        pass
-
-    def has_work(self) -> bool:
-        return bool(self.work)
-
-    def has_pending(self) -> bool:
-        return bool(self.work or self.pending_only)
-
-    def most_urgent(self, pending: bool = False) -> Priority | None:
-        queued = self.work + (self.pending_only if pending else [])
-        return (min(queued) if self.classes else IA) if queued else None
-
-    def step(self) -> None:
-        if self.work:
-            self.log.append(f"{self.name}:{self.work.pop(0).label}")
-        else:
-            self.log.append(f"{self.name}:batched")
-            self.pending_only.clear()
-        if self.on_step is not None:
-            self.on_step()
-
-
-class FakeGroup:
-    """RoundLoop over engines, as a Worker's DeviceLoop groups them (without the device thread)."""
-
-    def __init__(self, *engines: FakeEngine) -> None:
-        self.engines = list(engines)
-        self.name = "+".join(e.name for e in engines)
-
-    def poll(self) -> None:
-        pass
-
-    def most_urgent(self) -> Priority | None:
-        return most_urgent_of([e.most_urgent() for e in self.engines])
-
-    def step_once(self, limit: Priority | None = None) -> bool:
-        busy = engines_to_step(self.engines, limit)
-        for engine in busy:
-            engine.step()
-        return bool(busy)
 
 
 def rounds(loops, n: int) -> None:
