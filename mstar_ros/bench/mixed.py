@@ -189,7 +189,7 @@ def run_mixed_bench(args: argparse.Namespace) -> int:
     from mstar_ros.bench.machine import machine_section
     from mstar_ros.bench.mixed_plot import plot_mixed, report_lines
     from mstar_ros.bench.pi05_workload import bag_observations
-    from mstar_ros.cli.bench import write_report
+    from mstar_ros.bench.report_files import write_report
 
     models = load_models(args)
     policy = models["pi05"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from mstar_ros.bench.report_files import write_report  # noqa: F401 (the bench commands import it from here)
 from mstar_ros.dtype_option import add_dtype_argument
 
 
@@ -78,14 +79,3 @@ def positive_ints(text: str) -> list[int]:
     if not values or min(values) < 1:
         raise argparse.ArgumentTypeError(f"expected integers >= 1, got {text!r}")
     return values
-
-
-def write_report(report: dict, lines: list[str], json_path: Path, plot, plot_path: Path) -> None:
-    """Print the summary, write the JSON and the PNG (``plot(report, path)``), say where."""
-    import json
-
-    print("\n".join(lines))
-    json_path.parent.mkdir(parents=True, exist_ok=True)
-    json_path.write_text(json.dumps(report, indent=2) + "\n")
-    plot(report, plot_path)
-    print(f"wrote {json_path} and {plot_path}")

@@ -1,6 +1,6 @@
 """``mstar-ros launch edge``: the whole edge box (pi0.5 robots, the voice gateway, BAGEL images) from one config.
 
-The processes of mstar_ros.launch_spec_edge (what ``ros2 launch mstar_ros edge.launch.py`` starts), one
+The processes of mstar_ros.edge.launch_spec (what ``ros2 launch mstar_ros edge.launch.py`` starts), one
 per process group of the edge config, supervised as ``mstar-ros launch pi05`` supervises its node set.
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from mstar_ros.launch_spec_edge import EDGE_LAUNCH_ARGUMENTS, edge_processes
+from mstar_ros.edge.launch_spec import EDGE_LAUNCH_ARGUMENTS, edge_processes
 
 DESCRIPTION = """\
 Start the edge box: every front-end of the edge config (default config/edge.yaml) -- pi0.5 for the

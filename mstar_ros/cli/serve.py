@@ -11,6 +11,7 @@ from pathlib import Path
 
 from mstar_ros.dtype_option import add_dtype_argument, engine_config
 from mstar_ros.webrtc.speech_models import speech_model_names
+from mstar_ros.webrtc.urls import base_url
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -168,10 +169,6 @@ def openai_routes(model) -> list[str]:
     if getattr(model, "image_edit", False):
         routes.append("/images/edits")
     return routes
-
-
-def base_url(host: str, port: int) -> str:
-    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
 def other_urls(base: str, token: bool) -> str:

@@ -42,11 +42,11 @@ async def start_gateway(
     """Loads the gateway's models, starts their Conductors and the server (all closed by ``stack``)."""
     from aiohttp import web
 
-    from mstar_ros.cli.serve import base_url
     from mstar_ros.webrtc.gateway_token import gateway_token
     from mstar_ros.webrtc.image_models import speaks
     from mstar_ros.webrtc.openai_images import OpenAIImages
     from mstar_ros.webrtc.server import GatewayLimits, VoiceGateway
+    from mstar_ros.webrtc.urls import base_url
 
     conductors: dict[str, object] = {}
     first = front.voice or front.images  # the model the gateway is built around (config: one at least)

@@ -4,7 +4,7 @@
                     [--summary-json F] [--status-every S] [--ros-args ...]
 
 (also ``python -m mstar_ros.edge.host``; ``mstar-ros launch edge`` and ``ros2 launch mstar_ros
-edge.launch.py`` start one per process group, from mstar_ros.launch_spec_edge.) The group's pi0.5
+edge.launch.py`` start one per process group, from mstar_ros.edge.launch_spec.) The group's pi0.5
 robots (rclpy node set, its Conductor) and its gateway (aiohttp: the voice model's Conductor, the
 image model's) all live here, so every engine of every Conductor steps on this process's one device
 thread (mstar.engine.device_loop), the most urgent request class first. The group's ``threads`` are

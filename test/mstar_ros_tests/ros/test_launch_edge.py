@@ -1,4 +1,4 @@
-"""The edge box's launch: mstar_ros.launch_spec_edge, launch/edge.launch.py (against the launch stand-ins) and
+"""The edge box's launch: mstar_ros.edge.launch_spec, launch/edge.launch.py (against the launch stand-ins) and
 ``mstar-ros launch edge`` end to end: one process serving a robot's action chunks, speech and images."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import pytest
 import yaml
 
 from mstar_ros.edge.config import EdgeConfigError
+from mstar_ros.edge.launch_spec import EDGE_LAUNCH_ARGUMENTS, edge_processes
 from mstar_ros.launch_spec import default_params_file
-from mstar_ros.launch_spec_edge import EDGE_LAUNCH_ARGUMENTS, edge_processes
 from support.launch_standins import describe, launch_ros_command, load_launch_file, nodes
 
 ROOT = Path(__file__).resolve().parents[3]
