@@ -16,7 +16,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         description="C independent greedy streams of token ids (C = 1 and 8) through our AR engine and through "
         "llama.cpp (llama-cpp-python, batched decode with one sequence id per stream) on the same checkpoint, "
         "exported to GGUF by us and quantized by llama.cpp; same threads, interleaved rounds, medians. The "
-        "default preset keeps the real 3B's LM-head share (~15%%). Prints int8_vs_q8_c1, best_vs_q4km_c1, "
+        "default preset keeps the real 3B's LM-head share (~15%). Prints int8_vs_q8_c1, best_vs_q4km_c1, "
         "best_vs_q4km_c8 and step_overhead_b1; writes JSON and a PNG.",
     )
     p.add_argument("--preset", default="decode", help="generated Orpheus checkpoint (default decode)")
