@@ -4,8 +4,9 @@ Every model runs as the edge host runs them (mstar_ros.edge): one Conductor per 
 process, so every engine steps on its one device thread; pi0.5's nodes are of class control, the voice
 model's interactive, the image model's batch (mstar_ros.edge.classes). In one run:
 
-1. alone: ``robots`` robots offer observations at ``hz`` each (open loop, the policy node's fresh-frame
-   rule; pi0.5's sensor-to-action latency from the synthetic bag, mstar_ros.bench.pi05_loads), nothing
+1. alone: ``robots`` robots offer observations at ``hz`` each and ask for a chunk every
+   ``chunk_period`` seconds (when they reach their refill point; 0: as soon as the last one returned;
+   the policy node's fresh-frame rule; pi0.5's sensor-to-action latency from the synthetic bag, mstar_ros.bench.pi05_loads), nothing
    else running; then the voice peers alone (their RTF unloaded);
 2. loaded: the same robots while ``peers`` voice peers speak one answer after another and a batch job
    makes images back to back (mstar_ros.bench.mixed_loads);
@@ -27,6 +28,15 @@ import time
 from mstar_ros.bench.mixed_loads import images_until, speak_until
 from mstar_ros.bench.pi05_loads import ours_open, request_for
 from mstar_ros.bench.workload import percentile
+
+
+def chunk_period_s(policy) -> float:
+    """Seconds between a robot's chunk requests when it asks at its refill point: the actions it runs
+    from a chunk before then (the horizon less ``refill_at``) at ``control_rate_hz``."""
+    from mstar_ros.ros.pi05.params import PARAMETERS
+
+    refill_at = PARAMETERS["refill_at"][0] or policy.action_horizon // 2
+    return (policy.action_horizon - refill_at) / PARAMETERS["control_rate_hz"][0]
 
 
 def refill_deadline_s(policy) -> float:
@@ -99,23 +109,28 @@ async def measure(models: dict, observations, args, bar, *, classes: bool, alone
     """One pass: (alone figures if ``alone``, then) the loaded figures, with classes on or off."""
     policy = models["pi05"]
     fresh = 1.0 / args.hz
+    period = chunk_period_s(policy) if args.chunk_period is None else args.chunk_period
     out: dict = {}
     async with conductors(models, args.dtype, classes) as running:
         await _warm(models, running, observations[0][0], args)
         if alone:
-            run = await ours_open(policy, running["pi05"], observations, args.seconds, bar, fresh)
+            run = await ours_open(
+                policy, running["pi05"], observations, args.seconds, bar, fresh, chunk_period_s=period
+            )
             out["alone"] = {"control": run.latencies}
             out["alone"]["voice_rtf"] = await _for(
                 args.voice_seconds,
-                lambda stop: speak_until(models["voice"], running["voice"], args.peers, stop, args.max_tokens, bar),
+                lambda stop: speak_until(
+                    models["voice"], running["voice"], args.peers, stop, args.max_tokens, bar, args.voice_pause
+                ),
             )
         stop = asyncio.Event()
         voice = asyncio.ensure_future(
-            speak_until(models["voice"], running["voice"], args.peers, stop, args.max_tokens, bar)
+            speak_until(models["voice"], running["voice"], args.peers, stop, args.max_tokens, bar, args.voice_pause)
         )
         images = asyncio.ensure_future(images_until(models["images"], running["images"], stop, args.image_steps, bar))
         await asyncio.sleep(0.5)  # the voice and batch work under way before the robots start
-        run = await ours_open(policy, running["pi05"], observations, args.seconds, bar, fresh)
+        run = await ours_open(policy, running["pi05"], observations, args.seconds, bar, fresh, chunk_period_s=period)
         stop.set()
         out["loaded"] = {"control": run.latencies, "voice_rtf": await voice, "image_s": await images}
     return out
@@ -212,6 +227,8 @@ def run_mixed_bench(args: argparse.Namespace) -> int:
         "workload": {
             "robots": args.robots,
             "hz": args.hz,
+            "chunk_period_s": round(chunk_period_s(policy) if args.chunk_period is None else args.chunk_period, 3),
+            "voice_pause_s": args.voice_pause,
             "seconds": args.seconds,
             "voice_peers": args.peers,
             "voice_max_tokens": args.max_tokens,

@@ -1,7 +1,8 @@
 """The loads of ``mstar-ros bench mixed`` beside the robots: voice streams and a batch job, until told to stop.
 
-- Voice: ``peers`` concurrent speakers on the voice Conductor, each asking its next answer as soon as the
-  last one has been generated. A response's real-time factor (RTF) is its generation time (submit ->
+- Voice: ``peers`` concurrent conversations on the voice Conductor: each asks its next answer once the
+  last one has played out (its audio's length after it was asked) and ``pause_s`` more (the user's
+  turn); ``pause_s`` < 0: as soon as the last one was generated (back to back). A response's real-time factor (RTF) is its generation time (submit ->
   last audio chunk) over the seconds of audio it made: under 1, it is made faster than it plays.
 - Batch: text-to-image requests on the image model's Conductor, one after another (an offline job).
 """
@@ -9,6 +10,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import time
 
@@ -19,7 +21,9 @@ from mstar_ros.bench.webrtc_peers import TEXTS
 clock = time.perf_counter
 
 
-async def speak_until(model, conductor, peers: int, stop: asyncio.Event, max_tokens: int, bar=None) -> list[float]:
+async def speak_until(
+    model, conductor, peers: int, stop: asyncio.Event, max_tokens: int, bar=None, pause_s: float = -1.0
+) -> list[float]:
     """RTF of every answer finished before ``stop`` (answers still running at ``stop`` are cancelled)."""
     rtfs: list[float] = []
     ids = itertools.count()
@@ -48,6 +52,10 @@ async def speak_until(model, conductor, peers: int, stop: asyncio.Event, max_tok
                 rtfs.append((clock() - start) / (samples / model.sample_rate))
                 if bar is not None:
                     bar.update()
+            if pause_s >= 0:  # the answer plays out, then the user speaks
+                played = start + samples / model.sample_rate + pause_s
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(stop.wait(), max(0.0, played - clock()))
 
     await asyncio.gather(*(peer(p) for p in range(peers)))
     return rtfs

@@ -132,7 +132,10 @@ async def ours_open(
     bar,
     fresh_period_s: float | None = None,
     max_inflight: int = 0,
+    chunk_period_s: float = 0.0,
 ) -> Run:
+    """``chunk_period_s`` > 0: a robot asks for its next chunk no sooner than that long after its last
+    request (when it reaches its refill point), not as soon as the last chunk returned."""
     robots, times = _offers(robots, seconds)
     run = Run(offered=sum(map(len, robots)))
     t0 = clock()
@@ -140,16 +143,21 @@ async def ours_open(
 
     async def robot(r: int, obs: list[Observation], at: list[float]) -> None:
         last = -1
+        asked = -chunk_period_s  # when this robot last asked (seconds into the window)
         while clock() - t0 < seconds:
             async with admitted(admission, str(r)):  # admitted first, then the observation is picked
                 # serving starts inside the window; what is offered after it is dropped
                 while (now := clock() - t0) < seconds:
+                    if now < asked + chunk_period_s:  # not at its refill point yet
+                        await asyncio.sleep(asked + chunk_period_s - now)
+                        continue
                     k = bisect.bisect_right(at, now) - 1  # the newest observation offered by now
                     if k <= last or waits_for_next(at, k, now, fresh_period_s):
                         if max(k, last) + 1 == len(at):
                             return
                         await asyncio.sleep(at[max(k, last) + 1] - now)
                         continue
+                    asked = now
                     await conductor.submit(request_for(policy, obs[k])).collect()
                     run.latencies.append(clock() - t0 - at[k])
                     bar.update()

@@ -27,7 +27,22 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--hz", type=float, default=10.0, help="observations per second per robot (default 10)")
     p.add_argument("--seconds", type=float, default=20.0, help="seconds per robots' measurement (default 20)")
     p.add_argument("--voice-seconds", type=float, default=10.0, help="seconds of the voice peers alone (default 10)")
+    p.add_argument(
+        "--chunk-period",
+        type=float,
+        default=None,
+        help="seconds between a robot's chunk requests (default: its refill cadence, the actions it runs from a "
+        "chunk before its refill point at config/pi05.yaml's control rate; 0: as soon as the last chunk returned, "
+        "which saturates the box)",
+    )
     p.add_argument("--peers", type=int, default=4, help="voice peers speaking at once (default 4)")
+    p.add_argument(
+        "--voice-pause",
+        type=float,
+        default=1.0,
+        help="seconds a peer's user talks after an answer has played out, before the next answer is asked "
+        "(default 1; negative: answers back to back, as fast as they are made)",
+    )
     p.add_argument("--max-tokens", type=int, default=280, help="audio tokens per voice answer (default 280)")
     p.add_argument("--image-steps", type=int, default=None, help="flow steps per image (default: the model's)")
     p.add_argument("--pi05-preset", default="bench", help="generated pi0.5 preset (default bench)")
