@@ -111,13 +111,17 @@ class _Systems:
         self.ours: dict[str, OursDecoder] = {}
         self.unavailable: dict[str, str] = {}
         streams = max(opts.levels)
-        for key, quant in OURS.items():
-            try:
-                config = engine_config(opts.dtype, quant, streams, per_stream)
-            except ValueError as exc:
-                self.unavailable[key] = str(exc)
-                continue
-            self.ours[key] = OursDecoder(llm_dir, config)
+        try:
+            for key, quant in OURS.items():
+                try:
+                    config = engine_config(opts.dtype, quant, streams, per_stream)
+                except ValueError as exc:
+                    self.unavailable[key] = str(exc)
+                    continue
+                self.ours[key] = OursDecoder(llm_dir, config)
+        except BaseException:  # the engines already started would keep their device threads
+            self.close()
+            raise
 
     def run(self, key: str, batch: list[list[int]], new_tokens: int) -> tuple[list[list[int]], float]:
         if key in self.ours:

@@ -97,13 +97,15 @@ class OursDecoder:
         first token (``(new_tokens - 1) * len(prompts)`` tokens), as LlamaCppDecoder.greedy."""
         run = next(self._ids)
         names = [f"decode-{run}-{s}" for s in range(len(prompts))]
-        firsts = [self._call(name, prompt, None) for name, prompt in zip(names, prompts)]
-        out = [self._tokens(q) for q in firsts]
-        start = time.perf_counter()
-        loops = [self._call(name, toks[-1:], LoopSpec(max_iters=new_tokens - 1)) for name, toks in zip(names, out)]
-        for toks, q in zip(out, loops):
-            toks += self._tokens(q)
-        elapsed = time.perf_counter() - start
-        for name in names:
-            self.engine.release(name)
+        try:
+            firsts = [self._call(name, prompt, None) for name, prompt in zip(names, prompts)]
+            out = [self._tokens(q) for q in firsts]
+            start = time.perf_counter()
+            loops = [self._call(name, toks[-1:], LoopSpec(max_iters=new_tokens - 1)) for name, toks in zip(names, out)]
+            for toks, q in zip(out, loops):
+                toks += self._tokens(q)
+            elapsed = time.perf_counter() - start
+        finally:  # a failed run must not keep its sequences' KV blocks from the next
+            for name in names:
+                self.engine.release(name)
         return out, elapsed

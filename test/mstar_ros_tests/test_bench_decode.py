@@ -69,3 +69,24 @@ def test_bench_decode_quick(tmp_path):
     assert report["step_overhead_b1"] is None and "skipped" in report["step_overhead"]["why"]
     assert report["threads"] == 2 and report["versions"]["llama_cpp_python"]
     assert png.stat().st_size > 10_000 and "best_vs_q4km_c1" in run.stdout
+
+
+def test_engines_started_are_stopped_when_a_later_one_fails(monkeypatch):
+    import mstar_ros.bench.ours_decode as ours_decode
+    from mstar_ros.bench.decode import DecodeBenchOptions, _Systems
+
+    started, stopped = [], []
+
+    class Decoder:
+        def __init__(self, llm_dir, config):
+            if len(started) == 2:
+                raise RuntimeError("out of memory")
+            started.append(self)
+
+        def close(self):
+            stopped.append(self)
+
+    monkeypatch.setattr(ours_decode, "OursDecoder", Decoder)
+    with pytest.raises(RuntimeError, match="out of memory"):
+        _Systems(None, {}, DecodeBenchOptions(levels=[1]), per_stream=16)
+    assert len(started) == 2 and stopped == started
