@@ -66,10 +66,8 @@ def head_share(config: dict) -> dict:
 
 
 def _step_overhead(llm_dir: Path, dtype: str, quick: bool) -> dict:
-    try:
-        from mstar_ros.bench.step_overhead import measure_step_overhead
-    except ImportError as exc:
-        return {"step_overhead_b1": None, "why": f"mstar_ros.bench.step_overhead not importable: {exc}"}
+    from mstar_ros.bench.step_overhead import measure_step_overhead
+
     try:
         return measure_step_overhead(llm_dir, dtype=dtype, steps=8 if quick else 64, context=32 if quick else 128)
     except Exception as exc:  # another helper's code: the bench's own figures still stand
@@ -109,15 +107,13 @@ class _Systems:
 
         self.opts, self.ggufs, self.per_stream = opts, ggufs, per_stream
         self.ours: dict[str, OursDecoder] = {}
-        self.unavailable: dict[str, str] = {}
         streams = max(opts.levels)
-        for key, quant in OURS.items():
-            try:
-                config = engine_config(opts.dtype, quant, streams, per_stream)
-            except ValueError as exc:
-                self.unavailable[key] = str(exc)
-                continue
-            self.ours[key] = OursDecoder(llm_dir, config)
+        try:
+            for key, quant in OURS.items():
+                self.ours[key] = OursDecoder(llm_dir, engine_config(opts.dtype, quant, streams, per_stream))
+        except BaseException:  # the engines already started would keep their device threads
+            self.close()
+            raise
 
     def run(self, key: str, batch: list[list[int]], new_tokens: int) -> tuple[list[list[int]], float]:
         if key in self.ours:
@@ -177,8 +173,7 @@ def run_decode_bench(opts: DecodeBenchOptions, quick: bool = False) -> dict:
     }
     print(header_line(report))
     systems = _Systems(llm_dir, ggufs, opts, per_stream)
-    report["ours_unavailable"] = systems.unavailable
-    keys = [k for pair in PAIRS for k in pair if k not in systems.unavailable]
+    keys = [k for pair in PAIRS for k in pair]
     try:
         for c in opts.levels:
             batch = prompts(c, opts.prompt_tokens, opts.seed + c)
@@ -258,8 +253,6 @@ def summary_lines(report: dict) -> list[str]:
     for name in ("int8_vs_q8_c1", "best_vs_q4km_c1", "best_vs_q4km_c8", "step_overhead_b1"):
         value = report.get(name)
         lines.append(f"{name}: {'n/a' if value is None else value}")
-    for key, why in report.get("ours_unavailable", {}).items():
-        lines.append(f"{key} not run: {why}")
     if report["step_overhead_b1"] is None:
         lines.append(f"step_overhead_b1 not measured: {report['step_overhead'].get('why')}")
     return lines

@@ -11,7 +11,7 @@ model's interactive, the image model's batch (mstar_ros.edge.classes). In one ru
 2. loaded: the same robots while ``peers`` voice peers speak one answer after another and a batch job
    makes images back to back (mstar_ros.bench.mixed_loads);
 3. loaded, classes off: the same with ``EngineConfig(priority_classes=False)`` (first come, first
-   served), where the runtime has classes; recorded as unavailable where it has not.
+   served).
 
 Figures: ``control_p95_ratio`` = loaded p95 / alone p95 (goal <= 1.25), the share of chunks later than
 the robot's refill point (``refill_at`` actions left at ``control_rate_hz``: the robot would run out
@@ -48,25 +48,14 @@ def refill_deadline_s(policy) -> float:
     return refill_at / PARAMETERS["control_rate_hz"][0]
 
 
-def classes_switch():
-    """``EngineConfig(priority_classes=False)`` where the runtime has classes, else None (unavailable)."""
-    from mstar.engine.config import EngineConfig
-
-    return "priority_classes" if "priority_classes" in EngineConfig.__struct_fields__ else None
-
-
 @contextlib.asynccontextmanager
 async def conductors(models: dict, dtype: str, classes: bool):
     """One Conductor per front-end (pi05 / voice / images), entered together; each request carries its
     front-end's class (pi0.5 chunks control, voice interactive, images batch), as on the edge box."""
-    import msgspec
-
     from mstar.engine.config import EngineConfig
     from mstar_ros.edge.classes import classed_conductor
 
-    config = EngineConfig(dtype=dtype)
-    if classes_switch():
-        config = msgspec.structs.replace(config, priority_classes=classes)
+    config = EngineConfig(dtype=dtype, priority_classes=classes)
     async with contextlib.AsyncExitStack() as stack:
         yield {
             role: await stack.enter_async_context(classed_conductor(model.graph(), model.modules(), config))
@@ -156,7 +145,7 @@ def _rtf(values: list[float]) -> dict:
     }
 
 
-def summarize(on: dict, off: dict | None, deadline_s: float) -> dict:
+def summarize(on: dict, off: dict, deadline_s: float) -> dict:
     alone = _control(on["alone"]["control"], deadline_s)
     loaded = _control(on["loaded"]["control"], deadline_s)
     out = {
@@ -168,17 +157,13 @@ def summarize(on: dict, off: dict | None, deadline_s: float) -> dict:
         "voice_rtf_alone_p95": _rtf(on["alone"]["voice_rtf"])["rtf_p95"],
         "voice_rtf_loaded_p95": _rtf(on["loaded"]["voice_rtf"])["rtf_p95"],
     }
-    if off is None:
-        out["classes_off"] = {"available": False, "why": "this runtime has no EngineConfig.priority_classes"}
-    else:
-        control = _control(off["loaded"]["control"], deadline_s)
-        out["classes_off"] = {
-            "available": True,
-            **control,
-            "voice": _rtf(off["loaded"]["voice_rtf"]),
-            "images": len(off["loaded"]["image_s"]),
-            "control_p95_ratio": _ratio(control["p95_ms"], alone["p95_ms"]),
-        }
+    control = _control(off["loaded"]["control"], deadline_s)
+    out["classes_off"] = {
+        **control,
+        "voice": _rtf(off["loaded"]["voice_rtf"]),
+        "images": len(off["loaded"]["image_s"]),
+        "control_p95_ratio": _ratio(control["p95_ms"], alone["p95_ms"]),
+    }
     return out
 
 
@@ -215,11 +200,10 @@ def run_mixed_bench(args: argparse.Namespace) -> int:
         args.seed,
         normalize=policy.normalization(JOINT_LOWER, JOINT_UPPER).state.normalize,
     )
-    switch = classes_switch()
     started = time.monotonic()
     with progress_bar(desc="mixed: chunks, answers, images", unit="") as bar:
         on = asyncio.run(measure(models, observations, args, bar, classes=True, alone=True))
-        off = asyncio.run(measure(models, observations, args, bar, classes=False, alone=False)) if switch else None
+        off = asyncio.run(measure(models, observations, args, bar, classes=False, alone=False))
     report = {
         "bench": "mixed",
         "machine": machine_section(),

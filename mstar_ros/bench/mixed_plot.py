@@ -17,13 +17,10 @@ def report_lines(report: dict) -> list[str]:
         f"(goal <= 1.25), late chunks {_pct(loaded['late_share'])} (refill point {report['refill_deadline_ms']} ms; "
         f"goal < 1%), voice RTF p95 {loaded['voice']['rtf_p95']}, {loaded['images']} images",
     ]
-    if off["available"]:
-        lines.append(
-            f"loaded, classes off: p95 {off['p95_ms']} ms -> control_p95_ratio {off['control_p95_ratio']}, late "
-            f"chunks {_pct(off['late_share'])}, voice RTF p95 {off['voice']['rtf_p95']}, {off['images']} images"
-        )
-    else:
-        lines.append(f"loaded, classes off: unavailable ({off['why']})")
+    lines.append(
+        f"loaded, classes off: p95 {off['p95_ms']} ms -> control_p95_ratio {off['control_p95_ratio']}, late "
+        f"chunks {_pct(off['late_share'])}, voice RTF p95 {off['voice']['rtf_p95']}, {off['images']} images"
+    )
     if report["workload"]["random_weights"]:
         lines.append("(RANDOM weights: latencies are real, the actions, audio and images are noise)")
     return lines
@@ -39,9 +36,11 @@ def plot_mixed(report: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    runs = [("alone", report["alone"]), ("loaded\nclasses on", report["loaded"])]
-    if report["classes_off"]["available"]:
-        runs.append(("loaded\nclasses off", report["classes_off"]))
+    runs = [
+        ("alone", report["alone"]),
+        ("loaded\nclasses on", report["loaded"]),
+        ("loaded\nclasses off", report["classes_off"]),
+    ]
     names = [name for name, _ in runs]
     fig, (control, voice) = plt.subplots(1, 2, figsize=(11, 4))
     xs = range(len(runs))

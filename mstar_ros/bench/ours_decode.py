@@ -15,7 +15,6 @@ import queue
 import time
 from pathlib import Path
 
-import msgspec
 import torch
 
 from mstar.engine.ar_engine import AREngine
@@ -29,23 +28,16 @@ GREEDY = SamplingParams(temperature=0.0)
 BLOCK = 16
 
 
-def quantization_supported() -> tuple[bool, str]:
-    """Whether EngineConfig has the ``quantization`` field (issue 32's weight-only int8/int4)."""
-    if "quantization" in EngineConfig.__struct_fields__:
-        return True, ""
-    return False, "EngineConfig has no `quantization` field in this checkout"
-
-
 def engine_config(dtype: str, quantization: str, streams: int, per_stream_tokens: int) -> EngineConfig:
-    """A KV pool just big enough for the streams; ValueError when ``quantization`` is not available."""
+    """A KV pool just big enough for the streams, the linears quantized as ``quantization`` says."""
     blocks = streams * math.ceil(per_stream_tokens / BLOCK) + 2
-    config = EngineConfig(dtype=dtype, block_size=BLOCK, num_kv_blocks=blocks, max_num_seqs=max(8, streams))
-    if quantization != "none":
-        ok, why = quantization_supported()
-        if not ok:
-            raise ValueError(why)
-        config = msgspec.structs.replace(config, quantization=quantization)
-    return config
+    return EngineConfig(
+        dtype=dtype,
+        block_size=BLOCK,
+        num_kv_blocks=blocks,
+        max_num_seqs=max(8, streams),
+        quantization=quantization,
+    )
 
 
 class OursDecoder:
@@ -97,13 +89,15 @@ class OursDecoder:
         first token (``(new_tokens - 1) * len(prompts)`` tokens), as LlamaCppDecoder.greedy."""
         run = next(self._ids)
         names = [f"decode-{run}-{s}" for s in range(len(prompts))]
-        firsts = [self._call(name, prompt, None) for name, prompt in zip(names, prompts)]
-        out = [self._tokens(q) for q in firsts]
-        start = time.perf_counter()
-        loops = [self._call(name, toks[-1:], LoopSpec(max_iters=new_tokens - 1)) for name, toks in zip(names, out)]
-        for toks, q in zip(out, loops):
-            toks += self._tokens(q)
-        elapsed = time.perf_counter() - start
-        for name in names:
-            self.engine.release(name)
+        try:
+            firsts = [self._call(name, prompt, None) for name, prompt in zip(names, prompts)]
+            out = [self._tokens(q) for q in firsts]
+            start = time.perf_counter()
+            loops = [self._call(name, toks[-1:], LoopSpec(max_iters=new_tokens - 1)) for name, toks in zip(names, out)]
+            for toks, q in zip(out, loops):
+                toks += self._tokens(q)
+            elapsed = time.perf_counter() - start
+        finally:  # a failed run must not keep its sequences' KV blocks from the next
+            for name in names:
+                self.engine.release(name)
         return out, elapsed

@@ -5,8 +5,9 @@ The front-ends choose per request (mstar.priority, docs/scheduling.md): pi0.5's 
 interactive (``Request``'s default), BAGEL's generation and edits are batch and its understanding and
 chat interactive (``mstar_graphs.bagel.requests``). So by default a front-end's Conductor overrides
 nothing: one BAGEL Conductor serves both a batch image and an interactive question, each in its class.
-A front-end's ``priority:`` in the edge config, when set, puts every call of its Conductor in that class
-(``Conductor(priorities={node: class})`` for every node of its graph).
+A front-end's ``priority:`` in the edge config, when set, is the class of every request its Conductor
+takes: ``submit`` writes it into ``request.priority`` (so the front-end's ``class_limits`` count its
+requests in that class) and every node call carries it (``Conductor(priorities={node: class})``).
 """
 
 from __future__ import annotations
@@ -22,10 +23,18 @@ def class_overrides(graph, cls: str) -> dict[str, str]:
 
 
 def classed_conductor(graph, modules, config, cls: str = "", class_limits: dict[str, int] | None = None):
-    """An embedded Conductor for ``graph``: every node call of class ``cls`` when given (else each
-    request's own), with the in-flight ``class_limits`` (class name -> requests at once)."""
+    """An embedded Conductor for ``graph``: every request (and so every node call) of class ``cls`` when
+    given (else each request's own), with the in-flight ``class_limits`` (class name -> requests at once)."""
     from mstar.conductor import Conductor
 
-    return Conductor(
+    class FrontConductor(Conductor):
+        """A Conductor whose requests all take the front-end's class, limits included."""
+
+        def submit(self, request):
+            if cls:  # the class_limits count request.priority: the front-end's class must be there
+                request.priority = cls
+            return super().submit(request)
+
+    return FrontConductor(
         graph, modules, config=config, priorities=class_overrides(graph, cls), class_limits=class_limits or None
     )

@@ -24,6 +24,7 @@ import time
 
 from mstar_ros.dtype_option import add_dtype_argument  # no torch import either
 from mstar_ros.edge.config import EdgeFile, load_edge_config
+from mstar_ros.edge.engine_settings import check_engine_configs
 from mstar_ros.ros.common.ros_process import split_ros_args  # stdlib only
 
 PROGRAM = "mstar_edge_host"
@@ -152,6 +153,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{PROGRAM}: error: {exc}", file=sys.stderr)
         return 2
     set_intra_op_threads(group.threads)
+    try:
+        check_engine_configs(edge)  # after the threads are set: it may import torch
+    except ValueError as exc:
+        print(f"{PROGRAM}: error: {exc}", file=sys.stderr)
+        return 2
     status, summary = run_serving(PROGRAM, serve(args, ros_args, edge), args.summary_json)
     if summary is not None:
         print_summary(summary)

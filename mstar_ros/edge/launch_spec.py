@@ -65,9 +65,11 @@ def edge_processes(
     ``cores``: the machine's (default: this process's CPU affinity), for the threads check. ``summary_json``:
     where each process writes its summary (with several processes, FILE_STEM-NAME.json per process)."""
     from mstar_ros.edge.config import load_edge_config
+    from mstar_ros.edge.engine_settings import check_engine_configs
 
     path = Path(config).resolve() if config else default_edge_config()
     edge = load_edge_config(path, cores=cores)
+    check_engine_configs(edge)  # before any process starts (imports torch only if one is set)
     args = list(_dtype_arguments(dtype))
     if str(status_every) not in ("", "0"):
         try:

@@ -9,7 +9,8 @@ streamed as it is encoded; mstar_ros.webrtc.audio_formats), ``speed`` (0.25-4, t
 changing the pitch) and ``stream_format`` (``audio``: the file's bytes, chunked as each audio chunk is
 decoded; ``sse``: ``speech.audio.delta`` events, each the next bytes of that file in base64, then
 ``speech.audio.done`` with ``usage``), plus ``seed`` and ``max_tokens`` (our extensions: the same seed
-gives the same audio as ``mstar-ros tts --seed``). A client that goes away cancels the request.
+gives the same audio as ``mstar-ros tts --seed``) and ``priority`` (ours: the request's class, ``control``,
+``interactive`` (the default) or ``batch``; docs/scheduling.md). A client that goes away cancels the request.
 Refusals are OpenAI's error JSON naming the field (mstar_ros.webrtc.openai_errors).
 """
 
@@ -23,6 +24,7 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
+from mstar.priority import Priority
 from mstar.request import RequestError
 from mstar_ros.webrtc.audio_formats import FORMATS, AudioEncoder
 from mstar_ros.webrtc.audio_out import pcm_s16
@@ -45,6 +47,8 @@ class SpeechBody(msgspec.Struct, forbid_unknown_fields=True):
     stream_format: str = "audio"
     seed: int | None = None
     max_tokens: int | None = None  # our extension, as `mstar-ros tts --max-tokens`
+    # ours: the request's priority class (mstar.priority); None: the model's default (interactive)
+    priority: str | None = None
 
 
 def model_mismatch(asked: str | None, served: str) -> None:
@@ -106,6 +110,12 @@ class OpenAISpeech:
     def _request(self, body: SpeechBody):
         """The model's request for ``body``, every field checked first (APIError naming it)."""
         model_mismatch(body.model, self.name)
+        priority = None
+        if body.priority is not None:
+            try:
+                priority = Priority.parse(body.priority)
+            except ValueError as exc:
+                raise APIError(400, str(exc), param="priority", code="invalid_value") from None
         if body.response_format not in FORMATS:
             raise APIError(
                 400,
@@ -153,11 +163,14 @@ class OpenAISpeech:
         # a model that answers has a separate way to say a given text (Qwen3-Omni: its Talker alone)
         speak = getattr(self.model, "speech_request", self.model.request)
         try:
-            return speak(
+            request = speak(
                 body.input, voice=voice_name(body.voice), sampling=sampling, outputs=frozenset(outputs), **extra
             )
         except ValueError as exc:  # the model's refusals: an unknown voice, text over its context
             raise APIError(400, str(exc), code="invalid_value") from None
+        if priority is not None:
+            request.priority = priority
+        return request
 
     async def speech(self, request: web.Request) -> web.StreamResponse:
         try:

@@ -116,17 +116,20 @@ class ResolvedPlacement:
                     )
 
     def _check_module_quantization(self) -> None:
-        """The views of one module share its weights: they are quantized alike on every rank."""
+        """The views of one module share its weights: the groups that set a quantization for them set
+        one alike. A group that sets none follows the engine config, unknown here, so it is not compared
+        (an explicit ``none`` is a value like ``int8``; the engine refuses a module asked two ways)."""
         for module, views in self.graph.modules().items():
-            seen: dict[str | None, int] = {}
+            seen: dict[str, int] = {}
             for view in views:
                 for p in self.placements_of(view):
-                    seen.setdefault(p.quantization, p.group)
+                    if p.quantization is not None:
+                        seen.setdefault(p.quantization, p.group)
             if len(seen) > 1:
                 raise self.file.error(
                     ("node_groups", max(seen.values()), "quantization"),
                     f"module {module!r} (nodes {views}) shares its weights between node groups: "
-                    f"give them one quantization (got {sorted(str(q) for q in seen)})",
+                    f"give them one quantization (got {sorted(seen)})",
                 )
 
     def quantization_on(self, rank: int) -> dict[str, str]:

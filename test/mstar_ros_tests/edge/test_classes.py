@@ -3,6 +3,7 @@ sets one for the front-end, which then covers every node call; its class_limits 
 
 from __future__ import annotations
 
+import asyncio
 import types
 
 import pytest
@@ -40,3 +41,22 @@ def test_calls_carry_their_requests_class_unless_the_front_end_sets_one(cls, wan
 def test_a_front_ends_class_limits_reach_its_conductor():
     conductor = classed_conductor(lm_graph(), {"llm": LM}, config(), "", {"batch": 1})
     assert conductor.class_limits.limits == {B: 1}
+
+
+def test_a_front_ends_class_is_the_class_its_limits_count():
+    """voice: {priority: batch, class_limits: {batch: 1}} caps voice: its interactive requests turn batch."""
+
+    async def main():
+        async with classed_conductor(lm_graph(), {"llm": LM}, config(), "batch", {"batch": 1}) as conductor:
+            requests = [req([3, 4], max_tokens=2, request_id=f"r{i}") for i in range(2)]
+            streams = [conductor.submit(r) for r in requests]
+            await asyncio.sleep(0)  # both reach their class's turn
+            stats = conductor.class_limits.stats()
+            outs = [await s.collect() for s in streams]
+            return [r.priority for r in requests], stats, outs
+
+    classes, stats, outs = run(main())
+    assert classes == [B, B]
+    assert stats["batch"] == {"running": 1, "waiting": 1, "limit": 1}
+    assert stats["interactive"]["running"] == 0
+    assert all(len(o["token"]) == 2 for o in outs)

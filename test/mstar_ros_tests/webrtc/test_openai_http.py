@@ -8,13 +8,20 @@ import asyncio
 import base64
 import io
 import json
+import types
 
 import av
 import msgspec
 import numpy as np
 import openai
+import pytest
+import torch
 
 from mstar.conductor import Conductor
+from mstar.priority import Priority
+from mstar.request import Request, SamplingParams
+from mstar_ros.webrtc.openai_errors import APIError
+from mstar_ros.webrtc.openai_http import OpenAISpeech, SpeechBody, decode_body
 from mstar_ros.webrtc.server import VoiceGateway
 from support.webrtc_gateway import serve_gateway
 
@@ -181,3 +188,21 @@ def test_refusals_are_the_clients_typed_errors_naming_the_field_and_the_gateway_
     assert out["too_big"][1] == 413 and "65536" in out["too_big"][4], out["too_big"]
     assert out["key"][:4] == ("AuthenticationError", 401, None, "invalid_api_key")
     assert len(out["longest"]) > 0
+
+
+def test_a_speech_body_priority_sets_the_requests_class_and_a_bad_one_is_a_400_naming_it():
+    model = types.SimpleNamespace(
+        audio_output="audio",
+        default_sampling=SamplingParams(),
+        request=lambda text, voice, sampling, outputs: Request({"prompt": torch.tensor([1])}, SamplingParams()),
+    )
+    speech = OpenAISpeech(model, None, "orpheus", 0)
+
+    def request(**fields):
+        return speech._request(decode_body(json.dumps({"input": "hi", **fields}).encode(), SpeechBody))
+
+    assert request().priority == Priority.INTERACTIVE
+    assert request(priority="batch").priority == Priority.BATCH
+    with pytest.raises(APIError) as refusal:
+        request(priority="urgent")
+    assert (refusal.value.status, refusal.value.param) == (400, "priority")

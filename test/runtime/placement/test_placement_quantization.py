@@ -34,3 +34,14 @@ def test_one_module_is_quantized_alike_in_every_group():
             "world_size: 2\nnode_groups:\n  - {nodes: [llm, snac], ranks: [0], quantization: int8}\n"
             "  - {nodes: [llm], ranks: [1], walks: [decode], quantization: int4}\n"
         )
+
+
+@pytest.mark.parametrize("explicit", ["none", "int8"])
+def test_a_group_that_sets_no_quantization_is_not_compared_with_one_that_does(explicit):
+    """Unset follows the engine config: an explicit value beside it is no conflict the placement can see."""
+    p = resolve(
+        "world_size: 2\nnode_groups:\n  - {nodes: [llm, snac], ranks: [0]}\n"
+        f"  - {{nodes: [llm], ranks: [1], walks: [decode], quantization: {explicit}}}\n"
+    )
+    assert p.quantization_on(1) == {"llm": explicit}
+    assert p.quantization_on(0) == {}
