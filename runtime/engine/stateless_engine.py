@@ -128,7 +128,9 @@ class StatelessEngine(EngineInbox):
             self._next_index[(item.msg.node, item.msg.request_id)] = item.call.index + 1
         item.reply(out)
 
-    def step(self) -> None:
+    def step(self, limit: Priority | None = None) -> None:
+        """One batch of its most urgent due calls (the device round steps it only when they are within
+        ``limit``, so ``limit`` needs no check here)."""
         batch = self._next_batch()
         if batch:
             self._run_batch(batch)
