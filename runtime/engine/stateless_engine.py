@@ -24,7 +24,7 @@ from mstar.engine.messages import ExecuteNode, NodeOutput, ReleaseRequest
 from mstar.engine.serve_order import call_class
 from mstar.graph.node import NodeCall, NodeSubmodule
 from mstar.layers.linear_packing import pack_linears
-from mstar.layers.weight_only import quantize_module
+from mstar.layers.weight_only import check_quantization_device, quantize_module
 from mstar.priority import Priority
 from mstar.transport.inprocess import InProcessTensorStore
 
@@ -62,6 +62,9 @@ class StatelessEngine(EngineInbox):
         ``quantization``: weight-only int8/int4 linears (mstar.layers.weight_only), for all nodes or per node."""
         super().__init__()
         self.device = torch.device(device)
+        modes = [quantization] if isinstance(quantization, str) else list(quantization.values())
+        for mode in modes:
+            check_quantization_device(mode, self.device, name)
         self.nodes = {n: m.to(device=self.device, dtype=dtype).eval() for n, m in nodes.items()}
         done: set[int] = set()  # views share a module: quantize it once
         for node, module in self.nodes.items():

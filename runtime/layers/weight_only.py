@@ -151,6 +151,14 @@ def check_quantization(value: str, field: str = "quantization") -> str:
     return value
 
 
+def check_quantization_device(mode: str, device: torch.device | str, owner: str) -> None:
+    """Refuses weight-only ``mode`` on a device other than the CPU (its kernels are CPU ones, and
+    ``quantize_linears`` would leave such linears as they are without a word)."""
+    device = torch.device(device)
+    if mode != "none" and device.type != "cpu":
+        raise ValueError(f"{owner}: quantization {mode!r} runs on CPU only (device is {device.type!r})")
+
+
 def quantize_linears(
     module: nn.Module, mode: str, keep_plain: tuple[str, ...] = (), heads: tuple[str, ...] = ()
 ) -> int:
