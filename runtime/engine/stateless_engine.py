@@ -66,12 +66,18 @@ class StatelessEngine(EngineInbox):
         for mode in modes:
             check_quantization_device(mode, self.device, name)
         self.nodes = {n: m.to(device=self.device, dtype=dtype).eval() for n, m in nodes.items()}
-        done: set[int] = set()  # views share a module: quantize it once
+        done: dict[int, tuple[str, str]] = {}  # views share a module: quantize it once, with one mode
         for node, module in self.nodes.items():
             mode = quantization if isinstance(quantization, str) else quantization.get(node, "none")
-            if id(module) not in done:
-                done.add(id(module))
+            first = done.get(id(module))
+            if first is None:
+                done[id(module)] = (node, mode)
                 quantize_module(module, mode)
+            elif first[1] != mode:
+                raise ValueError(
+                    f"{name}: quantization: nodes {first[0]!r} ({first[1]}) and {node!r} ({mode}) share one "
+                    "module and so must have one quantization"
+                )
         if pack:
             for module in self.nodes.values():
                 pack_linears(module, module.plain_linears)

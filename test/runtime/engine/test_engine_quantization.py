@@ -1,5 +1,6 @@
-"""Weight-only quantization on a device other than the CPU is refused by both engines, naming the field
-(its kernels are CPU ones: the linears would otherwise stay unquantized without a word)."""
+"""What the engines refuse of weight-only quantization, naming the field: a device other than the CPU
+(its kernels are CPU ones: the linears would stay unquantized without a word), and views of one module
+asking for different modes (the module is quantized once)."""
 
 from __future__ import annotations
 
@@ -27,3 +28,12 @@ def test_the_stateless_engine_refuses_quantization_off_cpu_for_any_node():
         StatelessEngine({"scale": Scale()}, store, device=META, name="enc", quantization={"scale": "int4"})
     engine = StatelessEngine({"scale": Scale()}, store, device=META, quantization={"scale": "none"}, pack=False)
     assert engine.device == META  # "none" stays allowed everywhere
+
+
+def test_views_of_one_module_must_agree_on_their_quantization():
+    shared = Scale()
+    store = InProcessTensorStore()
+    with pytest.raises(ValueError, match=r"enc: quantization: nodes 'a' \(int8\) and 'b' \(none\) share one module"):
+        StatelessEngine({"a": shared, "b": shared}, store, name="enc", quantization={"a": "int8"})
+    engine = StatelessEngine({"a": shared, "b": shared}, store, quantization={"a": "int8", "b": "int8"})
+    assert set(engine.nodes) == {"a", "b"}
