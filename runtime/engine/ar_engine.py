@@ -132,14 +132,27 @@ class AREngine(EngineInbox):
         classes = [loop.most_urgent() for loop in self._distinct_loops().values()]
         return min((c for c in classes if c is not None), default=None)
 
-    def step(self) -> None:
-        done = sum(self._step_loop(mode, loop) for mode, loop in self._distinct_loops().items())
+    def due_classes(self) -> set[Priority]:
+        """The most urgent class due in each of its loops: the device thread's starvation guard sees a
+        batch flow waiting behind an interactive decode of the same engine."""
+        return {c for loop in self._distinct_loops().values() if (c := loop.most_urgent()) is not None}
+
+    def step(self, limit: Priority | None = None) -> None:
+        """One step of each loop whose due work is of class ``limit`` or more urgent (None: of every
+        loop). Why: a BAGEL flow step (~2 s) must not ride along with every interactive decode step;
+        less urgent loops wait for a round of their class or the starvation guard's step."""
+        loops = [
+            (mode, loop)
+            for mode, loop in self._distinct_loops().items()
+            if limit is None or ((c := loop.most_urgent()) is not None and c <= limit)
+        ]
+        done = sum(self._step_loop(mode, loop, limit) for mode, loop in loops)
         if not done:
             time.sleep(0.001)  # everything waits for KV held by running sequences
 
-    def _step_loop(self, mode: LoopMode, loop: EngineLoop) -> int:
+    def _step_loop(self, mode: LoopMode, loop: EngineLoop, limit: Priority | None) -> int:
         try:
-            return loop.step()
+            return loop.step(limit)
         except Exception as exc:
             log.exception("%s %s step failed", self.name, STEP_NAMES[mode])
             loop.fail_all(exc)

@@ -19,7 +19,7 @@ from mstar.engine.sampler import Sampler
 from mstar.engine.scheduler import Scheduler
 from mstar.engine.tp_plan import Hello, TPLeader
 from mstar.layers.linear_packing import pack_linears, packed_count
-from mstar.layers.weight_only import quantize_module, quantized_count
+from mstar.layers.weight_only import check_quantization_device, quantize_module, quantized_count
 from mstar.parallel.group import TPGroup
 from mstar.transport.inprocess import InProcessTensorStore
 
@@ -54,6 +54,7 @@ def build_core(
     tensor-parallel group (blocks until the other ranks follow)."""
     dtype = _dtype(config.dtype)
     kv_dtype = _dtype(config.kv_dtype or config.dtype)
+    check_quantization_device(config.quantization, device, name)
     module = module.to(device=device, dtype=dtype).eval()
     if config.quantization != "none" and tp is not None and tp.size > 1:
         raise ValueError(f"{name}: quantization {config.quantization!r} is not supported with tensor parallelism yet")

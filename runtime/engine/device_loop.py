@@ -32,6 +32,7 @@ from mstar.engine import intra_op
 from mstar.engine.device_round import (
     Steppable,
     engine_class,
+    engine_classes,
     engines_to_step,
     most_urgent_of,
     next_of_class,
@@ -176,8 +177,8 @@ class DeviceLoop:
         return most_urgent_of([engine_class(e) for e in self.engines])
 
     def due_classes(self) -> set[Priority]:
-        """The class of each engine's due work (its most urgent)."""
-        return {c for e in self.engines if (c := engine_class(e)) is not None}
+        """Every class its engines have due work of (an AR engine's: each loop's)."""
+        return {c for e in self.engines for c in engine_classes(e)}
 
     def step_class(self, cls: Priority) -> bool:
         """One step of one engine whose due work is of class ``cls`` (in turn among such engines)."""
@@ -187,7 +188,7 @@ class DeviceLoop:
             return False
         self._next_skipped = i + 1
         try:
-            self.engines[i].step()
+            self.engines[i].step(cls)
         except Exception:  # engines report their own failures; the loop must survive
             log.exception("%s: engine step raised", self.name)
         return True
@@ -204,7 +205,7 @@ class DeviceLoop:
                 if newer is not None and newer < limit:
                     break  # a more urgent call arrived: its step comes before this group's next
             try:
-                engine.step()
+                engine.step(limit)
             except Exception:  # engines report their own failures; the loop must survive
                 log.exception("%s: engine step raised", self.name)
         return bool(busy)

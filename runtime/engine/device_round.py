@@ -42,11 +42,14 @@ class Steppable(Protocol):
     def has_pending(self) -> bool:
         """Any work queued (it may be waiting to be batched)."""
 
-    def step(self) -> None:
-        """One unit of work: an AR step, or one stateless batch."""
+    def step(self, limit: Priority | None = None) -> None:
+        """One unit of work: an AR step, or one stateless batch; of work of class ``limit`` or more
+        urgent (None: all its due work)."""
 
     # optional: def most_urgent(self, pending: bool = False) -> Priority | None
     #   the most urgent class of the work due now (pending=True: of any queued work); None: none
+    # optional: def due_classes(self) -> set[Priority]
+    #   every class it has due work of (an AR engine: each loop's most urgent); default {most_urgent}
 
 
 class RoundLoop(Protocol):
@@ -74,6 +77,15 @@ def engine_class(engine: Steppable, pending: bool = False) -> Priority | None:
     return UNCLASSED if found is None else Priority(found)
 
 
+def engine_classes(engine: Steppable) -> set[Priority]:
+    """Every class ``engine`` has due work of (empty: none): its ``due_classes`` where it reports them,
+    else its most urgent class."""
+    report = getattr(engine, "due_classes", None)
+    if report is None or not engine.has_work():
+        return {c} if (c := engine_class(engine)) is not None else set()
+    return {Priority(c) for c in report()} or {UNCLASSED}
+
+
 def most_urgent_of(classes: Sequence[Priority | None]) -> Priority | None:
     return min((c for c in classes if c is not None), default=None)
 
@@ -94,11 +106,11 @@ def engines_to_step(engines: Sequence[Steppable], limit: Priority | None) -> lis
 
 
 def next_of_class(engines: Sequence[Steppable], cls: Priority, start: int) -> int | None:
-    """The index of the first engine from ``start`` on (wrapping round) whose due work is of class
+    """The index of the first engine from ``start`` on (wrapping round) with due work of class
     ``cls``; None when none has. Engines of one class so take skipped steps in turn."""
     for offset in range(len(engines)):
         i = (start + offset) % len(engines)
-        if engine_class(engines[i]) == cls:
+        if cls in engine_classes(engines[i]):
             return i
     return None
 

@@ -76,6 +76,9 @@ class FlowLoop(EngineLoop):
     def has_work(self) -> bool:
         return any(self._computed(f) for f in self._flows())
 
+    def _within(self, flow: FlowState, limit: Priority | None) -> bool:
+        return limit is None or self.core.scheduler.class_of(flow.main) <= limit
+
     def most_urgent(self) -> Priority | None:
         """The most urgent class among flows that may step now (None: none may)."""
         return min((self.core.scheduler.class_of(f.main) for f in self._flows() if self._computed(f)), default=None)
@@ -206,13 +209,14 @@ class FlowLoop(EngineLoop):
         return plan, True
 
     # -- step --------------------------------------------------------------------------------------
-    def step(self) -> int:
-        """One batched evaluation of every ready (flow, branch) pair; returns how many flows stepped."""
+    def step(self, limit: Priority | None = None) -> int:
+        """One batched evaluation of every ready (flow, branch) pair whose flow is of class ``limit`` or
+        more urgent (None: every one); returns how many flows stepped."""
         self._sweep()
         if not self.has_work():
             return 0
         with self.core.busy():
-            ready = self._reserve()
+            ready = self._reserve(limit)
             pairs = [(flow, b) for flow in ready for b in self._branches_now(flow)]
             velocities = self._evaluate(pairs)
             stepped = 0
@@ -238,12 +242,13 @@ class FlowLoop(EngineLoop):
                     self._report(flow, report)
             return stepped
 
-    def _reserve(self) -> list[FlowState]:
-        """The flows that step now, every branch's suffix slots reserved (once, for all branches or
-        none; oldest first, younger flows wait)."""
+    def _reserve(self, limit: Priority | None = None) -> list[FlowState]:
+        """The flows of class ``limit`` or more urgent that step now, every branch's suffix slots
+        reserved (once, for all branches or none; oldest first, younger flows wait)."""
         core = self.core
         ready: list[FlowState] = []
-        for flow in [f for f in self._flows() if self._computed(f)][: core.config.max_num_seqs]:
+        due = [f for f in self._flows() if self._computed(f) and self._within(f, limit)]
+        for flow in due[: core.config.max_num_seqs]:
             if not flow.reserved:
                 if not core.scheduler.make_room_all(flow.branches, flow.plan.rows) or not self._computed(flow):
                     break

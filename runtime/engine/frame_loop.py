@@ -291,8 +291,10 @@ class FrameLoop(EngineLoop):
         r.started = True
         return True
 
-    def step(self) -> int:
-        """One forward over every context extension and rollout frame ready; returns how many calls stepped."""
+    def step(self, limit: Priority | None = None) -> int:
+        """One forward over every context extension and rollout frame ready; returns how many calls stepped
+        (``limit`` is not applied inside it: the engine steps the loop only when its most urgent call is
+        within the round's class)."""
         if not self.has_work():
             return 0
         items: list[tuple[object, list]] = []

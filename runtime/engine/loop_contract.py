@@ -31,10 +31,12 @@ class EngineLoop(ABC):
         """Whether a ``step`` now may compute something."""
 
     @abstractmethod
-    def step(self) -> int:
+    def step(self, limit: Priority | None = None) -> int:
         """One batched step over the loop's calls; returns how many it advanced (0: nothing ran).
-        Called on every engine step (a loop with nothing due returns 0 at once); it may raise,
-        and the engine then calls ``fail_all``."""
+        ``limit``: the round's class; a loop may leave work less urgent than it for later (None:
+        everything due steps). Called on every engine step whose class its most urgent work is
+        within (a loop with nothing due returns 0 at once); it may raise, and the engine then
+        calls ``fail_all``."""
 
     def most_urgent(self) -> Priority | None:
         """The most urgent class (mstar.priority) of the work ``step`` may compute now; None when

@@ -7,6 +7,7 @@ temperature, top-k, top-p).
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import torch
@@ -117,14 +118,19 @@ class _SeenColumns:
 class VocabColumns:
     """Column <-> token id of restricted vocabularies, kept per vocabulary tensor (the engine reuses a
     few: mstar.layers.vocab_constraint caches them), so a step converts ids in Python, not with
-    tensor ops; and the columns a history has seen, kept per (history, vocabulary) and brought up to
+    tensor ops; and the columns a history has seen, kept per history and vocabulary and brought up to
     date with the tokens appended since (a sequence's history only grows: the engine appends to it,
-    a fork or a handoff copies it), so a step reads only its new tokens."""
+    a fork or a handoff copies it), so a step reads only its new tokens.
+
+    Histories are evicted least recently used first, each with all its vocabularies: Orpheus cycles 7
+    slot vocabularies per sequence, so a cap over (history, vocabulary) pairs cleared at once rebuilt
+    nearly every entry each step above ~146 sequences; a finished sequence's history ages out."""
 
     def __init__(self, max_kept: int = 64, max_histories: int = 1024) -> None:
         self._kept: dict[int, tuple[torch.Tensor, list[int], dict[int, int]]] = {}
         self._max_kept = max_kept
-        self._seen: dict[tuple[int, int], _SeenColumns] = {}
+        # id(history) -> (history, id(vocab) -> its columns); ids are not reused while an entry holds its objects
+        self._seen: OrderedDict[int, tuple[list[int], dict[int, _SeenColumns]]] = OrderedDict()
         self._max_histories = max_histories
 
     def _entry(self, vocab: torch.Tensor) -> tuple[torch.Tensor, list[int], dict[int, int]]:
@@ -144,13 +150,13 @@ class VocabColumns:
         """Columns of the logits that hold tokens already seen (as :func:`history_columns`)."""
         if vocab is None:
             return history_columns(history, None, device)
-        key = (id(history), id(vocab))
-        seen = self._seen.get(key)
-        # entries hold their list and tensor (ids not reused); a shorter history is another one
-        if seen is None or seen.history is not history or seen.vocab is not vocab or seen.consumed > len(history):
-            if len(self._seen) >= self._max_histories:
-                self._seen.clear()
-            seen = self._seen[key] = _SeenColumns(history, vocab)
+        per_vocab = self._of_history(history)
+        seen = per_vocab.get(id(vocab))
+        # entries hold their tensor (ids not reused); a shorter history is another one
+        if seen is None or seen.vocab is not vocab or seen.consumed > len(history):
+            if seen is None and len(per_vocab) >= self._max_kept:
+                per_vocab.clear()  # a history read through ever new vocabulary tensors
+            seen = per_vocab[id(vocab)] = _SeenColumns(history, vocab)
         col_of = self._entry(vocab)[2]
         for token in history[seen.consumed :]:
             col = col_of.get(token)
@@ -158,3 +164,15 @@ class VocabColumns:
                 seen.columns.add(col)
         seen.consumed = len(history)
         return torch.tensor(sorted(seen.columns), dtype=torch.long, device=device)
+
+    def _of_history(self, history: list[int]) -> dict[int, _SeenColumns]:
+        """``history``'s columns per vocabulary, made the most recently used (least recent evicted)."""
+        entry = self._seen.get(id(history))
+        if entry is not None and entry[0] is history:
+            self._seen.move_to_end(id(history))
+            return entry[1]
+        self._seen.pop(id(history), None)  # another list that had the same id
+        if len(self._seen) >= self._max_histories:
+            self._seen.popitem(last=False)
+        self._seen[id(history)] = (history, {})
+        return self._seen[id(history)][1]

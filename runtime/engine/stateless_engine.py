@@ -24,7 +24,7 @@ from mstar.engine.messages import ExecuteNode, NodeOutput, ReleaseRequest
 from mstar.engine.serve_order import call_class
 from mstar.graph.node import NodeCall, NodeSubmodule
 from mstar.layers.linear_packing import pack_linears
-from mstar.layers.weight_only import quantize_module
+from mstar.layers.weight_only import check_quantization_device, quantize_module
 from mstar.priority import Priority
 from mstar.transport.inprocess import InProcessTensorStore
 
@@ -62,13 +62,22 @@ class StatelessEngine(EngineInbox):
         ``quantization``: weight-only int8/int4 linears (mstar.layers.weight_only), for all nodes or per node."""
         super().__init__()
         self.device = torch.device(device)
+        modes = [quantization] if isinstance(quantization, str) else list(quantization.values())
+        for mode in modes:
+            check_quantization_device(mode, self.device, name)
         self.nodes = {n: m.to(device=self.device, dtype=dtype).eval() for n, m in nodes.items()}
-        done: set[int] = set()  # views share a module: quantize it once
+        done: dict[int, tuple[str, str]] = {}  # views share a module: quantize it once, with one mode
         for node, module in self.nodes.items():
             mode = quantization if isinstance(quantization, str) else quantization.get(node, "none")
-            if id(module) not in done:
-                done.add(id(module))
+            first = done.get(id(module))
+            if first is None:
+                done[id(module)] = (node, mode)
                 quantize_module(module, mode)
+            elif first[1] != mode:
+                raise ValueError(
+                    f"{name}: quantization: nodes {first[0]!r} ({first[1]}) and {node!r} ({mode}) share one "
+                    "module and so must have one quantization"
+                )
         if pack:
             for module in self.nodes.values():
                 pack_linears(module, module.plain_linears)
@@ -128,7 +137,9 @@ class StatelessEngine(EngineInbox):
             self._next_index[(item.msg.node, item.msg.request_id)] = item.call.index + 1
         item.reply(out)
 
-    def step(self) -> None:
+    def step(self, limit: Priority | None = None) -> None:
+        """One batch of its most urgent due calls (the device round steps it only when they are within
+        ``limit``, so ``limit`` needs no check here)."""
         batch = self._next_batch()
         if batch:
             self._run_batch(batch)

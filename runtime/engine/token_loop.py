@@ -42,7 +42,9 @@ class TokenLoop(EngineLoop):
     def most_urgent(self) -> Priority | None:
         return self.core.scheduler.most_urgent()
 
-    def step(self) -> int:
+    def step(self, limit: Priority | None = None) -> int:
+        """One continuous-batching step; ``limit`` is not applied inside it: a decode row of a less
+        urgent call adds little to the step (the scheduler orders rows by class)."""
         core = self.core
         batch = core.scheduler.schedule()
         for seq in core.scheduler.take_stuck():  # can never fit, even with everything else preempted

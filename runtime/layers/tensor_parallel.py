@@ -95,13 +95,17 @@ class VocabParallelEmbedding(nn.Module):
 def restricted_logits(
     hidden: torch.Tensor, weight: torch.Tensor | nn.Linear | WeightOnlyLinear, token_ids: torch.Tensor | None
 ) -> torch.Tensor:
-    """hidden [B, H] @ weight[token_ids].T: [B, K] (all rows when ``token_ids`` is None).
-    Sorted ids with few runs read the rows as views (no gather copy). ``weight`` may be the head
-    module itself: a weight-only quantized head is read without dequantizing it."""
+    """hidden [B, H] @ weight[token_ids].T (+ bias[token_ids] of a head module): [B, K] (all rows when
+    ``token_ids`` is None). Sorted ids with few runs read the rows as views (no gather copy). ``weight``
+    may be the head module itself: a weight-only quantized head is read without dequantizing it."""
     if isinstance(weight, WeightOnlyLinear):
         return _quantized_logits(hidden, weight, token_ids)
     if isinstance(weight, nn.Linear):
-        weight = weight.weight
+        logits = restricted_logits(hidden, weight.weight, token_ids)
+        if weight.bias is None:
+            return logits
+        bias = weight.bias if token_ids is None else weight.bias.index_select(0, token_ids.to(weight.bias.device))
+        return logits + bias.to(logits.dtype)
     hidden = hidden.to(weight.dtype)
     if token_ids is None:
         return F.linear(hidden, weight)

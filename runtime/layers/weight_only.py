@@ -118,22 +118,28 @@ class WeightOnlyLinear(nn.Module):
         return out.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
 
     def rows(self, x: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
-        """``x [M, K] @ weight[lo:hi].T`` -> [M, hi - lo] (no bias: an LM head's row range)."""
+        """``x [M, K] @ weight[lo:hi].T + bias[lo:hi]`` -> [M, hi - lo]: the columns ``forward`` gives."""
         x2 = self._flat(x)
         if self.mode == "int8":
-            return self._mm(x2, self.qweight[lo:hi], self._scales(x2, lo, hi)).to(x.dtype)
-        # int4 rows are packed in blocks of 64: compute the whole blocks, keep the asked rows
-        a = lo - lo % _INT4_BLOCK
-        b = min(-(-hi // _INT4_BLOCK) * _INT4_BLOCK, self.qweight.shape[0])
-        out = self._mm(x2, self.qweight[a:b], self._scales(x2, a, b))
-        return out[:, lo - a : hi - a].to(x.dtype)
+            out = self._mm(x2, self.qweight[lo:hi], self._scales(x2, lo, hi))
+        else:
+            # int4 rows are packed in blocks of 64: compute the whole blocks, keep the asked rows
+            a = lo - lo % _INT4_BLOCK
+            b = min(-(-hi // _INT4_BLOCK) * _INT4_BLOCK, self.qweight.shape[0])
+            out = self._mm(x2, self.qweight[a:b], self._scales(x2, a, b))[:, lo - a : hi - a]
+        if self.bias is not None:
+            out = out + self.bias[lo:hi].to(out.dtype)
+        return out.to(x.dtype)
 
     def gather(self, x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        """``x [M, K] @ weight[ids].T`` -> [M, len(ids)] for scattered ids."""
+        """``x [M, K] @ weight[ids].T + bias[ids]`` -> [M, len(ids)] for scattered ids."""
         ids = ids.to(self.qweight.device, torch.long)
         if self.mode == "int8":
             x2 = self._flat(x)
-            return self._mm(x2, self.qweight.index_select(0, ids), self._scales(x2).index_select(0, ids)).to(x.dtype)
+            out = self._mm(x2, self.qweight.index_select(0, ids), self._scales(x2).index_select(0, ids))
+            if self.bias is not None:
+                out = out + self.bias.index_select(0, ids).to(out.dtype)
+            return out.to(x.dtype)
         return self.forward(x).index_select(-1, ids)  # int4 rows cannot be gathered from the packing
 
     def extra_repr(self) -> str:
@@ -149,6 +155,14 @@ def check_quantization(value: str, field: str = "quantization") -> str:
     if value not in QUANTIZATIONS:
         raise ValueError(f"{field} = {value!r} is invalid (expected one of {', '.join(QUANTIZATIONS)})")
     return value
+
+
+def check_quantization_device(mode: str, device: torch.device | str, owner: str) -> None:
+    """Refuses weight-only ``mode`` on a device other than the CPU (its kernels are CPU ones, and
+    ``quantize_linears`` would leave such linears as they are without a word)."""
+    device = torch.device(device)
+    if mode != "none" and device.type != "cpu":
+        raise ValueError(f"{owner}: quantization {mode!r} runs on CPU only (device is {device.type!r})")
 
 
 def quantize_linears(

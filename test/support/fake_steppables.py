@@ -51,7 +51,7 @@ class FakeEngine:
         queued = self.work + (self.pending_only if pending else [])
         return (min(queued) if self.classes else IA) if queued else None
 
-    def step(self) -> None:
+    def step(self, limit: Priority | None = None) -> None:
         if self.work:
             self.log.append(f"{self.name}:{self.work.pop(0).label}")
         else:
@@ -84,7 +84,7 @@ class FakeGroup:
     def step_once(self, limit: Priority | None = None) -> bool:
         busy = engines_to_step(self.engines, limit)
         for engine in busy:
-            engine.step()
+            engine.step(limit)
         return bool(busy)
 
     def step_class(self, cls: Priority) -> bool:
@@ -92,5 +92,5 @@ class FakeGroup:
         if i is None:
             return False
         self._next = i + 1
-        self.engines[i].step()
+        self.engines[i].step(cls)
         return True

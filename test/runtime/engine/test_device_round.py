@@ -3,7 +3,7 @@ call that arrives during a batch step runs before that batch engine's next step.
 
 from __future__ import annotations
 
-from mstar.engine.device_round import engines_to_step, step_round
+from mstar.engine.device_round import engine_class, engine_classes, engines_to_step, next_of_class, step_round
 from mstar.priority import Priority
 from support.fake_steppables import FakeEngine, FakeGroup
 
@@ -56,3 +56,23 @@ def test_without_classes_every_due_loop_steps_each_round_in_order():
     policy = FakeEngine("policy", [C, C], log, classes=False)
     rounds([FakeGroup(image), FakeGroup(policy)], 2)
     assert log == ["image:batch", "policy:control", "image:batch", "policy:control"]
+
+
+class TwoLoopEngine(FakeEngine):
+    """An AR engine whose loops have due work of several classes: it reports each (``due_classes``)."""
+
+    def due_classes(self) -> set[Priority]:
+        return set(self.work)
+
+    def step(self, limit: Priority | None = None) -> None:
+        self.log.append(f"{self.name}:{limit}")
+
+
+def test_a_batch_loop_behind_an_interactive_one_of_the_same_engine_is_seen_as_skipped():
+    log: list[str] = []
+    engine = TwoLoopEngine("bagel", [Priority.INTERACTIVE, Priority.BATCH], log)
+    assert engine_classes(engine) == {Priority.INTERACTIVE, Priority.BATCH}
+    assert engine_class(engine) == Priority.INTERACTIVE
+    assert next_of_class([engine], Priority.BATCH, 0) == 0  # the guard can give the flow its step
+    plain = FakeEngine("voice", [Priority.INTERACTIVE], log)
+    assert engine_classes(plain) == {Priority.INTERACTIVE} and next_of_class([plain], Priority.BATCH, 0) is None

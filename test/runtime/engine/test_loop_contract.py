@@ -14,6 +14,7 @@ from mstar.engine.loop_contract import EngineLoop
 from mstar.engine.messages import CloseSession, ExecuteNode, NodeOutput, ReleaseRequest
 from mstar.engine.token_loop import TokenLoop
 from mstar.graph import GraphNode, LoopMode
+from mstar.priority import Priority
 from mstar.transport.inprocess import InProcessTensorStore
 from support.toy_models import ToyLM
 
@@ -33,7 +34,7 @@ class Recorder(EngineLoop):
     def has_work(self) -> bool:
         return self.fail_with is not None
 
-    def step(self) -> int:
+    def step(self, limit=None) -> int:
         if self.fail_with is not None:
             raise self.fail_with
         return 0
@@ -50,6 +51,24 @@ class Recorder(EngineLoop):
 
     def stats(self) -> dict[str, int]:
         return {}
+
+
+class ClassedRecorder(Recorder):
+    """A loop with due work of one class that records the limit of each step it takes."""
+
+    def __init__(self, urgent: Priority) -> None:
+        super().__init__()
+        self.urgent = urgent
+
+    def has_work(self) -> bool:
+        return True
+
+    def most_urgent(self) -> Priority | None:
+        return self.urgent
+
+    def step(self, limit=None) -> int:
+        self.calls.append(("step", limit))
+        return 1
 
 
 def _engine() -> tuple[AREngine, InProcessTensorStore]:
@@ -147,3 +166,16 @@ def test_a_failing_step_goes_to_its_loops_fail_all_and_the_others_still_step():
     while engine.has_work():
         engine.step()
     assert replies[-1].final and replies[-1].error is None
+
+
+def test_a_limited_step_leaves_less_urgent_loops_for_their_own_round():
+    engine, _ = _engine()
+    decode, flow = ClassedRecorder(Priority.INTERACTIVE), ClassedRecorder(Priority.BATCH)
+    engine.loops = {LoopMode.FLOW: flow, LoopMode.TOKEN: decode}
+    assert engine.due_classes() == {Priority.INTERACTIVE, Priority.BATCH}
+    engine.step(Priority.INTERACTIVE)
+    assert decode.calls == [("step", Priority.INTERACTIVE)] and flow.calls == []
+    engine.step(Priority.BATCH)  # the guard's step of the skipped class (or a batch round)
+    assert flow.calls == [("step", Priority.BATCH)]
+    engine.step()  # no limit (classes off): every loop steps, as before
+    assert flow.calls[-1] == ("step", None) and decode.calls[-1] == ("step", None)

@@ -285,3 +285,30 @@ def test_union_vocab():
 
 def test_union_vocab_none_when_any_row_is_unconstrained():
     assert union_vocab([[(0, 3)], None], torch.device("cpu")) is None
+
+
+def test_vocab_columns_keep_every_slot_vocabulary_of_the_live_histories(monkeypatch):
+    import mstar.engine.sampler as sampler_module
+
+    built: list[int] = []
+
+    class CountedSeen(sampler_module._SeenColumns):
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            built.append(1)
+
+    monkeypatch.setattr(sampler_module, "_SeenColumns", CountedSeen)
+    cpu = torch.device("cpu")
+    slots = [torch.arange(10 * k, 10 * k + 10) for k in range(7)]  # Orpheus-like: 7 slot vocabularies
+    columns = VocabColumns(max_histories=4)
+    histories = [[0, 11, 25], [3, 47], [69]]
+    for step in range(3):  # 3 sequences x 7 vocabularies = 21 pairs, far past 4 histories' worth
+        for history in histories:
+            for vocab in slots:
+                got = columns.columns(history, vocab, cpu)
+                assert got.tolist() == history_columns(history, vocab, cpu).tolist()
+            history.append(10 * step + 5)
+    assert len(built) == 3 * 7  # built once each, then brought up to date
+    for n in range(5):  # more live histories than it keeps: the least recently used goes
+        columns.columns([n], slots[0], cpu)
+    assert len(built) == 3 * 7 + 5 and len(columns._seen) == 4

@@ -46,9 +46,10 @@ def test_output_matches_the_dequantized_weight_matmul(mode, dtype):
     assert float((got.float() - full).abs().max()) < (0.05 if mode == "int8" else 0.3)
 
 
+@pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("mode", ["int8", "int4"])
-def test_row_ranges_and_gathers_equal_the_full_columns(mode):
-    linear = _linear(64, 300)
+def test_row_ranges_and_gathers_equal_the_full_columns(mode, bias):
+    linear = _linear(64, 300, bias=bias)  # with a bias, every path adds its entries, as forward does
     head = WeightOnlyLinear(linear, mode)
     x = torch.randn(3, 64)
     full = head(x)
@@ -96,3 +97,13 @@ def test_int4_falls_back_to_int8_where_groups_do_not_fit():
 def test_unknown_quantization_names_the_field():
     with pytest.raises(ValueError, match=r"quantization = 'int3'.*none, int8, int4"):
         check_quantization("int3")
+
+
+def test_a_plain_head_with_a_bias_adds_it_on_every_path():
+    head = _linear(64, 300, bias=True)
+    x = torch.randn(3, 64)
+    with torch.no_grad():
+        full = head(x)
+        for ids in (None, torch.tensor([299, 0, 77]), torch.arange(10, 80)):
+            expected = full if ids is None else full[:, ids]
+            torch.testing.assert_close(restricted_logits(x, head, ids), expected, rtol=1e-5, atol=1e-5)
