@@ -37,8 +37,8 @@ from typing import Any
 import msgspec
 
 from mstar.user_yaml import UserYamlError, parse_user_yaml, read_user_yaml_text
+from mstar.yaml_lines import YamlLines, field_name, msgspec_path
 from mstar_ros.edge.classes import CLASSES, DEFAULT_CLASS
-from mstar_ros.edge.yaml_lines import YamlLines, field_name, msgspec_path
 from mstar_ros.launch_spec import parse_robots
 
 NAME = re.compile(r"^[a-z][a-z0-9_]*$")

@@ -32,11 +32,11 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-import yaml
 
 from mstar.layers.weight_only import QUANTIZATIONS
 from mstar.priority import Priority
 from mstar.user_yaml import UserYamlError, parse_user_yaml, read_user_yaml_text
+from mstar.yaml_lines import YamlLines, field_name, msgspec_path
 
 DEVICE = re.compile(r"^(cpu|cuda:\d+)$")
 TRANSPORTS = ("auto", "shm", "tcp", "mooncake")
@@ -73,59 +73,10 @@ class Placement(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
         return self.devices.get(rank, "cpu")
 
 
-class _Lines:
-    """Line numbers of the YAML nodes, by path (("node_groups", 1, "ranks") -> 12).
-
-    Walks the file's own tree: ``parse_user_yaml`` refuses aliases, so no node is visited twice."""
-
-    def __init__(self, root: yaml.Node | None) -> None:
-        self.lines: dict[tuple, int] = {}
-        if root is not None:
-            self._walk(root, ())
-
-    def _walk(self, node: yaml.Node, path: tuple) -> None:
-        self.lines.setdefault(path, node.start_mark.line + 1)  # a mapping key keeps its own line
-        if isinstance(node, yaml.MappingNode):
-            for key, value in node.value:
-                name = key.value
-                try:
-                    name = int(name)
-                except (TypeError, ValueError):
-                    pass
-                self.lines[path + (name,)] = key.start_mark.line + 1
-                self._walk(value, path + (name,))
-        elif isinstance(node, yaml.SequenceNode):
-            for i, item in enumerate(node.value):
-                self._walk(item, path + (i,))
-
-    def at(self, path: tuple) -> int | None:
-        while path and path not in self.lines:
-            path = path[:-1]
-        return self.lines.get(path)
-
-
-def _field(path: tuple) -> str:
-    out = ""
-    for part in path:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out or "(top level)"
-
-
-def _msgspec_path(message: str) -> tuple:
-    """'... - at `$.node_groups[1].ranks`' -> ("node_groups", 1, "ranks")."""
-    match = re.search(r"at `\$(.*)`", message)
-    if not match:
-        return ()
-    parts: list[str | int] = []
-    for name, index in re.findall(r"\.(\w+)|\[(\d+)\]", match.group(1)):
-        parts.append(name if name else int(index))
-    return tuple(parts)
-
-
 class PlacementFile:
     """A parsed placement plus where each part came from, for errors that point at a line."""
 
-    def __init__(self, placement: Placement, source: str, lines: _Lines) -> None:
+    def __init__(self, placement: Placement, source: str, lines: YamlLines) -> None:
         self.placement = placement
         self.source = source
         self._lines = lines
@@ -133,7 +84,7 @@ class PlacementFile:
     def error(self, path: tuple, message: str) -> PlacementError:
         line = self._lines.at(path)
         where = f"{self.source}:{line}" if line else self.source
-        return PlacementError(f"{where}: {_field(path)}: {message}")
+        return PlacementError(f"{where}: {field_name(path)}: {message}")
 
     @classmethod
     def parse(cls, text: str, source: str = "<placement>") -> PlacementFile:
@@ -141,13 +92,13 @@ class PlacementFile:
             root, data = parse_user_yaml(text, source)
         except UserYamlError as exc:
             raise PlacementError(str(exc)) from None
-        lines = _Lines(root)
+        lines = YamlLines(root)
         if not isinstance(data, dict):
             raise PlacementError(f"{source}: expected a mapping with world_size and node_groups")
         try:
             placement = msgspec.convert(data, Placement)
         except msgspec.ValidationError as exc:
-            path = _msgspec_path(str(exc))
+            path = msgspec_path(str(exc))
             line = lines.at(path)
             where = f"{source}:{line}" if line else source
             raise PlacementError(f"{where}: {exc}") from None

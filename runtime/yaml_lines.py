@@ -2,6 +2,8 @@
 
 lines = YamlLines(root)                 # root: the node tree of mstar.user_yaml.parse_user_yaml
 lines.at(("processes", 1, "threads"))   # -> 12 (the nearest enclosing node's line if absent)
+
+Used by the placement file (mstar.placement.schema) and the edge config (mstar_ros.edge.config).
 """
 
 from __future__ import annotations
@@ -12,6 +14,9 @@ import yaml
 
 
 class YamlLines:
+    """Line numbers of the YAML nodes, by path (("node_groups", 1, "ranks") -> 12). Walks the file's own
+    tree: ``parse_user_yaml`` refuses aliases, so no node is visited twice."""
+
     def __init__(self, root: yaml.Node | None) -> None:
         self.lines: dict[tuple, int] = {}
         if root is not None:
@@ -21,8 +26,13 @@ class YamlLines:
         self.lines.setdefault(path, node.start_mark.line + 1)  # a mapping key keeps its own line
         if isinstance(node, yaml.MappingNode):
             for key, value in node.value:
-                self.lines[path + (key.value,)] = key.start_mark.line + 1
-                self._walk(value, path + (key.value,))
+                name = key.value
+                try:
+                    name = int(name)  # an integer key (a placement's devices: {0: cpu}) as msgspec names it
+                except (TypeError, ValueError):
+                    pass
+                self.lines[path + (name,)] = key.start_mark.line + 1
+                self._walk(value, path + (name,))
         elif isinstance(node, yaml.SequenceNode):
             for i, item in enumerate(node.value):
                 self._walk(item, path + (i,))
