@@ -38,3 +38,13 @@ def config_candidates(name: str) -> list[Path]:
 def find_config(name: str) -> Path | None:
     """The first of :func:`config_candidates` that is a file, or None."""
     return next((p for p in config_candidates(name) if p.is_file()), None)
+
+
+def required_config(name: str, argument: str) -> Path:
+    """The first of :func:`config_candidates` that is a file; FileNotFoundError naming where it looked
+    and the launch ``argument`` that would give the file instead."""
+    found = find_config(name)
+    if found is None:
+        looked = ", ".join(map(str, config_candidates(name)))
+        raise FileNotFoundError(f"{name} not found (looked at {looked}); give {argument}")
+    return found

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mstar.engine.dtype_names import DTYPE_NAMES
-from mstar_ros.config_files import config_candidates, find_config
+from mstar_ros.config_files import required_config
 
 PARAMS_FILE = "pi05.yaml"
 
@@ -160,11 +160,7 @@ def parse_robots(text: str | Sequence[str]) -> list[str]:
 
 def default_params_file() -> Path:
     """config/pi05.yaml: the source tree's, else the installed share/mstar_ros/config/ one."""
-    found = find_config(PARAMS_FILE)
-    if found is None:
-        looked = ", ".join(map(str, config_candidates(PARAMS_FILE)))
-        raise FileNotFoundError(f"{PARAMS_FILE} not found (looked at {looked}); give params_file")
-    return found
+    return required_config(PARAMS_FILE, "params_file")
 
 
 def pi05_processes(
@@ -336,10 +332,7 @@ def vjepa2_processes(
     if params_file:
         params = Path(params_file)
     else:
-        params = find_config(VJEPA2_PARAMS_FILE)
-        if params is None:
-            looked = ", ".join(map(str, config_candidates(VJEPA2_PARAMS_FILE)))
-            raise FileNotFoundError(f"{VJEPA2_PARAMS_FILE} not found (looked at {looked}); give params_file")
+        params = required_config(VJEPA2_PARAMS_FILE, "params_file")
     if not params.is_file():
         raise FileNotFoundError(f"params_file: no file {params}")
     return [

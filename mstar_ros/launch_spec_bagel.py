@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from mstar_ros.config_files import config_candidates, find_config
+from mstar_ros.config_files import required_config
 from mstar_ros.launch_spec import (
     DTYPE_ARGUMENT,
     USE_SIM_TIME_ARGUMENT,
@@ -63,10 +63,7 @@ def _bagel_params_file(params_file: str) -> Path:
     if params_file:
         params = Path(params_file)
     else:
-        params = find_config(BAGEL_PARAMS_FILE)
-        if params is None:
-            looked = ", ".join(map(str, config_candidates(BAGEL_PARAMS_FILE)))
-            raise FileNotFoundError(f"{BAGEL_PARAMS_FILE} not found (looked at {looked}); give params_file")
+        params = required_config(BAGEL_PARAMS_FILE, "params_file")
     if not params.is_file():
         raise FileNotFoundError(f"params_file: no file {params}")
     return params

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from mstar_ros.config_files import config_candidates, find_config
+from mstar_ros.config_files import required_config
 from mstar_ros.launch_spec import (
     DTYPE_ARGUMENT,
     USE_SIM_TIME_ARGUMENT,
@@ -43,11 +43,7 @@ EDGE_LAUNCH_ARGUMENTS = (
 
 
 def default_edge_config() -> Path:
-    found = find_config(EDGE_CONFIG_FILE)
-    if found is None:
-        looked = ", ".join(map(str, config_candidates(EDGE_CONFIG_FILE)))
-        raise FileNotFoundError(f"{EDGE_CONFIG_FILE} not found (looked at {looked}); give config")
-    return found
+    return required_config(EDGE_CONFIG_FILE, "config")
 
 
 def edge_processes(
