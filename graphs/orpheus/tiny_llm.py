@@ -31,6 +31,21 @@ TEXT_VOCAB = 512  # BPE tokens of the toy tokenizer (ids 0..511)
 # Llama 3 specials at their real ids, so prompts look like the real ones.
 SPECIAL_TOKENS = {"<|begin_of_text|>": BEGIN_OF_TEXT, "<|end_of_text|>": 128001, "<|eot_id|>": EOT}
 
+# What the bench presets keep of Llama 3.2 3B beside their sizes: its RoPE, context and tied head.
+_LLAMA_3B_LIKE: dict[str, Any] = dict(
+    max_position_embeddings=16384,
+    tie_word_embeddings=True,
+    rope_theta=500000.0,
+    rope_scaling={
+        "rope_type": "llama3",
+        "factor": 32.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+    },
+    torch_dtype="bfloat16",
+)
+
 PRESETS: dict[str, dict[str, Any]] = {
     # Fast enough for unit tests; llama3 rope numbers chosen so all three frequency bands
     # (kept, blended, scaled) occur with head_dim 16.
@@ -62,17 +77,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         num_attention_heads=8,
         num_key_value_heads=4,
         head_dim=64,
-        max_position_embeddings=16384,
-        tie_word_embeddings=True,
-        rope_theta=500000.0,
-        rope_scaling={
-            "rope_type": "llama3",
-            "factor": 32.0,
-            "low_freq_factor": 1.0,
-            "high_freq_factor": 4.0,
-            "original_max_position_embeddings": 8192,
-        },
-        torch_dtype="bfloat16",
+        **_LLAMA_3B_LIKE,
     ),
     # For `bench decode`: the real 3B's balance. Orpheus 3B (Llama 3.2 3B: hidden 3072, 28 layers,
     # MLP 8192, GQA 24/8 heads of 128, tied 156940-row head) spends 482M of its 3.30B weights
@@ -87,17 +92,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         num_attention_heads=6,
         num_key_value_heads=2,
         head_dim=128,
-        max_position_embeddings=16384,
-        tie_word_embeddings=True,
-        rope_theta=500000.0,
-        rope_scaling={
-            "rope_type": "llama3",
-            "factor": 32.0,
-            "low_freq_factor": 1.0,
-            "high_freq_factor": 4.0,
-            "original_max_position_embeddings": 8192,
-        },
-        torch_dtype="bfloat16",
+        **_LLAMA_3B_LIKE,
     ),
 }
 
