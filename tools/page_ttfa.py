@@ -95,15 +95,33 @@ async def open_page(pw, url: str, args: argparse.Namespace, mic: Path | None):
     return browser, page
 
 
+PAGE_STATE = """() => { const s = window.mstarVoice; return { phase: s.phase, ttfas: s.ttfas, maxLevel: s.maxLevel,
+  level: s.level, events: s.events.slice(-40).map(e => [e.type, e.response_id || e.response?.id || null,
+  e.response?.status || e.error?.message || null]) }; }"""
+
+
+async def waited(page, condition: str, timeout_s: float) -> None:
+    """Wait until ``condition`` holds on the page; past ``timeout_s`` fail with what the page saw (its last
+    events, its first-audio times and output level), so that a turn that never got timed says why."""
+    from playwright.async_api import TimeoutError as PageTimeout
+
+    try:
+        await page.wait_for_function(condition, timeout=timeout_s * 1000)
+    except PageTimeout:
+        seen = await page.evaluate(PAGE_STATE)
+        raise SystemExit(f"waited {timeout_s:.0f} s for {condition}; the page saw: {json.dumps(seen)}") from None
+
+
 async def typed(pw, url: str, args: argparse.Namespace) -> list[float]:
     browser, page = await open_page(pw, url, args, None)
     for i in range(args.warmup + args.turns):
         await page.fill("#text", f"Hello there, this is turn {i + 1}.")
         await page.click("#speak")
-        await page.wait_for_function(
+        await waited(
+            page,
             f"window.mstarVoice.ttfas.length > {i} && window.mstarVoice.events.filter("
             f"e => e.type === 'response.done').length > {i}",
-            timeout=args.timeout_s * 1000,
+            args.timeout_s,
         )
     measured = await page.evaluate("window.mstarVoice.ttfas")
     await browser.close()
@@ -114,9 +132,8 @@ async def spoken(pw, url: str, args: argparse.Namespace) -> list[float]:
     with tempfile.TemporaryDirectory(prefix="page-ttfa-") as tmp:
         browser, page = await open_page(pw, url, args, microphone_wav(Path(tmp), args.pause_s))
         want = args.warmup + args.turns
-        await page.wait_for_function(
-            f"window.mstarVoice.ttfas.filter(t => t.kind === 'spoken').length >= {want}",
-            timeout=args.timeout_s * 1000 * want,
+        await waited(
+            page, f"window.mstarVoice.ttfas.filter(t => t.kind === 'spoken').length >= {want}", args.timeout_s * want
         )
         measured = await page.evaluate("window.mstarVoice.ttfas.filter(t => t.kind === 'spoken')")
         await browser.close()

@@ -36,10 +36,11 @@ export class FirstAudio {
     this.maxLevel = Math.max(this.maxLevel, peak);
     this.onLevel(peak);
     const p = this.pending;
-    if (!p || p.responseId === null) return;
+    if (!p) return;
     // the tail of a reply cut off by this turn may still be playing: count audio only after a quiet moment
+    // since the turn; that moment may come before response.created does (events and audio travel apart)
     if (peak <= AUDIBLE) p.quietSeen = true;
-    else if (p.quietSeen) {
+    else if (p.quietSeen && p.responseId !== null) {
       this.pending = null;
       this.onFirstAudio(p.responseId, performance.now() - p.t0, p.kind);
     }
