@@ -3,6 +3,8 @@
     processes:
       - name: box                  # one process: its models share one device thread (class-aware stepping)
         threads: 2                 # its intra-op threads; the sum over processes <= the machine's cores
+        scheduling: normal         # idle: Linux SCHED_IDLE, it runs only on cycles the others leave
+                                   # (mstar_ros.edge.os_scheduling); its threads are not counted in the sum
         pi05:                      # the pi0.5 policy for these robots (one Conductor)
           robots: [/robot1, /robot2]
           weights: ""              # "": the generated tiny checkpoint (RANDOM weights)
@@ -39,6 +41,7 @@ import msgspec
 from mstar.user_yaml import UserYamlError, parse_user_yaml, read_user_yaml_text
 from mstar.yaml_lines import YamlLines, field_name, msgspec_path
 from mstar_ros.edge.classes import CLASSES, DEFAULT_CLASS
+from mstar_ros.edge.os_scheduling import POLICIES
 from mstar_ros.launch_spec import parse_robots
 
 NAME = re.compile(r"^[a-z][a-z0-9_]*$")
@@ -80,6 +83,7 @@ class GatewayFront(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
 class ProcessGroup(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     name: str
     threads: int
+    scheduling: str = "normal"  # mstar_ros.edge.os_scheduling.POLICIES
     pi05: Pi05Front | None = None
     gateway: GatewayFront | None = None
 
@@ -176,6 +180,8 @@ class EdgeFile:
             seen_names.add(group.name)
             if group.threads < 1:
                 raise self.error(at + ("threads",), f"must be >= 1, got {group.threads}")
+            if group.scheduling not in POLICIES:
+                raise self.error(at + ("scheduling",), f"{group.scheduling!r} is not one of {', '.join(POLICIES)}")
             if group.pi05 is None and group.gateway is None:
                 raise self.error(at, "runs no front-end: give pi05 or gateway (or both)")
         self._check_threads(cores)
@@ -183,14 +189,23 @@ class EdgeFile:
         self._check_gateways()
 
     def _check_threads(self, cores: int) -> None:
-        total = sum(group.threads for group in self.config.processes)
+        # an idle process only takes the cycles the others leave: its threads slow none of them
+        counted = [g for g in self.config.processes if g.scheduling != "idle"]
+        total = sum(group.threads for group in counted)
+        over_one = [g for g in self.config.processes if g.scheduling == "idle" and g.threads > cores]
+        if over_one and not self.config.oversubscribe:
+            group = over_one[0]
+            raise self.error(
+                ("processes", self.config.processes.index(group), "threads"),
+                f"{group.threads} intra-op threads but this machine has {cores} cores",
+            )
         if total > cores and not self.config.oversubscribe:
-            each = ", ".join(f"{g.name} {g.threads}" for g in self.config.processes)
+            each = ", ".join(f"{g.name} {g.threads}" for g in counted)
             raise self.error(
                 ("processes",),
                 f"{total} intra-op threads in all ({each}) but this machine has {cores} cores: processes "
-                "spinning on shared cores slow one another several times over; lower threads, or set "
-                "oversubscribe: true",
+                "spinning on shared cores slow one another several times over; lower threads, put a batch "
+                "group under scheduling: idle, or set oversubscribe: true",
             )
 
     def _check_pi05(self) -> None:

@@ -8,7 +8,8 @@ edge.launch.py`` start one per process group, from mstar_ros.edge.launch_spec.) 
 robots (rclpy node set, its Conductor) and its gateway (aiohttp: the voice model's Conductor, the
 image model's) all live here, so every engine of every Conductor steps on this process's one device
 thread (mstar.engine.device_loop), the most urgent request class first. The group's ``threads`` are
-this process's intra-op threads: set before torch is imported. At exit it prints what pi0.5 served.
+this process's intra-op threads and its ``scheduling`` its CPU policy (mstar_ros.edge.os_scheduling), both
+set before torch is imported. At exit it prints what pi0.5 served.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import time
 from mstar_ros.dtype_option import add_dtype_argument  # no torch import either
 from mstar_ros.edge.config import EdgeFile, load_edge_config
 from mstar_ros.edge.engine_settings import check_engine_configs
+from mstar_ros.edge.os_scheduling import apply_scheduling, current_scheduling
 from mstar_ros.ros.common.ros_process import split_ros_args  # stdlib only
 
 PROGRAM = "mstar_edge_host"
@@ -87,7 +89,8 @@ async def serve(args: argparse.Namespace, ros_args: list[str], edge: EdgeFile) -
 
         print(
             f"edge process {group.name!r} serving {', '.join(group.front_ends())} on one device thread "
-            f"({model_threads()} intra-op threads; classes control > interactive > batch)\n" + "\n".join(lines),
+            f"({model_threads()} intra-op threads, CPU scheduling {current_scheduling()}; classes control > "
+            "interactive > batch)\n" + "\n".join(lines),
             flush=True,
         )
         started = time.monotonic()
@@ -151,6 +154,11 @@ def main(argv: list[str] | None = None) -> int:
         group = edge.config.process(args.process)
     except ValueError as exc:
         print(f"{PROGRAM}: error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        apply_scheduling(group.scheduling)  # before torch: its threads inherit the policy
+    except OSError as exc:
+        print(f"{PROGRAM}: error: process {group.name!r}: {exc}", file=sys.stderr)
         return 2
     set_intra_op_threads(group.threads)
     try:

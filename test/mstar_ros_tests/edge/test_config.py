@@ -24,11 +24,25 @@ processes:
 """
 
 
-def test_the_shipped_config_is_one_process_with_every_front_end():
+def test_the_shipped_config_runs_robots_and_voice_together_and_images_idle():
     edge = load_edge_config(ROOT / "config" / "edge.yaml", cores=2)
-    (box,) = edge.config.processes
-    assert box.threads == 2 and box.pi05.robots == ["/robot1", "/robot2"]
-    assert (box.gateway.voice.model, box.gateway.images.model) == ("orpheus", "bagel")
+    box, batch = edge.config.processes
+    assert box.threads == 2 and box.scheduling == "normal" and box.pi05.robots == ["/robot1", "/robot2"]
+    assert (box.gateway.voice.model, box.gateway.images) == ("orpheus", None)
+    assert (batch.scheduling, batch.pi05, batch.gateway.voice, batch.gateway.images.model) == (
+        "idle",
+        None,
+        None,
+        "bagel",
+    )
+    assert box.gateway.port != batch.gateway.port
+
+
+def test_an_idle_process_is_not_counted_against_the_cores_but_still_fits_them():
+    idle = GOOD.replace("  - name: media\n    threads: 1", "  - name: media\n    threads: 2\n    scheduling: idle")
+    assert EdgeFile.parse(idle, "e.yaml", cores=2).config.process("media").scheduling == "idle"
+    with pytest.raises(EdgeConfigError, match=r"e.yaml:\d+: processes\[1\].threads: 3 intra-op threads .* 2 cores"):
+        EdgeFile.parse(idle.replace("threads: 2\n    scheduling", "threads: 3\n    scheduling"), "e.yaml", cores=2)
 
 
 def test_a_good_config_gives_its_process_groups():
@@ -55,6 +69,10 @@ def test_a_good_config_gives_its_process_groups():
             r"e.yaml:3: processes\[0\].threds: Object contains unknown field `threds`$",
         ),
         (GOOD.replace("name: media", "name: control"), r"e.yaml:5: processes\[1\].name: .*named twice"),
+        (
+            GOOD.replace("threads: 1\n    pi05", "threads: 1\n    scheduling: nice\n    pi05"),
+            r"e.yaml:4: processes\[0\].scheduling: 'nice' is not one of normal, idle",
+        ),
         (GOOD.replace("name: media", "name: Media!"), r"processes\[1\].name: 'Media!' is not a name"),
         (GOOD.replace("/robot2", "/9robot"), r"e.yaml:4: processes\[0\].pi05.robots: '/9robot' is not a valid"),
         (GOOD.replace("rate: 10", "rate: -1"), r"processes\[0\].pi05.rate: must be > 0"),

@@ -1,5 +1,5 @@
 """The edge box's launch: mstar_ros.edge.launch_spec, launch/edge.launch.py (against the launch stand-ins) and
-``mstar-ros launch edge`` end to end: one process serving a robot's action chunks, speech and images."""
+``mstar-ros launch edge`` end to end: a robot's action chunks and speech from one process, images from an idle one."""
 
 from __future__ import annotations
 
@@ -33,16 +33,17 @@ processes:
 """
 
 
-def test_the_default_config_is_one_host_process():
-    (spec,) = edge_processes(cores=2)
-    assert spec.name == "edge_box" and spec.command()[:5] == [
-        "mstar_edge_host",
-        "--config",
-        str(ROOT / "config" / "edge.yaml"),
-        "--process",
-        "box",
-    ]
-    assert spec.command(python="py")[:3] == ["py", "-m", "mstar_ros.edge.host"]
+def test_the_default_config_is_a_host_process_for_the_box_and_one_for_batch():
+    box, batch = edge_processes(cores=2)
+    for spec, name in ((box, "box"), (batch, "batch")):
+        assert spec.name == f"edge_{name}" and spec.command()[:5] == [
+            "mstar_edge_host",
+            "--config",
+            str(ROOT / "config" / "edge.yaml"),
+            "--process",
+            name,
+        ]
+    assert box.command(python="py")[:3] == ["py", "-m", "mstar_ros.edge.host"]
 
 
 def test_each_process_group_is_a_process_with_its_own_summary(tmp_path):
@@ -89,7 +90,11 @@ processes:
   - name: box
     threads: 2
     pi05: {robots: [/robot1]}
-    gateway: {port: 0, voice: {model: orpheus}, images: {model: bagel}}
+    gateway: {port: 0, voice: {model: orpheus}}
+  - name: batch
+    threads: 2
+    scheduling: idle
+    gateway: {port: 0, images: {model: bagel}}
 """
 
 
@@ -101,7 +106,7 @@ def _post(url: str, body: dict) -> tuple[int, str, bytes]:
 
 @pytest.mark.timeout(150)
 @pytest.mark.slow
-def test_mstar_ros_launch_edge_serves_chunks_speech_and_images_from_one_process(
+def test_mstar_ros_launch_edge_serves_chunks_and_speech_beside_images_in_an_idle_process(
     procs, ros_client, robot_feed, tmp_path
 ):
     from trajectory_msgs.msg import JointTrajectory
@@ -113,8 +118,12 @@ def test_mstar_ros_launch_edge_serves_chunks_speech_and_images_from_one_process(
     launcher = procs(
         sys.executable, "-m", "mstar_ros.cli", "launch", "edge", "--config", str(config), "--summary-json", str(summary)
     )
-    ros_client.wait_for(lambda: "gateway http://" in "\n".join(launcher.lines), 90, "the gateway", [launcher])
-    (url,) = re.findall(r"gateway (http://127\.0\.0\.1:\d+)", "\n".join(launcher.lines))
+    ros_client.wait_for(
+        lambda: "\n".join(launcher.lines).count("gateway http://") == 2, 90, "the two gateways", [launcher]
+    )
+    out = "\n".join(launcher.lines)
+    (url,) = re.findall(r"'box' serving .*\n(?:.*\n)*?  gateway (http://127\.0\.0\.1:\d+)", out)
+    (images_url,) = re.findall(r"'batch' serving .*\n(?:.*\n)*?  gateway (http://127\.0\.0\.1:\d+)", out)
     feed = robot_feed("/robot1", CAMERAS, JOINTS, positions=MIDDLE).start()
     status, kind, audio = _post(
         f"{url}/v1/audio/speech",
@@ -122,7 +131,7 @@ def test_mstar_ros_launch_edge_serves_chunks_speech_and_images_from_one_process(
     )
     assert status == 200 and kind == "audio/wav" and audio[:4] == b"RIFF" and len(audio) > 44
     status, _, body = _post(
-        f"{url}/v1/images/generations", {"model": "bagel", "prompt": "a red block", "size": "64x64", "steps": 2}
+        f"{images_url}/v1/images/generations", {"model": "bagel", "prompt": "a red block", "size": "64x64", "steps": 2}
     )
     (image,) = json.loads(body)["data"]
     assert status == 200 and image["b64_json"]
@@ -130,9 +139,13 @@ def test_mstar_ros_launch_edge_serves_chunks_speech_and_images_from_one_process(
     feed.close()
     assert launcher.interrupt() == 0, launcher.output
     out = launcher.output
-    serving = "edge process 'box' serving pi0.5 for /robot1 [control], voice (orpheus) [interactive], images (bagel)"
-    assert f"{serving} [batch] on one device thread (2 intra-op threads;" in out  # not the test's OMP_NUM_THREADS=1
-    assert "[launch] edge_box exited with status 0" in out
+    serving = "edge process 'box' serving pi0.5 for /robot1 [control], voice (orpheus) [interactive]"
+    # the group's threads, not the test's OMP_NUM_THREADS=1
+    assert f"{serving} on one device thread (2 intra-op threads, CPU scheduling normal;" in out
+    batch = "edge process 'batch' serving images (bagel) [batch] on one device thread"
+    assert f"{batch} (2 intra-op threads, CPU scheduling idle;" in out
+    assert "[launch] edge_box exited with status 0" in out and "[launch] edge_batch exited with status 0" in out
     chunk = ros_client.got("/robot1/action_chunk")[0].msg
     assert list(chunk.joint_names) == JOINTS and len(chunk.points) > 1
-    assert json.loads(summary.read_text())["robots"]["/robot1"]["chunks"] >= 1
+    assert json.loads((tmp_path / "summary-box.json").read_text())["robots"]["/robot1"]["chunks"] >= 1
+    assert json.loads((tmp_path / "summary-batch.json").read_text())["process"] == "batch"
