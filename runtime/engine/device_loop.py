@@ -39,6 +39,7 @@ from mstar.engine.device_round import (
     step_round,
 )
 from mstar.engine.starvation import DEFAULT_LIMIT, StarvationGuard, StarvationLimit
+from mstar.engine.step_trace import StepTrace, clock
 from mstar.priority import Priority
 
 log = logging.getLogger("mstar.engine")
@@ -58,6 +59,7 @@ class DeviceThread:
         self._deferred: list[Callable[[], None]] = []
         self._in_call = False  # inside run_on_device work: nothing to coalesce
         self.threads = 0  # its intra-op width, claimed when it starts
+        self.trace: StepTrace | None = None  # a bench's record of every engine step (off: None)
         claimed = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(claimed,), name="mstar-device", daemon=True)
         self._thread.start()
@@ -187,10 +189,7 @@ class DeviceLoop:
         if i is None:
             return False
         self._next_skipped = i + 1
-        try:
-            self.engines[i].step(cls)
-        except Exception:  # engines report their own failures; the loop must survive
-            log.exception("%s: engine step raised", self.name)
+        self._step(self.engines[i], cls)
         return True
 
     def step_once(self, limit: Priority | None = None) -> bool:
@@ -204,8 +203,16 @@ class DeviceLoop:
                 newer = self.most_urgent()
                 if newer is not None and newer < limit:
                     break  # a more urgent call arrived: its step comes before this group's next
-            try:
-                engine.step(limit)
-            except Exception:  # engines report their own failures; the loop must survive
-                log.exception("%s: engine step raised", self.name)
+            self._step(engine, limit)
         return bool(busy)
+
+    def _step(self, engine: Steppable, limit: Priority | None) -> None:
+        trace = self._thread.trace
+        if trace is not None:  # the class it steps: the round's limit (None: its own most urgent)
+            cls, start = (limit if limit is not None else engine_class(engine)), clock()
+        try:
+            engine.step(limit)
+        except Exception:  # engines report their own failures; the loop must survive
+            log.exception("%s: engine step raised", self.name)
+        if trace is not None:
+            trace.add(start, clock(), self.name, engine, cls)
