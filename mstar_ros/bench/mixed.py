@@ -1,21 +1,24 @@
 """``mstar-ros bench mixed``: the robots' control latency on an edge box that also speaks and makes images.
 
-Every model runs as the edge host runs them (mstar_ros.edge): one Conductor per front-end, all in this
-process, so every engine steps on its one device thread; pi0.5's nodes are of class control, the voice
-model's interactive, the image model's batch (mstar_ros.edge.classes). In one run:
+The models run as the edge host runs them (mstar_ros.edge, config/edge.yaml): pi0.5 and the voice model
+in this process, one Conductor each, every engine stepping on its one device thread (pi0.5's nodes of
+class control, the voice model's interactive: mstar_ros.edge.classes); the batch image job in a process
+of its own under SCHED_IDLE (mstar_ros.bench.batch_process). In one run:
 
 1. alone: ``robots`` robots offer observations at ``hz`` each and ask for a chunk every
    ``chunk_period`` seconds (when they reach their refill point; 0: as soon as the last one returned;
-   the policy node's fresh-frame rule; pi0.5's sensor-to-action latency from the synthetic bag, mstar_ros.bench.pi05_loads), nothing
-   else running; then the voice peers alone (their RTF unloaded);
-2. loaded: the same robots while ``peers`` voice peers speak one answer after another and a batch job
-   makes images back to back (mstar_ros.bench.mixed_loads);
-3. loaded, classes off: the same with ``EngineConfig(priority_classes=False)`` (first come, first
-   served).
+   the policy node's fresh-frame rule; pi0.5's sensor-to-action latency from the synthetic bag,
+   mstar_ros.bench.pi05_loads), nothing else running; then the voice peers alone (their RTF unloaded);
+2. loaded: the same robots while ``peers`` voice peers speak one answer after another
+   (mstar_ros.bench.mixed_loads) and the batch process makes images back to back;
+3. one process: the same with the image model in this process too (its steps on the same device thread,
+   class batch);
+4. classes off: as 3 with ``EngineConfig(priority_classes=False)`` (first come, first served).
 
 Figures: ``control_p95_ratio`` = loaded p95 / alone p95 (goal <= 1.25), the share of chunks later than
 the robot's refill point (``refill_at`` actions left at ``control_rate_hz``: the robot would run out
-of actions before the next chunk; goal < 1%), the voice RTF (goal < 1 where it was < 1 alone).
+of actions before the next chunk; goal < 1%), the voice RTF (goal < 1 where it was < 1 alone), and
+where the chunks' time went on the device (mstar_ros.bench.mixed_timeline).
 """
 
 from __future__ import annotations
@@ -25,7 +28,11 @@ import asyncio
 import contextlib
 import time
 
+from mstar.engine.device_loop import device_thread
+from mstar.engine.step_trace import StepTrace
+from mstar_ros.bench.batch_process import BatchProcess
 from mstar_ros.bench.mixed_loads import images_until, speak_until
+from mstar_ros.bench.mixed_timeline import chunk_breakdown
 from mstar_ros.bench.pi05_loads import ours_open, request_for
 from mstar_ros.bench.workload import percentile
 
@@ -94,19 +101,32 @@ async def _warm(models: dict, running: dict, observation, args) -> None:
         pass
 
 
-async def measure(models: dict, observations, args, bar, *, classes: bool, alone: bool) -> dict:
-    """One pass: (alone figures if ``alone``, then) the loaded figures, with classes on or off."""
+async def _batch_elsewhere(batch: BatchProcess, stop: asyncio.Event) -> list[float]:
+    """The batch process makes images until ``stop``; the seconds of those it finished."""
+    batch.start()
+    await stop.wait()
+    return await asyncio.get_running_loop().run_in_executor(None, batch.finish)
+
+
+async def measure(
+    models: dict, observations, args, bar, *, classes: bool, alone: bool, batch: BatchProcess | None = None
+) -> dict:
+    """One pass: (alone figures if ``alone``, then) the loaded figures, with classes on or off; the batch
+    job in this process, or in ``batch`` (a process of its own, as the edge box's batch group)."""
     policy = models["pi05"]
     fresh = 1.0 / args.hz
     period = chunk_period_s(policy) if args.chunk_period is None else args.chunk_period
     out: dict = {}
     async with conductors(models, args.dtype, classes) as running:
         await _warm(models, running, observations[0][0], args)
+        device = device_thread()
         if alone:
+            device.trace = StepTrace()
             run = await ours_open(
                 policy, running["pi05"], observations, args.seconds, bar, fresh, chunk_period_s=period
             )
-            out["alone"] = {"control": run.latencies}
+            out["alone"] = {"control": run.latencies, "where": chunk_breakdown(run.spans, device.trace)}
+            device.trace = None
             out["alone"]["voice_rtf"] = await _for(
                 args.voice_seconds,
                 lambda stop: speak_until(
@@ -117,11 +137,17 @@ async def measure(models: dict, observations, args, bar, *, classes: bool, alone
         voice = asyncio.ensure_future(
             speak_until(models["voice"], running["voice"], args.peers, stop, args.max_tokens, bar, args.voice_pause)
         )
-        images = asyncio.ensure_future(images_until(models["images"], running["images"], stop, args.image_steps, bar))
+        images = asyncio.ensure_future(
+            images_until(models["images"], running["images"], stop, args.image_steps, bar)
+            if batch is None
+            else _batch_elsewhere(batch, stop)
+        )
         await asyncio.sleep(0.5)  # the voice and batch work under way before the robots start
+        device.trace = StepTrace()
         run = await ours_open(policy, running["pi05"], observations, args.seconds, bar, fresh, chunk_period_s=period)
         stop.set()
-        out["loaded"] = {"control": run.latencies, "voice_rtf": await voice, "image_s": await images}
+        where, device.trace = chunk_breakdown(run.spans, device.trace), None
+        out["loaded"] = {"control": run.latencies, "voice_rtf": await voice, "image_s": await images, "where": where}
     return out
 
 
@@ -145,25 +171,34 @@ def _rtf(values: list[float]) -> dict:
     }
 
 
-def summarize(on: dict, off: dict, deadline_s: float) -> dict:
+def summarize(on: dict, one: dict, off: dict, deadline_s: float) -> dict:
+    """``on``: alone, then loaded as the edge box runs (the batch job in an idle process); ``one``: loaded
+    with every model in this process; ``off``: the same with classes off."""
     alone = _control(on["alone"]["control"], deadline_s)
     loaded = _control(on["loaded"]["control"], deadline_s)
     out = {
         "refill_deadline_ms": round(1000 * deadline_s, 1),
-        "alone": {**alone, "voice": _rtf(on["alone"]["voice_rtf"])},
-        "loaded": {**loaded, "voice": _rtf(on["loaded"]["voice_rtf"]), "images": len(on["loaded"]["image_s"])},
+        "alone": {**alone, "voice": _rtf(on["alone"]["voice_rtf"]), "chunk_device_ms": on["alone"]["where"]},
+        "loaded": {
+            **loaded,
+            "voice": _rtf(on["loaded"]["voice_rtf"]),
+            "images": len(on["loaded"]["image_s"]),
+            "chunk_device_ms": on["loaded"]["where"],
+        },
         "control_p95_ratio": _ratio(loaded["p95_ms"], alone["p95_ms"]),
         "late_chunk_share": loaded["late_share"],
         "voice_rtf_alone_p95": _rtf(on["alone"]["voice_rtf"])["rtf_p95"],
         "voice_rtf_loaded_p95": _rtf(on["loaded"]["voice_rtf"])["rtf_p95"],
     }
-    control = _control(off["loaded"]["control"], deadline_s)
-    out["classes_off"] = {
-        **control,
-        "voice": _rtf(off["loaded"]["voice_rtf"]),
-        "images": len(off["loaded"]["image_s"]),
-        "control_p95_ratio": _ratio(control["p95_ms"], alone["p95_ms"]),
-    }
+    for name, run in (("one_process", one), ("classes_off", off)):
+        control = _control(run["loaded"]["control"], deadline_s)
+        out[name] = {
+            **control,
+            "voice": _rtf(run["loaded"]["voice_rtf"]),
+            "images": len(run["loaded"]["image_s"]),
+            "chunk_device_ms": run["loaded"]["where"],
+            "control_p95_ratio": _ratio(control["p95_ms"], alone["p95_ms"]),
+        }
     return out
 
 
@@ -201,9 +236,14 @@ def run_mixed_bench(args: argparse.Namespace) -> int:
         normalize=policy.normalization(JOINT_LOWER, JOINT_UPPER).state.normalize,
     )
     started = time.monotonic()
-    with progress_bar(desc="mixed: chunks, answers, images", unit="") as bar:
-        on = asyncio.run(measure(models, observations, args, bar, classes=True, alone=True))
-        off = asyncio.run(measure(models, observations, args, bar, classes=False, alone=False))
+    batch = BatchProcess(args, model_threads(), scheduling="idle")  # loaded before anything is measured
+    try:
+        with progress_bar(desc="mixed: chunks, answers, images", unit="") as bar:
+            on = asyncio.run(measure(models, observations, args, bar, classes=True, alone=True, batch=batch))
+            one = asyncio.run(measure(models, observations, args, bar, classes=True, alone=False))
+            off = asyncio.run(measure(models, observations, args, bar, classes=False, alone=False))
+    finally:
+        batch.close()
     report = {
         "bench": "mixed",
         "machine": machine_section(),
@@ -221,7 +261,9 @@ def run_mixed_bench(args: argparse.Namespace) -> int:
             "random_weights": any(getattr(m, "random_weights", False) for m in models.values()),
         },
         "classes": "control (pi0.5) > interactive (voice) > batch (images)",
-        **summarize(on, off, refill_deadline_s(policy)),
+        "batch_process": "loaded: the batch job in a process of its own under SCHED_IDLE (config/edge.yaml); "
+        "one_process and classes_off: in this process",
+        **summarize(on, one, off, refill_deadline_s(policy)),
         "run_s": round(time.monotonic() - started, 1),
     }
     write_report(report, report_lines(report), args.json, plot_mixed, args.plot)

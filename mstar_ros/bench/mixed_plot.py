@@ -8,19 +8,30 @@ from mstar_ros.bench.machine import header_line, layout_with_caption
 
 
 def report_lines(report: dict) -> list[str]:
-    alone, loaded, off = report["alone"], report["loaded"], report["classes_off"]
+    alone, loaded, one, off = report["alone"], report["loaded"], report["one_process"], report["classes_off"]
     lines = [
         header_line(report),
         f"robots alone: p50 {alone['p50_ms']} ms, p95 {alone['p95_ms']} ms ({alone['chunks']} chunks); "
         f"voice alone: RTF p95 {alone['voice']['rtf_p95']} ({alone['voice']['answers']} answers)",
-        f"loaded, classes on: p95 {loaded['p95_ms']} ms -> control_p95_ratio {report['control_p95_ratio']} "
+        f"loaded (images in an idle process): p95 {loaded['p95_ms']} ms -> control_p95_ratio {report['control_p95_ratio']} "
         f"(goal <= 1.25), late chunks {_pct(loaded['late_share'])} (refill point {report['refill_deadline_ms']} ms; "
         f"goal < 1%), voice RTF p95 {loaded['voice']['rtf_p95']}, {loaded['images']} images",
     ]
-    lines.append(
-        f"loaded, classes off: p95 {off['p95_ms']} ms -> control_p95_ratio {off['control_p95_ratio']}, late "
-        f"chunks {_pct(off['late_share'])}, voice RTF p95 {off['voice']['rtf_p95']}, {off['images']} images"
-    )
+    for name, run in (("one process, classes on", one), ("one process, classes off", off)):
+        lines.append(
+            f"{name}: p95 {run['p95_ms']} ms -> control_p95_ratio {run['control_p95_ratio']}, late "
+            f"chunks {_pct(run['late_share'])}, voice RTF p95 {run['voice']['rtf_p95']}, {run['images']} images"
+        )
+    runs = (("alone", alone), ("loaded", loaded), ("one process", one), ("classes off", off))
+    for name, run in runs:
+        where = run.get("chunk_device_ms")
+        if where:
+            for by in ("class", "engine"):
+                median, slowest = where["median"][by], where["slowest_5pct"][by]
+                lines.append(
+                    f"  {name}: a chunk's window by {by}, ms (median chunk | slowest 5%): "
+                    + ", ".join(f"{k} {median.get(k, 0.0)} | {slowest.get(k, 0.0)}" for k in {**median, **slowest})
+                )
     if report["workload"]["random_weights"]:
         lines.append("(RANDOM weights: latencies are real, the actions, audio and images are noise)")
     return lines
@@ -38,11 +49,12 @@ def plot_mixed(report: dict, path: Path) -> None:
 
     runs = [
         ("alone", report["alone"]),
-        ("loaded\nclasses on", report["loaded"]),
-        ("loaded\nclasses off", report["classes_off"]),
+        ("loaded\n(images idle)", report["loaded"]),
+        ("one process\nclasses on", report["one_process"]),
+        ("one process\nclasses off", report["classes_off"]),
     ]
     names = [name for name, _ in runs]
-    fig, (control, voice) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, (control, voice) = plt.subplots(1, 2, figsize=(13, 4))
     xs = range(len(runs))
     control.bar([x - 0.2 for x in xs], [r["p50_ms"] or 0 for _, r in runs], 0.4, label="p50")
     control.bar([x + 0.2 for x in xs], [r["p95_ms"] or 0 for _, r in runs], 0.4, label="p95")

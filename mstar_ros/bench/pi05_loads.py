@@ -158,8 +158,10 @@ async def ours_open(
                         await asyncio.sleep(at[max(k, last) + 1] - now)
                         continue
                     asked = now
+                    submitted = clock()
                     await conductor.submit(request_for(policy, obs[k])).collect()
-                    run.latencies.append(clock() - t0 - at[k])
+                    run.spans.append((submitted, clock()))
+                    run.latencies.append(run.spans[-1][1] - t0 - at[k])
                     bar.update()
                     last = k
                     break

@@ -87,12 +87,14 @@ class Run:
     forward: list[float] = field(default_factory=list)  # the baseline's bare forwards
     elapsed: float = 0.0  # closed loop: start -> last chunk; open loop: first offer -> last chunk
     offered: int = 0  # open loop only
+    spans: list[tuple[float, float]] = field(default_factory=list)  # ours, open loop: each chunk's submit, result
 
     def __iadd__(self, other: Run) -> Run:
         self.latencies += other.latencies
         self.forward += other.forward
         self.elapsed += other.elapsed
         self.offered += other.offered
+        self.spans += other.spans
         return self
 
 

@@ -14,14 +14,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = bench_subparsers(sub).add_parser(
         "mixed",
         help="the edge box: robots' sensor-to-action p95 alone vs with voice peers and a batch image job",
-        description="Every model in this process as the edge host runs them (one Conductor per front-end, "
-        "one device thread; pi0.5 control > voice interactive > images batch). In one run: --robots robots "
-        "at --hz alone (sensor-to-action p95), the voice peers alone (RTF), then the robots while --peers "
-        "voice peers speak and BAGEL makes images back to back; then the same with priority classes "
-        "switched off (EngineConfig(priority_classes=False); recorded as unavailable where the runtime "
-        "has no classes). Reports control_p95_ratio (loaded / alone; goal <= 1.25), the share of chunks "
-        "later than the robot's refill point (goal < 1%) and the voice RTF (goal < 1). JSON and a PNG; run "
-        "it on a quiet machine (other torch processes on the same cores swing every figure).",
+        description="The edge box as config/edge.yaml runs it: pi0.5 and the voice model in this process "
+        "(one Conductor each, one device thread; pi0.5 control > voice interactive), BAGEL's image job in a "
+        "process of its own under SCHED_IDLE. In one run: --robots robots at --hz alone (sensor-to-action "
+        "p95), the voice peers alone (RTF), then the robots while --peers voice peers speak and the batch "
+        "process makes images back to back; then the same with BAGEL in this process (class batch), and "
+        "that with priority classes switched off (EngineConfig(priority_classes=False)). Reports "
+        "control_p95_ratio (loaded / alone; goal <= 1.25), the share of chunks later than the robot's "
+        "refill point (goal < 1%), the voice RTF (goal < 1) and where the chunks' time went on the device "
+        "(by class and engine). JSON and a PNG; run it on a quiet machine (other torch processes on the "
+        "same cores swing every figure).",
     )
     p.add_argument("--robots", type=int, default=2, help="robots (default 2)")
     p.add_argument("--hz", type=float, default=10.0, help="observations per second per robot (default 10)")

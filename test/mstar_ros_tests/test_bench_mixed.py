@@ -29,15 +29,22 @@ def test_bench_mixed_quick_writes_json_and_plot(tmp_path):
     assert report["loaded"]["images"] >= 1 and report["loaded"]["voice"]["answers"] >= 1
     assert report["control_p95_ratio"] == round(report["loaded"]["p95_ms"] / report["alone"]["p95_ms"], 3)
     assert report["classes_off"]["chunks"] > 0 and "control_p95_ratio" in report["classes_off"]
-    assert "control_p95_ratio" in run.stdout and "classes off" in run.stdout
+    assert report["one_process"]["chunks"] > 0 and report["one_process"]["images"] >= 1
+    assert "control_p95_ratio" in run.stdout and "classes off" in run.stdout and "idle process" in run.stdout
+    # where the chunks' time went: the steps traced inside their windows, by class and by engine
+    where = report["one_process"]["chunk_device_ms"]["median"]
+    assert where["class"]["control"] > 0 and any(name.startswith("ar:") for name in where["engine"])
 
 
-def test_late_chunks_are_those_past_the_refill_point_and_classes_off_is_measured():
+def test_late_chunks_are_those_past_the_refill_point_and_each_loaded_run_is_measured():
     on = {
-        "alone": {"control": [0.1] * 20, "voice_rtf": [0.5, 0.6]},
-        "loaded": {"control": [0.1] * 18 + [0.2, 2.0], "voice_rtf": [0.9], "image_s": [3.0]},
+        "alone": {"control": [0.1] * 20, "voice_rtf": [0.5, 0.6], "where": None},
+        "loaded": {"control": [0.1] * 18 + [0.2, 2.0], "voice_rtf": [0.9], "image_s": [3.0], "where": None},
     }
-    off = summarize(on, {"loaded": {"control": [0.3] * 20, "voice_rtf": [], "image_s": []}}, deadline_s=1.0)
-    assert off["late_chunk_share"] == 0.05 and off["loaded"]["p95_ms"] == 290.0  # interpolated: 0.2 + 0.05 * 1.8
-    assert off["control_p95_ratio"] == 2.9 and off["voice_rtf_loaded_p95"] == 0.9
-    assert off["classes_off"]["control_p95_ratio"] == 3.0 and off["classes_off"]["voice"]["answers"] == 0
+    one = {"loaded": {"control": [0.2] * 20, "voice_rtf": [1.1], "image_s": [2.0, 2.0], "where": None}}
+    off = {"loaded": {"control": [0.3] * 20, "voice_rtf": [], "image_s": [], "where": None}}
+    out = summarize(on, one, off, deadline_s=1.0)
+    assert out["late_chunk_share"] == 0.05 and out["loaded"]["p95_ms"] == 290.0  # interpolated: 0.2 + 0.05 * 1.8
+    assert out["control_p95_ratio"] == 2.9 and out["voice_rtf_loaded_p95"] == 0.9
+    assert out["one_process"]["control_p95_ratio"] == 2.0 and out["one_process"]["images"] == 2
+    assert out["classes_off"]["control_p95_ratio"] == 3.0 and out["classes_off"]["voice"]["answers"] == 0
