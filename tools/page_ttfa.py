@@ -6,7 +6,7 @@ measures (``window.mstarVoice.ttfas``): from a typed turn's send, or from the ar
 ``input_audio_buffer.speech_stopped`` (the VAD's end of turn, itself ``silence_duration_ms`` after the last
 word), until the received audio is first audible in the page's AnalyserNode.
 
-- typed: ``--turns`` texts typed and sent one after another, each when the previous reply is done;
+- typed: ``--turns`` texts typed and sent one after another, each when the previous reply has played out;
 - spoken (a model that answers speech: Qwen3-Omni): Chromium's fake microphone loops a WAV of silence, a
   sentence said by espeak-ng and a long pause, so that each loop is one turn.
 
@@ -117,10 +117,13 @@ async def typed(pw, url: str, args: argparse.Namespace) -> list[float]:
     for i in range(args.warmup + args.turns):
         await page.fill("#text", f"Hello there, this is turn {i + 1}.")
         await page.click("#speak")
+        # the next turn is typed once this reply has played out, as a listener would: its audio never
+        # overlaps the next reply's, whose first audio is then timed from silence
         await waited(
             page,
             f"window.mstarVoice.ttfas.length > {i} && window.mstarVoice.events.filter("
-            f"e => e.type === 'response.done').length > {i}",
+            f"e => e.type === 'response.done').length > {i} && window.mstarVoice.events.filter("
+            f"e => e.type === 'output_audio_buffer.stopped' || e.type === 'output_audio_buffer.cleared').length > {i}",
             args.timeout_s,
         )
     measured = await page.evaluate("window.mstarVoice.ttfas")

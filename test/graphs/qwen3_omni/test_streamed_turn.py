@@ -83,7 +83,12 @@ def test_a_streamed_turn_is_answered_as_the_whole_clip_is(chat):
         for out, ref in zip(got, whole):
             assert [int(t) for t in out["text_ids"]] == [int(t) for t in ref["text_ids"]]
             assert torch.equal(torch.stack(out["codes"]), torch.stack(ref["codes"]))
-            assert torch.equal(torch.cat(out["audio"]), torch.cat(ref["audio"]))
+    for out, ref in zip(streamed, whole):
+        assert torch.equal(torch.cat(out["audio"]), torch.cat(ref["audio"]))
+    # turns at once may share a code2wav batch when their calls fall due together (timing): the same codes,
+    # decoded in a batch of another size, may round differently in the last bits
+    for out, ref in zip(together, whole):
+        torch.testing.assert_close(torch.cat(out["audio"]), torch.cat(ref["audio"]), rtol=1e-4, atol=1e-5)
     assert all(len(out["text_ids"]) > 1 and out["audio"] for out in whole)
     assert used == idle
 
