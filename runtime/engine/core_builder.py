@@ -95,7 +95,7 @@ def build_core(
         backend.name,
         packed_count(module),
         quantized_count(module),
-        f"{config.quantization} weight-only",
+        f"{config.quantization} quantized",
     )
     return EngineCore(
         name, module, config, device, store, cache, blocks, backend, scheduler, runner, Sampler(), tp_leader=leader

@@ -19,9 +19,11 @@ import logging
 import torch
 from torch import nn
 
+from mstar.layers.dynamic_int8 import DynamicInt8Linear
+
 log = logging.getLogger("mstar.engine")
 
-QUANTIZATIONS = ("none", "int8", "int4")
+QUANTIZATIONS = ("none", "int8", "int4", "int8_dynamic")  # int8_dynamic: mstar.layers.dynamic_int8
 INT4_GROUP = 32  # inputs per int4 scale; 32 kept more accuracy than 128 at a similar speed (probe)
 _INT4_BLOCK = 64  # rows torch's int4 CPU packing interleaves together: row ranges align to it
 _INT4_ALIGN = 16  # the packing needs a row count that is a multiple of this
@@ -169,10 +171,12 @@ def quantize_linears(
     module: nn.Module, mode: str, keep_plain: tuple[str, ...] = (), heads: tuple[str, ...] = ()
 ) -> int:
     """Replaces ``module``'s CPU ``nn.Linear`` layers by :class:`WeightOnlyLinear` (``mode`` "int8" or
-    "int4"; "none" does nothing). Skipped: names in ``keep_plain`` unless also in ``heads`` (heads the
-    module reads through ``rows``/``gather``), and linears sharing their weight with another module
-    unless in ``heads`` (a tied LM head gets a quantized copy; the embedding keeps its weight). Under
-    int4, a linear whose input width does not fit the groups gets int8. Returns how many it replaced."""
+    "int4"; "none" does nothing) or, for "int8_dynamic", by :class:`DynamicInt8Linear` (the heads by
+    weight-only int8: they are read by row ranges). Skipped: names in ``keep_plain`` unless also in
+    ``heads`` (heads the module reads through ``rows``/``gather``), and linears sharing their weight
+    with another module unless in ``heads`` (a tied LM head gets a quantized copy; the embedding keeps
+    its weight). Under int4, a linear whose input width does not fit the groups gets int8. Returns how
+    many it replaced."""
     check_quantization(mode)
     if mode == "none":
         return 0
@@ -190,8 +194,13 @@ def quantize_linears(
     for name, linear in targets:
         parent_name, _, attr = name.rpartition(".")
         parent = module.get_submodule(parent_name) if parent_name else module
-        kind = mode if mode == "int8" or int4_fits(linear.in_features) else "int8"
-        setattr(parent, attr, WeightOnlyLinear(linear, kind, name))
+        if mode == "int8_dynamic":
+            swapped = WeightOnlyLinear(linear, "int8", name) if name in heads else DynamicInt8Linear(linear, name)
+        else:
+            swapped = WeightOnlyLinear(
+                linear, mode if mode == "int8" or int4_fits(linear.in_features) else "int8", name
+            )
+        setattr(parent, attr, swapped)
     return len(targets)
 
 
@@ -204,5 +213,5 @@ def quantize_module(module: nn.Module, mode: str) -> int:
 
 
 def quantized_count(module: nn.Module) -> int:
-    """How many linears under ``module`` are weight-only quantized."""
-    return sum(isinstance(m, WeightOnlyLinear) for m in module.modules())
+    """How many linears under ``module`` are quantized (weight-only or dynamic int8)."""
+    return sum(isinstance(m, WeightOnlyLinear | DynamicInt8Linear) for m in module.modules())

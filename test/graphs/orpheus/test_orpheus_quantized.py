@@ -21,9 +21,9 @@ GREEDY = SamplingParams(max_tokens=28, seed=7)
 TEXT = "The quick brown fox jumps over the lazy dog, twice."
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def tts() -> OrpheusTTS:
-    return OrpheusTTS.load(progress=False)
+    return OrpheusTTS.load(progress=False)  # its own modules: an engine quantizes the modules it is given
 
 
 async def _tokens(tts: OrpheusTTS, config: EngineConfig) -> list[int]:
@@ -32,16 +32,19 @@ async def _tokens(tts: OrpheusTTS, config: EngineConfig) -> list[int]:
     return [int(t) for t in result["tokens"]]
 
 
-def test_int8_engine_decodes_what_the_quantized_model_decodes_offline(tts):
-    engine = asyncio.run(_tokens(tts, msgspec.structs.replace(FP32, quantization="int8")))
+@pytest.mark.parametrize("mode", ["int8", "int8_dynamic"])
+def test_the_engine_decodes_what_the_quantized_model_decodes_offline(tts, mode):
+    engine = asyncio.run(_tokens(tts, msgspec.structs.replace(FP32, quantization=mode)))
     offline = LlamaForCausalLM.from_pretrained_dir(tts.paths.llm, dtype=torch.float32, progress=False)
-    assert quantize_module(offline.fuse_projections(), "int8") == 2 * 4 + 1  # 2 layers x 4 linears + head
+    assert quantize_module(offline.fuse_projections(), mode) == 2 * 4 + 1  # 2 layers x 4 linears + head
     expected, _ = _decode(offline, tts.prompt_ids(TEXT), GREEDY.max_tokens)
     assert engine == expected
 
 
-def test_int8_picks_the_unquantized_token_at_most_steps(tts):
-    quality = quantization_quality(tts.paths.llm, "int8", steps=64, dtype=torch.float32)
-    # measured on the tiny preset (hidden 64: coarse scales): 0.98 teacher-forced; a wrong kernel
-    # layout or head gives ~0 (4096 choices per slot). Free-running tokens part after ~3-20 steps.
-    assert quality["head_quantized"] and quality["teacher_forced_agreement"] >= 0.9, quality
+@pytest.mark.parametrize("mode, least", [("int8", 0.9), ("int8_dynamic", 0.8)])
+def test_int8_picks_the_unquantized_token_at_most_steps(tts, mode, least):
+    quality = quantization_quality(tts.paths.llm, mode, steps=64, dtype=torch.float32)
+    # measured on the tiny preset (hidden 64: coarse scales): int8 0.98 teacher-forced, int8_dynamic
+    # (7-bit activations too) 0.95; a wrong kernel layout or head gives ~0 (4096 choices per slot).
+    # Free-running tokens part after ~3-20 steps.
+    assert quality["head_quantized"] and quality["teacher_forced_agreement"] >= least, quality
