@@ -1,4 +1,5 @@
-"""``mstar-ros bench decode``: Orpheus LLM decode tokens/s, ours (bf16 / int8 / int4) vs llama.cpp (F16 / Q8_0 / Q4_K_M).
+"""``mstar-ros bench decode``: Orpheus LLM decode tokens/s, ours (bf16 / int8 / int8_dynamic / int4) vs llama.cpp
+(F16 / Q8_0 / Q4_K_M).
 
 Workload: C independent greedy streams (C = 1 and 8) of ``new_tokens`` tokens after a short
 prompt of token ids; the decode steps after each stream's first token are timed (the prefill is
@@ -23,10 +24,17 @@ from mstar.engine.dtype_choice import resolve_dtype
 from mstar.progress import progress_bar
 from mstar_ros.bench.machine import dtypes_section, header_line, machine_section
 
-# system key -> (label, our quantization or the llama.cpp GGUF kind)
-OURS = {"ours_bf16": "none", "ours_int8": "int8", "ours_int4": "int4"}
+# system key -> our quantization, or the llama.cpp GGUF kind
+OURS = {"ours_bf16": "none", "ours_int8": "int8", "ours_int8_dynamic": "int8_dynamic", "ours_int4": "int4"}
 LLAMA = {"llama_f16": "F16", "llama_q8_0": "Q8_0", "llama_q4_k_m": "Q4_K_M"}
-PAIRS = list(zip(OURS, LLAMA))  # run in this order, each pair back to back
+# each of ours beside the llama.cpp format it is compared with
+PAIRS = [
+    ("ours_bf16", "llama_f16"),
+    ("ours_int8", "llama_q8_0"),
+    ("ours_int8_dynamic", "llama_q8_0"),
+    ("ours_int4", "llama_q4_k_m"),
+]
+ORDER = list(dict.fromkeys(k for pair in PAIRS for k in pair))  # each round runs them in this order
 
 
 @dataclass
@@ -163,7 +171,7 @@ def run_decode_bench(opts: DecodeBenchOptions, quick: bool = False) -> dict:
             "timed": "decode steps after each stream's first token: (new_tokens - 1) x C tokens",
             "sampling": "greedy over the full vocabulary",
             "rounds": opts.rounds,
-            "order": "interleaved per round: " + ", ".join(k for pair in PAIRS for k in pair),
+            "order": "interleaved per round: " + ", ".join(ORDER),
         },
         "threads": opts.threads,
         "machine": machine_section("cpu"),
@@ -173,7 +181,7 @@ def run_decode_bench(opts: DecodeBenchOptions, quick: bool = False) -> dict:
     }
     print(header_line(report))
     systems = _Systems(llm_dir, ggufs, opts, per_stream)
-    keys = [k for pair in PAIRS for k in pair]
+    keys = ORDER
     try:
         for c in opts.levels:
             batch = prompts(c, opts.prompt_tokens, opts.seed + c)
@@ -224,6 +232,7 @@ def _ratios(report: dict) -> dict:
     one, eight = report["levels"].get("1"), report["levels"].get("8")
     out = {
         "int8_vs_q8_c1": _ratio(one, ["ours_int8"], "llama_q8_0"),
+        "int8_dynamic_vs_q8_c1": _ratio(one, ["ours_int8_dynamic"], "llama_q8_0"),
         "best_vs_q4km_c1": _ratio(one, list(OURS), "llama_q4_k_m"),
         "best_vs_q4km_c8": _ratio(eight, list(OURS), "llama_q4_k_m"),
         "bf16_vs_f16_c1": _ratio(one, ["ours_bf16"], "llama_f16"),
@@ -249,8 +258,8 @@ def summary_lines(report: dict) -> list[str]:
         for ours, theirs in PAIRS:
             left = f"{level[ours]['tokens_per_s']:>9.1f}" if ours in level else "  (n/a)  "
             right = f"{level[theirs]['tokens_per_s']:>9.1f}" if theirs in level else "  (n/a)  "
-            lines.append(f"  {ours:<12}{left}    {theirs:<14}{right}")
-    for name in ("int8_vs_q8_c1", "best_vs_q4km_c1", "best_vs_q4km_c8", "step_overhead_b1"):
+            lines.append(f"  {ours:<18}{left}    {theirs:<14}{right}")
+    for name in ("int8_vs_q8_c1", "int8_dynamic_vs_q8_c1", "best_vs_q4km_c1", "best_vs_q4km_c8", "step_overhead_b1"):
         value = report.get(name)
         lines.append(f"{name}: {'n/a' if value is None else value}")
     if report["step_overhead_b1"] is None:

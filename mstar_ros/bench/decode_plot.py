@@ -15,12 +15,12 @@ def plot_decode(report: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from mstar_ros.bench.decode import PAIRS
+    from mstar_ros.bench.decode import ORDER
 
     levels = list(report["levels"].items())
-    fig, axes = plt.subplots(1, len(levels), figsize=(5.5 * len(levels), 4), squeeze=False)
+    fig, axes = plt.subplots(1, len(levels), figsize=(6.5 * len(levels), 4), squeeze=False)
     for ax, (c, level) in zip(axes[0], levels):
-        names = [k for pair in PAIRS for k in pair]
+        names = ORDER
         values = [level[k]["tokens_per_s"] if k in level else 0.0 for k in names]
         colors = [_COLORS[k.split("_")[0]] for k in names]
         bars = ax.bar(range(len(names)), values, color=colors)
