@@ -101,6 +101,17 @@ async def _warm(models: dict, running: dict, observation, args) -> None:
         pass
 
 
+@contextlib.contextmanager
+def traced():
+    """The device thread records its steps inside the block (and stops, whatever happens)."""
+    device = device_thread()
+    device.trace = trace = StepTrace()
+    try:
+        yield trace
+    finally:
+        device.trace = None
+
+
 async def _batch_elsewhere(batch: BatchProcess, stop: asyncio.Event) -> list[float]:
     """The batch process makes images until ``stop``; the seconds of those it finished."""
     batch.start()
@@ -119,14 +130,12 @@ async def measure(
     out: dict = {}
     async with conductors(models, args.dtype, classes) as running:
         await _warm(models, running, observations[0][0], args)
-        device = device_thread()
         if alone:
-            device.trace = StepTrace()
-            run = await ours_open(
-                policy, running["pi05"], observations, args.seconds, bar, fresh, chunk_period_s=period
-            )
-            out["alone"] = {"control": run.latencies, "where": chunk_breakdown(run.spans, device.trace)}
-            device.trace = None
+            with traced() as trace:
+                run = await ours_open(
+                    policy, running["pi05"], observations, args.seconds, bar, fresh, chunk_period_s=period
+                )
+            out["alone"] = {"control": run.latencies, "where": chunk_breakdown(run.spans, trace, classes)}
             out["alone"]["voice_rtf"] = await _for(
                 args.voice_seconds,
                 lambda stop: speak_until(
@@ -143,10 +152,12 @@ async def measure(
             else _batch_elsewhere(batch, stop)
         )
         await asyncio.sleep(0.5)  # the voice and batch work under way before the robots start
-        device.trace = StepTrace()
-        run = await ours_open(policy, running["pi05"], observations, args.seconds, bar, fresh, chunk_period_s=period)
+        with traced() as trace:
+            run = await ours_open(
+                policy, running["pi05"], observations, args.seconds, bar, fresh, chunk_period_s=period
+            )
         stop.set()
-        where, device.trace = chunk_breakdown(run.spans, device.trace), None
+        where = chunk_breakdown(run.spans, trace, classes)
         out["loaded"] = {"control": run.latencies, "voice_rtf": await voice, "image_s": await images, "where": where}
     return out
 

@@ -26,7 +26,7 @@ def report_lines(report: dict) -> list[str]:
     for name, run in runs:
         where = run.get("chunk_device_ms")
         if where:
-            for by in ("class", "engine"):
+            for by in (b for b in ("class", "engine") if b in where["median"]):
                 median, slowest = where["median"][by], where["slowest_5pct"][by]
                 lines.append(
                     f"  {name}: a chunk's window by {by}, ms (median chunk | slowest 5%): "

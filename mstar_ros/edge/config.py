@@ -3,7 +3,7 @@
     processes:
       - name: box                  # one process: its models share one device thread (class-aware stepping)
         threads: 2                 # its intra-op threads; the sum over processes <= the machine's cores
-        scheduling: normal         # idle: Linux SCHED_IDLE, it runs only on cycles the others leave
+        scheduling: normal         # idle: Linux SCHED_IDLE, almost nothing while the others want the cores
                                    # (mstar_ros.edge.os_scheduling); its threads are not counted in the sum
         pi05:                      # the pi0.5 policy for these robots (one Conductor)
           robots: [/robot1, /robot2]
@@ -189,7 +189,8 @@ class EdgeFile:
         self._check_gateways()
 
     def _check_threads(self, cores: int) -> None:
-        # an idle process only takes the cycles the others leave: its threads slow none of them
+        # an idle process gets almost nothing while the others want the cores: its threads are not
+        # counted (it still shares caches and memory bandwidth with them: os_scheduling says so)
         counted = [g for g in self.config.processes if g.scheduling != "idle"]
         total = sum(group.threads for group in counted)
         over_one = [g for g in self.config.processes if g.scheduling == "idle" and g.threads > cores]

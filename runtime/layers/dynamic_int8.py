@@ -3,9 +3,10 @@
 Each call quantizes its input to 8 bits on the fly (one scale for the whole input tensor, computed
 from it) and multiplies int8 by int8 with int32 sums in fbgemm, torch's own x86 quantized backend
 (``torch.ops.quantized.linear_dynamic``, as ``torch.ao.quantization.quantize_dynamic`` does); the
-weights are quantized once, symmetric with one scale per output channel, and prepacked. This is what
-llama.cpp's Q8_0 does too (it quantizes activations to 8 bits for its dot products), and unlike the
-weight-only kernels (mstar.layers.weight_only) it stays fast at 8 rows.
+weights are quantized once, symmetric with one scale per output channel, and prepacked. llama.cpp's
+Q8_0 also multiplies 8-bit activations by 8-bit weights, though with a scale per 32-value block of
+each row (so no row depends on another). Unlike the weight-only kernels (mstar.layers.weight_only)
+this stays fast at 8 rows.
 
 The price: the activation scale is per input tensor, so with several rows in one call a row's result
 depends on the others (batch-dependent numerics), and 8-bit activations lose more than weight-only

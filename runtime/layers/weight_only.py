@@ -19,7 +19,7 @@ import logging
 import torch
 from torch import nn
 
-from mstar.layers.dynamic_int8 import DynamicInt8Linear
+from mstar.layers.dynamic_int8 import DynamicInt8Linear, dynamic_int8_available
 
 log = logging.getLogger("mstar.engine")
 
@@ -27,6 +27,7 @@ QUANTIZATIONS = ("none", "int8", "int4", "int8_dynamic")  # int8_dynamic: mstar.
 INT4_GROUP = 32  # inputs per int4 scale; 32 kept more accuracy than 128 at a similar speed (probe)
 _INT4_BLOCK = 64  # rows torch's int4 CPU packing interleaves together: row ranges align to it
 _INT4_ALIGN = 16  # the packing needs a row count that is a multiple of this
+QUANTIZED_AS = "_mstar_quantized_as"  # set on a module quantize_linears has quantized: its mode
 
 
 def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -180,6 +181,15 @@ def quantize_linears(
     check_quantization(mode)
     if mode == "none":
         return 0
+    if mode == "int8_dynamic" and not dynamic_int8_available():
+        raise ValueError("quantization 'int8_dynamic' needs torch's fbgemm/x86 quantized ops, which this build lacks")
+    done = getattr(module, QUANTIZED_AS, None)
+    if done not in (None, mode):
+        # an engine quantizes in place: a module another engine quantized otherwise would keep that mode
+        raise ValueError(
+            f"quantization {mode!r}: the module is already quantized ({done}) by another engine given the "
+            "same module; load it again for this one"
+        )
     owners: dict[int, int] = {}
     for m in module.modules():
         for p in m.parameters(recurse=False):
@@ -201,7 +211,16 @@ def quantize_linears(
                 linear, mode if mode == "int8" or int4_fits(linear.in_features) else "int8", name
             )
         setattr(parent, attr, swapped)
+    setattr(module, QUANTIZED_AS, mode)
     return len(targets)
+
+    done = getattr(module, QUANTIZED_AS, None)
+    if done not in (None, mode):
+        # an engine quantizes in place: a module another engine quantized otherwise would keep that mode
+        raise ValueError(
+            f"quantization {mode!r}: the module is already quantized ({done}) by another engine given the "
+            "same module; load it again for this one"
+        )
 
 
 def quantize_module(module: nn.Module, mode: str) -> int:

@@ -38,7 +38,9 @@ export class FirstAudio {
     const p = this.pending;
     if (!p) return;
     // the tail of a reply cut off by this turn may still be playing: count audio only after a quiet moment
-    // since the turn; that moment may come before response.created does (events and audio travel apart)
+    // since the turn; that moment may come before response.created does (events and audio travel apart).
+    // Audio heard before response.created is not timed (it could be that tail): the reply is then timed
+    // from its first audible frame after the event, late by the event's lag (milliseconds on a link)
     if (peak <= AUDIBLE) p.quietSeen = true;
     else if (p.quietSeen && p.responseId !== null) {
       this.pending = null;

@@ -30,3 +30,13 @@ def test_the_process_and_the_threads_it_starts_run_under_the_policy(policy, kern
 def test_an_unknown_policy_is_refused_by_name():
     with pytest.raises(ValueError, match="scheduling must be one of normal, idle, got 'fifo'"):
         apply_scheduling("fifo")
+
+
+def test_a_normal_group_started_under_idle_is_put_back_on_the_default_policy():
+    code = (
+        "from mstar_ros.edge.os_scheduling import apply_scheduling, current_scheduling\n"
+        "apply_scheduling('idle'); print(current_scheduling())\n"
+        "apply_scheduling('normal'); print(current_scheduling())\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["idle", "normal"]  # as root (the tests run as root): CAP_SYS_NICE

@@ -7,8 +7,12 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import pytest
+
 import mstar_ros.webrtc
 from support.chromium import ARGS, CHROMIUM
+
+pytestmark = pytest.mark.browser
 
 SOURCE = (Path(mstar_ros.webrtc.__file__).parent / "static" / "first_audio.js").read_text()
 

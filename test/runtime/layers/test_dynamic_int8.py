@@ -48,3 +48,14 @@ def test_int8_dynamic_swaps_the_body_and_keeps_heads_weight_only():
     assert isinstance(model.proj, DynamicInt8Linear)
     assert isinstance(model.lm_head, WeightOnlyLinear) and model.lm_head.mode == "int8"
     assert type(model.keep) is nn.Linear and quantized_count(model) == 2
+
+
+def test_a_module_quantized_otherwise_already_is_refused_not_kept_as_it_is():
+    model = nn.Sequential()
+    model.add_module("proj", _linear(64, 64))
+    quantize_linears(model, "int8")
+    with pytest.raises(
+        ValueError, match=r"quantization 'int8_dynamic': the module is already quantized \(int8\) by another"
+    ):
+        quantize_linears(model, "int8_dynamic")
+    assert quantize_linears(model, "int8") == 0  # the same mode again: nothing left to do, nothing refused
