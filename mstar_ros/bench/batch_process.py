@@ -73,7 +73,6 @@ class BatchProcess:
         command += ["--threads", str(threads), "--preset", args.bagel_preset, "--dtype", args.dtype]
         command += ["--weights", args.bagel_weights] if args.bagel_weights else []
         command += ["--steps", str(args.image_steps)] if args.image_steps else []
-        self.scheduling = scheduling
         self.proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         said = ""
         if select.select([self.proc.stdout], [], [], LOAD_TIMEOUT_S)[0]:  # a child stuck loading: no hang
