@@ -86,9 +86,9 @@ def test_a_streamed_turn_is_answered_as_the_whole_clip_is(chat):
     for out, ref in zip(streamed, whole):
         assert torch.equal(torch.cat(out["audio"]), torch.cat(ref["audio"]))
     # turns at once may share a code2wav batch when their calls fall due together (timing): the same codes,
-    # decoded in a batch of another size, may round differently in the last bits
+    # decoded in a batch of another size, may round differently (seen: 1.6e-5 on samples of ~0.4; 1e-4 is -80 dB)
     for out, ref in zip(together, whole):
-        torch.testing.assert_close(torch.cat(out["audio"]), torch.cat(ref["audio"]), rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(torch.cat(out["audio"]), torch.cat(ref["audio"]), rtol=1e-3, atol=1e-4)
     assert all(len(out["text_ids"]) > 1 and out["audio"] for out in whole)
     assert used == idle
 
