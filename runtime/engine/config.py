@@ -36,7 +36,8 @@ class EngineConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     phase_align: bool = True  # start sequences in the running ones' decode_period phase (waits < period steps)
     priority_classes: bool = True  # serve control > interactive > batch (mstar.priority); False: first come first
     quantization: str = "none"  # "int8" / "int4": weight-only linears on CPU (mstar.layers.weight_only);
-    # "int8_dynamic": int8 weights and activations (mstar.layers.dynamic_int8)
+    # "int8_dynamic": int8 weights and activations (mstar.layers.dynamic_int8); "fp16": weights packed
+    # as fp16 for fbgemm, fp32 activations (mstar.layers.fp16_weights)
     # due work that more urgent work keeps skipping takes one step after this wait (0 / null: strict
     # priority), and never more than starved_share of the device (mstar.engine.starvation)
     starvation_wait_ms: float | None = DEFAULT_WAIT_MS

@@ -59,7 +59,8 @@ class StatelessEngine(EngineInbox):
     ) -> None:
         """``pack``: bf16 linears on CPU get prepacked weights (mstar.layers.linear_packing).
         ``priority_classes``: serve calls by class first (EngineConfig.priority_classes).
-        ``quantization``: weight-only int8/int4 linears (mstar.layers.weight_only), for all nodes or per node."""
+        ``quantization``: quantized linears (mstar.layers.weight_only: int8, int4, int8_dynamic, fp16), for
+        all nodes or per node."""
         super().__init__()
         self.device = torch.device(device)
         modes = [quantization] if isinstance(quantization, str) else list(quantization.values())

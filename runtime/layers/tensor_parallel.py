@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mstar.layers.fp16_weights import Fp16Linear
 from mstar.layers.linear_packing import linear_rows
 from mstar.layers.vocab_constraint import contiguous_runs
 from mstar.layers.weight_only import WeightOnlyLinear
@@ -93,12 +94,14 @@ class VocabParallelEmbedding(nn.Module):
 
 
 def restricted_logits(
-    hidden: torch.Tensor, weight: torch.Tensor | nn.Linear | WeightOnlyLinear, token_ids: torch.Tensor | None
+    hidden: torch.Tensor,
+    weight: torch.Tensor | nn.Linear | WeightOnlyLinear | Fp16Linear,
+    token_ids: torch.Tensor | None,
 ) -> torch.Tensor:
     """hidden [B, H] @ weight[token_ids].T (+ bias[token_ids] of a head module): [B, K] (all rows when
     ``token_ids`` is None). Sorted ids with few runs read the rows as views (no gather copy). ``weight``
-    may be the head module itself: a weight-only quantized head is read without dequantizing it."""
-    if isinstance(weight, WeightOnlyLinear):
+    may be the head module itself: a weight-only quantized or fp16 head is read without dequantizing it."""
+    if isinstance(weight, WeightOnlyLinear | Fp16Linear):
         return _quantized_logits(hidden, weight, token_ids)
     if isinstance(weight, nn.Linear):
         logits = restricted_logits(hidden, weight.weight, token_ids)
@@ -117,7 +120,9 @@ def restricted_logits(
     return torch.cat([linear_rows(hidden, weight, lo, hi) for lo, hi in runs], dim=-1)
 
 
-def _quantized_logits(hidden: torch.Tensor, head: WeightOnlyLinear, token_ids: torch.Tensor | None) -> torch.Tensor:
+def _quantized_logits(
+    hidden: torch.Tensor, head: WeightOnlyLinear | Fp16Linear, token_ids: torch.Tensor | None
+) -> torch.Tensor:
     if token_ids is None:
         return head(hidden)
     runs = contiguous_runs(token_ids)
@@ -125,6 +130,8 @@ def _quantized_logits(hidden: torch.Tensor, head: WeightOnlyLinear, token_ids: t
         return head.gather(hidden, token_ids)
     if not runs:
         return hidden.new_zeros(hidden.shape[0], 0)
+    if isinstance(head, Fp16Linear):  # each packed block once, however many runs share it
+        return head.row_runs(hidden, runs)
     return torch.cat([head.rows(hidden, lo, hi) for lo, hi in runs], dim=-1)
 
 

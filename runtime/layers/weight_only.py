@@ -20,10 +20,12 @@ import torch
 from torch import nn
 
 from mstar.layers.dynamic_int8 import DynamicInt8Linear, dynamic_int8_available
+from mstar.layers.fp16_weights import HEAD_BLOCK, Fp16Linear, fp16_weights_available
 
 log = logging.getLogger("mstar.engine")
 
-QUANTIZATIONS = ("none", "int8", "int4", "int8_dynamic")  # int8_dynamic: mstar.layers.dynamic_int8
+# int8_dynamic: mstar.layers.dynamic_int8; fp16: mstar.layers.fp16_weights (not integer, but the same swap)
+QUANTIZATIONS = ("none", "int8", "int4", "int8_dynamic", "fp16")
 INT4_GROUP = 32  # inputs per int4 scale; 32 kept more accuracy than 128 at a similar speed (probe)
 _INT4_BLOCK = 64  # rows torch's int4 CPU packing interleaves together: row ranges align to it
 _INT4_ALIGN = 16  # the packing needs a row count that is a multiple of this
@@ -172,8 +174,9 @@ def quantize_linears(
     module: nn.Module, mode: str, keep_plain: tuple[str, ...] = (), heads: tuple[str, ...] = ()
 ) -> int:
     """Replaces ``module``'s CPU ``nn.Linear`` layers by :class:`WeightOnlyLinear` (``mode`` "int8" or
-    "int4"; "none" does nothing) or, for "int8_dynamic", by :class:`DynamicInt8Linear` (the heads by
-    weight-only int8: they are read by row ranges). Skipped: names in ``keep_plain`` unless also in
+    "int4"; "none" does nothing); for "int8_dynamic", by :class:`DynamicInt8Linear` (the heads by
+    weight-only int8: they are read by row ranges); for "fp16", by :class:`Fp16Linear` (heads packed
+    in blocks of rows). Skipped: names in ``keep_plain`` unless also in
     ``heads`` (heads the module reads through ``rows``/``gather``), and linears sharing their weight
     with another module unless in ``heads`` (a tied LM head gets a quantized copy; the embedding keeps
     its weight). Under int4, a linear whose input width does not fit the groups gets int8. Returns how
@@ -183,6 +186,8 @@ def quantize_linears(
         return 0
     if mode == "int8_dynamic" and not dynamic_int8_available():
         raise ValueError("quantization 'int8_dynamic' needs torch's fbgemm/x86 quantized ops, which this build lacks")
+    if mode == "fp16" and not fp16_weights_available():
+        raise ValueError("quantization 'fp16' needs torch's fbgemm fp16 linear ops, which this build lacks")
     done = getattr(module, QUANTIZED_AS, None)
     if done not in (None, mode):
         # an engine quantizes in place: a module another engine quantized otherwise would keep that mode
@@ -206,6 +211,8 @@ def quantize_linears(
         parent = module.get_submodule(parent_name) if parent_name else module
         if mode == "int8_dynamic":
             swapped = WeightOnlyLinear(linear, "int8", name) if name in heads else DynamicInt8Linear(linear, name)
+        elif mode == "fp16":  # heads in blocks of rows, so row ranges stay cheap
+            swapped = Fp16Linear(linear, name, HEAD_BLOCK if name in heads else None)
         else:
             swapped = WeightOnlyLinear(
                 linear, mode if mode == "int8" or int4_fits(linear.in_features) else "int8", name
@@ -213,14 +220,6 @@ def quantize_linears(
         setattr(parent, attr, swapped)
     setattr(module, QUANTIZED_AS, mode)
     return len(targets)
-
-    done = getattr(module, QUANTIZED_AS, None)
-    if done not in (None, mode):
-        # an engine quantizes in place: a module another engine quantized otherwise would keep that mode
-        raise ValueError(
-            f"quantization {mode!r}: the module is already quantized ({done}) by another engine given the "
-            "same module; load it again for this one"
-        )
 
 
 def quantize_module(module: nn.Module, mode: str) -> int:
@@ -232,5 +231,5 @@ def quantize_module(module: nn.Module, mode: str) -> int:
 
 
 def quantized_count(module: nn.Module) -> int:
-    """How many linears under ``module`` are quantized (weight-only or dynamic int8)."""
-    return sum(isinstance(m, WeightOnlyLinear | DynamicInt8Linear) for m in module.modules())
+    """How many linears under ``module`` are quantized (weight-only, dynamic int8 or fp16)."""
+    return sum(isinstance(m, WeightOnlyLinear | DynamicInt8Linear | Fp16Linear) for m in module.modules())

@@ -12,7 +12,7 @@
       - nodes: [snac]
         ranks: [1]
         tp_size: 1                   # optional; ranks must number tp_size
-        quantization: int8           # optional: none | int8 | int4 weight-only linears (default: the engine config's)
+        quantization: int8           # optional: none | int8 | int4 | int8_dynamic | fp16 (default: the engine config's)
     transport:                       # optional; how tensors cross between Workers
       default: auto                  # auto: shm on one host, tcp across hosts
       edges: {llm.token: tcp}        # per producing endpoint

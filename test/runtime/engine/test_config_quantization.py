@@ -14,7 +14,7 @@ def test_quantization_defaults_to_none_and_accepts_int8_int4():
 
 def test_bad_quantization_names_the_field(tmp_path):
     with pytest.raises(
-        ValueError, match=r"quantization = 'fp8' is invalid \(expected one of none, int8, int4, int8_dynamic\)"
+        ValueError, match=r"quantization = 'fp8' is invalid \(expected one of none, int8, int4, int8_dynamic, fp16\)"
     ):
         EngineConfig(quantization="fp8")
     path = tmp_path / "engine.yaml"

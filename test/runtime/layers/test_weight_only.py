@@ -95,7 +95,7 @@ def test_int4_falls_back_to_int8_where_groups_do_not_fit():
 
 
 def test_unknown_quantization_names_the_field():
-    with pytest.raises(ValueError, match=r"quantization = 'int3'.*none, int8, int4, int8_dynamic"):
+    with pytest.raises(ValueError, match=r"quantization = 'int3'.*none, int8, int4, int8_dynamic, fp16"):
         check_quantization("int3")
 
 
