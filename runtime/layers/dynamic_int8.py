@@ -52,6 +52,7 @@ class DynamicInt8Linear(nn.Module):
         with warnings.catch_warnings():  # torch 2.13 deprecates quantized tensors: docs/quantization.md says so
             warnings.filterwarnings("ignore", message=".*quantized tensor creation functions.*deprecated")
             qweight = torch.quantize_per_channel(w, scale, torch.zeros_like(scale, dtype=torch.long), 0, torch.qint8)
+        self.bias = linear.bias  # packed too; kept for code that reads a linear's device and dtype off it
         bias = None if linear.bias is None else linear.bias.detach().float()
         self._packed = torch.ops.quantized.linear_prepack(qweight, bias)
 
