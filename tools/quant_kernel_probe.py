@@ -1,14 +1,17 @@
-"""Weight-only int8 / int4 CPU linear kernels against the bf16 packed linear, on Orpheus linear shapes.
+"""Quantized CPU linear kernels against the bf16 packed linear, on Orpheus linear shapes.
 
 Candidates: bf16 oneDNN-packed (the engines' default on AVX512-BF16), torch's
 ``_weight_int8pack_mm`` (int8 weights, bf16 activations), ``_weight_int4pack_mm_for_cpu``
 (int4 weights, group-wise scales), torch.ao dynamic int8 (int8 activations too, fp32 in/out,
-fbgemm), and torchao's weight-only configs when ``import torchao`` works (PYTHONPATH).
+fbgemm), fbgemm's fp16 weights (``quantization: fp16``), and torchao's weight-only configs when
+``import torchao`` works (PYTHONPATH).
 
 Run: MSTAR_TREE=$PWD OMP_NUM_THREADS=1 python tools/quant_kernel_probe.py [--shapes bench,3b] [--rounds 5]
 Timings: the best of ``rounds`` interleaved rounds (every kernel in turn, ``reps`` calls each):
 the cores are shared with other work, which only ever adds time, so the minimum is the
-least disturbed figure; read the ratios to bf16 packed, not the ms.
+least disturbed figure; read the ratios to bf16 packed, not the ms. With ``--copies N`` each
+kernel holds N distinct weights and every call takes the next, so the weights come from memory as
+in a deep model's decode (one call's time and the GB/s of its weight's bf16 bytes are printed).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mstar.layers.fp16_weights import Fp16Linear, fp16_weights_available
 from mstar.layers.linear_packing import packing_available
 from mstar.layers.weight_only import WeightOnlyLinear, int4_fits
 
@@ -34,6 +38,13 @@ SHAPES = {
         ("down", 1536, 512),
         ("head", 512, 156940),
         ("head_slot", 512, 4096),
+    ],
+    "decode": [  # bench decode's preset: hidden 768, 108 layers (weights out of cache: use --copies)
+        ("qkv", 768, 1280),
+        ("o", 768, 768),
+        ("gate_up", 768, 4096),
+        ("down", 2048, 768),
+        ("head", 768, 156940),
     ],
     "3b": [
         ("qkv", 3072, 5120),
@@ -90,24 +101,29 @@ def kernels_for(weight: torch.Tensor, with_torchao: bool) -> dict[str, Callable[
             kernels[f"int4_aten_g{group}"] = WeightOnlyLinear(plain, "int4", group=group)
     dyn = torch.ao.quantization.quantize_dynamic(nn.Sequential(fp32), {nn.Linear}, dtype=torch.qint8)[0]
     kernels["ao_dynamic_int8"] = lambda x: dyn(x.float()).to(torch.bfloat16)  # bf16 in/out, as the engine needs
+    if fp16_weights_available():
+        kernels["fp16_fbgemm"] = Fp16Linear(plain)  # bf16 in/out
     if with_torchao:
         kernels.update(_torchao_kernels(weight))
     return kernels
 
 
-def time_kernels(kernels: dict, x: torch.Tensor, rounds: int, reps: int) -> dict[str, float]:
-    """Each kernel's best ms over interleaved rounds of ``reps`` calls."""
-    samples: dict[str, list[float]] = {name: [] for name in kernels}
+def time_kernels(copies: list[dict], x: torch.Tensor, rounds: int, reps: int) -> dict[str, float]:
+    """Each kernel's best ms per call over interleaved rounds; a sample is ``reps`` calls of each copy."""
+    samples: dict[str, list[float]] = {name: [] for name in copies[0]}
     with torch.inference_mode():
-        for fn in kernels.values():
-            fn(x)  # warm
+        for kernels in copies:
+            for fn in kernels.values():
+                fn(x)  # warm
         for _ in range(rounds):
-            for name, fn in kernels.items():
+            for name in samples:
+                fns = [kernels[name] for kernels in copies]
                 best = float("inf")
                 for _ in range(reps):
                     start = time.perf_counter()
-                    fn(x)
-                    best = min(best, time.perf_counter() - start)
+                    for fn in fns:
+                        fn(x)
+                    best = min(best, (time.perf_counter() - start) / len(fns))
                 samples[name].append(best * 1000)
     return {name: min(v) for name, v in samples.items()}
 
@@ -120,6 +136,7 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--no-torchao", action="store_true")
+    parser.add_argument("--copies", type=int, default=1, help="distinct weights per kernel, called in turn")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     print(f"# torch {torch.__version__}, cpu {torch.backends.cpu.get_cpu_capability()}, threads {args.threads}")
@@ -127,15 +144,18 @@ def main() -> None:
     gen = torch.Generator().manual_seed(0)
     for preset in args.shapes.split(","):
         for name, k, n in SHAPES[preset]:
-            weight = (torch.randn(n, k, generator=gen) / k**0.5).to(torch.bfloat16)
-            kernels = kernels_for(weight, not args.no_torchao)
+            copies = 1 if name == "head" else args.copies  # one head is already out of cache
+            weights = [(torch.randn(n, k, generator=gen) / k**0.5).to(torch.bfloat16) for _ in range(copies)]
+            kernels = [kernels_for(w, not args.no_torchao) for w in weights]
             for m in (int(r) for r in args.rows.split(",")):
                 x = torch.randn(m, k, generator=gen).to(torch.bfloat16)
                 ms = time_kernels(kernels, x, args.rounds, args.reps)
                 base = ms.get("bf16_packed", ms["bf16_plain"])
-                cells = "  ".join(f"{kn} {v:.3f} ({v / base:.2f}x)" for kn, v in ms.items())
+                cells = "  ".join(
+                    f"{kn} {v:.3f} ({v / base:.2f}x, {2 * n * k / v / 1e6:.1f} GB/s)" for kn, v in ms.items()
+                )
                 print(f"{preset:5s} {name:9s} {k}x{n} M={m}: {cells}", flush=True)
-            del kernels, weight
+            del kernels, weights
 
 
 if __name__ == "__main__":
