@@ -1,5 +1,5 @@
-"""``mstar-ros bench decode``: Orpheus LLM decode tokens/s, ours (bf16 / int8 / int8_dynamic / int4) vs llama.cpp
-(F16 / Q8_0 / Q4_K_M).
+"""``mstar-ros bench decode``: Orpheus LLM decode tokens/s, ours (bf16 / fp16 / int8 / int8_dynamic / int4) vs
+llama.cpp (F16 / Q8_0 / Q4_K_M).
 
 Workload: C independent greedy streams (C = 1 and 8) of ``new_tokens`` tokens after a short
 prompt of token ids; the decode steps after each stream's first token are timed (the prefill is
@@ -25,11 +25,18 @@ from mstar.progress import progress_bar
 from mstar_ros.bench.machine import dtypes_section, header_line, machine_section
 
 # system key -> our quantization, or the llama.cpp GGUF kind
-OURS = {"ours_bf16": "none", "ours_int8": "int8", "ours_int8_dynamic": "int8_dynamic", "ours_int4": "int4"}
+OURS = {
+    "ours_bf16": "none",
+    "ours_fp16": "fp16",
+    "ours_int8": "int8",
+    "ours_int8_dynamic": "int8_dynamic",
+    "ours_int4": "int4",
+}
 LLAMA = {"llama_f16": "F16", "llama_q8_0": "Q8_0", "llama_q4_k_m": "Q4_K_M"}
 # each of ours beside the llama.cpp format it is compared with
 PAIRS = [
     ("ours_bf16", "llama_f16"),
+    ("ours_fp16", "llama_f16"),
     ("ours_int8", "llama_q8_0"),
     ("ours_int8_dynamic", "llama_q8_0"),
     ("ours_int4", "llama_q4_k_m"),
@@ -237,6 +244,8 @@ def _ratios(report: dict) -> dict:
         "best_vs_q4km_c8": _ratio(eight, list(OURS), "llama_q4_k_m"),
         "bf16_vs_f16_c1": _ratio(one, ["ours_bf16"], "llama_f16"),
         "bf16_vs_f16_c8": _ratio(eight, ["ours_bf16"], "llama_f16"),
+        "fp16_vs_f16_c1": _ratio(one, ["ours_fp16"], "llama_f16"),
+        "fp16_vs_f16_c8": _ratio(eight, ["ours_fp16"], "llama_f16"),
     }
     for level in (one, eight):
         if level is not None:
@@ -259,7 +268,8 @@ def summary_lines(report: dict) -> list[str]:
             left = f"{level[ours]['tokens_per_s']:>9.1f}" if ours in level else "  (n/a)  "
             right = f"{level[theirs]['tokens_per_s']:>9.1f}" if theirs in level else "  (n/a)  "
             lines.append(f"  {ours:<18}{left}    {theirs:<14}{right}")
-    for name in ("int8_vs_q8_c1", "int8_dynamic_vs_q8_c1", "best_vs_q4km_c1", "best_vs_q4km_c8", "step_overhead_b1"):
+    headline = ("int8_vs_q8_c1", "int8_dynamic_vs_q8_c1", "fp16_vs_f16_c1", "best_vs_q4km_c1", "best_vs_q4km_c8")
+    for name in (*headline, "step_overhead_b1"):
         value = report.get(name)
         lines.append(f"{name}: {'n/a' if value is None else value}")
     if report["step_overhead_b1"] is None:

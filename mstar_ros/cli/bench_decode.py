@@ -12,7 +12,7 @@ from mstar_ros.dtype_option import add_dtype_argument
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = bench_subparsers(sub).add_parser(
         "decode",
-        help="Orpheus LLM decode tokens/s: ours (bf16, int8, int4) vs llama.cpp (F16, Q8_0, Q4_K_M)",
+        help="Orpheus LLM decode tokens/s: ours (bf16, fp16, int8, int8_dynamic, int4) vs llama.cpp (F16, Q8_0, Q4_K_M)",
         description="C independent greedy streams of token ids (C = 1 and 8) through our AR engine and through "
         "llama.cpp (llama-cpp-python, batched decode with one sequence id per stream) on the same checkpoint, "
         "exported to GGUF by us and quantized by llama.cpp; same threads, interleaved rounds, medians. The "

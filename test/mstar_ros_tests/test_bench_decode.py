@@ -50,12 +50,12 @@ def test_bench_decode_quick(tmp_path):
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     report = json.loads(out.read_text())
     assert list(report["levels"]) == ["1", "3"] and report["model"]["random_weights"] is True
-    quantized = ["ours_int8", "ours_int8_dynamic", "ours_int4"]
-    assert "ours_unavailable" not in report and report["int8_vs_q8_c1"] is not None
-    assert report["int8_dynamic_vs_q8_c1"] is not None
+    quantized = ["ours_fp16", "ours_int8", "ours_int8_dynamic", "ours_int4"]
+    assert report["int8_vs_q8_c1"] is not None
+    assert report["int8_dynamic_vs_q8_c1"] is not None and report["fp16_vs_f16_c1"] is not None
     for level in report["levels"].values():
         ran = [k for k in ("ours_bf16", *quantized, "llama_f16", "llama_q8_0", "llama_q4_k_m") if k in level]
-        assert len(ran) == 7
+        assert len(ran) == 8
         assert all(level[k]["tokens_per_s"] > 0 and len(level[k]["runs_tokens_per_s"]) == 1 for k in ran)
         assert level["agreement_ours_bf16_vs_llama_f16"]["of"] == 16
         assert level["agreement_ours_bf16_vs_llama_f16"]["first_divergence"] >= 8  # the same model decodes
