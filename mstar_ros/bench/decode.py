@@ -20,7 +20,9 @@ from pathlib import Path
 
 import torch
 
+from mstar.engine.device_loop import run_on_device
 from mstar.engine.dtype_choice import resolve_dtype
+from mstar.engine.intra_op import release_team
 from mstar.progress import progress_bar
 from mstar_ros.bench.machine import dtypes_section, header_line, machine_section
 
@@ -135,10 +137,18 @@ class _Systems:
             return self.ours[key].greedy(batch, new_tokens)
         from mstar_ros.bench.llama_cpp_runner import LlamaCppDecoder
 
-        with LlamaCppDecoder(
-            self.ggufs[LLAMA[key]], threads=self.opts.threads, streams=len(batch), per_stream_tokens=self.per_stream
-        ) as llama:
-            return llama.greedy(batch, new_tokens)
+        # llama.cpp's OpenMP team lives on this thread, in the libgomp torch loaded (the same soname). Two
+        # teams in one process exceed the 2 cores, and libgomp then cuts every team's spinning to 100
+        # rounds: each parallel region pays a wake-up, which slowed ours 1.6x after llama.cpp had run
+        # (docs/performance.md). So each system runs with its team alone: ours handed back before, theirs after.
+        run_on_device(release_team)
+        try:
+            with LlamaCppDecoder(
+                self.ggufs[LLAMA[key]], threads=self.opts.threads, streams=len(batch), per_stream_tokens=self.per_stream
+            ) as llama:
+                return llama.greedy(batch, new_tokens)
+        finally:
+            release_team()
 
     def close(self) -> None:
         for decoder in self.ours.values():

@@ -87,3 +87,36 @@ def test_engines_started_are_stopped_when_a_later_one_fails(monkeypatch):
     with pytest.raises(RuntimeError, match="out of memory"):
         _Systems(None, {}, DecodeBenchOptions(levels=[1]), per_stream=16)
     assert len(started) == 2 and stopped == started
+
+
+_TEAMS_SCRIPT = """
+import json, os, torch
+torch.set_num_threads(2)
+import mstar_ros.bench.decode as bench
+from mstar_graphs.orpheus.checkpoints import resolve_paths
+from mstar_ros.bench.gguf_files import ensure_gguf_files
+bench.OURS = {"ours_bf16": "none"}
+llm = resolve_paths(None, None, "tiny").llm
+systems = bench._Systems(llm, ensure_gguf_files(llm, 2), bench.DecodeBenchOptions(levels=[1]), per_stream=40)
+prompt = bench.prompts(1, 8, 0)
+threads = lambda: len(os.listdir("/proc/self/task"))
+systems.run("ours_bf16", prompt, 8)
+counts = [threads()]
+systems.run("llama_f16", prompt, 8)
+counts.append(threads())
+systems.run("ours_bf16", prompt, 8)
+counts.append(threads())
+systems.close()
+print(json.dumps(counts))
+"""
+
+
+@pytest.mark.slow
+def test_llama_cpp_leaves_no_openmp_team_behind():
+    # llama.cpp's OpenMP team (on the bench's main thread, in torch's libgomp) would outlive its run:
+    # two teams on 2 cores make libgomp stop spinning, which slowed our decode 1.6x in every round
+    run = subprocess.run([sys.executable, "-c", _TEAMS_SCRIPT], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    before, after_llama, after_ours = json.loads(run.stdout.strip().splitlines()[-1])
+    assert after_llama <= before, (before, after_llama)  # its worker joined, not left waiting
+    assert after_ours <= before, (before, after_ours)
