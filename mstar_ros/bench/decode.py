@@ -13,6 +13,7 @@ the weights in the LM head (~15%), which decides what quantizing the body buys.
 from __future__ import annotations
 
 import importlib.metadata
+import logging
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -25,6 +26,8 @@ from mstar.engine.dtype_choice import resolve_dtype
 from mstar.engine.intra_op import release_team
 from mstar.progress import progress_bar
 from mstar_ros.bench.machine import dtypes_section, header_line, machine_section
+
+log = logging.getLogger("mstar_ros.bench")
 
 # system key -> our quantization, or the llama.cpp GGUF kind
 OURS = {
@@ -123,6 +126,7 @@ class _Systems:
         from mstar_ros.bench.ours_decode import OursDecoder, engine_config
 
         self.opts, self.ggufs, self.per_stream = opts, ggufs, per_stream
+        self.teams_released = True  # every hand-back of an OpenMP team worked (see run)
         self.ours: dict[str, OursDecoder] = {}
         streams = max(opts.levels)
         try:
@@ -141,14 +145,19 @@ class _Systems:
         # teams in one process exceed the 2 cores, and libgomp then cuts every team's spinning to 100
         # rounds: each parallel region pays a wake-up, which slowed ours 1.6x after llama.cpp had run
         # (docs/performance.md). So each system runs with its team alone: ours handed back before, theirs after.
-        run_on_device(release_team)
+        self._released(run_on_device(release_team))
         try:
             with LlamaCppDecoder(
                 self.ggufs[LLAMA[key]], threads=self.opts.threads, streams=len(batch), per_stream_tokens=self.per_stream
             ) as llama:
                 return llama.greedy(batch, new_tokens)
         finally:
-            release_team()
+            self._released(release_team())
+
+    def _released(self, ok: bool) -> None:
+        if not ok and self.teams_released:
+            log.warning("cannot hand back OpenMP teams (not libgomp?): both systems' teams stay alive")
+        self.teams_released &= ok
 
     def close(self) -> None:
         for decoder in self.ours.values():
@@ -212,12 +221,13 @@ def run_decode_bench(opts: DecodeBenchOptions, quick: bool = False) -> dict:
                     tokens, seconds = systems.run(key, batch, opts.new_tokens)
                     runs[key].append(round((opts.new_tokens - 1) * c / seconds, 2))
                     streams[key] = tokens
-                    time.sleep(0.05)  # let the other system's spinning threads go to sleep
+                    time.sleep(0.05)  # let the last system's released team threads exit
                     bar.update()
             bar.close()
             report["levels"][str(c)] = _level(runs, streams)
     finally:
         systems.close()
+    report["openmp_teams_released"] = systems.teams_released
     report.update(_ratios(report))
     if opts.step_overhead:
         report["step_overhead"] = _step_overhead(llm_dir, opts.dtype, quick)

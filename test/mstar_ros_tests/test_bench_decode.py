@@ -51,7 +51,7 @@ def test_bench_decode_quick(tmp_path):
     report = json.loads(out.read_text())
     assert list(report["levels"]) == ["1", "3"] and report["model"]["random_weights"] is True
     quantized = ["ours_fp16", "ours_int8", "ours_int8_dynamic", "ours_int4"]
-    assert report["int8_vs_q8_c1"] is not None
+    assert report["int8_vs_q8_c1"] is not None and report["openmp_teams_released"] is True
     assert report["int8_dynamic_vs_q8_c1"] is not None and report["fp16_vs_f16_c1"] is not None
     for level in report["levels"].values():
         ran = [k for k in ("ours_bf16", *quantized, "llama_f16", "llama_q8_0", "llama_q4_k_m") if k in level]
@@ -90,7 +90,7 @@ def test_engines_started_are_stopped_when_a_later_one_fails(monkeypatch):
 
 
 _TEAMS_SCRIPT = """
-import json, os, torch
+import json, os, time, torch
 torch.set_num_threads(2)
 import mstar_ros.bench.decode as bench
 from mstar_graphs.orpheus.checkpoints import resolve_paths
@@ -99,24 +99,35 @@ bench.OURS = {"ours_bf16": "none"}
 llm = resolve_paths(None, None, "tiny").llm
 systems = bench._Systems(llm, ensure_gguf_files(llm, 2), bench.DecodeBenchOptions(levels=[1]), per_stream=40)
 prompt = bench.prompts(1, 8, 0)
-threads = lambda: len(os.listdir("/proc/self/task"))
+
+
+def threads(expected):
+    # a released team's threads exit just after the call returns: wait up to 2 s for the count expected
+    deadline = time.monotonic() + 2
+    while len(os.listdir("/proc/self/task")) != expected and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return len(os.listdir("/proc/self/task"))
+
+
 systems.run("ours_bf16", prompt, 8)
-counts = [threads()]
+before = threads(-1)  # settled: ours holds its team of two (the device thread and one worker)
 systems.run("llama_f16", prompt, 8)
-counts.append(threads())
+after_llama = threads(before - 1)  # ours handed back before llama.cpp ran, llama.cpp's after
 systems.run("ours_bf16", prompt, 8)
-counts.append(threads())
+after_ours = threads(before)  # ours' team built again
 systems.close()
-print(json.dumps(counts))
+print(json.dumps([before, after_llama, after_ours, systems.teams_released]))
 """
 
 
 @pytest.mark.slow
-def test_llama_cpp_leaves_no_openmp_team_behind():
-    # llama.cpp's OpenMP team (on the bench's main thread, in torch's libgomp) would outlive its run:
-    # two teams on 2 cores make libgomp stop spinning, which slowed our decode 1.6x in every round
+def test_llama_cpp_and_ours_never_leave_two_openmp_teams():
+    # llama.cpp's OpenMP team (on the bench's main thread, in torch's libgomp) would outlive its run,
+    # and ours would live through llama.cpp's: two teams on 2 cores make libgomp stop spinning, which
+    # slowed our decode 1.6x in every round
     run = subprocess.run([sys.executable, "-c", _TEAMS_SCRIPT], capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-2000:]
-    before, after_llama, after_ours = json.loads(run.stdout.strip().splitlines()[-1])
-    assert after_llama <= before, (before, after_llama)  # its worker joined, not left waiting
-    assert after_ours <= before, (before, after_ours)
+    before, after_llama, after_ours, released = json.loads(run.stdout.strip().splitlines()[-1])
+    assert released
+    assert after_llama == before - 1, (before, after_llama)  # neither team left: one worker fewer
+    assert after_ours == before, (before, after_ours)
