@@ -7,9 +7,9 @@ loses less: fp16 keeps 3 more mantissa bits than bf16, so a bf16 checkpoint's we
 within fp16's range (down to 6e-5; smaller ones lose low bits), and the activations stay fp32 inside
 the matmul. llama.cpp's F16 stores its weights this way too.
 
-Why: at one row (one-stream decode) fbgemm's kernel reads the weight at 25-31 GB/s on this 2-core
-machine, against 17-23 GB/s for oneDNN's prepacked bf16 (``mstar.layers.linear_packing``); at 8 rows
-it is 5-20% slower than bf16 (``docs/quantization.md`` has the figures). A weight beyond fp16's
+Why: at one row (one-stream decode) fbgemm's kernel reads the weight at 17-34 GB/s on this 2-core
+machine, 0.77-0.95x the time of oneDNN's prepacked bf16 (``mstar.layers.linear_packing``); at 8 rows
+it takes 1.10-1.28x bf16's time (``docs/quantization.md`` has the figures). A weight beyond fp16's
 range (65504) is refused, naming the linear, rather than saturated.
 
 Heads read by row ranges (constrained decoding, ``restricted_logits``) are packed in blocks of

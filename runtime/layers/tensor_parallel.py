@@ -130,9 +130,7 @@ def _quantized_logits(
         return head.gather(hidden, token_ids)
     if not runs:
         return hidden.new_zeros(hidden.shape[0], 0)
-    if isinstance(head, Fp16Linear):  # each packed block once, however many runs share it
-        return head.row_runs(hidden, runs)
-    return torch.cat([head.rows(hidden, lo, hi) for lo, hi in runs], dim=-1)
+    return head.row_runs(hidden, runs)
 
 
 class ParallelLMHead(nn.Module):

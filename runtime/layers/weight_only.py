@@ -122,6 +122,10 @@ class WeightOnlyLinear(nn.Module):
             out = out + self.bias.to(out.dtype)
         return out.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
 
+    def row_runs(self, x: torch.Tensor, runs: list[tuple[int, int]]) -> torch.Tensor:
+        """The columns of several row ranges side by side (``torch.cat`` of :meth:`rows` of each)."""
+        return torch.cat([self.rows(x, lo, hi) for lo, hi in runs], dim=-1)
+
     def rows(self, x: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
         """``x [M, K] @ weight[lo:hi].T + bias[lo:hi]`` -> [M, hi - lo]: the columns ``forward`` gives."""
         x2 = self._flat(x)
