@@ -30,7 +30,7 @@ from mstar_graphs.common.attention import GQAttention
 from mstar_graphs.common.decoder_layer import PreNormDecoderLayer
 from mstar_graphs.common.mlp import GatedMLP
 from mstar_graphs.common.rms_norm import RMSNorm
-from mstar_graphs.common.rope import register_rope_tables, rope_inv_freq, rope_tables
+from mstar_graphs.common.rope import register_rope_tables, rope_inv_freq, rope_tables, rotation_tables
 from mstar_graphs.orpheus.config import LlamaConfig
 
 
@@ -195,8 +195,7 @@ class LlamaForCausalLM(ARModule):
             raise ValueError(
                 f"input_ids and positions must both be [T]; got {tuple(input_ids.shape)} and {tuple(positions.shape)}"
             )
-        cos = self.rope_cos.index_select(0, positions)
-        sin = self.rope_sin.index_select(0, positions)
+        cos, sin = rotation_tables(self.rope_cos.index_select(0, positions), self.rope_sin.index_select(0, positions))
         h = self.model.embed_tokens(input_ids)
         for layer in self.model.layers:
             h = layer(h, cos, sin, attn)
