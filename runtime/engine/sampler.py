@@ -22,19 +22,47 @@ def apply_repetition_penalty(row: torch.Tensor, columns: torch.Tensor, penalty: 
     row[columns] = torch.where(picked > 0, picked / penalty, picked * penalty)
 
 
+# Top-p looks for its nucleus among this many most likely tokens first (a partial sort), and sorts
+# the whole row only where they hold less than top_p of the mass: a full sort of a [4, 4097] batch
+# took 0.9 ms on CPU, a top-64 0.04 ms.
+NUCLEUS_CANDIDATES = 64
+
+
 def filter_top_k_top_p(row: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
-    """Top-k, then top-p, over the last axis: one row [K] or a batch of rows [B, K] (each row the
-    same ops as alone: sort, softmax and cumsum act on each row independently)."""
+    """Top-k, then top-p, over the last axis: one row [K] or a batch of rows [B, K] (each row
+    independently).
+
+    Top-p keeps the smallest set of most likely tokens whose probability reaches ``top_p``: a token
+    stays when the tokens more likely than it hold less than ``top_p`` (the most likely always stays).
+    """
     if 0 < top_k < row.shape[-1]:
         kth = torch.topk(row, top_k).values[..., -1:]
         row = row.masked_fill(row < kth, float("-inf"))
     if top_p < 1.0:
-        sorted_logits, order = torch.sort(row)
-        cumulative = torch.softmax(sorted_logits, dim=-1).cumsum(-1)
-        remove = cumulative <= (1.0 - top_p)
-        remove[..., -1] = False  # always keep the most likely token
-        row = row.masked_fill(remove.scatter(-1, order, remove), float("-inf"))
+        probs = torch.softmax(row, dim=-1)
+        width = row.shape[-1]
+        top, order = torch.topk(probs, min(NUCLEUS_CANDIDATES, width))
+        if top.shape[-1] < width and not bool((top.sum(-1) >= top_p).all()):
+            top, order = torch.sort(probs, descending=True)  # some row's nucleus is wider
+        keep = (top.cumsum(-1) - top) < top_p  # the mass of the more likely tokens
+        keep[..., 0] = True
+        row = row.masked_fill(~torch.zeros_like(probs, dtype=torch.bool).scatter(-1, order, keep), float("-inf"))
     return row
+
+
+def draw(probs: torch.Tensor, generators: list[torch.Generator | None]) -> list[int]:
+    """One column per row of ``probs`` [B, K] (CPU, rows summing to about 1), column j with probability
+    ``probs[j]``: by inverse CDF, one uniform from each row's own generator (None: torch's global one).
+
+    torch.multinomial took 0.1-0.14 ms a row over 4097 columns (it draws an exponential per column
+    without replacement); this is one uniform and a search. A zero-probability column is never drawn.
+    """
+    cdf = probs.double().cumsum(-1)
+    total = cdf[:, -1:]
+    u = torch.cat([torch.rand(1, generator=g, dtype=torch.float64) for g in generators]).unsqueeze(1)
+    # u < 1 so u * total < total (the rounding of the product never reaches it): some column's
+    # cumulative mass exceeds the target, and the first one that does has a nonzero probability
+    return torch.searchsorted(cdf, u * total, right=True).squeeze(1).tolist()
 
 
 def history_columns(history: list[int], vocab: torch.Tensor | None, device: torch.device) -> torch.Tensor:
@@ -99,10 +127,10 @@ class Sampler:
         if temperature == 0.0:
             return rows.argmax(dim=-1).tolist()
         rows = filter_top_k_top_p(rows / temperature, top_k, top_p)
-        # drawn on the CPU, one row at a time: each request's generator lives there (and a seed gives
-        # the same tokens whatever device computed the logits, whoever shares the batch)
+        # drawn on the CPU, each row from its own uniform: each request's generator lives there (and a
+        # seed gives the same tokens whatever device computed the logits, whoever shares the batch)
         probs = torch.softmax(rows, dim=-1).cpu()
-        return [int(torch.multinomial(probs[j], 1, generator=generators[i])[0]) for j, i in enumerate(members)]
+        return draw(probs, [generators[i] for i in members])
 
 
 @dataclass

@@ -312,3 +312,60 @@ def test_vocab_columns_keep_every_slot_vocabulary_of_the_live_histories(monkeypa
     for n in range(5):  # more live histories than it keeps: the least recently used goes
         columns.columns([n], slots[0], cpu)
     assert len(built) == 3 * 7 + 5 and len(columns._seen) == 4
+
+
+# ---- wide rows: the nucleus found among the top candidates, or by a full sort ------------
+
+
+@pytest.mark.parametrize("scale", [0.3, 3.0, 30.0])  # flat (nucleus of thousands) to peaked (a few)
+def test_top_p_on_wide_batches_matches_an_independent_nucleus(scale):
+    g = torch.Generator().manual_seed(int(scale * 10))
+    rows = torch.randn(4, 4097, generator=g, dtype=torch.float64) * scale
+    rows[1] *= 20  # one peaked row beside flat ones: the batch needs the full sort for the others
+    for p in (0.1, 0.8, 0.95):
+        out = filter_top_k_top_p(rows, 0, p)
+        for r in range(rows.shape[0]):
+            assert kept(out[r]) == nucleus_reference(rows[r], p), (scale, p, r)
+        assert torch.equal(out[torch.isfinite(out)], rows[torch.isfinite(out)])  # survivors unchanged
+
+
+def test_top_p_nucleus_wider_than_the_candidates_is_found_by_the_full_sort():
+    from mstar.engine.sampler import NUCLEUS_CANDIDATES
+
+    row = torch.zeros(1, 4 * NUCLEUS_CANDIDATES, dtype=torch.float64)  # uniform: p = 0.5 needs half of them
+    assert len(kept(filter_top_k_top_p(row, 0, 0.5)[0])) == 2 * NUCLEUS_CANDIDATES
+
+
+# ---- the draw -----------------------------------------------------------------------------
+
+
+def test_draw_follows_the_probabilities_and_never_picks_a_zero():
+    from mstar.engine.sampler import draw
+
+    probs = torch.tensor([[0.0, 0.5, 0.0, 0.2, 0.3, 0.0]])
+    g = torch.Generator().manual_seed(0)
+    counts = torch.zeros(6)
+    n = 20000
+    for _ in range(n):
+        counts[draw(probs, [g])[0]] += 1
+    assert counts[[0, 2, 5]].sum() == 0
+    # binomial standard deviation at n = 20000 is at most 0.0036: 5 sigma
+    assert torch.allclose(counts / n, probs[0].float(), atol=0.018)
+
+
+def test_draw_at_the_ends_of_the_unit_interval_stays_on_nonzero_columns(monkeypatch):
+    from mstar.engine import sampler
+
+    probs = torch.tensor([[0.0, 0.3, 0.7, 0.0], [1 / 3, 1 / 3, 1 / 3, 0.0]])
+    for u, expected in ((0.0, [1, 0]), (1.0 - 2**-53, [2, 2])):  # torch.rand's least and largest values
+        monkeypatch.setattr(sampler.torch, "rand", lambda *a, u=u, **k: torch.tensor([u], dtype=torch.float64))
+        assert sampler.draw(probs, [None, None]) == expected
+
+
+def test_draw_uses_each_rows_own_generator():
+    from mstar.engine.sampler import draw
+
+    probs = torch.full((3, 50), 1 / 50)
+    together = draw(probs, gens(3, seed=7))
+    alone = [draw(probs[i : i + 1], gens(3, seed=7)[i : i + 1])[0] for i in range(3)]
+    assert together == alone
