@@ -369,3 +369,35 @@ def test_draw_uses_each_rows_own_generator():
     together = draw(probs, gens(3, seed=7))
     alone = [draw(probs[i : i + 1], gens(3, seed=7)[i : i + 1])[0] for i in range(3)]
     assert together == alone
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_top_p_on_wide_float32_rows_matches_the_fp64_nucleus(seed):
+    # the nucleus is found on fp64 probabilities: float32 logits meet the fp64 reference at the boundary
+    g = torch.Generator().manual_seed(100 + seed)
+    rows = torch.randn(8, 4097, generator=g) * torch.tensor([0.2, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0])[:, None]
+    out = filter_top_k_top_p(rows, 0, 0.8)
+    for r in range(rows.shape[0]):
+        assert kept(out[r]) == nucleus_reference(rows[r], 0.8), r
+
+
+@pytest.mark.parametrize("bad", ["nan", "+inf", "all masked"])
+def test_a_row_that_is_not_a_distribution_raises_instead_of_drawing_past_the_vocabulary(bad):
+    logits = torch.randn(3, 40, generator=torch.Generator().manual_seed(4))
+    if bad == "nan":
+        logits[1, 7] = float("nan")
+    elif bad == "+inf":
+        logits[1, 3] = float("inf")
+    else:
+        logits[1] = float("-inf")
+    params = [SamplingParams(temperature=0.7, top_p=0.9)] * 3
+    with pytest.raises(ValueError, match=r"rows \[1\]"):
+        Sampler().sample(logits, None, params, [[], [], []], gens(3))
+
+
+def test_draw_refuses_rows_that_are_not_distributions():
+    from mstar.engine.sampler import draw
+
+    probs = torch.tensor([[0.5, 0.5], [float("nan"), 0.5], [0.0, 0.0]])
+    with pytest.raises(ValueError, match=r"rows \[1, 2\]"):
+        draw(probs, [None] * 3)
