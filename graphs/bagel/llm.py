@@ -32,7 +32,7 @@ from mstar.weights import no_random_init
 from mstar_graphs.bagel.config import BagelConfig, BagelDims, LlmConfig
 from mstar_graphs.bagel.mot_layer import MoTDecoderLayer, RowSplit
 from mstar_graphs.common.rms_norm import RMSNorm
-from mstar_graphs.common.rope import register_rope_tables, rope_inv_freq, rope_tables
+from mstar_graphs.common.rope import register_rope_tables, rope_inv_freq, rope_tables, rotation_tables
 
 GEN_ROW = 1  # row_kinds value of a generation (VAE latent) row; 0: understanding
 
@@ -144,7 +144,8 @@ class BagelLLM(ARModule):
                 )
             positions = rope_positions[0]
         # no bounds check (it would sync every step): index_select fails loudly past the tables
-        return self.rope_cos.index_select(0, positions), self.rope_sin.index_select(0, positions)
+        # full-width tables, built once per forward: each layer's rotation then takes fewer ops
+        return rotation_tables(self.rope_cos.index_select(0, positions), self.rope_sin.index_select(0, positions))
 
     def forward(
         self,

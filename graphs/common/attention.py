@@ -74,17 +74,18 @@ class GQAttention(nn.Module):
     def project(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """x [T, hidden]; cos, sin [T, head_dim/2] -> q [T, heads, D], k and v [T, kv_heads, D] (q, k rotated)."""
+        """x [T, hidden]; cos, sin [T, head_dim/2] (or the full-width ``rotation_tables``) -> q [T, heads, D],
+        k and v [T, kv_heads, D] (q, k rotated)."""
         t, d = x.shape[0], self.head_dim
         if hasattr(self, "qkv_proj"):
             qkv = self.qkv_proj(x)
             if not hasattr(self, "q_norm"):  # q and k rotated in one go: half the ops of one per tensor
                 heads = self.num_heads + self.num_kv_heads
-                qk = apply_rope(qkv[:, : heads * d].view(t, heads, d), cos, sin)
+                qk = apply_rope(qkv[:, : heads * d].reshape(t, heads, d), cos, sin)
                 return (
                     qk[:, : self.num_heads],
                     qk[:, self.num_heads :],
-                    qkv[:, heads * d :].view(t, self.num_kv_heads, d),
+                    qkv[:, heads * d :].reshape(t, self.num_kv_heads, d),
                 )
             q, k, v = qkv.split([self.num_heads * d, self.num_kv_heads * d, self.num_kv_heads * d], dim=-1)
         else:

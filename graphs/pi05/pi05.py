@@ -25,7 +25,7 @@ from mstar.engine.attention.backend import AttentionContext
 from mstar.engine.kv_cache import KVSpec
 from mstar.layers.tensor_parallel import restricted_logits
 from mstar.weights import no_random_init
-from mstar_graphs.common.rope import register_rope_tables, rope_inv_freq, rope_tables
+from mstar_graphs.common.rope import register_rope_tables, rope_inv_freq, rope_tables, rotation_tables
 from mstar_graphs.pi05.config import Pi05Config
 from mstar_graphs.pi05.expert import ActionExpert
 from mstar_graphs.pi05.gemma import GemmaPrefixLM
@@ -118,7 +118,8 @@ class Pi05Model(ARModule):
     def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         # No bounds check here (it would sync the device every step): the engine keeps
         # positions below max_positions, and index_select fails loudly past the tables.
-        return self.rope_cos.index_select(0, positions), self.rope_sin.index_select(0, positions)
+        # full-width tables, built once per forward: each layer's rotation then takes fewer ops
+        return rotation_tables(self.rope_cos.index_select(0, positions), self.rope_sin.index_select(0, positions))
 
     def forward(
         self,
