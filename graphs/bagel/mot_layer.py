@@ -113,7 +113,8 @@ class MoTDecoderLayer(nn.Module):
         keep: tuple[torch.Tensor, RowSplit | None] | None = None,
     ) -> torch.Tensor:
         """x [T, hidden] in step order; cos, sin [T, D] (``rotation_tables``; half tables also do); ``rows``
-        None: every row is an understanding row. ``kv_only``: stop after the attention call (its K/V are written; the result is unused).
+        None: every row is an understanding row. ``kv_only``: stop after the attention call (its K/V are
+        written; the result is unused).
         ``keep`` (row indexes [K], their split): every row's K/V is written, but only those rows go on
         through o_proj and the MLP -> [K, hidden] (a row's result does not depend on the others')."""
         if rows is None:

@@ -114,7 +114,8 @@ class ActionExpert(nn.Module):
     def forward(
         self, x: torch.Tensor, time: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: AttentionContext
     ) -> torch.Tensor:
-        """x [B, H, A] noisy actions at ``time`` [B]; cos/sin [B*H, D] (``rotation_tables``) -> velocity [B, H, A] (fp32)."""
+        """x [B, H, A] noisy actions at ``time`` [B]; cos/sin [B*H, D] (``rotation_tables``) -> velocity
+        [B, H, A] (fp32)."""
         b, h, a = x.shape
         if a != self.config.action_dim or time.shape != (b,):
             raise ValueError(
