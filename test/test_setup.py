@@ -39,6 +39,8 @@ SHARE_FILES = [
     "config/pi05.yaml",
     "config/bagel.yaml",
     "config/engine.yaml",
+    "config/edge.yaml",
+    "config/engine_voice.yaml",  # edge.yaml's voice engine settings, found beside it
     "config/fastdds_localhost.xml",
 ]
 

@@ -56,16 +56,22 @@ def refill_deadline_s(policy) -> float:
 
 
 @contextlib.asynccontextmanager
-async def conductors(models: dict, dtype: str, classes: bool):
+async def conductors(models: dict, dtype: str, classes: bool, configs: dict | None = None):
     """One Conductor per front-end (pi05 / voice / images), entered together; each request carries its
-    front-end's class (pi0.5 chunks control, voice interactive, images batch), as on the edge box."""
+    front-end's class (pi0.5 chunks control, voice interactive, images batch), as on the edge box.
+    ``configs``: a front-end's EngineConfig (its dtype and classes set from ``dtype`` and ``classes``)."""
+    import msgspec
+
     from mstar.engine.config import EngineConfig
     from mstar_ros.edge.classes import classed_conductor
 
-    config = EngineConfig(dtype=dtype, priority_classes=classes)
+    def config(role: str) -> EngineConfig:
+        base = (configs or {}).get(role) or EngineConfig()
+        return msgspec.structs.replace(base, dtype=dtype, priority_classes=classes)
+
     async with contextlib.AsyncExitStack() as stack:
         yield {
-            role: await stack.enter_async_context(classed_conductor(model.graph(), model.modules(), config))
+            role: await stack.enter_async_context(classed_conductor(model.graph(), model.modules(), config(role)))
             for role, model in models.items()
         }
 
@@ -128,7 +134,7 @@ async def measure(
     fresh = 1.0 / args.hz
     period = chunk_period_s(policy) if args.chunk_period is None else args.chunk_period
     out: dict = {}
-    async with conductors(models, args.dtype, classes) as running:
+    async with conductors(models, args.dtype, classes, {"voice": voice_engine_config(args)}) as running:
         await _warm(models, running, observations[0][0], args)
         if alone:
             with traced() as trace:
@@ -217,6 +223,13 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return round(a / b, 3) if a and b else None
 
 
+def voice_engine_config(args: argparse.Namespace):
+    """The voice front-end's EngineConfig: ``--voice-engine-config`` ("": the defaults)."""
+    from mstar_ros.edge.engine_settings import front_engine_config
+
+    return front_engine_config(str(args.voice_engine_config or ""), None)
+
+
 def load_models(args: argparse.Namespace) -> dict:
     from mstar_graphs.pi05.frontend import Pi05Policy
     from mstar_ros.webrtc.speech_models import load_speech_model
@@ -259,6 +272,10 @@ def run_mixed_bench(args: argparse.Namespace) -> int:
         "bench": "mixed",
         "machine": machine_section(),
         "threads": model_threads(),
+        "voice_engine": {
+            "config": str(args.voice_engine_config or ""),
+            "compile": voice_engine_config(args).compile,
+        },
         "workload": {
             "robots": args.robots,
             "hz": args.hz,

@@ -54,6 +54,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--orpheus-weights", type=Path, help="real Orpheus checkpoint instead of the generated one")
     p.add_argument("--bagel-weights", type=Path, help="real BAGEL checkpoint instead of the generated one")
     p.add_argument("--seed", type=int, default=0, help="synthetic bag seed")
+    p.add_argument(
+        "--voice-engine-config",
+        default=None,
+        help="the voice model's engine settings YAML (default: config/engine_voice.yaml, as config/edge.yaml "
+        'serves it: its forward compiled; "": the engine defaults, eager)',
+    )
     add_dtype_argument(p)
     p.add_argument("--json", type=Path, default=Path("bench-mixed.json"), help="where to write the figures")
     p.add_argument("--plot", type=Path, default=Path("bench-mixed.png"), help="where to write the plot")
@@ -71,6 +77,10 @@ def _run_mixed(args: argparse.Namespace) -> int:
         raise ValueError("--seconds, --voice-seconds and --hz must be positive")
     if args.robots < 1 or args.peers < 1 or args.max_tokens < 1:
         raise ValueError("--robots, --peers and --max-tokens must be >= 1")
+    if args.voice_engine_config is None:
+        from mstar_ros.config_files import find_config
+
+        args.voice_engine_config = str(find_config("engine_voice.yaml") or "")
     from mstar_ros.bench.mixed import run_mixed_bench
 
     return run_mixed_bench(args)

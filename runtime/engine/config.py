@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 import msgspec
 import torch
@@ -35,6 +36,9 @@ class EngineConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     pack_linears: bool = True  # bf16 on CPU: weights reordered once for oneDNN (same results, faster)
     phase_align: bool = True  # start sequences in the running ones' decode_period phase (waits < period steps)
     priority_classes: bool = True  # serve control > interactive > batch (mstar.priority); False: first come first
+    # the AR forward under torch.compile, compiled at start (mstar.engine.compiled_forward): true, false,
+    # or "auto" (where it can: CPU, a C++ compiler, no tensor parallelism, quantization none; else eager)
+    compile: bool | Literal["auto"] = False
     quantization: str = "none"  # "int8" / "int4": weight-only linears on CPU (mstar.layers.weight_only);
     # "int8_dynamic": int8 weights and activations (mstar.layers.dynamic_int8); "fp16": weights packed
     # as fp16 for fbgemm, fp32 activations (mstar.layers.fp16_weights)
@@ -58,6 +62,11 @@ class EngineConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
             ("starvation_wait_ms", self.starvation_wait_ms is None or self.starvation_wait_ms >= 0),
             ("starved_share", 0 <= self.starved_share <= 1),
         ]
+        if self.compile is True and self.quantization != "none":
+            raise ValueError(
+                f"engine config: compile = True runs packed bf16 or plain linears; quantization = "
+                f"{self.quantization!r} is not supported with it (set one of them off)"
+            )
         for name, ok in checks:
             if not ok:
                 raise ValueError(

@@ -9,7 +9,9 @@ import torch
 from mstar.engine.ar_module import ARModule
 from mstar.engine.attention.select import select_attention_backend
 from mstar.engine.block_manager import BlockManager
+from mstar.engine.compiled_forward import CompiledForward, compile_blocker
 from mstar.engine.config import EngineConfig
+from mstar.engine.device_loop import run_on_device
 from mstar.engine.engine_core import EngineCore
 from mstar.engine.fed_inputs import waits_for_rows
 from mstar.engine.frame_module import FrameModule
@@ -40,6 +42,26 @@ def _kv_blocks(module: ARModule, config: EngineConfig, kv_dtype: torch.dtype) ->
         return config.num_kv_blocks
     per_block = module.kv_spec().bytes_per_token(kv_dtype) * block_size_for(module, config)
     return max(1, int(config.kv_cache_mb * 2**20) // per_block)
+
+
+def _compiled(module: ARModule, device: torch.device, name: str, config: EngineConfig, tp: TPGroup | None):
+    """The module's CompiledForward, warmed up; None when ``compile: auto`` finds it cannot be compiled here."""
+    blocker = compile_blocker(device, tp.size if tp is not None else 1, config.quantization)
+    if blocker is not None:
+        if config.compile == "auto":
+            log.info("%s engine: forward eager (compile: auto, but %s)", name, blocker)
+            return None
+        raise ValueError(f"{name}: compile: true, but {blocker}")
+    compiled = CompiledForward(module, name)
+    try:
+        seconds = run_on_device(compiled.warm_up, device)
+    except ValueError as exc:
+        if config.compile != "auto":
+            raise
+        log.warning("%s engine: forward eager (compile: auto, but %s)", name, str(exc).removeprefix(f"{name}: "))
+        return None
+    log.info("%s engine: forward compiled in %.1f s (%d new graphs)", name, seconds, compiled.graphs)
+    return compiled
 
 
 def build_core(
@@ -75,6 +97,8 @@ def build_core(
         waits=lambda seq: waits_for_rows(module, seq),
     )
     runner = ModelRunner(module, backend, blocks, device, plan_hook=leader.forward_plan if leader else None)
+    if config.compile and (compiled := _compiled(module, device, name, config, tp)) is not None:
+        runner.forward = compiled
     if leader is not None:  # followers size their KV pools and pick dtypes from this
         leader.hello(
             Hello(

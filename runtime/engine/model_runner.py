@@ -50,6 +50,7 @@ class ModelRunner:
         self.blocks = blocks
         self.device = device
         self._attn = AttentionContext(backend)
+        self.forward: Callable[..., torch.Tensor] = module  # or its CompiledForward (compile: true)
         self.forward_seconds = 0.0  # inside the module's forward only (the rest is runtime overhead)
 
     def run(
@@ -126,7 +127,7 @@ class ModelRunner:
         )
         if narrow:
             extra["hidden_rows"] = torch.tensor(last_rows, dtype=torch.long, device=self.device)
-        hidden = self.module(input_ids, pos, self._attn, **extra)
+        hidden = self.forward(input_ids, pos, self._attn, **extra)
         if narrow:
             last_rows = list(range(len(last_rows)))
         self.forward_seconds += time.perf_counter() - started

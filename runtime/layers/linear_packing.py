@@ -9,11 +9,16 @@ with bit-identical results.
 
 Chosen at run time: only bf16 weights on CPU, and only where this torch build has
 the oneDNN ops and the CPU has bf16 support; everything else stays ``nn.Linear``.
+
+Under ``torch.compile`` (``mstar.engine.compiled_forward``) a packed linear is the custom op
+``mstar::packed_linear``: inductor cannot lower an opaque oneDNN weight, and an op keeps the
+forward one graph instead of breaking it at every linear.
 """
 
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
 import weakref
 
@@ -22,6 +27,21 @@ import torch.nn.functional as F
 from torch import nn
 
 log = logging.getLogger("mstar.engine")
+
+# Packed linears by key: a compiled graph names its linear by an int (the op cannot take the module).
+_by_key: weakref.WeakValueDictionary[int, PackedLinear] = weakref.WeakValueDictionary()
+_next_key = itertools.count()
+
+
+@torch.library.custom_op("mstar::packed_linear", mutates_args=())
+def packed_linear_op(x: torch.Tensor, key: int, out_features: int) -> torch.Tensor:
+    """``PackedLinear`` number ``key`` applied to ``x`` (what a compiled graph calls)."""
+    return _by_key[key].eager_forward(x)
+
+
+@packed_linear_op.register_fake
+def _packed_linear_shape(x: torch.Tensor, key: int, out_features: int) -> torch.Tensor:
+    return x.new_empty((*x.shape[:-1], out_features))
 
 
 @functools.cache
@@ -56,6 +76,8 @@ class PackedLinear(nn.Module):
         self.register_buffer("packed", None, persistent=False)
         self._hold(linear.weight.detach())
         self._warned = False
+        self.key = next(_next_key)
+        _by_key[self.key] = self
 
     def _hold(self, weight: torch.Tensor) -> None:
         if weight.dtype == torch.bfloat16 and weight.device.type == "cpu" and packing_available():
@@ -75,6 +97,8 @@ class PackedLinear(nn.Module):
         super().__setstate__(state)
         if self.dense is not None:
             self._hold(self.dense)
+        self.key = next(_next_key)  # a copy is a linear of its own
+        _by_key[self.key] = self
 
     def _apply(self, fn, recurse: bool = True):  # type: ignore[override]
         if self.packed is not None:
@@ -107,6 +131,11 @@ class PackedLinear(nn.Module):
         return self.packed.to_dense()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.compiler.is_compiling():
+            return packed_linear_op(x, self.key, self.out_features)
+        return self.eager_forward(x)
+
+    def eager_forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed is None or x.dtype != torch.bfloat16 or x.device.type != "cpu":
             return F.linear(x, self.weight.to(x.dtype), None if self.bias is None else self.bias.to(x.dtype))
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")

@@ -11,6 +11,14 @@ def test_shipped_engine_yaml_loads():
     cfg = load_engine_config(Path(__file__).parents[3] / "config" / "engine.yaml")
     assert cfg.block_size == 16 and cfg.dtype == "auto"
     assert cfg.starvation_wait_ms == 200 and cfg.starved_share == 0.05  # the defaults, written out
+    assert cfg.compile is False  # eager unless asked: parity tests and references compare eager numerics
+
+
+def test_shipped_voice_engine_yaml_compiles_where_it_can():
+    from pathlib import Path
+
+    cfg = load_engine_config(Path(__file__).parents[3] / "config" / "engine_voice.yaml")
+    assert cfg.compile == "auto" and cfg == EngineConfig(compile="auto")  # nothing else differs
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,130 @@
+"""An AR module's forward under ``torch.compile`` (``compile: true`` in the engine config, CPU only).
+
+Why: on CPU a small model's decode step is mostly the cost of launching many small ops (norms, RoPE,
+residual adds, casts: ~45 per layer), not of its matmuls. Inductor fuses them into a few generated
+C++ kernels; the forward is then one graph. Two things stay opaque ops inside that graph:
+
+- the paged attention (``mstar::paged_attention``): the backend's per-step plan (block tables,
+  masks, batching) is Python state that changes every step; the op calls the step's
+  ``AttentionContext``, set around each call;
+- packed bf16 linears (``mstar::packed_linear``, in ``mstar.layers.linear_packing``): inductor
+  cannot lower oneDNN's opaque packed weight.
+
+Graphs: one for a single token (a lone decode, specialised) and one for any other number of tokens
+(dynamic), both compiled when the engine is built (``warm_up``), so serving never waits for a
+compile. A call with other inputs (a module's extra inputs) compiles its own graph on first use,
+logged. ``fullgraph``: a forward that cannot be one graph fails at warm-up, naming the engine.
+
+Numerics: inductor keeps fp32 between the ops it fuses where eager rounds each op's bf16 output,
+so bf16 results differ from the eager forward in the last bits (fp32 ones agree to ~1e-6).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import torch
+
+from mstar.engine.attention.backend import AttentionContext
+
+log = logging.getLogger("mstar.engine")
+
+_current = threading.local()  # the AttentionContext of the step being run on this thread
+
+
+@torch.library.custom_op("mstar::paged_attention", mutates_args=())
+def paged_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int, scale: float) -> torch.Tensor:
+    """The running step's attention for ``layer`` (writes the step's K/V into the paged cache)."""
+    return _current.attn(layer, q, k, v, scale).contiguous()  # the layout the graph was compiled for
+
+
+@paged_attention_op.register_fake
+def _paged_attention_shape(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int, scale: float) -> torch.Tensor:
+    return q.new_empty(q.shape)
+
+
+def _opaque_attention(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """What the compiled forward's layers call in place of the AttentionContext."""
+    return paged_attention_op(q, k, v, layer, scale)
+
+
+def _no_attention(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """Warm-up attention: the shapes of the real one, and no KV written."""
+    return torch.zeros_like(q)
+
+
+def compile_blocker(device: torch.device, tp_size: int, quantization: str) -> str | None:
+    """Why this engine's forward cannot be compiled here (None: it can)."""
+    if device.type != "cpu":
+        return f"it runs on CPU only (the engine's device is {device})"
+    if tp_size > 1:
+        return "it is not supported with tensor parallelism"
+    if quantization != "none":
+        return f"it runs packed bf16 or plain linears, not quantization {quantization!r}"
+    try:
+        from torch._inductor.cpp_builder import get_cpp_compiler
+
+        get_cpp_compiler()
+    except Exception as exc:  # inductor found no compiler it can use
+        return f"inductor needs a C++ compiler and found none ({type(exc).__name__}: {exc}; install g++)"
+    return None
+
+
+def _graph_count() -> int:
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
+class CompiledForward:
+    """Calls ``module.forward(input_ids, positions, attn, **extra)`` through its compiled graphs."""
+
+    def __init__(self, module: torch.nn.Module, name: str) -> None:
+        self.name = name
+        self.module = module
+        self._compiled = torch.compile(module.forward, fullgraph=True)
+        self.graphs = 0  # graphs compiled for this forward so far
+
+    def __call__(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionContext, **extra: torch.Tensor
+    ) -> torch.Tensor:
+        _current.attn = attn
+        before = _graph_count()
+        started = time.perf_counter()
+        try:
+            return self._compiled(input_ids, positions, _opaque_attention, **extra)
+        finally:
+            _current.attn = None
+            new = _graph_count() - before
+            if new:
+                self.graphs += new
+                log.warning(
+                    "%s: compiled a new graph of the forward while serving (%d tokens, inputs %s): %.1f s",
+                    self.name,
+                    input_ids.numel(),
+                    sorted(extra) or "ids and positions",
+                    time.perf_counter() - started,
+                )
+
+    def warm_up(self, device: torch.device) -> float:
+        """Compiles the one-token and the many-token graphs; the seconds it took. Raises ValueError
+        naming the engine when the forward cannot be compiled as one graph."""
+        started = time.perf_counter()
+        before = _graph_count()
+        try:
+            with torch.inference_mode():
+                for tokens in (1, 2):  # the second call makes the token count dynamic
+                    ids = torch.zeros(tokens, dtype=torch.long, device=device)
+                    _current.attn = _no_attention
+                    self._compiled(ids, ids.clone(), _opaque_attention)
+        except Exception as exc:
+            raise ValueError(
+                f"{self.name}: the module's forward cannot be compiled as one graph "
+                f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); set compile: false"
+            ) from exc
+        finally:
+            _current.attn = None
+        self.graphs += _graph_count() - before
+        return time.perf_counter() - started

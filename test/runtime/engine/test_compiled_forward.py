@@ -1,0 +1,124 @@
+"""The AR forward under torch.compile (``compile`` in the engine config): the same tokens as the eager
+model, one graph with the attention and packed linears as ops, no compile while serving, and clear
+refusals where it cannot run."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import msgspec
+import pytest
+import torch
+
+import mstar.engine.compiled_forward as compiled_forward
+from mstar.conductor import Conductor
+from mstar.engine.compiled_forward import CompiledForward, compile_blocker
+from mstar.engine.config import EngineConfig
+from mstar.engine.core_builder import build_core
+from mstar.layers.linear_packing import PackedLinear, pack_linears, packing_available
+from mstar.sampling_params import SamplingParams
+from mstar.transport.inprocess import InProcessTensorStore
+from mstar_graphs.orpheus.frontend import OrpheusTTS
+from mstar_graphs.orpheus.llama import LlamaForCausalLM
+from mstar_ros.bench.quant_quality import _decode
+from support.dense_kv_attention import DenseKVAttention
+from support.parity import FP32
+from support.toy_models import ToyLM
+
+GREEDY = SamplingParams(max_tokens=21, seed=7)
+TEXTS = ("The quick brown fox jumps over the lazy dog.", "Hello there!", "One, two, three, four, five.")
+META = torch.device("meta")  # a non-CPU device every machine has
+
+
+def _tiny_llm(dtype: torch.dtype) -> LlamaForCausalLM:
+    tts = OrpheusTTS.load(progress=False)
+    return LlamaForCausalLM.from_pretrained_dir(tts.paths.llm, dtype=dtype, progress=False).fuse_projections()
+
+
+async def _serve(tts: OrpheusTTS, config: EngineConfig) -> list[list[int]]:
+    async with Conductor(tts.graph(), tts.modules(), config=config) as c:  # three answers batched together
+        results = await asyncio.gather(*(c.submit(tts.request(t, sampling=GREEDY)).collect() for t in TEXTS))
+    return [[int(t) for t in r["tokens"]] for r in results]
+
+
+def test_the_compiled_engine_decodes_what_the_model_decodes_offline(caplog):
+    tts = OrpheusTTS.load(progress=False)
+    with caplog.at_level(logging.INFO, logger="mstar.engine"):
+        served = asyncio.run(_serve(tts, msgspec.structs.replace(FP32, compile=True)))
+    offline = LlamaForCausalLM.from_pretrained_dir(tts.paths.llm, dtype=torch.float32, progress=False)
+    expected = [_decode(offline, tts.prompt_ids(t), GREEDY.max_tokens)[0] for t in TEXTS]
+    assert served == expected
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("forward compiled" in m for m in messages), messages
+    # prefills of three lengths, then decodes of 3, 2 and 1 rows: all served by the warm-up's graphs
+    assert not any("new graph of the forward while serving" in m for m in messages), messages
+
+
+def test_bf16_compiled_forward_runs_packed_linears_as_ops_and_stays_close_to_eager(monkeypatch):
+    module = _tiny_llm(torch.bfloat16)
+    packed = pack_linears(module, module.plain_linears)
+    assert packed == (2 * 4 if packing_available() else 0)  # 2 layers x (q|k|v, o, gate|up, down)
+    compiled = CompiledForward(module, "llm")
+    compiled.warm_up(torch.device("cpu"))
+    calls: list[int] = []
+    eager_forward = PackedLinear.eager_forward
+    monkeypatch.setattr(PackedLinear, "eager_forward", lambda self, x: calls.append(self.key) or eager_forward(self, x))
+    ids, positions = torch.tensor([128259, 40, 41, 42, 43, 44, 45, 128009, 128260]), torch.arange(9)
+    with torch.inference_mode():
+        eager = module(ids, positions, DenseKVAttention(2))
+        assert len(calls) == packed  # eager: each packed linear once
+        got = compiled(ids, positions, DenseKVAttention(2))
+    assert len(calls) == 2 * packed  # compiled: each once more, through mstar::packed_linear
+    assert got.dtype == torch.bfloat16 and got.shape == eager.shape
+    # inductor keeps fp32 between fused ops where eager rounds each to bf16: close, not equal
+    scale = eager.float().abs().max()
+    assert (got.float() - eager.float()).abs().max() <= 0.05 * scale
+
+
+class _UntraceableLM(ToyLM):
+    def forward(self, input_ids, positions, attn, **extra):
+        time.thread_time()  # a builtin dynamo cannot put in a graph
+        return super().forward(input_ids, positions, attn, **extra)
+
+
+def test_a_forward_that_is_not_one_graph_fails_at_start_or_runs_eager_under_auto(caplog):
+    config = EngineConfig(num_kv_blocks=4, block_size=4, dtype="float32", compile=True)
+    cpu = torch.device("cpu")
+    with pytest.raises(ValueError, match=r"^llm: the module's forward cannot be compiled as one graph"):
+        build_core(_UntraceableLM(), InProcessTensorStore(), config, cpu, "llm", None)
+    with caplog.at_level(logging.WARNING, logger="mstar.engine.ar"):
+        core = build_core(
+            _UntraceableLM(), InProcessTensorStore(), msgspec.structs.replace(config, compile="auto"), cpu, "llm", None
+        )
+    assert core.runner.forward is core.module
+    assert any("forward eager (compile: auto, but the module's forward" in r.getMessage() for r in caplog.records)
+
+
+def test_compile_true_is_refused_where_it_cannot_run_and_auto_falls_back(monkeypatch, caplog):
+    with pytest.raises(ValueError, match=r"compile = True .* quantization = 'int8' is not supported"):
+        EngineConfig(compile=True, quantization="int8")
+    with pytest.raises(msgspec.ValidationError, match=r"\$\.compile"):
+        msgspec.convert({"compile": "yes"}, EngineConfig)
+    assert "CPU only" in compile_blocker(META, 1, "none")
+    assert "tensor parallelism" in compile_blocker(torch.device("cpu"), 2, "none")
+    assert "quantization 'int8'" in compile_blocker(torch.device("cpu"), 1, "int8")
+
+    config = EngineConfig(num_kv_blocks=4, block_size=4, dtype="float32", compile=True)
+    with pytest.raises(ValueError, match=r"llm: compile: true, but it runs on CPU only"):
+        build_core(ToyLM(), InProcessTensorStore(), config, META, "llm", None)
+
+    def no_compiler():
+        raise RuntimeError("no g++")
+
+    monkeypatch.setattr("torch._inductor.cpp_builder.get_cpp_compiler", no_compiler)
+    assert "install g++" in compile_blocker(torch.device("cpu"), 1, "none")
+    with pytest.raises(ValueError, match=r"llm: compile: true, but inductor needs a C\+\+ compiler"):
+        build_core(ToyLM(), InProcessTensorStore(), config, torch.device("cpu"), "llm", None)
+    auto = msgspec.structs.replace(config, compile="auto")
+    with caplog.at_level(logging.INFO, logger="mstar.engine.ar"):
+        core = build_core(ToyLM(), InProcessTensorStore(), auto, torch.device("cpu"), "llm", None)
+    assert core.runner.forward is core.module  # eager, and said so
+    assert any("forward eager (compile: auto, but inductor needs" in r.getMessage() for r in caplog.records)
+    assert compiled_forward._current.__dict__.get("attn") is None
