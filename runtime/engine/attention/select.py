@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 import os
 
+import torch
+
 from mstar.engine.attention.backend import AttentionBackend
 from mstar.engine.kv_cache import PagedKVCache
 
@@ -57,4 +59,8 @@ def select_attention_backend(cache: PagedKVCache, name: str | None = None) -> At
         log.info("attention backend: torch (%s: %s)", source, choice)
     from mstar.engine.attention.torch_backend import TorchAttentionBackend
 
-    return TorchAttentionBackend(cache)
+    backend = TorchAttentionBackend(cache)
+    if cache.device.type == "cpu":
+        why = "AMX" if backend.compute_dtype == cache.dtype == torch.bfloat16 else "no AMX bf16, or not a bf16 cache"
+        log.info("attention scores in %s (KV cache %s: %s)", backend.compute_dtype, cache.dtype, why)
+    return backend
