@@ -8,9 +8,9 @@ attend densely to that prefix K/V and to each other (batch 1). No paged KV, no
 scheduler, no batching: the benchmark's baseline (``mstar-ros bench pi05``).
 
 It reuses the model's own layers (same weights, same numerics): they call the attention
-they are given as ``attn(layer, q, k, v, scale)``, here :class:`DenseKV`. Attention runs
-in fp32 on CPU (bf16 SDPA is several times slower there), as in our torch backend, so
-a bf16 baseline is not handicapped.
+they are given as ``attn(layer, q, k, v, scale)``, here :class:`DenseKV`. Attention on CPU
+runs in the dtype our torch backend picks (``cpu_score_dtype``: bf16 with AMX, fp32 elsewhere),
+so a bf16 baseline is not handicapped.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from mstar.engine.attention.torch_backend import cpu_score_dtype
 from mstar_graphs.pi05.pi05 import Pi05Model, euler_step, flow_times
 from mstar_graphs.pi05.siglip import Pi05ImageEncoder, preprocess_images
 
@@ -59,7 +60,8 @@ def encode_images(encoder: Pi05ImageEncoder, images: torch.Tensor) -> torch.Tens
 def prefix_direct(model: Pi05Model, embeds: torch.Tensor, input_ids: torch.Tensor, embed_mask: torch.Tensor) -> DenseKV:
     """The prefix through the Gemma LM once (``embeds`` from :func:`encode_images`): its K/V."""
     device = input_ids.device
-    kv = DenseKV(torch.float32 if device.type == "cpu" else None)  # on CUDA the model dtype is fast
+    # as our backend: on CUDA the model dtype; on a CPU what cpu_score_dtype picks for it
+    kv = DenseKV(cpu_score_dtype(embeds.dtype) if device.type == "cpu" else None)
     model(
         input_ids,
         torch.arange(input_ids.shape[0], device=device),

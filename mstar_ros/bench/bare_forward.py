@@ -18,7 +18,8 @@ class StaticKVAttention:
     """The attention a bare forward calls: one sequence's K/V in contiguous preallocated buffers.
 
     ``length`` is the number of cached tokens after the step's token is written (set before each
-    forward). Scores run in ``compute_dtype`` like the engine's CPU backend (bf16 SDPA is slow on CPU).
+    forward). Scores run in ``compute_dtype``, as the engine's backend computes them (on a CPU: bf16
+    with AMX, else fp32).
     """
 
     def __init__(

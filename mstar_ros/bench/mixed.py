@@ -165,7 +165,17 @@ async def measure(
         stop.set()
         where = chunk_breakdown(run.spans, trace, classes)
         out["loaded"] = {"control": run.latencies, "voice_rtf": await voice, "image_s": await images, "where": where}
+        out["voice_forward_compiled"] = forward_compiled(running["voice"])
     return out
+
+
+def forward_compiled(conductor) -> bool:
+    """Whether an AR engine of ``conductor`` serves with its forward compiled (what ran, not what was asked)."""
+    return any(
+        isinstance(engine, dict) and bool(engine.get("forward_compiled"))
+        for worker in conductor.stats()["workers"]
+        for engine in worker.values()
+    )
 
 
 def _control(latencies: list[float], deadline_s: float) -> dict:
@@ -275,6 +285,7 @@ def run_mixed_bench(args: argparse.Namespace) -> int:
         "voice_engine": {
             "config": str(args.voice_engine_config or ""),
             "compile": voice_engine_config(args).compile,
+            "forward_compiled": on["voice_forward_compiled"],
         },
         "workload": {
             "robots": args.robots,

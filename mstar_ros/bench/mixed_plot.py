@@ -12,8 +12,8 @@ def report_lines(report: dict) -> list[str]:
     lines = [
         header_line(report),
         f"robots alone: p50 {alone['p50_ms']} ms, p95 {alone['p95_ms']} ms ({alone['chunks']} chunks); "
-        f"voice alone: RTF p95 {alone['voice']['rtf_p95']} ({alone['voice']['answers']} answers; voice engine "
-        f"compile: {report.get('voice_engine', {}).get('compile', False)})",
+        f"voice alone: RTF p95 {alone['voice']['rtf_p95']} ({alone['voice']['answers']} answers; its forward "
+        f"{'compiled' if report.get('voice_engine', {}).get('forward_compiled') else 'eager'})",
         f"loaded (images in an idle process): p95 {loaded['p95_ms']} ms -> control_p95_ratio {report['control_p95_ratio']} "
         f"(goal <= 1.25), late chunks {_pct(loaded['late_share'])} (refill point {report['refill_deadline_ms']} ms; "
         f"goal < 1%), voice RTF p95 {loaded['voice']['rtf_p95']}, {loaded['images']} images",

@@ -12,8 +12,14 @@ C++ kernels; the forward is then one graph. Two things stay opaque ops inside th
 
 Graphs: one for a single token (a lone decode, specialised) and one for any other number of tokens
 (dynamic), both compiled when the engine is built (``warm_up``), so serving never waits for a
-compile. A call with other inputs (a module's extra inputs) compiles its own graph on first use,
-logged. ``fullgraph``: a forward that cannot be one graph fails at warm-up, naming the engine.
+compile. Only calls with token ids and positions alone are compiled: a call with a module's extra
+inputs (pi0.5's image embeddings, BAGEL's row kinds) runs the eager forward, since their variants
+would compile while serving and may hold data-dependent Python. ``fullgraph``: a forward that cannot
+be one graph fails at warm-up, naming the engine; should a later compile fail while serving (a
+recompile), the forward turns eager for good, logged as an error.
+
+The attention op writes the step's K/V: it is registered as having a side effect, so a forward that
+drops its output (a KV-only last layer) still runs it.
 
 Numerics: inductor keeps fp32 between the ops it fuses where eager rounds each op's bf16 output,
 so bf16 results differ from the eager forward in the last bits (fp32 ones agree to ~1e-6).
@@ -22,8 +28,10 @@ so bf16 results differ from the eager forward in the last bits (fp32 ones agree 
 from __future__ import annotations
 
 import logging
+import sysconfig
 import threading
 import time
+from pathlib import Path
 
 import torch
 
@@ -38,6 +46,9 @@ _current = threading.local()  # the AttentionContext of the step being run on th
 def paged_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int, scale: float) -> torch.Tensor:
     """The running step's attention for ``layer`` (writes the step's K/V into the paged cache)."""
     return _current.attn(layer, q, k, v, scale).contiguous()  # the layout the graph was compiled for
+
+
+torch.fx.node.has_side_effect(torch.ops.mstar.paged_attention.default)  # never removed as unused
 
 
 @paged_attention_op.register_fake
@@ -69,6 +80,9 @@ def compile_blocker(device: torch.device, tp_size: int, quantization: str) -> st
         get_cpp_compiler()
     except Exception as exc:  # inductor found no compiler it can use
         return f"inductor needs a C++ compiler and found none ({type(exc).__name__}: {exc}; install g++)"
+    headers = Path(sysconfig.get_paths()["include"]) / "Python.h"
+    if not headers.is_file():  # inductor builds its kernels as Python extensions
+        return f"inductor builds Python extensions and {headers} is missing (install python3-dev)"
     return None
 
 
@@ -76,6 +90,11 @@ def _graph_count() -> int:
     from torch._dynamo.utils import counters
 
     return int(counters["stats"]["unique_graphs"])
+
+
+# Each packed linear is a constant of its graph: another module of the same class (another engine) is
+# another graph of the same code. Room for a few dozen before dynamo gives up on it.
+RECOMPILE_LIMIT = 64
 
 
 class CompiledForward:
@@ -86,31 +105,41 @@ class CompiledForward:
         self.module = module
         self._compiled = torch.compile(module.forward, fullgraph=True)
         self.graphs = 0  # graphs compiled for this forward so far
+        self.failed: str | None = None  # why it turned eager while serving
+        config = torch._dynamo.config
+        config.recompile_limit = max(config.recompile_limit, RECOMPILE_LIMIT)
 
     def __call__(
         self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionContext, **extra: torch.Tensor
     ) -> torch.Tensor:
+        if extra or self.failed is not None:
+            return self.module(input_ids, positions, attn, **extra)
         _current.attn = attn
-        before = _graph_count()
+        before = _graph_count()  # the process's count: a compile elsewhere meanwhile is counted too
         started = time.perf_counter()
         try:
-            return self._compiled(input_ids, positions, _opaque_attention, **extra)
+            return self._compiled(input_ids, positions, _opaque_attention)
+        except torch._dynamo.exc.TorchDynamoException as exc:
+            self.failed = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            log.error(
+                "%s: compiling the forward failed while serving (%s); it runs eager from now", self.name, self.failed
+            )
+            return self.module(input_ids, positions, attn)
         finally:
             _current.attn = None
             new = _graph_count() - before
             if new:
                 self.graphs += new
                 log.warning(
-                    "%s: compiled a new graph of the forward while serving (%d tokens, inputs %s): %.1f s",
+                    "%s: compiled a new graph of the forward while serving (%d tokens): %.1f s",
                     self.name,
                     input_ids.numel(),
-                    sorted(extra) or "ids and positions",
                     time.perf_counter() - started,
                 )
 
     def warm_up(self, device: torch.device) -> float:
         """Compiles the one-token and the many-token graphs; the seconds it took. Raises ValueError
-        naming the engine when the forward cannot be compiled as one graph."""
+        naming the engine when the forward cannot be compiled as one graph, or compiling failed."""
         started = time.perf_counter()
         before = _graph_count()
         try:
@@ -120,10 +149,13 @@ class CompiledForward:
                     _current.attn = _no_attention
                     self._compiled(ids, ids.clone(), _opaque_attention)
         except Exception as exc:
-            raise ValueError(
-                f"{self.name}: the module's forward cannot be compiled as one graph "
-                f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); set compile: false"
-            ) from exc
+            first = str(exc).splitlines()[0] if str(exc) else ""
+            what = (
+                "the module's forward cannot be compiled as one graph"
+                if isinstance(exc, torch._dynamo.exc.Unsupported)
+                else "compiling the module's forward failed"
+            )
+            raise ValueError(f"{self.name}: {what} ({type(exc).__name__}: {first}); set compile: false") from exc
         finally:
             _current.attn = None
         self.graphs += _graph_count() - before

@@ -16,6 +16,7 @@ import torch
 from mstar.engine.ar_module import ARModule
 from mstar.engine.attention.backend import AttentionBackend
 from mstar.engine.block_manager import BlockManager, BlockTable
+from mstar.engine.compiled_forward import CompiledForward
 from mstar.engine.config import EngineConfig
 from mstar.engine.kv_cache import PagedKVCache
 from mstar.engine.messages import ExecuteNode, NodeOutput
@@ -58,6 +59,9 @@ class EngineCore:
             "kv_blocks_used": self.blocks.num_used_blocks,
             "busy_ms": int(self.busy_seconds * 1000),
             "forward_ms": int(self.runner.forward_seconds * 1000),
+            "forward_compiled": int(
+                isinstance(forward := self.runner.forward, CompiledForward) and forward.failed is None
+            ),
         }
 
     def fail_call(self, seq: Sequence, error: str) -> None:

@@ -31,6 +31,14 @@ def test_bench_mixed_quick_writes_json_and_plot(tmp_path):
     assert report["classes_off"]["chunks"] > 0 and "control_p95_ratio" in report["classes_off"]
     assert report["one_process"]["chunks"] > 0 and report["one_process"]["images"] >= 1
     assert "control_p95_ratio" in run.stdout and "classes off" in run.stdout and "idle process" in run.stdout
+    # the voice engine as config/edge.yaml serves it: config/engine_voice.yaml's compile: auto, compiled
+    # where inductor can run (make test installs g++)
+    import torch
+
+    from mstar.engine.compiled_forward import compile_blocker
+
+    assert report["voice_engine"]["compile"] == "auto"
+    assert report["voice_engine"]["forward_compiled"] is (compile_blocker(torch.device("cpu"), 1, "none") is None)
     # where the chunks' time went: the steps traced inside their windows, by class and by engine
     where = report["one_process"]["chunk_device_ms"]["median"]
     assert where["class"]["control"] > 0 and any(name.startswith("ar:") for name in where["engine"])

@@ -19,8 +19,9 @@ from mstar.engine.kv_cache import PagedKVCache
 def amx_bf16() -> bool:
     """The CPU multiplies bf16 in AMX tiles and oneDNN may use them."""
     profile = CpuProfile.detect()
-    isa = dict(profile.isa_limits).get("ONEDNN_MAX_CPU_ISA", "")
-    return "amx_bf16" in profile.bf16_instructions and profile.onednn_bf16 and (not isa or "AMX" in isa.upper())
+    isa = dict(profile.isa_limits).get("ONEDNN_MAX_CPU_ISA", "").upper()
+    unlimited = isa in ("", "ALL", "DEFAULT") or "AMX" in isa
+    return "amx_bf16" in profile.bf16_instructions and profile.onednn_bf16 and unlimited
 
 
 def cpu_score_dtype(kv_dtype: torch.dtype) -> torch.dtype:

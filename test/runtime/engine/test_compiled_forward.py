@@ -121,4 +121,57 @@ def test_compile_true_is_refused_where_it_cannot_run_and_auto_falls_back(monkeyp
         core = build_core(ToyLM(), InProcessTensorStore(), auto, torch.device("cpu"), "llm", None)
     assert core.runner.forward is core.module  # eager, and said so
     assert any("forward eager (compile: auto, but inductor needs" in r.getMessage() for r in caplog.records)
-    assert compiled_forward._current.__dict__.get("attn") is None
+    monkeypatch.undo()
+    monkeypatch.setattr(compiled_forward.sysconfig, "get_paths", lambda: {"include": "/nonexistent"})
+    assert "Python.h is missing (install python3-dev)" in compile_blocker(torch.device("cpu"), 1, "none")
+
+
+class _KVOnly(torch.nn.Module):
+    """A forward that drops its attention's output, as a KV-only last layer does: only its K/V matter."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(8, 3 * 8)
+
+    def forward(self, input_ids, positions, attn, **extra):
+        x = torch.nn.functional.one_hot(input_ids % 8, 8).float() + positions[:, None]
+        q, k, v = self.proj(x).view(-1, 3, 2, 4).unbind(1)
+        attn(0, q, k, v, 0.5)  # writes K/V; its output is not used
+        return x * 2
+
+
+class _CountingAttention:
+    def __init__(self) -> None:
+        self.calls: list[int] = []
+
+    def __call__(self, layer, q, k, v, scale):
+        self.calls.append(q.shape[0])
+        return torch.zeros_like(q)
+
+
+def test_the_attention_op_runs_when_its_output_is_unused_and_extra_inputs_run_eager():
+    compiled = CompiledForward(_KVOnly(), "kv")
+    compiled.warm_up(torch.device("cpu"))
+    attn = _CountingAttention()
+    ids = torch.tensor([1, 2, 3])
+    with torch.inference_mode():
+        out = compiled(ids, torch.arange(3), attn)
+        assert attn.calls == [3]  # not removed as dead code: the K/V are written
+        assert torch.equal(out, compiled.module(ids, torch.arange(3), _CountingAttention()))
+        graphs = compiled.graphs
+        compiled(ids, torch.arange(3), attn, row_kinds=torch.zeros(3, dtype=torch.long))
+    assert attn.calls == [3, 3] and compiled.graphs == graphs  # extra inputs: the eager forward, no compile
+
+
+def test_a_compile_failure_while_serving_turns_the_forward_eager(caplog):
+    compiled = CompiledForward(_KVOnly(), "kv")
+
+    def broken(*args, **kwargs):
+        raise torch._dynamo.exc.Unsupported("a recompile that cannot be one graph")
+
+    compiled._compiled = broken
+    attn = _CountingAttention()
+    with caplog.at_level(logging.ERROR, logger="mstar.engine"), torch.inference_mode():
+        out = compiled(torch.tensor([4, 5]), torch.arange(2), attn)
+    assert attn.calls == [2] and out.shape == (2, 8)
+    assert compiled.failed and "runs eager from now" in caplog.text

@@ -215,7 +215,7 @@ def test_batch_key_slots_are_each_sequences_key_slots():
 
 
 @pytest.mark.parametrize("scores", [torch.float32, torch.bfloat16])
-def test_a_bf16_cache_attends_within_bf16_rounding_whatever_the_score_dtype(scores):
+def test_a_bf16_cache_attends_within_bf16_rounding_whatever_the_score_dtype(scores, monkeypatch):
     """A bf16 cache's scores run in fp32, or in bf16 where the CPU has AMX (cpu_score_dtype): both
     within bf16's rounding of the fp64 reference (measured 0.0039 and 0.0053 of values up to 2.1)."""
     specs = [
@@ -226,8 +226,13 @@ def test_a_bf16_cache_attends_within_bf16_rounding_whatever_the_score_dtype(scor
         {"ctx": 33, "ql": 33, "spans": ((10, 20),)},
     ]
     backend = functools.partial(TorchAttentionBackend, compute_dtype=scores)
+    seen: list[torch.dtype] = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    monkeypatch.setattr(
+        torch.nn.functional, "scaled_dot_product_attention", lambda q, *a, **k: seen.append(q.dtype) or sdpa(q, *a, **k)
+    )
     out, ref = run_case(specs, hq=8, hkv=2, num_blocks=160, dtype=torch.bfloat16, backend_cls=backend)
-    assert out.dtype == torch.bfloat16
+    assert out.dtype == torch.bfloat16 and seen and set(seen) == {scores}
     check(out, ref, atol=2e-2)
 
 
