@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 from dataclasses import dataclass
 
 import torch
@@ -24,12 +25,21 @@ def amx_bf16() -> bool:
     return "amx_bf16" in profile.bf16_instructions and profile.onednn_bf16 and unlimited
 
 
+def idle_scheduled() -> bool:
+    """This process runs on the cycles others leave (Linux SCHED_IDLE: the edge box's batch group)."""
+    return hasattr(os, "SCHED_IDLE") and os.sched_getscheduler(0) == os.SCHED_IDLE
+
+
 def cpu_score_dtype(kv_dtype: torch.dtype) -> torch.dtype:
     """The dtype a CPU computes attention in for a cache of ``kv_dtype``: a bf16 cache's own bf16 where
     the CPU has AMX (SDPA measured 2-6x faster than in fp32 with the casts there: a pi0.5-shaped
     800-token prefill 22.5 -> 3.6 ms), else fp32 (bf16 SDPA without native bf16 was 9x slower than
-    fp32 on an AVX2-only CPU; fp16 is slower still on CPUs)."""
-    return torch.bfloat16 if kv_dtype == torch.bfloat16 and amx_bf16() else torch.float32
+    fp32 on an AVX2-only CPU; fp16 is slower still on CPUs). An idle-scheduled process keeps fp32:
+    BAGEL's AMX attention in the edge box's idle group slowed the box's control chunks (bench mixed:
+    control p95 x1.34 and x1.42 with it, x1.02 without)."""
+    if kv_dtype == torch.bfloat16 and amx_bf16() and not idle_scheduled():
+        return torch.bfloat16
+    return torch.float32
 
 
 def key_slots(seq: SeqAttention, block_size: int, length: int | None = None) -> torch.Tensor:

@@ -247,3 +247,16 @@ def test_cpu_scores_are_bf16_only_for_a_bf16_cache_on_amx(monkeypatch):
         assert tb.cpu_score_dtype(torch.float16) == torch.float32
         assert TorchAttentionBackend(cache).compute_dtype == expected
     assert TorchAttentionBackend(cache, compute_dtype=torch.float32).compute_dtype == torch.float32
+    monkeypatch.setattr(tb, "amx_bf16", lambda: True)
+    monkeypatch.setattr(tb, "idle_scheduled", lambda: True)  # the edge box's batch group
+    assert tb.cpu_score_dtype(torch.bfloat16) == torch.float32
+
+
+def test_idle_scheduling_is_read_from_the_process():
+    import subprocess
+    import sys
+
+    code = "import os; from mstar.engine.attention.torch_backend import idle_scheduled as i; a = i(); "
+    code += "os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0)); print(a, i())"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False", "True"]
