@@ -61,6 +61,7 @@ class DecodeBenchOptions:
     dtype: str = "auto"  # ours without quantization; quantized variants keep it for what is not quantized
     seed: int = 0
     step_overhead: bool = True
+    llama_extra_buffers: bool = True  # llama.cpp's default (AMX / repacked weights); off for tiny shapes
 
 
 def prompts(count: int, length: int, seed: int) -> list[list[int]]:
@@ -107,6 +108,7 @@ def _versions() -> dict:
     out["llama_cpp_settings"] = {
         "api": "low-level: a context with n_seq_max = C, one llama_batch of C sequence ids per step",
         "flash_attn_type": int(defaults.flash_attn_type),  # llama.cpp's default (-1: auto), left as is
+        "use_extra_bufts": bool(llama_cpp.llama_model_default_params().use_extra_bufts),  # its default
         "type_k": int(defaults.type_k),
         "type_v": int(defaults.type_v),
     }
@@ -148,7 +150,11 @@ class _Systems:
         self._released(run_on_device(release_team))
         try:
             with LlamaCppDecoder(
-                self.ggufs[LLAMA[key]], threads=self.opts.threads, streams=len(batch), per_stream_tokens=self.per_stream
+                self.ggufs[LLAMA[key]],
+                threads=self.opts.threads,
+                streams=len(batch),
+                per_stream_tokens=self.per_stream,
+                extra_buffers=self.opts.llama_extra_buffers,
             ) as llama:
                 return llama.greedy(batch, new_tokens)
         finally:
@@ -191,6 +197,7 @@ def run_decode_bench(opts: DecodeBenchOptions, quick: bool = False) -> dict:
             "gguf_mb": {k: round(p.stat().st_size / 1e6, 1) for k, p in ggufs.items()},
         },
         "workload": {
+            "llama_extra_buffers": opts.llama_extra_buffers,
             "levels": opts.levels,
             "new_tokens": opts.new_tokens,
             "prompt_tokens": opts.prompt_tokens,

@@ -36,7 +36,13 @@ def silence_llama_cpp() -> None:
 class LlamaCppDecoder:
     """A GGUF model and a context for ``streams`` sequences of up to ``per_stream_tokens`` tokens each."""
 
-    def __init__(self, path: str | Path, *, threads: int, streams: int, per_stream_tokens: int) -> None:
+    def __init__(
+        self, path: str | Path, *, threads: int, streams: int, per_stream_tokens: int, extra_buffers: bool = True
+    ) -> None:
+        """``extra_buffers``: llama.cpp's extra weight buffer types (AMX tiles, repacked layouts), on by
+        default as in llama.cpp. The tiny preset's shapes (hidden 64) crashed llama_decode with them
+        (a segfault, llama-cpp-python 0.3.36 built natively on an Intel Xeon with AMX), so its tests and
+        ``bench decode --quick`` turn them off."""
         import llama_cpp
 
         silence_llama_cpp()
@@ -44,6 +50,7 @@ class LlamaCppDecoder:
         llama_cpp.llama_backend_init()
         model_params = llama_cpp.llama_model_default_params()
         model_params.n_gpu_layers = 0
+        model_params.use_extra_bufts = extra_buffers
         self.model = llama_cpp.llama_model_load_from_file(str(path).encode(), model_params)
         if not self.model:
             raise RuntimeError(f"llama.cpp could not load {path}")

@@ -55,6 +55,7 @@ def _run(args: argparse.Namespace) -> int:
     )
     if args.quick:
         opts.preset, opts.new_tokens, opts.rounds = "tiny", 16, 1
+        opts.llama_extra_buffers = False  # the tiny shapes crash llama.cpp's AMX buffers (LlamaCppDecoder)
     report = run_decode_bench(opts, quick=args.quick)
     write_report(report, summary_lines(report), args.json, plot_decode, args.plot)
     return 0

@@ -78,7 +78,7 @@ def test_llama_cpp_f16_logits_match_the_fp32_reference(tmp_path, tied):
     f16 = export_gguf(llm, tmp_path / "f16.gguf")
     with torch.no_grad():
         ref = load_hf_llm(llm, torch.float32)(torch.tensor([PROMPT])).logits[0].numpy()
-    with LlamaCppDecoder(f16, threads=1, streams=1, per_stream_tokens=32) as llama:
+    with LlamaCppDecoder(f16, threads=1, streams=1, per_stream_tokens=32, extra_buffers=False) as llama:
         assert llama.n_vocab == 156940
         got = llama.prompt_logits(PROMPT)
     assert got.shape == ref.shape
@@ -87,7 +87,7 @@ def test_llama_cpp_f16_logits_match_the_fp32_reference(tmp_path, tied):
 
     q8 = quantize_gguf(f16, tmp_path / "q8.gguf", "Q8_0")
     assert q8.stat().st_size < 0.6 * f16.stat().st_size
-    with LlamaCppDecoder(q8, threads=1, streams=1, per_stream_tokens=32) as llama:
+    with LlamaCppDecoder(q8, threads=1, streams=1, per_stream_tokens=32, extra_buffers=False) as llama:
         q8_logits = llama.prompt_logits(PROMPT)
     assert np.abs(q8_logits - ref).max() / np.abs(ref).max() < 5e-2
 
@@ -95,7 +95,7 @@ def test_llama_cpp_f16_logits_match_the_fp32_reference(tmp_path, tied):
 def test_batched_streams_decode_like_single_ones(tmp_path):
     f16 = export_gguf(_checkpoint(tmp_path / "llm", True), tmp_path / "f16.gguf")
     prompts = [PROMPT[:5], PROMPT[3:9], PROMPT[6:]]
-    with LlamaCppDecoder(f16, threads=1, streams=3, per_stream_tokens=32) as llama:
+    with LlamaCppDecoder(f16, threads=1, streams=3, per_stream_tokens=32, extra_buffers=False) as llama:
         together, seconds = llama.greedy(prompts, 6)
         alone = [llama.greedy([p], 6)[0][0] for p in prompts]
     assert seconds > 0 and [len(t) for t in together] == [6, 6, 6]
