@@ -61,7 +61,19 @@ class DecodeBenchOptions:
     dtype: str = "auto"  # ours without quantization; quantized variants keep it for what is not quantized
     seed: int = 0
     step_overhead: bool = True
-    llama_extra_buffers: bool = True  # llama.cpp's default (AMX / repacked weights); off for tiny shapes
+    # llama.cpp's extra weight buffers (AMX tiles, repacked layouts), its default; None: on unless the CPU
+    # has AMX-INT8, where they crashed llama_decode (segfault) for Q8_0 and Q4_K_M (llama_extra_buffers())
+    llama_extra_buffers: bool | None = None
+
+
+def llama_extra_buffers(opts: DecodeBenchOptions) -> bool:
+    """Whether llama.cpp runs with its extra weight buffers: ``opts.llama_extra_buffers``, or (None) on
+    unless the CPU has AMX-INT8. There, llama-cpp-python 0.3.36 built natively segfaulted in
+    llama_decode on the Q8_0 and Q4_K_M files of the decode preset (F16 ran), 2026-12-07."""
+    if opts.llama_extra_buffers is not None:
+        return opts.llama_extra_buffers
+    caps = torch.cpu.get_capabilities() if hasattr(torch.cpu, "get_capabilities") else {}
+    return not caps.get("amx_int8", False)
 
 
 def prompts(count: int, length: int, seed: int) -> list[list[int]]:
@@ -154,7 +166,7 @@ class _Systems:
                 threads=self.opts.threads,
                 streams=len(batch),
                 per_stream_tokens=self.per_stream,
-                extra_buffers=self.opts.llama_extra_buffers,
+                extra_buffers=llama_extra_buffers(self.opts),
             ) as llama:
                 return llama.greedy(batch, new_tokens)
         finally:
@@ -197,7 +209,7 @@ def run_decode_bench(opts: DecodeBenchOptions, quick: bool = False) -> dict:
             "gguf_mb": {k: round(p.stat().st_size / 1e6, 1) for k, p in ggufs.items()},
         },
         "workload": {
-            "llama_extra_buffers": opts.llama_extra_buffers,
+            "llama_extra_buffers": llama_extra_buffers(opts),
             "levels": opts.levels,
             "new_tokens": opts.new_tokens,
             "prompt_tokens": opts.prompt_tokens,

@@ -40,9 +40,9 @@ class LlamaCppDecoder:
         self, path: str | Path, *, threads: int, streams: int, per_stream_tokens: int, extra_buffers: bool = True
     ) -> None:
         """``extra_buffers``: llama.cpp's extra weight buffer types (AMX tiles, repacked layouts), on by
-        default as in llama.cpp. The tiny preset's shapes (hidden 64) crashed llama_decode with them
-        (a segfault, llama-cpp-python 0.3.36 built natively on an Intel Xeon with AMX), so its tests and
-        ``bench decode --quick`` turn them off."""
+        default as in llama.cpp. With them llama_decode segfaulted (llama-cpp-python 0.3.36 built natively
+        on an Intel Xeon with AMX) on the tiny preset's files and on the decode preset's Q8_0 and Q4_K_M,
+        so the tests, ``bench decode --quick`` and ``bench decode`` on an AMX CPU turn them off."""
         import llama_cpp
 
         silence_llama_cpp()

@@ -131,3 +131,14 @@ def test_llama_cpp_and_ours_never_leave_two_openmp_teams():
     assert released
     assert after_llama == before - 1, (before, after_llama)  # neither team left: one worker fewer
     assert after_ours == before, (before, after_ours)
+
+
+def test_llama_cpp_extra_buffers_are_off_on_amx_cpus_unless_asked(monkeypatch):
+    import torch
+
+    from mstar_ros.bench.decode import DecodeBenchOptions, llama_extra_buffers
+
+    for amx, expected in ((True, False), (False, True)):
+        monkeypatch.setattr(torch.cpu, "get_capabilities", lambda amx=amx: {"amx_int8": amx})
+        assert llama_extra_buffers(DecodeBenchOptions()) is expected
+        assert llama_extra_buffers(DecodeBenchOptions(llama_extra_buffers=not expected)) is (not expected)
