@@ -61,6 +61,9 @@ class DecodeBenchOptions:
     dtype: str = "auto"  # ours without quantization; quantized variants keep it for what is not quantized
     seed: int = 0
     step_overhead: bool = True
+    # ours' forward: "auto" compiles it where it can (bf16, int8, int4; fp16 and int8_dynamic run eager),
+    # weights frozen and GEMM kernels tuned (docs/performance.md; minutes per variant on 2 cores); False: eager
+    compile: bool | str = "auto"
     # llama.cpp's extra weight buffers (AMX tiles, repacked layouts), its default; None: on unless the CPU
     # has AMX-INT8, where they crashed llama_decode (segfault) for Q8_0 and Q4_K_M (llama_extra_buffers())
     llama_extra_buffers: bool | None = None
@@ -145,7 +148,8 @@ class _Systems:
         streams = max(opts.levels)
         try:
             for key, quant in OURS.items():
-                self.ours[key] = OursDecoder(llm_dir, engine_config(opts.dtype, quant, streams, per_stream))
+                config = engine_config(opts.dtype, quant, streams, per_stream, compile=opts.compile)
+                self.ours[key] = OursDecoder(llm_dir, config)
         except BaseException:  # the engines already started would keep their device threads
             self.close()
             raise
@@ -210,6 +214,7 @@ def run_decode_bench(opts: DecodeBenchOptions, quick: bool = False) -> dict:
         },
         "workload": {
             "llama_extra_buffers": llama_extra_buffers(opts),
+            "ours_compile": opts.compile,
             "levels": opts.levels,
             "new_tokens": opts.new_tokens,
             "prompt_tokens": opts.prompt_tokens,
@@ -247,6 +252,7 @@ def run_decode_bench(opts: DecodeBenchOptions, quick: bool = False) -> dict:
     finally:
         systems.close()
     report["openmp_teams_released"] = systems.teams_released
+    report["workload"]["ours_compiled"] = {key: decoder.compiled for key, decoder in systems.ours.items()}
     report.update(_ratios(report))
     if opts.step_overhead:
         report["step_overhead"] = _step_overhead(llm_dir, opts.dtype, quick)
@@ -307,6 +313,11 @@ def summary_lines(report: dict) -> list[str]:
             left = f"{level[ours]['tokens_per_s']:>9.1f}" if ours in level else "  (n/a)  "
             right = f"{level[theirs]['tokens_per_s']:>9.1f}" if theirs in level else "  (n/a)  "
             lines.append(f"  {ours:<18}{left}    {theirs:<14}{right}")
+    compiled = report["workload"].get("ours_compiled", {})
+    if compiled:
+        on = [k for k, v in compiled.items() if v]
+        off = [k for k, v in compiled.items() if not v]
+        lines.append(f"\nours compiled: {', '.join(on) or 'none'}; eager: {', '.join(off) or 'none'}")
     headline = ("int8_vs_q8_c1", "int8_dynamic_vs_q8_c1", "fp16_vs_f16_c1", "best_vs_q4km_c1", "best_vs_q4km_c8")
     for name in (*headline, "step_overhead_b1"):
         value = report.get(name)

@@ -28,8 +28,11 @@ GREEDY = SamplingParams(temperature=0.0)
 BLOCK = 16
 
 
-def engine_config(dtype: str, quantization: str, streams: int, per_stream_tokens: int) -> EngineConfig:
-    """A KV pool just big enough for the streams, the linears quantized as ``quantization`` says."""
+def engine_config(
+    dtype: str, quantization: str, streams: int, per_stream_tokens: int, compile: bool | str = False
+) -> EngineConfig:
+    """A KV pool just big enough for the streams, the linears quantized as ``quantization`` says, the
+    forward compiled as ``compile`` says (an engine config's ``compile``)."""
     blocks = streams * math.ceil(per_stream_tokens / BLOCK) + 2
     return EngineConfig(
         dtype=dtype,
@@ -37,6 +40,7 @@ def engine_config(dtype: str, quantization: str, streams: int, per_stream_tokens
         num_kv_blocks=blocks,
         max_num_seqs=max(8, streams),
         quantization=quantization,
+        compile=compile,
     )
 
 
@@ -55,6 +59,11 @@ class OursDecoder:
         self.engine = run_on_device(AREngine, module, ["llm"], self.store, config)
         self.engine.start()
         self._ids = itertools.count()
+
+    @property
+    def compiled(self) -> bool:
+        """Whether the engine's forward runs compiled (``compile: auto`` runs eager where it cannot)."""
+        return bool(self.engine.core.stats()["forward_compiled"])
 
     def close(self) -> None:
         self.engine.stop()

@@ -28,6 +28,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--threads", type=int, default=2, help="intra-op threads of both systems (default 2)")
     p.add_argument("--seed", type=int, default=0, help="prompt seed")
     p.add_argument("--no-step-overhead", action="store_true", help="skip measure_step_overhead")
+    p.add_argument(
+        "--no-compile",
+        action="store_true",
+        help="run our forward eager (default: compiled where it can -- bf16, int8, int4 -- with its weights "
+        "frozen and GEMM kernels tuned by measuring, which takes minutes per variant on 2 cores the first time)",
+    )
     add_dtype_argument(p, what="our compute dtype (the int8/int4 variants keep it for what they do not quantize)")
     p.add_argument("--json", type=Path, default=Path("bench-decode.json"), help="where to write the figures")
     p.add_argument("--plot", type=Path, default=Path("bench-decode.png"), help="where to write the plot")
@@ -52,10 +58,12 @@ def _run(args: argparse.Namespace) -> int:
         dtype=args.dtype,
         seed=args.seed,
         step_overhead=not args.no_step_overhead,
+        compile=False if args.no_compile else "auto",
     )
     if args.quick:
         opts.preset, opts.new_tokens, opts.rounds = "tiny", 16, 1
         opts.llama_extra_buffers = False  # the tiny shapes crash llama.cpp's AMX buffers (LlamaCppDecoder)
+        opts.compile = False  # compiling three variants would take longer than the run
     report = run_decode_bench(opts, quick=args.quick)
     write_report(report, summary_lines(report), args.json, plot_decode, args.plot)
     return 0

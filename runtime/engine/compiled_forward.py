@@ -2,21 +2,30 @@
 
 Why: on CPU a small model's decode step is mostly the cost of launching many small ops (norms, RoPE,
 residual adds, casts: ~45 per layer), not of its matmuls. Inductor fuses them into a few generated
-C++ kernels; the forward is then one graph. Two things stay opaque ops inside that graph:
+C++ kernels; the forward is then one graph.
 
-- the paged attention (``mstar::paged_attention``): the backend's per-step plan (block tables,
-  masks, batching) is Python state that changes every step; the op calls the step's
-  ``AttentionContext``, set around each call;
-- packed bf16 linears (``mstar::packed_linear``, in ``mstar.layers.linear_packing``): inductor
-  cannot lower oneDNN's opaque packed weight.
+Weights are frozen into the graphs (inductor's ``freezing``): they become constants, so inductor
+lays each linear's weight out once for the kernel it picks, and picks it by measuring
+(``max_autotune_gemm``): oneDNN's packed linear, its own AMX / AVX-512 GEMM templates, or aten's.
+Weight-only int8 and int4 linears (``quantization: int8 | int4``) go through inductor's
+weight-only GEMM templates the same way. The engine therefore leaves linears unpacked when it
+compiles (``mstar.layers.linear_packing`` is for eager forwards); a linear packed by someone else
+still runs, as the opaque op ``mstar::packed_linear``.
+
+The paged attention stays an opaque op (``mstar::paged_attention``): the backend's per-step plan
+(block tables, masks, batching) is Python state that changes every step; the op calls the step's
+``AttentionContext``, set around each call.
 
 Graphs: one for a single token (a lone decode, specialised) and one for any other number of tokens
 (dynamic), both compiled when the engine is built (``warm_up``), so serving never waits for a
-compile. Only calls with token ids and positions alone are compiled: a call with a module's extra
-inputs (pi0.5's image embeddings, BAGEL's row kinds) runs the eager forward, since their variants
-would compile while serving and may hold data-dependent Python. ``fullgraph``: a forward that cannot
-be one graph fails at warm-up, naming the engine; should a later compile fail while serving (a
-recompile), the forward turns eager for good, logged as an error.
+compile. Each holds its own copy of the frozen weights (memory: docs/performance.md). Only calls
+with token ids and positions alone are compiled: a call with a module's extra inputs (pi0.5's image
+embeddings, BAGEL's row kinds) runs the eager forward, on the module's own (unpacked) weights.
+``fullgraph``: a forward that cannot be one graph fails at warm-up, naming the engine; should a
+later compile fail while serving (a recompile, logged; its weights are not frozen), the forward
+turns eager for good, logged as an error.
+A module must not change its weights or buffers after the engine is built: the graphs may hold
+copies of them.
 
 The attention op writes the step's K/V: it is registered as having a side effect, so a forward that
 drops its output (a KV-only last layer) still runs it.
@@ -66,14 +75,30 @@ def _no_attention(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     return torch.zeros_like(q)
 
 
+# inductor lowers torch's weight-only int8 / int4 ops; int8_dynamic and fp16 are fbgemm's opaque packings
+COMPILED_QUANTIZATIONS = ("none", "int8", "int4")
+
+
+def _frozen_and_tuned():
+    """Inductor settings of a warm-up compile: weights as constants, GEMM kernels chosen by measuring."""
+    import torch._inductor.config as inductor_config
+
+    return inductor_config.patch(
+        freezing=True,
+        max_autotune_gemm=True,
+        autotune_num_choices_displayed=0,  # inductor prints every measurement to stderr otherwise
+        max_autotune_report_choices_stats=False,
+    )
+
+
 def compile_blocker(device: torch.device, tp_size: int, quantization: str) -> str | None:
     """Why this engine's forward cannot be compiled here (None: it can)."""
     if device.type != "cpu":
         return f"it runs on CPU only (the engine's device is {device})"
     if tp_size > 1:
         return "it is not supported with tensor parallelism"
-    if quantization != "none":
-        return f"it runs packed bf16 or plain linears, not quantization {quantization!r}"
+    if quantization not in COMPILED_QUANTIZATIONS:
+        return f"it runs bf16 or weight-only int8 / int4 linears, not quantization {quantization!r}"
     try:
         from torch._inductor.cpp_builder import get_cpp_compiler
 
@@ -143,7 +168,7 @@ class CompiledForward:
         started = time.perf_counter()
         before = _graph_count()
         try:
-            with torch.inference_mode():
+            with torch.inference_mode(), _frozen_and_tuned():
                 for tokens in (1, 2):  # the second call makes the token count dynamic
                     ids = torch.zeros(tokens, dtype=torch.long, device=device)
                     _current.attn = _no_attention

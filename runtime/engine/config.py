@@ -37,7 +37,8 @@ class EngineConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     phase_align: bool = True  # start sequences in the running ones' decode_period phase (waits < period steps)
     priority_classes: bool = True  # serve control > interactive > batch (mstar.priority); False: first come first
     # the AR forward under torch.compile, compiled at start (mstar.engine.compiled_forward): true, false,
-    # or "auto" (where it can: CPU, a C++ compiler, no tensor parallelism, quantization none; else eager)
+    # or "auto" (where it can: CPU, a C++ compiler, no tensor parallelism, quantization none / int8 / int4;
+    # else eager). Compiled, the weights are frozen into the graphs and the linears are not packed by hand
     compile: bool | Literal["auto"] = False
     quantization: str = "none"  # "int8" / "int4": weight-only linears on CPU (mstar.layers.weight_only);
     # "int8_dynamic": int8 weights and activations (mstar.layers.dynamic_int8); "fp16": weights packed
@@ -62,9 +63,9 @@ class EngineConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
             ("starvation_wait_ms", self.starvation_wait_ms is None or self.starvation_wait_ms >= 0),
             ("starved_share", 0 <= self.starved_share <= 1),
         ]
-        if self.compile is True and self.quantization != "none":
+        if self.compile is True and self.quantization not in ("none", "int8", "int4"):
             raise ValueError(
-                f"engine config: compile = True runs packed bf16 or plain linears; quantization = "
+                f"engine config: compile = True runs bf16 or weight-only int8 / int4 linears; quantization = "
                 f"{self.quantization!r} is not supported with it (set one of them off)"
             )
         for name, ok in checks:

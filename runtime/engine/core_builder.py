@@ -44,9 +44,8 @@ def _kv_blocks(module: ARModule, config: EngineConfig, kv_dtype: torch.dtype) ->
     return max(1, int(config.kv_cache_mb * 2**20) // per_block)
 
 
-def _compiled(module: ARModule, device: torch.device, name: str, config: EngineConfig, tp: TPGroup | None):
+def _compiled(module: ARModule, device: torch.device, name: str, config: EngineConfig, blocker: str | None):
     """The module's CompiledForward, warmed up; None when ``compile: auto`` finds it cannot be compiled here."""
-    blocker = compile_blocker(device, tp.size if tp is not None else 1, config.quantization)
     if blocker is not None:
         if config.compile == "auto":
             log.info("%s engine: forward eager (compile: auto, but %s)", name, blocker)
@@ -60,7 +59,12 @@ def _compiled(module: ARModule, device: torch.device, name: str, config: EngineC
             raise
         log.warning("%s engine: forward eager (compile: auto, but %s)", name, str(exc).removeprefix(f"{name}: "))
         return None
-    log.info("%s engine: forward compiled in %.1f s (%d new graphs)", name, seconds, compiled.graphs)
+    log.info(
+        "%s engine: forward compiled in %.1f s (%d new graphs; weights frozen into them, GEMM kernels tuned)",
+        name,
+        seconds,
+        compiled.graphs,
+    )
     return compiled
 
 
@@ -81,7 +85,9 @@ def build_core(
     if config.quantization != "none" and tp is not None and tp.size > 1:
         raise ValueError(f"{name}: quantization {config.quantization!r} is not supported with tensor parallelism yet")
     quantize_module(module, config.quantization)  # before packing: what it quantizes is not packed
-    if config.pack_linears:
+    tp_size = tp.size if tp is not None else 1
+    blocker = compile_blocker(device, tp_size, config.quantization) if config.compile else None
+    if config.pack_linears and not (config.compile and blocker is None):  # compiled: inductor packs them
         pack_linears(module, module.plain_linears)
     num_blocks = _kv_blocks(module, config, kv_dtype)
     block_size = block_size_for(module, config)
@@ -97,8 +103,12 @@ def build_core(
         waits=lambda seq: waits_for_rows(module, seq),
     )
     runner = ModelRunner(module, backend, blocks, device, plan_hook=leader.forward_plan if leader else None)
-    if config.compile and (compiled := _compiled(module, device, name, config, tp)) is not None:
-        runner.forward = compiled
+    if config.compile:
+        compiled = _compiled(module, device, name, config, blocker)
+        if compiled is not None:
+            runner.forward = compiled
+        elif config.pack_linears:  # compile: auto fell back to the eager forward
+            pack_linears(module, module.plain_linears)
     if leader is not None:  # followers size their KV pools and pick dtypes from this
         leader.hello(
             Hello(

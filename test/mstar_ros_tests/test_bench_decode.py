@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from mstar_graphs.orpheus.tiny_llm import config_dict
-from mstar_ros.bench.decode import head_share, prompts
+from mstar_ros.bench.decode import OURS, head_share, prompts
 
 
 def test_decode_preset_keeps_the_3b_head_share():
@@ -65,6 +65,9 @@ def test_bench_decode_quick(tmp_path):
     assert report["best_vs_q4km_c8"] is None  # no C=8 level in this run
     assert report["step_overhead_b1"] is None and "skipped" in report["step_overhead"]["why"]
     assert report["threads"] == 2 and report["versions"]["llama_cpp_python"]
+    # --quick runs ours eager (compiling three variants would outlast the run), and says so
+    assert report["workload"]["ours_compile"] is False
+    assert report["workload"]["ours_compiled"] == {key: False for key in OURS} and "eager: ours_bf16" in run.stdout
     assert png.stat().st_size > 10_000 and "best_vs_q4km_c1" in run.stdout
 
 

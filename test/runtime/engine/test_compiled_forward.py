@@ -1,6 +1,7 @@
 """The AR forward under torch.compile (``compile`` in the engine config): the same tokens as the eager
-model, one graph with the attention and packed linears as ops, no compile while serving, and clear
-refusals where it cannot run."""
+model, one graph with the attention as an op and the weights frozen into it (weight-only int8 / int4
+too), packed linears of an eager engine as ops, no compile while serving, and clear refusals where it
+cannot run."""
 
 from __future__ import annotations
 
@@ -17,7 +18,9 @@ from mstar.conductor import Conductor
 from mstar.engine.compiled_forward import CompiledForward, compile_blocker
 from mstar.engine.config import EngineConfig
 from mstar.engine.core_builder import build_core
-from mstar.layers.linear_packing import PackedLinear, pack_linears, packing_available
+from mstar.engine.device_loop import run_on_device
+from mstar.layers.linear_packing import PackedLinear, pack_linears, packed_count, packing_available
+from mstar.layers.weight_only import WeightOnlyLinear, quantize_module
 from mstar.sampling_params import SamplingParams
 from mstar.transport.inprocess import InProcessTensorStore
 from mstar_graphs.orpheus.frontend import OrpheusTTS
@@ -30,6 +33,7 @@ from support.toy_models import ToyLM
 GREEDY = SamplingParams(max_tokens=21, seed=7)
 TEXTS = ("The quick brown fox jumps over the lazy dog.", "Hello there!", "One, two, three, four, five.")
 META = torch.device("meta")  # a non-CPU device every machine has
+CPU = torch.device("cpu")
 
 
 def _tiny_llm(dtype: torch.dtype) -> LlamaForCausalLM:
@@ -77,6 +81,39 @@ def test_bf16_compiled_forward_runs_packed_linears_as_ops_and_stays_close_to_eag
     assert (got.float() - eager.float()).abs().max() <= 0.05 * scale
 
 
+def test_a_compiling_engine_leaves_linears_to_inductor_and_decodes_as_eager():
+    config = EngineConfig(num_kv_blocks=8, block_size=4, dtype="bfloat16", compile=True)
+    core = build_core(_tiny_llm(torch.float32), InProcessTensorStore(), config, CPU, "llm", None)
+    module = core.module
+    assert packed_count(module) == 0  # inductor lays the weights out for the kernels it picks
+
+    def both() -> tuple[torch.Tensor, torch.Tensor]:  # on the device thread, as serving calls it
+        with torch.inference_mode():
+            ids, positions = torch.tensor([128259, 40, 41, 42, 128009, 128260]), torch.arange(6)
+            return core.runner.forward(ids, positions, DenseKVAttention(2)), module(ids, positions, DenseKVAttention(2))
+
+    got, eager = run_on_device(both)
+    assert core.runner.forward is not module and core.runner.forward.graphs == 2  # no compile while serving
+    assert (got.float() - eager.float()).abs().max() <= 0.05 * eager.float().abs().max()
+
+
+@pytest.mark.parametrize("mode", ["int8", "int4"])
+def test_weight_only_linears_compile_and_match_their_eager_forward(mode):
+    module = _tiny_llm(torch.float32)
+    assert quantize_module(module, mode) > 0
+    compiled = CompiledForward(module, "llm")
+    compiled.warm_up(CPU)
+    ids, positions = torch.tensor([128259, 40, 41, 42, 43, 44, 45, 128009, 128260]), torch.arange(9)
+    with torch.inference_mode():
+        eager = module(ids, positions, DenseKVAttention(2))
+        for rows in (9, 1):  # the many-token graph and the one-token graph
+            got = compiled(ids[:rows], positions[:rows], DenseKVAttention(2))
+            # the same int8 / int4 weights, summed in another order: fp32 rounding apart
+            torch.testing.assert_close(got, eager[:rows], rtol=1e-4, atol=1e-4 * float(eager.abs().max()))
+    assert all(type(m) is not torch.nn.Linear or m is module.lm_head for m in module.modules())
+    assert any(isinstance(m, WeightOnlyLinear) for m in module.modules())
+
+
 class _UntraceableLM(ToyLM):
     def forward(self, input_ids, positions, attn, **extra):
         time.thread_time()  # a builtin dynamo cannot put in a graph
@@ -97,13 +134,15 @@ def test_a_forward_that_is_not_one_graph_fails_at_start_or_runs_eager_under_auto
 
 
 def test_compile_true_is_refused_where_it_cannot_run_and_auto_falls_back(monkeypatch, caplog):
-    with pytest.raises(ValueError, match=r"compile = True .* quantization = 'int8' is not supported"):
-        EngineConfig(compile=True, quantization="int8")
+    with pytest.raises(ValueError, match=r"compile = True .* quantization = 'int8_dynamic' is not supported"):
+        EngineConfig(compile=True, quantization="int8_dynamic")
+    assert EngineConfig(compile=True, quantization="int4").quantization == "int4"
     with pytest.raises(msgspec.ValidationError, match=r"\$\.compile"):
         msgspec.convert({"compile": "yes"}, EngineConfig)
     assert "CPU only" in compile_blocker(META, 1, "none")
     assert "tensor parallelism" in compile_blocker(torch.device("cpu"), 2, "none")
-    assert "quantization 'int8'" in compile_blocker(torch.device("cpu"), 1, "int8")
+    assert "quantization 'fp16'" in compile_blocker(torch.device("cpu"), 1, "fp16")
+    assert compile_blocker(torch.device("cpu"), 1, "int8") is None
 
     config = EngineConfig(num_kv_blocks=4, block_size=4, dtype="float32", compile=True)
     with pytest.raises(ValueError, match=r"llm: compile: true, but it runs on CPU only"):
@@ -121,6 +160,9 @@ def test_compile_true_is_refused_where_it_cannot_run_and_auto_falls_back(monkeyp
         core = build_core(ToyLM(), InProcessTensorStore(), auto, torch.device("cpu"), "llm", None)
     assert core.runner.forward is core.module  # eager, and said so
     assert any("forward eager (compile: auto, but inductor needs" in r.getMessage() for r in caplog.records)
+    if packing_available():  # eager after all: its bf16 linears are packed as an eager engine's are
+        bf16 = msgspec.structs.replace(auto, dtype="bfloat16")
+        assert packed_count(build_core(_tiny_llm(torch.float32), InProcessTensorStore(), bf16, CPU, "llm", None).module)
     monkeypatch.undo()
     monkeypatch.setattr(compiled_forward.sysconfig, "get_paths", lambda: {"include": "/nonexistent"})
     assert "Python.h is missing (install python3-dev)" in compile_blocker(torch.device("cpu"), 1, "none")
