@@ -12,23 +12,26 @@ weight-only GEMM templates the same way. The engine therefore leaves linears unp
 compiles (``mstar.layers.linear_packing`` is for eager forwards); a linear packed by someone else
 still runs, as the opaque op ``mstar::packed_linear``.
 
-The paged attention stays an opaque op (``mstar::paged_attention``): the backend's per-step plan
-(block tables, masks, batching) is Python state that changes every step; the op calls the step's
-``AttentionContext``, set around each call.
+Attention: a lone query token (a decode step of one sequence) is traced into its own graph
+(``mstar.engine.attention.lone_decode``): the cache tensors and the slots of the cached keys are its
+inputs, the step's K/V its outputs, stored after it with one indexed write. Any other step's
+attention (prefills, several sequences) stays an opaque op (``mstar::paged_attention``): the
+backend's per-step plan (block tables, masks, batching) is Python state that changes every step;
+the op calls the step's ``AttentionContext``, set around each call. That op writes the step's K/V:
+it is registered as having a side effect, so a forward that drops its output (a KV-only last
+layer) still runs it.
 
-Graphs: one for a single token (a lone decode, specialised) and one for any other number of tokens
-(dynamic), both compiled when the engine is built (``warm_up``), so serving never waits for a
-compile. Each holds its own copy of the frozen weights (memory: docs/performance.md). Only calls
-with token ids and positions alone are compiled: a call with a module's extra inputs (pi0.5's image
-embeddings, BAGEL's row kinds) runs the eager forward, on the module's own (unpacked) weights.
+Graphs: one for a lone query token (any context length from ``MIN_TRACED_CONTEXT`` on) and one
+for any number of tokens with the opaque attention, both compiled when the engine is built
+(``warm_up``), so serving never waits for a compile. Each holds its own copy of the frozen weights
+(memory: docs/performance.md). Only calls with token ids and positions alone are compiled: a call
+with a module's extra inputs (pi0.5's image embeddings, BAGEL's row kinds), or a lone token with
+fewer cached keys before it, runs the eager forward, on the module's own (unpacked) weights.
 ``fullgraph``: a forward that cannot be one graph fails at warm-up, naming the engine; should a
 later compile fail while serving (a recompile, logged; its weights are not frozen), the forward
 turns eager for good, logged as an error.
 A module must not change its weights or buffers after the engine is built: the graphs may hold
 copies of them.
-
-The attention op writes the step's K/V: it is registered as having a side effect, so a forward that
-drops its output (a KV-only last layer) still runs it.
 
 Numerics: inductor keeps fp32 between the ops it fuses where eager rounds each op's bf16 output,
 so bf16 results differ from the eager forward in the last bits (fp32 ones agree to ~1e-6).
@@ -44,7 +47,9 @@ from pathlib import Path
 
 import torch
 
-from mstar.engine.attention.backend import AttentionContext
+from mstar.engine.attention.backend import AttentionBackend, AttentionContext
+from mstar.engine.attention.lone_decode import LoneDecode, LoneDecodeAttention, store_step_kv
+from mstar.engine.attention.metadata import AttentionMetadata, SeqAttention
 
 log = logging.getLogger("mstar.engine")
 
@@ -117,6 +122,24 @@ def _graph_count() -> int:
     return int(counters["stats"]["unique_graphs"])
 
 
+# A lone token with fewer keys cached before it runs eager: the traced graph's key count is symbolic
+# from 2 on (dynamo specialises sizes 0 and 1), and such steps are a prompt's first few tokens.
+MIN_TRACED_CONTEXT = 2
+
+
+def _warm_up_step(backend: AttentionBackend) -> LoneDecode | None:
+    """The backend planned for a lone token with MIN_TRACED_CONTEXT keys cached before it (in the
+    cache's first blocks: the warm-up reads them, writes nothing), as that step's LoneDecode."""
+    cache = backend.cache
+    context = MIN_TRACED_CONTEXT + 1
+    pages = -(-context // cache.block_size)
+    if pages > cache.num_blocks:
+        return None
+    slot = torch.tensor([context - 1], dtype=torch.int64, device=cache.device)
+    backend.plan(AttentionMetadata([SeqAttention(0, 1, context, list(range(pages)))], slot))
+    return backend.lone_decode()
+
+
 # Each packed linear is a constant of its graph: another module of the same class (another engine) is
 # another graph of the same code. Room for a few dozen before dynamo gives up on it.
 RECOMPILE_LIMIT = 64
@@ -129,7 +152,23 @@ class CompiledForward:
         self.name = name
         self.module = module
         self._compiled = torch.compile(module.forward, fullgraph=True)
+        forward = module.forward
+
+        def lone_token(
+            input_ids: torch.Tensor,
+            positions: torch.Tensor,
+            k_cache: torch.Tensor,
+            v_cache: torch.Tensor,
+            cached_slots: torch.Tensor,
+            compute_dtype: torch.dtype | None,
+        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+            attn = LoneDecodeAttention(k_cache, v_cache, cached_slots, compute_dtype)
+            return forward(input_ids, positions, attn), *attn.step_kv()
+
+        self._lone = torch.compile(lone_token, fullgraph=True)
+        self.lone_traced = False  # whether warm-up compiled the lone-token graph
         self.graphs = 0  # graphs compiled for this forward so far
+        self.eager_calls = 0  # calls without extra inputs that ran the eager forward (short contexts)
         self.failed: str | None = None  # why it turned eager while serving
         config = torch._dynamo.config
         config.recompile_limit = max(config.recompile_limit, RECOMPILE_LIMIT)
@@ -139,11 +178,33 @@ class CompiledForward:
     ) -> torch.Tensor:
         if extra or self.failed is not None:
             return self.module(input_ids, positions, attn, **extra)
+        if input_ids.numel() == 1:
+            lone = attn.lone_decode() if self.lone_traced and isinstance(attn, AttentionContext) else None
+            if lone is None or lone.cached_slots.numel() < MIN_TRACED_CONTEXT:
+                self.eager_calls += 1
+                return self.module(input_ids, positions, attn)
+            return self._guarded(self._lone_token, input_ids, positions, attn, lone)
         _current.attn = attn
+        try:
+            return self._guarded(self._compiled, input_ids, positions, attn, _opaque_attention)
+        finally:
+            _current.attn = None
+
+    def _lone_token(self, input_ids: torch.Tensor, positions: torch.Tensor, lone: LoneDecode) -> torch.Tensor:
+        hidden, layers, keys, values = self._lone_graph(input_ids, positions, lone)
+        store_step_kv(lone.cache, layers, lone.slot, keys, values)
+        return hidden
+
+    def _lone_graph(self, input_ids: torch.Tensor, positions: torch.Tensor, lone: LoneDecode):
+        cache = lone.cache
+        return self._lone(input_ids, positions, cache.k, cache.v, lone.cached_slots, lone.compute_dtype)
+
+    def _guarded(self, graph, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionContext, arg):
+        """``graph(input_ids, positions, arg)``; eager for good when compiling fails while serving."""
         before = _graph_count()  # the process's count: a compile elsewhere meanwhile is counted too
         started = time.perf_counter()
         try:
-            return self._compiled(input_ids, positions, _opaque_attention)
+            return graph(input_ids, positions, arg)
         except torch._dynamo.exc.TorchDynamoException as exc:
             self.failed = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
             log.error(
@@ -151,7 +212,6 @@ class CompiledForward:
             )
             return self.module(input_ids, positions, attn)
         finally:
-            _current.attn = None
             new = _graph_count() - before
             if new:
                 self.graphs += new
@@ -162,17 +222,26 @@ class CompiledForward:
                     time.perf_counter() - started,
                 )
 
-    def warm_up(self, device: torch.device) -> float:
-        """Compiles the one-token and the many-token graphs; the seconds it took. Raises ValueError
-        naming the engine when the forward cannot be compiled as one graph, or compiling failed."""
+    def warm_up(self, device: torch.device, backend: AttentionBackend | None = None) -> float:
+        """Compiles the many-token graph, and the lone-token graph where ``backend`` can trace its
+        attention; the seconds it took. Raises ValueError naming the engine when the forward cannot
+        be compiled as one graph, or compiling failed."""
         started = time.perf_counter()
         before = _graph_count()
         try:
             with torch.inference_mode(), _frozen_and_tuned():
-                for tokens in (1, 2):  # the second call makes the token count dynamic
-                    ids = torch.zeros(tokens, dtype=torch.long, device=device)
-                    _current.attn = _no_attention
-                    self._compiled(ids, ids.clone(), _opaque_attention)
+                ids = torch.zeros(2, dtype=torch.long, device=device)
+                positions = ids.clone()
+                for tensor in (ids, positions):  # any number of tokens, in one graph
+                    torch._dynamo.mark_dynamic(tensor, 0)
+                _current.attn = _no_attention
+                self._compiled(ids, positions, _opaque_attention)
+                lone = _warm_up_step(backend) if backend is not None else None
+                if lone is not None:
+                    torch._dynamo.mark_dynamic(lone.cached_slots, 0)  # any context length, in one graph
+                    ids = torch.zeros(1, dtype=torch.long, device=device)
+                    self._lone_graph(ids, ids.clone(), lone)  # stores nothing: the cache is unchanged
+                    self.lone_traced = True
         except Exception as exc:
             first = str(exc).splitlines()[0] if str(exc) else ""
             what = (

@@ -7,6 +7,7 @@ import logging
 import torch
 
 from mstar.engine.ar_module import ARModule
+from mstar.engine.attention.backend import AttentionBackend
 from mstar.engine.attention.select import select_attention_backend
 from mstar.engine.block_manager import BlockManager
 from mstar.engine.compiled_forward import CompiledForward, compile_blocker
@@ -44,7 +45,14 @@ def _kv_blocks(module: ARModule, config: EngineConfig, kv_dtype: torch.dtype) ->
     return max(1, int(config.kv_cache_mb * 2**20) // per_block)
 
 
-def _compiled(module: ARModule, device: torch.device, name: str, config: EngineConfig, blocker: str | None):
+def _compiled(
+    module: ARModule,
+    device: torch.device,
+    name: str,
+    config: EngineConfig,
+    blocker: str | None,
+    backend: AttentionBackend,
+):
     """The module's CompiledForward, warmed up; None when ``compile: auto`` finds it cannot be compiled here."""
     if blocker is not None:
         if config.compile == "auto":
@@ -53,7 +61,7 @@ def _compiled(module: ARModule, device: torch.device, name: str, config: EngineC
         raise ValueError(f"{name}: compile: true, but {blocker}")
     compiled = CompiledForward(module, name)
     try:
-        seconds = run_on_device(compiled.warm_up, device)
+        seconds = run_on_device(compiled.warm_up, device, backend)
     except ValueError as exc:
         if config.compile != "auto":
             raise
@@ -104,7 +112,7 @@ def build_core(
     )
     runner = ModelRunner(module, backend, blocks, device, plan_hook=leader.forward_plan if leader else None)
     if config.compile:
-        compiled = _compiled(module, device, name, config, blocker)
+        compiled = _compiled(module, device, name, config, blocker, backend)
         if compiled is not None:
             runner.forward = compiled
         elif config.pack_linears:  # compile: auto fell back to the eager forward

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 from mstar.engine.attention.backend import AttentionBackend
 from mstar.engine.attention.length_groups import similar_length_groups
+from mstar.engine.attention.lone_decode import LoneDecode
 from mstar.engine.attention.metadata import AttentionMetadata, MaskKind, SeqAttention
 from mstar.engine.dtype_choice import CpuProfile
 from mstar.engine.kv_cache import PagedKVCache
@@ -266,6 +267,18 @@ class TorchAttentionBackend(AttentionBackend):
             and only.batch == meta.num_tokens
         )
         self._meta = meta
+
+    def lone_decode(self) -> LoneDecode | None:
+        meta = self._meta
+        if meta is None or meta.num_tokens != 1 or not self._all_decode_in_order:
+            return None
+        dec = self._decodes[0]
+        cached = dec.max_len - 1  # the query's own key is the last
+        if dec.slots is None:
+            slots = torch.arange(dec.key_start, dec.key_start + cached, dtype=torch.int64, device=self.cache.device)
+        else:
+            slots = dec.slots[:cached]
+        return LoneDecode(self.cache, slots, meta.slot_mapping, self.compute_dtype)
 
     def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
         meta = self._meta

@@ -1,7 +1,7 @@
 """The AR forward under torch.compile (``compile`` in the engine config): the same tokens as the eager
-model, one graph with the attention as an op and the weights frozen into it (weight-only int8 / int4
-too), packed linears of an eager engine as ops, no compile while serving, and clear refusals where it
-cannot run."""
+model, a graph with the attention as an op and one with a lone token's attention traced in, the
+weights frozen into them (weight-only int8 / int4 too), packed linears of an eager engine as ops, no
+compile while serving, and clear refusals where it cannot run."""
 
 from __future__ import annotations
 
@@ -15,10 +15,14 @@ import torch
 
 import mstar.engine.compiled_forward as compiled_forward
 from mstar.conductor import Conductor
+from mstar.engine.attention.backend import AttentionContext
+from mstar.engine.attention.metadata import AttentionMetadata, SeqAttention
+from mstar.engine.attention.torch_backend import TorchAttentionBackend
 from mstar.engine.compiled_forward import CompiledForward, compile_blocker
 from mstar.engine.config import EngineConfig
 from mstar.engine.core_builder import build_core
 from mstar.engine.device_loop import run_on_device
+from mstar.engine.kv_cache import PagedKVCache
 from mstar.layers.linear_packing import PackedLinear, pack_linears, packed_count, packing_available
 from mstar.layers.weight_only import WeightOnlyLinear, quantize_module
 from mstar.sampling_params import SamplingParams
@@ -39,6 +43,27 @@ CPU = torch.device("cpu")
 def _tiny_llm(dtype: torch.dtype) -> LlamaForCausalLM:
     tts = OrpheusTTS.load(progress=False)
     return LlamaForCausalLM.from_pretrained_dir(tts.paths.llm, dtype=dtype, progress=False).fuse_projections()
+
+
+def _paged(module: torch.nn.Module) -> TorchAttentionBackend:
+    return TorchAttentionBackend(PagedKVCache(module.kv_spec(), num_blocks=16, block_size=4))
+
+
+def _run(forward, backend: TorchAttentionBackend, ids: list[int], table: list[int], chunks: list[int]):
+    """``ids`` through ``forward`` in steps of ``chunks`` tokens, as an engine plans them; each step's hidden."""
+    hidden, done = [], 0
+    with torch.inference_mode():
+        for n in chunks:
+            positions = list(range(done, done + n))
+            slots = torch.tensor([table[p // 4] * 4 + p % 4 for p in positions])
+            backend.plan(AttentionMetadata([SeqAttention(0, n, done + n, table)], slots))
+            step = torch.tensor(ids[done : done + n]), torch.tensor(positions)
+            hidden.append(forward(*step, AttentionContext(backend)))
+            done += n
+    return hidden
+
+
+PROMPT = [128259, 40, 41, 42, 43, 44, 45, 128009, 128260, 50, 51, 52, 53]
 
 
 async def _serve(tts: OrpheusTTS, config: EngineConfig) -> list[list[int]]:
@@ -97,19 +122,42 @@ def test_a_compiling_engine_leaves_linears_to_inductor_and_decodes_as_eager():
     assert (got.float() - eager.float()).abs().max() <= 0.05 * eager.float().abs().max()
 
 
+def test_lone_tokens_run_the_traced_graph_and_leave_the_cache_eager_would():
+    module = _tiny_llm(torch.float32)
+    compiled, ours, theirs = CompiledForward(module, "llm"), _paged(module), _paged(module)
+    compiled.warm_up(CPU, ours)
+    assert compiled.graphs == 2 and compiled.lone_traced
+    table = [9, 2, 14, 5]  # scattered blocks: the cached keys are gathered
+    chunks = [3] + [1] * 10  # a prefill (the opaque attention), then ten lone tokens of growing context
+    got = _run(compiled, ours, PROMPT, table, chunks)
+    want = _run(module, theirs, PROMPT, table, chunks)
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5 * float(b.abs().max()))
+    torch.testing.assert_close(ours.cache.k, theirs.cache.k, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ours.cache.v, theirs.cache.v, rtol=1e-5, atol=1e-5)
+    assert compiled.graphs == 2 and compiled.eager_calls == 0  # every context length: no compile while serving
+
+    # a lone token with one key cached before it runs eager (the traced graph starts at two)
+    got = _run(compiled, ours, PROMPT, [0, 1], [1, 1, 1])
+    want = _run(module, theirs, PROMPT, [0, 1], [1, 1, 1])
+    assert compiled.eager_calls == 2 and compiled.graphs == 2
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5 * float(b.abs().max()))
+
+
 @pytest.mark.parametrize("mode", ["int8", "int4"])
 def test_weight_only_linears_compile_and_match_their_eager_forward(mode):
     module = _tiny_llm(torch.float32)
     assert quantize_module(module, mode) > 0
-    compiled = CompiledForward(module, "llm")
-    compiled.warm_up(CPU)
-    ids, positions = torch.tensor([128259, 40, 41, 42, 43, 44, 45, 128009, 128260]), torch.arange(9)
-    with torch.inference_mode():
-        eager = module(ids, positions, DenseKVAttention(2))
-        for rows in (9, 1):  # the many-token graph and the one-token graph
-            got = compiled(ids[:rows], positions[:rows], DenseKVAttention(2))
-            # the same int8 / int4 weights, summed in another order: fp32 rounding apart
-            torch.testing.assert_close(got, eager[:rows], rtol=1e-4, atol=1e-4 * float(eager.abs().max()))
+    compiled, ours, theirs = CompiledForward(module, "llm"), _paged(module), _paged(module)
+    compiled.warm_up(CPU, ours)
+    chunks = [9, 1, 1, 1]  # the many-token graph, then the lone-token one
+    got = _run(compiled, ours, PROMPT, [3, 4, 5, 6], chunks)
+    want = _run(module, theirs, PROMPT, [3, 4, 5, 6], chunks)
+    for a, b in zip(got, want, strict=True):
+        # the same int8 / int4 weights, summed in another order: fp32 rounding apart
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4 * float(b.abs().max()))
+    assert compiled.eager_calls == 0 and compiled.graphs == 2
     assert all(type(m) is not torch.nn.Linear or m is module.lm_head for m in module.modules())
     assert any(isinstance(m, WeightOnlyLinear) for m in module.modules())
 
