@@ -26,7 +26,8 @@ for any number of tokens with the opaque attention, both compiled when the engin
 (``warm_up``), so serving never waits for a compile. Each holds its own copy of the frozen weights
 (memory: docs/performance.md). Only calls with token ids and positions alone are compiled: a call
 with a module's extra inputs (pi0.5's image embeddings, BAGEL's row kinds), or a lone token with
-fewer cached keys before it, runs the eager forward, on the module's own (unpacked) weights.
+fewer cached keys before it, runs the eager forward, on the module's own (unpacked) weights, as
+do lone tokens of a module whose lone-token graph cannot be traced (logged at warm-up).
 ``fullgraph``: a forward that cannot be one graph fails at warm-up, naming the engine; should a
 later compile fail while serving (a recompile, logged; its weights are not frozen), the forward
 turns eager for good, logged as an error.
@@ -170,6 +171,7 @@ class CompiledForward:
         self.graphs = 0  # graphs compiled for this forward so far
         self.eager_calls = 0  # calls without extra inputs that ran the eager forward (short contexts)
         self.failed: str | None = None  # why it turned eager while serving
+        self.lone_failed: str | None = None  # why lone tokens turned eager (at warm-up or while serving)
         config = torch._dynamo.config
         config.recompile_limit = max(config.recompile_limit, RECOMPILE_LIMIT)
 
@@ -179,14 +181,15 @@ class CompiledForward:
         if extra or self.failed is not None:
             return self.module(input_ids, positions, attn, **extra)
         if input_ids.numel() == 1:
-            lone = attn.lone_decode() if self.lone_traced and isinstance(attn, AttentionContext) else None
+            traced = self.lone_traced and self.lone_failed is None and isinstance(attn, AttentionContext)
+            lone = attn.lone_decode() if traced else None
             if lone is None or lone.cached_slots.numel() < MIN_TRACED_CONTEXT:
                 self.eager_calls += 1
                 return self.module(input_ids, positions, attn)
-            return self._guarded(self._lone_token, input_ids, positions, attn, lone)
+            return self._guarded(self._lone_token, input_ids, positions, attn, lone, lone_graph=True)
         _current.attn = attn
         try:
-            return self._guarded(self._compiled, input_ids, positions, attn, _opaque_attention)
+            return self._guarded(self._compiled, input_ids, positions, attn, _opaque_attention, lone_graph=False)
         finally:
             _current.attn = None
 
@@ -199,16 +202,26 @@ class CompiledForward:
         cache = lone.cache
         return self._lone(input_ids, positions, cache.k, cache.v, lone.cached_slots, lone.compute_dtype)
 
-    def _guarded(self, graph, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionContext, arg):
-        """``graph(input_ids, positions, arg)``; eager for good when compiling fails while serving."""
+    def _guarded(
+        self, graph, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionContext, arg, lone_graph: bool
+    ) -> torch.Tensor:
+        """``graph(input_ids, positions, arg)``; when compiling fails while serving, what that graph served
+        (lone tokens, or every call) runs eager for good."""
         before = _graph_count()  # the process's count: a compile elsewhere meanwhile is counted too
         started = time.perf_counter()
         try:
             return graph(input_ids, positions, arg)
         except torch._dynamo.exc.TorchDynamoException as exc:
-            self.failed = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            why = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            if lone_graph:
+                self.lone_failed = why
+            else:
+                self.failed = why
             log.error(
-                "%s: compiling the forward failed while serving (%s); it runs eager from now", self.name, self.failed
+                "%s: compiling the forward failed while serving (%s); %s eager from now",
+                self.name,
+                why,
+                "lone tokens run" if lone_graph else "it runs",
             )
             return self.module(input_ids, positions, attn)
         finally:
@@ -225,7 +238,8 @@ class CompiledForward:
     def warm_up(self, device: torch.device, backend: AttentionBackend | None = None) -> float:
         """Compiles the many-token graph, and the lone-token graph where ``backend`` can trace its
         attention; the seconds it took. Raises ValueError naming the engine when the forward cannot
-        be compiled as one graph, or compiling failed."""
+        be compiled as one graph, or compiling failed; a lone-token graph that fails is logged, and
+        lone tokens then run eager."""
         started = time.perf_counter()
         before = _graph_count()
         try:
@@ -236,12 +250,6 @@ class CompiledForward:
                     torch._dynamo.mark_dynamic(tensor, 0)
                 _current.attn = _no_attention
                 self._compiled(ids, positions, _opaque_attention)
-                lone = _warm_up_step(backend) if backend is not None else None
-                if lone is not None:
-                    torch._dynamo.mark_dynamic(lone.cached_slots, 0)  # any context length, in one graph
-                    ids = torch.zeros(1, dtype=torch.long, device=device)
-                    self._lone_graph(ids, ids.clone(), lone)  # stores nothing: the cache is unchanged
-                    self.lone_traced = True
         except Exception as exc:
             first = str(exc).splitlines()[0] if str(exc) else ""
             what = (
@@ -252,5 +260,27 @@ class CompiledForward:
             raise ValueError(f"{self.name}: {what} ({type(exc).__name__}: {first}); set compile: false") from exc
         finally:
             _current.attn = None
+        if backend is not None:
+            self._warm_up_lone(device, backend)
         self.graphs += _graph_count() - before
         return time.perf_counter() - started
+
+    def _warm_up_lone(self, device: torch.device, backend: AttentionBackend) -> None:
+        try:
+            with torch.inference_mode(), _frozen_and_tuned():
+                lone = _warm_up_step(backend)
+                if lone is None:
+                    return
+                torch._dynamo.mark_dynamic(lone.cached_slots, 0)  # any context length, in one graph
+                for pool in (lone.cache.k, lone.cache.v):  # another engine's pool of another size: its own graph
+                    torch._dynamo.mark_static(pool)
+                ids = torch.zeros(1, dtype=torch.long, device=device)
+                self._lone_graph(ids, ids.clone(), lone)  # stores nothing: the cache is unchanged
+                self.lone_traced = True
+        except Exception as exc:
+            self.lone_failed = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            log.warning(
+                "%s: a lone token's attention could not be traced into a graph (%s); lone tokens run eager",
+                self.name,
+                self.lone_failed,
+            )

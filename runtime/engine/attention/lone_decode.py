@@ -70,7 +70,7 @@ class LoneDecodeAttention:
         keys = torch.cat([self.k_cache[layer].index_select(0, self.cached_slots), k]).to(cdt).transpose(0, 1)[None]
         values = torch.cat([self.v_cache[layer].index_select(0, self.cached_slots), v]).to(cdt).transpose(0, 1)[None]
         # one query row: the G query heads of a KV head attend as G rows of it (no K/V repeat)
-        out = F.scaled_dot_product_attention(q.to(cdt).view(1, hkv, hq // hkv, head_dim), keys, values, scale=scale)
+        out = F.scaled_dot_product_attention(q.to(cdt).reshape(1, hkv, hq // hkv, head_dim), keys, values, scale=scale)
         return out.reshape(1, hq, head_dim).to(q.dtype)
 
     def step_kv(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

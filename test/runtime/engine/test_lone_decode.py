@@ -36,10 +36,12 @@ def _plan_one_token(backend: TorchAttentionBackend, context: int, table: list[in
         ([9, 2, 7], {}),  # scattered: gathered slot by slot
         ([1, 0, 6], {"mask": MaskKind.PREFIX_BIDIRECTIONAL, "mask_arg": 5}),
         ([8, 11, 4], {"mask": MaskKind.BLOCK_CAUSAL, "mask_arg": 3}),
+        ([10, 3, 6], {"first_position": 32}),  # after sliding-window eviction dropped the first blocks
     ],
 )
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_the_traceable_attention_matches_the_backend_and_stores_the_same_kv(table, mask, dtype):
+    # the newest token sees every cached key under every mask kind: the masks pin that both agree on it
     context = 10
     ours, theirs = _backend(dtype), _backend(dtype)
     gen = torch.Generator().manual_seed(1)
