@@ -51,6 +51,7 @@ import torch
 from mstar.engine.attention.backend import AttentionBackend, AttentionContext
 from mstar.engine.attention.lone_decode import LoneDecode, LoneDecodeAttention, store_step_kv
 from mstar.engine.attention.metadata import AttentionMetadata, SeqAttention
+from mstar.layers.weight_only import COMPILED_QUANTIZATIONS
 
 log = logging.getLogger("mstar.engine")
 
@@ -79,10 +80,6 @@ def _opaque_attention(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
 def _no_attention(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
     """Warm-up attention: the shapes of the real one, and no KV written."""
     return torch.zeros_like(q)
-
-
-# inductor lowers torch's weight-only int8 / int4 ops; int8_dynamic and fp16 are fbgemm's opaque packings
-COMPILED_QUANTIZATIONS = ("none", "int8", "int4")
 
 
 def _frozen_and_tuned():

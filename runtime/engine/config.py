@@ -11,7 +11,7 @@ import torch
 from mstar.engine.dtype_choice import DtypeChoice, resolve_dtype
 from mstar.engine.dtype_names import DTYPE_NAMES
 from mstar.engine.starvation import DEFAULT_SHARE, DEFAULT_WAIT_MS, StarvationLimit
-from mstar.layers.weight_only import QUANTIZATIONS
+from mstar.layers.weight_only import COMPILED_QUANTIZATIONS, QUANTIZATIONS
 from mstar.user_yaml import load_user_yaml_file
 
 
@@ -63,7 +63,7 @@ class EngineConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
             ("starvation_wait_ms", self.starvation_wait_ms is None or self.starvation_wait_ms >= 0),
             ("starved_share", 0 <= self.starved_share <= 1),
         ]
-        if self.compile is True and self.quantization not in ("none", "int8", "int4"):
+        if self.compile is True and self.quantization not in COMPILED_QUANTIZATIONS:
             raise ValueError(
                 f"engine config: compile = True runs bf16 or weight-only int8 / int4 linears; quantization = "
                 f"{self.quantization!r} is not supported with it (set one of them off)"

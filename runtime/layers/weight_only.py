@@ -26,6 +26,9 @@ log = logging.getLogger("mstar.engine")
 
 # int8_dynamic: mstar.layers.dynamic_int8; fp16: mstar.layers.fp16_weights (not integer, but the same swap)
 QUANTIZATIONS = ("none", "int8", "int4", "int8_dynamic", "fp16")
+# what a compiled forward runs (mstar.engine.compiled_forward): inductor lowers torch's weight-only int8 /
+# int4 ops itself; int8_dynamic and fp16 are fbgemm's opaque packings
+COMPILED_QUANTIZATIONS = ("none", "int8", "int4")
 INT4_GROUP = 32  # inputs per int4 scale; 32 kept more accuracy than 128 at a similar speed (probe)
 _INT4_BLOCK = 64  # rows torch's int4 CPU packing interleaves together: row ranges align to it
 _INT4_ALIGN = 16  # the packing needs a row count that is a multiple of this
