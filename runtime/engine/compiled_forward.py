@@ -114,6 +114,11 @@ def compile_blocker(device: torch.device, tp_size: int, quantization: str) -> st
     return None
 
 
+def _why(exc: BaseException) -> str:
+    """An exception as one line: its type and its message's first line."""
+    return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+
+
 def _graph_count() -> int:
     from torch._dynamo.utils import counters
 
@@ -209,7 +214,7 @@ class CompiledForward:
         try:
             return graph(input_ids, positions, arg)
         except torch._dynamo.exc.TorchDynamoException as exc:
-            why = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            why = _why(exc)
             if lone_graph:
                 self.lone_failed = why
             else:
@@ -248,13 +253,12 @@ class CompiledForward:
                 _current.attn = _no_attention
                 self._compiled(ids, positions, _opaque_attention)
         except Exception as exc:
-            first = str(exc).splitlines()[0] if str(exc) else ""
             what = (
                 "the module's forward cannot be compiled as one graph"
                 if isinstance(exc, torch._dynamo.exc.Unsupported)
                 else "compiling the module's forward failed"
             )
-            raise ValueError(f"{self.name}: {what} ({type(exc).__name__}: {first}); set compile: false") from exc
+            raise ValueError(f"{self.name}: {what} ({_why(exc)}); set compile: false") from exc
         finally:
             _current.attn = None
         if backend is not None:
@@ -275,7 +279,7 @@ class CompiledForward:
                 self._lone_graph(ids, ids.clone(), lone)  # stores nothing: the cache is unchanged
                 self.lone_traced = True
         except Exception as exc:
-            self.lone_failed = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            self.lone_failed = _why(exc)
             log.warning(
                 "%s: a lone token's attention could not be traced into a graph (%s); lone tokens run eager",
                 self.name,

@@ -23,6 +23,26 @@ import torch.nn.functional as F
 from mstar.engine.kv_cache import PagedKVCache
 
 
+def one_query_attention(
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    scale: float,
+    compute_dtype: torch.dtype,
+    key_mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """One query row per sequence: q [B, Hq, D], keys / values [B, n, Hkv, D] (``key_mask`` [B, 1, 1, n]
+    or None) -> [B, Hq, D] in q's dtype, scores in ``compute_dtype``. The G query heads of a KV head
+    attend as G rows of it, so K/V are not repeated (heads_as_rows of one query row is a plain view)."""
+    batch, hq, head_dim = q.shape
+    hkv = keys.shape[2]
+    rows = q.to(compute_dtype).reshape(batch, hkv, hq // hkv, head_dim)
+    keys = keys.to(compute_dtype).transpose(1, 2)
+    values = values.to(compute_dtype).transpose(1, 2)
+    out = F.scaled_dot_product_attention(rows, keys, values, attn_mask=key_mask, scale=scale)
+    return out.reshape(batch, hq, head_dim).to(q.dtype)
+
+
 @dataclass(frozen=True)
 class LoneDecode:
     """The running step is one query token of one sequence."""
@@ -63,15 +83,10 @@ class LoneDecodeAttention:
         self.layers.append(layer)
         self.keys.append(k)
         self.values.append(v)
-        _, hq, head_dim = q.shape
-        hkv = k.shape[1]
-        cdt = self.compute_dtype or q.dtype
-        # [1, Hkv, n, D]: the cached keys in order, then the step's own (the newest position)
-        keys = torch.cat([self.k_cache[layer].index_select(0, self.cached_slots), k]).to(cdt).transpose(0, 1)[None]
-        values = torch.cat([self.v_cache[layer].index_select(0, self.cached_slots), v]).to(cdt).transpose(0, 1)[None]
-        # one query row: the G query heads of a KV head attend as G rows of it (no K/V repeat)
-        out = F.scaled_dot_product_attention(q.to(cdt).reshape(1, hkv, hq // hkv, head_dim), keys, values, scale=scale)
-        return out.reshape(1, hq, head_dim).to(q.dtype)
+        # [1, n, Hkv, D]: the cached keys in order, then the step's own (the newest position)
+        keys = torch.cat([self.k_cache[layer].index_select(0, self.cached_slots), k])[None]
+        values = torch.cat([self.v_cache[layer].index_select(0, self.cached_slots), v])[None]
+        return one_query_attention(q, keys, values, scale, self.compute_dtype or q.dtype)
 
     def step_kv(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(layers [L], keys [L, 1, Hkv, D], values [L, 1, Hkv, D]) of the layers called, in call order."""

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from mstar.engine.attention.backend import AttentionBackend
 from mstar.engine.attention.length_groups import similar_length_groups
-from mstar.engine.attention.lone_decode import LoneDecode
+from mstar.engine.attention.lone_decode import LoneDecode, one_query_attention
 from mstar.engine.attention.metadata import AttentionMetadata, MaskKind, SeqAttention
 from mstar.engine.dtype_choice import CpuProfile
 from mstar.engine.kv_cache import PagedKVCache
@@ -339,17 +339,12 @@ class TorchAttentionBackend(AttentionBackend):
     def _decode_attn(
         dec: _DecodePlan, q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, scale: float, cdt: torch.dtype
     ) -> torch.Tensor:
-        B, Hq, D = q.shape
+        B, _, D = q.shape
         Hkv = kc.shape[1]
-        # GQA without repeating K/V: a single query sees every key, so its heads run as rows
-        # (heads_as_rows of one query row is a plain view: [B, Hq, D] -> [B, Hkv, G, D])
-        qd = q.to(cdt).reshape(B, Hkv, Hq // Hkv, D)
         if dec.slots is None:  # the same keys as gathering their slots, read in place
             ks = kc[dec.key_start : dec.key_start + dec.max_len]
             vs = vc[dec.key_start : dec.key_start + dec.max_len]
         else:
             ks, vs = kc.index_select(0, dec.slots), vc.index_select(0, dec.slots)
-        ks = ks.to(cdt).view(B, dec.max_len, Hkv, D).transpose(1, 2)
-        vs = vs.to(cdt).view(B, dec.max_len, Hkv, D).transpose(1, 2)
-        o = F.scaled_dot_product_attention(qd, ks, vs, attn_mask=dec.key_mask, scale=scale)
-        return o.reshape(B, Hq, D).to(q.dtype)  # rows_as_heads of one query row
+        shape = (B, dec.max_len, Hkv, D)
+        return one_query_attention(q, ks.view(shape), vs.view(shape), scale, cdt, dec.key_mask)
