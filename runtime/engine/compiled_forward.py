@@ -12,22 +12,23 @@ weight-only GEMM templates the same way. The engine therefore leaves linears unp
 compiles (``mstar.layers.linear_packing`` is for eager forwards); a linear packed by someone else
 still runs, as the opaque op ``mstar::packed_linear``.
 
-Attention: a lone query token (a decode step of one sequence) is traced into its own graph
-(``mstar.engine.attention.lone_decode``): the cache tensors and the slots of the cached keys are its
-inputs, the step's K/V its outputs, stored after it with one indexed write. Any other step's
-attention (prefills, several sequences) stays an opaque op (``mstar::paged_attention``): the
-backend's per-step plan (block tables, masks, batching) is Python state that changes every step;
-the op calls the step's ``AttentionContext``, set around each call. That op writes the step's K/V:
-it is registered as having a side effect, so a forward that drops its output (a KV-only last
-layer) still runs it.
+Attention: a decode step (one query token of each sequence, any number of sequences) is traced into
+its own graph (``mstar.engine.attention.decode_step``): the cache tensors, the slots of each row's
+cached keys and their padding mask are its inputs, the step's K/V its outputs, stored after it with
+one indexed write for all layers. Any other step's attention (prefills, a prefill beside decodes)
+stays an opaque op (``mstar::paged_attention``): the backend's per-step plan (block tables, masks,
+batching) is Python state that changes every step; the op calls the step's ``AttentionContext``,
+set around each call. That op writes the step's K/V: it is registered as having a side effect, so
+a forward that drops its output (a KV-only last layer) still runs it.
 
-Graphs: one for a lone query token (any context length from ``MIN_TRACED_CONTEXT`` on) and one
-for any number of tokens with the opaque attention, both compiled when the engine is built
+Graphs: two for decode steps (one row; any number of rows from 2 on; any number of keys in both) and
+one for any number of tokens with the opaque attention, all compiled when the engine is built
 (``warm_up``), so serving never waits for a compile. Each holds its own copy of the frozen weights
-(memory: docs/performance.md). Only calls with token ids and positions alone are compiled: a call
-with a module's extra inputs (pi0.5's image embeddings, BAGEL's row kinds), or a lone token with
-fewer cached keys before it, runs the eager forward, on the module's own (unpacked) weights, as
-do lone tokens of a module whose lone-token graph cannot be traced (logged at warm-up).
+(memory: docs/performance.md). Only calls with token ids and positions alone are compiled: a
+call with a module's extra inputs (pi0.5's image embeddings, BAGEL's row kinds), or a lone token with
+no key before it, runs the eager forward, on the module's own (unpacked) weights; so do a module's
+lone tokens when its decode graph cannot be traced (logged at warm-up; steps of several tokens then
+take the opaque graph).
 ``fullgraph``: a forward that cannot be one graph fails at warm-up, naming the engine; should a
 later compile fail while serving (a recompile, logged; its weights are not frozen), the forward
 turns eager for good, logged as an error.
@@ -41,17 +42,15 @@ so bf16 results differ from the eager forward in the last bits (fp32 ones agree 
 from __future__ import annotations
 
 import logging
-import sysconfig
 import threading
 import time
-from pathlib import Path
 
 import torch
 
 from mstar.engine.attention.backend import AttentionBackend, AttentionContext
-from mstar.engine.attention.lone_decode import LoneDecode, LoneDecodeAttention, store_step_kv
+from mstar.engine.attention.decode_step import MIN_KEYS, DecodeStep, DecodeStepAttention, store_step_kv
 from mstar.engine.attention.metadata import AttentionMetadata, SeqAttention
-from mstar.layers.weight_only import COMPILED_QUANTIZATIONS
+from mstar.engine.compile_support import frozen_and_tuned, graph_count, one_line
 
 log = logging.getLogger("mstar.engine")
 
@@ -82,65 +81,26 @@ def _no_attention(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     return torch.zeros_like(q)
 
 
-def _frozen_and_tuned():
-    """Inductor settings of a warm-up compile: weights as constants, GEMM kernels chosen by measuring."""
-    import torch._inductor.config as inductor_config
-
-    return inductor_config.patch(
-        freezing=True,
-        max_autotune_gemm=True,
-        autotune_num_choices_displayed=0,  # inductor prints every measurement to stderr otherwise
-        max_autotune_report_choices_stats=False,
-    )
-
-
-def compile_blocker(device: torch.device, tp_size: int, quantization: str) -> str | None:
-    """Why this engine's forward cannot be compiled here (None: it can)."""
-    if device.type != "cpu":
-        return f"it runs on CPU only (the engine's device is {device})"
-    if tp_size > 1:
-        return "it is not supported with tensor parallelism"
-    if quantization not in COMPILED_QUANTIZATIONS:
-        return f"it runs bf16 or weight-only int8 / int4 linears, not quantization {quantization!r}"
-    try:
-        from torch._inductor.cpp_builder import get_cpp_compiler
-
-        get_cpp_compiler()
-    except Exception as exc:  # inductor found no compiler it can use
-        return f"inductor needs a C++ compiler and found none ({type(exc).__name__}: {exc}; install g++)"
-    headers = Path(sysconfig.get_paths()["include"]) / "Python.h"
-    if not headers.is_file():  # inductor builds its kernels as Python extensions
-        return f"inductor builds Python extensions and {headers} is missing (install python3-dev)"
-    return None
-
-
-def _why(exc: BaseException) -> str:
-    """An exception as one line: its type and its message's first line."""
-    return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-
-
-def _graph_count() -> int:
-    from torch._dynamo.utils import counters
-
-    return int(counters["stats"]["unique_graphs"])
-
-
-# A lone token with fewer keys cached before it runs eager: the traced graph's key count is symbolic
-# from 2 on (dynamo specialises sizes 0 and 1), and such steps are a prompt's first few tokens.
-MIN_TRACED_CONTEXT = 2
-
-
-def _warm_up_step(backend: AttentionBackend) -> LoneDecode | None:
-    """The backend planned for a lone token with MIN_TRACED_CONTEXT keys cached before it (in the
-    cache's first blocks: the warm-up reads them, writes nothing), as that step's LoneDecode."""
+def _warm_up_steps(backend: AttentionBackend) -> list[DecodeStep]:
+    """The backend planned for decode steps of one sequence, then of two, with 3 and 2 keys cached (in
+    the cache's first blocks: the warm-up reads them, writes nothing), as their DecodeSteps: key columns
+    3 and mask columns 4 in both, rows 2 in the second, sizes that differ, so dynamo gives each its own
+    symbol. Empty where the cache is too small."""
     cache = backend.cache
-    context = MIN_TRACED_CONTEXT + 1
-    pages = -(-context // cache.block_size)
-    if pages > cache.num_blocks:
-        return None
-    slot = torch.tensor([context - 1], dtype=torch.int64, device=cache.device)
-    backend.plan(AttentionMetadata([SeqAttention(0, 1, context, list(range(pages)))], slot))
-    return backend.lone_decode()
+    seqs, slots, block = [], [], 0
+    for row, context in enumerate((MIN_KEYS + 2, MIN_KEYS + 1)):
+        pages = -(-context // cache.block_size)
+        table = list(range(block, block + pages))
+        block += pages
+        seqs.append(SeqAttention(row, 1, context, table))
+        slots.append(table[-1] * cache.block_size + (context - 1) % cache.block_size)
+    if block > cache.num_blocks:
+        return []
+    steps = []
+    for rows in (1, 2):
+        backend.plan(AttentionMetadata(seqs[:rows], torch.tensor(slots[:rows], dtype=torch.int64, device=cache.device)))
+        steps.append(backend.decode_step())
+    return [step for step in steps if step is not None]
 
 
 # Each packed linear is a constant of its graph: another module of the same class (another engine) is
@@ -157,23 +117,24 @@ class CompiledForward:
         self._compiled = torch.compile(module.forward, fullgraph=True)
         forward = module.forward
 
-        def lone_token(
+        def decode_step(
             input_ids: torch.Tensor,
             positions: torch.Tensor,
             k_cache: torch.Tensor,
             v_cache: torch.Tensor,
             cached_slots: torch.Tensor,
+            key_mask: torch.Tensor,
             compute_dtype: torch.dtype | None,
         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-            attn = LoneDecodeAttention(k_cache, v_cache, cached_slots, compute_dtype)
+            attn = DecodeStepAttention(k_cache, v_cache, cached_slots, key_mask, compute_dtype)
             return forward(input_ids, positions, attn), *attn.step_kv()
 
-        self._lone = torch.compile(lone_token, fullgraph=True)
-        self.lone_traced = False  # whether warm-up compiled the lone-token graph
+        self._decode = torch.compile(decode_step, fullgraph=True)
+        self.decode_traced = False  # whether warm-up compiled the decode-step graph
         self.graphs = 0  # graphs compiled for this forward so far
-        self.eager_calls = 0  # calls without extra inputs that ran the eager forward (short contexts)
+        self.eager_calls = 0  # calls without extra inputs that ran the eager forward (a token with no key before it)
         self.failed: str | None = None  # why it turned eager while serving
-        self.lone_failed: str | None = None  # why lone tokens turned eager (at warm-up or while serving)
+        self.decode_failed: str | None = None  # why decode steps left their graph (at warm-up or while serving)
         config = torch._dynamo.config
         config.recompile_limit = max(config.recompile_limit, RECOMPILE_LIMIT)
 
@@ -182,52 +143,54 @@ class CompiledForward:
     ) -> torch.Tensor:
         if extra or self.failed is not None:
             return self.module(input_ids, positions, attn, **extra)
-        if input_ids.numel() == 1:
-            traced = self.lone_traced and self.lone_failed is None and isinstance(attn, AttentionContext)
-            lone = attn.lone_decode() if traced else None
-            if lone is None or lone.cached_slots.numel() < MIN_TRACED_CONTEXT:
-                self.eager_calls += 1
-                return self.module(input_ids, positions, attn)
-            return self._guarded(self._lone_token, input_ids, positions, attn, lone, lone_graph=True)
+        traced = self.decode_traced and self.decode_failed is None and isinstance(attn, AttentionContext)
+        step = attn.decode_step() if traced else None
+        if step is not None:
+            return self._guarded(self._decode_step, input_ids, positions, attn, step, decode_graph=True)
+        if input_ids.numel() == 1:  # the many-token graph's token count is symbolic from 2 on
+            self.eager_calls += 1
+            return self.module(input_ids, positions, attn)
         _current.attn = attn
         try:
-            return self._guarded(self._compiled, input_ids, positions, attn, _opaque_attention, lone_graph=False)
+            return self._guarded(self._compiled, input_ids, positions, attn, _opaque_attention, decode_graph=False)
         finally:
             _current.attn = None
 
-    def _lone_token(self, input_ids: torch.Tensor, positions: torch.Tensor, lone: LoneDecode) -> torch.Tensor:
-        hidden, layers, keys, values = self._lone_graph(input_ids, positions, lone)
-        store_step_kv(lone.cache, layers, lone.slot, keys, values)
+    def _decode_step(self, input_ids: torch.Tensor, positions: torch.Tensor, step: DecodeStep) -> torch.Tensor:
+        hidden, layers, keys, values = self._decode_graph(input_ids, positions, step)
+        store_step_kv(step, layers, keys, values)
         return hidden
 
-    def _lone_graph(self, input_ids: torch.Tensor, positions: torch.Tensor, lone: LoneDecode):
-        cache = lone.cache
-        return self._lone(input_ids, positions, cache.k, cache.v, lone.cached_slots, lone.compute_dtype)
+    def _decode_graph(self, input_ids: torch.Tensor, positions: torch.Tensor, step: DecodeStep):
+        cache = step.cache
+        return self._decode(
+            input_ids, positions, cache.k, cache.v, step.cached_slots, step.key_mask, step.compute_dtype
+        )
 
     def _guarded(
-        self, graph, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionContext, arg, lone_graph: bool
+        self, graph, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionContext, arg, decode_graph: bool
     ) -> torch.Tensor:
         """``graph(input_ids, positions, arg)``; when compiling fails while serving, what that graph served
-        (lone tokens, or every call) runs eager for good."""
-        before = _graph_count()  # the process's count: a compile elsewhere meanwhile is counted too
+        (decode steps, or every call) runs eager for good."""
+        before = graph_count()  # the process's count: a compile elsewhere meanwhile is counted too
         started = time.perf_counter()
         try:
             return graph(input_ids, positions, arg)
         except torch._dynamo.exc.TorchDynamoException as exc:
-            why = _why(exc)
-            if lone_graph:
-                self.lone_failed = why
+            why = one_line(exc)
+            if decode_graph:
+                self.decode_failed = why
             else:
                 self.failed = why
             log.error(
                 "%s: compiling the forward failed while serving (%s); %s eager from now",
                 self.name,
                 why,
-                "lone tokens run" if lone_graph else "it runs",
+                "decode steps run" if decode_graph else "it runs",
             )
             return self.module(input_ids, positions, attn)
         finally:
-            new = _graph_count() - before
+            new = graph_count() - before
             if new:
                 self.graphs += new
                 log.warning(
@@ -238,14 +201,14 @@ class CompiledForward:
                 )
 
     def warm_up(self, device: torch.device, backend: AttentionBackend | None = None) -> float:
-        """Compiles the many-token graph, and the lone-token graph where ``backend`` can trace its
+        """Compiles the many-token graph, and the decode-step graph where ``backend`` can trace its
         attention; the seconds it took. Raises ValueError naming the engine when the forward cannot
-        be compiled as one graph, or compiling failed; a lone-token graph that fails is logged, and
-        lone tokens then run eager."""
+        be compiled as one graph, or compiling failed; a decode-step graph that fails is logged, and
+        decode steps then take the many-token graph (a lone token: the eager forward)."""
         started = time.perf_counter()
-        before = _graph_count()
+        before = graph_count()
         try:
-            with torch.inference_mode(), _frozen_and_tuned():
+            with torch.inference_mode(), frozen_and_tuned():
                 ids = torch.zeros(2, dtype=torch.long, device=device)
                 positions = ids.clone()
                 for tensor in (ids, positions):  # any number of tokens, in one graph
@@ -258,30 +221,37 @@ class CompiledForward:
                 if isinstance(exc, torch._dynamo.exc.Unsupported)
                 else "compiling the module's forward failed"
             )
-            raise ValueError(f"{self.name}: {what} ({_why(exc)}); set compile: false") from exc
+            raise ValueError(f"{self.name}: {what} ({one_line(exc)}); set compile: false") from exc
         finally:
             _current.attn = None
         if backend is not None:
-            self._warm_up_lone(device, backend)
-        self.graphs += _graph_count() - before
+            self._warm_up_decode(device, backend)
+        self.graphs += graph_count() - before
         return time.perf_counter() - started
 
-    def _warm_up_lone(self, device: torch.device, backend: AttentionBackend) -> None:
+    def _warm_up_decode(self, device: torch.device, backend: AttentionBackend) -> None:
         try:
-            with torch.inference_mode(), _frozen_and_tuned():
-                lone = _warm_up_step(backend)
-                if lone is None:
+            with torch.inference_mode(), frozen_and_tuned():
+                steps = _warm_up_steps(backend)
+                if not steps:
                     return
-                torch._dynamo.mark_dynamic(lone.cached_slots, 0)  # any context length, in one graph
-                for pool in (lone.cache.k, lone.cache.v):  # another engine's pool of another size: its own graph
-                    torch._dynamo.mark_static(pool)
-                ids = torch.zeros(1, dtype=torch.long, device=device)
-                self._lone_graph(ids, ids.clone(), lone)  # stores nothing: the cache is unchanged
-                self.lone_traced = True
+                for step in steps:  # one row, then any number from 2 on
+                    rows = step.cached_slots.shape[0]
+                    ids = torch.zeros(rows, dtype=torch.long, device=device)
+                    positions = ids.clone()
+                    dynamic = [(step.cached_slots, 1), (step.key_mask, 3)]  # any number of keys
+                    if rows > 1:
+                        dynamic += [(ids, 0), (positions, 0), (step.cached_slots, 0), (step.key_mask, 0)]
+                    for tensor, dim in dynamic:
+                        torch._dynamo.mark_dynamic(tensor, dim)
+                    for pool in (step.cache.k, step.cache.v):  # another engine's pool of another size: its own graph
+                        torch._dynamo.mark_static(pool)
+                    self._decode_graph(ids, positions, step)  # stores nothing: the cache is unchanged
+                self.decode_traced = True
         except Exception as exc:
-            self.lone_failed = _why(exc)
+            self.decode_failed = one_line(exc)
             log.warning(
-                "%s: a lone token's attention could not be traced into a graph (%s); lone tokens run eager",
+                "%s: a decode step's attention could not be traced into a graph (%s); decode steps run as other steps",
                 self.name,
-                self.lone_failed,
+                self.decode_failed,
             )

@@ -10,7 +10,8 @@ from mstar.engine.ar_module import ARModule
 from mstar.engine.attention.backend import AttentionBackend
 from mstar.engine.attention.select import select_attention_backend
 from mstar.engine.block_manager import BlockManager
-from mstar.engine.compiled_forward import CompiledForward, compile_blocker
+from mstar.engine.compile_support import compile_blocker
+from mstar.engine.compiled_forward import CompiledForward
 from mstar.engine.config import EngineConfig
 from mstar.engine.device_loop import run_on_device
 from mstar.engine.engine_core import EngineCore

@@ -35,7 +35,7 @@ def test_bench_mixed_quick_writes_json_and_plot(tmp_path):
     # where inductor can run (make test installs g++)
     import torch
 
-    from mstar.engine.compiled_forward import compile_blocker
+    from mstar.engine.compile_support import compile_blocker
 
     assert report["voice_engine"]["compile"] == "auto"
     assert report["voice_engine"]["forward_compiled"] is (compile_blocker(torch.device("cpu"), 1, "none") is None)

@@ -6,7 +6,7 @@ from abc import ABC, abstractmethod
 
 import torch
 
-from mstar.engine.attention.lone_decode import LoneDecode
+from mstar.engine.attention.decode_step import DecodeStep
 from mstar.engine.attention.metadata import AttentionMetadata
 from mstar.engine.kv_cache import PagedKVCache
 
@@ -31,9 +31,9 @@ class AttentionBackend(ABC):
     def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
         """q: [T, Hq, D]; k, v: [T, Hkv, D] (the step's new tokens) -> [T, Hq, D]."""
 
-    def lone_decode(self) -> LoneDecode | None:
-        """The planned step as a :class:`LoneDecode` when it is one query token and this backend's
-        attention can be traced into a compiled forward (None: call ``forward``)."""
+    def decode_step(self) -> DecodeStep | None:
+        """The planned step as a :class:`DecodeStep` when it is one query token of each sequence and
+        this backend's attention can be traced into a compiled forward (None: call ``forward``)."""
         return None
 
 
@@ -46,5 +46,5 @@ class AttentionContext:
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
         return self._backend.forward(layer, q, k, v, scale)
 
-    def lone_decode(self) -> LoneDecode | None:
-        return self._backend.lone_decode()
+    def decode_step(self) -> DecodeStep | None:
+        return self._backend.decode_step()

@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 
 from mstar.engine.attention.backend import AttentionBackend
+from mstar.engine.attention.decode_step import MIN_KEYS, DecodeStep, one_query_attention
 from mstar.engine.attention.length_groups import similar_length_groups
-from mstar.engine.attention.lone_decode import LoneDecode, one_query_attention
 from mstar.engine.attention.metadata import AttentionMetadata, MaskKind, SeqAttention
 from mstar.engine.dtype_choice import CpuProfile
 from mstar.engine.kv_cache import PagedKVCache
@@ -55,13 +55,16 @@ def key_slots(seq: SeqAttention, block_size: int, length: int | None = None) -> 
     return blocks[j // block_size] * block_size + j % block_size
 
 
-def batch_key_slots(seqs: list[SeqAttention], block_size: int, length: int) -> torch.Tensor:
+def batch_key_slots(
+    seqs: list[SeqAttention], block_size: int, length: int, newest_excluded: bool = False
+) -> torch.Tensor:
     """``key_slots(s, block_size, length)`` of every sequence, concatenated ([len(seqs) * length]), with a
-    few tensor ops for the whole batch instead of several per sequence."""
+    few tensor ops for the whole batch instead of several per sequence. ``newest_excluded``: the keys
+    cached before each sequence's newest token (padding repeats the one before it)."""
     pages = -(-length // block_size)
     tables = [s.block_table[:pages] for s in seqs]
     table = torch.tensor([t + [0] * (pages - len(t)) for t in tables], dtype=torch.int64)  # padding never read
-    last = torch.tensor([s.context_len - 1 for s in seqs], dtype=torch.int64)
+    last = torch.tensor([s.context_len - 1 - newest_excluded for s in seqs], dtype=torch.int64)
     j = torch.arange(length, dtype=torch.int64).expand(len(seqs), -1).minimum(last[:, None])
     return (table.gather(1, j // block_size) * block_size + j % block_size).reshape(-1)
 
@@ -213,6 +216,7 @@ class TorchAttentionBackend(AttentionBackend):
         self._prefills: list[_PrefillPlan] = []
         self._groups: list[_GroupPlan] = []
         self._all_decode_in_order = False
+        self._decode_only: list[SeqAttention] | None = None  # a decode step's sequences, rows in order
 
     def plan(self, meta: AttentionMetadata) -> None:
         bs, dev = self.cache.block_size, self.cache.device
@@ -266,19 +270,23 @@ class TorchAttentionBackend(AttentionBackend):
             and only.row0 == 0
             and only.batch == meta.num_tokens
         )
+        in_order = [s.query_start for s in decode] == list(range(len(decode)))
+        self._decode_only = decode if decode and not prefills and in_order else None
         self._meta = meta
 
-    def lone_decode(self) -> LoneDecode | None:
-        meta = self._meta
-        if meta is None or meta.num_tokens != 1 or not self._all_decode_in_order:
-            return None
-        dec = self._decodes[0]
-        cached = dec.max_len - 1  # the query's own key is the last
-        if dec.slots is None:
-            slots = torch.arange(dec.key_start, dec.key_start + cached, dtype=torch.int64, device=self.cache.device)
-        else:
-            slots = dec.slots[:cached]
-        return LoneDecode(self.cache, slots, meta.slot_mapping, self.compute_dtype)
+    def decode_step(self) -> DecodeStep | None:
+        meta, seqs = self._meta, self._decode_only
+        if meta is None or seqs is None or min(s.context_len for s in seqs) < 2:
+            return None  # a token with no key before it: nothing to pad its row's keys with
+        rows = len(seqs)
+        cached = torch.tensor([s.context_len - 1 for s in seqs])
+        width = max(int(cached.max()), MIN_KEYS)
+        slots = batch_key_slots(seqs, self.cache.block_size, width, newest_excluded=True).view(rows, width)
+        mask = torch.arange(width + 1)[None, :] < cached[:, None]
+        mask[:, width] = True  # the row's own key
+        dev = self.cache.device
+        mask = mask.view(rows, 1, 1, width + 1).to(dev)
+        return DecodeStep(self.cache, slots.to(dev), mask, meta.slot_mapping, self.compute_dtype)
 
     def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
         meta = self._meta

@@ -1,5 +1,5 @@
 """The AR forward under torch.compile (``compile`` in the engine config): the same tokens as the eager
-model, a graph with the attention as an op and one with a lone token's attention traced in, the
+model, a graph with the attention as an op and one with a decode step's attention traced in, the
 weights frozen into them (weight-only int8 / int4 too), packed linears of an eager engine as ops, no
 compile while serving, and clear refusals where it cannot run."""
 
@@ -13,12 +13,13 @@ import msgspec
 import pytest
 import torch
 
-import mstar.engine.compiled_forward as compiled_forward
+import mstar.engine.compile_support as compile_support
 from mstar.conductor import Conductor
 from mstar.engine.attention.backend import AttentionContext
 from mstar.engine.attention.metadata import AttentionMetadata, SeqAttention
 from mstar.engine.attention.torch_backend import TorchAttentionBackend
-from mstar.engine.compiled_forward import CompiledForward, compile_blocker
+from mstar.engine.compile_support import compile_blocker
+from mstar.engine.compiled_forward import CompiledForward
 from mstar.engine.config import EngineConfig
 from mstar.engine.core_builder import build_core
 from mstar.engine.device_loop import run_on_device
@@ -118,16 +119,39 @@ def test_a_compiling_engine_leaves_linears_to_inductor_and_decodes_as_eager():
             return core.runner.forward(ids, positions, DenseKVAttention(2)), module(ids, positions, DenseKVAttention(2))
 
     got, eager = run_on_device(both)
-    assert core.runner.forward is not module and core.runner.forward.graphs == 2  # no compile while serving
+    assert core.runner.forward is not module and core.runner.forward.graphs == 3  # no compile while serving
     assert (got.float() - eager.float()).abs().max() <= 0.05 * eager.float().abs().max()
 
 
+def _run_together(
+    forward, backend: TorchAttentionBackend, prompts: list[list[int]], tables: list[list[int]], steps: int
+):
+    """The prompts prefilled in one step, then ``steps`` decode steps of one token each (the ids are the
+    prompts' own, repeated), the last sequence dropping out for the last step; each step's hidden."""
+    hidden, done = [], [0] * len(prompts)
+    with torch.inference_mode():
+        for step in range(steps + 1):
+            live = range(len(prompts) - (step == steps and len(prompts) > 1))
+            seqs, ids, positions, slots = [], [], [], []
+            for s in live:
+                n = len(prompts[s]) if step == 0 else 1
+                seqs.append(SeqAttention(len(ids), n, done[s] + n, tables[s]))
+                for p in range(done[s], done[s] + n):
+                    ids.append(prompts[s][p % len(prompts[s])])
+                    positions.append(p)
+                    slots.append(tables[s][p // 4] * 4 + p % 4)
+                done[s] += n
+            backend.plan(AttentionMetadata(seqs, torch.tensor(slots)))
+            hidden.append(forward(torch.tensor(ids), torch.tensor(positions), AttentionContext(backend)))
+    return hidden
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_lone_tokens_run_the_traced_graph_and_leave_the_cache_eager_would(dtype, monkeypatch):
+def test_decode_steps_run_the_traced_graph_and_leave_the_cache_eager_would(dtype, monkeypatch):
     module = _tiny_llm(dtype)
     compiled, ours, theirs = CompiledForward(module, "llm"), _paged(module, dtype), _paged(module, dtype)
     compiled.warm_up(CPU, ours)
-    assert compiled.graphs == 2 and compiled.lone_traced
+    assert compiled.graphs == 3 and compiled.decode_traced
     opaque_calls: list[int] = []  # the backend's own attention: prefills only
     backend_forward = TorchAttentionBackend.forward
     monkeypatch.setattr(
@@ -137,27 +161,32 @@ def test_lone_tokens_run_the_traced_graph_and_leave_the_cache_eager_would(dtype,
             (self is ours and opaque_calls.append(q.shape[0])) or backend_forward(self, layer, q, *rest)
         ),
     )
-    table = [9, 2, 14, 5]  # scattered blocks: the cached keys are gathered
-    chunks = [3] + [1] * 10  # a prefill (the opaque attention), then ten lone tokens of growing context
-    got = _run(compiled, ours, PROMPT, table, chunks)
-    want = _run(module, theirs, PROMPT, table, chunks)
-    assert opaque_calls == [3, 3]  # the prefill's two layers; every lone token ran in its graph
-    assert compiled.failed is None and compiled.lone_failed is None and compiled.eager_calls == 0
-    assert compiled.graphs == 2  # every context length: no compile while serving
     # fp32: rounding apart; bf16: inductor keeps fp32 between fused ops where eager rounds each
     tolerance = 1e-5 if dtype == torch.float32 else 0.05
-    for a, b in zip(got, want, strict=True):
-        torch.testing.assert_close(a, b, rtol=tolerance, atol=tolerance * float(b.abs().max()))
-    for pool in ("k", "v"):
-        a, b = getattr(ours.cache, pool), getattr(theirs.cache, pool)
-        torch.testing.assert_close(a, b, rtol=tolerance, atol=tolerance * float(b.abs().max()))
 
-    # a lone token with one key cached before it runs eager (the traced graph starts at two)
-    got = _run(compiled, ours, PROMPT, [0, 1], [1, 1, 1])
-    want = _run(module, theirs, PROMPT, [0, 1], [1, 1, 1])
-    assert compiled.eager_calls == 2 and compiled.graphs == 2
-    for a, b in zip(got, want, strict=True):
-        torch.testing.assert_close(a, b, rtol=tolerance, atol=tolerance * float(b.abs().max()))
+    def same(got: list[torch.Tensor], want: list[torch.Tensor]) -> None:
+        for a, b in zip(got, want, strict=True):
+            torch.testing.assert_close(a, b, rtol=tolerance, atol=tolerance * float(b.abs().max()))
+        for pool in ("k", "v"):
+            a, b = getattr(ours.cache, pool), getattr(theirs.cache, pool)
+            torch.testing.assert_close(a, b, rtol=tolerance, atol=tolerance * float(b.abs().max()))
+
+    table = [9, 2, 14, 5]  # scattered blocks: the cached keys are gathered
+    chunks = [3] + [1] * 10  # a prefill (the opaque attention), then ten lone tokens of growing context
+    same(_run(compiled, ours, PROMPT, table, chunks), _run(module, theirs, PROMPT, table, chunks))
+    assert opaque_calls == [3, 3]  # the prefill's two layers; every lone token ran in the decode graph
+    assert compiled.failed is None and compiled.decode_failed is None and compiled.eager_calls == 0
+
+    # three sequences of three prompt lengths decode together, then two: rows and keys of any count
+    prompts, tables = [PROMPT[:5], PROMPT[:2], PROMPT[:9]], [[0, 1, 3], [4, 6], [7, 8, 10, 11]]
+    opaque_calls.clear()
+    same(_run_together(compiled, ours, prompts, tables, 4), _run_together(module, theirs, prompts, tables, 4))
+    assert opaque_calls == [16, 16]  # the prefill step only
+    assert compiled.graphs == 3 and compiled.eager_calls == 0  # no compile while serving
+
+    # a prompt of one token: its first step has no key before it and runs eager, the next ones traced
+    same(_run(compiled, ours, PROMPT, [12, 13], [1, 1, 1]), _run(module, theirs, PROMPT, [12, 13], [1, 1, 1]))
+    assert compiled.eager_calls == 1 and compiled.graphs == 3
 
 
 @pytest.mark.parametrize("mode", ["int8", "int4"])
@@ -166,13 +195,13 @@ def test_weight_only_linears_compile_and_match_their_eager_forward(mode):
     assert quantize_module(module, mode) > 0
     compiled, ours, theirs = CompiledForward(module, "llm"), _paged(module), _paged(module)
     compiled.warm_up(CPU, ours)
-    chunks = [9, 1, 1, 1]  # the many-token graph, then the lone-token one
+    chunks = [9, 1, 1, 1]  # the many-token graph, then the decode-step one
     got = _run(compiled, ours, PROMPT, [3, 4, 5, 6], chunks)
     want = _run(module, theirs, PROMPT, [3, 4, 5, 6], chunks)
     for a, b in zip(got, want, strict=True):
         # the same int8 / int4 weights, summed in another order: fp32 rounding apart
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4 * float(b.abs().max()))
-    assert compiled.eager_calls == 0 and compiled.graphs == 2 and compiled.lone_failed is None
+    assert compiled.eager_calls == 0 and compiled.graphs == 3 and compiled.decode_failed is None
     assert all(type(m) is not torch.nn.Linear or m is module.lm_head for m in module.modules())
     assert any(isinstance(m, WeightOnlyLinear) for m in module.modules())
 
@@ -227,7 +256,7 @@ def test_compile_true_is_refused_where_it_cannot_run_and_auto_falls_back(monkeyp
         bf16 = msgspec.structs.replace(auto, dtype="bfloat16")
         assert packed_count(build_core(_tiny_llm(torch.float32), InProcessTensorStore(), bf16, CPU, "llm", None).module)
     monkeypatch.undo()
-    monkeypatch.setattr(compiled_forward.sysconfig, "get_paths", lambda: {"include": "/nonexistent"})
+    monkeypatch.setattr(compile_support.sysconfig, "get_paths", lambda: {"include": "/nonexistent"})
     assert "Python.h is missing (install python3-dev)" in compile_blocker(torch.device("cpu"), 1, "none")
 
 
@@ -269,7 +298,7 @@ def test_the_attention_op_runs_when_its_output_is_unused_and_extra_inputs_run_ea
 
 
 class _TwiceAttending(_KVOnly):
-    """Calls one layer's attention twice: the lone-token graph cannot say which K/V to store."""
+    """Calls one layer's attention twice: the decode-step graph cannot say which K/V to store."""
 
     def forward(self, input_ids, positions, attn, **extra):
         x = super().forward(input_ids, positions, attn)
@@ -277,13 +306,13 @@ class _TwiceAttending(_KVOnly):
         return x + attn(0, q, k, v, 0.5).reshape(-1, 8)
 
 
-def test_a_lone_token_graph_that_cannot_be_traced_leaves_lone_tokens_eager(caplog):
+def test_a_decode_graph_that_cannot_be_traced_leaves_decode_steps_to_the_other_graph(caplog):
     compiled = CompiledForward(_TwiceAttending(), "twice")
     backend = TorchAttentionBackend(PagedKVCache(KVSpec(1, 2, 4), num_blocks=4, block_size=4))
     with caplog.at_level(logging.WARNING, logger="mstar.engine"):
         compiled.warm_up(CPU, backend)
-    assert not compiled.lone_traced and compiled.lone_failed  # dynamo reports the ValueError as unsupported
-    assert "lone tokens run eager" in caplog.text
+    assert not compiled.decode_traced and compiled.decode_failed  # dynamo reports the ValueError as unsupported
+    assert "decode steps run as other steps" in caplog.text
     assert compiled.failed is None and compiled.graphs == 1  # the many-token graph still serves
     got = _run(compiled, backend, [1, 2, 3, 4], [0], [3, 1])
     want = _run(compiled.module, backend, [1, 2, 3, 4], [0], [3, 1])
