@@ -26,12 +26,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from mstar.graph.node import NodeCall, NodeSubmodule
+from mstar_graphs.orpheus.graph import WINDOW_TOKENS
 from mstar_graphs.orpheus.snac_decoder import SnacDecoder
-from mstar_graphs.orpheus.tokens import FRAME_TOKENS, tokens_to_snac_codes
+from mstar_graphs.orpheus.tokens import AUDIO_TOKEN_BASE, CODEBOOK_SIZE, FRAME_TOKENS, tokens_to_snac_codes
 
 ORPHEUS_VQ_STRIDES = [4, 2, 1]  # 1 + 2 + 4 codes per frame: the layout above assumes these strides
 
@@ -81,7 +83,7 @@ class OrpheusSnacStage(NodeSubmodule):
             )
         if not 0 <= keep_start < keep_end:
             raise ValueError(f"OrpheusSnacStage: need 0 <= keep_start < keep_end, got [{keep_start}, {keep_end})")
-        self.decoder = decoder
+        self.decoder = decoder.requires_grad_(False)  # inference only: forward builds no autograd graph
         self.keep_start, self.keep_end = keep_start, keep_end
         self.crop = crop
         self.sampling_rate = decoder.config.sampling_rate
@@ -133,9 +135,9 @@ class OrpheusSnacStage(NodeSubmodule):
         n = None if codes is None else codes.numel()
         return (n, bool(call.meta.get("first")), bool(call.meta.get("final")), call.meta.get("left_context") == n)
 
-    def prepare_inputs(self, calls: Sequence[NodeCall]) -> dict[str, torch.Tensor]:
+    def prepare_inputs(self, calls: Sequence[NodeCall]) -> dict[str, Any]:
         """Tokens -> per-level code batches ``codes_{l}`` [B, T_l]; per-call noise ``noise_{i}`` [B, 1, T_i];
-        ``keep`` [2]: the samples every call of the batch keeps."""
+        ``keep`` (start, end): the samples every call of the batch keeps."""
         if not calls:
             raise ValueError("OrpheusSnacStage.prepare_inputs: empty batch")
         per_call_codes: list[list[torch.Tensor]] = []
@@ -159,14 +161,22 @@ class OrpheusSnacStage(NodeSubmodule):
         batch = {f"codes_{level}": torch.stack([c[level] for c in per_call_codes]) for level in range(self.num_levels)}
         for i in range(len(per_call_noise[0])):
             batch[f"noise_{i}"] = torch.cat([n[i] for n in per_call_noise])
-        batch["keep"] = torch.tensor(keeps.pop())
+        batch["keep"] = keeps.pop()
         return batch
 
-    @torch.inference_mode()
-    def forward(self, **batch: torch.Tensor) -> dict[str, torch.Tensor]:
+    def warm_up_batches(self) -> list[dict[str, Any]]:
+        """A window of a stream's middle (a new one every frame, the stream's bulk) alone and two together:
+        what a compiling engine compiles this node for."""
+        window = AUDIO_TOKEN_BASE + CODEBOOK_SIZE * (torch.arange(WINDOW_TOKENS) % FRAME_TOKENS)
+        return [
+            self.prepare_inputs([NodeCall(f"warm-up {i}", {"codes": window}, index=1) for i in range(calls)])
+            for calls in (1, 2)
+        ]
+
+    def forward(self, **batch: Any) -> dict[str, torch.Tensor]:
         codes = [batch[f"codes_{level}"] for level in range(self.num_levels)]
         noise = [batch[f"noise_{i}"] for i in range(self.num_noise)]
-        start, end = (int(v) for v in batch["keep"]) if "keep" in batch else (self.keep_start, self.keep_end)
+        start, end = batch.get("keep", (self.keep_start, self.keep_end))
         if self.crop:
             audio = self.decoder.decode_range(codes, noise, start, end)  # [B, 1, kept]
             return {"audio": audio[:, 0].float()}

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from mstar.engine.compiled_node import compile_nodes
 from mstar.engine.engine_inbox import EngineInbox, InboxMessage, Reply
 from mstar.engine.messages import ExecuteNode, NodeOutput, ReleaseRequest
 from mstar.engine.serve_order import call_class
@@ -56,11 +57,13 @@ class StatelessEngine(EngineInbox):
         pack: bool = True,
         priority_classes: bool = True,
         quantization: str | Mapping[str, str] = "none",
+        compile: bool | str = False,
     ) -> None:
         """``pack``: bf16 linears on CPU get prepacked weights (mstar.layers.linear_packing).
         ``priority_classes``: serve calls by class first (EngineConfig.priority_classes).
         ``quantization``: quantized linears (mstar.layers.weight_only: int8, int4, int8_dynamic, fp16), for
-        all nodes or per node."""
+        all nodes or per node. ``compile``: the forwards of nodes that name warm-up batches under
+        torch.compile (EngineConfig.compile; mstar.engine.compiled_node)."""
         super().__init__()
         self.device = torch.device(device)
         modes = [quantization] if isinstance(quantization, str) else list(quantization.values())
@@ -82,6 +85,13 @@ class StatelessEngine(EngineInbox):
         if pack:
             for module in self.nodes.values():
                 pack_linears(module, module.plain_linears)
+        self._compiled = compile_nodes(
+            self.nodes,
+            self.device,
+            name,
+            compile,
+            lambda node: quantization if isinstance(quantization, str) else quantization.get(node, "none"),
+        )
         self.store = store
         self.max_batch = max_batch
         self.max_wait_s = max_wait_s
@@ -240,5 +250,5 @@ class StatelessEngine(EngineInbox):
         with torch.inference_mode():
             kwargs = module.prepare_inputs(calls)
             kwargs = {k: v.to(self.device) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
-            outputs = module(**kwargs)
+            outputs = self._compiled.get(batch[0].msg.node, module)(**kwargs)
         return [{k: v.detach().cpu() for k, v in out.items()} for out in module.split_outputs(outputs, calls)]

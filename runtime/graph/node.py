@@ -73,6 +73,11 @@ class NodeSubmodule(torch.nn.Module):
         """Calls with equal keys may share a batch (default: equal input shapes)."""
         return tuple((k, tuple(v.shape)) for k, v in sorted(call.inputs.items()))
 
+    def warm_up_batches(self) -> list[dict[str, Any]]:
+        """Batches (``prepare_inputs`` results) a compiling engine compiles ``forward`` for, at start
+        (mstar.engine.compiled_node); every tensor's dim 0 is the batch. Default: none, never compiled."""
+        return []
+
 
 @dataclass(frozen=True)
 class GraphNode:

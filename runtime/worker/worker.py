@@ -83,6 +83,7 @@ class Worker:
                 pack=self.config.pack_linears,
                 priority_classes=self.config.priority_classes,
                 quantization={v: (quantization or {}).get(v, self.config.quantization) for v in stateless},
+                compile=self.config.compile,
             )
             for view in stateless:
                 self._engine_of[view] = self.stateless

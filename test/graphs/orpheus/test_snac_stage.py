@@ -10,6 +10,9 @@ import torch
 snac = pytest.importorskip("snac")
 from safetensors.torch import load_file  # noqa: E402
 
+from mstar.engine.compile_support import graph_count  # noqa: E402
+from mstar.engine.compiled_node import compile_nodes  # noqa: E402
+from mstar.engine.device_loop import run_on_device  # noqa: E402
 from mstar.graph.node import NodeCall  # noqa: E402
 from mstar_graphs.orpheus.snac_config import SnacConfig  # noqa: E402
 from mstar_graphs.orpheus.snac_stage import OrpheusSnacStage, window_noise_seed  # noqa: E402
@@ -157,3 +160,22 @@ def test_edge_chunks_keep_what_the_middle_crop_drops(stage: OrpheusSnacStage) ->
     assert stage.batch_key(middle) != stage.batch_key(edge)
     with pytest.raises(ValueError, match="crops in one batch"):
         stage.prepare_inputs([middle, edge])
+
+
+def test_compiled_it_serves_a_stream_s_middle_windows_as_eager_and_its_edges_eager(stage: OrpheusSnacStage) -> None:
+    compiled = compile_nodes({"snac": stage}, torch.device("cpu"), "stateless:0", True, lambda node: "none")["snac"]
+    assert compiled.graphs == 2  # a lone middle window; any number of them from 2 on
+    gen = torch.Generator().manual_seed(5)
+    batches = [[NodeCall(f"r{i}", {"codes": _random_window(gen)}, index=3, seed=i) for i in range(n)] for n in (1, 3)]
+    edge = [NodeCall("e", {"codes": _random_window(gen)}, index=0, seed=9, meta={"first": True})]  # no graph: eager
+
+    def serve(forward) -> list[torch.Tensor]:  # on the device thread, under inference_mode, as the engine does
+        with torch.inference_mode():
+            return [forward(**stage.prepare_inputs(calls))["audio"] for calls in (*batches, edge)]
+
+    before = graph_count()
+    got, want = run_on_device(serve, compiled), run_on_device(serve, stage)
+    assert graph_count() == before  # nothing compiled while serving
+    for a, b in zip(got[:2], want[:2], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4 * float(b.abs().max()))  # fp32, fused: rounding
+    assert torch.equal(got[2], want[2])

@@ -82,6 +82,7 @@ def test_the_compiled_engine_decodes_what_the_model_decodes_offline(caplog):
     assert served == expected
     messages = [r.getMessage() for r in caplog.records]
     assert any("forward compiled" in m for m in messages), messages
+    assert any("node 'snac': forward compiled" in m for m in messages), messages  # its streaming windows too
     # prefills of three lengths, then decodes of 3, 2 and 1 rows: all served by the warm-up's graphs
     assert not any("new graph of the forward while serving" in m for m in messages), messages
 
