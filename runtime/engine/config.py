@@ -38,7 +38,8 @@ class EngineConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     priority_classes: bool = True  # serve control > interactive > batch (mstar.priority); False: first come first
     # the AR forward under torch.compile, compiled at start (mstar.engine.compiled_forward): true, false,
     # or "auto" (where it can: CPU, a C++ compiler, no tensor parallelism, quantization none / int8 / int4;
-    # else eager). Compiled, the weights are frozen into the graphs and the linears are not packed by hand
+    # else eager); so are stateless nodes that name warm-up batches (SNAC: mstar.engine.compiled_node).
+    # Compiled, the weights are frozen into the graphs and the linears are not packed by hand
     compile: bool | Literal["auto"] = False
     quantization: str = "none"  # "int8" / "int4": weight-only linears on CPU (mstar.layers.weight_only);
     # "int8_dynamic": int8 weights and activations (mstar.layers.dynamic_int8); "fp16": weights packed
