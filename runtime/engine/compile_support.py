@@ -10,6 +10,10 @@ import torch
 
 from mstar.layers.weight_only import COMPILED_QUANTIZATIONS
 
+# Each frozen weight is a constant of its graph: another module of the same class (another engine) is
+# another graph of the same code. Room for a few dozen before dynamo gives up on it.
+RECOMPILE_LIMIT = 64
+
 
 def frozen_and_tuned():
     """Inductor settings of a warm-up compile: weights as constants, GEMM kernels chosen by measuring."""

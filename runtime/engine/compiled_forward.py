@@ -50,7 +50,7 @@ import torch
 from mstar.engine.attention.backend import AttentionBackend, AttentionContext
 from mstar.engine.attention.decode_step import MIN_KEYS, DecodeStep, DecodeStepAttention, store_step_kv
 from mstar.engine.attention.metadata import AttentionMetadata, SeqAttention
-from mstar.engine.compile_support import frozen_and_tuned, graph_count, one_line
+from mstar.engine.compile_support import RECOMPILE_LIMIT, frozen_and_tuned, graph_count, one_line
 
 log = logging.getLogger("mstar.engine")
 
@@ -101,11 +101,6 @@ def _warm_up_steps(backend: AttentionBackend) -> list[DecodeStep]:
         backend.plan(AttentionMetadata(seqs[:rows], torch.tensor(slots[:rows], dtype=torch.int64, device=cache.device)))
         steps.append(backend.decode_step())
     return [step for step in steps if step is not None]
-
-
-# Each packed linear is a constant of its graph: another module of the same class (another engine) is
-# another graph of the same code. Room for a few dozen before dynamo gives up on it.
-RECOMPILE_LIMIT = 64
 
 
 class CompiledForward:

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from mstar.engine.compile_support import compile_blocker, frozen_and_tuned, graph_count, one_line
+from mstar.engine.compile_support import RECOMPILE_LIMIT, compile_blocker, frozen_and_tuned, graph_count, one_line
 from mstar.engine.device_loop import run_on_device
 from mstar.graph.node import NodeSubmodule
 
@@ -37,6 +37,8 @@ class CompiledNode:
         self.name = name
         self._compiled = torch.compile(module.forward, fullgraph=True)
         self.graphs = 0
+        config = torch._dynamo.config  # frozen graphs are per module instance: room for a few dozen
+        config.recompile_limit = max(config.recompile_limit, RECOMPILE_LIMIT)
 
     def warm_up(self, batches: list[dict[str, Any]]) -> float:
         """Compiles a graph for each batch; the seconds it took. Raises ValueError naming the node when

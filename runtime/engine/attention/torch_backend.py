@@ -271,7 +271,8 @@ class TorchAttentionBackend(AttentionBackend):
             and only.batch == meta.num_tokens
         )
         in_order = [s.query_start for s in decode] == list(range(len(decode)))
-        self._decode_only = decode if decode and not prefills and in_order else None
+        only_decodes = bool(decode) and len(decode) == meta.num_tokens  # no prefill, grouped or not
+        self._decode_only = decode if only_decodes and in_order else None
         self._meta = meta
 
     def decode_step(self) -> DecodeStep | None:

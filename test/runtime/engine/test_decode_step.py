@@ -109,6 +109,9 @@ def test_only_a_step_of_newest_tokens_in_order_is_a_decode_step():
     mixed = [SeqAttention(0, 1, 6, [0, 1]), SeqAttention(1, 3, 3, [2])]  # a decode beside a prefill
     backend.plan(AttentionMetadata(mixed, torch.tensor([5, 8, 9, 10])))
     assert backend.decode_step() is None
+    grouped = [SeqAttention(0, 1, 6, [0, 1]), SeqAttention(1, 3, 3, [2]), SeqAttention(4, 3, 3, [3])]
+    backend.plan(AttentionMetadata(grouped, torch.tensor([5, 8, 9, 10, 12, 13, 14])))  # prefills in one group
+    assert backend._groups and backend.decode_step() is None
     swapped = [SeqAttention(1, 1, 6, [0, 1]), SeqAttention(0, 1, 3, [2])]  # rows not in the sequences' order
     backend.plan(AttentionMetadata(swapped, torch.tensor([10, 5])))
     assert backend.decode_step() is None
